@@ -1,0 +1,8 @@
+//! Embeds libtorch's library directory as an rpath of this crate's test binaries, so they
+//! find libtorch without LD_LIBRARY_PATH. torch-sys exports it as DEP_TCH_LIBTORCH_LIB.
+fn main() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    }
+}

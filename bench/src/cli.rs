@@ -1,0 +1,110 @@
+//! Command-line interface (clap).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::spec::{CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
+
+#[derive(Parser, Debug)]
+#[command(name = "ortbench", version, about = "Train HF transformer models under pytorch / ort / ort-zero1 and compare them")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train each model under each config and write steps.csv and results.csv.
+    Run(RunArgs),
+    /// List the known models, configs and precisions.
+    List,
+    /// Runs one run of a plan (internal: `run` starts one worker process per run).
+    #[command(hide = true)]
+    Worker {
+        /// The run, as JSON.
+        #[arg(long)]
+        spec: String,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Comma-separated models: aliases (bert, gpt2, bert-large, gpt2-medium, tiny-bert,
+    /// tiny-gpt2), HF-format directories, or hub ids (org/name, from the HF cache).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub models: Vec<String>,
+    /// Comma-separated configs (default: every config this build implements).
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Vec<String>,
+    /// Comma-separated precisions: fp32, fp16, bf16.
+    #[arg(long, value_delimiter = ',', default_value = "fp32")]
+    pub precision: Vec<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Training steps per run [default: 8 on cpu, 50 on cuda].
+    #[arg(long)]
+    pub steps: Option<i64>,
+    /// Steps excluded from throughput [default: 2 on cpu, 10 on cuda].
+    #[arg(long)]
+    pub warmup: Option<i64>,
+    /// Rows per step [default: 8].
+    #[arg(long)]
+    pub batch_size: Option<i64>,
+    /// Tokens per row [default: 128 (at most the model's positions), or T of --data].
+    #[arg(long)]
+    pub seq_len: Option<i64>,
+    /// Seed of weights, data and dropout.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 5e-5)]
+    pub lr: f64,
+    /// AdamW weight decay (not applied to biases and LayerNorm weights).
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Clip gradients at this global L2 norm (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// constant or linear (warm-up then linear decay to 0 at the last step).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: String,
+    /// Linear LR warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub lr_warmup_steps: usize,
+    /// Overrides every dropout probability of the models.
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// A safetensors file with `input_ids` (int64, [N, T]) and optionally `labels`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// auto (the model's own file if it has one, else random), random, a directory or
+    /// .safetensors file, or a hub id.
+    #[arg(long, default_value = "auto")]
+    pub weights: String,
+    /// Output directory [default: reports/<run-id>].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write into --out even if it is not empty.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn print_list() {
+    println!("models:");
+    for (alias, name) in ortbench_models::spec::ALIASES {
+        println!("  {alias:<12} -> {name}");
+    }
+    for name in ortbench_models::spec::BUILTIN_NAMES {
+        println!("  {name}");
+    }
+    println!("  <dir>        an HF-format directory (config.json + model.safetensors)");
+    println!("  <org/name>   a hub id, resolved through the HF cache");
+    println!("configs:");
+    for c in CONFIGS {
+        let state = if IMPLEMENTED_CONFIGS.contains(c) { "" } else { " (not in this build yet)" };
+        println!("  {c}{state}");
+    }
+    println!("precisions: {}", PRECISIONS.join(", "));
+}

@@ -1,0 +1,170 @@
+//! Turns `run`'s arguments into a validated plan of runs. Everything a user can get wrong is
+//! checked here, before any output is written.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ortbench_models::{resolve, DataSource, HubOptions, ResolvedModel, Weights};
+
+use crate::cli::RunArgs;
+use crate::spec::{RunSpec, WeightsSource, CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
+use crate::worker::parse_device;
+
+pub struct Plan {
+    pub runs: Vec<RunSpec>,
+    /// Human-readable settings, printed before the runs start.
+    pub settings: String,
+}
+
+fn positive(name: &str, v: Option<i64>, default: usize) -> Result<usize> {
+    match v {
+        None => Ok(default),
+        Some(v) if v > 0 => Ok(v as usize),
+        Some(v) => bail!("{name} must be a positive integer, got {v}"),
+    }
+}
+
+pub fn make_plan(args: &RunArgs) -> Result<Plan> {
+    let device = args.device.trim().to_string();
+    let dev = parse_device(&device)?;
+    if let tch::Device::Cuda(i) = dev {
+        let n = tch::Cuda::device_count() as usize;
+        if i >= n {
+            bail!("--device {device}: {n} CUDA device(s) available");
+        }
+    }
+    let cuda = device != "cpu";
+    let steps = positive("--steps", args.steps, if cuda { 50 } else { 8 })?;
+    let warmup = match args.warmup {
+        None => (if cuda { 10 } else { 2 }).min(steps - 1),
+        Some(w) if w < 0 => bail!("--warmup must be zero or positive, got {w}"),
+        Some(w) => w as usize,
+    };
+    if warmup >= steps {
+        bail!("--warmup ({warmup}) must be less than --steps ({steps}): no step would be measured");
+    }
+    let batch_size = positive("--batch-size", args.batch_size, 8)?;
+    let seq_arg = match args.seq_len {
+        None => None,
+        Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
+    };
+    for (name, v) in [("--lr", args.lr), ("--weight-decay", args.weight_decay), ("--max-grad-norm", args.max_grad_norm)] {
+        if !v.is_finite() || v < 0.0 {
+            bail!("{name} must be a finite non-negative number, got {v}");
+        }
+    }
+    if let Some(p) = args.dropout {
+        if !(0.0..1.0).contains(&p) {
+            bail!("--dropout must be in [0, 1), got {p}");
+        }
+    }
+    if !["constant", "linear"].contains(&args.lr_schedule.as_str()) {
+        bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
+    }
+    let configs: Vec<String> = if args.configs.is_empty() {
+        IMPLEMENTED_CONFIGS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.configs.iter().map(|s| s.trim().to_string()).collect()
+    };
+    for c in &configs {
+        if !CONFIGS.contains(&c.as_str()) {
+            bail!("unknown config '{c}': known configs are {}", CONFIGS.join(", "));
+        }
+        if !IMPLEMENTED_CONFIGS.contains(&c.as_str()) {
+            bail!("config '{c}' is not implemented in this build yet; available: {}", IMPLEMENTED_CONFIGS.join(", "));
+        }
+    }
+    for p in &args.precision {
+        if !PRECISIONS.contains(&p.as_str()) {
+            bail!("unknown precision '{p}': known precisions are {}", PRECISIONS.join(", "));
+        }
+    }
+    if let Some(d) = &args.data {
+        if !d.is_file() {
+            bail!("--data {}: no such file", d.display());
+        }
+    }
+
+    let hub = HubOptions::from_env();
+    let mut runs = Vec::new();
+    let mut seq_used: Vec<usize> = Vec::new();
+    for model in &args.models {
+        let resolved = resolve(model, &hub)?;
+        let weights = weights_source(&args.weights, &resolved, &hub)?;
+        if let WeightsSource::File(path) = &weights {
+            // Load once here so that an unreadable or mismatched file fails before any run.
+            Weights::load(&resolved.config, path, args.seed).with_context(|| format!("model '{model}'"))?;
+        }
+        let seq_len = match &args.data {
+            Some(path) => DataSource::from_file(&resolved.config, path, batch_size, seq_arg, args.seed)
+                .with_context(|| format!("model '{model}'"))?
+                .seq_len,
+            None => {
+                // Default 128, or the model's positions when it has fewer (the tiny models).
+                let s = seq_arg.unwrap_or(128.min(resolved.config.max_positions()));
+                DataSource::synthetic(&resolved.config, batch_size, s, args.seed).with_context(|| format!("model '{model}'"))?;
+                s
+            }
+        };
+        if !seq_used.contains(&seq_len) {
+            seq_used.push(seq_len);
+        }
+        for config in &configs {
+            for precision in &args.precision {
+                runs.push(RunSpec {
+                    model: model.trim().to_string(),
+                    config: config.clone(),
+                    precision: precision.clone(),
+                    device: device.clone(),
+                    batch_size,
+                    seq_len,
+                    steps,
+                    warmup,
+                    seed: args.seed,
+                    lr: args.lr,
+                    weight_decay: args.weight_decay,
+                    max_grad_norm: args.max_grad_norm,
+                    lr_schedule: args.lr_schedule.clone(),
+                    lr_warmup_steps: args.lr_warmup_steps,
+                    dropout: args.dropout,
+                    data: args.data.clone(),
+                    weights: weights.clone(),
+                });
+            }
+        }
+    }
+    let settings = format!(
+        "device {device}, batch {batch_size}, seq {}, steps {steps} (warm-up {warmup}), precision {}, seed {}",
+        seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
+        args.precision.join("/"),
+        args.seed
+    );
+    Ok(Plan { runs, settings })
+}
+
+/// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.
+fn weights_source(arg: &str, model: &ResolvedModel, hub: &HubOptions) -> Result<WeightsSource> {
+    Ok(match arg {
+        "random" => WeightsSource::Random,
+        "auto" => match &model.weights_file {
+            Some(f) => WeightsSource::File(f.clone()),
+            None => WeightsSource::Random,
+        },
+        other => {
+            let p = Path::new(other);
+            if p.is_dir() {
+                let f = p.join("model.safetensors");
+                if !f.is_file() {
+                    bail!("--weights {other}: the directory has no model.safetensors");
+                }
+                WeightsSource::File(f)
+            } else if p.is_file() {
+                WeightsSource::File(PathBuf::from(p))
+            } else if other.contains('/') && !p.exists() && !other.starts_with('.') && !other.starts_with('/') {
+                WeightsSource::File(ortbench_models::spec::fetch_hub_file(other, "model.safetensors", hub)?)
+            } else {
+                bail!("--weights {other}: no such file or directory (use auto, random, a directory, a .safetensors file or a hub id)");
+            }
+        }
+    })
+}

@@ -1,0 +1,42 @@
+//! One run of the plan: everything a worker needs, serialised to it as JSON.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The three configurations `run` compares.
+pub const CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
+/// The ones this build implements (the engine configs land with the engine).
+pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch"];
+pub const PRECISIONS: &[&str] = &["fp32", "fp16", "bf16"];
+
+/// Where initial weights come from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum WeightsSource {
+    /// HF initialisation from the seed.
+    Random,
+    /// A safetensors file (a directory's or hub snapshot's `model.safetensors`).
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The model as the user named it (alias, directory or hub id).
+    pub model: String,
+    pub config: String,
+    pub precision: String,
+    pub device: String,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub steps: usize,
+    pub warmup: usize,
+    pub seed: u64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub lr_schedule: String,
+    pub lr_warmup_steps: usize,
+    pub dropout: Option<f64>,
+    pub data: Option<PathBuf>,
+    pub weights: WeightsSource,
+}

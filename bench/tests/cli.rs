@@ -1,0 +1,135 @@
+//! `ortbench run` end to end through the real binary: outputs, and bad input.
+
+use std::path::Path;
+use std::process::Command;
+
+fn ortbench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ortbench")).args(args).output().expect("run ortbench")
+}
+
+fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let header = r.headers().unwrap().iter().map(String::from).collect();
+    let rows = r.records().map(|rec| rec.unwrap().iter().map(String::from).collect()).collect();
+    (header, rows)
+}
+
+fn col(header: &[String], name: &str) -> usize {
+    header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name} in {header:?}"))
+}
+
+#[test]
+fn run_writes_steps_and_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = ortbench(&[
+        "run", "--models", "tiny-bert,tiny-gpt2", "--configs", "pytorch", "--steps", "4", "--warmup", "1",
+        "--batch-size", "2", "--seq-len", "16", "--out", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (h, rows) = read_csv(&out.join("steps.csv"));
+    for c in ["model", "config", "rank", "step", "loss", "step_ms"] {
+        col(&h, c);
+    }
+    assert_eq!(rows.len(), 2 * 4);
+    let steps: Vec<&str> = rows.iter().take(4).map(|r| r[col(&h, "step")].as_str()).collect();
+    assert_eq!(steps, ["0", "1", "2", "3"]);
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    for c in [
+        "model", "config", "precision", "device", "batch_size", "seq_len", "status", "samples_per_s", "tokens_per_s",
+        "step_ms_median", "peak_mem_bytes", "param_count", "final_loss",
+    ] {
+        col(&h, c);
+    }
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r[col(&h, "status")], "ok");
+        let sps: f64 = r[col(&h, "samples_per_s")].parse().unwrap();
+        let tps: f64 = r[col(&h, "tokens_per_s")].parse().unwrap();
+        assert!(sps > 0.0 && (tps - 16.0 * sps).abs() < 1e-6 * tps);
+        assert!(r[col(&h, "peak_mem_bytes")].parse::<u64>().unwrap() > 1 << 20);
+        let loss: f64 = r[col(&h, "final_loss")].parse().unwrap();
+        assert!(loss.is_finite() && loss > 0.0);
+    }
+    assert_eq!(rows[0][col(&h, "param_count")], "173608"); // tiny-bert, as HF counts it
+    assert!(out.join("run.json").is_file());
+}
+
+#[test]
+fn a_failing_run_is_recorded_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // fp16 needs CUDA for the pytorch config: that run fails in its worker, fp32 completes.
+    let o = ortbench(&[
+        "run", "--models", "tiny-gpt2", "--precision", "fp16,fp32", "--steps", "2", "--warmup", "1",
+        "--batch-size", "1", "--seq-len", "8", "--out", out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0][col(&h, "status")], "error");
+    assert!(rows[0][col(&h, "error")].contains("needs --device cuda"));
+    assert_eq!(rows[1][col(&h, "status")], "ok");
+}
+
+/// Bad input: non-zero exit, one clear line on stderr, and no output directory.
+fn rejects(args: &[&str], expect: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut full: Vec<&str> = args.to_vec();
+    let out_s = out.to_str().unwrap().to_string();
+    full.extend(["--out", &out_s]);
+    let o = ortbench(&full);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert!(err.contains(expect), "{args:?}: stderr {err:?} lacks {expect:?}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+    assert!(!out.exists(), "{args:?}: wrote {out:?}");
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_with_nothing_written() {
+    let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];
+    rejects(&["run", "--models", "bret"], "unknown model 'bret'");
+    rejects(&["run", "--models", "tiny-bert", "--configs", "tensorflow"], "unknown config 'tensorflow'");
+    rejects(&["run", "--models", "tiny-bert", "--precision", "fp8"], "unknown precision 'fp8'");
+    rejects(&[&tiny[..], &["--seq-len", "65"]].concat(), "beyond the model's 64 positions");
+    rejects(&[&tiny[..], &["--batch-size", "0"]].concat(), "--batch-size must be a positive integer");
+    rejects(&[&tiny[..], &["--batch-size=-3"]].concat(), "--batch-size must be a positive integer");
+    rejects(&["run", "--models", "tiny-gpt2", "--steps", "0"], "--steps must be a positive integer");
+    rejects(&["run", "--models", "tiny-gpt2", "--steps", "3", "--warmup", "3"], "must be less than --steps");
+    rejects(&[&tiny[..], &["--seq-len=-1"]].concat(), "--seq-len must be a positive integer");
+
+    let dir = tempfile::tempdir().unwrap();
+    // An unsupported architecture.
+    let llama = dir.path().join("llama");
+    std::fs::create_dir(&llama).unwrap();
+    std::fs::write(llama.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#).unwrap();
+    rejects(&["run", "--models", llama.to_str().unwrap()], "unsupported architecture 'LlamaForCausalLM'");
+    // An unreadable weights file.
+    let bad = dir.path().join("bad.safetensors");
+    std::fs::write(&bad, b"garbage").unwrap();
+    rejects(&[&tiny[..], &["--weights", bad.to_str().unwrap()]].concat(), "not a valid safetensors file");
+    // --data with the wrong dtype, and the wrong shape.
+    let f32_data = dir.path().join("f32.safetensors");
+    let bytes = vec![0u8; 4 * 2 * 8];
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 8], &bytes).unwrap();
+    safetensors::serialize_to_file(vec![("input_ids".to_string(), view)], None, &f32_data).unwrap();
+    rejects(&[&tiny[..], &["--data", f32_data.to_str().unwrap()]].concat(), "'input_ids' must be int64");
+    let flat = dir.path().join("flat.safetensors");
+    let bytes = vec![0u8; 8 * 16];
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![16], &bytes).unwrap();
+    safetensors::serialize_to_file(vec![("input_ids".to_string(), view)], None, &flat).unwrap();
+    rejects(&[&tiny[..], &["--data", flat.to_str().unwrap()]].concat(), "must have shape [N, T]");
+    rejects(&[&tiny[..], &["--data", "/nonexistent.safetensors"]].concat(), "no such file");
+}
+
+#[test]
+fn a_non_empty_out_dir_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keep.txt"), "x").unwrap();
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", dir.path().to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not empty (use --force"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}

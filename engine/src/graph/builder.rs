@@ -1,0 +1,838 @@
+//! Builder methods: declare inputs and parameters, add ops. Every method infers its output shape
+//! and returns a [`GraphError`] naming the op and the operand shapes when they are inconsistent,
+//! so a model that the engine cannot run fails when it is built, not when it runs.
+
+use super::error::{fmt_shapes, GraphError};
+use super::{
+    ElemType, GeluApprox, Graph, Op, Param, TensorId, TensorInfo, TensorKind, IGNORE_INDEX,
+};
+use crate::DType;
+
+type Result<T> = std::result::Result<T, GraphError>;
+
+/// Options of [`Graph::attention`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOpts {
+    /// Query i attends to keys j ≤ i (GPT-2).
+    pub causal: bool,
+    /// Multiplier of Q·Kᵀ; `None` means 1/√D, as PyTorch's default.
+    pub scale: Option<f32>,
+    /// Dropout on the attention probabilities.
+    pub dropout_p: f32,
+    /// Additive mask broadcastable to (B, H, Tq, Tk), e.g. BERT's (B, 1, 1, T) padding mask.
+    pub mask: Option<TensorId>,
+}
+
+impl Default for AttentionOpts {
+    fn default() -> Self {
+        AttentionOpts {
+            causal: false,
+            scale: None,
+            dropout_p: 0.0,
+            mask: None,
+        }
+    }
+}
+
+fn shape_err(op: &'static str, msg: impl Into<String>, named: &[(&str, &[usize])]) -> GraphError {
+    GraphError::Shape {
+        op,
+        msg: msg.into(),
+        shapes: fmt_shapes(named),
+    }
+}
+
+/// numpy broadcasting of `mask` against `full`, right-aligned, without growing `full`.
+fn broadcastable(mask: &[usize], full: &[usize]) -> bool {
+    mask.len() <= full.len()
+        && mask
+            .iter()
+            .rev()
+            .zip(full.iter().rev())
+            .all(|(&m, &f)| m == 1 || m == f)
+}
+
+fn check_p(op: &'static str, p: f32) -> Result<()> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(GraphError::Attr {
+            op,
+            msg: format!("dropout probability {p} is outside [0, 1]"),
+        });
+    }
+    Ok(())
+}
+
+impl Graph {
+    // ---------------------------------------------------------------- declarations
+
+    /// An integer input (token ids, labels, position ids), fed as i64 on every step.
+    pub fn input_ids(&mut self, name: &str, shape: &[usize]) -> Result<TensorId> {
+        self.input(name, shape, ElemType::I64)
+    }
+
+    /// A float input (e.g. an additive attention mask), fed as f32 on every step.
+    pub fn input_float(&mut self, name: &str, shape: &[usize]) -> Result<TensorId> {
+        self.input(name, shape, ElemType::Float(self.dtype))
+    }
+
+    fn input(&mut self, name: &str, shape: &[usize], elem: ElemType) -> Result<TensorId> {
+        if self
+            .inputs
+            .iter()
+            .any(|&t| self.input_name(t) == Some(name))
+        {
+            return Err(GraphError::Duplicate {
+                kind: "input",
+                name: name.to_string(),
+            });
+        }
+        let t = self.new_tensor(
+            shape.to_vec(),
+            elem,
+            TensorKind::Input {
+                name: name.to_string(),
+            },
+        );
+        self.inputs.push(t);
+        Ok(t)
+    }
+
+    /// Registers a parameter: the next `numel(shape)` elements of the flat parameter buffer.
+    /// To tie weights, register once and use the returned tensor in both places.
+    pub fn param(&mut self, name: &str, shape: &[usize]) -> Result<TensorId> {
+        if self.param_by_name(name).is_some() {
+            return Err(GraphError::Duplicate {
+                kind: "parameter",
+                name: name.to_string(),
+            });
+        }
+        let len: usize = shape.iter().product();
+        if len == 0 {
+            return Err(shape_err(
+                "param",
+                format!("parameter '{name}' has no elements"),
+                &[("shape", shape)],
+            ));
+        }
+        let t = self.new_tensor(
+            shape.to_vec(),
+            ElemType::Float(self.dtype),
+            TensorKind::Param(self.params.len()),
+        );
+        let offset = self.num_param_elems;
+        self.params.push(Param {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            offset,
+            len,
+            tensor: t,
+        });
+        self.num_param_elems += len;
+        Ok(t)
+    }
+
+    /// Marks the scalar the executor reports as the loss (autodiff also sets it).
+    pub fn set_loss(&mut self, loss: TensorId) -> Result<()> {
+        let (shape, _) = self.float_arg("loss", "loss", loss)?;
+        if !shape.is_empty() {
+            return Err(shape_err(
+                "loss",
+                "the loss must be a scalar",
+                &[("loss", &shape)],
+            ));
+        }
+        self.loss = Some(loss);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- forward ops
+
+    /// A constant tensor (the loss seed, zero gradients).
+    pub fn fill(&mut self, shape: &[usize], value: f32) -> TensorId {
+        self.push(
+            Op::Fill { value },
+            vec![],
+            vec![(shape.to_vec(), ElemType::Float(self.dtype))],
+        )[0]
+    }
+
+    /// Rows of `table` (V, C) gathered by `ids` (…) → (…, C).
+    pub fn embedding(&mut self, table: TensorId, ids: TensorId) -> Result<TensorId> {
+        let op = "embedding";
+        let (ts, dt) = self.float_arg(op, "table", table)?;
+        let is = self.ids_arg(op, "ids", ids)?;
+        if ts.len() != 2 {
+            return Err(shape_err(
+                op,
+                "table must be 2-D (V, C)",
+                &[("table", &ts), ("ids", &is)],
+            ));
+        }
+        let mut out = is;
+        out.push(ts[1]);
+        Ok(self.push(
+            Op::Embedding,
+            vec![table, ids],
+            vec![(out, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// op(a) · op(b) over the last two dims, op = transpose when the flag is set. b is either a
+    /// shared 2-D matrix (a weight) or has exactly a's batch dims.
+    pub fn matmul(&mut self, a: TensorId, b: TensorId, ta: bool, tb: bool) -> Result<TensorId> {
+        let op = "matmul";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let named: &[(&str, &[usize])] = &[("a", &sa), ("b", &sb)];
+        let (ra, rb) = (sa.len(), sb.len());
+        if ra < 2 || rb < 2 {
+            return Err(shape_err(op, "both operands must be at least 2-D", named));
+        }
+        let (m, ka) = if ta {
+            (sa[ra - 1], sa[ra - 2])
+        } else {
+            (sa[ra - 2], sa[ra - 1])
+        };
+        let (kb, n) = if tb {
+            (sb[rb - 1], sb[rb - 2])
+        } else {
+            (sb[rb - 2], sb[rb - 1])
+        };
+        if ka != kb {
+            return Err(shape_err(
+                op,
+                format!("inner dims differ: K={ka} from a (ta={ta}), K={kb} from b (tb={tb})"),
+                named,
+            ));
+        }
+        let (batch_a, batch_b) = (&sa[..ra - 2], &sb[..rb - 2]);
+        if !batch_b.is_empty() && batch_b != batch_a {
+            return Err(shape_err(
+                op,
+                "b must be 2-D (shared across the batch) or have exactly a's batch dims",
+                named,
+            ));
+        }
+        if ta && batch_b.is_empty() && !batch_a.is_empty() {
+            return Err(shape_err(
+                op,
+                "ta=true with a shared 2-D b is not supported (its gradient needs a batched reduction); permute a first",
+                named,
+            ));
+        }
+        let mut out = batch_a.to_vec();
+        out.extend([m, n]);
+        Ok(self.push(
+            Op::MatMul { ta, tb },
+            vec![a, b],
+            vec![(out, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// HF `nn.Linear`: x · wᵀ (+ bias), w of shape (out, in).
+    pub fn linear(&mut self, x: TensorId, w: TensorId, bias: Option<TensorId>) -> Result<TensorId> {
+        let y = self.matmul(x, w, false, true)?;
+        match bias {
+            Some(b) => self.bias_add(y, b),
+            None => Ok(y),
+        }
+    }
+
+    /// x (…, C) + bias (C).
+    pub fn bias_add(&mut self, x: TensorId, bias: TensorId) -> Result<TensorId> {
+        let op = "bias_add";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sb, _) = self.float_arg(op, "bias", bias)?;
+        if sx.is_empty() || sb.len() != 1 || sb[0] != sx[sx.len() - 1] {
+            return Err(shape_err(
+                op,
+                "bias must be 1-D with the size of x's last dim",
+                &[("x", &sx), ("bias", &sb)],
+            ));
+        }
+        Ok(self.push(Op::BiasAdd, vec![x, bias], vec![(sx, ElemType::Float(dt))])[0])
+    }
+
+    /// a + b, where b's shape equals a's or a trailing part of it (e.g. (B, T, C) + (T, C)).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let op = "add";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        if !sa.ends_with(&sb) {
+            return Err(shape_err(
+                op,
+                "b's shape must equal a's or a trailing part of it (broadcast over a's leading dims)",
+                &[("a", &sa), ("b", &sb)],
+            ));
+        }
+        Ok(self.push(Op::Add, vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
+    }
+
+    /// s · x
+    pub fn scale(&mut self, x: TensorId, s: f32) -> Result<TensorId> {
+        self.unary("scale", Op::Scale { s }, x)
+    }
+
+    pub fn gelu(&mut self, x: TensorId, approx: GeluApprox) -> Result<TensorId> {
+        self.unary("gelu", Op::Gelu { approx }, x)
+    }
+
+    pub fn tanh(&mut self, x: TensorId) -> Result<TensorId> {
+        self.unary("tanh", Op::Tanh, x)
+    }
+
+    /// LayerNorm over the last dim: w, b of shape (C). Returns y; the node also outputs the row
+    /// mean and rstd (kept for the backward).
+    pub fn layer_norm(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        b: TensorId,
+        eps: f32,
+    ) -> Result<TensorId> {
+        let op = "layernorm";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sb, _) = self.float_arg(op, "bias", b)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("weight", &sw), ("bias", &sb)];
+        if sx.is_empty() || sw != [sx[sx.len() - 1]] || sb != sw {
+            return Err(shape_err(
+                op,
+                "weight and bias must be 1-D with the size of x's last dim",
+                named,
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sx[..sx.len() - 1].to_vec();
+        let stats = ElemType::Float(DType::F32);
+        let outs = vec![
+            (sx, ElemType::Float(dt)),
+            (rows.clone(), stats),
+            (rows, stats),
+        ];
+        Ok(self.push(Op::LayerNorm { eps }, vec![x, w, b], outs)[0])
+    }
+
+    /// softmax(x·scale + mask) over the last dim; `causal` masks j > i over the last two dims;
+    /// `mask` is additive and broadcastable to x (it gets no gradient).
+    pub fn softmax(
+        &mut self,
+        x: TensorId,
+        scale: f32,
+        causal: bool,
+        mask: Option<TensorId>,
+    ) -> Result<TensorId> {
+        let op = "softmax";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.is_empty() || (causal && sx.len() < 2) {
+            return Err(shape_err(
+                op,
+                "x must be at least 1-D (2-D when causal)",
+                &[("x", &sx)],
+            ));
+        }
+        let mut inputs = vec![x];
+        if let Some(m) = mask {
+            let (sm, _) = self.float_arg(op, "mask", m)?;
+            if !broadcastable(&sm, &sx) {
+                return Err(shape_err(
+                    op,
+                    "mask must broadcast to x",
+                    &[("x", &sx), ("mask", &sm)],
+                ));
+            }
+            inputs.push(m);
+        }
+        Ok(self.push(
+            Op::Softmax { scale, causal },
+            inputs,
+            vec![(sx, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// Inverted dropout with probability `p`; the site gets its own range of RNG counters.
+    pub fn dropout(&mut self, x: TensorId, p: f32) -> Result<TensorId> {
+        let op = "dropout";
+        check_p(op, p)?;
+        let numel = self.info(x)?.numel() as u64;
+        let offset = self.rng_offset;
+        self.rng_offset += numel;
+        self.unary(op, Op::Dropout { p, offset }, x)
+    }
+
+    /// The same data under a new shape with the same number of elements.
+    pub fn reshape(&mut self, x: TensorId, shape: &[usize]) -> Result<TensorId> {
+        let op = "reshape";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.iter().product::<usize>() != shape.iter().product::<usize>() {
+            return Err(shape_err(
+                op,
+                "the element count changes",
+                &[("x", &sx), ("shape", shape)],
+            ));
+        }
+        Ok(self.push(
+            Op::Reshape,
+            vec![x],
+            vec![(shape.to_vec(), ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// x.permute(perm): output dim `i` is input dim `perm[i]`.
+    pub fn permute(&mut self, x: TensorId, perm: &[usize]) -> Result<TensorId> {
+        let op = "permute";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let mut seen = vec![false; sx.len()];
+        let valid = perm.len() == sx.len()
+            && perm
+                .iter()
+                .all(|&p| p < sx.len() && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!(
+                    "{perm:?} is not a permutation of the {} dims of x {}",
+                    sx.len(),
+                    super::fmt_shape(&sx)
+                ),
+            });
+        }
+        let out = perm.iter().map(|&p| sx[p]).collect();
+        Ok(self.push(
+            Op::Permute {
+                perm: perm.to_vec(),
+            },
+            vec![x],
+            vec![(out, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// Swaps dims d0 and d1 (a permute).
+    pub fn transpose(&mut self, x: TensorId, d0: usize, d1: usize) -> Result<TensorId> {
+        let rank = self.info(x)?.shape.len();
+        let mut perm: Vec<usize> = (0..rank).collect();
+        if d0 < rank && d1 < rank {
+            perm.swap(d0, d1);
+        } else {
+            return Err(GraphError::Attr {
+                op: "permute",
+                msg: format!("transpose of dims {d0}, {d1} of a {rank}-D tensor"),
+            });
+        }
+        self.permute(x, &perm)
+    }
+
+    /// Splits the last dim into pieces of `sizes` (which must add up to it).
+    pub fn split(&mut self, x: TensorId, sizes: &[usize]) -> Result<Vec<TensorId>> {
+        let op = "split";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.is_empty()
+            || sizes.is_empty()
+            || sizes.contains(&0)
+            || sizes.iter().sum::<usize>() != sx[sx.len() - 1]
+        {
+            return Err(shape_err(
+                op,
+                format!("sizes {sizes:?} must be positive and add up to x's last dim"),
+                &[("x", &sx)],
+            ));
+        }
+        let outs = sizes
+            .iter()
+            .map(|&s| {
+                let mut o = sx.clone();
+                *o.last_mut().expect("checked non-empty") = s;
+                (o, ElemType::Float(dt))
+            })
+            .collect();
+        Ok(self.push(
+            Op::Split {
+                sizes: sizes.to_vec(),
+            },
+            vec![x],
+            outs,
+        ))
+    }
+
+    /// Concatenates along the last dim; all other dims must agree.
+    pub fn concat(&mut self, xs: &[TensorId]) -> Result<TensorId> {
+        let op = "concat";
+        let mut shapes = Vec::with_capacity(xs.len());
+        let mut dt = self.dtype;
+        for &x in xs {
+            let (s, d) = self.float_arg(op, "input", x)?;
+            dt = d;
+            shapes.push(s);
+        }
+        let names: Vec<String> = (0..xs.len()).map(|i| format!("x{i}")).collect();
+        let named: Vec<(&str, &[usize])> = names
+            .iter()
+            .map(|n| n.as_str())
+            .zip(shapes.iter().map(|s| s.as_slice()))
+            .collect();
+        let Some(first) = shapes.first() else {
+            return Err(GraphError::Attr {
+                op,
+                msg: "needs at least one input".into(),
+            });
+        };
+        let lead = &first[..first.len().saturating_sub(1)];
+        if shapes
+            .iter()
+            .any(|s| s.is_empty() || &s[..s.len() - 1] != lead)
+        {
+            return Err(shape_err(
+                op,
+                "inputs must agree on all but the last dim",
+                &named,
+            ));
+        }
+        let mut out = lead.to_vec();
+        out.push(shapes.iter().map(|s| s[s.len() - 1]).sum());
+        Ok(self.push(Op::Concat, xs.to_vec(), vec![(out, ElemType::Float(dt))])[0])
+    }
+
+    /// softmax(Q·Kᵀ·scale + mask)·V with optional causal mask and dropout on the probabilities.
+    /// q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) → (B, H, Tq, Dv).
+    pub fn attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        opts: AttentionOpts,
+    ) -> Result<TensorId> {
+        let op = "attention";
+        let (sq, dt) = self.float_arg(op, "q", q)?;
+        let (sk, _) = self.float_arg(op, "k", k)?;
+        let (sv, _) = self.float_arg(op, "v", v)?;
+        let named: &[(&str, &[usize])] = &[("q", &sq), ("k", &sk), ("v", &sv)];
+        if sq.len() != 4 || sk.len() != 4 || sv.len() != 4 {
+            return Err(shape_err(op, "q, k, v must be 4-D (B, H, T, D)", named));
+        }
+        if sk[..2] != sq[..2] || sk[3] != sq[3] || sv[..3] != sk[..3] {
+            return Err(shape_err(
+                op,
+                "need q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv)",
+                named,
+            ));
+        }
+        check_p(op, opts.dropout_p)?;
+        let probs_shape = vec![sq[0], sq[1], sq[2], sk[2]];
+        let mut inputs = vec![q, k, v];
+        if let Some(m) = opts.mask {
+            let (sm, _) = self.float_arg(op, "mask", m)?;
+            if !broadcastable(&sm, &probs_shape) {
+                return Err(shape_err(
+                    op,
+                    "mask must broadcast to (B, H, Tq, Tk)",
+                    &[("q", &sq), ("k", &sk), ("mask", &sm)],
+                ));
+            }
+            inputs.push(m);
+        }
+        let scale = opts.scale.unwrap_or(1.0 / (sq[3] as f32).sqrt());
+        let offset = self.rng_offset;
+        if opts.dropout_p > 0.0 {
+            self.rng_offset += probs_shape.iter().product::<usize>() as u64;
+        }
+        let out = vec![sq[0], sq[1], sq[2], sv[3]];
+        let attrs = Op::Attention {
+            scale,
+            causal: opts.causal,
+            dropout_p: opts.dropout_p,
+            offset,
+        };
+        Ok(self.push(
+            attrs,
+            inputs,
+            vec![
+                (out, ElemType::Float(dt)),
+                (probs_shape, ElemType::Float(dt)),
+            ],
+        )[0])
+    }
+
+    /// Mean cross-entropy of `logits` (…, V) against `labels` (…), ignoring label -100.
+    pub fn cross_entropy(&mut self, logits: TensorId, labels: TensorId) -> Result<TensorId> {
+        self.cross_entropy_with_ignore(logits, labels, IGNORE_INDEX)
+    }
+
+    pub fn cross_entropy_with_ignore(
+        &mut self,
+        logits: TensorId,
+        labels: TensorId,
+        ignore_index: i64,
+    ) -> Result<TensorId> {
+        let op = "cross_entropy";
+        let (sl, _) = self.float_arg(op, "logits", logits)?;
+        let sy = self.ids_arg(op, "labels", labels)?;
+        if sl.is_empty() || sy[..] != sl[..sl.len() - 1] {
+            return Err(shape_err(
+                op,
+                "labels must have logits' shape without its last (class) dim",
+                &[("logits", &sl), ("labels", &sy)],
+            ));
+        }
+        // The loss stays f32 whatever the storage dtype, as in PyTorch autocast.
+        Ok(self.push(
+            Op::CrossEntropy { ignore_index },
+            vec![logits, labels],
+            vec![(vec![], ElemType::Float(DType::F32))],
+        )[0])
+    }
+
+    // ---------------------------------------------------------------- backward ops (autodiff)
+
+    /// A dropout reusing a forward site's counters: the backward regenerates its mask.
+    pub(crate) fn dropout_at(&mut self, x: TensorId, p: f32, offset: u64) -> Result<TensorId> {
+        self.unary("dropout", Op::Dropout { p, offset }, x)
+    }
+
+    pub(crate) fn embedding_backward(
+        &mut self,
+        ids: TensorId,
+        dy: TensorId,
+        vocab: usize,
+    ) -> Result<TensorId> {
+        let op = "embedding_backward";
+        let is = self.ids_arg(op, "ids", ids)?;
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        if sd.len() != is.len() + 1 || sd[..is.len()] != is[..] {
+            return Err(shape_err(
+                op,
+                "dy must be (ids…, C)",
+                &[("ids", &is), ("dy", &sd)],
+            ));
+        }
+        let c = sd[sd.len() - 1];
+        Ok(self.push(
+            Op::EmbeddingBackward,
+            vec![ids, dy],
+            vec![(vec![vocab, c], ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// Sums x over its leading dims down to `shape` (a trailing part of x's shape).
+    pub(crate) fn reduce_sum_leading(&mut self, x: TensorId, shape: &[usize]) -> Result<TensorId> {
+        let op = "reduce_sum_leading";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if !sx.ends_with(shape) {
+            return Err(shape_err(
+                op,
+                "target must be a trailing part of x's shape",
+                &[("x", &sx), ("target", shape)],
+            ));
+        }
+        Ok(self.push(
+            Op::ReduceSumLeading,
+            vec![x],
+            vec![(shape.to_vec(), ElemType::Float(dt))],
+        )[0])
+    }
+
+    pub(crate) fn gelu_backward(
+        &mut self,
+        x: TensorId,
+        dy: TensorId,
+        approx: GeluApprox,
+    ) -> Result<TensorId> {
+        self.binary_same(
+            "gelu_backward",
+            Op::GeluBackward { approx },
+            [("x", x), ("dy", dy)],
+        )
+    }
+
+    pub(crate) fn tanh_backward(&mut self, y: TensorId, dy: TensorId) -> Result<TensorId> {
+        self.binary_same("tanh_backward", Op::TanhBackward, [("y", y), ("dy", dy)])
+    }
+
+    pub(crate) fn softmax_backward(
+        &mut self,
+        y: TensorId,
+        dy: TensorId,
+        scale: f32,
+    ) -> Result<TensorId> {
+        self.binary_same(
+            "softmax_backward",
+            Op::SoftmaxBackward { scale },
+            [("y", y), ("dy", dy)],
+        )
+    }
+
+    /// (dy, x, w, mean, rstd) → [dx, dw, db]
+    pub(crate) fn layer_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        w: TensorId,
+        mean: TensorId,
+        rstd: TensorId,
+    ) -> Result<Vec<TensorId>> {
+        let op = "layernorm_backward";
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        let (sx, _) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sm, _) = self.float_arg(op, "mean", mean)?;
+        let (sr, _) = self.float_arg(op, "rstd", rstd)?;
+        if sd != sx
+            || sx.is_empty()
+            || sw != [sx[sx.len() - 1]]
+            || sm[..] != sx[..sx.len() - 1]
+            || sr != sm
+        {
+            let named: &[(&str, &[usize])] = &[
+                ("dy", &sd),
+                ("x", &sx),
+                ("weight", &sw),
+                ("mean", &sm),
+                ("rstd", &sr),
+            ];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        Ok(self.push(
+            Op::LayerNormBackward,
+            vec![dy, x, w, mean, rstd],
+            vec![(sx, f), (sw.clone(), f), (sw, f)],
+        ))
+    }
+
+    /// (dout, q, k, v, probs) → [dq, dk, dv], attributes copied from the forward node.
+    pub(crate) fn attention_backward(
+        &mut self,
+        attrs: Op,
+        dout: TensorId,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        probs: TensorId,
+    ) -> Result<Vec<TensorId>> {
+        let op = "attention_backward";
+        let (so, dt) = self.float_arg(op, "dout", dout)?;
+        let (sq, _) = self.float_arg(op, "q", q)?;
+        let (sk, _) = self.float_arg(op, "k", k)?;
+        let (sv, _) = self.float_arg(op, "v", v)?;
+        let (sp, _) = self.float_arg(op, "probs", probs)?;
+        let ok = sq.len() == 4
+            && sk.len() == 4
+            && sv.len() == 4
+            && so[..] == [sq[0], sq[1], sq[2], sv[3]]
+            && sp[..] == [sq[0], sq[1], sq[2], sk[2]];
+        if !ok || !matches!(attrs, Op::AttentionBackward { .. }) {
+            let named: &[(&str, &[usize])] = &[
+                ("dout", &so),
+                ("q", &sq),
+                ("k", &sk),
+                ("v", &sv),
+                ("probs", &sp),
+            ];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        Ok(self.push(
+            attrs,
+            vec![dout, q, k, v, probs],
+            vec![(sq, f), (sk, f), (sv, f)],
+        ))
+    }
+
+    pub(crate) fn cross_entropy_backward(
+        &mut self,
+        dloss: TensorId,
+        logits: TensorId,
+        labels: TensorId,
+        ignore_index: i64,
+    ) -> Result<TensorId> {
+        let op = "cross_entropy_backward";
+        let (sd, _) = self.float_arg(op, "dloss", dloss)?;
+        let (sl, dt) = self.float_arg(op, "logits", logits)?;
+        let sy = self.ids_arg(op, "labels", labels)?;
+        if !sd.is_empty() || sl.is_empty() || sy[..] != sl[..sl.len() - 1] {
+            return Err(shape_err(
+                op,
+                "inconsistent operands",
+                &[("dloss", &sd), ("logits", &sl), ("labels", &sy)],
+            ));
+        }
+        let attrs = Op::CrossEntropyBackward { ignore_index };
+        Ok(self.push(
+            attrs,
+            vec![dloss, logits, labels],
+            vec![(sl, ElemType::Float(dt))],
+        )[0])
+    }
+
+    // ---------------------------------------------------------------- helpers
+
+    pub(crate) fn info(&self, t: TensorId) -> Result<&TensorInfo> {
+        self.tensors
+            .get(t.index())
+            .ok_or(GraphError::UnknownTensor(t))
+    }
+
+    /// The shape and dtype of a float operand, or a type error naming the op and argument.
+    fn float_arg(
+        &self,
+        op: &'static str,
+        arg: &'static str,
+        t: TensorId,
+    ) -> Result<(Vec<usize>, DType)> {
+        let info = self.info(t)?;
+        match info.elem {
+            ElemType::Float(d) => Ok((info.shape.clone(), d)),
+            other => Err(GraphError::Type {
+                op,
+                arg,
+                expected: "a float tensor",
+                got: format!("{other} {}", super::fmt_shape(&info.shape)),
+            }),
+        }
+    }
+
+    fn ids_arg(&self, op: &'static str, arg: &'static str, t: TensorId) -> Result<Vec<usize>> {
+        let info = self.info(t)?;
+        match info.elem {
+            ElemType::I64 => Ok(info.shape.clone()),
+            other => Err(GraphError::Type {
+                op,
+                arg,
+                expected: "an i64 tensor",
+                got: format!("{other} {}", super::fmt_shape(&info.shape)),
+            }),
+        }
+    }
+
+    fn unary(&mut self, name: &'static str, op: Op, x: TensorId) -> Result<TensorId> {
+        let (sx, dt) = self.float_arg(name, "x", x)?;
+        Ok(self.push(op, vec![x], vec![(sx, ElemType::Float(dt))])[0])
+    }
+
+    /// Two operands of the same shape → one output of that shape.
+    fn binary_same(
+        &mut self,
+        name: &'static str,
+        op: Op,
+        args: [(&'static str, TensorId); 2],
+    ) -> Result<TensorId> {
+        let (s0, dt) = self.float_arg(name, args[0].0, args[0].1)?;
+        let (s1, _) = self.float_arg(name, args[1].0, args[1].1)?;
+        if s0 != s1 {
+            return Err(shape_err(
+                name,
+                "operands must have the same shape",
+                &[(args[0].0, &s0), (args[1].0, &s1)],
+            ));
+        }
+        Ok(self.push(
+            op,
+            vec![args[0].1, args[1].1],
+            vec![(s0, ElemType::Float(dt))],
+        )[0])
+    }
+}

@@ -1,0 +1,163 @@
+//! The op set of the IR: small and explicit. Each op's operands are the node's `inputs` (in the
+//! order documented here) and its results are the node's `outputs`; the enum carries only
+//! attributes. Backward ops exist only where a gradient cannot be written with forward ops.
+
+pub use crate::ops::gelu::GeluApprox;
+
+/// Cross-entropy's default ignore index, as PyTorch's and HF's labels (-100 = padding).
+pub const IGNORE_INDEX: i64 = -100;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// () → a tensor filled with `value` (the loss seed 1.0; zero gradients of unused outputs).
+    Fill { value: f32 },
+    /// (table (V, C), ids (…)) → (…, C)
+    Embedding,
+    /// (a (…, M, K), b (…, K, N) or (K, N)) → (…, M, N); a is (…, K, M) when `ta`, b is
+    /// (…, N, K) / (N, K) when `tb`.
+    MatMul { ta: bool, tb: bool },
+    /// (x (…, C), bias (C)) → (…, C)
+    BiasAdd,
+    /// (a, b) → a + b, b's shape a suffix of a's (broadcast over a's leading dims).
+    Add,
+    /// (x) → s·x
+    Scale { s: f32 },
+    /// (x) → gelu(x)
+    Gelu { approx: GeluApprox },
+    /// (x) → tanh(x)
+    Tanh,
+    /// (x (…, C), w (C), b (C)) → (y (…, C), mean (…), rstd (…)); mean and rstd are saved for
+    /// the backward and are not differentiable.
+    LayerNorm { eps: f32 },
+    /// (x (…, N) [, mask broadcastable to x]) → softmax(x·scale + mask) over the last dim;
+    /// `causal` masks j > i over the last two dims.
+    Softmax { scale: f32, causal: bool },
+    /// (x) → x·keep/(1-p), keep from the counter-based RNG at (step seed, offset + index).
+    Dropout { p: f32, offset: u64 },
+    /// (x) → the same data under the output's shape.
+    Reshape,
+    /// (x) → x.permute(perm), materialised.
+    Permute { perm: Vec<usize> },
+    /// (x (…, Σ sizes)) → one output `(…, sizes[i])` per size.
+    Split { sizes: Vec<usize> },
+    /// (x_0 (…, n_0), x_1 (…, n_1), …) → (…, Σ n_i)
+    Concat,
+    /// (q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) [, mask broadcastable to
+    /// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
+    /// pre-dropout softmax, saved for the backward, not differentiable.
+    Attention {
+        scale: f32,
+        causal: bool,
+        dropout_p: f32,
+        offset: u64,
+    },
+    /// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
+    CrossEntropy { ignore_index: i64 },
+
+    // ---- backward-only ops (emitted by autodiff) ----
+    /// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
+    EmbeddingBackward,
+    /// (x (…, S…)) → (S…): sum over the leading dims (bias and broadcast-add gradients).
+    ReduceSumLeading,
+    /// (x, dy) → dx
+    GeluBackward { approx: GeluApprox },
+    /// (y, dy) → dx, from the forward output.
+    TanhBackward,
+    /// (dy, x, w, mean, rstd) → (dx, dw, db)
+    LayerNormBackward,
+    /// (y, dy) → dx, gradient w.r.t. the unscaled input.
+    SoftmaxBackward { scale: f32 },
+    /// (dout, q, k, v, probs) → (dq, dk, dv)
+    AttentionBackward {
+        scale: f32,
+        causal: bool,
+        dropout_p: f32,
+        offset: u64,
+    },
+    /// (dloss (), logits (…, V), labels (…)) → dlogits (…, V)
+    CrossEntropyBackward { ignore_index: i64 },
+}
+
+impl Op {
+    /// The op's name as printed in graphs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Fill { .. } => "fill",
+            Op::Embedding => "embedding",
+            Op::MatMul { .. } => "matmul",
+            Op::BiasAdd => "bias_add",
+            Op::Add => "add",
+            Op::Scale { .. } => "scale",
+            Op::Gelu { .. } => "gelu",
+            Op::Tanh => "tanh",
+            Op::LayerNorm { .. } => "layernorm",
+            Op::Softmax { .. } => "softmax",
+            Op::Dropout { .. } => "dropout",
+            Op::Reshape => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::Split { .. } => "split",
+            Op::Concat => "concat",
+            Op::Attention { .. } => "attention",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::EmbeddingBackward => "embedding_backward",
+            Op::ReduceSumLeading => "reduce_sum_leading",
+            Op::GeluBackward { .. } => "gelu_backward",
+            Op::TanhBackward => "tanh_backward",
+            Op::LayerNormBackward => "layernorm_backward",
+            Op::SoftmaxBackward { .. } => "softmax_backward",
+            Op::AttentionBackward { .. } => "attention_backward",
+            Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
+        }
+    }
+
+    /// Attributes as printed after the operands: `ta=false tb=true`.
+    pub fn attrs(&self) -> String {
+        match self {
+            Op::Fill { value } => format!("value={value}"),
+            Op::MatMul { ta, tb } => format!("ta={ta} tb={tb}"),
+            Op::Scale { s } => format!("s={s}"),
+            Op::Gelu { approx } | Op::GeluBackward { approx } => {
+                format!("approx={}", approx.name())
+            }
+            Op::LayerNorm { eps } => format!("eps={eps:e}"),
+            Op::Softmax { scale, causal } => format!("scale={scale} causal={causal}"),
+            Op::SoftmaxBackward { scale } => format!("scale={scale}"),
+            Op::Dropout { p, offset } => format!("p={p} offset={offset}"),
+            Op::Permute { perm } => format!("perm={perm:?}"),
+            Op::Split { sizes } => format!("sizes={sizes:?}"),
+            Op::Attention {
+                scale,
+                causal,
+                dropout_p,
+                offset,
+            }
+            | Op::AttentionBackward {
+                scale,
+                causal,
+                dropout_p,
+                offset,
+            } => {
+                format!("scale={scale} causal={causal} p={dropout_p} offset={offset}")
+            }
+            Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
+                format!("ignore_index={ignore_index}")
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// Backward-only ops have no gradient rule (no double backward).
+    pub fn is_backward(&self) -> bool {
+        matches!(
+            self,
+            Op::EmbeddingBackward
+                | Op::ReduceSumLeading
+                | Op::GeluBackward { .. }
+                | Op::TanhBackward
+                | Op::LayerNormBackward
+                | Op::SoftmaxBackward { .. }
+                | Op::AttentionBackward { .. }
+                | Op::CrossEntropyBackward { .. }
+        )
+    }
+}

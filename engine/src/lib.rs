@@ -1,0 +1,17 @@
+//! ortbench-engine — the accelerated training engine behind the `ort` and `ort-zero1` configs.
+//!
+//! Pipeline (see `shared/DESIGN.md`): model builder → forward graph → autodiff → passes →
+//! memory plan → executor on a backend, with a fused AdamW over flat parameter buffers.
+//!
+//! This crate depends on neither tch/libtorch nor polars/plotters: it is our own engine.
+
+pub mod autodiff;
+pub mod backend;
+pub mod dtype;
+pub mod exec;
+pub mod graph;
+pub mod ops;
+
+pub use dtype::DType;
+pub use exec::{Inputs, RefExecutor};
+pub use graph::{Graph, GraphError, TensorId};

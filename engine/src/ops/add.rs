@@ -1,0 +1,89 @@
+//! Additions and scaling: bias add / residual add (b broadcast over leading rows), the sum over
+//! leading rows that is their backward, and multiplication by a constant.
+//!
+//! Mirrors `torch.add` with trailing-dim broadcasting (`x + bias`, `h + pos_emb`), the bias
+//! gradient of llm.c's `matmul_backward` (dbias = sum over B·T rows), and `torch.mul(x, s)`.
+
+use super::Real;
+
+/// out = a + b, b repeated over the leading rows of a (b.len() divides a.len()).
+// out: (R, N)
+// a: (R, N)
+// b: (N)
+pub fn add_forward<T: Real>(out: &mut [T], a: &[T], b: &[T]) {
+    let n = b.len();
+    for (o, ar) in out.chunks_exact_mut(n).zip(a.chunks_exact(n)) {
+        for ((o, &x), &y) in o.iter_mut().zip(ar).zip(b) {
+            *o = x + y;
+        }
+    }
+}
+
+/// out = Σ_r x[r, :]: the backward of broadcasting `b` in [`add_forward`].
+// out: (N)
+// x: (R, N)
+pub fn reduce_sum_leading<T: Real>(out: &mut [T], x: &[T]) {
+    out.fill(T::ZERO);
+    for row in x.chunks_exact(out.len()) {
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o += v;
+        }
+    }
+}
+
+/// out = s · x (its backward is the same op on the gradient).
+// out, x: (N)
+pub fn scale_forward<T: Real>(out: &mut [T], x: &[T], s: T) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn broadcast_add_and_its_backward() {
+        let (r, n) = (4, 3);
+        let mut rng = Rng::new(2);
+        let a = rng.vec(r * n);
+        let b = rng.vec(n);
+        let dy = rng.vec(r * n);
+        let mut out = vec![0.0; r * n];
+        add_forward(&mut out, &a, &b);
+        assert_eq!(out[n + 1], a[n + 1] + b[1]);
+
+        // d/db of <dy, a + b> is the row sum of dy; d/da is dy itself.
+        let mut db = vec![0.0; n];
+        reduce_sum_leading(&mut db, &dy);
+        let fd_b = fd_grad(&b, FD_STEP, |b| {
+            let mut o = vec![0.0; r * n];
+            add_forward(&mut o, &a, b);
+            dot(&o, &dy)
+        });
+        assert_close(&db, &fd_b, FD_TOL, "db");
+        let fd_a = fd_grad(&a, FD_STEP, |a| {
+            let mut o = vec![0.0; r * n];
+            add_forward(&mut o, a, &b);
+            dot(&o, &dy)
+        });
+        assert_close(&dy, &fd_a, FD_TOL, "da");
+    }
+
+    #[test]
+    fn scale_backward_is_scale() {
+        let mut rng = Rng::new(3);
+        let x = rng.vec(5);
+        let dy = rng.vec(5);
+        let mut dx = vec![0.0; 5];
+        scale_forward(&mut dx, &dy, 0.37);
+        let fd = fd_grad(&x, FD_STEP, |x| {
+            let mut o = vec![0.0; 5];
+            scale_forward(&mut o, x, 0.37);
+            dot(&o, &dy)
+        });
+        assert_close(&dx, &fd, FD_TOL, "dx");
+    }
+}

@@ -1,0 +1,251 @@
+//! Scaled dot-product attention: out = dropout(softmax(Q·Kᵀ·scale + mask)) · V, per (batch, head).
+//!
+//! Mirrors `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p,
+//! is_causal, scale)` (its math path) and llm.c's `attention_forward` / `attention_backward`.
+//! The forward returns the pre-dropout probabilities for the backward (a flash-style fused
+//! kernel will recompute them instead); the dropout mask is regenerated from (seed, offset).
+
+use super::dropout::{keep, keep_scale};
+use super::softmax::softmax_in_place;
+use super::{MaskView, Real};
+
+/// Sizes: `bh` = batch·heads independent problems of Tq queries against Tk keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnDims {
+    pub bh: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+/// Attributes: `causal` masks keys j > i (top-left aligned, as `torch.tril`); dropout applies to
+/// the probabilities, counter = offset + flat index into probs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnCfg {
+    pub scale: f32,
+    pub causal: bool,
+    pub dropout_p: f32,
+    pub seed: u64,
+    pub offset: u64,
+}
+
+impl AttnCfg {
+    /// The factor dropout multiplies probability (bh, i, j) by: 0 or 1/(1-p).
+    fn drop_factor<T: Real>(&self, counter: u64) -> T {
+        if self.dropout_p == 0.0 {
+            T::ONE
+        } else if keep(self.seed, self.offset + counter, self.dropout_p) {
+            keep_scale(self.dropout_p)
+        } else {
+            T::ZERO
+        }
+    }
+}
+
+// out: (BH, Tq, Dv)
+// probs: (BH, Tq, Tk), softmax before dropout
+// q: (BH, Tq, D)
+// k: (BH, Tk, D)
+// v: (BH, Tk, Dv)
+// mask: broadcastable to (B, H, Tq, Tk)
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward<T: Real>(
+    out: &mut [T],
+    probs: &mut [T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    dims: &AttnDims,
+    cfg: &AttnCfg,
+    mask: Option<&MaskView<'_, T>>,
+) {
+    let AttnDims { bh, tq, tk, d, dv } = *dims;
+    let scale = T::from_f64(cfg.scale as f64);
+    for b in 0..bh {
+        for i in 0..tq {
+            let row = b * tq + i;
+            let qi = &q[row * d..(row + 1) * d];
+            let p = &mut probs[row * tk..(row + 1) * tk];
+            let moff = mask.map(|m| m.row_offset(row));
+            for j in 0..tk {
+                if cfg.causal && j > i {
+                    p[j] = T::NEG_INFINITY;
+                    continue;
+                }
+                let kj = &k[(b * tk + j) * d..(b * tk + j + 1) * d];
+                let mut s = T::ZERO;
+                for e in 0..d {
+                    s += qi[e] * kj[e];
+                }
+                p[j] = s * scale;
+                if let (Some(m), Some(off)) = (mask, moff) {
+                    p[j] += m.at(off, j);
+                }
+            }
+            softmax_in_place(p);
+            let o = &mut out[row * dv..(row + 1) * dv];
+            o.fill(T::ZERO);
+            for j in 0..tk {
+                let w = p[j] * cfg.drop_factor::<T>((row * tk + j) as u64);
+                let vj = &v[(b * tk + j) * dv..(b * tk + j + 1) * dv];
+                for e in 0..dv {
+                    o[e] += w * vj[e];
+                }
+            }
+        }
+    }
+}
+
+/// With P = probs and Pd = dropout(P): dV = Pdᵀ·dO; dP = dropout(dO·Vᵀ);
+/// dS = P ⊙ (dP - rowsum(dP ⊙ P)); dQ = scale·dS·K; dK = scale·dSᵀ·Q.
+// dq: (BH, Tq, D)
+// dk: (BH, Tk, D)
+// dv: (BH, Tk, Dv)
+// dout: (BH, Tq, Dv)
+// q, k, v: as in attention_forward
+// probs: (BH, Tq, Tk)
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<T: Real>(
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+    dout: &[T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    probs: &[T],
+    dims: &AttnDims,
+    cfg: &AttnCfg,
+) {
+    let AttnDims {
+        bh,
+        tq,
+        tk,
+        d,
+        dv: dvd,
+    } = *dims;
+    let scale = T::from_f64(cfg.scale as f64);
+    dq.fill(T::ZERO);
+    dk.fill(T::ZERO);
+    dv.fill(T::ZERO);
+    let mut dp = vec![T::ZERO; tk];
+    for b in 0..bh {
+        for i in 0..tq {
+            let row = b * tq + i;
+            let p = &probs[row * tk..(row + 1) * tk];
+            let go = &dout[row * dvd..(row + 1) * dvd];
+            for j in 0..tk {
+                let f: T = cfg.drop_factor((row * tk + j) as u64);
+                let kv = (b * tk + j) * dvd;
+                let mut s = T::ZERO;
+                for e in 0..dvd {
+                    s += go[e] * v[kv + e];
+                    dv[kv + e] += p[j] * f * go[e];
+                }
+                dp[j] = s * f;
+            }
+            let mut sum = T::ZERO;
+            for j in 0..tk {
+                sum += dp[j] * p[j];
+            }
+            for j in 0..tk {
+                let ds = p[j] * (dp[j] - sum) * scale;
+                let kj = (b * tk + j) * d;
+                for e in 0..d {
+                    dq[row * d + e] += ds * k[kj + e];
+                    dk[kj + e] += ds * q[row * d + e];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        // (B=2, H=2, T=4, D=3), mask (B, 1, 1, T).
+        let (b, h, t, d) = (2, 2, 4, 3);
+        let dims = AttnDims {
+            bh: b * h,
+            tq: t,
+            tk: t,
+            d,
+            dv: d,
+        };
+        let mut rng = Rng::new(13);
+        let (q, k, v) = (
+            rng.vec(b * h * t * d),
+            rng.vec(b * h * t * d),
+            rng.vec(b * h * t * d),
+        );
+        let mask_data = rng.vec(b * t);
+        let dout = rng.vec(b * h * t * d);
+        let full = [b, h, t, t];
+        for (causal, p) in [(false, 0.0), (true, 0.0), (true, 0.3), (false, 0.5)] {
+            let cfg = AttnCfg {
+                scale: 0.6,
+                causal,
+                dropout_p: p,
+                seed: 3,
+                offset: 100,
+            };
+            let mask = MaskView::new(&mask_data, &[b, 1, 1, t], &full);
+            let fwd = |q: &[f64], k: &[f64], v: &[f64]| {
+                let (mut o, mut pr) = (vec![0.0; b * h * t * d], vec![0.0; b * h * t * t]);
+                attention_forward(&mut o, &mut pr, q, k, v, &dims, &cfg, Some(&mask));
+                (o, pr)
+            };
+            let (_, probs) = fwd(&q, &k, &v);
+            let n = b * h * t * d;
+            let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            attention_backward(
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg,
+            );
+            let what = format!("causal={causal} p={p}");
+            let fq = fd_grad(&q, FD_STEP, |q| dot(&fwd(q, &k, &v).0, &dout));
+            let fk = fd_grad(&k, FD_STEP, |k| dot(&fwd(&q, k, &v).0, &dout));
+            let fv = fd_grad(&v, FD_STEP, |v| dot(&fwd(&q, &k, v).0, &dout));
+            assert_close(&dq, &fq, FD_TOL, &format!("dq {what}"));
+            assert_close(&dk, &fk, FD_TOL, &format!("dk {what}"));
+            assert_close(&dv, &fv, FD_TOL, &format!("dv {what}"));
+        }
+    }
+
+    #[test]
+    fn equals_softmax_of_scores_times_v() {
+        // One head, no mask, no dropout: compare with the two-step definition.
+        let dims = AttnDims {
+            bh: 1,
+            tq: 2,
+            tk: 3,
+            d: 2,
+            dv: 2,
+        };
+        let cfg = AttnCfg {
+            scale: 0.5,
+            causal: false,
+            dropout_p: 0.0,
+            seed: 0,
+            offset: 0,
+        };
+        let mut rng = Rng::new(14);
+        let (q, k, v) = (rng.vec(4), rng.vec(6), rng.vec(6));
+        let (mut o, mut p) = (vec![0.0; 4], vec![0.0; 6]);
+        attention_forward(&mut o, &mut p, &q, &k, &v, &dims, &cfg, None);
+        for i in 0..2 {
+            let mut s: Vec<f64> = (0..3)
+                .map(|j| 0.5 * (q[i * 2] * k[j * 2] + q[i * 2 + 1] * k[j * 2 + 1]))
+                .collect();
+            softmax_in_place(&mut s);
+            for e in 0..2 {
+                let want: f64 = (0..3).map(|j| s[j] * v[j * 2 + e]).sum();
+                assert!((o[i * 2 + e] - want).abs() < 1e-14);
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Cross-entropy over the last dim with integer labels, `ignore_index`, mean over the rows that
+//! are not ignored.
+//!
+//! Mirrors `torch.nn.functional.cross_entropy(logits.view(-1, V), labels.view(-1),
+//! ignore_index=-100, reduction='mean')` (log-sum-exp with max subtraction; all rows ignored gives
+//! NaN, as torch's 0/0) and llm.c's `crossentropy_forward` + `crossentropy_softmax_backward`.
+
+use super::{OpError, Real};
+
+/// The mean loss over rows whose label != ignore_index.
+// logits: (R, V)
+// labels: (R)
+pub fn cross_entropy_forward<T: Real>(
+    logits: &[T],
+    labels: &[i64],
+    v: usize,
+    ignore_index: i64,
+) -> Result<T, OpError> {
+    let mut sum = T::ZERO;
+    let mut count = 0usize;
+    for (r, (row, &label)) in logits.chunks_exact(v).zip(labels).enumerate() {
+        let Some(y) = check_label(label, r, v, ignore_index)? else {
+            continue;
+        };
+        sum += log_sum_exp(row) - row[y];
+        count += 1;
+    }
+    Ok(sum / T::from_f64(count as f64))
+}
+
+/// dlogits = dloss/count · (softmax(row) - onehot(label)) on counted rows, 0 on ignored rows.
+// dlogits, logits: (R, V)
+// labels: (R)
+pub fn cross_entropy_backward<T: Real>(
+    dlogits: &mut [T],
+    dloss: T,
+    logits: &[T],
+    labels: &[i64],
+    v: usize,
+    ignore_index: i64,
+) -> Result<(), OpError> {
+    let count = labels.iter().filter(|&&l| l != ignore_index).count();
+    let g = dloss / T::from_f64(count.max(1) as f64);
+    for (r, ((drow, row), &label)) in dlogits
+        .chunks_exact_mut(v)
+        .zip(logits.chunks_exact(v))
+        .zip(labels)
+        .enumerate()
+    {
+        let Some(y) = check_label(label, r, v, ignore_index)? else {
+            drow.fill(T::ZERO);
+            continue;
+        };
+        let lse = log_sum_exp(row);
+        for (d, &s) in drow.iter_mut().zip(row) {
+            *d = g * (s - lse).exp();
+        }
+        drow[y] -= g;
+    }
+    Ok(())
+}
+
+/// log Σ exp(row), subtracting the max first.
+// row: (V)
+fn log_sum_exp<T: Real>(row: &[T]) -> T {
+    let mut max = T::NEG_INFINITY;
+    for &s in row {
+        max = max.max(s);
+    }
+    let mut sum = T::ZERO;
+    for &s in row {
+        sum += (s - max).exp();
+    }
+    max + sum.ln()
+}
+
+fn check_label(
+    label: i64,
+    position: usize,
+    v: usize,
+    ignore_index: i64,
+) -> Result<Option<usize>, OpError> {
+    if label == ignore_index {
+        return Ok(None);
+    }
+    if label < 0 || label as usize >= v {
+        return Err(OpError::IndexOutOfRange {
+            op: "cross_entropy",
+            index: label,
+            position,
+            limit: v,
+        });
+    }
+    Ok(Some(label as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    const IGNORE: i64 = -100;
+
+    #[test]
+    fn matches_pytorch_f32() {
+        let x = [0.3f32, -1.2, 2.0, 0.7, 1.5, 0.1, -0.4, -2.2];
+        // F.cross_entropy(x.view(2, 4), labels) in torch 2.11 f32.
+        let l1 = cross_entropy_forward(&x, &[2, IGNORE], 4, IGNORE).unwrap();
+        let l2 = cross_entropy_forward(&x, &[2, 0], 4, IGNORE).unwrap();
+        assert!((l1 - 0.40277976).abs() < 1e-6, "{l1}");
+        assert!((l2 - 0.3770313).abs() < 1e-6, "{l2}");
+        assert!(cross_entropy_forward(&x, &[IGNORE, IGNORE], 4, IGNORE)
+            .unwrap()
+            .is_nan());
+    }
+
+    #[test]
+    fn backward_with_ignored_rows_matches_finite_differences() {
+        let (r, v) = (5, 7);
+        let mut rng = Rng::new(15);
+        let logits: Vec<f64> = rng.vec(r * v).iter().map(|x| 3.0 * x).collect();
+        let labels = [3, IGNORE, 0, 6, IGNORE];
+        let mut d = vec![0.0; r * v];
+        cross_entropy_backward(&mut d, 1.7, &logits, &labels, v, IGNORE).unwrap();
+        let fd = fd_grad(&logits, FD_STEP, |x| {
+            1.7 * cross_entropy_forward(x, &labels, v, IGNORE).unwrap()
+        });
+        assert_close(&d, &fd, FD_TOL, "dlogits");
+        assert!(
+            d[v..2 * v].iter().all(|&g| g == 0.0),
+            "ignored rows get no gradient"
+        );
+    }
+
+    #[test]
+    fn bad_label_is_an_error() {
+        let x = [0.0f32; 4];
+        assert!(cross_entropy_forward(&x, &[4], 4, IGNORE).is_err());
+        assert!(cross_entropy_forward(&x, &[-1], 4, IGNORE).is_err());
+    }
+}

@@ -1,0 +1,106 @@
+//! Embedding: gather rows of a table by integer id.
+//!
+//! Mirrors `torch.nn.functional.embedding` (no padding_idx, no max_norm) and llm.c's
+//! `encoder_forward` / `encoder_backward` (train_gpt2.c).
+
+use super::{OpError, Real};
+
+/// `out[n, :] = table[ids[n], :]`
+// out: (N, C)
+// ids: (N)
+// table: (V, C)
+pub fn embedding_forward<T: Real>(
+    out: &mut [T],
+    ids: &[i64],
+    table: &[T],
+    c: usize,
+) -> Result<(), OpError> {
+    let v = table.len() / c;
+    for (n, &id) in ids.iter().enumerate() {
+        let row = check_id(id, n, v)?;
+        out[n * c..(n + 1) * c].copy_from_slice(&table[row * c..(row + 1) * c]);
+    }
+    Ok(())
+}
+
+/// `dtable[v, :]` = sum of `dout[n, :]` over the n with `ids[n] == v` (a scatter-add: repeated ids
+/// accumulate, as in PyTorch's dense embedding backward).
+// dtable: (V, C)
+// ids: (N)
+// dout: (N, C)
+pub fn embedding_backward<T: Real>(
+    dtable: &mut [T],
+    ids: &[i64],
+    dout: &[T],
+    c: usize,
+) -> Result<(), OpError> {
+    let v = dtable.len() / c;
+    dtable.fill(T::ZERO);
+    for (n, &id) in ids.iter().enumerate() {
+        let row = check_id(id, n, v)?;
+        for (d, &g) in dtable[row * c..(row + 1) * c]
+            .iter_mut()
+            .zip(&dout[n * c..(n + 1) * c])
+        {
+            *d += g;
+        }
+    }
+    Ok(())
+}
+
+fn check_id(id: i64, position: usize, limit: usize) -> Result<usize, OpError> {
+    if id < 0 || id as usize >= limit {
+        return Err(OpError::IndexOutOfRange {
+            op: "embedding",
+            index: id,
+            position,
+            limit,
+        });
+    }
+    Ok(id as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn gathers_rows_and_backward_matches_finite_differences() {
+        let (v, c) = (5, 3);
+        let ids = [4i64, 0, 4, 2]; // a repeated id: its gradient rows must add up
+        let mut rng = Rng::new(1);
+        let table = rng.vec(v * c);
+        let r = rng.vec(ids.len() * c);
+        let mut out = vec![0.0; ids.len() * c];
+        embedding_forward(&mut out, &ids, &table, c).unwrap();
+        assert_eq!(&out[0..3], &table[12..15]);
+        assert_eq!(&out[3..6], &table[0..3]);
+
+        let mut dtable = vec![0.0; v * c];
+        embedding_backward(&mut dtable, &ids, &r, c).unwrap();
+        let fd = fd_grad(&table, FD_STEP, |t| {
+            let mut o = vec![0.0; ids.len() * c];
+            embedding_forward(&mut o, &ids, t, c).unwrap();
+            dot(&o, &r)
+        });
+        assert_close(&dtable, &fd, FD_TOL, "dtable");
+    }
+
+    #[test]
+    fn out_of_range_id_is_an_error() {
+        let table = [1.0f32; 6];
+        let mut out = [0.0f32; 2];
+        let err = embedding_forward(&mut out, &[3], &table, 2).unwrap_err();
+        assert_eq!(
+            err,
+            OpError::IndexOutOfRange {
+                op: "embedding",
+                index: 3,
+                position: 0,
+                limit: 3
+            }
+        );
+        assert!(embedding_forward(&mut out, &[-1], &table, 2).is_err());
+    }
+}

@@ -1,0 +1,156 @@
+//! LayerNorm over the last dim, with weight and bias.
+//!
+//! Mirrors `torch.nn.functional.layer_norm(x, (C,), w, b, eps)`: biased variance, eps inside the
+//! square root. Forward also returns each row's mean and 1/std (as ATen and llm.c's
+//! `layernorm_forward` do) so the backward does not recompute them; the backward is llm.c's
+//! `layernorm_backward`.
+
+use super::Real;
+
+/// y = (x - mean)·rstd·w + b, rstd = 1/√(var + eps), var = mean((x - mean)²).
+// y: (R, C)
+// mean, rstd: (R)
+// x: (R, C)
+// w, b: (C)
+pub fn layernorm_forward<T: Real>(
+    y: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    eps: T,
+) {
+    let c = w.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    for (r, (xr, yr)) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)).enumerate() {
+        let mut m = T::ZERO;
+        for &v in xr {
+            m += v;
+        }
+        m *= inv_c;
+        let mut var = T::ZERO;
+        for &v in xr {
+            var += (v - m) * (v - m);
+        }
+        var *= inv_c;
+        let s = T::ONE / (var + eps).sqrt();
+        for i in 0..c {
+            yr[i] = (xr[i] - m) * s * w[i] + b[i];
+        }
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/// dx = rstd·(dnorm - mean(dnorm) - norm·mean(dnorm·norm)) with dnorm = dy·w, norm = (x-mean)·rstd;
+/// dw = Σ_rows dy·norm; db = Σ_rows dy.
+// dx: (R, C)
+// dw, db: (C)
+// dy, x: (R, C)
+// w: (C)
+// mean, rstd: (R)
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward<T: Real>(
+    dx: &mut [T],
+    dw: &mut [T],
+    db: &mut [T],
+    dy: &[T],
+    x: &[T],
+    w: &[T],
+    mean: &[T],
+    rstd: &[T],
+) {
+    let c = w.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    dw.fill(T::ZERO);
+    db.fill(T::ZERO);
+    for r in 0..mean.len() {
+        let (xr, dyr) = (&x[r * c..(r + 1) * c], &dy[r * c..(r + 1) * c]);
+        let (m, s) = (mean[r], rstd[r]);
+        let mut dnorm_mean = T::ZERO;
+        let mut dnorm_norm_mean = T::ZERO;
+        for i in 0..c {
+            let norm = (xr[i] - m) * s;
+            let dnorm = dyr[i] * w[i];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+            dw[i] += dyr[i] * norm;
+            db[i] += dyr[i];
+        }
+        dnorm_mean *= inv_c;
+        dnorm_norm_mean *= inv_c;
+        for i in 0..c {
+            let norm = (xr[i] - m) * s;
+            let dnorm = dyr[i] * w[i];
+            dx[r * c + i] = s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn matches_pytorch_f32() {
+        let x = [0.3f32, -1.2, 2.0, 0.7, 1.5, 0.1, -0.4, -2.2];
+        let (w, b) = ([1.1f32, 0.9, -0.5, 2.0], [0.1f32, -0.2, 0.3, 0.0]);
+        // F.layer_norm(x, (4,), w, b, 1e-5) in torch 2.11 f32.
+        let want = [
+            -0.04457505f32,
+            -1.5011756,
+            -0.37906468,
+            0.43810627,
+            1.5541209,
+            0.03794704,
+            0.35665405,
+            -2.946011,
+        ];
+        let (mut y, mut m, mut s) = ([0.0f32; 8], [0.0f32; 2], [0.0f32; 2]);
+        layernorm_forward(&mut y, &mut m, &mut s, &x, &w, &b, 1e-5);
+        for i in 0..8 {
+            assert!(
+                (y[i] - want[i]).abs() <= 1e-6 * (1.0 + want[i].abs()),
+                "y[{i}] {} vs {}",
+                y[i],
+                want[i]
+            );
+        }
+    }
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (r, c) = (3, 5);
+        let mut rng = Rng::new(6);
+        let (x, w, b, dy) = (rng.vec(r * c), rng.vec(c), rng.vec(c), rng.vec(r * c));
+        let loss = |x: &[f64], w: &[f64], b: &[f64]| {
+            let (mut y, mut m, mut s) = (vec![0.0; r * c], vec![0.0; r], vec![0.0; r]);
+            layernorm_forward(&mut y, &mut m, &mut s, x, w, b, 1e-5);
+            dot(&y, &dy)
+        };
+        let (mut y, mut m, mut s) = (vec![0.0; r * c], vec![0.0; r], vec![0.0; r]);
+        layernorm_forward(&mut y, &mut m, &mut s, &x, &w, &b, 1e-5);
+        let (mut dx, mut dw, mut db) = (vec![0.0; r * c], vec![0.0; c], vec![0.0; c]);
+        layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &m, &s);
+        assert_close(
+            &dx,
+            &fd_grad(&x, FD_STEP, |x| loss(x, &w, &b)),
+            FD_TOL,
+            "dx",
+        );
+        assert_close(
+            &dw,
+            &fd_grad(&w, FD_STEP, |w| loss(&x, w, &b)),
+            FD_TOL,
+            "dw",
+        );
+        assert_close(
+            &db,
+            &fd_grad(&b, FD_STEP, |b| loss(&x, &w, b)),
+            FD_TOL,
+            "db",
+        );
+    }
+}

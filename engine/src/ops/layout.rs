@@ -1,0 +1,139 @@
+//! Layout ops: permute (transpose), and split / concat along the last dim. Reshape needs no
+//! kernel (tensors are contiguous: the data is unchanged).
+//!
+//! Mirrors `torch.permute(...).contiguous()`, `torch.split(x, sizes, dim=-1)` (GPT-2 splits
+//! c_attn's output into q, k, v) and `torch.cat(xs, dim=-1)`, its backward.
+
+use super::Real;
+
+/// out = x.permute(perm), materialised: `out.shape[i] = shape[perm[i]]`.
+// out: (shape[perm[0]], …, shape[perm[r-1]])
+// x: shape
+pub fn permute_forward<T: Real>(out: &mut [T], x: &[T], shape: &[usize], perm: &[usize]) {
+    let rank = shape.len();
+    let mut x_strides = vec![1; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        x_strides[d] = x_strides[d + 1] * shape[d + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    // Stride in x of each output dim, then walk the output with an odometer.
+    let strides: Vec<usize> = perm.iter().map(|&p| x_strides[p]).collect();
+    let mut idx = vec![0usize; rank];
+    let mut src = 0usize;
+    for o in out.iter_mut() {
+        *o = x[src];
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            src += strides[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            src -= strides[d] * out_shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The permutation that undoes `perm` (the backward of a permute is a permute by it).
+pub fn inverse_perm(perm: &[usize]) -> Vec<usize> {
+    let mut inv = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    inv
+}
+
+/// `outs[i] = x[:, start_i .. start_i + sizes[i]]` for rows of length Σ sizes.
+// outs[i]: (R, sizes[i])
+// x: (R, Σ sizes)
+pub fn split_forward<T: Real>(outs: &mut [&mut [T]], x: &[T], sizes: &[usize]) {
+    let n: usize = sizes.iter().sum();
+    for (r, row) in x.chunks_exact(n).enumerate() {
+        let mut start = 0;
+        for (out, &s) in outs.iter_mut().zip(sizes) {
+            out[r * s..(r + 1) * s].copy_from_slice(&row[start..start + s]);
+            start += s;
+        }
+    }
+}
+
+/// `out[:, start_i .. start_i + sizes[i]] = xs[i]`: the inverse of [`split_forward`].
+// out: (R, Σ sizes)
+// xs[i]: (R, sizes[i])
+pub fn concat_forward<T: Real>(out: &mut [T], xs: &[&[T]], sizes: &[usize]) {
+    let n: usize = sizes.iter().sum();
+    for (r, row) in out.chunks_exact_mut(n).enumerate() {
+        let mut start = 0;
+        for (x, &s) in xs.iter().zip(sizes) {
+            row[start..start + s].copy_from_slice(&x[r * s..(r + 1) * s]);
+            start += s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn permute_moves_elements_and_inverse_undoes_it() {
+        // x: (2, 3, 4) -> (4, 2, 3)
+        let shape = [2, 3, 4];
+        let perm = [2, 0, 1];
+        let x: Vec<f64> = (0..24).map(|v| v as f64).collect();
+        let mut y = vec![0.0; 24];
+        permute_forward(&mut y, &x, &shape, &perm);
+        // y[k, i, j] = x[i, j, k]
+        for i in 0..2 {
+            for j in 0..3 {
+                for k in 0..4 {
+                    assert_eq!(y[k * 6 + i * 3 + j], x[i * 12 + j * 4 + k]);
+                }
+            }
+        }
+        let mut back = vec![0.0; 24];
+        permute_forward(&mut back, &y, &[4, 2, 3], &inverse_perm(&perm));
+        assert_eq!(back, x);
+    }
+
+    #[test]
+    fn permute_backward_matches_finite_differences() {
+        let shape = [2, 3, 2, 2];
+        let perm = [0, 2, 1, 3]; // the attention head transpose
+        let mut rng = Rng::new(11);
+        let (x, dy) = (rng.vec(24), rng.vec(24));
+        let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+        let mut dx = vec![0.0; 24];
+        permute_forward(&mut dx, &dy, &out_shape, &inverse_perm(&perm));
+        let fd = fd_grad(&x, FD_STEP, |x| {
+            let mut y = vec![0.0; 24];
+            permute_forward(&mut y, x, &shape, &perm);
+            dot(&y, &dy)
+        });
+        assert_close(&dx, &fd, FD_TOL, "dx");
+    }
+
+    #[test]
+    fn split_then_concat_round_trips_and_concat_is_splits_backward() {
+        let sizes = [2, 3, 1];
+        let mut rng = Rng::new(12);
+        let x = rng.vec(4 * 6);
+        let (mut a, mut b, mut c) = (vec![0.0; 8], vec![0.0; 12], vec![0.0; 4]);
+        split_forward(&mut [&mut a[..], &mut b[..], &mut c[..]], &x, &sizes);
+        assert_eq!(&b[3..6], &x[8..11]);
+        let mut y = vec![0.0; 24];
+        concat_forward(&mut y, &[&a[..], &b[..], &c[..]], &sizes);
+        assert_eq!(y, x);
+
+        let (da, db, dc) = (rng.vec(8), rng.vec(12), rng.vec(4));
+        let mut dx = vec![0.0; 24];
+        concat_forward(&mut dx, &[&da[..], &db[..], &dc[..]], &sizes);
+        let fd = fd_grad(&x, FD_STEP, |x| {
+            let (mut a, mut b, mut c) = (vec![0.0; 8], vec![0.0; 12], vec![0.0; 4]);
+            split_forward(&mut [&mut a[..], &mut b[..], &mut c[..]], x, &sizes);
+            dot(&a, &da) + dot(&b, &db) + dot(&c, &dc)
+        });
+        assert_close(&dx, &fd, FD_TOL, "dx");
+    }
+}

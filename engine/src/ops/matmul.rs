@@ -1,0 +1,150 @@
+//! Batched matrix multiply with transpose flags: out = op(a) · op(b), op(x) = xᵀ when flagged.
+//!
+//! Mirrors `torch.matmul` on (…, M, K) × (K, N) or (…, K, N) operands (with `.mT` folded into the
+//! flags, as cuBLAS's transa/transb) and llm.c's `matmul_forward`. Its backward needs no kernel of
+//! its own: autodiff writes dA and dB as two more matmuls with other flags.
+
+use super::Real;
+
+/// Sizes of one matmul: `batch` products of (M, K) × (K, N); `b_batched == false` shares one b
+/// (a weight) across the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatMulDims {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub ta: bool,
+    pub tb: bool,
+    pub b_batched: bool,
+}
+
+/// `out[i] = op(a[i]) · op(b[i or 0])`, accumulated in `T`.
+// out: (batch, M, N)
+// a: (batch, M, K), or (batch, K, M) when ta
+// b: (batch or 1, K, N), or (batch or 1, N, K) when tb
+pub fn matmul_forward<T: Real>(out: &mut [T], a: &[T], b: &[T], d: &MatMulDims) {
+    let MatMulDims {
+        batch,
+        m,
+        n,
+        k,
+        ta,
+        tb,
+        b_batched,
+    } = *d;
+    // Pack op(a) as rows (M, K) and op(b) as rows (N, K): then every output is a contiguous dot.
+    let mut a_rows = vec![T::ZERO; if ta { m * k } else { 0 }];
+    let mut b_rows = vec![T::ZERO; if tb { 0 } else { n * k }];
+    for bi in 0..batch {
+        let a_b = &a[bi * m * k..(bi + 1) * m * k];
+        let b_b = if b_batched {
+            &b[bi * k * n..(bi + 1) * k * n]
+        } else {
+            &b[..k * n]
+        };
+        let a_r: &[T] = if ta {
+            transpose_into(&mut a_rows, a_b, k, m);
+            &a_rows
+        } else {
+            a_b
+        };
+        let b_r: &[T] = if tb {
+            b_b
+        } else {
+            transpose_into(&mut b_rows, b_b, k, n);
+            &b_rows
+        };
+        let out_b = &mut out[bi * m * n..(bi + 1) * m * n];
+        for i in 0..m {
+            let ar = &a_r[i * k..(i + 1) * k];
+            for j in 0..n {
+                let br = &b_r[j * k..(j + 1) * k];
+                let mut acc = T::ZERO;
+                for p in 0..k {
+                    acc += ar[p] * br[p];
+                }
+                out_b[i * n + j] = acc;
+            }
+        }
+    }
+}
+
+/// dst = srcᵀ
+// dst: (C, R)
+// src: (R, C)
+fn transpose_into<T: Real>(dst: &mut [T], src: &[T], r: usize, c: usize) {
+    for i in 0..r {
+        for j in 0..c {
+            dst[j * r + i] = src[i * c + j];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    /// Naive definition, index by index.
+    fn naive(a: &[f64], b: &[f64], d: &MatMulDims) -> Vec<f64> {
+        let MatMulDims {
+            batch,
+            m,
+            n,
+            k,
+            ta,
+            tb,
+            b_batched,
+        } = *d;
+        let mut out = vec![0.0; batch * m * n];
+        for bi in 0..batch {
+            let bb = if b_batched { bi } else { 0 };
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for p in 0..k {
+                        let av = if ta {
+                            a[bi * m * k + p * m + i]
+                        } else {
+                            a[bi * m * k + i * k + p]
+                        };
+                        let bv = if tb {
+                            b[bb * k * n + j * k + p]
+                        } else {
+                            b[bb * k * n + p * n + j]
+                        };
+                        s += av * bv;
+                    }
+                    out[bi * m * n + i * n + j] = s;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn all_transpose_flags_and_shared_b_match_the_definition() {
+        let mut rng = Rng::new(7);
+        for ta in [false, true] {
+            for tb in [false, true] {
+                for b_batched in [false, true] {
+                    let d = MatMulDims {
+                        batch: 3,
+                        m: 4,
+                        n: 5,
+                        k: 6,
+                        ta,
+                        tb,
+                        b_batched,
+                    };
+                    let a = rng.vec(3 * 4 * 6);
+                    let b = rng.vec(if b_batched { 3 } else { 1 } * 5 * 6);
+                    let mut out = vec![0.0; 3 * 4 * 5];
+                    matmul_forward(&mut out, &a, &b, &d);
+                    assert_close(&out, &naive(&a, &b, &d), 1e-14, &format!("{d:?}"));
+                }
+            }
+        }
+    }
+}

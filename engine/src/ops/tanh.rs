@@ -1,0 +1,44 @@
+//! tanh (BERT's pooler activation).
+//!
+//! Mirrors `torch.tanh` and its backward `tanh_backward(grad, y) = grad·(1 - y²)` (ATen), which
+//! needs only the output, so the forward input can be freed.
+
+use super::Real;
+
+// out, x: (N)
+pub fn tanh_forward<T: Real>(out: &mut [T], x: &[T]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v.tanh();
+    }
+}
+
+/// dx = dout·(1 - y²)
+// dx, y, dout: (N)
+pub fn tanh_backward<T: Real>(dx: &mut [T], y: &[T], dout: &[T]) {
+    for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+        *d = g * (T::ONE - y * y);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut rng = Rng::new(5);
+        let x: Vec<f64> = rng.vec(16).iter().map(|v| 2.0 * v).collect();
+        let dy = rng.vec(16);
+        let mut y = vec![0.0; 16];
+        tanh_forward(&mut y, &x);
+        let mut dx = vec![0.0; 16];
+        tanh_backward(&mut dx, &y, &dy);
+        let fd = fd_grad(&x, FD_STEP, |x| {
+            let mut y = vec![0.0; 16];
+            tanh_forward(&mut y, x);
+            dot(&y, &dy)
+        });
+        assert_close(&dx, &fd, FD_TOL, "dx");
+    }
+}

@@ -1,0 +1,315 @@
+//! Training batches: deterministic synthetic data from a seed, or rows of a safetensors file.
+//!
+//! Batch k is a pure function of (source, k), so every config and every rank of a run sees the
+//! same global batches whatever order it asks for them in.
+
+use std::path::Path;
+
+use safetensors::tensor::Dtype;
+use safetensors::SafeTensors;
+
+use crate::config::{Architecture, ModelConfig};
+use crate::rng::Rng;
+use crate::ModelError;
+
+/// Labels that the loss ignores (PyTorch's CrossEntropyLoss default ignore_index).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// BERT's special tokens in the bert-base-uncased vocabulary.
+const CLS: i64 = 101;
+const SEP: i64 = 102;
+const MASK: i64 = 103;
+/// Ids below this are special/unused in the uncased vocabulary: synthetic text avoids them.
+const FIRST_WORD: i64 = 999;
+
+/// What the model is trained to predict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// BERT MLM: 15% of tokens selected, labels −100 elsewhere.
+    MaskedLm,
+    /// GPT-2: labels = input ids; the model shifts them.
+    CausalLm,
+    /// One label per row in [0, num_labels).
+    SequenceClassification { num_labels: usize },
+}
+
+impl Task {
+    pub fn for_config(cfg: &ModelConfig) -> Task {
+        match (cfg.arch, &cfg.family) {
+            (Architecture::BertForMaskedLM, _) => Task::MaskedLm,
+            (Architecture::Gpt2LMHeadModel, _) => Task::CausalLm,
+            (Architecture::BertForSequenceClassification, crate::Family::Bert(c)) => {
+                Task::SequenceClassification { num_labels: c.num_labels }
+            }
+            _ => unreachable!("classification is a BERT architecture"),
+        }
+    }
+}
+
+/// One batch, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// (B, T)
+    pub input_ids: Vec<i64>,
+    /// (B, T) for language modelling, (B,) for sequence classification.
+    pub labels: Vec<i64>,
+}
+
+impl Batch {
+    /// Rows `rows` of this batch (a rank's slice of a global batch).
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Batch {
+        let t = self.seq_len;
+        let per_label = self.labels.len() / self.batch_size;
+        Batch {
+            batch_size: rows.len(),
+            seq_len: t,
+            input_ids: self.input_ids[rows.start * t..rows.end * t].to_vec(),
+            labels: self.labels[rows.start * per_label..rows.end * per_label].to_vec(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Rows {
+    Synthetic { seed: u64 },
+    File { ids: Vec<i64>, labels: Option<Vec<i64>>, n_rows: usize },
+}
+
+/// A source of batches for one model.
+#[derive(Clone, Debug)]
+pub struct DataSource {
+    rows: Rows,
+    task: Task,
+    vocab: usize,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    seed: u64,
+}
+
+impl DataSource {
+    /// Synthetic batches from `seed`.
+    pub fn synthetic(cfg: &ModelConfig, batch_size: usize, seq_len: usize, seed: u64) -> Result<Self, ModelError> {
+        check_sizes(cfg, batch_size, seq_len)?;
+        Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed })
+    }
+
+    /// Rows of `path`: `input_ids` (int64, [N, T]) and optionally `labels` (int64, [N, T], or
+    /// [N] for sequence classification). Batches take rows in order, cycling to row 0. `T`
+    /// must equal `seq_len` when given; otherwise it sets it.
+    pub fn from_file(cfg: &ModelConfig, path: &Path, batch_size: usize, seq_len: Option<usize>, seed: u64) -> Result<Self, ModelError> {
+        let err = |m: String| ModelError::Data(format!("--data {}: {m}", path.display()));
+        let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
+        let read_i64 = |name: &str| -> Result<Option<(Vec<usize>, Vec<i64>)>, ModelError> {
+            let Ok(view) = st.tensor(name) else { return Ok(None) };
+            if view.dtype() != Dtype::I64 {
+                return Err(err(format!("'{name}' must be int64, found {:?}", view.dtype())));
+            }
+            let data = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+            Ok(Some((view.shape().to_vec(), data)))
+        };
+        let (shape, ids) = read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
+        if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
+            return Err(err(format!("'input_ids' must have shape [N, T] with N, T > 0, found {shape:?}")));
+        }
+        let (n_rows, t) = (shape[0], shape[1]);
+        if let Some(s) = seq_len {
+            if s != t {
+                return Err(err(format!("rows have length T = {t} but --seq-len is {s} (omit --seq-len to use {t})")));
+            }
+        }
+        check_sizes(cfg, batch_size, t)?;
+        let vocab = cfg.vocab_size() as i64;
+        if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
+            return Err(err(format!("input id {bad} is outside the vocabulary [0, {vocab})")));
+        }
+        let task = Task::for_config(cfg);
+        let labels = match read_i64("labels")? {
+            None => None,
+            Some((lshape, labels)) => {
+                let want: Vec<usize> = match task {
+                    Task::SequenceClassification { .. } => vec![n_rows],
+                    _ => vec![n_rows, t],
+                };
+                if lshape != want {
+                    return Err(err(format!("'labels' must have shape {want:?}, found {lshape:?}")));
+                }
+                let ok = |l: i64| match task {
+                    Task::SequenceClassification { num_labels } => (0..num_labels as i64).contains(&l),
+                    _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
+                };
+                if let Some(bad) = labels.iter().find(|&&l| !ok(l)) {
+                    return Err(err(format!("label {bad} is out of range for {}", cfg.arch.hf_name())));
+                }
+                Some(labels)
+            }
+        };
+        Ok(DataSource { rows: Rows::File { ids, labels, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
+    }
+
+    pub fn task(&self) -> Task {
+        self.task
+    }
+
+    /// The global batch of step `step` (0-based).
+    pub fn batch(&self, step: usize) -> Batch {
+        let (b, t) = (self.batch_size, self.seq_len);
+        let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
+        let (input_ids, given_labels) = match &self.rows {
+            Rows::Synthetic { seed } => {
+                let mut r = Rng::for_stream(*seed, &format!("tokens-{step}"));
+                let lo = if self.vocab as i64 > FIRST_WORD + 100 && self.task != Task::CausalLm { FIRST_WORD } else { 0 };
+                let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
+                (ids, None)
+            }
+            Rows::File { ids, labels, n_rows } => {
+                let per_label = if matches!(self.task, Task::SequenceClassification { .. }) { 1 } else { t };
+                let mut out = Vec::with_capacity(b * t);
+                let mut lab = labels.as_ref().map(|_| Vec::with_capacity(b * per_label));
+                for i in 0..b {
+                    let row = (step * b + i) % n_rows;
+                    out.extend_from_slice(&ids[row * t..(row + 1) * t]);
+                    if let (Some(l), Some(all)) = (lab.as_mut(), labels.as_ref()) {
+                        l.extend_from_slice(&all[row * per_label..(row + 1) * per_label]);
+                    }
+                }
+                (out, lab)
+            }
+        };
+        let synthetic = matches!(self.rows, Rows::Synthetic { .. });
+        match (self.task, given_labels) {
+            (_, Some(labels)) => Batch { batch_size: b, seq_len: t, input_ids, labels },
+            (Task::CausalLm, None) => Batch { batch_size: b, seq_len: t, labels: input_ids.clone(), input_ids },
+            (Task::SequenceClassification { num_labels }, None) => {
+                let labels = (0..b).map(|_| rng.range(0, num_labels as i64)).collect();
+                Batch { batch_size: b, seq_len: t, input_ids, labels }
+            }
+            (Task::MaskedLm, None) => mask_tokens(input_ids, b, t, self.vocab, synthetic, &mut rng),
+        }
+    }
+}
+
+/// HF's DataCollatorForLanguageModeling (mlm_probability 0.15): of the selected tokens 80%
+/// become [MASK], 10% a random token, 10% stay; labels are the originals there, −100 elsewhere.
+/// Synthetic rows also get [CLS] … [SEP] like tokenized text, and those are never selected.
+fn mask_tokens(mut ids: Vec<i64>, b: usize, t: usize, vocab: usize, add_special: bool, rng: &mut Rng) -> Batch {
+    let special = add_special && vocab as i64 > MASK && t >= 3;
+    let mask_id = if vocab as i64 > MASK { MASK } else { vocab as i64 - 1 };
+    let mut labels = vec![IGNORE_INDEX; b * t];
+    for row in 0..b {
+        for pos in 0..t {
+            let i = row * t + pos;
+            if special && (pos == 0 || pos == t - 1) {
+                ids[i] = if pos == 0 { CLS } else { SEP };
+                continue;
+            }
+            if rng.uniform() >= 0.15 {
+                continue;
+            }
+            labels[i] = ids[i];
+            let u = rng.uniform();
+            if u < 0.8 {
+                ids[i] = mask_id;
+            } else if u < 0.9 {
+                ids[i] = rng.range(0, vocab as i64);
+            }
+        }
+    }
+    Batch { batch_size: b, seq_len: t, input_ids: ids, labels }
+}
+
+fn check_sizes(cfg: &ModelConfig, batch_size: usize, seq_len: usize) -> Result<(), ModelError> {
+    if batch_size == 0 {
+        return Err(ModelError::Data("--batch-size must be at least 1".into()));
+    }
+    if seq_len < 2 {
+        return Err(ModelError::Data("--seq-len must be at least 2".into()));
+    }
+    if seq_len > cfg.max_positions() {
+        return Err(ModelError::Data(format!(
+            "--seq-len {seq_len} is beyond the model's {} positions",
+            cfg.max_positions()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::builtin_config;
+    use safetensors::tensor::TensorView;
+
+    #[test]
+    fn synthetic_batches_are_deterministic_and_masked_like_hf() {
+        let cfg = builtin_config("bert").unwrap();
+        let d = DataSource::synthetic(&cfg, 8, 128, 5).unwrap();
+        let a = d.batch(3);
+        assert_eq!(a, d.batch(3));
+        assert_ne!(a, d.batch(4));
+        let selected = a.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+        let frac = selected as f64 / (8.0 * 126.0);
+        assert!((0.10..0.20).contains(&frac), "selected {frac}");
+        let masked = a.input_ids.iter().filter(|&&i| i == MASK).count() as f64 / selected as f64;
+        assert!((0.65..0.95).contains(&masked), "masked {masked}");
+        assert_eq!(a.input_ids[0], CLS);
+        assert_eq!(a.input_ids[127], SEP);
+        for (i, &l) in a.labels.iter().enumerate() {
+            if l != IGNORE_INDEX {
+                assert!(l >= FIRST_WORD, "label at {i} is a real token");
+            }
+        }
+    }
+
+    #[test]
+    fn causal_lm_labels_are_inputs() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let b = DataSource::synthetic(&cfg, 2, 16, 1).unwrap().batch(0);
+        assert_eq!(b.labels, b.input_ids);
+        assert!(b.input_ids.iter().all(|&i| (0..1000).contains(&i)));
+    }
+
+    fn write_ids(path: &Path, name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) {
+        let view = TensorView::new(dtype, shape.to_vec(), data).unwrap();
+        safetensors::serialize_to_file(vec![(name.to_string(), view)], None, path).unwrap();
+    }
+
+    #[test]
+    fn file_rows_cycle_in_order() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.safetensors");
+        let ids: Vec<i64> = (0..5 * 4).map(|i| i as i64).collect();
+        let bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_ids(&path, "input_ids", Dtype::I64, &[5, 4], &bytes);
+        let d = DataSource::from_file(&cfg, &path, 2, None, 0).unwrap();
+        assert_eq!(d.seq_len, 4);
+        assert_eq!(d.batch(0).input_ids, (0..8).collect::<Vec<i64>>());
+        // step 2 takes rows 4, 0
+        assert_eq!(d.batch(2).input_ids, vec![16, 17, 18, 19, 0, 1, 2, 3]);
+        assert_eq!(d.batch(2).labels, d.batch(2).input_ids);
+        let e = DataSource::from_file(&cfg, &path, 2, Some(8), 0).unwrap_err().to_string();
+        assert!(e.contains("T = 4") && e.contains("--seq-len is 8"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_and_sizes_are_clear_errors() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.safetensors");
+        write_ids(&path, "input_ids", Dtype::F32, &[2, 4], &[0u8; 32]);
+        let e = DataSource::from_file(&cfg, &path, 1, None, 0).unwrap_err().to_string();
+        assert!(e.contains("must be int64"), "{e}");
+        write_ids(&path, "input_ids", Dtype::I64, &[8], &[0u8; 64]);
+        let e = DataSource::from_file(&cfg, &path, 1, None, 0).unwrap_err().to_string();
+        assert!(e.contains("[N, T]"), "{e}");
+        write_ids(&path, "tokens", Dtype::I64, &[2, 4], &[0u8; 64]);
+        let e = DataSource::from_file(&cfg, &path, 1, None, 0).unwrap_err().to_string();
+        assert!(e.contains("no 'input_ids'"), "{e}");
+        let e = DataSource::synthetic(&cfg, 2, 65, 0).unwrap_err().to_string();
+        assert!(e.contains("beyond the model's 64 positions"), "{e}");
+        assert!(DataSource::synthetic(&cfg, 0, 8, 0).is_err());
+    }
+}

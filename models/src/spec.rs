@@ -1,0 +1,227 @@
+//! Model specs as a user writes them on the command line: a short alias (`bert`, `gpt2`), a
+//! built-in config name, a local directory in HF format, or a hub id resolved through the HF
+//! cache (hf-hub).
+
+use std::path::{Path, PathBuf};
+
+use hf_hub::{Cache, Repo};
+
+use crate::config::ModelConfig;
+use crate::ModelError;
+
+/// Configs shipped with ortbench (models/configs/*.json), by their HF names.
+pub const BUILTIN_NAMES: &[&str] =
+    &["bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", "tiny-bert", "tiny-gpt2"];
+
+/// Short names users type.
+pub const ALIASES: &[(&str, &str)] =
+    &[("bert", "bert-base-uncased"), ("bert-large", "bert-large-uncased"), ("gpt2", "gpt2"), ("gpt2-medium", "gpt2-medium")];
+
+fn builtin_json(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "bert-base-uncased" => include_str!("../configs/bert-base-uncased.json"),
+        "bert-large-uncased" => include_str!("../configs/bert-large-uncased.json"),
+        "gpt2" => include_str!("../configs/gpt2.json"),
+        "gpt2-medium" => include_str!("../configs/gpt2-medium.json"),
+        "tiny-bert" => include_str!("../configs/tiny-bert.json"),
+        "tiny-gpt2" => include_str!("../configs/tiny-gpt2.json"),
+        _ => return None,
+    })
+}
+
+/// The config of a built-in model or alias.
+pub fn builtin_config(name: &str) -> Result<ModelConfig, ModelError> {
+    let canonical = canonical_builtin(name).ok_or_else(|| unknown(name))?;
+    let json = builtin_json(canonical).expect("every canonical name has a config");
+    ModelConfig::from_json_str(json, &format!("models/configs/{canonical}.json"))
+}
+
+fn canonical_builtin(name: &str) -> Option<&'static str> {
+    ALIASES
+        .iter()
+        .find(|(a, _)| *a == name)
+        .map(|(_, c)| *c)
+        .or_else(|| BUILTIN_NAMES.iter().copied().find(|n| *n == name))
+}
+
+fn unknown(name: &str) -> ModelError {
+    let aliases: Vec<&str> = ALIASES.iter().map(|(a, _)| *a).collect();
+    ModelError::UnknownModel(format!(
+        "unknown model '{name}': use an alias ({}), a built-in config ({}), a local directory with config.json, or a hub id like 'org/name'",
+        aliases.join(", "),
+        BUILTIN_NAMES.join(", ")
+    ))
+}
+
+/// Where a model came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    Builtin,
+    Dir(PathBuf),
+    Hub { repo_id: String, snapshot: PathBuf },
+}
+
+/// A model spec resolved to a config and, when the source has one, a weights file.
+#[derive(Clone, Debug)]
+pub struct ResolvedModel {
+    /// The name runs are reported under (the spec as the user wrote it).
+    pub name: String,
+    pub config: ModelConfig,
+    pub source: Source,
+    /// `model.safetensors` of a directory or hub snapshot, when present.
+    pub weights_file: Option<PathBuf>,
+}
+
+/// How hub ids are resolved: the HF cache first; a download only when not offline.
+#[derive(Clone, Debug)]
+pub struct HubOptions {
+    pub cache: Cache,
+    /// `HF_HUB_OFFLINE=1`, as huggingface_hub understands it: never touch the network.
+    pub offline: bool,
+}
+
+impl HubOptions {
+    /// The user's HF cache (`HF_HOME`, default `~/.cache/huggingface`) and `HF_HUB_OFFLINE`.
+    pub fn from_env() -> Self {
+        let offline = std::env::var("HF_HUB_OFFLINE").map(|v| v == "1" || v.eq_ignore_ascii_case("true")).unwrap_or(false);
+        HubOptions { cache: Cache::from_env(), offline }
+    }
+}
+
+/// Resolves `spec`: alias/built-in name, then local directory, then hub id.
+pub fn resolve(spec: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelError> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err(ModelError::UnknownModel("empty model name in --models".into()));
+    }
+    if canonical_builtin(spec).is_some() {
+        return Ok(ResolvedModel { name: spec.to_string(), config: builtin_config(spec)?, source: Source::Builtin, weights_file: None });
+    }
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return resolve_dir(spec, path);
+    }
+    if looks_like_hub_id(spec) && !path.exists() {
+        return resolve_hub(spec, hub);
+    }
+    Err(unknown(spec))
+}
+
+fn resolve_dir(name: &str, dir: &Path) -> Result<ResolvedModel, ModelError> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+        ModelError::BadConfig(format!("{}: cannot read ({e}); an HF model directory needs config.json", cfg_path.display()))
+    })?;
+    let config = ModelConfig::from_json_str(&text, &cfg_path.display().to_string())?;
+    let weights = dir.join("model.safetensors");
+    Ok(ResolvedModel {
+        name: name.trim_end_matches('/').to_string(),
+        config,
+        source: Source::Dir(dir.to_path_buf()),
+        weights_file: weights.is_file().then_some(weights),
+    })
+}
+
+fn looks_like_hub_id(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('/').collect();
+    parts.len() == 2
+        && parts.iter().all(|p| {
+            !p.is_empty() && !p.starts_with('.') && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+}
+
+/// A hub repo: files from the HF cache; with network (and not offline), hf-hub downloads
+/// what is missing into that cache.
+fn resolve_hub(repo_id: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelError> {
+    let config_path = fetch_hub_file(repo_id, "config.json", hub)?;
+    let snapshot = config_path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| ModelError::Hub(format!("{}: cannot read: {e}", config_path.display())))?;
+    let config = ModelConfig::from_json_str(&text, &format!("{repo_id}/config.json"))?;
+    let weights_file = fetch_hub_file(repo_id, "model.safetensors", hub).ok();
+    Ok(ResolvedModel { name: repo_id.to_string(), config, source: Source::Hub { repo_id: repo_id.into(), snapshot }, weights_file })
+}
+
+/// One file of a hub repo: the cache first, then a download unless offline.
+pub fn fetch_hub_file(repo_id: &str, file: &str, hub: &HubOptions) -> Result<PathBuf, ModelError> {
+    if let Some(p) = hub.cache.repo(Repo::model(repo_id.to_string())).get(file) {
+        return Ok(p);
+    }
+    let how = format!(
+        "get it on a machine with network (`huggingface-cli download {repo_id} config.json model.safetensors`), copy the HF cache to {} (or set HF_HOME), or pass a local directory with config.json and model.safetensors",
+        hub.cache.path().display()
+    );
+    if hub.offline {
+        return Err(ModelError::Hub(format!("'{repo_id}': {file} is not in the HF cache and HF_HUB_OFFLINE is set; {how}")));
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_cache(hub.cache.clone())
+        .with_progress(false)
+        .build()
+        .map_err(|e| ModelError::Hub(format!("'{repo_id}': cannot start the hub client: {e}")))?;
+    api.model(repo_id.to_string())
+        .get(file)
+        .map_err(|e| ModelError::Hub(format!("'{repo_id}': {file} is not in the HF cache and could not be downloaded ({e}); {how}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Weights;
+
+    fn offline(dir: &Path) -> HubOptions {
+        HubOptions { cache: Cache::new(dir.to_path_buf()), offline: true }
+    }
+
+    #[test]
+    fn aliases_resolve_to_builtin_configs() {
+        let hub = offline(Path::new("/nonexistent"));
+        assert_eq!(resolve("bert", &hub).unwrap().config.hidden_size(), 768);
+        assert_eq!(resolve("bert-large", &hub).unwrap().config.num_layers(), 24);
+        assert_eq!(resolve("gpt2-medium", &hub).unwrap().config.hidden_size(), 1024);
+        assert_eq!(resolve("tiny-gpt2", &hub).unwrap().config.vocab_size(), 1000);
+    }
+
+    #[test]
+    fn unknown_names_say_what_is_known() {
+        let hub = offline(Path::new("/nonexistent"));
+        let e = resolve("bret", &hub).unwrap_err().to_string();
+        assert!(e.contains("unknown model 'bret'") && e.contains("gpt2"), "{e}");
+    }
+
+    #[test]
+    fn local_directory_in_hf_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_string(&cfg.raw).unwrap()).unwrap();
+        Weights::init(&cfg, 0).save(&dir.path().join("model.safetensors")).unwrap();
+        let r = resolve(dir.path().to_str().unwrap(), &offline(Path::new("/nonexistent"))).unwrap();
+        assert_eq!(r.config.arch, crate::Architecture::Gpt2LMHeadModel);
+        assert_eq!(r.weights_file.unwrap(), dir.path().join("model.safetensors"));
+        // A directory without config.json is a clear error.
+        let empty = tempfile::tempdir().unwrap();
+        let e = resolve(empty.path().to_str().unwrap(), &offline(Path::new("/x"))).unwrap_err().to_string();
+        assert!(e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn hub_id_from_a_local_cache() {
+        // The layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<rev>/…}.
+        let cache = tempfile::tempdir().unwrap();
+        let repo = cache.path().join("models--acme--tiny-bert");
+        let snap = repo.join("snapshots").join("0123abcd");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs").join("main"), "0123abcd").unwrap();
+        let cfg = builtin_config("tiny-bert").unwrap();
+        std::fs::write(snap.join("config.json"), serde_json::to_string(&cfg.raw).unwrap()).unwrap();
+        Weights::init(&cfg, 3).save(&snap.join("model.safetensors")).unwrap();
+        let r = resolve("acme/tiny-bert", &offline(cache.path())).unwrap();
+        assert_eq!(r.config.vocab_size(), 1000);
+        assert!(matches!(r.source, Source::Hub { .. }));
+        let (w, _) = Weights::load(&r.config, r.weights_file.as_ref().unwrap(), 0).unwrap();
+        assert_eq!(w.tensors, Weights::init(&cfg, 3).tensors);
+        // Not cached and offline: says how to get the files.
+        let e = resolve("acme/absent", &offline(cache.path())).unwrap_err().to_string();
+        assert!(e.contains("not in the HF cache") && e.contains("huggingface-cli download acme/absent"), "{e}");
+    }
+}

@@ -1,0 +1,201 @@
+//! BERT as transformers/models/bert/modeling_bert.py writes it (sdpa attention path).
+
+use tch::{Kind, Tensor};
+
+use super::layers::{activation, cross_entropy, sdpa, LayerNorm, Linear};
+use super::Vars;
+use crate::config::{Activation, Family, ModelConfig};
+
+fn bert_config(cfg: &ModelConfig) -> &crate::config::BertConfig {
+    match &cfg.family {
+        Family::Bert(c) => c,
+        Family::Gpt2(_) => unreachable!("BERT module built from a GPT-2 config"),
+    }
+}
+
+/// BertEmbeddings: word + position + token type, LayerNorm, dropout.
+struct BertEmbeddings {
+    word: Tensor,
+    position: Tensor,
+    token_type: Tensor,
+    layer_norm: LayerNorm,
+    dropout: f64,
+    padding_idx: i64,
+}
+
+impl BertEmbeddings {
+    // input_ids: (B, T) -> (B, T, C)
+    fn forward(&self, input_ids: &Tensor, train: bool) -> Tensor {
+        let (_, t) = input_ids.size2().expect("(B, T) ids");
+        let dev = input_ids.device();
+        let position_ids = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(0);
+        let token_type_ids = Tensor::zeros_like(input_ids);
+        // nn.Embedding(padding_idx=pad_token_id): the padding row gets no gradient.
+        let x = Tensor::embedding(&self.word, input_ids, self.padding_idx, false, false)
+            + Tensor::embedding(&self.token_type, &token_type_ids, -1, false, false)
+            + Tensor::embedding(&self.position, &position_ids, -1, false, false);
+        self.layer_norm.forward(&x).dropout(self.dropout, train)
+    }
+}
+
+/// BertLayer: self-attention + BertSelfOutput, BertIntermediate + BertOutput.
+struct BertLayer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    attn_ln: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    out_ln: LayerNorm,
+    heads: i64,
+    act: Activation,
+    hidden_dropout: f64,
+    attn_dropout: f64,
+}
+
+impl BertLayer {
+    fn new(v: &Vars, p: &str, c: &crate::config::BertConfig, act: Activation) -> Self {
+        BertLayer {
+            query: Linear::new(v, &format!("{p}.attention.self.query")),
+            key: Linear::new(v, &format!("{p}.attention.self.key")),
+            value: Linear::new(v, &format!("{p}.attention.self.value")),
+            attn_out: Linear::new(v, &format!("{p}.attention.output.dense")),
+            attn_ln: LayerNorm::new(v, &format!("{p}.attention.output.LayerNorm"), c.layer_norm_eps),
+            intermediate: Linear::new(v, &format!("{p}.intermediate.dense")),
+            output: Linear::new(v, &format!("{p}.output.dense")),
+            out_ln: LayerNorm::new(v, &format!("{p}.output.LayerNorm"), c.layer_norm_eps),
+            heads: c.num_attention_heads as i64,
+            act,
+            hidden_dropout: c.hidden_dropout_prob,
+            attn_dropout: c.attention_probs_dropout_prob,
+        }
+    }
+
+    // x: (B, T, C) -> (B, T, C)
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let (b, t, c) = x.size3().expect("(B, T, C)");
+        let d = c / self.heads;
+        // (B, T, C) -> (B, H, T, D), as BertSelfAttention's view + transpose.
+        let heads = |y: Tensor| y.view([b, t, self.heads, d]).transpose(1, 2);
+        let q = heads(self.query.forward(x));
+        let k = heads(self.key.forward(x));
+        let v = heads(self.value.forward(x));
+        let p = if train { self.attn_dropout } else { 0.0 };
+        // No padding in our batches, so HF passes no mask to sdpa.
+        let ctx = sdpa(&q, &k, &v, p, false).transpose(1, 2).reshape([b, t, c]);
+        let attn = self.attn_ln.forward(&(self.attn_out.forward(&ctx).dropout(self.hidden_dropout, train) + x));
+        let inter = activation(self.act, true, &self.intermediate.forward(&attn));
+        self.out_ln.forward(&(self.output.forward(&inter).dropout(self.hidden_dropout, train) + attn))
+    }
+}
+
+/// BertModel without the pooler (`add_pooling_layer=False`, as BertForMaskedLM builds it).
+struct BertEncoder {
+    embeddings: BertEmbeddings,
+    layers: Vec<BertLayer>,
+}
+
+impl BertEncoder {
+    fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let c = bert_config(cfg);
+        let act = cfg.activation();
+        BertEncoder {
+            embeddings: BertEmbeddings {
+                word: v.get("bert.embeddings.word_embeddings.weight"),
+                position: v.get("bert.embeddings.position_embeddings.weight"),
+                token_type: v.get("bert.embeddings.token_type_embeddings.weight"),
+                layer_norm: LayerNorm::new(v, "bert.embeddings.LayerNorm", c.layer_norm_eps),
+                dropout: c.hidden_dropout_prob,
+                padding_idx: c.pad_token_id.filter(|&p| p >= 0 && (p as usize) < c.vocab_size).unwrap_or(-1),
+            },
+            layers: (0..c.num_hidden_layers)
+                .map(|i| BertLayer::new(v, &format!("bert.encoder.layer.{i}"), c, act))
+                .collect(),
+        }
+    }
+
+    // input_ids: (B, T) -> (B, T, C)
+    fn forward(&self, input_ids: &Tensor, train: bool) -> Tensor {
+        let mut x = self.embeddings.forward(input_ids, train);
+        for layer in &self.layers {
+            x = layer.forward(&x, train);
+        }
+        x
+    }
+}
+
+/// BertForMaskedLM: encoder + BertOnlyMLMHead (transform, decoder tied to the word
+/// embedding, its own bias).
+pub struct BertForMaskedLM {
+    bert: BertEncoder,
+    transform: Linear,
+    transform_ln: LayerNorm,
+    decoder_weight: Tensor,
+    decoder_bias: Tensor,
+    act: Activation,
+}
+
+impl BertForMaskedLM {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let c = bert_config(cfg);
+        let decoder_weight = if c.tie_word_embeddings {
+            v.get("bert.embeddings.word_embeddings.weight")
+        } else {
+            v.get(crate::params::untied_head_name(cfg.arch))
+        };
+        BertForMaskedLM {
+            bert: BertEncoder::new(cfg, v),
+            transform: Linear::new(v, "cls.predictions.transform.dense"),
+            transform_ln: LayerNorm::new(v, "cls.predictions.transform.LayerNorm", c.layer_norm_eps),
+            decoder_weight,
+            decoder_bias: v.get("cls.predictions.bias"),
+            act: cfg.activation(),
+        }
+    }
+
+    // input_ids: (B, T), labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
+        let h = self.bert.forward(input_ids, train);
+        let h = self.transform_ln.forward(&activation(self.act, true, &self.transform.forward(&h)));
+        let logits = h.linear(&self.decoder_weight, Some(&self.decoder_bias));
+        let v = self.decoder_weight.size()[0];
+        cross_entropy(&logits.view([-1, v]), &labels.view([-1]))
+    }
+}
+
+/// BertForSequenceClassification: encoder + BertPooler (first token, dense, tanh) + dropout
+/// + classifier.
+pub struct BertForSequenceClassification {
+    bert: BertEncoder,
+    pooler: Linear,
+    classifier: Linear,
+    dropout: f64,
+    num_labels: i64,
+}
+
+impl BertForSequenceClassification {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let c = bert_config(cfg);
+        BertForSequenceClassification {
+            bert: BertEncoder::new(cfg, v),
+            pooler: Linear::new(v, "bert.pooler.dense"),
+            classifier: Linear::new(v, "classifier"),
+            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
+            num_labels: c.num_labels as i64,
+        }
+    }
+
+    // input_ids: (B, T), labels: (B,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
+        let h = self.bert.forward(input_ids, train);
+        let pooled = self.pooler.forward(&h.select(1, 0)).tanh();
+        let logits = self.classifier.forward(&pooled.dropout(self.dropout, train));
+        if self.num_labels == 1 {
+            // HF's regression problem type.
+            logits.squeeze_dim(-1).mse_loss(&labels.to_kind(Kind::Float), tch::Reduction::Mean)
+        } else {
+            cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))
+        }
+    }
+}

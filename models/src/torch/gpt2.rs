@@ -1,0 +1,100 @@
+//! GPT-2 as transformers/models/gpt2/modeling_gpt2.py writes it (sdpa attention path).
+
+use tch::{Kind, Tensor};
+
+use super::layers::{activation, cross_entropy, sdpa, Conv1D, LayerNorm};
+use super::Vars;
+use crate::config::{Activation, Family, ModelConfig};
+
+/// GPT2Block: ln_1 → GPT2Attention → residual, ln_2 → GPT2MLP → residual.
+struct Gpt2Block {
+    ln_1: LayerNorm,
+    c_attn: Conv1D,
+    c_proj: Conv1D,
+    ln_2: LayerNorm,
+    c_fc: Conv1D,
+    mlp_proj: Conv1D,
+    heads: i64,
+    act: Activation,
+    attn_pdrop: f64,
+    resid_pdrop: f64,
+}
+
+impl Gpt2Block {
+    // x: (B, T, C) -> (B, T, C)
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let (b, t, c) = x.size3().expect("(B, T, C)");
+        let d = c / self.heads;
+        let qkv = self.c_attn.forward(&self.ln_1.forward(x)).split(c, 2);
+        let heads = |y: &Tensor| y.view([b, t, self.heads, d]).transpose(1, 2);
+        let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
+        let p = if train { self.attn_pdrop } else { 0.0 };
+        // HF: is_causal=True when there is no padding mask and T > 1.
+        let ctx = sdpa(&q, &k, &v, p, t > 1).transpose(1, 2).reshape([b, t, c]);
+        let x = x + self.c_proj.forward(&ctx).dropout(self.resid_pdrop, train);
+        let h = activation(self.act, true, &self.c_fc.forward(&self.ln_2.forward(&x)));
+        &x + self.mlp_proj.forward(&h).dropout(self.resid_pdrop, train)
+    }
+}
+
+/// GPT2LMHeadModel: GPT2Model (wte + wpe, dropout, blocks, ln_f) and an lm_head tied to wte.
+pub struct Gpt2LMHeadModel {
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Gpt2Block>,
+    ln_f: LayerNorm,
+    lm_head: Tensor,
+    embd_pdrop: f64,
+}
+
+impl Gpt2LMHeadModel {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
+        let eps = c.layer_norm_epsilon;
+        let blocks = (0..c.n_layer)
+            .map(|i| {
+                let p = format!("transformer.h.{i}");
+                Gpt2Block {
+                    ln_1: LayerNorm::new(v, &format!("{p}.ln_1"), eps),
+                    c_attn: Conv1D::new(v, &format!("{p}.attn.c_attn")),
+                    c_proj: Conv1D::new(v, &format!("{p}.attn.c_proj")),
+                    ln_2: LayerNorm::new(v, &format!("{p}.ln_2"), eps),
+                    c_fc: Conv1D::new(v, &format!("{p}.mlp.c_fc")),
+                    mlp_proj: Conv1D::new(v, &format!("{p}.mlp.c_proj")),
+                    heads: c.n_head as i64,
+                    act: cfg.activation(),
+                    attn_pdrop: c.attn_pdrop,
+                    resid_pdrop: c.resid_pdrop,
+                }
+            })
+            .collect();
+        let lm_head = if c.tie_word_embeddings { v.get("transformer.wte.weight") } else { v.get("lm_head.weight") };
+        Gpt2LMHeadModel {
+            wte: v.get("transformer.wte.weight"),
+            wpe: v.get("transformer.wpe.weight"),
+            blocks,
+            ln_f: LayerNorm::new(v, "transformer.ln_f", eps),
+            lm_head,
+            embd_pdrop: c.embd_pdrop,
+        }
+    }
+
+    // input_ids: (B, T), labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
+        let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let pos = Tensor::arange(t, (Kind::Int64, input_ids.device())).unsqueeze(0);
+        let mut x = (Tensor::embedding(&self.wte, input_ids, -1, false, false)
+            + Tensor::embedding(&self.wpe, &pos, -1, false, false))
+        .dropout(self.embd_pdrop, train);
+        for block in &self.blocks {
+            x = block.forward(&x, train);
+        }
+        // lm_head: nn.Linear(bias=False) whose weight is wte.
+        let logits = self.ln_f.forward(&x).linear::<Tensor>(&self.lm_head, None);
+        // Shift so that tokens < n predict n (HF's causal LM loss).
+        let v = self.lm_head.size()[0];
+        let shift_logits = logits.narrow(1, 0, t - 1).contiguous().view([-1, v]);
+        let shift_labels = labels.view([b, t]).narrow(1, 1, t - 1).contiguous().view([-1]);
+        cross_entropy(&shift_logits, &shift_labels)
+    }
+}

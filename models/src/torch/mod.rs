@@ -1,0 +1,106 @@
+//! The `pytorch` baseline: BERT and GPT-2 in libtorch eager through tch, written the way HF
+//! Transformers writes them (module per HF class, HF parameter names, `sdpa` attention), and
+//! trained the way HF Trainer trains them (torch's AdamW with decay groups, global-norm
+//! clipping, dynamic loss scaling for fp16).
+
+mod bert;
+mod gpt2;
+mod layers;
+mod train;
+
+pub use train::{Precision, StepStats, TorchTrainer, TrainOptions};
+
+use std::collections::HashMap;
+
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::config::{Architecture, ModelConfig};
+use crate::data::Batch;
+use crate::params::param_specs;
+use crate::weights::{NamedTensor, Weights};
+use crate::ModelError;
+
+/// A model of one of the supported architectures.
+pub enum TorchModel {
+    BertMlm(bert::BertForMaskedLM),
+    BertCls(bert::BertForSequenceClassification),
+    Gpt2(gpt2::Gpt2LMHeadModel),
+}
+
+/// Variables by HF name. Variables live in a VarStore whose group 0 gets weight decay and
+/// group 1 not (HF Trainer's `get_decay_parameter_names`).
+pub struct Vars(HashMap<String, Tensor>);
+
+impl Vars {
+    fn get(&self, name: &str) -> Tensor {
+        // Every name comes from `param_specs`, which created the variables: a miss is a bug.
+        self.0.get(name).unwrap_or_else(|| panic!("no variable {name}")).shallow_clone()
+    }
+}
+
+pub const DECAY_GROUP: usize = 0;
+pub const NO_DECAY_GROUP: usize = 1;
+
+/// Creates one variable per parameter from `weights` (HF names, HF shapes) in `vs`.
+pub fn create_vars(vs: &nn::VarStore, cfg: &ModelConfig, weights: &Weights) -> Result<Vars, ModelError> {
+    let root = vs.root();
+    let mut map = HashMap::new();
+    for spec in param_specs(cfg) {
+        let w = weights
+            .get(&spec.name)
+            .ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
+        if w.shape != spec.shape {
+            return Err(ModelError::Weights(format!("'{}' has shape {:?}, expected {:?}", spec.name, w.shape, spec.shape)));
+        }
+        let group = if spec.decay { DECAY_GROUP } else { NO_DECAY_GROUP };
+        let mut path = root.set_group(group);
+        let parts: Vec<&str> = spec.name.split('.').collect();
+        for part in &parts[..parts.len() - 1] {
+            path = path.sub(*part);
+        }
+        let shape: Vec<i64> = w.shape.iter().map(|&d| d as i64).collect();
+        let value = Tensor::from_slice(&w.data).reshape(&shape);
+        let var = path.var_copy(parts[parts.len() - 1], &value);
+        map.insert(spec.name.clone(), var);
+    }
+    Ok(Vars(map))
+}
+
+impl TorchModel {
+    pub fn new(cfg: &ModelConfig, vars: &Vars) -> Self {
+        match cfg.arch {
+            Architecture::BertForMaskedLM => TorchModel::BertMlm(bert::BertForMaskedLM::new(cfg, vars)),
+            Architecture::BertForSequenceClassification => {
+                TorchModel::BertCls(bert::BertForSequenceClassification::new(cfg, vars))
+            }
+            Architecture::Gpt2LMHeadModel => TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars)),
+        }
+    }
+
+    /// The scalar training loss of `batch` (HF's `outputs.loss`), in fp32.
+    pub fn loss(&self, batch: &Batch, device: Device, train: bool) -> Tensor {
+        let ids = Tensor::from_slice(&batch.input_ids)
+            .reshape([batch.batch_size as i64, batch.seq_len as i64])
+            .to_device(device);
+        let labels = Tensor::from_slice(&batch.labels).to_device(device);
+        match self {
+            TorchModel::BertMlm(m) => m.loss(&ids, &labels, train),
+            TorchModel::BertCls(m) => m.loss(&ids, &labels, train),
+            TorchModel::Gpt2(m) => m.loss(&ids, &labels, train),
+        }
+    }
+}
+
+/// Reads variables back into `Weights` (HF names), e.g. to compare with the engine.
+pub fn export(vars_in_order: &[(String, Tensor)]) -> Weights {
+    let tensors = vars_in_order
+        .iter()
+        .map(|(name, t)| {
+            let t = t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+            let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+            let data = Vec::<f32>::try_from(t.flatten(0, -1)).expect("float tensor");
+            NamedTensor { name: name.clone(), shape, data }
+        })
+        .collect();
+    Weights { tensors }
+}

@@ -1,0 +1,198 @@
+//! One training step as HF Trainer takes it: forward (under autocast for fp16), backward,
+//! unscale + overflow check (GradScaler), global-norm clipping, torch's AdamW with HF's decay
+//! groups, LR schedule.
+
+use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+
+use super::{create_vars, export, TorchModel, Vars, NO_DECAY_GROUP};
+use crate::config::ModelConfig;
+use crate::data::Batch;
+use crate::params::param_specs;
+use crate::schedule::LrSchedule;
+use crate::weights::Weights;
+use crate::ModelError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    /// CUDA autocast to fp16 with a dynamic loss scale (torch.amp.GradScaler defaults).
+    Fp16,
+    Bf16,
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// Global-norm clipping; 0 disables it (HF: max_grad_norm=0).
+    pub max_grad_norm: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub schedule: LrSchedule,
+    pub precision: Precision,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            lr: 5e-5,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            schedule: LrSchedule::Constant { warmup_steps: 0 },
+            precision: Precision::Fp32,
+        }
+    }
+}
+
+/// What one step measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// The loss of this step's forward pass, before its update (unscaled).
+    pub loss: f64,
+    /// Global L2 norm of the (unscaled) gradients before clipping.
+    pub grad_norm: f64,
+    /// The loss scale this step used (1 without scaling).
+    pub loss_scale: f64,
+    /// True when the step was skipped for inf/NaN gradients.
+    pub skipped: bool,
+}
+
+/// torch.amp.GradScaler's dynamic loss scale: init 2^16, ×2 after 2000 clean steps, ×0.5
+/// and skip on inf/NaN.
+struct LossScaler {
+    scale: f64,
+    clean_steps: usize,
+}
+
+pub struct TorchTrainer {
+    vs: nn::VarStore,
+    /// Variables in `param_specs` order, for export.
+    ordered: Vec<(String, Tensor)>,
+    model: TorchModel,
+    opt: nn::Optimizer,
+    scaler: Option<LossScaler>,
+    device: Device,
+    opts: TrainOptions,
+    steps_taken: usize,
+}
+
+impl TorchTrainer {
+    pub fn new(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
+        match (opts.precision, device) {
+            (Precision::Fp32, _) => {}
+            (Precision::Fp16, Device::Cuda(_)) => {}
+            (Precision::Fp16, _) => {
+                return Err(ModelError::Training(
+                    "--precision fp16 for the pytorch config needs --device cuda (tch drives CUDA autocast only)".into(),
+                ))
+            }
+            (Precision::Bf16, _) => {
+                return Err(ModelError::Training(
+                    "--precision bf16 is not implemented for the pytorch config yet (tch cannot select autocast's dtype); use fp32 or fp16 on CUDA".into(),
+                ))
+            }
+        }
+        // Variables are made on the CPU from our weights, then moved as a whole.
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        create_vars(&vs, cfg, weights)?;
+        vs.set_device(device);
+        let mut all = vs.variables();
+        let ordered = param_specs(cfg)
+            .into_iter()
+            .map(|s| {
+                let t = all.remove(&s.name).expect("every spec has a variable");
+                (s.name, t)
+            })
+            .collect();
+        let vars = Vars(vs.variables());
+        let model = TorchModel::new(cfg, &vars);
+        let adamw = nn::AdamW { beta1: opts.beta1, beta2: opts.beta2, wd: opts.weight_decay, eps: opts.eps, amsgrad: false };
+        let mut opt = adamw
+            .build(&vs, opts.lr * opts.schedule.factor(0))
+            .map_err(|e| ModelError::Training(format!("cannot build AdamW: {e}")))?;
+        opt.set_weight_decay_group(NO_DECAY_GROUP, 0.0);
+        let scaler = (opts.precision == Precision::Fp16).then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
+        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0 })
+    }
+
+    /// The loss of `batch` without updating anything (dropout off).
+    pub fn eval_loss(&self, batch: &Batch) -> f64 {
+        tch::no_grad(|| self.model.loss(batch, self.device, false).double_value(&[]))
+    }
+
+    /// One optimizer step on `batch`.
+    pub fn step(&mut self, batch: &Batch) -> StepStats {
+        self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
+        self.opt.zero_grad();
+        let amp = self.opts.precision == Precision::Fp16;
+        let loss = tch::autocast(amp, || self.model.loss(batch, self.device, true));
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
+        if scale != 1.0 {
+            (&loss * scale).backward();
+        } else {
+            loss.backward();
+        }
+        let grads: Vec<Tensor> = self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
+        let grad_norm = tch::no_grad(|| {
+            if scale != 1.0 {
+                for g in &grads {
+                    let _ = g.shallow_clone().g_mul_scalar_(1.0 / scale);
+                }
+            }
+            // torch.nn.utils.clip_grad_norm_: norm of the per-tensor norms.
+            let norms: Vec<Tensor> = grads.iter().map(|g| g.to_kind(Kind::Float).norm()).collect();
+            Tensor::stack(&norms, 0).norm().double_value(&[])
+        });
+        let finite = grad_norm.is_finite();
+        if finite {
+            if self.opts.max_grad_norm > 0.0 {
+                let coef = self.opts.max_grad_norm / (grad_norm + 1e-6);
+                if coef < 1.0 {
+                    tch::no_grad(|| {
+                        for g in &grads {
+                            let _ = g.shallow_clone().g_mul_scalar_(coef);
+                        }
+                    });
+                }
+            }
+            self.opt.step();
+        }
+        let skipped = !finite;
+        if let Some(s) = self.scaler.as_mut() {
+            if skipped {
+                s.scale *= 0.5;
+                s.clean_steps = 0;
+            } else {
+                s.clean_steps += 1;
+                if s.clean_steps == 2000 {
+                    s.scale *= 2.0;
+                    s.clean_steps = 0;
+                }
+            }
+        }
+        self.steps_taken += 1;
+        StepStats { loss: loss.double_value(&[]), grad_norm, loss_scale: scale, skipped }
+    }
+
+    /// The current parameters under their HF names.
+    pub fn weights(&self) -> Weights {
+        export(&self.ordered)
+    }
+
+    /// The gradients of one forward/backward on `batch` (dropout as configured), without an
+    /// update: what the engine's gradients are compared against.
+    pub fn gradients_of(&mut self, batch: &Batch) -> Weights {
+        self.opt.zero_grad();
+        self.model.loss(batch, self.device, true).backward();
+        let grads: Vec<(String, Tensor)> = self.ordered.iter().map(|(n, t)| (n.clone(), t.grad())).collect();
+        export(&grads)
+    }
+
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Generates tests/fixtures/: tiny BERT and GPT-2 in HF format plus the losses HF Transformers
+computes for them, the independent reference the baseline's parity test compares against.
+
+Needs `transformers` (not a runtime dependency of ortbench):
+    .venv/bin/pip install transformers==5.23.0 && .venv/bin/python scripts/make-fixtures.py
+
+The training loop is HF Trainer's step written out: AdamW (torch.optim, Trainer's decay groups:
+no decay on biases and LayerNorm weights), clip_grad_norm_ at 1.0, constant LR, dropout off.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+from safetensors.numpy import save_file
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "fixtures")
+ROWS, SEQ, BATCH, STEPS = 12, 32, 4, 8
+LR, WD, CLIP = 1e-3, 0.01, 1.0
+
+
+def decay_names(model):
+    # transformers.Trainer.get_decay_parameter_names
+    from transformers.trainer_pt_utils import get_parameter_names
+    from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
+
+    return set(get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm", "rmsnorm"]))
+
+
+def make(name, cls, cfg_cls, seed):
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{name}.json")))
+    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if k in cfg:
+            cfg[k] = 0.0
+    torch.manual_seed(seed)
+    model = cls(cfg_cls(**cfg, attn_implementation="sdpa"))
+    out = os.path.join(OUT, name)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, cfg["vocab_size"], size=(ROWS, SEQ), dtype=np.int64)
+    tensors = {"input_ids": ids}
+    if name.startswith("tiny-bert"):
+        labels = np.full_like(ids, -100)
+        sel = rng.random(ids.shape) < 0.15
+        sel[:, 0] = True  # at least one label per row
+        labels[sel] = ids[sel]
+        ids = ids.copy()
+        ids[sel] = 103
+        tensors = {"input_ids": ids, "labels": labels}
+    save_file(tensors, os.path.join(out, "batches.safetensors"))
+
+    decay = decay_names(model)
+    params = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in params if n in decay], "weight_decay": WD},
+        {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    model.train()
+    losses, norms = [], []
+    for step in range(STEPS):
+        rows = [(step * BATCH + i) % ROWS for i in range(BATCH)]
+        batch_ids = torch.from_numpy(tensors["input_ids"][rows])
+        batch_labels = torch.from_numpy(tensors["labels"][rows]) if "labels" in tensors else batch_ids
+        loss = model(input_ids=batch_ids, labels=batch_labels).loss
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        norms.append(norm.item())
+    meta = {
+        "losses": losses,
+        "grad_norms": norms,
+        "lr": LR,
+        "weight_decay": WD,
+        "max_grad_norm": CLIP,
+        "batch_size": BATCH,
+        "seq_len": SEQ,
+        "steps": STEPS,
+        "decay_params": sorted(decay),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    json.dump(meta, open(os.path.join(out, "expected.json"), "w"), indent=1)
+    print(name, [round(l, 4) for l in losses], file=sys.stderr)
+
+
+make("tiny-bert", BertForMaskedLM, BertConfig, 1234)
+make("tiny-gpt2", GPT2LMHeadModel, GPT2Config, 4321)

@@ -1,0 +1,1 @@
+//! End-to-end and parity tests live in `tests/tests/*.rs`.
