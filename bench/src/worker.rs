@@ -110,7 +110,7 @@ fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
             for step in 0..spec.steps {
                 let batch = data.batch(step);
                 let t0 = Instant::now();
-                let s = trainer.step(&batch);
+                let s = trainer.step(&batch)?;
                 if let tch::Device::Cuda(i) = device {
                     tch::Cuda::synchronize(i as i64);
                 }

@@ -43,7 +43,7 @@ fn check(name: &str) {
         assert_eq!(spec.decay, decay.contains(&spec.name), "decay group of {}", spec.name);
     }
     for (step, (&w, &n)) in want.iter().zip(&norms).enumerate() {
-        let s = trainer.step(&data.batch(step));
+        let s = trainer.step(&data.batch(step)).unwrap();
         let rel = (s.loss - w).abs() / w.abs();
         println!("{name} step {step}: ours {:.6} hf {w:.6} rel {rel:.2e}  norm {:.5} vs {n:.5}", s.loss, s.grad_norm);
         assert!(rel < 1e-4, "{name} step {step}: loss {} vs HF {w} (rel {rel:.2e})", s.loss);

@@ -3,11 +3,13 @@
 //! trained the way HF Trainer trains them (torch's AdamW with decay groups, global-norm
 //! clipping, dynamic loss scaling for fp16).
 
+mod autocast;
 mod bert;
 mod gpt2;
 mod layers;
 mod train;
 
+pub use autocast::{autocast, AutocastDtype};
 pub use train::{Precision, StepStats, TorchTrainer, TrainOptions};
 
 use std::collections::HashMap;

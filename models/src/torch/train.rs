@@ -4,6 +4,7 @@
 
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
 
+use super::autocast::{autocast, AutocastDtype};
 use super::{create_vars, export, TorchModel, Vars, NO_DECAY_GROUP};
 use crate::config::ModelConfig;
 use crate::data::Batch;
@@ -17,6 +18,7 @@ pub enum Precision {
     Fp32,
     /// CUDA autocast to fp16 with a dynamic loss scale (torch.amp.GradScaler defaults).
     Fp16,
+    /// Autocast to bf16 (CPU or CUDA), no loss scaling: HF Trainer's `bf16=True`.
     Bf16,
 }
 
@@ -86,15 +88,12 @@ impl TorchTrainer {
             (Precision::Fp32, _) => {}
             (Precision::Fp16, Device::Cuda(_)) => {}
             (Precision::Fp16, _) => {
+                // As HF Trainer: fp16 mixed precision (with its GradScaler) is a CUDA feature.
                 return Err(ModelError::Training(
-                    "--precision fp16 for the pytorch config needs --device cuda (tch drives CUDA autocast only)".into(),
-                ))
+                    "--precision fp16 for the pytorch config needs --device cuda; use bf16 or fp32 on the CPU".into(),
+                ));
             }
-            (Precision::Bf16, _) => {
-                return Err(ModelError::Training(
-                    "--precision bf16 is not implemented for the pytorch config yet (tch cannot select autocast's dtype); use fp32 or fp16 on CUDA".into(),
-                ))
-            }
+            (Precision::Bf16, _) => {}
         }
         // Variables are made on the CPU from our weights, then moved as a whole.
         let mut vs = nn::VarStore::new(Device::Cpu);
@@ -124,12 +123,21 @@ impl TorchTrainer {
         tch::no_grad(|| self.model.loss(batch, self.device, false).double_value(&[]))
     }
 
+    /// The forward pass of a training step, under autocast for fp16/bf16.
+    fn forward(&self, batch: &Batch) -> Result<Tensor, ModelError> {
+        let run = || self.model.loss(batch, self.device, true);
+        match self.opts.precision {
+            Precision::Fp32 => Ok(run()),
+            Precision::Fp16 => autocast(self.device, AutocastDtype::F16, run),
+            Precision::Bf16 => autocast(self.device, AutocastDtype::Bf16, run),
+        }
+    }
+
     /// One optimizer step on `batch`.
-    pub fn step(&mut self, batch: &Batch) -> StepStats {
+    pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
-        let amp = self.opts.precision == Precision::Fp16;
-        let loss = tch::autocast(amp, || self.model.loss(batch, self.device, true));
+        let loss = self.forward(batch)?;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
         if scale != 1.0 {
             (&loss * scale).backward();
@@ -175,7 +183,7 @@ impl TorchTrainer {
             }
         }
         self.steps_taken += 1;
-        StepStats { loss: loss.double_value(&[]), grad_norm, loss_scale: scale, skipped }
+        Ok(StepStats { loss: loss.double_value(&[]), grad_norm, loss_scale: scale, skipped })
     }
 
     /// The current parameters under their HF names.
