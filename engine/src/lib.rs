@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod exec;
 pub mod graph;
 pub mod ops;
+pub mod optim;
 
 pub use dtype::DType;
 pub use exec::{Inputs, RefExecutor};

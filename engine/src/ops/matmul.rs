@@ -24,6 +24,29 @@ pub struct MatMulDims {
 // a: (batch, M, K), or (batch, K, M) when ta
 // b: (batch or 1, K, N), or (batch or 1, N, K) when tb
 pub fn matmul_forward<T: Real>(out: &mut [T], a: &[T], b: &[T], d: &MatMulDims) {
+    if T::matmul_fast(out, a, b, d) {
+        return;
+    }
+    matmul_loops(out, a, b, d);
+}
+
+/// The same product on the CPU GEMM library (one strided batched sgemm).
+// out: (batch, M, N); a: (batch, M, K) or (batch, K, M); b: (batch or 1, K, N) or (…, N, K)
+pub fn matmul_sgemm(out: &mut [f32], a: &[f32], b: &[f32], d: &MatMulDims) {
+    use crate::backend::cpu::gemm::{sgemm_batched, Transpose};
+    let MatMulDims { batch, m, n, k, ta, tb, b_batched } = *d;
+    let flag = |t: bool| if t { Transpose::Yes } else { Transpose::No };
+    let lda = if ta { m } else { k };
+    let ldb = if tb { k } else { n };
+    let stride_b = if b_batched { k * n } else { 0 };
+    // A failing provider (e.g. ORTBENCH_GEMM=mkl without MKL) is a configuration error the
+    // user must see, never a silent fall back to the slow loops.
+    sgemm_batched(flag(ta), flag(tb), m, n, k, 1.0, a, lda, b, ldb, 0.0, out, n, batch, m * k, stride_b, m * n)
+        .unwrap_or_else(|e| panic!("matmul: {e}"));
+}
+
+/// The reference loops (accumulating in `T`).
+pub fn matmul_loops<T: Real>(out: &mut [T], a: &[T], b: &[T], d: &MatMulDims) {
     let MatMulDims {
         batch,
         m,
@@ -143,6 +166,32 @@ mod tests {
                     let mut out = vec![0.0; 3 * 4 * 5];
                     matmul_forward(&mut out, &a, &b, &d);
                     assert_close(&out, &naive(&a, &b, &d), 1e-14, &format!("{d:?}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_path_through_the_gemm_library_matches_the_loops() {
+        let mut rng = Rng::new(77);
+        for &(batch, m, n, k) in &[(1, 1, 1, 1), (3, 5, 7, 9), (2, 33, 17, 65)] {
+            for ta in [false, true] {
+                for tb in [false, true] {
+                    for b_batched in [false, true] {
+                        let d = MatMulDims { batch, m, n, k, ta, tb, b_batched };
+                        let a = rng.vec_f32(batch * m * k);
+                        let b = rng.vec_f32(if b_batched { batch } else { 1 } * k * n);
+                        let mut fast = vec![f32::NAN; batch * m * n];
+                        let mut slow = vec![0f32; batch * m * n];
+                        matmul_forward(&mut fast, &a, &b, &d);
+                        matmul_loops(&mut slow, &a, &b, &d);
+                        // f32 sums of K terms of magnitude < 1: differences from summation order
+                        // stay below K·2^-23·max|term|.
+                        let tol = 4.0 * k as f32 * f32::EPSILON;
+                        for (x, y) in fast.iter().zip(&slow) {
+                            assert!((x - y).abs() <= tol, "{d:?}: {x} vs {y}");
+                        }
+                    }
                 }
             }
         }

@@ -42,6 +42,12 @@ pub trait Real:
     fn max(self, other: Self) -> Self;
     /// Borrows when `Self` is f32 (the executor's case), converts otherwise.
     fn from_f32_slice(x: &[f32]) -> Cow<'_, [Self]>;
+    /// A fast batched matmul for this type, if the backend has one: f32 goes to the CPU
+    /// GEMM library (MKL, or the pure-Rust `gemm` crate); f64 (gradient checks) keeps the
+    /// reference loops. Returns false when it did nothing.
+    fn matmul_fast(_out: &mut [Self], _a: &[Self], _b: &[Self], _d: &super::matmul::MatMulDims) -> bool {
+        false
+    }
 }
 
 impl Real for f32 {
@@ -75,6 +81,10 @@ impl Real for f32 {
     }
     fn from_f32_slice(x: &[f32]) -> Cow<'_, [Self]> {
         Cow::Borrowed(x)
+    }
+    fn matmul_fast(out: &mut [f32], a: &[f32], b: &[f32], d: &super::matmul::MatMulDims) -> bool {
+        super::matmul::matmul_sgemm(out, a, b, d);
+        true
     }
 }
 
