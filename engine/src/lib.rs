@@ -12,6 +12,7 @@ pub mod exec;
 pub mod graph;
 pub mod ops;
 pub mod optim;
+pub mod session;
 
 pub use dtype::DType;
 pub use exec::{Inputs, RefExecutor};

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod data;
+pub mod graph;
 pub mod params;
 pub mod rng;
 pub mod schedule;

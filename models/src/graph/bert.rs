@@ -1,0 +1,146 @@
+//! BERT as engine graphs: the same function as `torch/bert.rs` (transformers'
+//! modeling_bert.py, absolute positions, no attention mask since our batches have no padding
+//! positions to hide — padding tokens are attended to like any token, as in the baseline).
+
+use ortbench_engine::graph::{AttentionOpts, TensorId};
+
+use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS};
+use crate::config::{Architecture, BertConfig, Family, ModelConfig};
+use crate::params::{untied_head_name, word_embedding_name};
+use crate::ModelError;
+
+fn bert_config(cfg: &ModelConfig) -> &BertConfig {
+    match &cfg.family {
+        Family::Bert(c) => c,
+        Family::Gpt2(_) => unreachable!("BERT graph built from a GPT-2 config"),
+    }
+}
+
+/// `nn.Embedding(padding_idx=pad_token_id)` of BertEmbeddings, as the baseline takes it.
+pub(crate) fn padding_idx(c: &BertConfig) -> Option<i64> {
+    c.pad_token_id.filter(|&p| p >= 0 && (p as usize) < c.vocab_size)
+}
+
+/// The word-embedding lookup with `padding_idx`: rows of `table` for `ids`, where the padding
+/// row gets no gradient from this lookup (it still gets one through a tied decoder).
+///
+/// The engine's embedding has no padding_idx, so: x·keep + stop_gradient(x)·pad, with keep/pad
+/// the fed 0/1 masks of non-padding/padding positions and each product a batched K=1 matmul
+/// (a per-row scale, (1,1)·(1,C)). Values are exact (x + 0 or 0 + x); the gradient w.r.t. x is
+/// keep·dy, so the scatter-add into the table adds exact zeros at padding positions.
+// ids: (B, T) -> (B, T, C)
+fn word_embedding(b: &mut Builder, table: TensorId, ids: TensorId, opts: &GraphOptions) -> BResult<TensorId> {
+    let x = b.g.embedding(table, ids)?; // (B, T, C)
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let c = b.g.shape(x)[2];
+    let keep = b.g.input_float(NOT_PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
+    let pad = b.g.input_float(PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
+    let x4 = b.g.reshape(x, &[bs, t, 1, c])?; // (B, T, 1, C)
+    let frozen = b.stop_gradient(x4)?; // (B, T, 1, C), no gradient
+    let kept = b.g.matmul(keep, x4, false, false)?; // (B, T, 1, C)
+    let padded = b.g.matmul(pad, frozen, false, false)?; // (B, T, 1, C)
+    let y = b.g.add(kept, padded)?;
+    Ok(b.g.reshape(y, &[bs, t, c])?)
+}
+
+/// `BertEmbeddings`: word + token_type (zeros) + position embeddings → LayerNorm → dropout.
+// returns (B, T, C)
+fn bert_embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
+    let token_types = b.g.input_ids(TOKEN_TYPE_IDS, &[bs, t])?; // (B, T)
+    let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
+    let word_table = b.p("bert.embeddings.word_embeddings.weight");
+    let word = match padding_idx(c) {
+        Some(_) => word_embedding(b, word_table, ids, opts)?,
+        None => b.g.embedding(word_table, ids)?,
+    }; // (B, T, C)
+    let tt = b.g.embedding(b.p("bert.embeddings.token_type_embeddings.weight"), token_types)?; // (B, T, C)
+    let pos = b.g.embedding(b.p("bert.embeddings.position_embeddings.weight"), positions)?; // (T, C)
+    let x = b.g.add(word, tt)?;
+    let x = b.g.add(x, pos)?; // (B, T, C), positions broadcast over B
+    let x = b.layer_norm(x, "bert.embeddings.LayerNorm", c.layer_norm_eps)?;
+    b.dropout(x, c.hidden_dropout_prob)
+}
+
+/// `BertLayer` (post-LN): BertSelfAttention (sdpa) → BertSelfOutput (dense, dropout,
+/// residual, LayerNorm) → BertIntermediate (dense, act) → BertOutput (dense, dropout,
+/// residual, LayerNorm).
+// x: (B, T, C) -> (B, T, C)
+fn bert_layer(b: &mut Builder, x: TensorId, p: &str, cfg: &ModelConfig) -> BResult<TensorId> {
+    let c = bert_config(cfg);
+    let heads = c.num_attention_heads;
+    let q = b.linear(x, &format!("{p}.attention.self.query"))?; // (B, T, C)
+    let k = b.linear(x, &format!("{p}.attention.self.key"))?;
+    let v = b.linear(x, &format!("{p}.attention.self.value"))?;
+    let (q, k, v) = (b.split_heads(q, heads)?, b.split_heads(k, heads)?, b.split_heads(v, heads)?); // (B, H, T, D)
+    let opts = AttentionOpts { dropout_p: c.attention_probs_dropout_prob as f32, ..AttentionOpts::default() };
+    let ctx = b.g.attention(q, k, v, opts)?; // (B, H, T, D), scale 1/√D
+    let ctx = b.merge_heads(ctx)?; // (B, T, C)
+    let a = b.linear(ctx, &format!("{p}.attention.output.dense"))?;
+    let a = b.dropout(a, c.hidden_dropout_prob)?;
+    let a = b.g.add(a, x)?;
+    let a = b.layer_norm(a, &format!("{p}.attention.output.LayerNorm"), c.layer_norm_eps)?; // (B, T, C)
+    let h = b.linear(a, &format!("{p}.intermediate.dense"))?; // (B, T, I)
+    let h = b.activation(h, cfg.activation())?;
+    let o = b.linear(h, &format!("{p}.output.dense"))?; // (B, T, C)
+    let o = b.dropout(o, c.hidden_dropout_prob)?;
+    let o = b.g.add(o, a)?;
+    b.layer_norm(o, &format!("{p}.output.LayerNorm"), c.layer_norm_eps)
+}
+
+/// `BertModel` without the pooler: embeddings and the encoder layers.
+// returns (B, T, C)
+fn bert_encoder(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let c = bert_config(cfg);
+    let mut x = bert_embeddings(b, c, opts)?;
+    for i in 0..c.num_hidden_layers {
+        x = bert_layer(b, x, &format!("bert.encoder.layer.{i}"), cfg)?;
+    }
+    Ok(x)
+}
+
+/// `BertForMaskedLM`: encoder → BertOnlyMLMHead (transform: dense, act, LayerNorm; decoder
+/// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`)
+/// → mean cross-entropy over all B·T positions, labels −100 ignored. Returns the loss.
+pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    debug_assert_eq!(cfg.arch, Architecture::BertForMaskedLM);
+    let c = bert_config(cfg);
+    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    let h = b.linear(h, "cls.predictions.transform.dense")?;
+    let h = b.activation(h, cfg.activation())?;
+    let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
+    let decoder = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
+    let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
+    let logits = b.g.bias_add(logits, b.p("cls.predictions.bias"))?;
+    let labels = b.g.input_ids(LABELS, &[opts.batch_size, opts.seq_len])?; // (B, T)
+    Ok(b.g.cross_entropy(logits, labels)?)
+}
+
+/// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
+/// (`classifier_dropout` or `hidden_dropout_prob`) → classifier → mean cross-entropy over the
+/// B rows (HF's single_label_classification). `num_labels == 1` (HF's regression, an MSE loss)
+/// is unsupported. Returns the loss.
+pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    debug_assert_eq!(cfg.arch, Architecture::BertForSequenceClassification);
+    let c = bert_config(cfg);
+    if c.num_labels < 2 {
+        return Err(ModelError::Unsupported(format!(
+            "BertForSequenceClassification with num_labels = {} (HF's regression, an MSE loss) has no engine graph; use num_labels >= 2",
+            c.num_labels
+        ))
+        .into());
+    }
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    let hidden = c.hidden_size;
+    // hidden_states[:, 0]: the first C values of each (T·C) row.
+    let flat = b.g.reshape(h, &[bs, t * hidden])?; // (B, T·C)
+    let first = if t > 1 { b.g.split(flat, &[hidden, (t - 1) * hidden])?[0] } else { flat }; // (B, C)
+    let pooled = b.linear(first, "bert.pooler.dense")?;
+    let pooled = b.g.tanh(pooled)?; // (B, C)
+    let pooled = b.dropout(pooled, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
+    let logits = b.linear(pooled, "classifier")?; // (B, num_labels)
+    let labels = b.g.input_ids(LABELS, &[bs])?; // (B)
+    Ok(b.g.cross_entropy(logits, labels)?)
+}

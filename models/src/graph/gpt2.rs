@@ -1,0 +1,65 @@
+//! GPT-2 as an engine graph: the same function as `torch/gpt2.rs` (transformers'
+//! modeling_gpt2.py, sdpa path, no padding mask).
+
+use ortbench_engine::graph::{AttentionOpts, TensorId};
+
+use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, POSITION_IDS};
+use crate::config::{Family, Gpt2Config, ModelConfig};
+use crate::params::{untied_head_name, word_embedding_name};
+use crate::ModelError;
+
+/// `GPT2Block` (pre-LN): ln_1 → GPT2Attention (c_attn split into q, k, v; causal sdpa;
+/// c_proj; resid dropout) → residual; ln_2 → GPT2MLP (c_fc, act, c_proj, dropout) → residual.
+// x: (B, T, C) -> (B, T, C)
+fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &ModelConfig) -> BResult<TensorId> {
+    let e = c.n_embd;
+    let h = b.layer_norm(x, &format!("{p}.ln_1"), c.layer_norm_epsilon)?;
+    let qkv = b.conv1d(h, &format!("{p}.attn.c_attn"))?; // (B, T, 3C)
+    let parts = b.g.split(qkv, &[e, e, e])?; // 3 × (B, T, C)
+    let q = b.split_heads(parts[0], c.n_head)?; // (B, H, T, D)
+    let k = b.split_heads(parts[1], c.n_head)?;
+    let v = b.split_heads(parts[2], c.n_head)?;
+    // scale_attn_weights: 1/√D (the engine's default); HF is causal whenever T > 1, and a
+    // causal mask over one position changes nothing.
+    let opts = AttentionOpts { causal: true, dropout_p: c.attn_pdrop as f32, ..AttentionOpts::default() };
+    let ctx = b.g.attention(q, k, v, opts)?; // (B, H, T, D)
+    let ctx = b.merge_heads(ctx)?; // (B, T, C)
+    let a = b.conv1d(ctx, &format!("{p}.attn.c_proj"))?;
+    let a = b.dropout(a, c.resid_pdrop)?;
+    let x = b.g.add(x, a)?; // (B, T, C)
+    let h = b.layer_norm(x, &format!("{p}.ln_2"), c.layer_norm_epsilon)?;
+    let h = b.conv1d(h, &format!("{p}.mlp.c_fc"))?; // (B, T, 4C)
+    let h = b.activation(h, cfg.activation())?;
+    let h = b.conv1d(h, &format!("{p}.mlp.c_proj"))?; // (B, T, C)
+    let h = b.dropout(h, c.resid_pdrop)?;
+    Ok(b.g.add(x, h)?)
+}
+
+/// `GPT2LMHeadModel`: GPT2Model (wte + wpe, embd dropout, blocks, ln_f) → lm_head (no bias,
+/// tied to wte unless `tie_word_embeddings` is false) → mean cross-entropy of logits[:, :-1]
+/// against labels[:, 1:]. The shift is in the fed labels (see `EngineModel::feed`): position t
+/// carries label t+1 and the last position −100. Returns the loss.
+pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    if t < 2 {
+        return Err(ModelError::Data(format!(
+            "GPT2LMHeadModel needs a sequence length of at least 2 (its loss pairs token t with t+1), got {t}"
+        ))
+        .into());
+    }
+    let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
+    let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
+    let tok = b.g.embedding(b.p("transformer.wte.weight"), ids)?; // (B, T, C)
+    let pos = b.g.embedding(b.p("transformer.wpe.weight"), positions)?; // (T, C)
+    let x = b.g.add(tok, pos)?; // (B, T, C), positions broadcast over B
+    let mut x = b.dropout(x, c.embd_pdrop)?;
+    for i in 0..c.n_layer {
+        x = gpt2_block(b, x, &format!("transformer.h.{i}"), c, cfg)?;
+    }
+    let x = b.layer_norm(x, "transformer.ln_f", c.layer_norm_epsilon)?; // (B, T, C)
+    let head = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
+    let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
+    let labels = b.g.input_ids(LABELS, &[bs, t])?; // (B, T), shifted
+    Ok(b.g.cross_entropy(logits, labels)?)
+}

@@ -1,0 +1,569 @@
+//! The engine graph builders: each supported HF architecture written as an `ortbench-engine`
+//! graph that computes the same function as the tch baseline in `torch/` (same op order, same
+//! loss, same gradients — `tests/tests/engine_parity.rs` checks it).
+//!
+//! Parameters are declared first, in [`param_specs`] order under their HF names, so the engine's
+//! flat parameter buffer is the plain concatenation of a [`Weights`]' tensors
+//! ([`EngineModel::flatten`] / [`EngineModel::unflatten`]) and gradients land in the same layout.
+//! A model feature the engine cannot express is a [`ModelError::Unsupported`] at build time,
+//! never a silent fallback.
+//!
+//! ```no_run
+//! # use ortbench_models::{graph::{build_training_graph, GraphOptions}, spec::builtin_config, DataSource, Weights};
+//! # fn main() -> Result<(), ortbench_models::ModelError> {
+//! let cfg = builtin_config("tiny-gpt2")?;
+//! let model = build_training_graph(&cfg, &GraphOptions::new(4, 32))?;
+//! let params = model.flatten(&Weights::init(&cfg, 0))?;
+//! let mut grads = vec![0.0f32; params.len()];
+//! let batch = DataSource::synthetic(&cfg, 4, 32, 0)?.batch(0);
+//! let loss = model.ref_train_step(&params, &batch, /* dropout seed */ 0, &mut grads)?;
+//! # let _ = loss; Ok(()) }
+//! ```
+
+pub mod bert;
+pub mod gpt2;
+
+use std::collections::HashMap;
+
+use ortbench_engine::graph::{GeluApprox, Graph, GraphError, TensorId};
+use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
+
+use crate::config::{Activation, Architecture, Family, ModelConfig};
+use crate::data::Batch;
+use crate::params::param_specs;
+use crate::weights::{NamedTensor, Weights};
+use crate::ModelError;
+
+/// Token ids, (B, T) i64.
+pub const INPUT_IDS: &str = "input_ids";
+/// Labels as the loss consumes them, i64: (B, T) for language models — for GPT-2 already
+/// shifted by [`EngineModel::feed`] — and (B,) for sequence classification.
+pub const LABELS: &str = "labels";
+/// 0..T, (T) i64: HF's default `position_ids` (absolute positions).
+pub const POSITION_IDS: &str = "position_ids";
+/// BERT's segment ids, (B, T) i64; zeros, as HF's default when none are given.
+pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
+/// BERT with a `pad_token_id`: 1.0 where the token is not padding, (B, T, 1, 1) f32.
+pub const NOT_PAD_MASK: &str = "input_ids_not_pad";
+/// BERT with a `pad_token_id`: 1.0 where the token is padding, (B, T, 1, 1) f32.
+pub const PAD_MASK: &str = "input_ids_is_pad";
+
+/// What to build: the static sizes of a step and the storage dtype of activations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraphOptions {
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// Storage dtype of parameters' copies and activations (the flat master buffer is f32).
+    pub dtype: DType,
+}
+
+impl GraphOptions {
+    /// f32 graph for (batch_size, seq_len) steps.
+    pub fn new(batch_size: usize, seq_len: usize) -> Self {
+        GraphOptions { batch_size, seq_len, dtype: DType::F32 }
+    }
+
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+}
+
+/// Where one HF parameter lives in the flat parameter (and gradient) buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSlot {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// A model as an engine training graph.
+#[derive(Clone, Debug)]
+pub struct EngineModel {
+    pub arch: Architecture,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// The forward graph (before autodiff), for passes that work on the forward only.
+    pub forward: Graph,
+    /// The training graph: forward, loss, backward.
+    pub graph: Graph,
+    /// The scalar loss (the same tensor id in `forward` and `graph`).
+    pub loss: TensorId,
+    /// Every `param_specs(cfg)` entry, in that order, with its (offset, len) in the flat buffer.
+    pub params: Vec<ParamSlot>,
+    /// BERT's `pad_token_id` when it is a valid row of the word embedding.
+    pub padding_idx: Option<i64>,
+    vocab_size: usize,
+    num_labels: usize,
+}
+
+/// The forward graph of `cfg` for steps of `opts` and its scalar loss.
+pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
+    check_sizes(cfg, opts)?;
+    let mut b = Builder::new(cfg, opts.dtype).map_err(|e| graph_err(cfg, e))?;
+    let loss = match cfg.arch {
+        Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
+        Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
+        Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
+    }
+    .map_err(|e| match e {
+        BuildError::Graph(e) => graph_err(cfg, e),
+        BuildError::Model(e) => e,
+    })?;
+    Ok((b.g, loss))
+}
+
+/// The training graph of `cfg` (forward + loss + backward) for steps of `opts`.
+pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<EngineModel, ModelError> {
+    let (forward, loss) = build_forward_graph(cfg, opts)?;
+    let graph = autodiff::backward(&forward, loss).map_err(|e| graph_err(cfg, e))?;
+    let params = graph
+        .params()
+        .iter()
+        .map(|p| ParamSlot { name: p.name.clone(), shape: p.shape.clone(), offset: p.offset, len: p.len })
+        .collect();
+    let (padding_idx, num_labels) = match &cfg.family {
+        Family::Bert(c) => (bert::padding_idx(c), c.num_labels),
+        Family::Gpt2(_) => (None, 0),
+    };
+    Ok(EngineModel {
+        arch: cfg.arch,
+        batch_size: opts.batch_size,
+        seq_len: opts.seq_len,
+        forward,
+        graph,
+        loss,
+        params,
+        padding_idx,
+        vocab_size: cfg.vocab_size(),
+        num_labels,
+    })
+}
+
+impl EngineModel {
+    /// Length of the flat parameter (and gradient) buffer.
+    pub fn num_params(&self) -> usize {
+        self.graph.num_param_elems()
+    }
+
+    /// The flat parameter buffer of `weights`: their tensors concatenated in `param_specs`
+    /// order (looked up by name, so any order of `weights.tensors` works).
+    pub fn flatten(&self, weights: &Weights) -> Result<Vec<f32>, ModelError> {
+        let mut flat = Vec::with_capacity(self.num_params());
+        for (i, slot) in self.params.iter().enumerate() {
+            let t = match weights.tensors.get(i) {
+                Some(t) if t.name == slot.name => t,
+                _ => weights
+                    .get(&slot.name)
+                    .ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", slot.name)))?,
+            };
+            if t.shape != slot.shape || t.data.len() != slot.len {
+                return Err(ModelError::Weights(format!(
+                    "'{}' has shape {:?} ({} values), the model needs {:?}",
+                    slot.name,
+                    t.shape,
+                    t.data.len(),
+                    slot.shape
+                )));
+            }
+            flat.extend_from_slice(&t.data);
+        }
+        Ok(flat)
+    }
+
+    /// Named tensors (HF names, `param_specs` order) from a flat parameter or gradient buffer.
+    pub fn unflatten(&self, flat: &[f32]) -> Result<Weights, ModelError> {
+        if flat.len() != self.num_params() {
+            return Err(ModelError::Weights(format!(
+                "the flat buffer has {} values, the model has {}",
+                flat.len(),
+                self.num_params()
+            )));
+        }
+        let tensors = self
+            .params
+            .iter()
+            .map(|s| NamedTensor { name: s.name.clone(), shape: s.shape.clone(), data: flat[s.offset..s.offset + s.len].to_vec() })
+            .collect();
+        Ok(Weights { tensors })
+    }
+
+    /// Every graph input for `batch`: ids, labels (GPT-2's shifted here), positions, token types
+    /// and BERT's padding masks.
+    pub fn feed(&self, batch: &Batch) -> Result<Feed, ModelError> {
+        let (b, t) = (self.batch_size, self.seq_len);
+        if batch.batch_size != b || batch.seq_len != t || batch.input_ids.len() != b * t {
+            return Err(ModelError::Data(format!(
+                "the engine graph was built for batches of {b}×{t}, got {}×{} ({} ids): rebuild it for this size",
+                batch.batch_size,
+                batch.seq_len,
+                batch.input_ids.len()
+            )));
+        }
+        let want_labels = if self.arch == Architecture::BertForSequenceClassification { b } else { b * t };
+        if batch.labels.len() != want_labels {
+            return Err(ModelError::Data(format!(
+                "{} needs {want_labels} labels per batch, got {}",
+                self.arch.hf_name(),
+                batch.labels.len()
+            )));
+        }
+        let v = self.vocab_size as i64;
+        if let Some(bad) = batch.input_ids.iter().find(|&&i| i < 0 || i >= v) {
+            return Err(ModelError::Data(format!("input id {bad} is outside the vocabulary [0, {v})")));
+        }
+        let mut entries = Vec::new();
+        for &tid in self.graph.inputs() {
+            let name = self.graph.input_name(tid).expect("graph inputs are named");
+            let data = match name {
+                INPUT_IDS => FeedData::Ids(batch.input_ids.clone()),
+                LABELS => FeedData::Ids(self.labels(batch)),
+                POSITION_IDS => FeedData::Ids((0..t as i64).collect()),
+                TOKEN_TYPE_IDS => FeedData::Ids(vec![0; b * t]),
+                NOT_PAD_MASK | PAD_MASK => {
+                    let pad = self.padding_idx.expect("pad masks exist only with a padding_idx");
+                    let want = name == PAD_MASK;
+                    FeedData::Floats(batch.input_ids.iter().map(|&i| if (i == pad) == want { 1.0 } else { 0.0 }).collect())
+                }
+                other => unreachable!("the builders declare no input '{other}'"),
+            };
+            entries.push((name.to_string(), data));
+        }
+        Ok(Feed { entries })
+    }
+
+    /// Labels as the graph's loss reads them. GPT-2: HF shifts inside the model (logits[:, :-1]
+    /// against labels[:, 1:]); here position t gets label t+1 and the last position −100, which
+    /// is the same mean over the same pairs.
+    fn labels(&self, batch: &Batch) -> Vec<i64> {
+        match self.arch {
+            Architecture::Gpt2LMHeadModel => {
+                let t = self.seq_len;
+                let mut out = vec![crate::IGNORE_INDEX; batch.labels.len()];
+                for (dst, src) in out.chunks_exact_mut(t).zip(batch.labels.chunks_exact(t)) {
+                    dst[..t - 1].copy_from_slice(&src[1..]);
+                }
+                out
+            }
+            _ => batch.labels.clone(),
+        }
+    }
+
+    /// Number of classes of a sequence classifier (0 for language models).
+    pub fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    /// One forward + backward on the engine's reference executor: writes every parameter's
+    /// gradient into `grads` (flat layout) and returns the loss. `seed` seeds dropout.
+    pub fn ref_train_step(&self, params: &[f32], batch: &Batch, seed: u64, grads: &mut [f32]) -> Result<f32, ModelError> {
+        let feed = self.feed(batch)?;
+        RefExecutor::new(&self.graph)
+            .train_step(params, &feed.inputs(), seed, grads)
+            .map_err(|e| ModelError::Training(format!("engine step: {e}")))
+    }
+}
+
+/// The data of one input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeedData {
+    Ids(Vec<i64>),
+    Floats(Vec<f32>),
+}
+
+/// Owned inputs of one step, by the graph's input names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feed {
+    pub entries: Vec<(String, FeedData)>,
+}
+
+impl Feed {
+    /// The executor's view of these inputs.
+    pub fn inputs(&self) -> Inputs<'_> {
+        self.entries.iter().fold(Inputs::new(), |acc, (name, d)| match d {
+            FeedData::Ids(v) => acc.ids(name, v),
+            FeedData::Floats(v) => acc.floats(name, v),
+        })
+    }
+}
+
+fn check_sizes(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(), ModelError> {
+    let (b, t) = (opts.batch_size, opts.seq_len);
+    if b == 0 || t == 0 {
+        return Err(ModelError::Data(format!("batch size and sequence length must be positive, got {b}×{t}")));
+    }
+    if t > cfg.max_positions() {
+        return Err(ModelError::Data(format!(
+            "sequence length {t} is beyond the model's {} positions",
+            cfg.max_positions()
+        )));
+    }
+    Ok(())
+}
+
+fn graph_err(cfg: &ModelConfig, e: GraphError) -> ModelError {
+    ModelError::Unsupported(format!("the engine cannot build {}: {e}", cfg.arch.hf_name()))
+}
+
+/// A build failure: the engine rejected a graph, or the config asks for what we do not build.
+pub(crate) enum BuildError {
+    Graph(GraphError),
+    Model(ModelError),
+}
+
+impl From<GraphError> for BuildError {
+    fn from(e: GraphError) -> Self {
+        BuildError::Graph(e)
+    }
+}
+
+impl From<ModelError> for BuildError {
+    fn from(e: ModelError) -> Self {
+        BuildError::Model(e)
+    }
+}
+
+pub(crate) type BResult<T> = std::result::Result<T, BuildError>;
+
+/// The graph under construction and its parameters by HF name.
+pub(crate) struct Builder {
+    pub g: Graph,
+    params: HashMap<String, TensorId>,
+}
+
+impl Builder {
+    /// Declares every parameter of `cfg` in `param_specs` order: the flat buffer's layout.
+    fn new(cfg: &ModelConfig, dtype: DType) -> Result<Self, GraphError> {
+        let mut g = Graph::with_dtype(dtype);
+        let mut params = HashMap::new();
+        for spec in param_specs(cfg) {
+            let t = g.param(&spec.name, &spec.shape)?;
+            params.insert(spec.name, t);
+        }
+        Ok(Builder { g, params })
+    }
+
+    /// The parameter `name` (a missing one is a bug of this module: the specs declare all).
+    pub fn p(&self, name: &str) -> TensorId {
+        *self.params.get(name).unwrap_or_else(|| panic!("param_specs declares no '{name}'"))
+    }
+
+    /// HF `nn.Linear` `{prefix}.weight` (out, in), `{prefix}.bias` (out): x·Wᵀ + b.
+    // x: (…, in) -> (…, out)
+    pub fn linear(&mut self, x: TensorId, prefix: &str) -> BResult<TensorId> {
+        let (w, b) = (self.p(&format!("{prefix}.weight")), self.p(&format!("{prefix}.bias")));
+        Ok(self.g.linear(x, w, Some(b))?)
+    }
+
+    /// GPT-2's `Conv1D`: weight stored (in, out), y = x·W + b.
+    // x: (…, in) -> (…, out)
+    pub fn conv1d(&mut self, x: TensorId, prefix: &str) -> BResult<TensorId> {
+        let (w, b) = (self.p(&format!("{prefix}.weight")), self.p(&format!("{prefix}.bias")));
+        let y = self.g.matmul(x, w, false, false)?;
+        Ok(self.g.bias_add(y, b)?)
+    }
+
+    /// `nn.LayerNorm` over the last dim with `{prefix}.weight` and `{prefix}.bias`.
+    // x: (…, C) -> (…, C)
+    pub fn layer_norm(&mut self, x: TensorId, prefix: &str, eps: f64) -> BResult<TensorId> {
+        let (w, b) = (self.p(&format!("{prefix}.weight")), self.p(&format!("{prefix}.bias")));
+        Ok(self.g.layer_norm(x, w, b, eps as f32)?)
+    }
+
+    /// `nn.Dropout(p)`; nothing at p = 0 (what the p = 0 elimination pass would leave).
+    pub fn dropout(&mut self, x: TensorId, p: f64) -> BResult<TensorId> {
+        if p == 0.0 {
+            return Ok(x);
+        }
+        Ok(self.g.dropout(x, p as f32)?)
+    }
+
+    /// HF's `ACT2FN[name]`.
+    pub fn activation(&mut self, x: TensorId, act: Activation) -> BResult<TensorId> {
+        let approx = match act {
+            Activation::GeluErf => GeluApprox::Erf,
+            Activation::GeluTanh => GeluApprox::Tanh,
+        };
+        Ok(self.g.gelu(x, approx)?)
+    }
+
+    /// The view + transpose of HF's attention: (B, T, H·D) → (B, H, T, D).
+    pub fn split_heads(&mut self, x: TensorId, heads: usize) -> BResult<TensorId> {
+        let s = self.g.shape(x).to_vec();
+        let (b, t, c) = (s[0], s[1], s[2]);
+        let x = self.g.reshape(x, &[b, t, heads, c / heads])?;
+        Ok(self.g.permute(x, &[0, 2, 1, 3])?)
+    }
+
+    /// The inverse: (B, H, T, D) → (B, T, H·D).
+    pub fn merge_heads(&mut self, x: TensorId) -> BResult<TensorId> {
+        let s = self.g.shape(x).to_vec();
+        let (b, h, t, d) = (s[0], s[1], s[2], s[3]);
+        let x = self.g.permute(x, &[0, 2, 1, 3])?;
+        Ok(self.g.reshape(x, &[b, t, h * d])?)
+    }
+
+    /// The same values as `x`, with no gradient flowing back (torch's `.detach()`).
+    ///
+    /// The engine has no stop-gradient op; a LayerNorm's row-mean output is not differentiable,
+    /// and the mean of a size-1 row is the value itself, exactly (sum of one term, times 1). So:
+    /// reshape to (…, 1), LayerNorm, take the mean. Its `y` (all zeros) is unused.
+    // x: (…) -> (…)
+    pub fn stop_gradient(&mut self, x: TensorId) -> BResult<TensorId> {
+        let shape = self.g.shape(x).to_vec();
+        let mut col = shape.clone();
+        col.push(1);
+        let x1 = self.g.reshape(x, &col)?;
+        let (one, zero) = (self.g.fill(&[1], 1.0), self.g.fill(&[1], 0.0));
+        // eps = 1 keeps rstd finite for the zero variance of a size-1 row.
+        self.g.layer_norm(x1, one, zero, 1.0)?;
+        let node = self.g.nodes().last().expect("layer_norm added a node");
+        debug_assert_eq!(self.g.shape(node.outputs[1]), &shape[..]);
+        Ok(node.outputs[1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::DataSource;
+    use crate::spec::builtin_config;
+    use ortbench_engine::graph::Op;
+
+    fn tiny_classifier(pad: Option<i64>) -> ModelConfig {
+        let mut raw = builtin_config("tiny-bert").unwrap().raw;
+        raw["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+        raw["num_labels"] = serde_json::json!(3);
+        raw["pad_token_id"] = serde_json::json!(pad);
+        let mut cfg = ModelConfig::from_value(raw, "test").unwrap();
+        cfg.set_dropout(0.0);
+        cfg
+    }
+
+    #[test]
+    fn every_builtin_config_builds_with_the_param_specs_layout() {
+        for name in crate::spec::BUILTIN_NAMES {
+            let cfg = builtin_config(name).unwrap();
+            let m = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap();
+            let specs = param_specs(&cfg);
+            assert_eq!(m.params.len(), specs.len(), "{name}");
+            let mut offset = 0;
+            for (slot, spec) in m.params.iter().zip(&specs) {
+                assert_eq!((&slot.name, &slot.shape), (&spec.name, &spec.shape), "{name}");
+                assert_eq!(slot.offset, offset, "{name}: {} is not contiguous", slot.name);
+                offset += slot.len;
+            }
+            assert_eq!(offset, crate::params::param_count(&cfg), "{name}");
+            // Every parameter gets a gradient (the pooler-less MLM uses all it declares).
+            for (i, p) in m.graph.params().iter().enumerate() {
+                assert!(m.graph.param_grad(i).is_some(), "{name}: {} gets no gradient", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn flatten_and_unflatten_round_trip() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let m = build_training_graph(&cfg, &GraphOptions::new(1, 4)).unwrap();
+        let w = Weights::init(&cfg, 3);
+        let flat = m.flatten(&w).unwrap();
+        assert_eq!(flat.len(), m.num_params());
+        assert_eq!(m.unflatten(&flat).unwrap().tensors, w.tensors);
+        // Order-independent: reversed tensors flatten the same.
+        let mut rev = w.clone();
+        rev.tensors.reverse();
+        assert_eq!(m.flatten(&rev).unwrap(), flat);
+        let mut bad = w.clone();
+        bad.tensors[1].shape = vec![1];
+        let e = m.flatten(&bad).unwrap_err().to_string();
+        assert!(e.contains(&w.tensors[1].name), "{e}");
+        assert!(m.unflatten(&flat[1..]).is_err());
+    }
+
+    #[test]
+    fn feed_shifts_gpt2_labels_and_masks_bert_padding() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let m = build_training_graph(&cfg, &GraphOptions::new(2, 3)).unwrap();
+        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6] };
+        let feed = m.feed(&batch).unwrap();
+        let get = |f: &Feed, n: &str| f.entries.iter().find(|(k, _)| k == n).map(|(_, d)| d.clone()).unwrap();
+        assert_eq!(get(&feed, LABELS), FeedData::Ids(vec![2, 3, -100, 5, 6, -100]));
+        assert_eq!(get(&feed, POSITION_IDS), FeedData::Ids(vec![0, 1, 2]));
+        let wrong = Batch { seq_len: 2, input_ids: vec![1; 4], labels: vec![1; 4], ..batch };
+        assert!(m.feed(&wrong).unwrap_err().to_string().contains("built for batches of 2×3"));
+
+        let cfg = tiny_classifier(Some(0));
+        let m = build_training_graph(&cfg, &GraphOptions::new(1, 3)).unwrap();
+        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2] };
+        let feed = m.feed(&batch).unwrap();
+        assert_eq!(get(&feed, NOT_PAD_MASK), FeedData::Floats(vec![1.0, 0.0, 1.0]));
+        assert_eq!(get(&feed, PAD_MASK), FeedData::Floats(vec![0.0, 1.0, 0.0]));
+        assert_eq!(get(&feed, TOKEN_TYPE_IDS), FeedData::Ids(vec![0; 3]));
+        let out_of_vocab = Batch { input_ids: vec![5, 1000, 7], ..batch };
+        assert!(m.feed(&out_of_vocab).unwrap_err().to_string().contains("outside the vocabulary"));
+    }
+
+    /// The padding_idx construction changes no value and only the padding row's gradient:
+    /// against the same model without a pad token, the loss and every other gradient are
+    /// bit-identical, and the padding row's gradient is exactly zero (nonzero without it).
+    #[test]
+    fn padding_row_gets_no_gradient_and_nothing_else_changes() {
+        let (b, t) = (2, 8);
+        let (with_pad, without) = (tiny_classifier(Some(0)), tiny_classifier(None));
+        let mut batch = DataSource::synthetic(&with_pad, b, t, 1).unwrap().batch(0);
+        batch.input_ids[3] = 0;
+        batch.input_ids[t + 5] = 0;
+        let w = Weights::init(&without, 0);
+        let run = |cfg: &ModelConfig| {
+            let m = build_training_graph(cfg, &GraphOptions::new(b, t)).unwrap();
+            let params = m.flatten(&w).unwrap();
+            let mut grads = vec![f32::NAN; params.len()];
+            let loss = m.ref_train_step(&params, &batch, 0, &mut grads).unwrap();
+            (loss, m.unflatten(&grads).unwrap())
+        };
+        let ((l_pad, g_pad), (l_raw, g_raw)) = (run(&with_pad), run(&without));
+        assert_eq!(l_pad.to_bits(), l_raw.to_bits());
+        let c = with_pad.hidden_size();
+        for (p, r) in g_pad.tensors.iter().zip(&g_raw.tensors) {
+            if p.name == "bert.embeddings.word_embeddings.weight" {
+                assert!(p.data[..c].iter().all(|&v| v == 0.0), "padding row has a gradient");
+                assert!(r.data[..c].iter().any(|&v| v != 0.0), "without padding_idx row 0 must get one");
+                assert_eq!(p.data[c..], r.data[c..]);
+            } else {
+                assert_eq!(p.data, r.data, "{}", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn unsupported_and_bad_sizes_are_clear_errors() {
+        let mut raw = tiny_classifier(Some(0)).raw;
+        raw["num_labels"] = serde_json::json!(1);
+        let cfg = ModelConfig::from_value(raw, "test").unwrap();
+        let e = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap_err();
+        assert!(matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("num_labels = 1"), "{e}");
+        let gpt2 = builtin_config("tiny-gpt2").unwrap();
+        let e = build_training_graph(&gpt2, &GraphOptions::new(2, 65)).unwrap_err().to_string();
+        assert!(e.contains("beyond the model's 64 positions"), "{e}");
+        let e = build_training_graph(&gpt2, &GraphOptions::new(2, 1)).unwrap_err().to_string();
+        assert!(e.contains("at least 2"), "{e}");
+    }
+
+    #[test]
+    fn dropout_sites_exist_only_when_p_is_positive() {
+        let count = |cfg: &ModelConfig| {
+            let (g, _) = build_forward_graph(cfg, &GraphOptions::new(1, 4)).unwrap();
+            let drop = g.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { .. })).count();
+            let attn = g.nodes().iter().filter(|n| matches!(n.op, Op::Attention { dropout_p, .. } if dropout_p > 0.0)).count();
+            (drop, attn)
+        };
+        let mut gpt2 = builtin_config("tiny-gpt2").unwrap();
+        // embd + 2 resid per block; attention dropout in each block.
+        assert_eq!(count(&gpt2), (1 + 2 * 2, 2));
+        gpt2.set_dropout(0.0);
+        assert_eq!(count(&gpt2), (0, 0));
+        let bert = builtin_config("tiny-bert").unwrap();
+        assert_eq!(count(&bert), (1 + 2 * 2, 2));
+    }
+}

@@ -1,0 +1,132 @@
+//! The engine computes the same function as the tch baseline: for tiny-bert (MLM), tiny-gpt2 and
+//! a tiny BertForSequenceClassification, in fp32 with dropout off, from identical weights and
+//! batches, the engine graph's step-0 loss and EVERY parameter's gradient match libtorch's
+//! (`TorchTrainer::gradients_of`), the way llm.c's test_gpt2 checks its kernels against PyTorch.
+//!
+//! Tolerances. Loss: 1e-5 relative. Gradients, per tensor g (torch) vs e (engine):
+//!     max |e − g| ≤ ATOL + RTOL · max |g|,   RTOL = 1e-5, ATOL = 1e-9.
+//! Both sides are fp32 and differ only in summation order (torch's oneDNN/MKL GEMM blocking,
+//! its reductions in LayerNorm, softmax and cross-entropy backward vs the engine's loops and
+//! GEMM), which moves each value by a few ulps of the *terms* summed — bounded by the tensor's
+//! scale, not by the (possibly cancelling) value itself — hence an error relative to max |g|.
+//! Measured (x86-64, libtorch 2.11 CPU): the worst tensor of each model is at 3e-7 to 1e-6 of its
+//! max |g| (printed by the test), so RTOL = 1e-5 leaves ~10× headroom for other CPUs' GEMM
+//! kernels, and still catches any real mistake (a wrong rule, a missing 1/√D, an unshifted label,
+//! a padding row that gets a gradient: each is an O(1) relative error on some tensor). ATOL only
+//! keeps a tensor whose gradient is exactly zero on both sides from dividing by zero.
+
+use ortbench_models::graph::{build_training_graph, GraphOptions};
+use ortbench_models::spec::builtin_config;
+use ortbench_models::torch::{TorchTrainer, TrainOptions};
+use ortbench_models::{Batch, DataSource, ModelConfig, Weights, IGNORE_INDEX};
+
+const LOSS_RTOL: f64 = 1e-5;
+const RTOL: f64 = 1e-5;
+const ATOL: f64 = 1e-9;
+
+/// The worst tensor of one model: (name, max |e − g|, max |g|, ratio to its tolerance).
+struct Worst {
+    name: String,
+    max_diff: f64,
+    max_abs: f64,
+    ratio: f64,
+}
+
+fn check_parity(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
+    let weights = Weights::init(cfg, 0);
+
+    let mut torch = TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
+    let torch_loss = torch.eval_loss(batch);
+    let torch_grads = torch.gradients_of(batch);
+
+    let model = build_training_graph(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len)).unwrap();
+    let params = model.flatten(&weights).unwrap();
+    let mut grads = vec![f32::NAN; params.len()];
+    let engine_loss = model.ref_train_step(&params, batch, 0, &mut grads).unwrap() as f64;
+    let engine_grads = model.unflatten(&grads).unwrap();
+
+    let rel = (engine_loss - torch_loss).abs() / torch_loss.abs();
+    println!("{label}: loss engine {engine_loss:.8} torch {torch_loss:.8} (rel diff {rel:.2e})");
+    assert!(rel <= LOSS_RTOL, "{label}: loss engine {engine_loss} vs torch {torch_loss} (rel {rel:.3e})");
+
+    assert_eq!(engine_grads.tensors.len(), torch_grads.tensors.len(), "{label}: parameter count");
+    let mut worst = Worst { name: String::new(), max_diff: 0.0, max_abs: 0.0, ratio: -1.0 };
+    for e in &engine_grads.tensors {
+        let g = torch_grads.get(&e.name).unwrap_or_else(|| panic!("{label}: torch has no gradient for {}", e.name));
+        assert_eq!(e.shape, g.shape, "{label}: {}", e.name);
+        let max_abs = g.data.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
+        let max_diff = e.data.iter().zip(&g.data).fold(0.0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+        assert!(e.data.iter().all(|v| v.is_finite()), "{label}: {} has a non-finite gradient", e.name);
+        let tol = ATOL + RTOL * max_abs;
+        let ratio = max_diff / tol;
+        assert!(
+            max_diff <= tol,
+            "{label}: gradient of {} differs: max |engine − torch| = {max_diff:.3e} > {tol:.3e} (max |g| = {max_abs:.3e})",
+            e.name
+        );
+        if ratio > worst.ratio {
+            worst = Worst { name: e.name.clone(), max_diff, max_abs, ratio };
+        }
+    }
+    println!(
+        "{label}: {} gradients match; worst {}: max diff {:.3e}, max |g| {:.3e}, diff/max|g| {:.2e} ({:.1}% of tolerance)",
+        engine_grads.tensors.len(),
+        worst.name,
+        worst.max_diff,
+        worst.max_abs,
+        worst.max_diff / worst.max_abs.max(f64::MIN_POSITIVE),
+        100.0 * worst.ratio
+    );
+    worst
+}
+
+fn fp32_no_dropout(mut cfg: ModelConfig) -> ModelConfig {
+    cfg.set_dropout(0.0);
+    cfg
+}
+
+/// Puts BERT's padding token (id 0, nn.Embedding's padding_idx) at a few positions of every
+/// row — some of them MLM-labelled — so the rule "the padding row gets no gradient from the
+/// lookup" is exercised.
+fn with_padding_tokens(mut batch: Batch, cfg: &ModelConfig) -> Batch {
+    let pad = cfg.raw["pad_token_id"].as_i64().expect("tiny-bert has a pad_token_id");
+    assert_eq!(pad, 0);
+    let t = batch.seq_len;
+    for row in 0..batch.batch_size {
+        for pos in [2, 5, t - 3] {
+            batch.input_ids[row * t + pos] = pad;
+        }
+    }
+    assert!(batch.input_ids.contains(&0));
+    batch
+}
+
+#[test]
+fn bert_mlm_engine_matches_torch() {
+    let cfg = fp32_no_dropout(builtin_config("tiny-bert").unwrap());
+    let (b, t) = (4, 32);
+    assert!(t < cfg.max_positions());
+    let batch = with_padding_tokens(DataSource::synthetic(&cfg, b, t, 11).unwrap().batch(0), &cfg);
+    assert!(batch.labels.iter().any(|&l| l != IGNORE_INDEX));
+    check_parity("tiny-bert (BertForMaskedLM)", &cfg, &batch);
+}
+
+#[test]
+fn gpt2_engine_matches_torch() {
+    let cfg = fp32_no_dropout(builtin_config("tiny-gpt2").unwrap());
+    let (b, t) = (4, 32);
+    let batch = DataSource::synthetic(&cfg, b, t, 12).unwrap().batch(0);
+    check_parity("tiny-gpt2 (GPT2LMHeadModel)", &cfg, &batch);
+}
+
+#[test]
+fn bert_sequence_classification_engine_matches_torch() {
+    let mut raw = builtin_config("tiny-bert").unwrap().raw;
+    raw["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+    raw["num_labels"] = serde_json::json!(3);
+    let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
+    let (b, t) = (4, 16);
+    let batch = with_padding_tokens(DataSource::synthetic(&cfg, b, t, 13).unwrap().batch(0), &cfg);
+    assert_eq!(batch.labels.len(), b);
+    check_parity("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
+}
