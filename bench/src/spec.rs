@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// The three configurations `run` compares.
 pub const CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
-/// The ones this build implements (the engine configs land with the engine).
-pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch"];
+/// The ones this build implements (ZeRO-1 lands with the collectives).
+pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "ort"];
 pub const PRECISIONS: &[&str] = &["fp32", "fp16", "bf16"];
 
 /// Where initial weights come from.

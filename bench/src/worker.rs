@@ -6,6 +6,8 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use ortbench_engine::DType;
+use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
 use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
 use ortbench_models::{DataSource, HubOptions, LrSchedule, Weights};
 use serde::{Deserialize, Serialize};
@@ -101,6 +103,7 @@ fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
         precision: precision(&spec.precision)?,
         ..TrainOptions::default()
     };
+    let schedule = opts.schedule;
     let device = parse_device(&spec.device)?;
     let param_count = weights.param_count();
     match spec.config.as_str() {
@@ -119,6 +122,32 @@ fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
                     bail!("loss is {} at step {step}", s.loss);
                 }
                 emit(out, &Event::Step { rank: 0, step, loss: s.loss, step_ms, grad_norm: s.grad_norm, loss_scale: s.loss_scale, skipped: s.skipped });
+            }
+        }
+        "ort" => {
+            let engine_opts = EngineOptions {
+                lr: spec.lr,
+                weight_decay: spec.weight_decay,
+                max_grad_norm: spec.max_grad_norm,
+                schedule,
+                precision: spec.precision.parse::<DType>()?,
+                seed: spec.seed,
+            };
+            if device != tch::Device::Cpu {
+                bail!("the engine runs on the CPU in this build; use --device cpu for the ort config");
+            }
+            let mut trainer = EngineTrainer::new(&cfg, &weights, spec.batch_size, spec.seq_len, engine_opts)?;
+            drop(weights);
+            for step in 0..spec.steps {
+                let batch = data.batch(step);
+                let t0 = Instant::now();
+                let s = trainer.step(&batch)?;
+                let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+                if !s.loss.is_finite() && !s.skipped {
+                    bail!("loss is {} at step {step}", s.loss);
+                }
+                let (loss, grad_norm, loss_scale) = (f64::from(s.loss), f64::from(s.grad_norm), f64::from(s.loss_scale));
+                emit(out, &Event::Step { rank: 0, step, loss, step_ms, grad_norm, loss_scale, skipped: s.skipped });
             }
         }
         other => bail!("config '{other}' is not implemented in this build"),

@@ -61,7 +61,7 @@ fn a_failing_run_is_recorded_and_the_others_go_on() {
     let out = dir.path().join("run");
     // fp16 needs CUDA for the pytorch config: that run fails in its worker, fp32 completes.
     let o = ortbench(&[
-        "run", "--models", "tiny-gpt2", "--precision", "fp16,fp32", "--steps", "2", "--warmup", "1",
+        "run", "--models", "tiny-gpt2", "--configs", "pytorch", "--precision", "fp16,fp32", "--steps", "2", "--warmup", "1",
         "--batch-size", "1", "--seq-len", "8", "--out", out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1));

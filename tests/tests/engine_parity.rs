@@ -130,3 +130,45 @@ fn bert_sequence_classification_engine_matches_torch() {
     assert_eq!(batch.labels.len(), b);
     check_parity("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
 }
+
+/// The `ort` config's training loop against the `pytorch` config's: same weights, same
+/// batches, HF Trainer's AdamW (decay groups, clipping at 1.0), 10 steps. Every step's loss must
+/// agree within 1e-4 relative, and the final weights closely.
+fn check_training_curve(name: &str) {
+    use ortbench_engine::DType;
+    use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+    use ortbench_models::LrSchedule;
+    let cfg = fp32_no_dropout(builtin_config(name).unwrap());
+    let w = Weights::init(&cfg, 11);
+    let (lr, wd, clip) = (1e-3, 0.01, 1.0);
+    let schedule = LrSchedule::Linear { warmup_steps: 2, total_steps: 10 };
+    let topts = TrainOptions { lr, weight_decay: wd, max_grad_norm: clip, schedule, ..TrainOptions::default() };
+    let mut torch = TorchTrainer::new(&cfg, &w, tch::Device::Cpu, topts).unwrap();
+    let eopts = EngineOptions { lr, weight_decay: wd, max_grad_norm: clip, schedule, precision: DType::F32, seed: 0 };
+    let mut engine = EngineTrainer::new(&cfg, &w, 4, 32, eopts).unwrap();
+    let data = DataSource::synthetic(&cfg, 4, 32, 5).unwrap();
+    for step in 0..10 {
+        let b = data.batch(step);
+        let (t, e) = (torch.step(&b).unwrap(), engine.step(&b).unwrap());
+        let rel = (t.loss - f64::from(e.loss)).abs() / t.loss;
+        println!("{name} step {step}: torch {:.6} engine {:.6} rel {rel:.1e} | norm {:.5} vs {:.5}", t.loss, e.loss, t.grad_norm, e.grad_norm);
+        assert!(rel < 1e-4, "{name} step {step}: torch {} engine {} (rel {rel:.1e})", t.loss, e.loss);
+        assert!((t.grad_norm - f64::from(e.grad_norm)).abs() < 1e-3 * t.grad_norm);
+    }
+    // After 10 updates of size ~lr the weights agree to a small fraction of lr.
+    let (tw, ew) = (torch.weights(), engine.weights().unwrap());
+    for (a, b) in tw.tensors.iter().zip(&ew.tensors) {
+        let worst = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{}: weights differ by {worst:e}", a.name);
+    }
+}
+
+#[test]
+fn tiny_bert_training_curve_matches_torch() {
+    check_training_curve("tiny-bert");
+}
+
+#[test]
+fn tiny_gpt2_training_curve_matches_torch() {
+    check_training_curve("tiny-gpt2");
+}

@@ -22,6 +22,7 @@
 
 pub mod bert;
 pub mod gpt2;
+pub mod train;
 
 use std::collections::HashMap;
 
