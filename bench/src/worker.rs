@@ -152,6 +152,9 @@ fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
         }
         other => bail!("config '{other}' is not implemented in this build"),
     }
+    if ortbench_engine::exec::profile::enabled() {
+        eprintln!("per-op profile of {} ({} steps):\n{}", spec.config, spec.steps, ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take()));
+    }
     let peak_mem_bytes = peak_rss_bytes().context("reading peak memory")?;
     emit(out, &Event::Summary { param_count, peak_mem_bytes });
     Ok(())

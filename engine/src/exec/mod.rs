@@ -12,6 +12,8 @@ use crate::ops::{add, cross_entropy, dropout, embedding, gelu, layernorm, layout
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
 
+pub mod profile;
+
 /// Data for one graph input.
 #[derive(Debug, Clone, Copy)]
 pub enum InputData<'a> {
@@ -156,11 +158,19 @@ impl<'g> RefExecutor<'g> {
                     tensor: t,
                 });
             }
+            let t0 = profile::enabled().then(std::time::Instant::now);
             let outs = eval(g, node, &vals, seed).map_err(|source| ExecError::Op {
                 node: i,
                 op: node.op.name(),
                 source,
             })?;
+            if let Some(t0) = t0 {
+                let key = match &node.op {
+                    Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
+                    op => op.name().to_string(),
+                };
+                profile::record(key, t0.elapsed());
+            }
             for (&t, data) in node.outputs.iter().zip(outs) {
                 debug_assert_eq!(
                     data.len(),
