@@ -6,6 +6,7 @@
 //! This crate depends on neither tch/libtorch nor polars/plotters: it is our own engine.
 
 pub mod autodiff;
+pub mod collective;
 pub mod backend;
 pub mod dtype;
 pub mod exec;

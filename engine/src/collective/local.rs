@@ -1,0 +1,274 @@
+//! In-process ranks: threads of one process that share memory.
+//!
+//! Each collective is three phases separated by a barrier: every rank publishes its buffer's
+//! address; every rank computes its slice of the result reading all ranks' inputs; every rank
+//! writes/copies what it owns. Reductions sum in rank order 0..N, in f64, so every rank gets
+//! bit-identical results and runs are reproducible (as NCCL's ring is not, but as a
+//! correctness reference should be).
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use super::{Collective, CollectiveError, Element, ReduceOp};
+
+struct Shared {
+    world: usize,
+    barrier: Barrier,
+    /// Per rank: (send address, send len, recv address, recv len) of the current collective.
+    slots: Mutex<Vec<(usize, usize, usize, usize)>>,
+}
+
+/// One rank of an in-process group. Make all ranks with [`LocalGroup::new`] and move one to
+/// each thread.
+pub struct LocalGroup {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+impl LocalGroup {
+    /// A group of `world` ranks; element r is rank r.
+    pub fn new(world: usize) -> Vec<LocalGroup> {
+        assert!(world > 0, "a group needs at least one rank");
+        let shared = Arc::new(Shared { world, barrier: Barrier::new(world), slots: Mutex::new(vec![(0, 0, 0, 0); world]) });
+        (0..world).map(|rank| LocalGroup { rank, shared: shared.clone() }).collect()
+    }
+
+    fn publish(&self, send: usize, send_len: usize, recv: usize, recv_len: usize, op: &'static str) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
+        {
+            let mut s = self.shared.slots.lock().map_err(|_| CollectiveError::Poisoned(op))?;
+            s[self.rank] = (send, send_len, recv, recv_len);
+        }
+        self.shared.barrier.wait();
+        let s = self.shared.slots.lock().map_err(|_| CollectiveError::Poisoned(op))?.clone();
+        Ok(s)
+    }
+
+    fn check_equal(&self, slots: &[(usize, usize, usize, usize)], pick: impl Fn(&(usize, usize, usize, usize)) -> usize, expected: usize, op: &'static str) -> Result<(), CollectiveError> {
+        for (rank, s) in slots.iter().enumerate() {
+            if pick(s) != expected {
+                // Every rank sees the same slots, so every rank returns this error; the
+                // trailing barrier keeps the group in step.
+                self.shared.barrier.wait();
+                return Err(CollectiveError::Size { op, rank, expected, got: pick(s) });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn reduce<T: Element>(vals: impl Iterator<Item = T>, op: ReduceOp, world: usize) -> T {
+    let mut acc: Option<f64> = None;
+    for v in vals {
+        let x = v.to_f64();
+        acc = Some(match (acc, op) {
+            (None, _) => x,
+            (Some(a), ReduceOp::Max) => a.max(x),
+            (Some(a), _) => a + x,
+        });
+    }
+    let a = acc.expect("a group has at least one rank");
+    T::from_f64(if op == ReduceOp::Avg { a / world as f64 } else { a })
+}
+
+impl Collective for LocalGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let n = self.shared.world;
+        let len = buf.len();
+        let slots = self.publish(buf.as_ptr() as usize, len, 0, 0, "all_reduce")?;
+        self.check_equal(&slots, |s| s.1, len, "all_reduce")?;
+        // Rank r reduces chunk r of the buffer into a private result...
+        let chunk = len.div_ceil(n);
+        let lo = (self.rank * chunk).min(len);
+        let hi = ((self.rank + 1) * chunk).min(len);
+        // SAFETY: every rank's buffer has `len` elements (checked) and stays borrowed by its
+        // rank until the last barrier below; in this phase all ranks only read.
+        let mine: Vec<T> = (lo..hi)
+            .map(|i| reduce(slots.iter().map(|s| unsafe { *(s.0 as *const T).add(i) }), op, n))
+            .collect();
+        self.shared.barrier.wait();
+        // ...then writes it into every rank's buffer (chunks are disjoint across ranks).
+        for s in &slots {
+            // SAFETY: only rank r writes chunk r of any buffer, and nobody reads in this phase.
+            let dst = unsafe { std::slice::from_raw_parts_mut((s.0 as *mut T).add(lo), hi - lo) };
+            dst.copy_from_slice(&mine);
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let n = self.shared.world;
+        let k = recv.len();
+        let slots = self.publish(send.as_ptr() as usize, send.len(), recv.as_mut_ptr() as usize, k, "reduce_scatter")?;
+        self.check_equal(&slots, |s| s.3, k, "reduce_scatter")?;
+        self.check_equal(&slots, |s| s.1, n * k, "reduce_scatter")?;
+        let base = self.rank * k;
+        for (j, out) in recv.iter_mut().enumerate() {
+            // SAFETY: every send buffer has N·k elements (checked) and is only read here.
+            *out = reduce(slots.iter().map(|s| unsafe { *(s.0 as *const T).add(base + j) }), op, n);
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+        let n = self.shared.world;
+        let k = send.len();
+        let slots = self.publish(send.as_ptr() as usize, k, recv.as_mut_ptr() as usize, recv.len(), "all_gather")?;
+        self.check_equal(&slots, |s| s.1, k, "all_gather")?;
+        self.check_equal(&slots, |s| s.3, n * k, "all_gather")?;
+        for (r, s) in slots.iter().enumerate() {
+            // SAFETY: rank r's send buffer has k elements and is only read in this phase; recv is
+            // ours and distinct from every send buffer (a &mut and & cannot alias).
+            let src = unsafe { std::slice::from_raw_parts(s.0 as *const T, k) };
+            recv[r * k..(r + 1) * k].copy_from_slice(src);
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
+        let n = self.shared.world;
+        if root >= n {
+            return Err(CollectiveError::Root { root, world: n });
+        }
+        let len = buf.len();
+        let slots = self.publish(buf.as_ptr() as usize, len, 0, 0, "broadcast")?;
+        self.check_equal(&slots, |s| s.1, len, "broadcast")?;
+        if self.rank != root {
+            // SAFETY: the root's buffer has `len` elements and the root does not write to it
+            // until after the barrier below.
+            let src = unsafe { std::slice::from_raw_parts(slots[root].0 as *const T, len) };
+            buf.copy_from_slice(src);
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.shared.barrier.wait();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Sharding;
+    use super::*;
+
+    /// Random values in ±[0.1, 1), per rank and seed, never zero.
+    fn data(rank: usize, n: usize, seed: u64) -> Vec<f32> {
+        let mut s = (seed * 1000 + rank as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = 0.1 + 0.9 * ((s >> 11) as f64 / (1u64 << 53) as f64);
+                (if s & 2 == 0 { u } else { -u }) as f32
+            })
+            .collect()
+    }
+
+    /// Runs `f` on every rank of a group of `world` threads and collects the results.
+    fn on_ranks<R: Send>(world: usize, f: impl Fn(LocalGroup) -> R + Sync) -> Vec<R> {
+        let groups = LocalGroup::new(world);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = groups.into_iter().map(|g| s.spawn(|| f(g))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn all_reduce_sum_avg_max_on_1_to_4_ranks() {
+        for world in 1..=4 {
+            for len in [1, 7, 1000, 1001] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                    let out = on_ranks(world, |g| {
+                        let mut b = data(g.rank(), len, 1);
+                        g.all_reduce(&mut b, op).unwrap();
+                        b
+                    });
+                    for i in 0..len {
+                        let vals: Vec<f64> = (0..world).map(|r| f64::from(data(r, len, 1)[i])).collect();
+                        let want = match op {
+                            ReduceOp::Sum => vals.iter().sum::<f64>(),
+                            ReduceOp::Avg => vals.iter().sum::<f64>() / world as f64,
+                            ReduceOp::Max => vals.iter().cloned().fold(f64::MIN, f64::max),
+                        } as f32;
+                        for o in &out {
+                            assert_eq!(o[i], want, "world {world} len {len} {op:?} i {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_then_all_gather_is_all_reduce_with_padding() {
+        for world in 1..=4 {
+            for total in [5, 999, 1024] {
+                let sh = Sharding::new(total, world, 4);
+                assert!(sh.padded() >= total && sh.padded() % (world * 4) == 0);
+                let out = on_ranks(world, |g| {
+                    let mut send = data(g.rank(), total, 2);
+                    send.resize(sh.padded(), 0.0);
+                    let mut shard = vec![f32::NAN; sh.shard];
+                    g.reduce_scatter(&send, &mut shard, ReduceOp::Avg).unwrap();
+                    let mut full = vec![f32::NAN; sh.padded()];
+                    g.all_gather(&shard, &mut full).unwrap();
+                    let mut reduced = data(g.rank(), total, 2);
+                    g.all_reduce(&mut reduced, ReduceOp::Avg).unwrap();
+                    (full, reduced, shard)
+                });
+                for (r, (full, reduced, shard)) in out.iter().enumerate() {
+                    assert_eq!(&full[..total], &reduced[..], "world {world} total {total}");
+                    assert!(full[total..].iter().all(|&x| x == 0.0), "padding stays zero");
+                    assert_eq!(&full[sh.range(r)], &shard[..]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_barrier_and_half_types() {
+        for world in 1..=4 {
+            let out = on_ranks(world, |g| {
+                let mut b: Vec<half::bf16> = data(g.rank(), 33, 3).into_iter().map(half::bf16::from_f32).collect();
+                g.broadcast(&mut b, world - 1).unwrap();
+                g.barrier().unwrap();
+                let mut h: Vec<half::f16> = vec![half::f16::from_f32(0.5); 9];
+                g.all_reduce(&mut h, ReduceOp::Sum).unwrap();
+                (b, h)
+            });
+            let root: Vec<half::bf16> = data(world - 1, 33, 3).into_iter().map(half::bf16::from_f32).collect();
+            for (b, h) in &out {
+                assert_eq!(b, &root);
+                assert!(h.iter().all(|x| x.to_f32() == 0.5 * world as f32));
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_sizes_are_errors_on_every_rank() {
+        let out = on_ranks(3, |g| {
+            let mut b = vec![1.0f32; 10 + g.rank()];
+            g.all_reduce(&mut b, ReduceOp::Sum)
+        });
+        for r in out {
+            assert!(matches!(r, Err(CollectiveError::Size { op: "all_reduce", .. })), "{r:?}");
+        }
+        let out = on_ranks(2, |g| {
+            let mut b = vec![1.0f32; 4];
+            g.broadcast(&mut b, 5)
+        });
+        assert!(out.iter().all(|r| matches!(r, Err(CollectiveError::Root { .. }))));
+    }
+}
