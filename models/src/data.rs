@@ -71,6 +71,22 @@ impl Batch {
     }
 }
 
+impl Task {
+    /// Labelled positions of `batch` that the loss averages over: MLM labels ≠ −100, causal
+    /// LM labels ≠ −100 after the shift (positions 1..T), one per row for classification.
+    pub fn label_count(&self, batch: &Batch) -> usize {
+        match self {
+            Task::MaskedLm => batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count(),
+            Task::CausalLm => batch
+                .labels
+                .chunks(batch.seq_len)
+                .map(|row| row[1..].iter().filter(|&&l| l != IGNORE_INDEX).count())
+                .sum(),
+            Task::SequenceClassification { .. } => batch.batch_size,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Rows {
     Synthetic { seed: u64 },

@@ -121,6 +121,11 @@ impl AdamW {
         AdamW { cfg, m: vec![0.0; len], v: vec![0.0; len], segments, step: 0, threads }
     }
 
+    /// The decay segments tiling the buffer this optimizer updates.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
     /// Optimizer-state bytes held (the two fp32 moments).
     pub fn state_bytes(&self) -> usize {
         (self.m.len() + self.v.len()) * 4

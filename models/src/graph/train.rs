@@ -1,14 +1,20 @@
 //! The engine side of a run: builds the training graph for a config, lays the weights into the
-//! flat buffer and steps the engine's `TrainSession` with HF Trainer's conventions (the same
-//! AdamW hyper-parameters, decay groups, clipping and LR schedule as `torch::TorchTrainer`).
+//! flat buffer and steps the engine with HF Trainer's conventions (the same AdamW
+//! hyper-parameters, decay groups, clipping and LR schedule as `torch::TorchTrainer`), on one
+//! rank or as one of N data-parallel ranks (DDP or ZeRO-1).
+//!
+//! Ranks split each global batch into contiguous blocks of rows: rank r of N takes rows
+//! r·b .. (r+1)·b of a global batch of N·b rows.
 
+use ortbench_engine::collective::LocalGroup;
 use ortbench_engine::optim::{AdamWConfig, Segment};
+use ortbench_engine::parallel::{DataParallel, Strategy};
 use ortbench_engine::session::{StepStats, TrainSession};
 use ortbench_engine::DType;
 
 use super::{build_training_graph, EngineModel, GraphOptions};
 use crate::config::ModelConfig;
-use crate::data::Batch;
+use crate::data::{Batch, Task};
 use crate::params::param_specs;
 use crate::schedule::LrSchedule;
 use crate::weights::Weights;
@@ -22,13 +28,14 @@ pub struct EngineOptions {
     pub max_grad_norm: f64,
     pub schedule: LrSchedule,
     pub precision: DType,
-    /// Seed of the dropout masks (step k uses seed + k).
+    /// Seed of the dropout masks (step k uses seed + k, on every rank the same).
     pub seed: u64,
 }
 
 pub struct EngineTrainer {
     model: EngineModel,
-    session: TrainSession,
+    dp: DataParallel<LocalGroup>,
+    task: Task,
     opts: EngineOptions,
     steps_taken: usize,
 }
@@ -47,7 +54,22 @@ pub fn decay_segments(cfg: &ModelConfig, model: &EngineModel) -> Vec<Segment> {
 }
 
 impl EngineTrainer {
+    /// A single-rank trainer over batches of `batch_size` × `seq_len`.
     pub fn new(cfg: &ModelConfig, weights: &Weights, batch_size: usize, seq_len: usize, opts: EngineOptions) -> Result<Self, ModelError> {
+        let group = LocalGroup::new(1).pop().expect("one rank");
+        Self::with_group(cfg, weights, batch_size, seq_len, opts, group, Strategy::Ddp)
+    }
+
+    /// One rank of a data-parallel group; `batch_size` is per rank.
+    pub fn with_group(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        batch_size: usize,
+        seq_len: usize,
+        opts: EngineOptions,
+        group: LocalGroup,
+        strategy: Strategy,
+    ) -> Result<Self, ModelError> {
         let model = build_training_graph(cfg, &GraphOptions::new(batch_size, seq_len))?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
@@ -59,17 +81,30 @@ impl EngineTrainer {
         };
         let session = TrainSession::new(model.graph.clone(), params, segments, adamw, opts.precision)
             .map_err(|e| ModelError::Training(format!("engine: {e}")))?;
-        Ok(EngineTrainer { model, session, opts, steps_taken: 0 })
+        let dp = DataParallel::new(session, group, strategy);
+        Ok(EngineTrainer { model, dp, task: Task::for_config(cfg), opts, steps_taken: 0 })
     }
 
-    /// One step on `batch`: forward, backward, fused AdamW.
-    pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
-        let feed = self.model.feed(batch)?;
+    /// One step on the global batch `global` (this rank takes its block of rows): forward,
+    /// backward, gradient reduction, fused AdamW.
+    pub fn step(&mut self, global: &Batch) -> Result<StepStats, ModelError> {
+        let (rank, world) = (self.dp.group_rank(), self.dp.group_world());
+        let b = self.model.batch_size;
+        if global.batch_size != b * world {
+            return Err(ModelError::Data(format!(
+                "a global batch of {} rows does not split into {world} ranks of {b}",
+                global.batch_size
+            )));
+        }
+        let local = if world == 1 { global.clone() } else { global.rows(rank * b..(rank + 1) * b) };
+        let total = self.task.label_count(global);
+        let weight = if total == 0 { 1.0 / world as f32 } else { self.task.label_count(&local) as f32 / total as f32 };
+        let feed = self.model.feed(&local)?;
         let lr = (self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32;
         let seed = self.opts.seed.wrapping_add(self.steps_taken as u64);
         let stats = self
-            .session
-            .step(&feed.inputs(), lr, seed)
+            .dp
+            .step(&feed.inputs(), weight, lr, seed)
             .map_err(|e| ModelError::Training(format!("engine step {}: {e}", self.steps_taken)))?;
         self.steps_taken += 1;
         Ok(stats)
@@ -77,11 +112,16 @@ impl EngineTrainer {
 
     /// The current parameters under their HF names.
     pub fn weights(&self) -> Result<Weights, ModelError> {
-        self.model.unflatten(&self.session.params)
+        self.model.unflatten(&self.dp.session.params)
     }
 
-    /// Bytes of optimizer state (the two fp32 Adam moments).
+    /// Bytes of optimizer state this rank holds.
     pub fn optimizer_bytes(&self) -> usize {
-        self.session.opt.state_bytes()
+        self.dp.optimizer_bytes()
+    }
+
+    /// Parameters (Ψ) of the model.
+    pub fn num_params(&self) -> usize {
+        self.model.num_params()
     }
 }
