@@ -49,9 +49,12 @@ pub struct RunArgs {
     /// Steps excluded from throughput [default: 2 on cpu, 10 on cuda].
     #[arg(long)]
     pub warmup: Option<i64>,
-    /// Rows per step [default: 8].
+    /// Rows per step and rank [default: 8]; the global batch is --batch-size × --ranks.
     #[arg(long)]
     pub batch_size: Option<i64>,
+    /// Data-parallel ranks for every config (on the CPU: threads that split the cores).
+    #[arg(long)]
+    pub ranks: Option<i64>,
     /// Tokens per row [default: 128 (at most the model's positions), or T of --data].
     #[arg(long)]
     pub seq_len: Option<i64>,

@@ -76,7 +76,9 @@ fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
         let Ok(line) = line else { break };
         match serde_json::from_str::<Event>(&line) {
             Ok(Event::Step { rank, step, loss, step_ms, grad_norm, loss_scale, skipped }) => {
-                eprintln!("  step {:>3}/{}  loss {loss:.4}  {step_ms:>9.1} ms", step + 1, spec.steps);
+                if rank == 0 {
+                    eprintln!("  step {:>3}/{}  loss {loss:.4}  {step_ms:>9.1} ms", step + 1, spec.steps);
+                }
                 steps.push(StepRow {
                     model: spec.model.clone(),
                     config: spec.config.clone(),
@@ -90,7 +92,9 @@ fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
                     skipped,
                 });
             }
-            Ok(Event::Summary { param_count, peak_mem_bytes }) => summary = Some((param_count, peak_mem_bytes)),
+            Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank }) => {
+                summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank))
+            }
             Ok(Event::Error { message, oom }) => error = Some((message, oom)),
             Err(_) => eprintln!("  worker: {line}"),
         }
@@ -99,10 +103,11 @@ fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
     let stderr_text = err_thread.join().unwrap_or_default();
     let mut row = metrics(spec, &steps);
     match (summary, error, status.success()) {
-        (Some((params, peak)), None, true) => {
+        (Some((params, peak, opt_bytes)), None, true) => {
             row.status = "ok".into();
             row.param_count = Some(params);
             row.peak_mem_bytes = Some(peak);
+            row.optimizer_bytes_per_rank = Some(opt_bytes);
         }
         (_, Some((message, oom)), _) => {
             row.status = if oom { "oom" } else { "error" }.into();
@@ -118,15 +123,21 @@ fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
     Ok((steps, row))
 }
 
-/// Throughput and step-time statistics over the steps after warm-up.
+/// Throughput and step-time statistics over the steps after warm-up. A step lasts as long as
+/// its slowest rank; it trains batch_size × ranks samples.
 fn metrics(spec: &RunSpec, steps: &[StepRow]) -> ResultRow {
-    let mut measured: Vec<f64> = steps.iter().filter(|s| s.step >= spec.warmup).map(|s| s.step_ms).collect();
+    let mut per_step: std::collections::BTreeMap<usize, f64> = std::collections::BTreeMap::new();
+    for s in steps.iter().filter(|s| s.step >= spec.warmup) {
+        let e = per_step.entry(s.step).or_insert(0.0);
+        *e = e.max(s.step_ms);
+    }
+    let mut measured: Vec<f64> = per_step.into_values().collect();
     measured.sort_by(f64::total_cmp);
     let (median, p90, sps) = if measured.is_empty() {
         (None, None, None)
     } else {
         let total_s: f64 = measured.iter().sum::<f64>() / 1e3;
-        let samples = (spec.batch_size * measured.len()) as f64;
+        let samples = (spec.batch_size * spec.ranks * measured.len()) as f64;
         (Some(percentile(&measured, 0.5)), Some(percentile(&measured, 0.9)), Some(samples / total_s))
     };
     ResultRow {
@@ -136,7 +147,7 @@ fn metrics(spec: &RunSpec, steps: &[StepRow]) -> ResultRow {
         device: spec.device.clone(),
         batch_size: spec.batch_size,
         seq_len: spec.seq_len,
-        ranks: 1,
+        ranks: spec.ranks,
         steps: spec.steps,
         warmup: spec.warmup,
         status: String::new(),
@@ -146,7 +157,8 @@ fn metrics(spec: &RunSpec, steps: &[StepRow]) -> ResultRow {
         step_ms_p90: p90,
         peak_mem_bytes: None,
         param_count: None,
-        final_loss: steps.last().map(|s| s.loss),
+        optimizer_bytes_per_rank: None,
+        final_loss: steps.iter().filter(|s| s.rank == 0).last().map(|s| s.loss),
         error: String::new(),
     }
 }
@@ -199,20 +211,22 @@ fn run_id() -> String {
 
 fn print_summary(rows: &[ResultRow]) {
     println!(
-        "{:<14} {:<10} {:<6} {:>10} {:>10} {:>10} {:>10} {:>10}  status",
-        "model", "config", "prec", "samples/s", "tokens/s", "step ms", "peak MiB", "loss"
+        "{:<14} {:<10} {:<6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  status",
+        "model", "config", "prec", "ranks", "samples/s", "tokens/s", "step ms", "peak MiB", "optim MiB/rk", "loss"
     );
     let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
     for r in rows {
         println!(
-            "{:<14} {:<10} {:<6} {:>10} {:>10} {:>10} {:>10} {:>10}  {}",
+            "{:<14} {:<10} {:<6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  {}",
             r.model,
             r.config,
             r.precision,
+            r.ranks,
             f(r.samples_per_s, 2),
             f(r.tokens_per_s, 0),
             f(r.step_ms_median, 1),
             r.peak_mem_bytes.map_or("-".into(), |b| format!("{:.0}", b as f64 / (1 << 20) as f64)),
+            r.optimizer_bytes_per_rank.map_or("-".into(), |b| format!("{:.1}", b as f64 / (1 << 20) as f64)),
             f(r.final_loss, 4),
             r.status
         );

@@ -41,6 +41,9 @@ pub struct ResultRow {
     pub step_ms_p90: Option<f64>,
     pub peak_mem_bytes: Option<u64>,
     pub param_count: Option<usize>,
+    /// Optimizer-state bytes one rank holds (fp32 Adam moments, plus the fp32 master shard
+    /// under ZeRO-1).
+    pub optimizer_bytes_per_rank: Option<usize>,
     pub final_loss: Option<f64>,
     pub error: String,
 }
@@ -77,5 +80,6 @@ pub const STEP_COLUMNS: &[&str] =
     &["model", "config", "precision", "rank", "step", "loss", "step_ms", "grad_norm", "loss_scale", "skipped"];
 pub const RESULT_COLUMNS: &[&str] = &[
     "model", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "status",
-    "samples_per_s", "tokens_per_s", "step_ms_median", "step_ms_p90", "peak_mem_bytes", "param_count", "final_loss", "error",
+    "samples_per_s", "tokens_per_s", "step_ms_median", "step_ms_p90", "peak_mem_bytes", "param_count",
+    "optimizer_bytes_per_rank", "final_loss", "error",
 ];

@@ -44,6 +44,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         bail!("--warmup ({warmup}) must be less than --steps ({steps}): no step would be measured");
     }
     let batch_size = positive("--batch-size", args.batch_size, 8)?;
+    let ranks = positive("--ranks", args.ranks, 1)?;
     let seq_arg = match args.seq_len {
         None => None,
         Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
@@ -96,7 +97,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             Weights::load(&resolved.config, path, args.seed).with_context(|| format!("model '{model}'"))?;
         }
         let seq_len = match &args.data {
-            Some(path) => DataSource::from_file(&resolved.config, path, batch_size, seq_arg, args.seed)
+            Some(path) => DataSource::from_file(&resolved.config, path, batch_size * ranks, seq_arg, args.seed)
                 .with_context(|| format!("model '{model}'"))?
                 .seq_len,
             None => {
@@ -117,6 +118,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                     precision: precision.clone(),
                     device: device.clone(),
                     batch_size,
+                    ranks,
                     seq_len,
                     steps,
                     warmup,
@@ -134,7 +136,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         }
     }
     let settings = format!(
-        "device {device}, batch {batch_size}, seq {}, steps {steps} (warm-up {warmup}), precision {}, seed {}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}), precision {}, seed {}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         args.precision.join("/"),
         args.seed

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// The three configurations `run` compares.
 pub const CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
-/// The ones this build implements (ZeRO-1 lands with the collectives).
-pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "ort"];
+/// The ones this build implements.
+pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
 pub const PRECISIONS: &[&str] = &["fp32", "fp16", "bf16"];
 
 /// Where initial weights come from.
@@ -26,7 +26,10 @@ pub struct RunSpec {
     pub config: String,
     pub precision: String,
     pub device: String,
+    /// Rows per rank; the global batch is batch_size × ranks.
     pub batch_size: usize,
+    /// Data-parallel ranks (threads of the worker on the CPU).
+    pub ranks: usize,
     pub seq_len: usize,
     pub steps: usize,
     pub warmup: usize,

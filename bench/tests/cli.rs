@@ -97,6 +97,7 @@ fn bad_input_is_a_one_line_error_with_nothing_written() {
     rejects(&[&tiny[..], &["--batch-size", "0"]].concat(), "--batch-size must be a positive integer");
     rejects(&[&tiny[..], &["--batch-size=-3"]].concat(), "--batch-size must be a positive integer");
     rejects(&["run", "--models", "tiny-gpt2", "--steps", "0"], "--steps must be a positive integer");
+    rejects(&[&tiny[..], &["--ranks", "0"]].concat(), "--ranks must be a positive integer");
     rejects(&["run", "--models", "tiny-gpt2", "--steps", "3", "--warmup", "3"], "must be less than --steps");
     rejects(&[&tiny[..], &["--seq-len=-1"]].concat(), "--seq-len must be a positive integer");
 
@@ -132,4 +133,43 @@ fn a_non_empty_out_dir_needs_force() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty (use --force"));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = ortbench(&[
+        "run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--steps", "3", "--warmup", "1", "--batch-size", "2",
+        "--seq-len", "16", "--dropout", "0", "--out", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (h, rows) = read_csv(&out.join("steps.csv"));
+    assert_eq!(rows.len(), 2 * 3 * 3 * 2, "models × configs × steps × ranks");
+    let loss = |model: &str, config: &str, step: &str| -> f64 {
+        rows.iter()
+            .find(|r| r[col(&h, "model")] == model && r[col(&h, "config")] == config && r[col(&h, "step")] == step && r[col(&h, "rank")] == "1")
+            .unwrap()[col(&h, "loss")]
+            .parse()
+            .unwrap()
+    };
+    for model in ["tiny-bert", "tiny-gpt2"] {
+        for step in ["0", "2"] {
+            let base = loss(model, "pytorch", step);
+            for config in ["ort", "ort-zero1"] {
+                let rel = (loss(model, config, step) - base).abs() / base;
+                assert!(rel < 1e-4, "{model} {config} step {step}: rel {rel:e}");
+            }
+        }
+    }
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        assert_eq!(r[col(&h, "ranks")], "2");
+        assert_eq!(r[col(&h, "status")], "ok");
+        let params: f64 = r[col(&h, "param_count")].parse().unwrap();
+        let opt: f64 = r[col(&h, "optimizer_bytes_per_rank")].parse().unwrap();
+        let want = if r[col(&h, "config")] == "ort-zero1" { 12.0 * params / 2.0 } else { 8.0 * params };
+        assert!(opt >= want && opt < want + 1024.0, "{:?}: {opt} vs {want}", r);
+    }
 }

@@ -11,6 +11,7 @@ use crate::data::Batch;
 use crate::params::param_specs;
 use crate::schedule::LrSchedule;
 use crate::weights::Weights;
+use ortbench_engine::collective::{Collective, CollectiveError, LocalGroup, ReduceOp};
 use crate::ModelError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,9 +136,17 @@ impl TorchTrainer {
 
     /// One optimizer step on `batch`.
     pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
+        self.step_ddp(batch, None)
+    }
+
+    /// One step as one rank of PyTorch DDP: after backward, gradients are weighted by this
+    /// rank's share `weight` of the global batch's labelled tokens and summed across `group`
+    /// (one flat bucket, as DDP's gradient buckets), so every rank applies the gradient of the
+    /// global batch (HF Trainer's `average_tokens_across_devices`).
+    pub fn step_ddp(&mut self, batch: &Batch, ddp: Option<(&LocalGroup, f32)>) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
-        let loss = self.forward(batch)?;
+        let mut loss = self.forward(batch)?;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
         if scale != 1.0 {
             (&loss * scale).backward();
@@ -145,6 +154,33 @@ impl TorchTrainer {
             loss.backward();
         }
         let grads: Vec<Tensor> = self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
+        if let Some((group, weight)) = ddp {
+            let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
+            let local = loss.double_value(&[]) as f32;
+            // An empty rank (no labelled token) has a NaN mean loss: it contributes nothing.
+            let mut l = [if weight == 0.0 { 0.0 } else { local * weight }];
+            group.all_reduce(&mut l, ReduceOp::Sum).map_err(err)?;
+            loss = Tensor::from(f64::from(l[0]));
+            tch::no_grad(|| -> Result<(), ModelError> {
+                let flat = Tensor::cat(&grads.iter().map(|g| g.flatten(0, -1)).collect::<Vec<_>>(), 0).to_kind(Kind::Float);
+                let mut host = Vec::<f32>::try_from(&flat.to_device(Device::Cpu)).map_err(|e| ModelError::Training(e.to_string()))?;
+                if weight == 0.0 {
+                    host.fill(0.0);
+                } else {
+                    host.iter_mut().for_each(|g| *g *= weight);
+                }
+                group.all_reduce(&mut host, ReduceOp::Sum).map_err(err)?;
+                let reduced = Tensor::from_slice(&host).to_device(self.device);
+                let mut at = 0i64;
+                for g in &grads {
+                    let n = g.numel() as i64;
+                    let mut g = g.shallow_clone();
+                    g.copy_(&reduced.narrow(0, at, n).view_as(&g));
+                    at += n;
+                }
+                Ok(())
+            })?;
+        }
         let grad_norm = tch::no_grad(|| {
             if scale != 1.0 {
                 for g in &grads {
