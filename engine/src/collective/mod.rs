@@ -4,10 +4,13 @@
 //!
 //! - [`local::LocalGroup`]: ranks as threads of one process sharing memory (CPU ranks, or
 //!   several ranks on one device).
+//! - [`tcp::TcpGroup`]: ranks as processes or machines, started by torchrun-style variables.
 
 pub mod local;
+pub mod tcp;
 
 pub use local::LocalGroup;
+pub use tcp::TcpGroup;
 
 /// How values from different ranks combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +29,12 @@ pub enum CollectiveError {
     Root { root: usize, world: usize },
     #[error("{0}: a rank of the group failed or left")]
     Poisoned(&'static str),
+    #[error("collective transport: {0}")]
+    Io(String),
+    #[error("rank 0 reports: {0}")]
+    Remote(String),
+    #[error("{0}")]
+    Env(String),
 }
 
 /// Element types collectives move: reductions accumulate in f32 (f64 for f64) and round once.
@@ -48,6 +57,14 @@ impl Element for f64 {
     }
     fn from_f64(x: f64) -> Self {
         x
+    }
+}
+impl Element for u8 {
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(x: f64) -> Self {
+        x as u8
     }
 }
 impl Element for half::f16 {

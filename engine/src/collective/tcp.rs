@@ -1,0 +1,364 @@
+//! Ranks in separate processes or machines, joined over TCP the way torchrun starts them:
+//! `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (and `LOCAL_RANK` for the device).
+//!
+//! Rank 0 listens on MASTER_ADDR:MASTER_PORT and every other rank connects to it (a star, as
+//! torch.distributed's TCPStore). On CPU this is the data path of the collectives — gloo's role
+//! in PyTorch; with NCCL it is the store through which ranks exchange the NCCL unique id.
+//! Reductions happen on rank 0 in rank order 0..N with f64 accumulation, exactly as
+//! [`super::LocalGroup`] does, so both transports give bit-identical results.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Collective, CollectiveError, Element, ReduceOp};
+
+/// How long a rank waits for the others (to connect, or to answer a collective).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum OpCode {
+    AllReduceSum = 1,
+    AllReduceAvg = 2,
+    AllReduceMax = 3,
+    ReduceScatterSum = 4,
+    ReduceScatterAvg = 5,
+    ReduceScatterMax = 6,
+    AllGather = 7,
+    Broadcast = 8,
+    Barrier = 9,
+}
+
+fn reduce_code(op: ReduceOp, scatter: bool) -> OpCode {
+    match (op, scatter) {
+        (ReduceOp::Sum, false) => OpCode::AllReduceSum,
+        (ReduceOp::Avg, false) => OpCode::AllReduceAvg,
+        (ReduceOp::Max, false) => OpCode::AllReduceMax,
+        (ReduceOp::Sum, true) => OpCode::ReduceScatterSum,
+        (ReduceOp::Avg, true) => OpCode::ReduceScatterAvg,
+        (ReduceOp::Max, true) => OpCode::ReduceScatterMax,
+    }
+}
+
+/// One rank of a TCP group.
+pub struct TcpGroup {
+    rank: usize,
+    world: usize,
+    /// Rank 0: a stream to each rank 1..N (index r-1). Others: one stream to rank 0.
+    peers: Mutex<Vec<TcpStream>>,
+}
+
+fn io(what: &str) -> impl Fn(std::io::Error) -> CollectiveError + '_ {
+    move |e| CollectiveError::Io(format!("{what}: {e}"))
+}
+
+fn as_bytes<T: Element>(x: &[T]) -> &[u8] {
+    // SAFETY: every Element (f32, f64, f16, bf16, u8) is plain old data without padding.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+fn as_bytes_mut<T: Element>(x: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above; every bit pattern is a valid value of these types.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+fn send_msg(s: &mut TcpStream, code: u8, len: u64, payload: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    head[0] = code;
+    head[1..].copy_from_slice(&len.to_le_bytes());
+    s.write_all(&head)?;
+    s.write_all(payload)
+}
+
+fn recv_head(s: &mut TcpStream) -> std::io::Result<(u8, u64)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    Ok((head[0], u64::from_le_bytes(head[1..].try_into().expect("8 bytes"))))
+}
+
+/// Status byte of rank 0's answers.
+const OK: u8 = 0;
+const ERR: u8 = 1;
+
+impl TcpGroup {
+    /// Joins the group described by torchrun's variables.
+    pub fn from_env() -> Result<Self, CollectiveError> {
+        let var = |k: &str| std::env::var(k).map_err(|_| CollectiveError::Env(format!("{k} is not set (launch with torchrun or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")));
+        let num = |k: &str| -> Result<usize, CollectiveError> {
+            var(k)?.parse().map_err(|_| CollectiveError::Env(format!("{k} must be a non-negative integer")))
+        };
+        let (rank, world) = (num("RANK")?, num("WORLD_SIZE")?);
+        let addr = format!("{}:{}", var("MASTER_ADDR")?, num("MASTER_PORT")?);
+        Self::connect(rank, world, &addr, DEFAULT_TIMEOUT)
+    }
+
+    /// Rank 0 binds `addr` and waits for the others; rank r > 0 connects to it (retrying until
+    /// `timeout`, since rank 0 may start later).
+    pub fn connect(rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Self, CollectiveError> {
+        if world == 0 || rank >= world {
+            return Err(CollectiveError::Env(format!("RANK {rank} is not below WORLD_SIZE {world}")));
+        }
+        if rank == 0 {
+            let listener = TcpListener::bind(addr).map_err(io("binding MASTER_ADDR:MASTER_PORT"))?;
+            return Self::root(listener, world, timeout);
+        }
+        let target: SocketAddr = addr
+            .to_socket_addrs()
+            .map_err(io("resolving MASTER_ADDR"))?
+            .next()
+            .ok_or_else(|| CollectiveError::Env(format!("{addr} resolves to no address")))?;
+        let start = Instant::now();
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
+                Ok(s) => break s,
+                Err(e) if start.elapsed() < timeout => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(CollectiveError::Io(format!("rank {rank}: cannot reach rank 0 at {addr}: {e}"))),
+            }
+        };
+        stream.set_nodelay(true).map_err(io("socket"))?;
+        stream.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
+        send_msg(&mut stream, 0, rank as u64, &(world as u64).to_le_bytes()).map_err(io("handshake"))?;
+        Ok(TcpGroup { rank, world, peers: Mutex::new(vec![stream]) })
+    }
+
+    /// Rank 0 of a group whose other ranks connect to `listener`.
+    pub fn root(listener: TcpListener, world: usize, timeout: Duration) -> Result<Self, CollectiveError> {
+        let mut slots: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
+        listener.set_nonblocking(true).map_err(io("listener"))?;
+        let start = Instant::now();
+        while slots.iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).map_err(io("socket"))?;
+                    s.set_nodelay(true).map_err(io("socket"))?;
+                    s.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
+                    let (_, r) = recv_head(&mut s).map_err(io("handshake"))?;
+                    let mut w = [0u8; 8];
+                    s.read_exact(&mut w).map_err(io("handshake"))?;
+                    let (r, w) = (r as usize, u64::from_le_bytes(w) as usize);
+                    if w != world || r == 0 || r >= world || slots[r - 1].is_some() {
+                        return Err(CollectiveError::Env(format!("a peer claims RANK {r} of WORLD_SIZE {w}; this group has {world} ranks")));
+                    }
+                    slots[r - 1] = Some(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() > timeout {
+                        let missing: Vec<usize> = slots.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i + 1).collect();
+                        return Err(CollectiveError::Io(format!("rank 0: ranks {missing:?} did not connect within {timeout:?}")));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(CollectiveError::Io(format!("rank 0: accept: {e}"))),
+            }
+        }
+        Ok(TcpGroup { rank: 0, world, peers: Mutex::new(slots.into_iter().map(|s| s.expect("all connected")).collect()) })
+    }
+
+    /// The generic exchange: every rank sends (code, its buffer) to rank 0; rank 0 validates
+    /// lengths, computes each rank's answer with `answer(all inputs, rank)` and sends it back.
+    fn exchange<T: Element>(
+        &self,
+        code: OpCode,
+        input: &[T],
+        expect_len: Option<usize>,
+        output: &mut [T],
+        answer: impl Fn(&[Vec<T>], usize, &mut [T]),
+    ) -> Result<(), CollectiveError> {
+        let name = "collective";
+        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned(name))?;
+        if self.rank != 0 {
+            let s = &mut peers[0];
+            send_msg(s, code as u8, input.len() as u64, as_bytes(input)).map_err(io("sending to rank 0"))?;
+            let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
+            if status == ERR {
+                let mut msg = vec![0u8; len as usize];
+                s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
+                return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
+            }
+            if len as usize != output.len() {
+                return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", output.len())));
+            }
+            return s.read_exact(as_bytes_mut(output)).map_err(io("waiting for rank 0"));
+        }
+        // Rank 0: gather every input, in rank order.
+        let mut inputs: Vec<Vec<T>> = vec![input.to_vec()];
+        let mut error: Option<String> = None;
+        for (i, s) in peers.iter_mut().enumerate() {
+            let (c, len) = recv_head(s).map_err(io("receiving from a rank"))?;
+            let mut buf: Vec<T> = vec![input.first().copied().unwrap_or(T::from_f64(0.0)); len as usize];
+            s.read_exact(as_bytes_mut(&mut buf)).map_err(io("receiving from a rank"))?;
+            if c != code as u8 {
+                error.get_or_insert(format!("rank {} called collective {c} while rank 0 called {}", i + 1, code as u8));
+            }
+            let want = expect_len.unwrap_or(input.len());
+            if len as usize != want {
+                error.get_or_insert(format!("{code:?}: rank {} passed {len} elements, expected {want}", i + 1));
+            }
+            inputs.push(buf);
+        }
+        if let Some(msg) = error {
+            for s in peers.iter_mut() {
+                send_msg(s, ERR, msg.len() as u64, msg.as_bytes()).map_err(io("answering a rank"))?;
+            }
+            return Err(CollectiveError::Remote(msg));
+        }
+        let mut ans = vec![T::from_f64(0.0); output.len()];
+        for (i, s) in peers.iter_mut().enumerate() {
+            answer(&inputs, i + 1, &mut ans);
+            send_msg(s, OK, ans.len() as u64, as_bytes(&ans)).map_err(io("answering a rank"))?;
+        }
+        answer(&inputs, 0, output);
+        Ok(())
+    }
+}
+
+fn reduce_at<T: Element>(inputs: &[Vec<T>], i: usize, op: ReduceOp) -> T {
+    let mut acc = inputs[0][i].to_f64();
+    for x in &inputs[1..] {
+        let v = x[i].to_f64();
+        acc = if op == ReduceOp::Max { acc.max(v) } else { acc + v };
+    }
+    T::from_f64(if op == ReduceOp::Avg { acc / inputs.len() as f64 } else { acc })
+}
+
+impl Collective for TcpGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let input = buf.to_vec();
+        self.exchange(reduce_code(op, false), &input, None, buf, |ins, _, out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = reduce_at(ins, i, op);
+            }
+        })
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let k = recv.len();
+        if send.len() != self.world * k {
+            return Err(CollectiveError::Size { op: "reduce_scatter", rank: self.rank, expected: self.world * k, got: send.len() });
+        }
+        self.exchange(reduce_code(op, true), send, Some(send.len()), recv, |ins, r, out| {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = reduce_at(ins, r * k + j, op);
+            }
+        })
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+        let k = send.len();
+        if recv.len() != self.world * k {
+            return Err(CollectiveError::Size { op: "all_gather", rank: self.rank, expected: self.world * k, got: recv.len() });
+        }
+        self.exchange(OpCode::AllGather, send, Some(k), recv, |ins, _, out| {
+            for (r, x) in ins.iter().enumerate() {
+                out[r * k..(r + 1) * k].copy_from_slice(x);
+            }
+        })
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
+        if root >= self.world {
+            return Err(CollectiveError::Root { root, world: self.world });
+        }
+        let input = buf.to_vec();
+        self.exchange(OpCode::Broadcast, &input, None, buf, |ins, _, out| out.copy_from_slice(&ins[root]))
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        let mut none: [u8; 0] = [];
+        self.exchange(OpCode::Barrier, &[] as &[u8], Some(0), &mut none, |_, _, _| {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::LocalGroup;
+    use super::*;
+
+    fn data(rank: usize, n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7 + rank * 13) % 17) as f32 * 0.1 - 0.77).collect()
+    }
+
+    /// Runs `f` on each rank of a TCP group on loopback (threads standing in for processes).
+    fn on_tcp_ranks<R: Send>(world: usize, f: impl Fn(TcpGroup) -> R + Sync) -> Vec<R> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let t = Duration::from_secs(20);
+        std::thread::scope(|s| {
+            let f = &f;
+            let root = s.spawn(move || f(TcpGroup::root(listener, world, t).unwrap()));
+            let others: Vec<_> = (1..world)
+                .map(|r| {
+                    let addr = addr.clone();
+                    s.spawn(move || f(TcpGroup::connect(r, world, &addr, t).unwrap()))
+                })
+                .collect();
+            let mut out = vec![root.join().unwrap()];
+            out.extend(others.into_iter().map(|h| h.join().unwrap()));
+            out
+        })
+    }
+
+    fn on_local_ranks<R: Send>(world: usize, f: impl Fn(LocalGroup) -> R + Sync) -> Vec<R> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = LocalGroup::new(world).into_iter().map(|g| s.spawn(|| f(g))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// The same sequence of collectives on any transport.
+    fn program<C: Collective>(g: C) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<half::bf16>) {
+        let n = g.world_size();
+        let mut a = data(g.rank(), 1001);
+        g.all_reduce(&mut a, ReduceOp::Avg).unwrap();
+        let mut send = data(g.rank(), 4 * n);
+        send.iter_mut().for_each(|x| *x *= 3.0);
+        let mut shard = vec![0.0; 4];
+        g.reduce_scatter(&send, &mut shard, ReduceOp::Sum).unwrap();
+        let mut gathered = vec![0.0; 4 * n];
+        g.all_gather(&shard, &mut gathered).unwrap();
+        g.barrier().unwrap();
+        let mut b: Vec<half::bf16> = data(g.rank(), 9).into_iter().map(half::bf16::from_f32).collect();
+        g.broadcast(&mut b, n - 1).unwrap();
+        (a, shard, gathered, b)
+    }
+
+    #[test]
+    fn tcp_ranks_compute_exactly_what_in_process_ranks_compute() {
+        for world in 1..=4 {
+            let tcp = on_tcp_ranks(world, program);
+            let local = on_local_ranks(world, program);
+            assert_eq!(tcp, local, "world {world}");
+        }
+    }
+
+    #[test]
+    fn mismatched_sizes_fail_on_every_rank() {
+        let out = on_tcp_ranks(3, |g| {
+            let mut b = vec![1.0f32; 5 + g.rank()];
+            g.all_reduce(&mut b, ReduceOp::Sum)
+        });
+        for r in out {
+            assert!(r.is_err(), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn env_errors_are_clear() {
+        let e = TcpGroup::connect(3, 2, "127.0.0.1:1", Duration::from_millis(10)).err().unwrap().to_string();
+        assert!(e.contains("RANK 3 is not below WORLD_SIZE 2"), "{e}");
+        let e = TcpGroup::connect(1, 2, "127.0.0.1:1", Duration::from_millis(100)).err().unwrap().to_string();
+        assert!(e.contains("cannot reach rank 0"), "{e}");
+    }
+}
