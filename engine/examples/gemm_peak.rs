@@ -111,6 +111,7 @@ fn run() -> Result<(), String> {
     }
     println!("(GFLOP/s, fp32, 2·M·N·K flops per GEMM)");
     print_loaded_runtimes();
+    print_thread_cpu();
     match gemm::provider() {
         Ok(active) => {
             let peak = gemm::measure_peak_gflops(args.threads).map_err(|e| e.to_string())?;
@@ -141,6 +142,33 @@ fn print_loaded_runtimes() {
     for lib in libs {
         println!("  loaded: {lib}");
     }
+}
+
+/// CPU seconds of each thread of the process (Linux): with N GEMM threads, N threads should
+/// show similar busy times. Unlike GFLOP/s this survives a noisy shared machine, and it caught
+/// MKL's Intel OpenMP layer running beside libgomp (two threads, each doing twice the CPU work).
+fn print_thread_cpu() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    let mut busy: Vec<f64> = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // Fields after "(comm)": state is the first, utime the 12th, stime the 13th.
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ticks: u64 =
+                rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+            Some(ticks as f64 / 100.0) // USER_HZ is 100 on Linux
+        })
+        .filter(|&s| s >= 0.05)
+        .collect();
+    busy.sort_by(|a, b| b.total_cmp(a));
+    let shown: Vec<String> = busy.iter().map(|s| format!("{s:.1}")).collect();
+    println!(
+        "threads that did work: {} (CPU s each: {})",
+        busy.len(),
+        shown.join(", ")
+    );
 }
 
 fn main() -> ExitCode {

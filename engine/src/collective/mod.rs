@@ -5,10 +5,13 @@
 //! - [`local::LocalGroup`]: ranks as threads of one process sharing memory (CPU ranks, or
 //!   several ranks on one device).
 //! - [`tcp::TcpGroup`]: ranks as processes or machines, started by torchrun-style variables.
+//! - [`device::DeviceGroup`]: NCCL (NVIDIA) or RCCL (AMD), loaded at run time.
 
+pub mod device;
 pub mod local;
 pub mod tcp;
 
+pub use device::{DeviceGroup, Vendor};
 pub use local::LocalGroup;
 pub use tcp::TcpGroup;
 
@@ -35,15 +38,31 @@ pub enum CollectiveError {
     Remote(String),
     #[error("{0}")]
     Env(String),
+    #[error("GPU collectives unavailable: {0}")]
+    Unavailable(String),
+    #[error("GPU collective failed: {0}")]
+    Device(String),
 }
 
-/// Element types collectives move: reductions accumulate in f32 (f64 for f64) and round once.
+/// The element types collectives move (for transports that need to name them, as NCCL does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementKind {
+    U8,
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+/// Element types collectives move: reductions accumulate in f64 and round once.
 pub trait Element: Copy + Send + Sync + 'static {
+    const KIND: ElementKind;
     fn to_f64(self) -> f64;
     fn from_f64(x: f64) -> Self;
 }
 
 impl Element for f32 {
+    const KIND: ElementKind = ElementKind::F32;
     fn to_f64(self) -> f64 {
         f64::from(self)
     }
@@ -52,6 +71,7 @@ impl Element for f32 {
     }
 }
 impl Element for f64 {
+    const KIND: ElementKind = ElementKind::F64;
     fn to_f64(self) -> f64 {
         self
     }
@@ -60,6 +80,7 @@ impl Element for f64 {
     }
 }
 impl Element for u8 {
+    const KIND: ElementKind = ElementKind::U8;
     fn to_f64(self) -> f64 {
         f64::from(self)
     }
@@ -68,6 +89,7 @@ impl Element for u8 {
     }
 }
 impl Element for half::f16 {
+    const KIND: ElementKind = ElementKind::F16;
     fn to_f64(self) -> f64 {
         f64::from(self.to_f32())
     }
@@ -76,6 +98,7 @@ impl Element for half::f16 {
     }
 }
 impl Element for half::bf16 {
+    const KIND: ElementKind = ElementKind::Bf16;
     fn to_f64(self) -> f64 {
         f64::from(self.to_f32())
     }

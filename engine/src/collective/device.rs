@@ -1,0 +1,405 @@
+//! GPU collectives: NCCL on NVIDIA and RCCL on AMD, which share one C API (`ncclAllReduce`,
+//! …), with the CUDA or HIP runtime for memory and streams. Both libraries are loaded at run
+//! time with libloading, so the crate builds and its CI runs on machines with no GPU, and the
+//! NCCL that ships in the torch wheel (`nvidia/nccl/lib`) or a system RCCL is used as found.
+//!
+//! Ranks exchange the 128-byte `ncclUniqueId` through a [`TcpGroup`] (torchrun's variables),
+//! as torch.distributed does through its TCPStore. The [`Collective`] impl stages host
+//! buffers through device memory; the `*_device` methods take device pointers directly for
+//! device-resident engine buffers.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use libloading::Library;
+
+use super::{Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup};
+
+/// Which vendor's libraries to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    /// NCCL + CUDA runtime.
+    Nvidia,
+    /// RCCL + HIP runtime.
+    Amd,
+}
+
+impl Vendor {
+    fn prefix(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "cuda",
+            Vendor::Amd => "hip",
+        }
+    }
+
+    /// Library file names tried in order (`ORTBENCH_NCCL_LIB` / `ORTBENCH_GPU_RUNTIME_LIB`
+    /// override them with a full path).
+    fn candidates(self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let venv = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from);
+        let site = venv.map(|v| v.join("lib/python3.11/site-packages/nvidia"));
+        let mut coll = Vec::new();
+        let mut rt = Vec::new();
+        if let Some(p) = std::env::var_os("ORTBENCH_NCCL_LIB") {
+            coll.push(PathBuf::from(p));
+        }
+        if let Some(p) = std::env::var_os("ORTBENCH_GPU_RUNTIME_LIB") {
+            rt.push(PathBuf::from(p));
+        }
+        match self {
+            Vendor::Nvidia => {
+                if let Some(s) = &site {
+                    coll.push(s.join("nccl/lib/libnccl.so.2"));
+                    rt.push(s.join("cu13/lib/libcudart.so.13"));
+                    rt.push(s.join("cuda_runtime/lib/libcudart.so.12"));
+                }
+                coll.push("libnccl.so.2".into());
+                rt.extend(["libcudart.so.13", "libcudart.so.12", "libcudart.so"].map(PathBuf::from));
+            }
+            Vendor::Amd => {
+                coll.extend(["librccl.so.1", "librccl.so"].map(PathBuf::from));
+                rt.extend(["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"].map(PathBuf::from));
+            }
+        }
+        (coll, rt)
+    }
+}
+
+type NcclComm = *mut c_void;
+type Stream = *mut c_void;
+/// ncclUniqueId: 128 opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId([c_char; 128]);
+
+/// The entry points we use, resolved once.
+struct Api {
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> c_int,
+    comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int) -> c_int,
+    comm_destroy: unsafe extern "C" fn(NcclComm) -> c_int,
+    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
+    reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
+    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, Stream) -> c_int,
+    broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
+    // CUDA / HIP runtime (identical signatures).
+    set_device: unsafe extern "C" fn(c_int) -> c_int,
+    get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
+    free: unsafe extern "C" fn(*mut c_void) -> c_int,
+    memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
+    stream_create: unsafe extern "C" fn(*mut Stream) -> c_int,
+    stream_sync: unsafe extern "C" fn(Stream) -> c_int,
+    rt_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    _libs: (Library, Library),
+}
+
+fn open_first(paths: &[PathBuf]) -> Result<Library, String> {
+    let mut tried = Vec::new();
+    for p in paths {
+        // SAFETY: loading a vendor library runs its initialisers; these are the libraries we
+        // mean to call, found at the documented paths.
+        match unsafe { Library::new(p) } {
+            Ok(l) => return Ok(l),
+            Err(e) => tried.push(format!("{} ({e})", p.display())),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+impl Api {
+    fn load(vendor: Vendor) -> Result<Api, CollectiveError> {
+        let (coll_paths, rt_paths) = vendor.candidates();
+        let name = if vendor == Vendor::Nvidia { "NCCL" } else { "RCCL" };
+        // The runtime first: NCCL may need it resolved already.
+        let rt = open_first(&rt_paths).map_err(|t| CollectiveError::Unavailable(format!("{} runtime not found; tried: {t}", vendor.prefix())))?;
+        let coll = open_first(&coll_paths).map_err(|t| CollectiveError::Unavailable(format!("{name} not found; tried: {t}")))?;
+        macro_rules! sym {
+            ($lib:expr, $name:expr) => {{
+                // SAFETY: the symbol has the C signature of the field it is stored in (from
+                // nccl.h / cuda_runtime_api.h / hip_runtime_api.h).
+                let s = unsafe { $lib.get($name) }
+                    .map_err(|e| CollectiveError::Unavailable(format!("{}: {e}", String::from_utf8_lossy(&$name[..$name.len() - 1]))))?;
+                *s
+            }};
+        }
+        let p = vendor.prefix();
+        let rt_sym = |n: &str| format!("{p}{n}\0").into_bytes();
+        let api = Api {
+            get_unique_id: sym!(coll, b"ncclGetUniqueId\0"),
+            comm_init_rank: sym!(coll, b"ncclCommInitRank\0"),
+            comm_destroy: sym!(coll, b"ncclCommDestroy\0"),
+            get_error_string: sym!(coll, b"ncclGetErrorString\0"),
+            all_reduce: sym!(coll, b"ncclAllReduce\0"),
+            reduce_scatter: sym!(coll, b"ncclReduceScatter\0"),
+            all_gather: sym!(coll, b"ncclAllGather\0"),
+            broadcast: sym!(coll, b"ncclBroadcast\0"),
+            set_device: sym!(rt, &rt_sym("SetDevice")[..]),
+            get_device_count: sym!(rt, &rt_sym("GetDeviceCount")[..]),
+            malloc: sym!(rt, &rt_sym("Malloc")[..]),
+            free: sym!(rt, &rt_sym("Free")[..]),
+            memcpy: sym!(rt, &rt_sym("Memcpy")[..]),
+            stream_create: sym!(rt, &rt_sym("StreamCreate")[..]),
+            stream_sync: sym!(rt, &rt_sym("StreamSynchronize")[..]),
+            rt_error_string: sym!(rt, &rt_sym("GetErrorString")[..]),
+            _libs: (coll, rt),
+        };
+        Ok(api)
+    }
+
+    fn nccl(&self, rc: c_int, what: &str) -> Result<(), CollectiveError> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString returns a static NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr((self.get_error_string)(rc)) }.to_string_lossy();
+        Err(CollectiveError::Device(format!("{what}: {msg} (nccl error {rc})")))
+    }
+
+    fn rt(&self, rc: c_int, what: &str) -> Result<(), CollectiveError> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: cudaGetErrorString / hipGetErrorString return static strings.
+        let msg = unsafe { CStr::from_ptr((self.rt_error_string)(rc)) }.to_string_lossy();
+        Err(CollectiveError::Device(format!("{what}: {msg} (runtime error {rc})")))
+    }
+}
+
+// ncclDataType_t and ncclRedOp_t values (nccl.h).
+fn nccl_dtype(k: ElementKind) -> c_int {
+    match k {
+        ElementKind::U8 => 1,   // ncclUint8
+        ElementKind::F16 => 6,  // ncclFloat16
+        ElementKind::F32 => 7,  // ncclFloat32
+        ElementKind::F64 => 8,  // ncclFloat64
+        ElementKind::Bf16 => 9, // ncclBfloat16
+    }
+}
+fn nccl_op(op: ReduceOp) -> c_int {
+    match op {
+        ReduceOp::Sum => 0, // ncclSum
+        ReduceOp::Max => 2, // ncclMax
+        ReduceOp::Avg => 4, // ncclAvg (NCCL ≥ 2.10, RCCL ≥ 2.10)
+    }
+}
+const H2D: c_int = 1;
+const D2H: c_int = 2;
+
+/// One rank of a NCCL/RCCL communicator.
+pub struct DeviceGroup {
+    api: Api,
+    comm: NcclComm,
+    stream: Stream,
+    rank: usize,
+    world: usize,
+    /// A device staging buffer for host collectives, grown on demand.
+    staging: Mutex<(*mut c_void, usize)>,
+}
+
+// SAFETY: the communicator and stream are used by one thread at a time (the staging mutex
+// serialises every collective), as NCCL requires per communicator.
+unsafe impl Send for DeviceGroup {}
+
+impl DeviceGroup {
+    /// Joins a communicator of `world` ranks on device `local_rank`; ranks exchange the
+    /// unique id through `store` (rank 0 creates it).
+    pub fn new(vendor: Vendor, store: &TcpGroup, local_rank: usize) -> Result<Self, CollectiveError> {
+        let api = Api::load(vendor)?;
+        let mut n: c_int = 0;
+        // SAFETY: plain runtime calls with valid out-pointers.
+        unsafe {
+            api.rt((api.get_device_count)(&mut n), "counting GPUs")?;
+            if local_rank >= n as usize {
+                return Err(CollectiveError::Device(format!("LOCAL_RANK {local_rank} but {n} GPU(s) visible")));
+            }
+            api.rt((api.set_device)(local_rank as c_int), "selecting the GPU")?;
+        }
+        let mut id = UniqueId([0; 128]);
+        if store.rank() == 0 {
+            // SAFETY: valid out-pointer to a 128-byte id.
+            api.nccl(unsafe { (api.get_unique_id)(&mut id) }, "ncclGetUniqueId")?;
+        }
+        // SAFETY: c_char and u8 have the same layout.
+        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(id.0.as_mut_ptr().cast(), 128) };
+        store.broadcast(bytes, 0)?;
+        let (mut comm, mut stream): (NcclComm, Stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let (rank, world) = (store.rank(), store.world_size());
+        // SAFETY: valid out-pointers; every rank passes the same id and world size.
+        unsafe {
+            api.nccl((api.comm_init_rank)(&mut comm, world as c_int, id, rank as c_int), "ncclCommInitRank")?;
+            api.rt((api.stream_create)(&mut stream), "creating a stream")?;
+        }
+        Ok(DeviceGroup { api, comm, stream, rank, world, staging: Mutex::new((std::ptr::null_mut(), 0)) })
+    }
+
+    /// In-place all-reduce of `count` elements at device pointer `buf`.
+    ///
+    /// # Safety
+    /// `buf` must point to `count` elements of `kind` in this rank's device memory.
+    pub unsafe fn all_reduce_device(&self, buf: *mut c_void, count: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        a.nccl((a.all_reduce)(buf, buf, count, nccl_dtype(kind), nccl_op(op), self.comm, self.stream), "ncclAllReduce")?;
+        a.rt((a.stream_sync)(self.stream), "ncclAllReduce")
+    }
+
+    /// Stages `bytes` of host data on the device, runs `op(device ptr)`, copies `back` bytes
+    /// of the result to `out`.
+    fn staged(&self, input: &[u8], size: usize, out: &mut [u8], out_offset: usize, op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        let mut st = self.staging.lock().map_err(|_| CollectiveError::Poisoned("device collective"))?;
+        // SAFETY: runtime calls on our own allocation, sizes checked against its length.
+        unsafe {
+            if st.1 < size {
+                if !st.0.is_null() {
+                    a.rt((a.free)(st.0), "freeing staging memory")?;
+                }
+                let mut p = std::ptr::null_mut();
+                a.rt((a.malloc)(&mut p, size), "allocating staging memory")?;
+                *st = (p, size);
+            }
+            a.rt((a.memcpy)(st.0, input.as_ptr().cast(), input.len(), H2D), "copying to the GPU")?;
+            op(st.0)?;
+            a.rt((a.stream_sync)(self.stream), "waiting for the collective")?;
+            a.rt((a.memcpy)(out.as_mut_ptr().cast(), st.0.cast::<u8>().add(out_offset).cast(), out.len(), D2H), "copying from the GPU")?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DeviceGroup {
+    fn drop(&mut self) {
+        // SAFETY: our own communicator and allocation; errors at teardown are ignored.
+        unsafe {
+            if let Ok(st) = self.staging.lock() {
+                if !st.0.is_null() {
+                    (self.api.free)(st.0);
+                }
+            }
+            (self.api.comm_destroy)(self.comm);
+        }
+    }
+}
+
+fn bytes<T: Element>(x: &[T]) -> &[u8] {
+    // SAFETY: Elements are plain old data.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
+}
+fn bytes_mut<T: Element>(x: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above; every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), std::mem::size_of_val(x)) }
+}
+
+impl Collective for DeviceGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let (n, dt) = (buf.len(), nccl_dtype(T::KIND));
+        let input = bytes(buf).to_vec();
+        let a = &self.api;
+        self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
+            // SAFETY: p holds n elements of T on the device.
+            a.nccl(unsafe { (a.all_reduce)(p, p, n, dt, nccl_op(op), self.comm, self.stream) }, "ncclAllReduce")
+        })
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        let k = recv.len();
+        if send.len() != self.world * k {
+            return Err(CollectiveError::Size { op: "reduce_scatter", rank: self.rank, expected: self.world * k, got: send.len() });
+        }
+        let (dt, esz) = (nccl_dtype(T::KIND), std::mem::size_of::<T>());
+        let a = &self.api;
+        // Layout on the device: [send (N·k) | recv (k)].
+        let total = (send.len() + k) * esz;
+        self.staged(bytes(send), total, bytes_mut(recv), send.len() * esz, |p| {
+            // SAFETY: p holds N·k + k elements; recv starts after send.
+            a.nccl(unsafe { (a.reduce_scatter)(p, p.cast::<u8>().add(send.len() * esz).cast(), k, dt, nccl_op(op), self.comm, self.stream) }, "ncclReduceScatter")
+        })
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+        let k = send.len();
+        if recv.len() != self.world * k {
+            return Err(CollectiveError::Size { op: "all_gather", rank: self.rank, expected: self.world * k, got: recv.len() });
+        }
+        let (dt, esz) = (nccl_dtype(T::KIND), std::mem::size_of::<T>());
+        let a = &self.api;
+        // Layout on the device: [send (k) | recv (N·k)].
+        self.staged(bytes(send), (k + recv.len()) * esz, bytes_mut(recv), k * esz, |p| {
+            // SAFETY: p holds k + N·k elements; recv starts after send.
+            a.nccl(unsafe { (a.all_gather)(p, p.cast::<u8>().add(k * esz).cast(), k, dt, self.comm, self.stream) }, "ncclAllGather")
+        })
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
+        if root >= self.world {
+            return Err(CollectiveError::Root { root, world: self.world });
+        }
+        let (n, dt) = (buf.len(), nccl_dtype(T::KIND));
+        let input = bytes(buf).to_vec();
+        let a = &self.api;
+        self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
+            // SAFETY: p holds n elements.
+            a.nccl(unsafe { (a.broadcast)(p, p, n, dt, root as c_int, self.comm, self.stream) }, "ncclBroadcast")
+        })
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        // NCCL has no barrier: an all-reduce of one byte synchronises every rank.
+        let mut x = [0u8];
+        self.all_reduce(&mut x, ReduceOp::Max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_libraries_are_a_clear_error() {
+        // RCCL is not installed on the CI machines: the error names what was tried.
+        match Api::load(Vendor::Amd) {
+            Ok(_) => eprintln!("note: RCCL and HIP are installed here; nothing to check"),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(m.contains("hip runtime not found") || m.contains("RCCL not found"), "{m}");
+                assert!(m.contains("libamdhip64") || m.contains("librccl"), "{m}");
+            }
+        }
+    }
+
+    #[test]
+    fn nccl_from_the_torch_wheel_loads_and_without_a_gpu_says_so() {
+        // The venv's torch wheel ships libnccl.so.2 and libcudart: the API must resolve every
+        // symbol; joining then fails cleanly where there is no GPU (CI), or works on one GPU.
+        let api = match Api::load(Vendor::Nvidia) {
+            Ok(a) => a,
+            Err(e) => panic!("NCCL from the torch wheel should load (VIRTUAL_ENV={:?}): {e}", std::env::var("VIRTUAL_ENV")),
+        };
+        let mut n: c_int = -1;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { (api.get_device_count)(&mut n) };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let store = TcpGroup::root(listener, 1, std::time::Duration::from_secs(5)).unwrap();
+        let joined = DeviceGroup::new(Vendor::Nvidia, &store, 0);
+        if rc != 0 || n == 0 {
+            let e = joined.err().expect("no GPU: joining must fail").to_string();
+            assert!(e.contains("GPU") || e.contains("runtime error"), "{e}");
+        } else {
+            // One rank on one GPU: all-reduce is the identity, all-gather a copy.
+            let g = joined.unwrap();
+            let mut x = vec![1.5f32, -2.0, 3.25];
+            g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            assert_eq!(x, [1.5, -2.0, 3.25]);
+            let mut out = vec![0f32; 3];
+            g.all_gather(&x, &mut out).unwrap();
+            assert_eq!(out, x);
+        }
+    }
+}
