@@ -10,7 +10,7 @@
 
 use crate::collective::{Collective, CollectiveError, ReduceOp, Sharding};
 use crate::exec::Inputs;
-use crate::optim::{AdamW, ParamMirror, Segment};
+use crate::optim::{AdamW, LossScaler, ParamMirror, Segment};
 use crate::session::{SessionError, StepStats, TrainSession};
 
 /// Shards are padded to a multiple of this many elements per rank (64-byte aligned f32).
@@ -51,6 +51,9 @@ pub struct DataParallel<C: Collective> {
     pub group: C,
     strategy: Strategy,
     zero: Option<Zero1State>,
+    scaler: Option<LossScaler>,
+    /// Fault injection: poison this flat gradient index on the next step.
+    fault: Option<usize>,
 }
 
 /// The segments of `full` restricted to `range` and rebased to 0; the padded tail (past the
@@ -94,7 +97,7 @@ impl<C: Collective> DataParallel<C> {
                 grad_shard: vec![0.0; sharding.shard],
             }
         });
-        let mut dp = DataParallel { session, group, strategy, zero };
+        let mut dp = DataParallel { session, group, strategy, zero, scaler: None, fault: None };
         if dp.strategy == Strategy::Zero1 {
             // The full optimizer state of the session is not used: free it.
             dp.session.opt.m = Vec::new();
@@ -113,10 +116,37 @@ impl<C: Collective> DataParallel<C> {
         }
     }
 
+    /// Dynamic loss scaling (fp16 training). Every rank must use the same scaler settings;
+    /// overflow decisions are all-reduced, so the scales stay identical.
+    pub fn set_loss_scaler(&mut self, scaler: Option<LossScaler>) {
+        self.scaler = scaler;
+    }
+
+    pub fn loss_scale(&self) -> f32 {
+        self.scaler.as_ref().map_or(1.0, LossScaler::scale)
+    }
+
+    /// Fault injection (tests, `ORTBENCH_FAULT`): this rank's gradient at flat index `index`
+    /// becomes +inf on the next step, as an fp16 overflow would.
+    pub fn inject_overflow(&mut self, index: usize) {
+        self.fault = Some(index);
+    }
+
     /// One step on this rank's slice of the global batch. `weight` is this rank's share of
     /// the global batch's labelled tokens (1 on a single rank); every rank must call it.
     pub fn step(&mut self, inputs: &Inputs<'_>, weight: f32, lr: f32, seed: u64) -> Result<StepStats, ParallelError> {
         let local = self.session.forward_backward(inputs, seed)?;
+        let scale = self.loss_scale();
+        if scale != 1.0 {
+            // The f32 executor seeds the backward with 1; multiplying afterwards gives the
+            // gradients a scaled backward produces (exactly: the scale is a power of two).
+            // Executors with f16 storage scale the seed itself, where it matters.
+            self.session.grads.iter_mut().for_each(|g| *g *= scale);
+        }
+        if let Some(i) = self.fault.take() {
+            self.session.grads[i] = f32::INFINITY;
+        }
+        let inv_scale = 1.0 / scale;
         let single = self.group.world_size() == 1 && weight == 1.0;
         // The global loss is Σ_r weight_r · loss_r; gradients likewise. A rank whose slice has
         // no labelled token (possible with small MLM batches) has a NaN mean loss of an empty
@@ -138,7 +168,7 @@ impl<C: Collective> DataParallel<C> {
                     self.group.all_reduce(&mut self.session.grads, ReduceOp::Sum)?;
                 }
                 let s = &mut self.session;
-                let stats = s.opt.step(&mut s.params, &s.grads, 1.0, lr, ParamMirror::None);
+                let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, ParamMirror::None);
                 (stats.norm, stats.finite)
             }
             Some(z) => {
@@ -147,7 +177,7 @@ impl<C: Collective> DataParallel<C> {
                 z.send[n..].fill(0.0);
                 self.group.reduce_scatter(&z.send, &mut z.grad_shard, ReduceOp::Sum)?;
                 // Global norm and overflow: every rank must clip and skip identically.
-                let (ss, finite) = crate::optim::adamw::sum_squares(&z.grad_shard, 1.0, z.opt.threads);
+                let (ss, finite) = crate::optim::adamw::sum_squares(&z.grad_shard, inv_scale, z.opt.threads);
                 let mut red = [ss, if finite { 0.0 } else { 1.0 }];
                 self.group.all_reduce(&mut red[..1], ReduceOp::Sum)?;
                 self.group.all_reduce(&mut red[1..], ReduceOp::Max)?;
@@ -155,14 +185,17 @@ impl<C: Collective> DataParallel<C> {
                 let finite = red[1] == 0.0 && norm.is_finite();
                 if finite {
                     let coef = z.opt.clip_coef(norm);
-                    z.opt.update(&mut z.master, &z.grad_shard, coef, lr, ParamMirror::None);
+                    z.opt.update(&mut z.master, &z.grad_shard, coef * inv_scale, lr, ParamMirror::None);
                     self.group.all_gather(&z.master, &mut z.gathered)?;
                     self.session.params.copy_from_slice(&z.gathered[..n]);
                 }
                 (norm, finite)
             }
         };
-        Ok(StepStats { loss: loss[0], grad_norm, loss_scale: 1.0, skipped: !finite })
+        if let Some(sc) = self.scaler.as_mut() {
+            sc.update(!finite);
+        }
+        Ok(StepStats { loss: loss[0], grad_norm, loss_scale: scale, skipped: !finite })
     }
 
     pub fn group_rank(&self) -> usize {

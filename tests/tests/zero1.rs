@@ -157,3 +157,47 @@ fn a_rank_without_labels_contributes_nothing() {
         assert!(b.is_finite() && (a - b).abs() / a < 1e-5, "1 rank {a} vs 2 ranks {b}");
     }
 }
+
+#[test]
+fn an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() {
+    // Loss scaling on (as fp16 runs use it); at step 2, rank 1 poisons one gradient element
+    // that lies in rank 0's shard. After the reduce-scatter only rank 0 holds the inf, and the
+    // all-reduced overflow flag must make every rank skip and halve its scale.
+    use ortbench_engine::optim::LossScaler;
+    let cfg = cfg("tiny-gpt2");
+    let w = Weights::init(&cfg, 3);
+    let data = DataSource::synthetic(&cfg, 4, SEQ, 8).unwrap();
+    let per_rank = std::thread::scope(|s| {
+        let hs: Vec<_> = LocalGroup::new(2)
+            .into_iter()
+            .map(|g| {
+                let (cfg, w, data) = (&cfg, &w, &data);
+                s.spawn(move || {
+                    let rank = ortbench_engine::collective::Collective::rank(&g);
+                    let mut t = EngineTrainer::with_group(cfg, w, 2, SEQ, opts(), g, Strategy::Zero1).unwrap();
+                    t.set_loss_scaler(Some(LossScaler::default()));
+                    let target = t.shard_range().unwrap();
+                    let mut out = Vec::new();
+                    for k in 0..4 {
+                        if k == 2 && rank == 1 {
+                            t.inject_overflow(7); // index 7 is in rank 0's shard
+                            assert!(!target.contains(&7));
+                        }
+                        let before = t.weights().unwrap();
+                        let st = t.step(&data.batch(k)).unwrap();
+                        let changed = t.weights().unwrap().tensors != before.tensors;
+                        out.push((st.skipped, st.loss_scale, changed));
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (rank, steps) in per_rank.iter().enumerate() {
+        assert_eq!(steps[0], (false, 65536.0, true), "rank {rank}");
+        assert_eq!(steps[1], (false, 65536.0, true), "rank {rank}");
+        assert_eq!(steps[2], (true, 65536.0, false), "rank {rank}: step 2 skipped, weights untouched");
+        assert_eq!(steps[3], (false, 32768.0, true), "rank {rank}: scale halved after the overflow");
+    }
+}

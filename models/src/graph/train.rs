@@ -120,6 +120,21 @@ impl EngineTrainer {
         self.dp.optimizer_bytes()
     }
 
+    /// Dynamic loss scaling (what fp16 training uses).
+    pub fn set_loss_scaler(&mut self, scaler: Option<ortbench_engine::optim::LossScaler>) {
+        self.dp.set_loss_scaler(scaler);
+    }
+
+    /// Fault injection: this rank's gradient at flat index `index` becomes +inf next step.
+    pub fn inject_overflow(&mut self, index: usize) {
+        self.dp.inject_overflow(index);
+    }
+
+    /// The shard this rank owns under ZeRO-1.
+    pub fn shard_range(&self) -> Option<std::ops::Range<usize>> {
+        self.dp.sharding().map(|s| s.range(self.dp.group_rank()))
+    }
+
     /// Parameters (Ψ) of the model.
     pub fn num_params(&self) -> usize {
         self.model.num_params()
