@@ -1,8 +1,20 @@
-//! Embeds libtorch's library directory as an rpath of this crate's test binaries, so they
-//! find libtorch without LD_LIBRARY_PATH. torch-sys exports it as DEP_TCH_LIBTORCH_LIB.
+//! Embeds libtorch's library directory as an rpath of this crate's binaries, so they find
+//! libtorch without LD_LIBRARY_PATH (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), and
+//! records it and the compiler's version for `ortbench env`.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+        println!("cargo:rustc-env=ORTBENCH_LIBTORCH_LIB={dir}");
+    } else {
+        println!("cargo:rustc-env=ORTBENCH_LIBTORCH_LIB=");
     }
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    println!("cargo:rustc-env=ORTBENCH_RUSTC_VERSION={}", version.trim());
 }

@@ -19,6 +19,21 @@ pub enum Command {
     Run(RunArgs),
     /// List the known models, configs and precisions.
     List,
+    /// Print the environment (CPU, memory, GPUs, OS, versions, git commit) that `run` stores
+    /// in run.json.
+    Env {
+        /// Print JSON instead of aligned lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Regenerate index.html and the charts of a run directory.
+    Report {
+        /// A directory written by `ortbench run`.
+        dir: PathBuf,
+    },
+    /// Compare two run directories per (model, config, precision, ranks): throughput ratio,
+    /// peak memory, loss parity; regressions are marked.
+    Compare(CompareArgs),
     /// Runs one run of a plan (internal: `run` starts one worker process per run).
     #[command(hide = true)]
     Worker {
@@ -92,6 +107,32 @@ pub struct RunArgs {
     /// Write into --out even if it is not empty.
     #[arg(long)]
     pub force: bool,
+    /// Kill a run's worker after this many seconds and record the run as `timeout`
+    /// [default: no limit].
+    #[arg(long)]
+    pub timeout_s: Option<f64>,
+    /// A run whose loss differs from the pytorch run's by more than this (relative, at any
+    /// common step) is marked `diverged`. The configs share weights and batches but not
+    /// dropout masks: with dropout on, curves differ by ~1e-3 to 1e-2 (bert-base, 8 steps:
+    /// 8.5e-3), with --dropout 0 by ~1e-6 in fp32. 0.05 clears that noise and flags a wrong
+    /// forward pass or a blow-up; for subtle differences use --dropout 0 and e.g. 1e-4.
+    #[arg(long, default_value_t = 0.05)]
+    pub diverge_tol: f64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The earlier run directory (the reference).
+    pub a: PathBuf,
+    /// The later run directory.
+    pub b: PathBuf,
+    /// Relative change counted as a regression: samples/s lower, or peak memory higher, by
+    /// more than this.
+    #[arg(long, default_value_t = 0.05)]
+    pub threshold: f64,
+    /// Exit with status 1 when there is a regression.
+    #[arg(long)]
+    pub fail_on_regression: bool,
 }
 
 pub fn print_list() {

@@ -1,59 +1,227 @@
 //! `ortbench run`: validates the plan, runs each run in its own worker process, collects the
-//! streamed records, and writes steps.csv / results.csv after every run.
+//! streamed records, and rewrites the tables after every run; at the end (or on Ctrl-C) it
+//! writes run.json, the HTML report and prints the summary table.
+//!
+//! How a run ends is its `status`:
+//!
+//! - `ok` — the worker sent its summary and exited 0; `diverged` — ok, but its loss curve
+//!   left the pytorch run's by more than `--diverge-tol` (metrics::compare_with_baseline);
+//! - `timeout` — killed after `--timeout-s`; `interrupted` — killed on Ctrl-C (SIGINT), after
+//!   which no further run starts;
+//! - `oom` — the worker reported an out-of-memory error, or died with an allocator's or
+//!   libtorch's out-of-memory message on stderr, or was killed by a SIGKILL it was not sent by
+//!   us while its peak RSS was ≥ 80 % of the memory it may use (the cgroup limit, else RAM):
+//!   the signature of the kernel's OOM killer;
+//! - `error` — anything else, with the message, the exit code or the signal.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde_json::json;
 
 use crate::cli::RunArgs;
-use crate::output::{write_csv, write_text, ResultRow, StepRow, RESULT_COLUMNS, STEP_COLUMNS};
+use crate::metrics::{compare_with_baseline, fill_throughput, gpu_peak, DevicePeak};
+use crate::output::{write_text, ResultRow, StepRow};
 use crate::plan::make_plan;
+use crate::progress::Progress;
+use crate::results::{write_tables, RUN_JSON};
 use crate::spec::RunSpec;
 use crate::worker::{is_oom_message, Event};
 
-/// Returns the exit code: 0 when every run finished, 1 when some failed.
+/// Set by the Ctrl-C handler.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Environment variable: the CPU's fp32 peak in GFLOP/s, instead of measuring it (saves
+/// about two seconds per `run`; tests use it).
+pub const CPU_PEAK_VAR: &str = "ORTBENCH_CPU_PEAK_GFLOPS";
+
+/// Returns the exit code: 0 when every run is ok, 1 when some failed or diverged, 130 when
+/// interrupted.
 pub fn run(args: &RunArgs) -> Result<i32> {
     let plan = make_plan(args)?;
     let out = prepare_out_dir(args)?;
+    install_ctrlc();
+    let started = unix_now();
     eprintln!("ortbench: {} run(s): {}", plan.runs.len(), plan.settings);
     eprintln!("ortbench: writing {}", out.display());
-    let command_line: Vec<String> = std::env::args().collect();
-    write_text(
-        &out.join("run.json"),
-        &serde_json::to_string_pretty(&serde_json::json!({
-            "command": command_line,
+    let device = plan.runs.first().map(|r| r.device.clone()).unwrap_or_else(|| "cpu".into());
+    let mut peak = device_peak(&device);
+    eprintln!("ortbench: MFU against {}", describe_peak(&peak));
+    let environment = crate::env::collect();
+    let meta = |peak: &DevicePeak, finished: Option<f64>, interrupted: bool, results: &[ResultRow]| {
+        json!({
             "ortbench_version": env!("CARGO_PKG_VERSION"),
+            "command": std::env::args().collect::<Vec<_>>(),
+            "command_line": command_line(),
+            "cwd": std::env::current_dir().ok(),
+            "seed": args.seed,
             "settings": plan.settings,
+            "diverge_tol": args.diverge_tol,
+            "timeout_s": args.timeout_s,
+            "started_at": iso_time(started),
+            "finished_at": finished.map(iso_time),
+            "interrupted": interrupted,
+            "runs_planned": plan.runs.len(),
+            "runs_recorded": results.len(),
+            "peak": peak,
+            "flops": "training = 3 × forward matmul FLOPs, counted per layer (attention incl. T² terms, MLP, LM head); see metrics::train_flops_per_sample",
+            "environment": environment,
             "runs": plan.runs,
-        }))?,
-    )?;
-
+        })
+    };
     let mut steps: Vec<StepRow> = Vec::new();
     let mut results: Vec<ResultRow> = Vec::new();
-    write_csv(&out.join("steps.csv"), &steps, STEP_COLUMNS)?;
-    write_csv(&out.join("results.csv"), &results, RESULT_COLUMNS)?;
-    let n = plan.runs.len();
+    write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, None, false, &results))?)?;
+    write_tables(&out, &results, &steps)?;
+
+    let progress = Progress::new(plan.runs.len());
+    let mut interrupted = false;
     for (i, spec) in plan.runs.iter().enumerate() {
-        eprintln!("[{}/{n}] {} · {} · {}", i + 1, spec.model, spec.config, spec.precision);
-        let (run_steps, row) = execute(spec)?;
-        if row.status != "ok" {
-            eprintln!("  {}: {}", row.status, row.error);
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
         }
+        let label = format!("{} · {} · {}{}", spec.model, spec.config, spec.precision, if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() });
+        progress.start_run(i, &label, spec.steps);
+        let timeout = args.timeout_s.map(Duration::from_secs_f64);
+        let (run_steps, mut row) = execute(spec, timeout, &progress, &label)?;
+        row.train_flops_per_sample = plan.train_flops_per_sample.get(i).copied();
+        if row.status == "ok" {
+            fill_throughput(&mut row, &run_steps, peak.for_precision(&spec.precision));
+        }
+        progress.end_run(&row.status, &row.error);
+        interrupted |= row.status == "interrupted";
         steps.extend(run_steps);
         results.push(row);
-        write_csv(&out.join("steps.csv"), &steps, STEP_COLUMNS)?;
-        write_csv(&out.join("results.csv"), &results, RESULT_COLUMNS)?;
+        compare_with_baseline(&mut results, &steps, args.diverge_tol);
+        write_tables(&out, &results, &steps)?;
+        if interrupted {
+            break;
+        }
     }
-    print_summary(&results);
-    eprintln!("ortbench: results in {}", out.display());
-    Ok(if results.iter().all(|r| r.status == "ok") { 0 } else { 1 })
+    progress.finish();
+    if interrupted {
+        eprintln!("ortbench: interrupted: kept the {} run(s) recorded; writing the report", results.len());
+    } else if let Some(again) = remeasure_cpu_peak(&peak) {
+        // A machine shared with other work measures low; noise only ever slows a GEMM down,
+        // so the best of the two measurements is the better peak.
+        peak = again;
+        for r in results.iter_mut() {
+            r.peak_tflops = peak.for_precision(&r.precision);
+            r.mfu = match (r.tflops, r.peak_tflops) {
+                (Some(t), Some(p)) if p > 0.0 => Some(t / p),
+                _ => None,
+            };
+        }
+        write_tables(&out, &results, &steps)?;
+    }
+    write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, Some(unix_now()), interrupted, &results))?)?;
+    let index = crate::report::write_report(&out)?;
+    println!("{}", crate::report::table::summary_table(&results));
+    eprintln!("ortbench: results in {}, report {}", out.display(), index.display());
+    Ok(if interrupted {
+        130
+    } else if results.iter().all(|r| r.status == "ok") {
+        0
+    } else {
+        1
+    })
+}
+
+/// Ctrl-C stops the current worker and the plan (the run loop polls the flag); a second
+/// Ctrl-C exits at once (every file on disk is complete: each is replaced by a rename).
+fn install_ctrlc() {
+    let _ = ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+}
+
+/// The device's peak: measured on the CPU (fp32 GEMM of the engine's provider on every core,
+/// which also bounds bf16/fp16 there since the CPU computes them in fp32), from the table of
+/// known GPUs otherwise.
+fn device_peak(device: &str) -> DevicePeak {
+    if device == "cpu" {
+        let threads = ortbench_engine::backend::cpu::gemm::num_threads();
+        let (gflops, source) = match std::env::var(CPU_PEAK_VAR).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
+            Some(g) => (Some(g), format!("given: {CPU_PEAK_VAR}={g}")),
+            None => {
+                eprintln!("ortbench: measuring the CPU's fp32 GEMM peak ({threads} threads, ~2 s)");
+                match ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0) {
+                    Ok(g) => {
+                        let provider = ortbench_engine::backend::cpu::gemm::provider().map(|p| p.kind().name()).unwrap_or("?");
+                        (Some(g), format!("measured: best fp32 sgemm 8192×768×3072 on {threads} threads ({provider}); fp16/bf16 compute in fp32 on the CPU"))
+                    }
+                    Err(e) => (None, format!("not measured: {e}")),
+                }
+            }
+        };
+        let t = gflops.map(|g| g / 1e3);
+        DevicePeak { device: "cpu".into(), fp32: t, fp16: t, bf16: t, source }
+    } else {
+        let index = device.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()).unwrap_or(0);
+        let names = crate::env::gpu_names();
+        match names.get(index) {
+            Some(name) => gpu_peak(name).unwrap_or_else(|| DevicePeak {
+                device: name.clone(),
+                fp32: None,
+                fp16: None,
+                bf16: None,
+                source: format!("'{name}' is not in the table of known GPUs: no MFU"),
+            }),
+            None => DevicePeak {
+                device: device.into(),
+                fp32: None,
+                fp16: None,
+                bf16: None,
+                source: "no GPU name (nvidia-smi / rocm-smi not found): no MFU".into(),
+            },
+        }
+    }
+}
+
+/// On the CPU (unless the peak was given), measures the GEMM peak again after the runs; Some
+/// when it came out higher than `first`.
+fn remeasure_cpu_peak(first: &DevicePeak) -> Option<DevicePeak> {
+    if first.device != "cpu" || !first.source.starts_with("measured") {
+        return None;
+    }
+    let g = ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0).ok()? / 1e3;
+    if g <= first.fp32.unwrap_or(0.0) {
+        return None;
+    }
+    eprintln!("ortbench: the CPU peak measured after the runs is higher ({g:.3} TFLOP/s); MFU uses it");
+    Some(DevicePeak {
+        fp32: Some(g),
+        fp16: Some(g),
+        bf16: Some(g),
+        source: format!("{} (best of a measurement before and one after the runs)", first.source),
+        ..first.clone()
+    })
+}
+
+fn describe_peak(p: &DevicePeak) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |t| format!("{t:.2}"));
+    format!("{} peak fp32 {} / fp16 {} / bf16 {} TFLOP/s ({})", p.device, f(p.fp32), f(p.fp16), f(p.bf16), p.source)
+}
+
+/// Why the harness killed a worker.
+#[derive(Clone, Copy, PartialEq)]
+enum Kill {
+    Timeout,
+    Interrupt,
 }
 
 /// Runs one spec in a worker process and turns its records into rows.
-fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
+fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label: &str) -> Result<(Vec<StepRow>, ResultRow)> {
     let exe = std::env::current_exe().context("cannot find the ortbench executable")?;
+    let start = Instant::now();
     let mut child = Command::new(exe)
         .arg("worker")
         .arg("--spec")
@@ -63,83 +231,197 @@ fn execute(spec: &RunSpec) -> Result<(Vec<StepRow>, ResultRow)> {
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot start a worker process")?;
-    let mut stderr = child.stderr.take().expect("piped");
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.take().context("worker stderr")?;
     let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
+        let mut s = Vec::new();
+        let _ = stderr.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
     });
+    let stdout = child.stdout.take().context("worker stdout")?;
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
     let mut steps = Vec::new();
     let mut summary = None;
     let mut error: Option<(String, bool)> = None;
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let Ok(line) = line else { break };
-        match serde_json::from_str::<Event>(&line) {
-            Ok(Event::Step { rank, step, loss, step_ms, grad_norm, loss_scale, skipped }) => {
-                if rank == 0 {
-                    eprintln!("  step {:>3}/{}  loss {loss:.4}  {step_ms:>9.1} ms", step + 1, spec.steps);
-                }
-                steps.push(StepRow {
-                    model: spec.model.clone(),
-                    config: spec.config.clone(),
-                    precision: spec.precision.clone(),
-                    rank,
-                    step,
-                    loss,
-                    step_ms,
-                    grad_norm,
-                    loss_scale,
-                    skipped,
-                });
-            }
-            Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank }) => {
-                summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank))
-            }
-            Ok(Event::Error { message, oom }) => error = Some((message, oom)),
-            Err(_) => eprintln!("  worker: {line}"),
+    let mut killed: Option<Kill> = None;
+    let check_kill = |child: &mut std::process::Child, killed: &mut Option<Kill>| {
+        if killed.is_some() {
+            return;
         }
+        let why = if INTERRUPTED.load(Ordering::SeqCst) {
+            Some(Kill::Interrupt)
+        } else if timeout.is_some_and(|t| start.elapsed() >= t) {
+            Some(Kill::Timeout)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            // SIGKILL; the child is not reaped yet (we reap it with wait4 below), so its pid
+            // cannot have been reused.
+            let _ = child.kill();
+            *killed = Some(why);
+        }
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => match serde_json::from_str::<Event>(&line) {
+                Ok(Event::Step { rank, step, loss, step_ms, grad_norm, loss_scale, skipped }) => {
+                    if rank == 0 {
+                        progress.step(label, step, spec.steps, loss, step_ms);
+                    }
+                    steps.push(StepRow {
+                        model: spec.model.clone(),
+                        config: spec.config.clone(),
+                        precision: spec.precision.clone(),
+                        rank,
+                        step,
+                        loss,
+                        step_ms,
+                        grad_norm,
+                        loss_scale,
+                        skipped,
+                    });
+                }
+                Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank }) => {
+                    summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank))
+                }
+                Ok(Event::Error { message, oom }) => error = Some((message, oom)),
+                Err(_) => progress.println(&format!("  worker: {line}")),
+            },
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        check_kill(&mut child, &mut killed);
     }
-    let status = child.wait().context("waiting for the worker")?;
+    // The worker closed its stdout: reap it (polling, so that a worker that lingers is still
+    // subject to the timeout and to Ctrl-C).
+    let (wstatus, maxrss_kb) = loop {
+        if let Some(done) = wait4_nohang(pid)? {
+            break done;
+        }
+        check_kill(&mut child, &mut killed);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let wall_s = start.elapsed().as_secs_f64();
     let stderr_text = err_thread.join().unwrap_or_default();
-    let mut row = metrics(spec, &steps);
-    match (summary, error, status.success()) {
-        (Some((params, peak, opt_bytes)), None, true) => {
-            row.status = "ok".into();
+    let exited_ok = libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0;
+    let signal = libc::WIFSIGNALED(wstatus).then(|| libc::WTERMSIG(wstatus));
+    let done_steps = steps.iter().filter(|s| s.rank == 0).count();
+    let at = format!("after {done_steps}/{} steps", spec.steps);
+    let tail = stderr_tail(&stderr_text);
+
+    let mut row = base_row(spec);
+    row.wall_s = Some(wall_s);
+    row.final_loss = steps.iter().filter(|s| s.rank == 0).last().map(|s| s.loss);
+    if spec.device == "cpu" {
+        // Peak RSS of the worker (the same as its own VmHWM), also for runs that failed.
+        row.peak_mem_bytes = Some(maxrss_kb * 1024);
+    }
+    let (status, message) = match (killed, summary, error) {
+        (Some(Kill::Interrupt), ..) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
+        (Some(Kill::Timeout), ..) => (
+            "timeout",
+            format!("no result within --timeout-s {} s: worker killed {at}", timeout.map_or(0.0, |t| t.as_secs_f64())),
+        ),
+        (None, Some((params, peak, opt_bytes)), None) if exited_ok => {
             row.param_count = Some(params);
             row.peak_mem_bytes = Some(peak);
             row.optimizer_bytes_per_rank = Some(opt_bytes);
+            ("ok", String::new())
         }
-        (_, Some((message, oom)), _) => {
-            row.status = if oom { "oom" } else { "error" }.into();
-            row.error = message;
-        }
-        _ => {
-            let tail: Vec<&str> = stderr_text.lines().rev().take(3).collect();
-            let detail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
-            row.status = if is_oom_message(&stderr_text) { "oom" } else { "error" }.into();
-            row.error = format!("worker exited with {status}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") });
-        }
-    }
+        (None, _, Some((message, oom))) => (if oom { "oom" } else { "error" }, message),
+        (None, ..) => match signal {
+            Some(libc::SIGINT) => ("interrupted", format!("interrupted (SIGINT) {at}")),
+            Some(sig) => {
+                let what = format!("worker killed by signal {sig} ({}) {at}{tail}", signal_name(sig));
+                let limit = crate::env::memory_limit_bytes();
+                let near_limit = limit.is_some_and(|l| (maxrss_kb * 1024) as f64 >= 0.8 * l as f64);
+                if is_oom_message(&stderr_text) {
+                    ("oom", what)
+                } else if sig == libc::SIGKILL && near_limit {
+                    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                    (
+                        "oom",
+                        format!(
+                            "{what}: peak RSS {:.2} GiB of a {:.2} GiB limit (the OOM killer's signature)",
+                            gib(maxrss_kb * 1024),
+                            gib(limit.unwrap_or(0))
+                        ),
+                    )
+                } else {
+                    ("error", what)
+                }
+            }
+            None => {
+                let code = if libc::WIFEXITED(wstatus) { libc::WEXITSTATUS(wstatus) } else { -1 };
+                let what = format!("worker exited with code {code} {at} without a summary{tail}");
+                (if is_oom_message(&stderr_text) { "oom" } else { "error" }, what)
+            }
+        },
+    };
+    row.status = status.into();
+    row.error = message;
     Ok((steps, row))
 }
 
-/// Throughput and step-time statistics over the steps after warm-up. A step lasts as long as
-/// its slowest rank; it trains batch_size × ranks samples.
-fn metrics(spec: &RunSpec, steps: &[StepRow]) -> ResultRow {
-    let mut per_step: std::collections::BTreeMap<usize, f64> = std::collections::BTreeMap::new();
-    for s in steps.iter().filter(|s| s.step >= spec.warmup) {
-        let e = per_step.entry(s.step).or_insert(0.0);
-        *e = e.max(s.step_ms);
+/// `waitpid(pid, WNOHANG)` with the child's resource usage: Some((wait status, peak RSS in
+/// KiB)) once it has exited.
+fn wait4_nohang(pid: libc::pid_t) -> Result<Option<(i32, u64)>> {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid pointers to locals; pid is our own unreaped child.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            return Ok(Some((status, usage.ru_maxrss.max(0) as u64)));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            bail!("waiting for the worker: {err}");
+        }
     }
-    let mut measured: Vec<f64> = per_step.into_values().collect();
-    measured.sort_by(f64::total_cmp);
-    let (median, p90, sps) = if measured.is_empty() {
-        (None, None, None)
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGPIPE => "SIGPIPE",
+        _ => "signal",
+    }
+}
+
+/// The last lines of the worker's stderr, as ": a | b | c", or nothing.
+fn stderr_tail(text: &str) -> String {
+    let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).rev().take(3).collect();
+    if tail.is_empty() {
+        String::new()
     } else {
-        let total_s: f64 = measured.iter().sum::<f64>() / 1e3;
-        let samples = (spec.batch_size * spec.ranks * measured.len()) as f64;
-        (Some(percentile(&measured, 0.5)), Some(percentile(&measured, 0.9)), Some(samples / total_s))
-    };
+        format!(": {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+    }
+}
+
+fn base_row(spec: &RunSpec) -> ResultRow {
     ResultRow {
         model: spec.model.clone(),
         config: spec.config.clone(),
@@ -150,24 +432,8 @@ fn metrics(spec: &RunSpec, steps: &[StepRow]) -> ResultRow {
         ranks: spec.ranks,
         steps: spec.steps,
         warmup: spec.warmup,
-        status: String::new(),
-        samples_per_s: sps,
-        tokens_per_s: sps.map(|s| s * spec.seq_len as f64),
-        step_ms_median: median,
-        step_ms_p90: p90,
-        peak_mem_bytes: None,
-        param_count: None,
-        optimizer_bytes_per_rank: None,
-        final_loss: steps.iter().filter(|s| s.rank == 0).last().map(|s| s.loss),
-        error: String::new(),
+        ..Default::default()
     }
-}
-
-/// Linear-interpolated percentile of sorted values (numpy's default).
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
 fn prepare_out_dir(args: &RunArgs) -> Result<PathBuf> {
@@ -175,7 +441,8 @@ fn prepare_out_dir(args: &RunArgs) -> Result<PathBuf> {
         Some(p) => p.clone(),
         None => Path::new("reports").join(run_id()),
     };
-    if out.exists() {
+    let existed = out.exists();
+    if existed {
         if !out.is_dir() {
             bail!("--out {}: exists and is not a directory", out.display());
         }
@@ -185,18 +452,39 @@ fn prepare_out_dir(args: &RunArgs) -> Result<PathBuf> {
         }
     }
     std::fs::create_dir_all(&out).with_context(|| format!("--out {}: cannot create", out.display()))?;
-    // Probe writability now rather than after the first run.
+    // Probe writability now rather than after the first run; leave nothing behind.
     let probe = out.join(".ortbench-write-test");
-    std::fs::write(&probe, b"").with_context(|| format!("--out {}: not writable", out.display()))?;
+    if let Err(e) = std::fs::write(&probe, b"") {
+        if !existed {
+            let _ = std::fs::remove_dir(&out);
+        }
+        bail!("--out {}: not writable: {e}", out.display());
+    }
     let _ = std::fs::remove_file(probe);
     Ok(out)
 }
 
-/// UTC timestamp, e.g. 20261121-073512.
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+/// The command as one shell line, quoted where needed.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+%".contains(c)) {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// (year, month, day, hour, minute, second) in UTC of a Unix time (H. Hinnant's algorithm).
+fn civil(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
     let z = days as i64 + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -206,29 +494,34 @@ fn run_id() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-fn print_summary(rows: &[ResultRow]) {
-    println!(
-        "{:<14} {:<10} {:<6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  status",
-        "model", "config", "prec", "ranks", "samples/s", "tokens/s", "step ms", "peak MiB", "optim MiB/rk", "loss"
-    );
-    let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
-    for r in rows {
-        println!(
-            "{:<14} {:<10} {:<6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  {}",
-            r.model,
-            r.config,
-            r.precision,
-            r.ranks,
-            f(r.samples_per_s, 2),
-            f(r.tokens_per_s, 0),
-            f(r.step_ms_median, 1),
-            r.peak_mem_bytes.map_or("-".into(), |b| format!("{:.0}", b as f64 / (1 << 20) as f64)),
-            r.optimizer_bytes_per_rank.map_or("-".into(), |b| format!("{:.1}", b as f64 / (1 << 20) as f64)),
-            f(r.final_loss, 4),
-            r.status
-        );
+/// e.g. 2026-11-21T07:35:12Z
+fn iso_time(secs: f64) -> String {
+    let (y, m, d, hh, mm, ss) = civil(secs as u64);
+    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
+}
+
+/// UTC timestamp, e.g. 20261121-073512.
+fn run_id() -> String {
+    let (y, m, d, hh, mm, ss) = civil(unix_now() as u64);
+    format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc() {
+        assert_eq!(iso_time(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_time(1_709_210_096.0), "2024-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn stderr_tail_keeps_the_last_lines() {
+        assert_eq!(stderr_tail(""), "");
+        assert_eq!(stderr_tail("a\nb\n\nc\nd\n"), ": b | c | d");
     }
 }

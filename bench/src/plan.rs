@@ -12,6 +12,8 @@ use crate::worker::parse_device;
 
 pub struct Plan {
     pub runs: Vec<RunSpec>,
+    /// Analytic training FLOPs of one sample of each run (metrics::train_flops_per_sample).
+    pub train_flops_per_sample: Vec<f64>,
     /// Human-readable settings, printed before the runs start.
     pub settings: String,
 }
@@ -59,6 +61,14 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             bail!("--dropout must be in [0, 1), got {p}");
         }
     }
+    if let Some(t) = args.timeout_s {
+        if !t.is_finite() || t <= 0.0 {
+            bail!("--timeout-s must be a positive number of seconds, got {t}");
+        }
+    }
+    if !args.diverge_tol.is_finite() || args.diverge_tol < 0.0 {
+        bail!("--diverge-tol must be a finite non-negative number, got {}", args.diverge_tol);
+    }
     if !["constant", "linear"].contains(&args.lr_schedule.as_str()) {
         bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
     }
@@ -88,6 +98,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
 
     let hub = HubOptions::from_env();
     let mut runs = Vec::new();
+    let mut train_flops_per_sample = Vec::new();
     let mut seq_used: Vec<usize> = Vec::new();
     for model in &args.models {
         let resolved = resolve(model, &hub)?;
@@ -110,8 +121,10 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         if !seq_used.contains(&seq_len) {
             seq_used.push(seq_len);
         }
+        let flops = crate::metrics::train_flops_per_sample(&resolved.config, seq_len);
         for config in &configs {
             for precision in &args.precision {
+                train_flops_per_sample.push(flops);
                 runs.push(RunSpec {
                     model: model.trim().to_string(),
                     config: config.clone(),
@@ -141,7 +154,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         args.precision.join("/"),
         args.seed
     );
-    Ok(Plan { runs, settings })
+    Ok(Plan { runs, train_flops_per_sample, settings })
 }
 
 /// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.

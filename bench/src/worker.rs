@@ -41,7 +41,17 @@ pub fn main(spec_json: &str) -> i32 {
             return 2;
         }
     };
-    match run(&spec, &mut out) {
+    let fault = match std::env::var(FAULT_VAR) {
+        Ok(v) if !v.trim().is_empty() => match Fault::parse(&v) {
+            Ok(f) => Some(f).filter(|f| f.applies_to(&spec.config)),
+            Err(e) => {
+                emit(&mut out, &Event::Error { message: format!("{e:#}"), oom: false });
+                return 2;
+            }
+        },
+        _ => None,
+    };
+    match run(&spec, fault.as_ref(), &mut out) {
         Ok(()) => 0,
         Err(e) => {
             let message = format!("{e:#}");
@@ -52,10 +62,97 @@ pub fn main(spec_json: &str) -> i32 {
     }
 }
 
-/// Messages allocators and CUDA give when memory runs out.
+/// Messages allocators, libtorch and CUDA give when memory runs out (Rust's global
+/// allocator aborts with "memory allocation of N bytes failed"; libtorch's CPU allocator says
+/// "not enough memory"; CUDA "out of memory").
 pub fn is_oom_message(m: &str) -> bool {
     let m = m.to_ascii_lowercase();
-    m.contains("out of memory") || m.contains("cannot allocate memory") || m.contains("failed to allocate")
+    ["out of memory", "cannot allocate memory", "failed to allocate", "not enough memory", "memory allocation of"]
+        .iter()
+        .any(|p| m.contains(p))
+}
+
+/// The environment variable through which tests make a worker fail on purpose.
+pub const FAULT_VAR: &str = "ORTBENCH_FAULT";
+
+/// A failure injected into a worker (for the harness's fault tests):
+/// `ORTBENCH_FAULT=KIND-at-step:N[@CONFIG]`, where KIND is
+///
+/// - `crash`: the process aborts (SIGABRT) before step N, as a crashing kernel would;
+/// - `oom`: the process caps its address space a little above what it maps now and asks for
+///   1 GiB, so the allocator really fails and Rust aborts with "memory allocation of … bytes
+///   failed" (`oom` alone means `oom-at-step:0`);
+/// - `hang`: the step never ends (for `--timeout-s` and interrupt tests);
+/// - `sigkill`: the process sends itself SIGKILL, as the kernel's OOM killer would.
+///
+/// `@CONFIG` limits the fault to the runs of that config. Only rank 0 fails.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub step: usize,
+    pub config: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FaultKind {
+    Crash,
+    Oom,
+    Hang,
+    Sigkill,
+}
+
+impl Fault {
+    pub fn parse(s: &str) -> Result<Fault> {
+        let s = s.trim();
+        let (what, config) = match s.split_once('@') {
+            Some((w, c)) => (w, Some(c.to_string())),
+            None => (s, None),
+        };
+        let (kind, step) = match what.split_once("-at-step:") {
+            Some((k, n)) => (k, n.parse::<usize>().with_context(|| format!("{FAULT_VAR}={s}: bad step '{n}'"))?),
+            None => (what, 0),
+        };
+        let kind = match kind {
+            "crash" => FaultKind::Crash,
+            "oom" => FaultKind::Oom,
+            "hang" => FaultKind::Hang,
+            "sigkill" => FaultKind::Sigkill,
+            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang or sigkill, as KIND-at-step:N[@CONFIG])"),
+        };
+        Ok(Fault { kind, step, config })
+    }
+
+    fn applies_to(&self, config: &str) -> bool {
+        self.config.as_deref().is_none_or(|c| c == config)
+    }
+
+    fn trigger(&self) {
+        // Let the worker's main thread print the steps already finished, so the records a
+        // test sees do not depend on thread timing (a real crash may lose those in flight).
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        match self.kind {
+            FaultKind::Crash => std::process::abort(),
+            FaultKind::Hang => loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            },
+            FaultKind::Sigkill => {
+                // SAFETY: signalling our own process.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            FaultKind::Oom => {
+                let vm = std::fs::read_to_string("/proc/self/status")
+                    .ok()
+                    .and_then(|s| s.lines().find(|l| l.starts_with("VmSize:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+                    .unwrap_or(0)
+                    * 1024;
+                let limit = libc::rlimit { rlim_cur: vm + (256 << 20), rlim_max: vm + (256 << 20) };
+                // SAFETY: setrlimit with a valid struct; it only lowers this process's limit.
+                unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) };
+                let v = vec![1u8; 1 << 30];
+                std::hint::black_box(&v);
+            }
+        }
+    }
 }
 
 fn precision(p: &str) -> Result<Precision> {
@@ -131,7 +228,7 @@ impl RankTrainer for EngineTrainer {
     }
 }
 
-fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
+fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
     let resolved = ortbench_models::resolve(&spec.model, &HubOptions::from_env())?;
     let mut cfg = resolved.config;
     if let Some(p) = spec.dropout {
@@ -206,6 +303,9 @@ fn run(spec: &RunSpec, out: &mut impl Write) -> Result<()> {
                     let rank = group.rank();
                     let mut trainer = make(group)?;
                     for step in 0..spec.steps {
+                        if let Some(f) = fault.filter(|f| f.step == step && rank == 0) {
+                            f.trigger();
+                        }
                         let batch = data.batch(step);
                         let t0 = Instant::now();
                         let st = trainer.step(&batch)?;
@@ -246,4 +346,28 @@ pub fn peak_rss_bytes() -> Result<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM in /proc/self/status")?;
     let kb: u64 = line.split_whitespace().nth(1).context("VmHWM value")?.parse()?;
     Ok(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse() {
+        assert_eq!(Fault::parse("crash-at-step:3").unwrap(), Fault { kind: FaultKind::Crash, step: 3, config: None });
+        assert_eq!(Fault::parse("oom").unwrap(), Fault { kind: FaultKind::Oom, step: 0, config: None });
+        let f = Fault::parse("hang-at-step:1@ort").unwrap();
+        assert_eq!((f.kind, f.step, f.config.as_deref()), (FaultKind::Hang, 1, Some("ort")));
+        assert!(f.applies_to("ort") && !f.applies_to("ort-zero1"));
+        assert!(Fault::parse("explode").unwrap_err().to_string().contains("unknown fault 'explode'"));
+        assert!(Fault::parse("crash-at-step:x").is_err());
+    }
+
+    #[test]
+    fn oom_messages_are_recognised() {
+        assert!(is_oom_message("memory allocation of 1073741824 bytes failed"));
+        assert!(is_oom_message("CUDA out of memory. Tried to allocate 2.00 GiB"));
+        assert!(is_oom_message("DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes"));
+        assert!(!is_oom_message("index out of range"));
+    }
 }

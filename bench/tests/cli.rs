@@ -4,7 +4,13 @@ use std::path::Path;
 use std::process::Command;
 
 fn ortbench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ortbench")).args(args).output().expect("run ortbench")
+    // The CPU peak is given, not measured, to keep these tests quick (e2e.rs measures it).
+    Command::new(env!("CARGO_BIN_EXE_ortbench"))
+        .args(args)
+        .env("ORTBENCH_CPU_PEAK_GFLOPS", "100")
+        .env_remove("ORTBENCH_FAULT")
+        .output()
+        .expect("run ortbench")
 }
 
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
@@ -172,4 +178,61 @@ fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
         let want = if r[col(&h, "config")] == "ort-zero1" { 12.0 * params / 2.0 } else { 8.0 * params };
         assert!(opt >= want && opt < want + 1024.0, "{:?}: {opt} vs {want}", r);
     }
+}
+
+#[test]
+fn bad_harness_options_are_rejected_before_anything_is_written() {
+    let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];
+    rejects(&[&tiny[..], &["--timeout-s", "0"]].concat(), "--timeout-s must be a positive number");
+    rejects(&[&tiny[..], &["--diverge-tol=-1"]].concat(), "--diverge-tol must be a finite non-negative number");
+    rejects(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "5"], "must be less than --steps");
+}
+
+#[test]
+fn an_output_directory_that_cannot_be_written_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    // Below a regular file: cannot be created (whoever runs the test, root included).
+    let under = file.join("out");
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", under.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("cannot create"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A regular file as --out.
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", file.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exists and is not a directory"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+    // A read-only directory (root may write anyway: then only the other cases apply).
+    use std::os::unix::fs::PermissionsExt;
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", ro.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("not writable"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1);
+        assert_eq!(std::fs::read_dir(&ro).unwrap().count(), 0);
+    }
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    for args in [vec!["report", dir.path().to_str().unwrap()], vec!["compare", dir.path().to_str().unwrap(), dir.path().to_str().unwrap()]] {
+        let o = ortbench(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains("not an ortbench run directory"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        // Nothing was written into it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+    let o = ortbench(&["report", "/nonexistent/run"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no such directory"));
 }

@@ -13,6 +13,7 @@ pub mod exec;
 pub mod graph;
 pub mod ops;
 pub mod optim;
+pub mod plan;
 pub mod parallel;
 pub mod session;
 

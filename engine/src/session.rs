@@ -1,11 +1,14 @@
 //! A training session: the training graph, the flat fp32 parameter and gradient buffers, and
 //! the fused optimizer — what the `ort` config drives step by step.
 //!
-//! The executor is the reference executor for now; the planned executor (memory plan, fused
-//! kernels) replaces it behind the same `step`.
+//! The executor is the planned executor (memory plan, fast multithreaded CPU kernels, see
+//! `backend::cpu::planned`); `ORTBENCH_EXECUTOR=ref` selects the reference executor instead,
+//! for debugging (both compute the same function: `tests/tests/engine_parity.rs`).
 
+use crate::backend::cpu::planned::PlannedExecutor;
 use crate::exec::{ExecError, Inputs, RefExecutor};
 use crate::graph::Graph;
+use crate::plan::{Plan, PlanError};
 use crate::optim::{AdamW, AdamWConfig, LossScaler, ParamMirror, Segment};
 use crate::DType;
 
@@ -19,6 +22,42 @@ pub enum SessionError {
     Precision(DType),
     #[error("the graph has no loss: build it with autodiff::backward")]
     NotTraining,
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    #[error("ORTBENCH_EXECUTOR={0:?} is not an executor: use planned (the default) or ref")]
+    Executor(String),
+}
+
+/// Which executor runs the steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecutorKind {
+    /// The reference executor: plain loops, every value kept (the definition of correct).
+    Reference,
+    /// The planned executor: memory plan, fast kernels (the default).
+    Planned,
+}
+
+impl ExecutorKind {
+    /// From `ORTBENCH_EXECUTOR` (`ref` | `planned`, unset = planned).
+    pub fn from_env() -> Result<Self, SessionError> {
+        match std::env::var("ORTBENCH_EXECUTOR").unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+            "" | "planned" | "plan" => Ok(ExecutorKind::Planned),
+            "ref" | "reference" => Ok(ExecutorKind::Reference),
+            other => Err(SessionError::Executor(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecutorKind::Reference => "reference",
+            ExecutorKind::Planned => "planned",
+        }
+    }
+}
+
+enum Executor {
+    Reference,
+    Planned(Box<PlannedExecutor>),
 }
 
 /// What one step measured.
@@ -40,11 +79,18 @@ pub struct TrainSession {
     pub grads: Vec<f32>,
     pub opt: AdamW,
     scaler: Option<LossScaler>,
+    exec: Executor,
 }
 
 impl TrainSession {
-    /// `params` in the graph's flat layout; `segments` say which ranges get weight decay.
+    /// `params` in the graph's flat layout; `segments` say which ranges get weight decay. The
+    /// executor comes from `ORTBENCH_EXECUTOR` ([`ExecutorKind::from_env`]).
     pub fn new(graph: Graph, params: Vec<f32>, segments: Vec<Segment>, cfg: AdamWConfig, precision: DType) -> Result<Self, SessionError> {
+        Self::with_executor(graph, params, segments, cfg, precision, ExecutorKind::from_env()?)
+    }
+
+    /// As [`TrainSession::new`] with an explicit executor.
+    pub fn with_executor(graph: Graph, params: Vec<f32>, segments: Vec<Segment>, cfg: AdamWConfig, precision: DType, kind: ExecutorKind) -> Result<Self, SessionError> {
         if !graph.is_training() || graph.loss().is_none() {
             return Err(SessionError::NotTraining);
         }
@@ -55,7 +101,27 @@ impl TrainSession {
         if precision != DType::F32 {
             return Err(SessionError::Precision(precision));
         }
-        Ok(TrainSession { graph, grads: vec![0.0; n], params, opt: AdamW::new(cfg, segments, n), scaler: None })
+        let exec = match kind {
+            ExecutorKind::Reference => Executor::Reference,
+            ExecutorKind::Planned => Executor::Planned(Box::new(PlannedExecutor::new(&graph)?)),
+        };
+        Ok(TrainSession { graph, grads: vec![0.0; n], params, opt: AdamW::new(cfg, segments, n), scaler: None, exec })
+    }
+
+    /// Which executor runs the steps.
+    pub fn executor(&self) -> ExecutorKind {
+        match self.exec {
+            Executor::Reference => ExecutorKind::Reference,
+            Executor::Planned(_) => ExecutorKind::Planned,
+        }
+    }
+
+    /// The memory plan, when the planned executor runs.
+    pub fn plan(&self) -> Option<&Plan> {
+        match &self.exec {
+            Executor::Planned(p) => Some(p.plan()),
+            Executor::Reference => None,
+        }
     }
 
     pub fn graph(&self) -> &Graph {
@@ -64,8 +130,10 @@ impl TrainSession {
 
     /// Forward + backward only: fills `grads`, returns the loss (no update).
     pub fn forward_backward(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<f32, SessionError> {
-        let exec = RefExecutor::new(&self.graph);
-        Ok(exec.train_step(&self.params, inputs, seed, &mut self.grads)?)
+        match &mut self.exec {
+            Executor::Reference => Ok(RefExecutor::new(&self.graph).train_step(&self.params, inputs, seed, &mut self.grads)?),
+            Executor::Planned(p) => Ok(p.train_step(&self.params, inputs, seed, &mut self.grads)?),
+        }
     }
 
     /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.

@@ -33,6 +33,16 @@ struct Worst {
 }
 
 fn check_parity(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
+    check_parity_on(label, cfg, batch, false)
+}
+
+/// `check_parity` with the engine's planned executor (memory plan, fast kernels) instead of
+/// the reference one, at the same tolerances.
+fn check_parity_planned(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
+    check_parity_on(&format!("{label} [planned]"), cfg, batch, true)
+}
+
+fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool) -> Worst {
     let weights = Weights::init(cfg, 0);
 
     let mut torch = TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
@@ -42,7 +52,13 @@ fn check_parity(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
     let model = build_training_graph(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len)).unwrap();
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
-    let engine_loss = model.ref_train_step(&params, batch, 0, &mut grads).unwrap() as f64;
+    let engine_loss = if planned {
+        let feed = model.feed(batch).unwrap();
+        let mut exec = ortbench_engine::backend::cpu::planned::PlannedExecutor::new(&model.graph).unwrap();
+        exec.train_step(&params, &feed.inputs(), 0, &mut grads).unwrap() as f64
+    } else {
+        model.ref_train_step(&params, batch, 0, &mut grads).unwrap() as f64
+    };
     let engine_grads = model.unflatten(&grads).unwrap();
 
     let rel = (engine_loss - torch_loss).abs() / torch_loss.abs();
@@ -129,6 +145,30 @@ fn bert_sequence_classification_engine_matches_torch() {
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, b, t, 13).unwrap().batch(0), &cfg);
     assert_eq!(batch.labels.len(), b);
     check_parity("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
+}
+
+#[test]
+fn bert_mlm_planned_engine_matches_torch() {
+    let cfg = fp32_no_dropout(builtin_config("tiny-bert").unwrap());
+    let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 32, 11).unwrap().batch(0), &cfg);
+    check_parity_planned("tiny-bert (BertForMaskedLM)", &cfg, &batch);
+}
+
+#[test]
+fn gpt2_planned_engine_matches_torch() {
+    let cfg = fp32_no_dropout(builtin_config("tiny-gpt2").unwrap());
+    let batch = DataSource::synthetic(&cfg, 4, 32, 12).unwrap().batch(0);
+    check_parity_planned("tiny-gpt2 (GPT2LMHeadModel)", &cfg, &batch);
+}
+
+#[test]
+fn bert_sequence_classification_planned_engine_matches_torch() {
+    let mut raw = builtin_config("tiny-bert").unwrap().raw;
+    raw["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+    raw["num_labels"] = serde_json::json!(3);
+    let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
+    let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 16, 13).unwrap().batch(0), &cfg);
+    check_parity_planned("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
 }
 
 /// The `ort` config's training loop against the `pytorch` config's: same weights, same

@@ -38,6 +38,11 @@ impl<'a> Inputs<'a> {
         self
     }
 
+    /// The names given, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|(n, _)| n.as_str())
+    }
+
     /// A float input (e.g. an additive attention mask).
     pub fn floats(mut self, name: &str, data: &'a [f32]) -> Self {
         self.entries
@@ -45,7 +50,8 @@ impl<'a> Inputs<'a> {
         self
     }
 
-    fn get(&self, name: &str) -> Option<InputData<'a>> {
+    /// The data given under `name`.
+    pub fn get(&self, name: &str) -> Option<InputData<'a>> {
         self.entries
             .iter()
             .find(|(n, _)| n == name)

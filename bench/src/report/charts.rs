@@ -1,0 +1,358 @@
+//! The report's charts as SVG strings (plotters' SVG backend: text stays text, rendered by
+//! the browser, so no font files are needed): grouped bars of speedup, throughput and peak
+//! memory per model, and per model the loss curves and the step times of every config.
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::output::{ResultRow, StepRow};
+use crate::spec::CONFIGS;
+
+/// One chart of the report.
+pub struct Chart {
+    /// File stem (charts/<id>.svg) and HTML anchor.
+    pub id: String,
+    pub title: String,
+    pub svg: String,
+}
+
+const WIDTH: u32 = 960;
+const HEIGHT: u32 = 400;
+const FONT: &str = "sans-serif";
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("drawing a chart: {e:?}")
+}
+
+/// An axis number with as few decimals as its size needs.
+fn axis_number(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 || v == 0.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.01 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+/// A fixed colour per config, so that every chart reads alike.
+pub fn config_color(config: &str) -> RGBColor {
+    match config {
+        "pytorch" => RGBColor(0xEE, 0x4C, 0x2C),
+        "ort" => RGBColor(0x1F, 0x77, 0xB4),
+        "ort-zero1" => RGBColor(0x2C, 0xA0, 0x2C),
+        _ => RGBColor(0x7F, 0x7F, 0x7F),
+    }
+}
+
+/// What the bars and curves are grouped by: a model at one precision and rank count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub model: String,
+    pub precision: String,
+    pub ranks: usize,
+    pub label: String,
+}
+
+impl Group {
+    pub fn contains(&self, r: &ResultRow) -> bool {
+        r.model == self.model && r.precision == self.precision && r.ranks == self.ranks
+    }
+}
+
+/// The groups in order of first appearance; labels name the precision and ranks only when
+/// they vary.
+pub fn groups(results: &[ResultRow]) -> Vec<Group> {
+    let mut out: Vec<Group> = Vec::new();
+    let varies = |f: fn(&ResultRow) -> String| results.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() > 1;
+    let (p, k) = (varies(|r| r.precision.clone()), varies(|r| r.ranks.to_string()));
+    for r in results {
+        if out.iter().any(|g| g.contains(r)) {
+            continue;
+        }
+        let mut label = r.model.clone();
+        if p {
+            label.push_str(&format!(" · {}", r.precision));
+        }
+        if k {
+            label.push_str(&format!(" · {} rank{}", r.ranks, if r.ranks == 1 { "" } else { "s" }));
+        }
+        out.push(Group { model: r.model.clone(), precision: r.precision.clone(), ranks: r.ranks, label });
+    }
+    out
+}
+
+/// The configs present, in CONFIGS order.
+pub fn configs(results: &[ResultRow]) -> Vec<String> {
+    let mut out: Vec<String> = CONFIGS.iter().filter(|c| results.iter().any(|r| r.config == **c)).map(|c| c.to_string()).collect();
+    for r in results {
+        if !out.contains(&r.config) {
+            out.push(r.config.clone());
+        }
+    }
+    out
+}
+
+/// Every chart of a run.
+pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>> {
+    let groups = groups(results);
+    let configs = configs(results);
+    let mut charts = vec![
+        Chart {
+            id: "speedup".into(),
+            title: "Speedup over pytorch (samples/s ratio)".into(),
+            svg: bar_chart("Speedup over pytorch", "× pytorch samples/s", &groups, &configs, results, |r| r.speedup, Some(1.0), 2)?,
+        },
+        Chart {
+            id: "throughput".into(),
+            title: "Throughput (samples/s)".into(),
+            svg: bar_chart("Throughput", "samples/s", &groups, &configs, results, |r| r.samples_per_s, None, 2)?,
+        },
+        Chart {
+            id: "memory".into(),
+            title: "Peak memory (MiB)".into(),
+            svg: bar_chart(
+                "Peak memory",
+                "MiB",
+                &groups,
+                &configs,
+                results,
+                |r| r.peak_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64),
+                None,
+                0,
+            )?,
+        },
+    ];
+    for (i, g) in groups.iter().enumerate() {
+        let runs: Vec<&ResultRow> = results.iter().filter(|r| g.contains(r)).collect();
+        let of = |r: &ResultRow| -> Vec<&StepRow> {
+            steps.iter().filter(|s| s.model == r.model && s.config == r.config && s.precision == r.precision && s.rank < r.ranks).collect()
+        };
+        let loss: Vec<(String, Vec<(f64, f64)>)> = runs
+            .iter()
+            .map(|r| (r.config.clone(), of(r).into_iter().filter(|s| s.rank == 0 && s.loss.is_finite()).map(|s| (s.step as f64, s.loss)).collect()))
+            .collect();
+        charts.push(Chart {
+            id: format!("loss-{i}"),
+            title: format!("Loss: {}", g.label),
+            svg: line_chart(&format!("Loss · {}", g.label), "loss (rank 0)", &loss, None)?,
+        });
+        let times: Vec<(String, Vec<(f64, f64)>)> = runs
+            .iter()
+            .map(|r| {
+                let mut per_step: std::collections::BTreeMap<usize, f64> = std::collections::BTreeMap::new();
+                for s in of(r) {
+                    let e = per_step.entry(s.step).or_insert(0.0);
+                    *e = e.max(s.step_ms);
+                }
+                (r.config.clone(), per_step.into_iter().map(|(k, v)| (k as f64, v)).collect())
+            })
+            .collect();
+        let warmup = runs.first().map(|r| r.warmup as f64 - 0.5);
+        charts.push(Chart {
+            id: format!("steptime-{i}"),
+            title: format!("Step time: {}", g.label),
+            svg: line_chart(&format!("Step time · {} (dashed: end of warm-up)", g.label), "ms per step (slowest rank)", &times, warmup)?,
+        });
+    }
+    Ok(charts)
+}
+
+/// Grouped bars: one group per model, one bar per config, the value printed above each bar.
+#[allow(clippy::too_many_arguments)]
+fn bar_chart(
+    title: &str,
+    y_desc: &str,
+    groups: &[Group],
+    configs: &[String],
+    results: &[ResultRow],
+    value: impl Fn(&ResultRow) -> Option<f64>,
+    reference: Option<f64>,
+    decimals: usize,
+) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let n = groups.len().max(1);
+        let max = results.iter().filter_map(&value).filter(|v| v.is_finite()).fold(reference.unwrap_or(0.0), f64::max);
+        let top = if max > 0.0 { max * 1.25 } else { 1.0 };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..top)
+            .map_err(err)?;
+        // The group names under the bars (plotters' own x labels would sit at round numbers).
+        let under = TextStyle::from((FONT, 15).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+        for (i, g) in groups.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(i as f64, 0.0));
+            root.draw(&Text::new(g.label.clone(), (x, y + 8), under.clone())).map_err(err)?;
+        }
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .y_label_formatter(&|v| axis_number(*v))
+            .y_desc(y_desc)
+            .y_label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        let k = configs.len().max(1) as f64;
+        let width = 0.8 / k;
+        for (j, config) in configs.iter().enumerate() {
+            let color = config_color(config);
+            let bars: Vec<(f64, f64)> = groups
+                .iter()
+                .enumerate()
+                .filter_map(|(i, g)| {
+                    let r = results.iter().find(|r| g.contains(r) && &r.config == config)?;
+                    value(r).filter(|v| v.is_finite()).map(|v| (i as f64 - 0.4 + j as f64 * width, v))
+                })
+                .collect();
+            chart
+                .draw_series(bars.iter().map(|&(x0, v)| Rectangle::new([(x0 + 0.05 * width, 0.0), (x0 + 0.95 * width, v)], color.filled())))
+                .map_err(err)?
+                .label(config.as_str())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+            let text = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+            chart
+                .draw_series(bars.iter().map(|&(x0, v)| Text::new(format!("{v:.decimals$}"), (x0 + 0.5 * width, v), text.clone())))
+                .map_err(err)?;
+        }
+        if let Some(y) = reference {
+            chart
+                .draw_series(DashedLineSeries::new(vec![(-0.5, y), (n as f64 - 0.5, y)], 6, 4, BLACK.mix(0.5).stroke_width(1)))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// One line per config over the steps; `vline`: a dashed vertical marker (end of warm-up).
+fn line_chart(title: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], vline: Option<f64>) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let points = series.iter().flat_map(|(_, p)| p.iter());
+        let (mut xmax, mut ymin, mut ymax) = (1.0f64, f64::INFINITY, f64::NEG_INFINITY);
+        for &(x, y) in points {
+            xmax = xmax.max(x);
+            ymin = ymin.min(y);
+            ymax = ymax.max(y);
+        }
+        if !ymin.is_finite() {
+            (ymin, ymax) = (0.0, 1.0);
+        }
+        let pad = ((ymax - ymin) * 0.08).max(ymax.abs() * 1e-4).max(1e-9);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..xmax, (ymin - pad)..(ymax + pad))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc(y_desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|v| axis_number(*v))
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .x_labels((xmax as usize + 1).min(12))
+            .label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        // Later series are drawn thinner on top, so curves that coincide (as they should)
+        // stay visible one inside the other.
+        for (j, (config, pts)) in series.iter().enumerate() {
+            let color = config_color(config);
+            let width = 5u32.saturating_sub(2 * j as u32).max(1);
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(width)).point_size(width + 1))
+                .map_err(err)?
+                .label(config.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        }
+        if let Some(x) = vline.filter(|x| *x > 0.0) {
+            chart
+                .draw_series(DashedLineSeries::new(vec![(x, ymin - pad), (x, ymax + pad)], 5, 4, BLACK.mix(0.4).stroke_width(1)))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(model: &str, config: &str, sps: f64) -> ResultRow {
+        ResultRow {
+            model: model.into(),
+            config: config.into(),
+            precision: "fp32".into(),
+            ranks: 1,
+            warmup: 1,
+            status: "ok".into(),
+            samples_per_s: Some(sps),
+            speedup: Some(sps / 10.0),
+            peak_mem_bytes: Some(100 << 20),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn charts_are_svg_with_escaped_text() {
+        let results = vec![row("<b>m</b>", "pytorch", 10.0), row("<b>m</b>", "ort", 15.0), row("n", "pytorch", 5.0)];
+        let steps: Vec<StepRow> = (0..4)
+            .map(|s| StepRow {
+                model: "<b>m</b>".into(),
+                config: "ort".into(),
+                precision: "fp32".into(),
+                rank: 0,
+                step: s,
+                loss: 10.0 - s as f64 * 0.1,
+                step_ms: 5.0,
+                grad_norm: 1.0,
+                loss_scale: 1.0,
+                skipped: false,
+            })
+            .collect();
+        let charts = all_charts(&results, &steps).unwrap();
+        assert_eq!(charts.len(), 3 + 2 * 2);
+        for c in &charts {
+            assert!(c.svg.trim_start().starts_with("<svg"), "{}", c.id);
+            assert!(!c.svg.contains("<b>"), "{} has unescaped text", c.id);
+        }
+        assert!(charts[0].svg.contains("1.50"), "bar values are printed");
+        assert!(charts[0].svg.contains("&lt;b&gt;m&lt;/b&gt;"));
+    }
+}

@@ -1,0 +1,441 @@
+//! Single-threaded f32 GEMM on raw pointers, and its split across the CPU pool: what the
+//! planned executor's kernels call.
+//!
+//! Why not `gemm::sgemm` directly: (1) the kernels run on the pool's threads, so each GEMM must
+//! stay on its own thread — MKL's OpenMP team (or the `gemm` crate's Rayon pool) next to our
+//! pool would oversubscribe the cores, and an OpenMP team spin-waits after each call, stealing
+//! the core our worker needs; (2) strided operands (attention heads inside a (B, T, C) row,
+//! q/k/v inside GPT-2's (B, T, 3C) row) make C matrices interleave across tasks, which raw
+//! pointers express without overlapping `&mut` slices.
+//!
+//! Providers follow [`gemm::provider`]: MKL's `cblas_sgemm` with `MKL_Set_Num_Threads_Local(1)`
+//! (a thread-local setting, restored after each call on the caller's thread), the pure-Rust
+//! `gemm` crate with `Parallelism::None`, or a reference triple loop.
+//!
+//! Measured on the 2-core dev box (bench `bench_gemm_split`, bert-base shapes): one 2-thread MKL
+//! call and two 1-thread MKL calls on halves of M on the pool are within a few percent of each
+//! other; the split keeps MKL's OpenMP team idle, so it is what [`sgemm_par`] does.
+
+use super::gemm::{self, GemmError, Provider};
+use super::pool::{Pool, SyncPtr};
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+type SgemmFn = unsafe extern "C" fn(
+    layout: c_int,
+    transa: c_int,
+    transb: c_int,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: f32,
+    a: *const f32,
+    lda: c_int,
+    b: *const f32,
+    ldb: c_int,
+    beta: f32,
+    c: *mut f32,
+    ldc: c_int,
+);
+type SetLocalFn = unsafe extern "C" fn(c_int) -> c_int;
+
+enum St {
+    Mkl {
+        sgemm: SgemmFn,
+        set_local: SetLocalFn,
+        _lib: libloading::Library,
+    },
+    Gemm,
+    Reference,
+}
+
+static ST: OnceLock<Result<St, GemmError>> = OnceLock::new();
+
+fn st() -> Result<&'static St, GemmError> {
+    ST.get_or_init(|| match gemm::provider()? {
+        Provider::Mkl(lib) => {
+            // The same library the provider loaded (dlopen of the same path returns the same
+            // handle), for the two entry points it does not expose.
+            // SAFETY: loading an already-loaded library runs no initialisers again.
+            let l = unsafe { libloading::Library::new(lib.path()) }.map_err(|e| {
+                GemmError::MklUnavailable {
+                    searched: format!("  {}: {e}", lib.path().display()),
+                }
+            })?;
+            // SAFETY: prototypes from mkl_cblas.h / mkl_service.h (LP64); the pointers are
+            // stored next to `l`, which lives in a static.
+            unsafe {
+                let get = |name: &[u8]| -> Result<*mut c_void, GemmError> {
+                    l.get::<*mut c_void>(name)
+                        .map(|s| *s)
+                        .map_err(|_| GemmError::MklUnavailable {
+                            searched: format!(
+                                "  {}: no symbol {}",
+                                lib.path().display(),
+                                String::from_utf8_lossy(name)
+                            ),
+                        })
+                };
+                let sgemm = std::mem::transmute::<*mut c_void, SgemmFn>(get(b"cblas_sgemm\0")?);
+                let set_local = std::mem::transmute::<*mut c_void, SetLocalFn>(get(
+                    b"MKL_Set_Num_Threads_Local\0",
+                )?);
+                Ok(St::Mkl {
+                    sgemm,
+                    set_local,
+                    _lib: l,
+                })
+            }
+        }
+        Provider::Gemm => Ok(St::Gemm),
+        Provider::Reference => Ok(St::Reference),
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Checks that the GEMM provider loads (the planned executor calls it at build time, so that a
+/// missing MKL is an error there and not a panic inside a step).
+pub fn check() -> Result<(), GemmError> {
+    st().map(|_| ())
+}
+
+/// Pool workers run MKL on one thread each (a thread-local MKL setting).
+pub(crate) fn init_worker_thread() {
+    if let Ok(St::Mkl { set_local, .. }) = st() {
+        // SAFETY: plain C call on this thread's MKL state.
+        unsafe { set_local(1) };
+    }
+}
+
+/// `C = alpha·op(A)·op(B) + beta·C` on this thread only. Row-major; `ta`: A is stored (K, M),
+/// else (M, K); `tb`: B is stored (N, K), else (K, N); rows `ld*` apart. `beta = 0` does not
+/// read C.
+///
+/// # Safety
+/// Every element of op(A), op(B) and C at these leading dimensions must be valid; C must not
+/// overlap A or B, and no other thread may touch C's elements during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm_st(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32, // (M, K) or (K, M) when ta, rows lda apart
+    lda: usize,
+    b: *const f32, // (K, N) or (N, K) when tb, rows ldb apart
+    ldb: usize,
+    beta: f32,
+    c: *mut f32, // (M, N), rows ldc apart
+    ldc: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            let row = std::slice::from_raw_parts_mut(c.add(i * ldc), n);
+            if beta == 0.0 {
+                row.fill(0.0);
+            } else {
+                row.iter_mut().for_each(|x| *x *= beta);
+            }
+        }
+        return;
+    }
+    match st().unwrap_or_else(|e| panic!("GEMM provider: {e}")) {
+        St::Mkl {
+            sgemm, set_local, ..
+        } => {
+            let i = |x: usize| c_int::try_from(x).expect("GEMM dimension beyond MKL's 32-bit ints");
+            let t = |x: bool| if x { 112 } else { 111 }; // CblasTrans / CblasNoTrans
+            let prev = set_local(1);
+            sgemm(
+                101, // CblasRowMajor
+                t(ta),
+                t(tb),
+                i(m),
+                i(n),
+                i(k),
+                alpha,
+                a,
+                i(lda.max(1)),
+                b,
+                i(ldb.max(1)),
+                beta,
+                c,
+                i(ldc.max(1)),
+            );
+            if prev != 1 {
+                set_local(prev);
+            }
+        }
+        St::Gemm => {
+            let (a_rs, a_cs) = if ta { (1, lda as isize) } else { (lda as isize, 1) };
+            let (b_rs, b_cs) = if tb { (1, ldb as isize) } else { (ldb as isize, 1) };
+            // The crate computes dst = alpha·dst + beta·lhs·rhs (its names), reading dst only
+            // when asked.
+            ::gemm::gemm(
+                m,
+                n,
+                k,
+                c,
+                1,
+                ldc as isize,
+                beta != 0.0,
+                a,
+                a_cs,
+                a_rs,
+                b,
+                b_cs,
+                b_rs,
+                beta,
+                alpha,
+                false,
+                false,
+                false,
+                ::gemm::Parallelism::None,
+            );
+        }
+        St::Reference => {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0f64;
+                    for p in 0..k {
+                        let av = if ta { *a.add(p * lda + i) } else { *a.add(i * lda + p) };
+                        let bv = if tb { *b.add(j * ldb + p) } else { *b.add(p * ldb + j) };
+                        acc += av as f64 * bv as f64;
+                    }
+                    let o = c.add(i * ldc + j);
+                    let prev = if beta == 0.0 { 0.0 } else { beta as f64 * *o as f64 };
+                    *o = (alpha as f64 * acc + prev) as f32;
+                }
+            }
+        }
+    }
+}
+
+/// `ORTBENCH_GEMM_THREADS=library`: large GEMMs use MKL's own threads instead of the pool
+/// split (for comparisons; see the module docs).
+fn library_threads() -> bool {
+    static LIB: OnceLock<bool> = OnceLock::new();
+    *LIB.get_or_init(|| std::env::var("ORTBENCH_GEMM_THREADS").is_ok_and(|v| v.eq_ignore_ascii_case("library")))
+}
+
+/// [`sgemm_st`] split over the pool: along M in row blocks when M is large enough, else along N.
+/// Below ~1 MFLOP it runs on the calling thread only (a wake-up costs more than it saves).
+///
+/// # Safety
+/// As [`sgemm_st`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm_par(
+    pool: &Pool,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let t = pool.threads();
+    let flops = 2 * m * n * k;
+    if t <= 1 || flops < (1 << 20) {
+        return sgemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    if library_threads() {
+        if let Ok(St::Mkl { sgemm, set_local, .. }) = st() {
+            // MKL's own threads (its global count), from the calling thread.
+            let i = |x: usize| c_int::try_from(x).expect("GEMM dimension beyond MKL's 32-bit ints");
+            let tr = |x: bool| if x { 112 } else { 111 };
+            let prev = set_local(0);
+            sgemm(101, tr(ta), tr(tb), i(m), i(n), i(k), alpha, a, i(lda.max(1)), b, i(ldb.max(1)), beta, c, i(ldc.max(1)));
+            set_local(prev);
+            return;
+        }
+    }
+    let (ap, bp, cp) = (SyncPtr(a as *mut f32), SyncPtr(b as *mut f32), SyncPtr(c));
+    if m >= 16 * t {
+        let per = m.div_ceil(t).next_multiple_of(8);
+        pool.run(t, &|i| {
+            let (r0, r1) = ((i * per).min(m), ((i + 1) * per).min(m));
+            if r0 < r1 {
+                let a_i = if ta { ap.ptr().add(r0) } else { ap.ptr().add(r0 * lda) };
+                // SAFETY: row block [r0, r1) of C is this task's alone.
+                sgemm_st(
+                    ta,
+                    tb,
+                    r1 - r0,
+                    n,
+                    k,
+                    alpha,
+                    a_i,
+                    lda,
+                    bp.ptr(),
+                    ldb,
+                    beta,
+                    cp.ptr().add(r0 * ldc),
+                    ldc,
+                );
+            }
+        });
+    } else {
+        let per = n.div_ceil(t).next_multiple_of(16);
+        pool.run(t, &|i| {
+            let (c0, c1) = ((i * per).min(n), ((i + 1) * per).min(n));
+            if c0 < c1 {
+                let b_i = if tb { bp.ptr().add(c0 * ldb) } else { bp.ptr().add(c0) };
+                // SAFETY: column block [c0, c1) of C is this task's alone.
+                sgemm_st(
+                    ta,
+                    tb,
+                    m,
+                    c1 - c0,
+                    k,
+                    alpha,
+                    ap.ptr(),
+                    lda,
+                    b_i,
+                    ldb,
+                    beta,
+                    cp.ptr().add(c0),
+                    ldc,
+                );
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 1000.0 - 1.0 + 1e-3
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_and_single_match_the_reference_for_all_flags() {
+        let pool = Pool::new(2);
+        for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (64, 40, 33), (300, 20, 17), (3, 700, 9)] {
+            for ta in [false, true] {
+                for tb in [false, true] {
+                    let (lda, ldb, ldc) = (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
+                    let a = fill(if ta { k } else { m } * lda, 1);
+                    let b = fill(if tb { n } else { k } * ldb, 2);
+                    let c0 = fill(m * ldc, 3);
+                    let (mut c1, mut c2, mut c3) = (c0.clone(), c0.clone(), c0.clone());
+                    gemm::sgemm_reference(
+                        if ta { gemm::Transpose::Yes } else { gemm::Transpose::No },
+                        if tb { gemm::Transpose::Yes } else { gemm::Transpose::No },
+                        m, n, k, 0.7, &a, lda, &b, ldb, 0.5, &mut c1, ldc,
+                    )
+                    .unwrap();
+                    unsafe {
+                        sgemm_st(ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, 0.5, c2.as_mut_ptr(), ldc);
+                        sgemm_par(&pool, ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, 0.5, c3.as_mut_ptr(), ldc);
+                    }
+                    // f32 sums of k terms of magnitude <= 1: summation-order differences.
+                    let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
+                    for i in 0..m * ldc {
+                        assert!((c1[i] - c2[i]).abs() <= tol, "st {m}x{n}x{k} ta={ta} tb={tb} @{i}");
+                        assert!((c1[i] - c3[i]).abs() <= tol, "par {m}x{n}x{k} ta={ta} tb={tb} @{i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `cargo test --release -p ortbench-engine bench_gemm_split -- --ignored --nocapture`:
+    /// one MKL call on all threads vs the pool split, on bert-base's shapes.
+    #[test]
+    #[ignore]
+    fn bench_gemm_split() {
+        let pool = Pool::global();
+        for &(m, n, k, ta, tb) in &[
+            (1024, 768, 768, false, true),
+            (1024, 3072, 768, false, true),
+            (1024, 768, 3072, false, true),
+            (1024, 768, 768, false, false),
+            (768, 768, 1024, true, false),
+            (3072, 768, 1024, true, false),
+            (1024, 30522, 768, false, true),
+            (30522, 768, 1024, true, false),
+        ] {
+            let a = fill(m * k, 1);
+            let b = fill(n * k, 2);
+            let mut c = vec![0f32; m * n];
+            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+            let flops = 2.0 * (m * n * k) as f64;
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let t = std::time::Instant::now();
+                let reps = 5;
+                for _ in 0..reps {
+                    f();
+                }
+                flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
+            };
+            let tr = |x| if x { gemm::Transpose::Yes } else { gemm::Transpose::No };
+            let g_lib = time(&mut || {
+                gemm::sgemm(tr(ta), tr(tb), m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, n).unwrap()
+            });
+            let g_split = time(&mut || unsafe {
+                sgemm_par(pool, ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+            });
+            let g_one = time(&mut || unsafe {
+                sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+            });
+            println!(
+                "{m}x{n}x{k} ta={ta} tb={tb}: library-threaded {g_lib:.0} GFLOP/s, pool split {g_split:.0}, one thread {g_one:.0}"
+            );
+        }
+    }
+
+    /// Two single-threaded GEMMs at once on the pool vs one after the other: does a second
+    /// core help each transpose combination?
+    #[test]
+    #[ignore]
+    fn bench_gemm_concurrency() {
+        let pool = Pool::global();
+        for &(m, n, k, ta, tb) in &[(512, 768, 768, false, true), (512, 768, 768, false, false), (512, 3072, 768, false, true), (512, 3072, 768, false, false)] {
+            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+            let a = fill(m * k, 1);
+            let b = fill(n * k, 2);
+            let c = vec![0f32; 2 * m * n];
+            let cp = SyncPtr(c.as_ptr() as *mut f32);
+            let run = |i: usize| unsafe { sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, cp.ptr().add(i * m * n), n) };
+            let flops = 2.0 * (2 * m * n * k) as f64;
+            let time = |f: &dyn Fn()| {
+                f();
+                let t = std::time::Instant::now();
+                for _ in 0..10 {
+                    f();
+                }
+                flops * 10.0 / t.elapsed().as_secs_f64() / 1e9
+            };
+            let seq = time(&|| {
+                run(0);
+                run(1);
+            });
+            let par = time(&|| pool.run(2, &|i| run(i)));
+            println!("2x {m}x{n}x{k} ta={ta} tb={tb}: sequential {seq:.0} GFLOP/s, concurrent {par:.0}");
+        }
+    }
+}

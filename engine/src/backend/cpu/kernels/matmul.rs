@@ -1,0 +1,269 @@
+//! Batched matmul on strided operands: transposes folded into GEMM flags, heads and batch dims
+//! as per-matrix offsets, one big GEMM when the batch flattens into rows.
+//!
+//! The planner hands this kernel the operands' strides (a permute it folded becomes a
+//! column-major operand, i.e. a transpose flag; a (B, H, T, D) view inside a (B, T, C) row
+//! becomes a leading dimension and per-head offsets). A [`MatMulPlan`] is built once per node
+//! at plan time, so a step only reads it.
+//!
+//! References: `ops::matmul` (tested against), cuBLAS/BLAS `gemm` semantics, llm.c
+//! `matmul_forward`.
+
+use super::super::blas::{sgemm_par, sgemm_st};
+use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::plan::layout::reshape_strides;
+
+/// One matmul node, resolved: `batch` GEMMs of op(A) (M, K) · op(B) (K, N) → C (M, N).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatMulPlan {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A is stored (K, M) / B is stored (N, K), rows `lda` / `ldb` apart.
+    pub ta: bool,
+    pub tb: bool,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    /// Element offsets of each matrix of A, B, C from the operands' starts.
+    pub offs: Vec<(usize, usize, usize)>,
+}
+
+/// A matrix (rows, cols) with strides (sr, sc): Some((stored transposed, ld)).
+fn matrix(rows: usize, cols: usize, sr: usize, sc: usize) -> Option<(bool, usize)> {
+    if rows <= 1 && cols <= 1 {
+        return Some((false, cols.max(1)));
+    }
+    if cols == 1 || sc == 1 {
+        let ld = if rows == 1 { cols } else { sr };
+        if ld >= cols.max(1) {
+            return Some((false, ld));
+        }
+    }
+    if rows == 1 || sr == 1 {
+        let ld = if cols == 1 { rows } else { sc };
+        if ld >= rows.max(1) {
+            return Some((true, ld));
+        }
+    }
+    None
+}
+
+/// Offsets of every index of `dims` (row-major order) with `strides`.
+fn batch_offsets(dims: &[usize], strides: &[usize]) -> Vec<usize> {
+    let n: usize = dims.iter().product();
+    (0..n)
+        .map(|mut flat| {
+            let mut off = 0;
+            for d in (0..dims.len()).rev() {
+                off += (flat % dims[d]) * strides[d];
+                flat /= dims[d];
+            }
+            off
+        })
+        .collect()
+}
+
+impl MatMulPlan {
+    /// The plan of `op(a)·op(b)` for a (…, Ra, Ca), b (Rb, Cb) or (…, Rb, Cb), c (…, M, N) with
+    /// these strides; None when an operand is not a (row- or column-major) matrix or C's rows
+    /// are not contiguous.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(ta: bool, tb: bool, a: (&[usize], &[usize]), b: (&[usize], &[usize]), c: (&[usize], &[usize])) -> Option<Self> {
+        let (ra, rb, rc) = (a.0.len(), b.0.len(), c.0.len());
+        let (m, n) = (c.0[rc - 2], c.0[rc - 1]);
+        let k = if ta { a.0[ra - 2] } else { a.0[ra - 1] };
+        let (a_t, lda) = matrix(a.0[ra - 2], a.0[ra - 1], a.1[ra - 2], a.1[ra - 1])?;
+        let (b_t, ldb) = matrix(b.0[rb - 2], b.0[rb - 1], b.1[rb - 2], b.1[rb - 1])?;
+        let (c_t, ldc) = matrix(m, n, c.1[rc - 2], c.1[rc - 1])?;
+        if c_t && !(m == 1 && n == 1) {
+            return None;
+        }
+        let (ta, tb) = (ta ^ a_t, tb ^ b_t);
+        let batch_dims = &a.0[..ra - 2];
+        let batch: usize = batch_dims.iter().product();
+        let b_shared = rb == 2;
+        // One GEMM over all rows: A not transposed, B shared, and (batch…, M) of A and C each
+        // one arithmetic progression of rows.
+        if batch > 1 && b_shared && !ta {
+            let rows = |shape: &[usize], strides: &[usize], ld: usize| {
+                let r = shape.len();
+                let st: Vec<isize> = strides[..r - 1].iter().map(|&s| s as isize).collect();
+                reshape_strides(&shape[..r - 1], &st, &[batch * m]).is_some_and(|s| batch * m == 1 || s[0] == ld as isize)
+            };
+            if rows(a.0, a.1, lda) && rows(c.0, c.1, ldc) {
+                return Some(MatMulPlan { m: batch * m, n, k, ta, tb, lda, ldb, ldc, offs: vec![(0, 0, 0)] });
+            }
+        }
+        let ao = batch_offsets(batch_dims, &a.1[..ra - 2]);
+        let bo = if b_shared { vec![0; batch] } else { batch_offsets(&b.0[..rb - 2], &b.1[..rb - 2]) };
+        let co = batch_offsets(&c.0[..rc - 2], &c.1[..rc - 2]);
+        let offs = (0..batch).map(|i| (ao[i], bo[i], co[i])).collect();
+        Some(MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs })
+    }
+
+    fn small(&self) -> bool {
+        self.m * self.n * self.k <= 4096
+    }
+
+    /// C = op(A)·op(B) for every matrix of the batch.
+    ///
+    /// # Safety
+    /// The pointers are the operands' starts; every element the plan addresses is valid; C does
+    /// not overlap A or B.
+    pub unsafe fn run(&self, pool: &Pool, a: *const f32, b: *const f32, c: *mut f32) {
+        let batch = self.offs.len();
+        let t = pool.threads();
+        let flops = 2 * self.m * self.n * self.k;
+        let one = |i: usize, par: bool, a: *const f32, b: *const f32, c: *mut f32| {
+            let (oa, ob, oc) = self.offs[i];
+            let (a, b, c) = (a.add(oa), b.add(ob), c.add(oc));
+            if self.small() {
+                naive(self, a, b, c);
+            } else if par {
+                sgemm_par(pool, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0, c, self.ldc);
+            } else {
+                sgemm_st(self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0, c, self.ldc);
+            }
+        };
+        if batch == 1 || (batch < t && flops >= 1 << 22) || t == 1 {
+            for i in 0..batch {
+                one(i, true, a, b, c);
+            }
+            return;
+        }
+        // Matrices spread over the pool, contiguous ranges per task.
+        let (ap, bp, cp) = (SyncPtr(a as *mut f32), SyncPtr(b as *mut f32), SyncPtr(c));
+        let per = batch.div_ceil(t);
+        pool.run(t, &|task| {
+            for i in task * per..((task + 1) * per).min(batch) {
+                // SAFETY: each matrix of C is written by one task (offsets of distinct batch
+                // indices address disjoint C matrices).
+                one(i, false, ap.ptr(), bp.ptr(), cp.ptr());
+            }
+        });
+    }
+}
+
+/// Plain loops for tiny matrices (BERT's per-token 1×1·1×C padding products): an MKL call
+/// costs more than the arithmetic.
+unsafe fn naive(p: &MatMulPlan, a: *const f32, b: *const f32, c: *mut f32) {
+    for i in 0..p.m {
+        for j in 0..p.n {
+            let mut acc = 0f32;
+            for q in 0..p.k {
+                let av = if p.ta { *a.add(q * p.lda + i) } else { *a.add(i * p.lda + q) };
+                let bv = if p.tb { *b.add(j * p.ldb + q) } else { *b.add(q * p.ldb + j) };
+                acc += av * bv;
+            }
+            *c.add(i * p.ldc + j) = acc;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::matmul::{matmul_loops, MatMulDims};
+    use crate::ops::testutil::Rng;
+    use crate::plan::layout::{contiguous_strides, permute_strides};
+
+    fn us(v: &[isize]) -> Vec<usize> {
+        v.iter().map(|&x| x as usize).collect()
+    }
+
+    /// Contiguous operands, every flag, shared and batched b, against the reference loops:
+    /// |Δ| ≤ 4·K·ε·max|term| (summation order).
+    #[test]
+    fn contiguous_operands_match_the_reference() {
+        let pool = Pool::new(2);
+        let mut rng = Rng::new(3);
+        for &(batch, m, n, k) in &[(1usize, 1usize, 1usize, 1usize), (3, 5, 7, 9), (4, 64, 48, 80), (2, 130, 20, 300), (16, 1, 32, 1), (1, 256, 256, 64)] {
+            for ta in [false, true] {
+                for tb in [false, true] {
+                    for shared in [false, true] {
+                        if ta && shared && batch > 1 {
+                            continue; // the builder rejects it
+                        }
+                        let d = MatMulDims { batch, m, n, k, ta, tb, b_batched: !shared };
+                        let a = rng.vec_f32(batch * m * k);
+                        let b = rng.vec_f32(if shared { 1 } else { batch } * k * n);
+                        let mut want = vec![0.0; batch * m * n];
+                        matmul_loops(&mut want, &a, &b, &d);
+                        let a_shape = [batch, if ta { k } else { m }, if ta { m } else { k }];
+                        let b_shape: Vec<usize> = if shared { vec![] } else { vec![batch] }.into_iter().chain(if tb { [n, k] } else { [k, n] }).collect();
+                        let c_shape = [batch, m, n];
+                        let plan = MatMulPlan::new(
+                            ta,
+                            tb,
+                            (&a_shape, &us(&contiguous_strides(&a_shape))),
+                            (&b_shape, &us(&contiguous_strides(&b_shape))),
+                            (&c_shape, &us(&contiguous_strides(&c_shape))),
+                        )
+                        .unwrap();
+                        let mut got = vec![f32::NAN; batch * m * n];
+                        unsafe { plan.run(&pool, a.as_ptr(), b.as_ptr(), got.as_mut_ptr()) };
+                        let tol = 4.0 * k as f32 * f32::EPSILON;
+                        for (x, y) in got.iter().zip(&want) {
+                            assert!((x - y).abs() <= tol, "{d:?}: {x} vs {y}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Attention-style operands: q·kᵀ with q, k (B, H, T, D) views inside (B, T, 3C) rows and
+    /// a transposed (column-major) operand from a folded permute.
+    #[test]
+    fn strided_views_fold_into_leading_dims_and_flags() {
+        let pool = Pool::new(2);
+        let (b, t, h, d) = (2usize, 7usize, 3usize, 4usize);
+        let c = h * d;
+        let mut rng = Rng::new(4);
+        let qkv = rng.vec_f32(b * t * 3 * c); // (B, T, 3C)
+        // q = qkv[..., :C] as (B, H, T, D): strides (T·3C, D, 3C, 1); k at offset C.
+        let shape = [b, h, t, d];
+        let st = [t * 3 * c, d, 3 * c, 1];
+        let gather = |off: usize| -> Vec<f32> {
+            let mut v = Vec::new();
+            for bi in 0..b {
+                for hi in 0..h {
+                    for ti in 0..t {
+                        for di in 0..d {
+                            v.push(qkv[off + bi * st[0] + hi * st[1] + ti * st[2] + di]);
+                        }
+                    }
+                }
+            }
+            v
+        };
+        let (q, k) = (gather(0), gather(c));
+        let dims = MatMulDims { batch: b * h, m: t, n: t, k: d, ta: false, tb: true, b_batched: true };
+        let mut want = vec![0.0; b * h * t * t];
+        matmul_loops(&mut want, &q, &k, &dims);
+        let c_shape = [b, h, t, t];
+        let plan = MatMulPlan::new(false, true, (&shape, &st), (&shape, &st), (&c_shape, &us(&contiguous_strides(&c_shape)))).unwrap();
+        assert_eq!((plan.lda, plan.ldb, plan.offs.len()), (3 * c, 3 * c, b * h));
+        let mut got = vec![0.0; want.len()];
+        unsafe { plan.run(&pool, qkv.as_ptr(), qkv.as_ptr().add(c), got.as_mut_ptr()) };
+        for (x, y) in got.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-5);
+        }
+        // kᵀ as a folded permute (B, H, D, T): column-major, so tb flips.
+        let kt_strides = us(&permute_strides(&st.iter().map(|&s| s as isize).collect::<Vec<_>>(), &[0, 1, 3, 2]));
+        let kt_shape = [b, h, d, t];
+        let plan2 = MatMulPlan::new(false, false, (&shape, &st), (&kt_shape, &kt_strides), (&c_shape, &us(&contiguous_strides(&c_shape)))).unwrap();
+        assert!(plan2.tb);
+        let mut got2 = vec![0.0; want.len()];
+        unsafe { plan2.run(&pool, qkv.as_ptr(), qkv.as_ptr().add(c), got2.as_mut_ptr()) };
+        assert_eq!(got, got2);
+        // Rows of the batch flatten into one GEMM with a shared weight.
+        let w = rng.vec_f32(c * 5);
+        let plan3 = MatMulPlan::new(false, false, (&[b, t, c], &[t * 3 * c, 3 * c, 1]), (&[c, 5], &[5, 1]), (&[b, t, 5], &[t * 5, 5, 1])).unwrap();
+        assert_eq!((plan3.m, plan3.offs.len()), (b * t, 1));
+        let plan4 = MatMulPlan::new(false, false, (&[b, t, c], &[t * 3 * c + 1, 3 * c, 1]), (&[c, 5], &[5, 1]), (&[b, t, 5], &[t * 5, 5, 1])).unwrap();
+        assert_eq!((plan4.m, plan4.offs.len()), (t, b));
+        let _ = w;
+    }
+}

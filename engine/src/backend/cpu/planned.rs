@@ -1,0 +1,597 @@
+//! The planned executor: the engine's fast path on CPU.
+//!
+//! At build time it plans the training graph ([`crate::plan`]: schedule, views folded, places in
+//! the parameter/gradient buffers and in one arena sized to the planned peak), allocates that
+//! arena once, and resolves every executed node to a kernel with its sizes and strides
+//! precomputed (GEMM offsets, attention strides, mask broadcasts). A step then walks the
+//! steps, computes pointers from (root, offset) and calls one kernel per node — no heap
+//! allocation after the first step (`engine/tests/no_alloc.rs`), no copies for reshapes, head
+//! permutes, q/k/v splits or gradient concats, parameter gradients written straight into the
+//! flat gradient buffer.
+//!
+//! Extending it with a fused op: add the op to [`CpuKernels::check`] (and its layout
+//! requirements / in-place slots / workspace if any), and one arm in [`PlannedExecutor::exec`]
+//! calling its kernel. An op without a kernel is a [`PlanError::NoKernel`] when the executor is
+//! built, naming the node and op — never a silent fallback.
+//!
+//! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
+
+use super::kernels::attention::{self, AttnPlan};
+use super::kernels::elementwise::{self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward};
+use super::kernels::matmul::MatMulPlan;
+use super::kernels::softmax::MaskMap;
+use super::kernels::{copy, embedding, loss, norm, reduce, softmax};
+use super::pool::Pool;
+use crate::exec::{profile, ExecError, InputData, Inputs};
+use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
+use crate::ops::OpError;
+use crate::plan::{self, Kernels, Place, Plan, PlanError, Req, Root};
+
+/// What the CPU kernels accept (see [`Kernels`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuKernels {
+    pub threads: usize,
+}
+
+impl CpuKernels {
+    pub fn new(threads: usize) -> Self {
+        CpuKernels { threads: threads.max(1) }
+    }
+}
+
+impl Kernels for CpuKernels {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
+        let n = &g.nodes()[node];
+        let err = |why: String| PlanError::NoKernel { node, op: n.op.name(), backend: "cpu", why };
+        #[allow(unreachable_patterns)] // an op added to the IR without a kernel lands in `_`
+        match &n.op {
+            Op::Fill { .. }
+            | Op::Embedding
+            | Op::MatMul { .. }
+            | Op::BiasAdd
+            | Op::Add
+            | Op::Scale { .. }
+            | Op::Gelu { .. }
+            | Op::Tanh
+            | Op::LayerNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Dropout { .. }
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::Split { .. }
+            | Op::Concat
+            | Op::CrossEntropy { .. }
+            | Op::EmbeddingBackward
+            | Op::ReduceSumLeading
+            | Op::GeluBackward { .. }
+            | Op::TanhBackward
+            | Op::LayerNormBackward
+            | Op::SoftmaxBackward { .. }
+            | Op::CrossEntropyBackward { .. } => {}
+            Op::Attention { .. } | Op::AttentionBackward { .. } => {
+                let q = if matches!(n.op, Op::Attention { .. }) { 0 } else { 1 };
+                if g.shape(n.inputs[q]).len() != 4 {
+                    return Err(err(" for a non-4-D attention".into()));
+                }
+            }
+            _ => return Err(err(String::new())),
+        }
+        if n.outputs.iter().any(|&o| g.shape(o).len() > 8) {
+            return Err(err(" for tensors of more than 8 dims".into()));
+        }
+        Ok(())
+    }
+
+    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        match g.nodes()[node].op {
+            Op::MatMul { .. } => Req::Matrix,
+            Op::Attention { .. } if slot < 3 => Req::Rows,
+            Op::AttentionBackward { .. } if slot < 4 => Req::Rows,
+            Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            _ => Req::Contig,
+        }
+    }
+
+    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        match g.nodes()[node].op {
+            Op::MatMul { .. } | Op::AttentionBackward { .. } => Req::Rows,
+            Op::Attention { .. } if slot == 0 => Req::Rows,
+            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            _ => Req::Contig,
+        }
+    }
+
+    fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
+        match g.nodes()[node].op {
+            Op::Add => vec![0, 1],
+            Op::BiasAdd | Op::Scale { .. } | Op::Gelu { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
+            Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
+            _ => vec![],
+        }
+    }
+
+    fn workspace(&self, g: &Graph, node: usize) -> usize {
+        let n = &g.nodes()[node];
+        let t = self.threads;
+        match n.op {
+            Op::LayerNormBackward => norm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1)),
+            Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
+            Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
+                let p = g.shape(n.outputs[1]);
+                t * p[2] * p[3]
+            }
+            Op::AttentionBackward { .. } => {
+                let p = g.shape(n.inputs[4]);
+                2 * t * p[2] * p[3]
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Kernel data resolved at build time, per step.
+#[derive(Debug, Clone)]
+enum Aux {
+    None,
+    MatMul(MatMulPlan),
+    Attn(Box<AttnPlan>),
+    Mask(MaskMap),
+}
+
+#[derive(Debug, Clone)]
+struct Resolved {
+    node: usize,
+    inplace: Option<usize>,
+    ws: Option<(usize, usize)>,
+    aux: Aux,
+    /// The profile key: the op name, matmuls by flags (as the reference executor's).
+    key: String,
+}
+
+/// 64-byte aligned, zero-initialised f32 memory: the arena.
+struct Arena {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: plain owned memory.
+unsafe impl Send for Arena {}
+
+impl Arena {
+    fn new(len: usize) -> Arena {
+        if len == 0 {
+            return Arena { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0 };
+        }
+        let layout = std::alloc::Layout::from_size_align(len * 4, 64).expect("arena size overflows");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Arena { ptr, len }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr as *mut u8, std::alloc::Layout::from_size_align(self.len * 4, 64).expect("layout")) };
+        }
+    }
+}
+
+/// A bound step input.
+#[derive(Debug, Clone, Copy)]
+enum In {
+    Ids(*const i64, usize),
+    Floats(*const f32),
+}
+
+/// Runs one training graph on its plan with the fast CPU kernels.
+pub struct PlannedExecutor {
+    graph: Graph,
+    plan: Plan,
+    steps: Vec<Resolved>,
+    arena: Arena,
+    pool: &'static Pool,
+    /// Bound inputs of the current step (capacity reserved at build: no allocation per step).
+    bound: Vec<In>,
+}
+
+impl std::fmt::Debug for PlannedExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PlannedExecutor({})", self.plan.summary(&self.graph))
+    }
+}
+
+/// Raw bases of the step's buffers.
+#[derive(Clone, Copy)]
+struct Mem<'a> {
+    arena: *mut f32,
+    params: *const f32,
+    grads: *mut f32,
+    inputs: &'a [In],
+}
+
+impl PlannedExecutor {
+    /// Plans `graph` (a training graph, f32) and allocates its arena.
+    pub fn new(graph: &Graph) -> Result<Self, PlanError> {
+        super::blas::check().map_err(|e| PlanError::Backend(e.to_string()))?;
+        let pool = Pool::global();
+        let kernels = CpuKernels::new(pool.threads());
+        let plan = plan::build(graph, &kernels)?;
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for s in &plan.steps {
+            let node = &graph.nodes()[s.node];
+            let aux = resolve(graph, &plan, s.node, node)?;
+            let key = match &node.op {
+                Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
+                op => op.name().to_string(),
+            };
+            steps.push(Resolved { node: s.node, inplace: s.inplace, ws: s.workspace, aux, key });
+        }
+        let arena = Arena::new(plan.arena_len);
+        Ok(PlannedExecutor { graph: graph.clone(), plan, steps, arena, pool, bound: Vec::with_capacity(graph.inputs().len()) })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// One training step: forward and backward; every parameter's gradient is written into
+    /// `grads` at its (offset, len) — overwriting, zero where the loss does not depend on it —
+    /// and the loss is returned. Same contract as [`crate::RefExecutor::train_step`].
+    pub fn train_step(&mut self, params: &[f32], inputs: &Inputs<'_>, seed: u64, grads: &mut [f32]) -> Result<f32, ExecError> {
+        let n = self.graph.num_param_elems();
+        if params.len() != n {
+            return Err(ExecError::ParamLen { expected: n, got: params.len() });
+        }
+        if grads.len() != n {
+            return Err(ExecError::GradLen { expected: n, got: grads.len() });
+        }
+        self.bind(inputs)?;
+        let g = &self.graph;
+        let mem = Mem { arena: self.arena.ptr, params: params.as_ptr(), grads: grads.as_mut_ptr(), inputs: &self.bound };
+        let prof = profile::enabled();
+        for r in &self.steps {
+            let t0 = prof.then(std::time::Instant::now);
+            // SAFETY: the plan gives every tensor a place inside its buffer, kernels write only
+            // their outputs, and outputs overlap inputs only where the plan made them in place.
+            unsafe { self.exec(r, mem, seed) }.map_err(|source| ExecError::Op { node: r.node, op: g.nodes()[r.node].op.name(), source })?;
+            if let Some(t0) = t0 {
+                profile::record(r.key.clone(), t0.elapsed());
+            }
+        }
+        for &(off, len) in &self.plan.grad_zeros {
+            // SAFETY: inside the gradient buffer (checked length).
+            unsafe { std::slice::from_raw_parts_mut(mem.grads.add(off), len) }.fill(0.0);
+        }
+        for &(t, off, len) in &self.plan.grad_copies {
+            let p = &self.plan.places[t.index()];
+            let shape = g.shape(t);
+            let dst_strides = contiguous(shape);
+            debug_assert_eq!(len, g.tensor(t).numel());
+            // SAFETY: the source is a planned tensor; the destination is the parameter's slot.
+            unsafe { copy::copy_strided(self.pool, mem_ptr(mem, p), shape, &p.strides, mem.grads.add(off), shape, &dst_strides) };
+        }
+        let lp = &self.plan.places[self.plan.loss.index()];
+        // SAFETY: the loss is a planned scalar, live to the end.
+        Ok(unsafe { *mem_ptr(mem, lp) })
+    }
+
+    fn bind(&mut self, inputs: &Inputs<'_>) -> Result<(), ExecError> {
+        let g = &self.graph;
+        if let Some(name) = inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n))) {
+            let declared: Vec<&str> = g.inputs().iter().filter_map(|&t| g.input_name(t)).collect();
+            return Err(ExecError::UnknownInput { name: name.to_string(), declared: declared.join(", ") });
+        }
+        self.bound.clear();
+        for &t in g.inputs() {
+            let info = g.tensor(t);
+            let TensorKind::Input { name } = &info.kind else { unreachable!("graph inputs are Input tensors") };
+            let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
+            let expected = || format!("{} {} ({} elements)", crate::graph::fmt_shape(&info.shape), info.elem, info.numel());
+            let (b, got) = match data {
+                InputData::Ids(d) if !info.elem.is_float() => (In::Ids(d.as_ptr(), d.len()), d.len()),
+                InputData::Floats(d) if info.elem.is_float() => (In::Floats(d.as_ptr()), d.len()),
+                InputData::Ids(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} i64 ids", d.len()) }),
+                InputData::Floats(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} floats", d.len()) }),
+            };
+            if got != info.numel() {
+                return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{got} elements") });
+            }
+            self.bound.push(b);
+        }
+        Ok(())
+    }
+
+    /// Runs one step's kernel.
+    ///
+    /// # Safety
+    /// `mem` holds this step's buffers (the plan's contract).
+    unsafe fn exec(&self, r: &Resolved, mem: Mem<'_>, seed: u64) -> Result<(), OpError> {
+        let g = &self.graph;
+        let node = &g.nodes()[r.node];
+        let pool = self.pool;
+        let places = &self.plan.places;
+        let pl = |t: TensorId| &places[t.index()];
+        let numel = |t: TensorId| g.tensor(t).numel();
+        let ptr = |t: TensorId| mem_ptr(mem, pl(t));
+        // Contiguous views (the plan guarantees Contig where the kernel needs it).
+        let rd = |i: usize| -> &[f32] { std::slice::from_raw_parts(ptr(node.inputs[i]), numel(node.inputs[i])) };
+        let wr = |i: usize| -> &mut [f32] { std::slice::from_raw_parts_mut(ptr(node.outputs[i]), numel(node.outputs[i])) };
+        // The input an in-place output overwrites, as the output.
+        let rw = |i: usize| -> &mut [f32] { std::slice::from_raw_parts_mut(ptr(node.inputs[i]), numel(node.inputs[i])) };
+        let ids = |i: usize| -> &[i64] {
+            match pl(node.inputs[i]).root {
+                Root::Input(k) => match mem.inputs[k] {
+                    In::Ids(p, n) => std::slice::from_raw_parts(p, n),
+                    In::Floats(_) => unreachable!("ids input bound as floats"),
+                },
+                _ => unreachable!("i64 tensors are step inputs"),
+            }
+        };
+        let last = |t: TensorId| *g.shape(t).last().unwrap_or(&1);
+        let ws = || -> &mut [f32] {
+            let (o, l) = r.ws.expect("the plan gives this kernel its workspace");
+            std::slice::from_raw_parts_mut(mem.arena.add(o), l)
+        };
+        let mask = |i: usize| -> Option<(&[f32], &MaskMap)> {
+            match (&r.aux, node.inputs.get(i)) {
+                (Aux::Mask(m), Some(_)) => Some((rd(i), m)),
+                _ => None,
+            }
+        };
+        #[allow(unreachable_patterns)]
+        match &node.op {
+            Op::Fill { value } => {
+                let o = node.outputs[0];
+                let p = pl(o);
+                if is_contig(g.shape(o), &p.strides) {
+                    ew::fill(pool, wr(0), *value);
+                } else {
+                    copy::fill_strided(pool, ptr(o), g.shape(o), &p.strides, *value);
+                }
+            }
+            Op::Embedding => embedding::embedding_forward(pool, wr(0), ids(1), rd(0), g.shape(node.inputs[0])[1])?,
+            Op::MatMul { .. } => {
+                let Aux::MatMul(m) = &r.aux else { unreachable!("resolved at build") };
+                m.run(pool, ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.outputs[0]));
+            }
+            Op::BiasAdd | Op::Add => match r.inplace {
+                Some(0) => ew::map2_inplace_a(pool, rw(0), rd(1), Add),
+                Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), Add),
+                None => ew::map2(pool, wr(0), rd(0), rd(1), Add),
+            },
+            Op::Scale { s } => unary(pool, r, wr, rd, rw, Scale(*s)),
+            Op::Gelu { approx } => unary(pool, r, wr, rd, rw, Gelu(*approx)),
+            Op::Tanh => unary(pool, r, wr, rd, rw, Tanh),
+            Op::GeluBackward { approx } => binary_b(pool, r, wr, rd, rw, GeluBackward(*approx)),
+            Op::TanhBackward => binary_b(pool, r, wr, rd, rw, TanhBackward),
+            Op::Dropout { p, offset } => match r.inplace {
+                Some(_) => ew::dropout_inplace(pool, rw(0), *p, seed, *offset),
+                None => ew::dropout(pool, wr(0), rd(0), *p, seed, *offset),
+            },
+            Op::LayerNorm { eps } => norm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps),
+            Op::LayerNormBackward => norm::layernorm_backward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), rd(3), rd(4), ws()),
+            Op::Softmax { scale, causal } => {
+                let s = g.shape(node.inputs[0]);
+                let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
+                softmax::softmax_forward(pool, wr(0), rd(0), last(node.inputs[0]), *scale, *causal, tq, mask(1));
+            }
+            Op::SoftmaxBackward { scale } => match r.inplace {
+                Some(_) => softmax::softmax_backward(pool, None, rd(0), rw(1), last(node.inputs[0]), *scale),
+                None => {
+                    // The kernel takes dy mutably for its in-place form; here it only reads it.
+                    let dy = std::slice::from_raw_parts_mut(ptr(node.inputs[1]), numel(node.inputs[1]));
+                    softmax::softmax_backward(pool, Some(wr(0)), rd(0), dy, last(node.inputs[0]), *scale)
+                }
+            },
+            Op::Reshape | Op::Permute { .. } => {
+                // Materialised (the plan could not fold it): a strided copy.
+                let (x, o) = (node.inputs[0], node.outputs[0]);
+                let (xs, os) = (g.shape(x).to_vec(), g.shape(o));
+                let (src_shape, src_strides) = match &node.op {
+                    Op::Permute { perm } => (perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(), perm.iter().map(|&p| pl(x).strides[p]).collect::<Vec<_>>()),
+                    _ => (xs, pl(x).strides.clone()),
+                };
+                copy::copy_strided(pool, ptr(x), &src_shape, &src_strides, ptr(o), os, &pl(o).strides);
+            }
+            Op::Split { sizes } => {
+                let x = node.inputs[0];
+                let xp = pl(x);
+                let ls = *xp.strides.last().unwrap_or(&0);
+                let mut start = 0;
+                for (&o, &sz) in node.outputs.iter().zip(sizes) {
+                    let os = g.shape(o);
+                    copy::copy_strided(pool, ptr(x).add(start * ls), os, &xp.strides, ptr(o), os, &pl(o).strides);
+                    start += sz;
+                }
+            }
+            Op::Concat => {
+                let o = node.outputs[0];
+                let op = pl(o);
+                let ls = *op.strides.last().unwrap_or(&0);
+                let mut start = 0;
+                for &x in &node.inputs {
+                    let xs = g.shape(x);
+                    copy::copy_strided(pool, ptr(x), xs, &pl(x).strides, ptr(o).add(start * ls), xs, &op.strides);
+                    start += last(x);
+                }
+            }
+            Op::Attention { .. } => {
+                let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
+                let w: &mut [f32] = match r.ws {
+                    Some(_) => ws(),
+                    None => &mut [],
+                };
+                let m = node.inputs.get(3).map(|_| rd(3));
+                attention::attention_forward(pool, a, ptr(node.outputs[0]), wr(1), ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.inputs[2]), m, seed, w);
+            }
+            Op::AttentionBackward { .. } => {
+                let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
+                let i = &node.inputs;
+                attention::attention_backward(
+                    pool,
+                    a,
+                    ptr(node.outputs[0]),
+                    ptr(node.outputs[1]),
+                    ptr(node.outputs[2]),
+                    ptr(i[0]),
+                    ptr(i[1]),
+                    ptr(i[2]),
+                    ptr(i[3]),
+                    rd(4),
+                    seed,
+                    ws(),
+                );
+            }
+            Op::CrossEntropy { ignore_index } => {
+                let v = last(node.inputs[0]);
+                let l = loss::cross_entropy_forward(pool, rd(0), ids(1), v, *ignore_index, ws())?;
+                wr(0)[0] = l;
+            }
+            Op::CrossEntropyBackward { ignore_index } => {
+                let v = last(node.inputs[1]);
+                let dloss = rd(0)[0];
+                match r.inplace {
+                    Some(_) => loss::cross_entropy_backward(pool, rw(1), dloss, None, ids(2), v, *ignore_index)?,
+                    None => loss::cross_entropy_backward(pool, wr(0), dloss, Some(rd(1)), ids(2), v, *ignore_index)?,
+                }
+            }
+            Op::EmbeddingBackward => {
+                let c = g.shape(node.outputs[0])[1];
+                embedding::embedding_backward(pool, wr(0), ids(0), rd(1), c)?;
+            }
+            Op::ReduceSumLeading => reduce::reduce_sum_leading(pool, wr(0), rd(0)),
+            op => unreachable!("{}: rejected when the plan was built", op.name()),
+        }
+        Ok(())
+    }
+}
+
+/// out = f(x), in place when planned so.
+#[inline]
+fn unary<'a, F: ew::Map1>(
+    pool: &Pool,
+    r: &Resolved,
+    wr: impl Fn(usize) -> &'a mut [f32],
+    rd: impl Fn(usize) -> &'a [f32],
+    rw: impl Fn(usize) -> &'a mut [f32],
+    f: F,
+) {
+    match r.inplace {
+        Some(_) => ew::map1_inplace(pool, rw(0), f),
+        None => ew::map1(pool, wr(0), rd(0), f),
+    }
+}
+
+/// out = f(a, b), in place over b (the incoming gradient) when planned so.
+#[inline]
+fn binary_b<'a, F: ew::Map2>(
+    pool: &Pool,
+    r: &Resolved,
+    wr: impl Fn(usize) -> &'a mut [f32],
+    rd: impl Fn(usize) -> &'a [f32],
+    rw: impl Fn(usize) -> &'a mut [f32],
+    f: F,
+) {
+    match r.inplace {
+        Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), f),
+        None => ew::map2(pool, wr(0), rd(0), rd(1), f),
+    }
+}
+
+fn mem_ptr(mem: Mem<'_>, p: &Place) -> *mut f32 {
+    // SAFETY (callers): offsets come from the plan and lie inside their root.
+    unsafe {
+        match p.root {
+            Root::Arena => mem.arena.add(p.offset),
+            Root::Param => (mem.params as *mut f32).add(p.offset),
+            Root::Grad => mem.grads.add(p.offset),
+            Root::Input(k) => match mem.inputs[k] {
+                In::Floats(ptr) => (ptr as *mut f32).add(p.offset),
+                In::Ids(..) => unreachable!("ids are not float tensors"),
+            },
+        }
+    }
+}
+
+fn contiguous(shape: &[usize]) -> Vec<usize> {
+    crate::plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
+}
+
+fn is_contig(shape: &[usize], strides: &[usize]) -> bool {
+    let s: Vec<isize> = strides.iter().map(|&x| x as isize).collect();
+    crate::plan::layout::is_contiguous(shape, &s)
+}
+
+/// (b, h, t) strides of a (B, H, T, D) operand with unit last stride; the t stride is a GEMM
+/// leading dimension, so it is at least D even where T = 1 makes it irrelevant.
+fn strides3(shape: &[usize], p: &Place) -> [usize; 3] {
+    [p.strides[0], p.strides[1], p.strides[2].max(shape[3]).max(1)]
+}
+
+/// Build-time data of one node's kernel.
+fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanError> {
+    let pl = |t: TensorId| &plan.places[t.index()];
+    let no = |why: &str| PlanError::NoKernel { node: i, op: node.op.name(), backend: "cpu", why: why.to_string() };
+    Ok(match &node.op {
+        Op::MatMul { ta, tb } => {
+            let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
+            let m = MatMulPlan::new(*ta, *tb, (g.shape(a), &pl(a).strides), (g.shape(b), &pl(b).strides), (g.shape(c), &pl(c).strides))
+                .ok_or_else(|| no(" for these operand layouts"))?;
+            Aux::MatMul(m)
+        }
+        Op::Attention { scale, causal, dropout_p, offset } | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
+            let fwd = matches!(node.op, Op::Attention { .. });
+            let (q, k, v, o) = if fwd {
+                (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0])
+            } else {
+                (node.inputs[1], node.inputs[2], node.inputs[3], node.inputs[0])
+            };
+            let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
+            let full = [sq[0], sq[1], sq[2], sk[2]];
+            let mask = if fwd { node.inputs.get(3).map(|&m| MaskMap::new(g.shape(m), &full)) } else { None };
+            let (dq, dk, dvs) = if fwd {
+                ([0; 3], [0; 3], [0; 3])
+            } else {
+                (strides3(sq, pl(node.outputs[0])), strides3(sk, pl(node.outputs[1])), strides3(sv, pl(node.outputs[2])))
+            };
+            Aux::Attn(Box::new(AttnPlan {
+                b: sq[0],
+                h: sq[1],
+                tq: sq[2],
+                tk: sk[2],
+                d: sq[3],
+                dv: sv[3],
+                scale: *scale,
+                causal: *causal,
+                dropout_p: *dropout_p,
+                offset: *offset,
+                q: strides3(sq, pl(q)),
+                k: strides3(sk, pl(k)),
+                v: strides3(sv, pl(v)),
+                o: strides3(g.shape(o), pl(o)),
+                dq,
+                dk,
+                dvs,
+                mask,
+            }))
+        }
+        Op::Softmax { .. } if node.inputs.len() > 1 => Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0]))),
+        _ => Aux::None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

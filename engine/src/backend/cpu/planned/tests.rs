@@ -1,0 +1,141 @@
+//! The planned executor against the reference executor, in f32, on the same inputs and dropout
+//! seeds: GPT-2- and BERT-style training graphs (dropout on, so the masks must agree element
+//! for element) and random-ish graphs that exercise every op and every view the planner folds
+//! or copies.
+//!
+//! Tolerances: loss within 1e-5 relative; each parameter's gradient within
+//! max|Δ| ≤ 1e-5·max|g_ref| + 1e-7·G, G the largest |g| of all parameters (the two differ in
+//! summation order only: GEMM blocking, vectorised reductions, a 1-ulp exp and a 5e-7 erf; a
+//! wrong mask, stride or in-place would be an O(1) error on some tensor). The G floor is for
+//! tensors whose exact gradient is 0, where both sides return rounding noise: attention key
+//! biases (softmax is shift-invariant per row).
+
+use super::*;
+use crate::plan::testgraphs::{bert_like, gpt_like, params, random_graph, Dims, Feed};
+use crate::RefExecutor;
+
+const LOSS_RTOL: f32 = 1e-5;
+const RTOL: f32 = 1e-5;
+const FLOOR: f32 = 1e-7;
+
+/// Runs both executors; returns the worst per-tensor ratio max|Δ| / (RTOL·max|g| + ATOL).
+fn compare(g: &Graph, feed: &Feed, seed: u64, what: &str) -> f32 {
+    let p = params(g, seed ^ 0x55);
+    let inputs = feed.inputs(g);
+    let n = g.num_param_elems();
+    let mut g_ref = vec![0.0f32; n];
+    let l_ref = RefExecutor::new(g).train_step(&p, &inputs, seed, &mut g_ref).unwrap();
+    let mut ex = PlannedExecutor::new(g).unwrap();
+    ex.plan().check(g).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut g_fast = vec![f32::NAN; n];
+    let l_fast = ex.train_step(&p, &inputs, seed, &mut g_fast).unwrap();
+    assert!((l_fast - l_ref).abs() <= LOSS_RTOL * l_ref.abs(), "{what}: loss {l_fast} vs reference {l_ref}");
+    let mut worst = 0f32;
+    let big = g_ref.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for prm in g.params() {
+        let (a, b) = (&g_fast[prm.offset..prm.offset + prm.len], &g_ref[prm.offset..prm.offset + prm.len]);
+        let max_g = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(a.iter().all(|v| v.is_finite()), "{what}: {} has a non-finite gradient", prm.name);
+        let tol = RTOL * max_g + FLOOR * big;
+        assert!(max_d <= tol, "{what}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})\n{}", prm.name, ex.plan().summary(g));
+        worst = worst.max(max_d / tol);
+    }
+    // A second step with the same inputs and seed gives the same results (no stale state).
+    let mut g2 = vec![f32::NAN; n];
+    let l2 = ex.train_step(&p, &inputs, seed, &mut g2).unwrap();
+    assert_eq!(l2.to_bits(), l_fast.to_bits(), "{what}: second step differs");
+    assert!(g2.iter().zip(&g_fast).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: second step's gradients differ");
+    worst
+}
+
+fn tiny(layers: usize, dropout: f32) -> Dims {
+    Dims { b: 2, t: 9, c: 24, h: 3, v: 37, layers, dropout }
+}
+
+#[test]
+fn gpt_like_matches_the_reference_executor() {
+    for dropout in [0.0, 0.1] {
+        let d = tiny(2, dropout);
+        let g = gpt_like(&d).unwrap();
+        let w = compare(&g, &Feed::new(&d, 1), 7, &format!("gpt p={dropout}"));
+        println!("gpt p={dropout}: worst tensor at {:.1}% of tolerance", 100.0 * w);
+    }
+}
+
+#[test]
+fn bert_like_matches_the_reference_executor() {
+    for (dropout, classify) in [(0.0, false), (0.1, false), (0.1, true)] {
+        let d = tiny(2, dropout);
+        let g = bert_like(&d, classify).unwrap();
+        let w = compare(&g, &Feed::new(&d, 2), 8, &format!("bert p={dropout} classify={classify}"));
+        println!("bert p={dropout} classify={classify}: worst tensor at {:.1}% of tolerance", 100.0 * w);
+    }
+}
+
+/// Every view of the transformer graphs folds: no copies.
+#[test]
+fn transformer_views_all_fold() {
+    let d = tiny(2, 0.1);
+    for (name, g) in [("gpt", gpt_like(&d).unwrap()), ("bert", bert_like(&d, false).unwrap()), ("bert-cls", bert_like(&d, true).unwrap())] {
+        let ex = PlannedExecutor::new(&g).unwrap();
+        let (folded, copied) = ex.plan().view_counts(&g);
+        assert!(folded > 0 && copied == 0, "{name}: {folded} folded, {copied} copied\n{}", ex.plan().summary(&g));
+    }
+}
+
+#[test]
+fn random_graphs_match_the_reference_executor() {
+    let mut copies = 0;
+    for seed in 0..40 {
+        let (g, d) = random_graph(seed, 10).unwrap();
+        compare(&g, &Feed::new(&d, seed), seed, &format!("random graph {seed}"));
+        let ex = PlannedExecutor::new(&g).unwrap();
+        copies += ex.plan().view_counts(&g).1;
+    }
+    assert!(copies > 0, "the random graphs should need some copies");
+}
+
+#[test]
+fn input_errors_are_errors_not_panics() {
+    let d = tiny(1, 0.0);
+    let g = gpt_like(&d).unwrap();
+    let mut ex = PlannedExecutor::new(&g).unwrap();
+    let p = params(&g, 1);
+    let mut grads = vec![0.0; p.len()];
+    let mut feed = Feed::new(&d, 3);
+    let ok = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads);
+    assert!(ok.is_ok());
+    let missing = Inputs::new().ids("input_ids", &feed.ids);
+    assert!(matches!(ex.train_step(&p, &missing, 0, &mut grads), Err(ExecError::MissingInput(_))));
+    let extra = feed.inputs(&g).ids("nope", &feed.ids);
+    assert!(matches!(ex.train_step(&p, &extra, 0, &mut grads), Err(ExecError::UnknownInput { .. })));
+    assert!(matches!(ex.train_step(&p[1..], &feed.inputs(&g), 0, &mut grads), Err(ExecError::ParamLen { .. })));
+    feed.ids[3] = d.v as i64; // out of the vocabulary
+    let e = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads).unwrap_err();
+    assert!(matches!(e, ExecError::Op { op: "embedding", source: OpError::IndexOutOfRange { .. }, .. }), "{e}");
+    feed.ids[3] = 0;
+    feed.labels[5] = 1000;
+    let e = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads).unwrap_err();
+    assert!(matches!(e, ExecError::Op { op: "cross_entropy", .. }), "{e}");
+}
+
+#[test]
+fn forward_graphs_and_other_dtypes_are_plan_errors() {
+    let d = tiny(1, 0.0);
+    let g = gpt_like(&d).unwrap();
+    let mut fwd = Graph::new();
+    let x = fwd.param("x", &[2, 3]).unwrap();
+    let _ = fwd.gelu(x, GeluApprox::Erf).unwrap();
+    assert!(matches!(PlannedExecutor::new(&fwd), Err(PlanError::NotTraining)));
+    let mut h = Graph::with_dtype(crate::DType::BF16);
+    let x = h.param("x", &[2, 3]).unwrap();
+    let labels = h.input_ids("labels", &[2]).unwrap();
+    let loss = h.cross_entropy(x, labels).unwrap();
+    let h = crate::autodiff::backward(&h, loss).unwrap();
+    let e = PlannedExecutor::new(&h).unwrap_err();
+    assert!(e.to_string().contains("bf16"), "{e}");
+    let _ = g;
+}
+
+use crate::graph::GeluApprox;

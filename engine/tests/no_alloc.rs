@@ -1,0 +1,137 @@
+//! The planned executor allocates nothing on the heap inside a training step after the first:
+//! a counting global allocator, armed around steps 2..=4 of a small GPT-style graph big enough
+//! for every kernel to split over the thread pool (GEMMs through the active provider, dropout
+//! on, tied embedding), must count zero allocations in any thread.
+//!
+//! (One test in this binary, so that no other test allocates while the counter is armed.)
+//!
+//! The claim holds with MKL (the default provider when installed) and the reference GEMM: the
+//! pure-Rust `gemm` crate (`ORTBENCH_GEMM=gemm`, the fallback without MKL) allocates its packing
+//! buffers inside every call (gemm-common 0.19 `gemm_basic_generic`), which this test reports
+//! instead of failing on.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use ortbench_engine::autodiff::backward;
+use ortbench_engine::backend::cpu::planned::PlannedExecutor;
+use ortbench_engine::graph::{AttentionOpts, GeluApprox, Graph, TensorId};
+use ortbench_engine::Inputs;
+
+struct Counting;
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(ptr, layout, new_size)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const B: usize = 4;
+const T: usize = 64;
+const C: usize = 128;
+const H: usize = 4;
+const V: usize = 500;
+
+fn gpt() -> Graph {
+    let mut g = Graph::new();
+    let ids = g.input_ids("input_ids", &[B, T]).unwrap();
+    let pos = g.input_ids("position_ids", &[T]).unwrap();
+    let labels = g.input_ids("labels", &[B, T]).unwrap();
+    let wte = g.param("wte", &[V, C]).unwrap();
+    let wpe = g.param("wpe", &[T, C]).unwrap();
+    let ln = |g: &mut Graph, x: TensorId, n: &str| {
+        let w = g.param(&format!("{n}.w"), &[C]).unwrap();
+        let b = g.param(&format!("{n}.b"), &[C]).unwrap();
+        g.layer_norm(x, w, b, 1e-5).unwrap()
+    };
+    let tok = g.embedding(wte, ids).unwrap();
+    let pe = g.embedding(wpe, pos).unwrap();
+    let x = g.add(tok, pe).unwrap();
+    let mut x = g.dropout(x, 0.1).unwrap();
+    for l in 0..2 {
+        let h = ln(&mut g, x, &format!("{l}.ln1"));
+        let w = g.param(&format!("{l}.attn.w"), &[C, 3 * C]).unwrap();
+        let bb = g.param(&format!("{l}.attn.b"), &[3 * C]).unwrap();
+        let qkv = g.matmul(h, w, false, false).unwrap();
+        let qkv = g.bias_add(qkv, bb).unwrap();
+        let mut hs = Vec::new();
+        for part in g.split(qkv, &[C, C, C]).unwrap() {
+            let r = g.reshape(part, &[B, T, H, C / H]).unwrap();
+            hs.push(g.permute(r, &[0, 2, 1, 3]).unwrap());
+        }
+        let a = g.attention(hs[0], hs[1], hs[2], AttentionOpts { causal: true, scale: None, dropout_p: 0.1, mask: None }).unwrap();
+        let a = g.permute(a, &[0, 2, 1, 3]).unwrap();
+        let a = g.reshape(a, &[B, T, C]).unwrap();
+        let pw = g.param(&format!("{l}.proj.w"), &[C, C]).unwrap();
+        let a = g.linear(a, pw, None).unwrap();
+        let a = g.dropout(a, 0.1).unwrap();
+        x = g.add(x, a).unwrap();
+        let h = ln(&mut g, x, &format!("{l}.ln2"));
+        let w1 = g.param(&format!("{l}.fc.w"), &[4 * C, C]).unwrap();
+        let b1 = g.param(&format!("{l}.fc.b"), &[4 * C]).unwrap();
+        let m = g.linear(h, w1, Some(b1)).unwrap();
+        let m = g.gelu(m, GeluApprox::Tanh).unwrap();
+        let w2 = g.param(&format!("{l}.out.w"), &[C, 4 * C]).unwrap();
+        let m = g.linear(m, w2, None).unwrap();
+        x = g.add(x, m).unwrap();
+    }
+    let x = ln(&mut g, x, "lnf");
+    let logits = g.matmul(x, wte, false, true).unwrap();
+    let loss = g.cross_entropy(logits, labels).unwrap();
+    backward(&g, loss).unwrap()
+}
+
+#[test]
+fn no_heap_allocation_inside_a_step_after_the_first() {
+    let g = gpt();
+    let mut ex = PlannedExecutor::new(&g).unwrap();
+    let n = g.num_param_elems();
+    let params: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.1 + 1e-3).collect();
+    let mut grads = vec![0.0f32; n];
+    let ids: Vec<i64> = (0..B * T).map(|i| (i * 31 % V) as i64).collect();
+    let labels: Vec<i64> = (0..B * T).map(|i| if i % 5 == 0 { -100 } else { (i * 17 % V) as i64 }).collect();
+    let pos: Vec<i64> = (0..T as i64).collect();
+    let inputs = Inputs::new().ids("input_ids", &ids).ids("position_ids", &pos).ids("labels", &labels);
+    let first = ex.train_step(&params, &inputs, 1, &mut grads).unwrap();
+    assert!(first.is_finite());
+    ALLOCS.store(0, Ordering::SeqCst);
+    ARMED.store(true, Ordering::SeqCst);
+    let mut losses = [0f32; 3];
+    for (k, l) in losses.iter_mut().enumerate() {
+        *l = ex.train_step(&params, &inputs, 2 + k as u64, &mut grads).unwrap();
+    }
+    ARMED.store(false, Ordering::SeqCst);
+    let count = ALLOCS.load(Ordering::SeqCst);
+    assert!(losses.iter().all(|l| l.is_finite()) && grads.iter().all(|g| g.is_finite()));
+    let provider = ortbench_engine::backend::cpu::gemm::provider().unwrap();
+    if provider.kind() == ortbench_engine::backend::cpu::gemm::ProviderKind::Gemm {
+        eprintln!("GEMM provider {provider}: {count} heap allocations in 3 steps (the gemm crate allocates per call)");
+        return;
+    }
+    assert_eq!(count, 0, "{count} heap allocations in 3 steps (GEMM provider {provider})");
+}
