@@ -238,7 +238,8 @@ fn tstr(m: &Map<String, Value>, k: &str) -> Option<String> {
     m.get(k).and_then(Value::as_str).map(String::from)
 }
 
-/// (commit, dirty) of the checkout this binary was built from, else of the current directory.
+/// (commit, dirty) of the checkout this binary was built in (read when it runs, so a binary
+/// older than the checkout reports the checkout), else of the current directory.
 fn git_info() -> (Option<String>, Option<bool>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf);
     for dir in root.into_iter().chain(std::env::current_dir().ok()) {

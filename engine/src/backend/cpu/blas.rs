@@ -393,15 +393,18 @@ mod tests {
                 flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
             };
             let tr = |x| if x { gemm::Transpose::Yes } else { gemm::Transpose::No };
-            let g_lib = time(&mut || {
-                gemm::sgemm(tr(ta), tr(tb), m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, n).unwrap()
-            });
+            // Split first: after a library-threaded call, MKL's OpenMP team spin-waits (up to
+            // KMP_BLOCKTIME = 200 ms) and would steal the pool worker's core.
             let g_split = time(&mut || unsafe {
                 sgemm_par(pool, ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
             });
             let g_one = time(&mut || unsafe {
                 sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
             });
+            let g_lib = time(&mut || {
+                gemm::sgemm(tr(ta), tr(tb), m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, n).unwrap()
+            });
+            std::thread::sleep(std::time::Duration::from_millis(400));
             println!(
                 "{m}x{n}x{k} ta={ta} tb={tb}: library-threaded {g_lib:.0} GFLOP/s, pool split {g_split:.0}, one thread {g_one:.0}"
             );
