@@ -12,9 +12,13 @@
 //! (a thread-local setting, restored after each call on the caller's thread), the pure-Rust
 //! `gemm` crate with `Parallelism::None`, or a reference triple loop.
 //!
-//! Measured on the 2-core dev box (bench `bench_gemm_split`, bert-base shapes): one 2-thread MKL
-//! call and two 1-thread MKL calls on halves of M on the pool are within a few percent of each
-//! other; the split keeps MKL's OpenMP team idle, so it is what [`sgemm_par`] does.
+//! Measured on the 2-core dev box (bench `bench_gemm_split`, bert-base shapes, idle machine):
+//! one 2-thread MKL call and two 1-thread MKL calls on halves of M on the pool both reach
+//! 290–325 GFLOP/s (one thread: 155–180). The split keeps MKL's OpenMP team idle — after a
+//! threaded call that team spin-waits (Intel OpenMP: KMP_BLOCKTIME, 200 ms), and any pool
+//! kernel that runs meanwhile loses half its core — so the split is what [`sgemm_par`] does.
+//! `ORTBENCH_GEMM_THREADS=library` switches to MKL's threads for comparison (measured on
+//! bert-base b8×s128: 2.6–2.7 s/step vs 2.45–2.5 s with the split).
 
 use super::gemm::{self, GemmError, Provider};
 use super::pool::{Pool, SyncPtr};

@@ -230,6 +230,11 @@ impl PlannedExecutor {
             let node = &graph.nodes()[s.node];
             let aux = resolve(graph, &plan, s.node, node)?;
             let key = match &node.op {
+                // ORTBENCH_PROFILE_SHAPES=1: one row per matmul shape (M×N×K, batch).
+                Op::MatMul { .. } if profile_shapes() => {
+                    let Aux::MatMul(m) = &aux else { unreachable!("matmuls resolve to a plan") };
+                    format!("matmul {} {}x{}x{} b{}", node.op.attrs(), m.m, m.n, m.k, m.offs.len())
+                }
                 Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
                 op => op.name().to_string(),
             };
@@ -389,12 +394,8 @@ impl PlannedExecutor {
                 softmax::softmax_forward(pool, wr(0), rd(0), last(node.inputs[0]), *scale, *causal, tq, mask(1));
             }
             Op::SoftmaxBackward { scale } => match r.inplace {
-                Some(_) => softmax::softmax_backward(pool, None, rd(0), rw(1), last(node.inputs[0]), *scale),
-                None => {
-                    // The kernel takes dy mutably for its in-place form; here it only reads it.
-                    let dy = std::slice::from_raw_parts_mut(ptr(node.inputs[1]), numel(node.inputs[1]));
-                    softmax::softmax_backward(pool, Some(wr(0)), rd(0), dy, last(node.inputs[0]), *scale)
-                }
+                Some(_) => softmax::softmax_backward_inplace(pool, rd(0), rw(1), last(node.inputs[0]), *scale),
+                None => softmax::softmax_backward(pool, wr(0), rd(0), rd(1), last(node.inputs[0]), *scale),
             },
             Op::Reshape | Op::Permute { .. } => {
                 // Materialised (the plan could not fold it): a strided copy.
@@ -477,6 +478,10 @@ impl PlannedExecutor {
         }
         Ok(())
     }
+}
+
+fn profile_shapes() -> bool {
+    std::env::var("ORTBENCH_PROFILE_SHAPES").is_ok_and(|v| v == "1")
 }
 
 /// out = f(x), in place when planned so.

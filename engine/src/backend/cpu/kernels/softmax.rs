@@ -137,29 +137,28 @@ fn bwd_inplace_rows(y: &[f32], dyo: &mut [f32], n: usize, scale: f32) {
 multiversion!(fn bwd_chunk<>(dx: &mut [f32], y: &[f32], dy: &[f32], n: usize, scale: f32) => bwd_rows);
 multiversion!(fn bwd_inplace_chunk<>(y: &[f32], dyo: &mut [f32], n: usize, scale: f32) => bwd_inplace_rows);
 
-/// dx = scale·y·(dy − Σ dy·y) per row; `dx = None` writes it over dy.
+/// dx = scale·y·(dy − Σ dy·y) per row.
 // dx, y, dy: (R, N)
-pub fn softmax_backward(pool: &Pool, dx: Option<&mut [f32]>, y: &[f32], dy: &mut [f32], n: usize, scale: f32) {
+pub fn softmax_backward(pool: &Pool, dx: &mut [f32], y: &[f32], dy: &[f32], n: usize, scale: f32) {
     let rows = y.len() / n;
-    match dx {
-        Some(dx) => {
-            let p = SyncPtr(dx.as_mut_ptr());
-            let dy = &*dy;
-            pool.for_ranges(rows, ((1 << 13) / n).max(1), 1, &|r| {
-                let s = r.start * n..r.end * n;
-                // SAFETY: row ranges are disjoint and inside `dx`.
-                bwd_chunk(unsafe { p.slice(s.clone()) }, &y[s.clone()], &dy[s], n, scale)
-            });
-        }
-        None => {
-            let p = SyncPtr(dy.as_mut_ptr());
-            pool.for_ranges(rows, ((1 << 13) / n).max(1), 1, &|r| {
-                let s = r.start * n..r.end * n;
-                // SAFETY: row ranges are disjoint and inside `dy`.
-                bwd_inplace_chunk(&y[s.clone()], unsafe { p.slice(s) }, n, scale)
-            });
-        }
-    }
+    let p = SyncPtr(dx.as_mut_ptr());
+    pool.for_ranges(rows, ((1 << 13) / n).max(1), 1, &|r| {
+        let s = r.start * n..r.end * n;
+        // SAFETY: row ranges are disjoint and inside `dx`.
+        bwd_chunk(unsafe { p.slice(s.clone()) }, &y[s.clone()], &dy[s], n, scale)
+    });
+}
+
+/// [`softmax_backward`] written over dy.
+// y, dyo: (R, N)
+pub fn softmax_backward_inplace(pool: &Pool, y: &[f32], dyo: &mut [f32], n: usize, scale: f32) {
+    let rows = y.len() / n;
+    let p = SyncPtr(dyo.as_mut_ptr());
+    pool.for_ranges(rows, ((1 << 13) / n).max(1), 1, &|r| {
+        let s = r.start * n..r.end * n;
+        // SAFETY: row ranges are disjoint and inside `dyo`.
+        bwd_inplace_chunk(&y[s.clone()], unsafe { p.slice(s) }, n, scale)
+    });
 }
 
 #[cfg(test)]
@@ -192,8 +191,8 @@ mod tests {
                 rsm::softmax_backward(&mut dx0, &want, &dy, t, 0.7);
                 let mut dx1 = vec![0.0; x.len()];
                 let mut dyc = dy.clone();
-                softmax_backward(&pool, Some(&mut dx1), &want, &mut dyc, t, 0.7);
-                softmax_backward(&pool, None, &want, &mut dyc, t, 0.7);
+                softmax_backward(&pool, &mut dx1, &want, &dy, t, 0.7);
+                softmax_backward_inplace(&pool, &want, &mut dyc, t, 0.7);
                 assert_eq!(dx1, dyc);
                 for (i, (a, w)) in dx1.iter().zip(&dx0).enumerate() {
                     assert!((a - w).abs() <= 1e-6, "bwd [{i}]: {a} vs {w}");
