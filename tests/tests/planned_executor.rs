@@ -85,3 +85,36 @@ fn bert_base_and_gpt2_plans_at_b8_s128() {
         assert!(3 * p.peak_bytes() < p.naive_bytes, "{name}: {}", p.summary(g));
     }
 }
+
+/// `cargo test --release -p ortbench-tests --test planned_executor bench_step -- --ignored
+/// --nocapture`: the time of the planned executor's forward+backward alone on bert-base and
+/// gpt2 (b8×s128), step by step, against the whole `ort` training step (with AdamW).
+#[test]
+#[ignore]
+fn bench_step() {
+    use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+    for name in ["bert-base-uncased", "gpt2"] {
+        let cfg = builtin_config(name).unwrap();
+        let model = build_training_graph(&cfg, &GraphOptions::new(8, 128)).unwrap();
+        let w = Weights::init(&cfg, 3);
+        let params = model.flatten(&w).unwrap();
+        let data = DataSource::synthetic(&cfg, 8, 128, 17).unwrap();
+        let mut ex = PlannedExecutor::new(&model.graph).unwrap();
+        let mut grads = vec![0.0f32; params.len()];
+        for step in 0..4 {
+            let feed = model.feed(&data.batch(step)).unwrap();
+            let t = std::time::Instant::now();
+            ex.train_step(&params, &feed.inputs(), step as u64, &mut grads).unwrap();
+            println!("{name}: executor step {step}: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
+        }
+        drop(ex);
+        let opts = EngineOptions { lr: 5e-5, weight_decay: 0.01, max_grad_norm: 1.0, schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 }, precision: ortbench_engine::DType::F32, seed: 0 };
+        let mut tr = EngineTrainer::new(&cfg, &w, 8, 128, opts).unwrap();
+        for step in 0..4 {
+            let b = data.batch(step);
+            let t = std::time::Instant::now();
+            tr.step(&b).unwrap();
+            println!("{name}: trainer step {step}: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+}

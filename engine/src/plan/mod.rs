@@ -30,10 +30,13 @@
 //!    bytes. [`Plan::peak_bytes`] against [`Plan::naive_bytes`] (every node output allocated
 //!    separately, as the reference executor does) is the saving.
 //!
+//! [`rows`] is a separate analysis the executor uses to skip the rows a cross-entropy ignores.
+//!
 //! Reference: TFLite `simple_memory_arena.cc` / `greedy_memory_planner.cc`; PyTorch
 //! `computeStride` for the reshape view rule.
 
 pub mod layout;
+pub mod rows;
 
 #[cfg(test)]
 pub(crate) mod testgraphs;

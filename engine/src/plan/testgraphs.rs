@@ -44,6 +44,19 @@ impl Feed {
         }
     }
 
+    /// Only ~15% of the tokens labelled (HF's MLM collator), so that the executor's
+    /// row-restricted kernels run (`plan::rows`).
+    pub fn mlm(d: &Dims, seed: u64) -> Feed {
+        let mut f = Feed::new(d, seed);
+        let mut rng = Rng::new(seed ^ 0xA5);
+        for l in &mut f.labels {
+            if rng.uniform() >= 0.15 {
+                *l = -100;
+            }
+        }
+        f
+    }
+
     /// The inputs `g` declares, by name.
     pub fn inputs<'a>(&'a self, g: &Graph) -> Inputs<'a> {
         let mut inp = Inputs::new();

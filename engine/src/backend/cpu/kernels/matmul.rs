@@ -12,6 +12,53 @@
 use super::super::blas::{sgemm_par, sgemm_st};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::plan::layout::reshape_strides;
+use crate::plan::rows::RowUse;
+
+/// Selected rows per gather chunk of a row-restricted matmul ([`RowUse::Dead`] / `Zero`).
+pub const ROW_CHUNK: usize = 128;
+/// Columns per gather chunk of a row-restricted contraction ([`RowUse::SparseK`]).
+pub const SPARSE_K_COLS: usize = 4096;
+
+/// The most selected rows (of `rows`) for which the row-restricted kernels run; above it the
+/// gathers cost more than they save and the dense kernel runs.
+pub fn row_cap(rows: usize) -> usize {
+    rows / 2
+}
+
+/// Workspace (f32) a row-restricted matmul needs: `m`, `n`, `k` of the dense product
+/// (for `SparseK`, `k` is the row count).
+pub fn rows_workspace(use_: RowUse, m: usize, n: usize, k: usize) -> usize {
+    match use_ {
+        RowUse::Dead | RowUse::Zero => ROW_CHUNK * (k + n),
+        RowUse::SparseK => {
+            let (big, other) = if m >= n { (m, n) } else { (n, m) };
+            row_cap(k) * (big.min(SPARSE_K_COLS) + other)
+        }
+        RowUse::Skip => 0,
+    }
+}
+
+/// dst[i, :w] = src[rows[i], c0..c0 + w] (rows `ld` apart), split over the pool.
+unsafe fn gather(pool: &Pool, dst: *mut f32, src: *const f32, ld: usize, rows: &[u32], c0: usize, w: usize) {
+    let (d, s) = (SyncPtr(dst), SyncPtr(src as *mut f32));
+    pool.for_ranges(rows.len(), ((1 << 14) / w.max(1)).max(1), 1, &|r| {
+        for i in r {
+            // SAFETY: row i of dst is this task's; the source rows are only read.
+            std::ptr::copy_nonoverlapping(s.ptr().add(rows[i] as usize * ld + c0), d.ptr().add(i * w), w);
+        }
+    });
+}
+
+/// dst[rows[i], :w] = src[i, :w], split over the pool.
+unsafe fn scatter(pool: &Pool, dst: *mut f32, ld: usize, src: *const f32, rows: &[u32], w: usize) {
+    let (d, s) = (SyncPtr(dst), SyncPtr(src as *mut f32));
+    pool.for_ranges(rows.len(), ((1 << 14) / w.max(1)).max(1), 1, &|r| {
+        for i in r {
+            // SAFETY: the selected rows are distinct, so each destination row is one task's.
+            std::ptr::copy_nonoverlapping(s.ptr().add(i * w), d.ptr().add(rows[i] as usize * ld), w);
+        }
+    });
+}
 
 /// One matmul node, resolved: `batch` GEMMs of op(A) (M, K) · op(B) (K, N) → C (M, N).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +192,89 @@ impl MatMulPlan {
     }
 }
 
+impl MatMulPlan {
+    /// Whether this product can run restricted to rows as `use_` says (one flattened GEMM with
+    /// `rows` rows, or a contraction over `rows`).
+    pub fn supports_rows(&self, use_: RowUse, rows: usize) -> bool {
+        self.offs.len() == 1
+            && match use_ {
+                RowUse::Dead | RowUse::Zero => !self.ta && self.m == rows,
+                RowUse::SparseK => self.ta && !self.tb && self.k == rows,
+                RowUse::Skip => false,
+            }
+    }
+
+    /// The product restricted to the selected rows `sel` (ascending, distinct): `Dead` computes
+    /// only C's selected rows (the others are left as they are), `Zero` also zeroes the others,
+    /// `SparseK` contracts over the selected rows of A and B only.
+    ///
+    /// # Safety
+    /// As [`MatMulPlan::run`]; [`MatMulPlan::supports_rows`] holds; `ws` has
+    /// [`rows_workspace`] elements.
+    pub unsafe fn run_rows(&self, pool: &Pool, a: *const f32, b: *const f32, c: *mut f32, sel: &[u32], use_: RowUse, ws: &mut [f32]) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let w = ws.as_mut_ptr();
+        match use_ {
+            RowUse::Dead | RowUse::Zero => {
+                if use_ == RowUse::Zero {
+                    // The unselected rows of C.
+                    let cp = SyncPtr(c);
+                    pool.for_ranges(m, ((1 << 15) / n.max(1)).max(1), 1, &|r| {
+                        let mut j = sel.partition_point(|&s| (s as usize) < r.start);
+                        for row in r {
+                            if j < sel.len() && sel[j] as usize == row {
+                                j += 1;
+                            } else {
+                                // SAFETY: row `row` of C is this task's.
+                                std::slice::from_raw_parts_mut(cp.ptr().add(row * self.ldc), n).fill(0.0);
+                            }
+                        }
+                    });
+                }
+                let (wa, wc) = (w, w.add(ROW_CHUNK * k));
+                for chunk in sel.chunks(ROW_CHUNK) {
+                    gather(pool, wa, a, self.lda, chunk, 0, k);
+                    sgemm_par(pool, false, self.tb, chunk.len(), n, k, 1.0, wa, k, b, self.ldb, 0.0, wc, n);
+                    scatter(pool, c, self.ldc, wc, chunk, n);
+                }
+            }
+            RowUse::SparseK => {
+                let nnz = sel.len();
+                if nnz == 0 {
+                    for i in 0..m {
+                        std::slice::from_raw_parts_mut(c.add(i * self.ldc), n).fill(0.0);
+                    }
+                    return;
+                }
+                let cap = row_cap(k);
+                if m >= n {
+                    // Gather B's selected rows once, A's in column blocks of C's rows.
+                    let (wb, wa) = (w, w.add(cap * n));
+                    gather(pool, wb, b, self.ldb, sel, 0, n);
+                    let mut m0 = 0;
+                    while m0 < m {
+                        let mc = SPARSE_K_COLS.min(m - m0);
+                        gather(pool, wa, a, self.lda, sel, m0, mc);
+                        sgemm_par(pool, true, false, mc, n, nnz, 1.0, wa, mc, wb, n, 0.0, c.add(m0 * self.ldc), self.ldc);
+                        m0 += mc;
+                    }
+                } else {
+                    let (wa, wb) = (w, w.add(cap * m));
+                    gather(pool, wa, a, self.lda, sel, 0, m);
+                    let mut n0 = 0;
+                    while n0 < n {
+                        let nc = SPARSE_K_COLS.min(n - n0);
+                        gather(pool, wb, b, self.ldb, sel, n0, nc);
+                        sgemm_par(pool, true, false, m, nc, nnz, 1.0, wa, m, wb, nc, 0.0, c.add(n0), self.ldc);
+                        n0 += nc;
+                    }
+                }
+            }
+            RowUse::Skip => unreachable!("a sum over rows is not a matmul"),
+        }
+    }
+}
+
 /// Plain loops for tiny matrices (BERT's per-token 1×1·1×C padding products): an MKL call
 /// costs more than the arithmetic.
 unsafe fn naive(p: &MatMulPlan, a: *const f32, b: *const f32, c: *mut f32) {
@@ -209,6 +339,62 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Row-restricted products against the dense ones on the selected rows.
+    #[test]
+    fn row_restricted_products_match_the_dense_ones() {
+        let pool = Pool::new(2);
+        let mut rng = Rng::new(8);
+        let (r, k, n) = (300usize, 48usize, 700usize);
+        let sel: Vec<u32> = (0..r as u32).filter(|i| i % 7 == 2 || *i == 299).collect();
+        assert!(sel.len() <= row_cap(r));
+        let cs = |s: &[usize]| us(&contiguous_strides(s));
+        for tb in [false, true] {
+            // Dead and Zero: C (R, N) = A (R, K) · op(B).
+            let a = rng.vec_f32(r * k);
+            let b = rng.vec_f32(k * n);
+            let b_shape = if tb { [n, k] } else { [k, n] };
+            let plan = MatMulPlan::new(false, tb, (&[r, k], &cs(&[r, k])), (&b_shape, &cs(&b_shape)), (&[r, n], &cs(&[r, n]))).unwrap();
+            assert!(plan.supports_rows(RowUse::Dead, r));
+            let mut dense = vec![0.0; r * n];
+            unsafe { plan.run(&pool, a.as_ptr(), b.as_ptr(), dense.as_mut_ptr()) };
+            let mut ws = vec![0.0; rows_workspace(RowUse::Zero, r, n, k)];
+            let mut z = vec![f32::NAN; r * n];
+            unsafe { plan.run_rows(&pool, a.as_ptr(), b.as_ptr(), z.as_mut_ptr(), &sel, RowUse::Zero, &mut ws) };
+            for row in 0..r {
+                let picked = sel.contains(&(row as u32));
+                for j in 0..n {
+                    let (x, y) = (z[row * n + j], dense[row * n + j]);
+                    if picked {
+                        assert!((x - y).abs() <= 4.0 * k as f32 * f32::EPSILON, "tb={tb} [{row},{j}] {x} vs {y}");
+                    } else {
+                        assert_eq!(x, 0.0);
+                    }
+                }
+            }
+        }
+        // SparseK: C (M, N) = Aᵀ·B over rows, A (R, M) and B (R, N) zero outside the set.
+        for (m, n) in [(700usize, 40usize), (40, 5000)] {
+            let mut a = rng.vec_f32(r * m);
+            let mut b = rng.vec_f32(r * n);
+            for row in 0..r {
+                if !sel.contains(&(row as u32)) {
+                    a[row * m..(row + 1) * m].fill(0.0);
+                    b[row * n..(row + 1) * n].fill(0.0);
+                }
+            }
+            let plan = MatMulPlan::new(true, false, (&[r, m], &cs(&[r, m])), (&[r, n], &cs(&[r, n])), (&[m, n], &cs(&[m, n]))).unwrap();
+            assert!(plan.supports_rows(RowUse::SparseK, r));
+            let mut dense = vec![0.0; m * n];
+            unsafe { plan.run(&pool, a.as_ptr(), b.as_ptr(), dense.as_mut_ptr()) };
+            let mut ws = vec![0.0; rows_workspace(RowUse::SparseK, m, n, r)];
+            let mut s = vec![f32::NAN; m * n];
+            unsafe { plan.run_rows(&pool, a.as_ptr(), b.as_ptr(), s.as_mut_ptr(), &sel, RowUse::SparseK, &mut ws) };
+            for (x, y) in s.iter().zip(&dense) {
+                assert!((x - y).abs() <= 4.0 * sel.len() as f32 * f32::EPSILON, "{m}x{n}: {x} vs {y}");
             }
         }
     }

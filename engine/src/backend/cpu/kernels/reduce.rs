@@ -34,6 +34,32 @@ pub fn reduce_sum_leading(pool: &Pool, out: &mut [f32], x: &[f32]) {
     });
 }
 
+#[inline(always)]
+fn rows_body(out: &mut [f32], x: &[f32], n: usize, c0: usize, sel: &[u32]) {
+    out.fill(0.0);
+    let w = out.len();
+    for &r in sel {
+        let row = &x[r as usize * n + c0..r as usize * n + c0 + w];
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o += v;
+        }
+    }
+}
+multiversion!(fn rows_chunk<>(out: &mut [f32], x: &[f32], n: usize, c0: usize, sel: &[u32]) => rows_body);
+
+/// out = Σ_{r ∈ sel} x[r, :] — [`reduce_sum_leading`] when the other rows are zero (the same
+/// sums without their exact zeros).
+// out: (N); x: (R, N); sel: ascending row indices
+pub fn reduce_sum_rows(pool: &Pool, out: &mut [f32], x: &[f32], sel: &[u32]) {
+    let n = out.len();
+    let o = SyncPtr(out.as_mut_ptr());
+    let min_cols = ((1usize << 15) / sel.len().max(1)).max(64);
+    pool.for_ranges(n, min_cols, 16, &|r| {
+        // SAFETY: column ranges are disjoint and inside `out`.
+        rows_chunk(unsafe { o.slice(r.clone()) }, x, n, r.start, sel)
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +77,19 @@ mod tests {
             reduce_sum_leading(&pool, &mut got, &x);
             assert_eq!(got, want, "{rows}x{n}");
         }
+        // Only the selected rows, with the others zero: the same sums.
+        let (rows, n) = (200usize, 77usize);
+        let sel: Vec<u32> = (0..rows as u32).filter(|r| r % 5 == 1).collect();
+        let mut x = Rng::new(9).vec_f32(rows * n);
+        for r in 0..rows {
+            if r % 5 != 1 {
+                x[r * n..(r + 1) * n].fill(0.0);
+            }
+        }
+        let mut want = vec![0.0; n];
+        add::reduce_sum_leading(&mut want, &x);
+        let mut got = vec![f32::NAN; n];
+        reduce_sum_rows(&pool, &mut got, &x, &sel);
+        assert_eq!(got, want);
     }
 }

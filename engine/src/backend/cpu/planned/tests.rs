@@ -73,6 +73,32 @@ fn bert_like_matches_the_reference_executor() {
     }
 }
 
+/// Masked-LM labels (~15% labelled): the head's matmuls and bias gradient run on the labelled
+/// rows only (`plan::rows`), with the same results.
+#[test]
+fn sparse_labels_run_row_restricted_kernels_with_the_same_results() {
+    for b in [2usize, 9] {
+        let d = Dims { b, t: 16, c: 24, h: 3, v: 301, layers: 1, dropout: 0.1 };
+        for (name, g, want) in [("bert", bert_like(&d, false).unwrap(), 4), ("gpt", gpt_like(&d).unwrap(), 3)] {
+            let feed = Feed::mlm(&d, 11);
+            assert!(feed.labels.iter().filter(|&&l| l != -100).count() * 2 <= feed.labels.len());
+            let ex = PlannedExecutor::new(&g).unwrap();
+            assert_eq!(ex.row_restricted_steps(), want, "{name}");
+            compare(&g, &feed, 3, &format!("{name} b={b} with MLM labels"));
+        }
+    }
+    // All labels ignored: the loss is NaN on both sides (0/0), the gradients zero.
+    let d = Dims { b: 2, t: 16, c: 24, h: 3, v: 301, layers: 1, dropout: 0.0 };
+    let g = bert_like(&d, false).unwrap();
+    let mut feed = Feed::new(&d, 1);
+    feed.labels.fill(-100);
+    let p = params(&g, 1);
+    let mut grads = vec![f32::NAN; p.len()];
+    let mut ex = PlannedExecutor::new(&g).unwrap();
+    let l = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads).unwrap();
+    assert!(l.is_nan() && grads.iter().all(|&x| x == 0.0));
+}
+
 /// Every view of the transformer graphs folds: no copies.
 #[test]
 fn transformer_views_all_fold() {
@@ -94,6 +120,14 @@ fn random_graphs_match_the_reference_executor() {
         copies += ex.plan().view_counts(&g).1;
     }
     assert!(copies > 0, "the random graphs should need some copies");
+}
+
+/// Sessions move into rank threads (`parallel`): the executor must be Send.
+#[test]
+fn the_executor_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<PlannedExecutor>();
+    check::<crate::session::TrainSession>();
 }
 
 #[test]
@@ -139,3 +173,21 @@ fn forward_graphs_and_other_dtypes_are_plan_errors() {
 }
 
 use crate::graph::GeluApprox;
+
+/// `cargo test --release -p ortbench-engine --lib bench_adamw -- --ignored --nocapture`: the
+/// optimizer's share of a bert-base step (110M parameters), for the step-time breakdown.
+#[test]
+#[ignore]
+fn bench_adamw() {
+    use crate::optim::{AdamW, AdamWConfig, ParamMirror, Segment};
+    let n = 109_514_298;
+    let mut p = vec![0.01f32; n];
+    let g = vec![0.001f32; n];
+    let mut opt = AdamW::new(AdamWConfig::default(), vec![Segment { start: 0, len: n, decay: true }], n);
+    opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
+        println!("AdamW step on {n} parameters: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+}
