@@ -51,16 +51,8 @@ pub fn format(env: &Value) -> String {
     map.iter().map(|(k, v)| format!("{k:<width$}  {}\n", display_value(v))).collect()
 }
 
-/// A JSON value as a person reads it: strings bare, lists comma-separated, null as "-".
-pub fn display_value(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.is_empty() => "-".into(),
-        Value::Array(a) => a.iter().map(display_value).collect::<Vec<_>>().join(", "),
-        other => other.to_string(),
-    }
-}
+/// A JSON value as a person reads it (lives beside the report, which shows run.json too).
+pub use ortbench_report::display_value;
 
 fn read_trim(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())

@@ -1,8 +1,9 @@
 //! `ortbench`: trains HF transformer models under the `pytorch`, `ort` and `ort-zero1`
 //! configurations and reports throughput, memory and loss parity side by side.
 //!
-//! The binary (`main.rs`) is a thin shell over this library; notebooks use
-//! [`results::load_run`] to read a run directory back as Polars DataFrames.
+//! The binary (`main.rs`) is a thin shell over this library. Notebooks use the `ortbench-report`
+//! crate (re-exported here as `results`, `report`, `output`, `notebook`) to read a run directory
+//! back as Polars DataFrames: [`results::load_run`].
 //!
 //! - `cli`: the command line; `plan`: arguments → validated runs (`spec`);
 //! - `harness`: one worker process per run (`worker`), statuses, Ctrl-C, timeouts;
@@ -17,12 +18,18 @@ pub mod compare;
 pub mod env;
 pub mod harness;
 pub mod metrics;
-pub mod output;
 pub mod plan;
 pub mod progress;
-pub mod report;
-pub mod results;
 pub mod spec;
 pub mod worker;
 
-pub use polars;
+// The tables, charts and report live in `ortbench-report` (no libtorch, so that notebooks can
+// use them without tch); they keep their paths here.
+pub use ortbench_report::{notebook, output, polars, results};
+
+/// The report of a run directory: the summary table (`table`), the charts (`charts`, SVG) and
+/// index.html (`html`). `run` writes it at the end; `ortbench report DIR` rewrites it from
+/// the files alone.
+pub mod report {
+    pub use ortbench_report::{charts, html, table, write_report};
+}

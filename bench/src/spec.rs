@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The three configurations `run` compares.
-pub const CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
+/// The three configurations `run` compares (defined beside the charts, which order by it).
+pub use ortbench_report::CONFIGS;
 /// The ones this build implements.
 pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
 pub const PRECISIONS: &[&str] = &["fp32", "fp16", "bf16"];

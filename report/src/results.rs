@@ -2,7 +2,7 @@
 //! file, then a rename), and read back by [`load_run`] — what notebooks use:
 //!
 //! ```no_run
-//! let run = ortbench::results::load_run("reports/20261121-074006").unwrap();
+//! let run = ortbench_report::results::load_run("reports/20261121-074006").unwrap();
 //! println!("{}", run.results);
 //! ```
 

@@ -7,9 +7,10 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::output::{ResultRow, StepRow};
-use crate::spec::CONFIGS;
+use crate::CONFIGS;
 
 /// One chart of the report.
+#[derive(Clone, Debug)]
 pub struct Chart {
     /// File stem (charts/<id>.svg) and HTML anchor.
     pub id: String,
@@ -310,6 +311,77 @@ fn line_chart(title: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], v
     Ok(svg)
 }
 
+/// One arena buffer of a memory plan: live from schedule position `first` to `last`
+/// (inclusive) at bytes `offset..offset + len` of the arena.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanBlock {
+    pub first: usize,
+    pub last: usize,
+    pub offset: usize,
+    pub len: usize,
+    /// A kernel's scratch rather than tensors.
+    pub workspace: bool,
+}
+
+/// A memory plan drawn: time (node position in the graph, `steps` of them) across, arena offset (MiB) up, one rectangle
+/// per buffer; buffers that share bytes never overlap in time. A dashed line marks the arena's
+/// size. Takes plain blocks so that this crate needs no engine.
+pub fn memory_plan_chart(title: &str, blocks: &[PlanBlock], steps: usize, arena_bytes: usize) -> Result<String> {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let tensor = RGBColor(0x1F, 0x77, 0xB4);
+    let scratch = RGBColor(0xFF, 0x7F, 0x0E);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT + 100)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let top = blocks.iter().map(|b| mib(b.offset + b.len)).fold(mib(arena_bytes), f64::max).max(1e-6) * 1.05;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..steps.max(1) as f64, 0f64..top)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("schedule position (node)")
+            .y_desc("arena offset (MiB)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|v| axis_number(*v))
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        for (workspace, color, label) in [(false, tensor, "tensors"), (true, scratch, "kernel workspace")] {
+            let rects: Vec<[(f64, f64); 2]> = blocks
+                .iter()
+                .filter(|b| b.workspace == workspace)
+                .map(|b| [(b.first as f64, mib(b.offset)), ((b.last + 1) as f64, mib(b.offset + b.len))])
+                .collect();
+            chart
+                .draw_series(rects.iter().map(|r| Rectangle::new(*r, color.mix(0.45).filled())))
+                .map_err(err)?
+                .label(label)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.mix(0.45).filled()));
+            chart.draw_series(rects.iter().map(|r| Rectangle::new(*r, color.stroke_width(1)))).map_err(err)?;
+        }
+        chart
+            .draw_series(DashedLineSeries::new(vec![(0.0, mib(arena_bytes)), (steps.max(1) as f64, mib(arena_bytes))], 6, 4, BLACK.mix(0.6).stroke_width(1)))
+            .map_err(err)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,5 +426,16 @@ mod tests {
         }
         assert!(charts[0].svg.contains("1.50"), "bar values are printed");
         assert!(charts[0].svg.contains("&lt;b&gt;m&lt;/b&gt;"));
+    }
+
+    #[test]
+    fn memory_plan_chart_draws_every_block() {
+        let blocks = vec![
+            PlanBlock { first: 0, last: 2, offset: 0, len: 1 << 20, workspace: false },
+            PlanBlock { first: 3, last: 4, offset: 0, len: 1 << 19, workspace: true },
+        ];
+        let svg = memory_plan_chart("plan", &blocks, 5, 1 << 20).unwrap();
+        assert!(svg.trim_start().starts_with("<svg"));
+        assert!(svg.contains("kernel workspace") && svg.contains("arena offset (MiB)"));
     }
 }

@@ -6,9 +6,9 @@ use anyhow::{Context, Result};
 use minijinja::{context, Environment, Value};
 use serde::Serialize;
 
-use super::charts::{config_color, configs, Chart};
-use super::table::{summary_rows, SUMMARY_HEADER};
-use crate::env::display_value;
+use crate::charts::{config_color, configs, Chart};
+use crate::table::{summary_rows, SUMMARY_HEADER};
+use crate::display_value;
 use crate::output::ResultRow;
 
 const TEMPLATE: &str = include_str!("templates/report.html");
