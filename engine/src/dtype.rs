@@ -20,6 +20,46 @@ impl DType {
         }
     }
 
+    /// `x` rounded to this dtype and widened back: the value an f16/bf16 tensor would hold
+    /// (round to nearest even; overflow to ±inf as the hardware conversion does).
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            DType::F32 => x,
+            DType::F16 => half::f16::from_f32(x).to_f32(),
+            DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// [`DType::round`] over a slice, in place. The CPU backend keeps f16/bf16 tensors in f32
+    /// slots holding exactly representable values; this is the store half of that storage.
+    // xs: (n,)
+    pub fn round_slice(self, xs: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        // Through a small stack buffer: half's slice conversions use the F16C / AVX-512
+        // conversion instructions when the CPU has them.
+        const CHUNK: usize = 256;
+        match self {
+            DType::F32 => {}
+            DType::F16 => {
+                let mut buf = [half::f16::ZERO; CHUNK];
+                for c in xs.chunks_mut(CHUNK) {
+                    let b = &mut buf[..c.len()];
+                    b.convert_from_f32_slice(c);
+                    b.convert_to_f32_slice(c);
+                }
+            }
+            DType::BF16 => {
+                let mut buf = [half::bf16::ZERO; CHUNK];
+                for c in xs.chunks_mut(CHUNK) {
+                    let b = &mut buf[..c.len()];
+                    b.convert_from_f32_slice(c);
+                    b.convert_to_f32_slice(c);
+                }
+            }
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "fp32",
@@ -62,5 +102,36 @@ mod tests {
         }
         assert_eq!(DType::BF16.size(), 2);
         assert!("int8".parse::<DType>().is_err());
+    }
+
+    /// The slice rounding equals the scalar one (random values, never zero), is idempotent,
+    /// and keeps each dtype's precision and range: f16 overflows past 65504, bf16 does not.
+    #[test]
+    fn rounding_matches_the_scalar_conversion() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let xs: Vec<f32> = (0..1000)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32 + 1e-3;
+                u * 10f32.powi(i % 12 - 6) * if i % 2 == 0 { 1.0 } else { -1.0 }
+            })
+            .collect();
+        for d in [DType::F16, DType::BF16] {
+            let mut r = xs.clone();
+            d.round_slice(&mut r);
+            for (a, b) in xs.iter().zip(&r) {
+                assert_eq!(d.round(*a).to_bits(), b.to_bits());
+                assert_eq!(d.round(*b).to_bits(), b.to_bits());
+                if b.is_finite() && a.abs() > 1e-4 {
+                    let eps = if d == DType::F16 { 2f32.powi(-11) } else { 2f32.powi(-8) };
+                    assert!(((a - b) / a).abs() <= eps, "{d}: {a} -> {b}");
+                }
+            }
+        }
+        assert_eq!(DType::F16.round(70000.0), f32::INFINITY);
+        assert_eq!(DType::BF16.round(70000.0), 70144.0);
+        assert_eq!(DType::F32.round(0.1), 0.1);
     }
 }

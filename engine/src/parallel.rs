@@ -107,11 +107,12 @@ impl<C: Collective> DataParallel<C> {
     }
 
     /// Bytes of optimizer state this rank holds: ZeRO-1 — fp32 master shard + two moment
-    /// shards (12Ψ/N up to padding); DDP — the two full moments (8Ψ; fp32 training keeps no
-    /// separate master copy).
+    /// shards (12Ψ/N up to padding); DDP — the two full moments (8Ψ) plus, in mixed
+    /// precision, the full fp32 master copy (12Ψ; fp32 training keeps no separate master).
     pub fn optimizer_bytes(&self) -> usize {
         match &self.zero {
             Some(z) => z.master.len() * 4 + z.opt.state_bytes(),
+            None if self.session.precision() != crate::DType::F32 => self.session.params.len() * 4 + self.session.opt.state_bytes(),
             None => self.session.opt.state_bytes(),
         }
     }
@@ -135,14 +136,10 @@ impl<C: Collective> DataParallel<C> {
     /// One step on this rank's slice of the global batch. `weight` is this rank's share of
     /// the global batch's labelled tokens (1 on a single rank); every rank must call it.
     pub fn step(&mut self, inputs: &Inputs<'_>, weight: f32, lr: f32, seed: u64) -> Result<StepStats, ParallelError> {
-        let local = self.session.forward_backward(inputs, seed)?;
         let scale = self.loss_scale();
-        if scale != 1.0 {
-            // The f32 executor seeds the backward with 1; multiplying afterwards gives the
-            // gradients a scaled backward produces (exactly: the scale is a power of two).
-            // Executors with f16 storage scale the seed itself, where it matters.
-            self.session.grads.iter_mut().for_each(|g| *g *= scale);
-        }
+        // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
+        // where a GPU's would, which is what the all-reduced overflow check below catches.
+        let local = self.session.forward_backward_scaled(inputs, seed, scale)?;
         if let Some(i) = self.fault.take() {
             self.session.grads[i] = f32::INFINITY;
         }
@@ -168,7 +165,8 @@ impl<C: Collective> DataParallel<C> {
                     self.group.all_reduce(&mut self.session.grads, ReduceOp::Sum)?;
                 }
                 let s = &mut self.session;
-                let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, ParamMirror::None);
+                let prec = s.precision();
+                let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, TrainSession::mirror(&mut s.compute, prec));
                 (stats.norm, stats.finite)
             }
             Some(z) => {
@@ -188,6 +186,9 @@ impl<C: Collective> DataParallel<C> {
                     z.opt.update(&mut z.master, &z.grad_shard, coef * inv_scale, lr, ParamMirror::None);
                     self.group.all_gather(&z.master, &mut z.gathered)?;
                     self.session.params.copy_from_slice(&z.gathered[..n]);
+                    // The compute-dtype copy the next forward reads (a real fp16 ZeRO-1 would
+                    // all-gather it in f16; the values are the same).
+                    self.session.refresh_compute();
                 }
                 (norm, finite)
             }

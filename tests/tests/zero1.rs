@@ -164,6 +164,14 @@ fn a_rank_without_labels_contributes_nothing() {
 
 #[test]
 fn an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() {
+    // fp16 (f16 activations and gradients, fp32 master shards, dynamic loss scaling), and fp32
+    // with the same scaler.
+    for precision in [DType::F16, DType::F32] {
+        overflow_on_one_ranks_shard(precision);
+    }
+}
+
+fn overflow_on_one_ranks_shard(precision: DType) {
     // Loss scaling on (as fp16 runs use it); at step 2, rank 1 poisons one gradient element
     // that lies in rank 0's shard. After the reduce-scatter only rank 0 holds the inf, and the
     // all-reduced overflow flag must make every rank skip and halve its scale.
@@ -178,7 +186,8 @@ fn an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() {
                 let (cfg, w, data) = (&cfg, &w, &data);
                 s.spawn(move || {
                     let rank = ortbench_engine::collective::Collective::rank(&g);
-                    let mut t = EngineTrainer::with_group(cfg, w, 2, SEQ, opts(), g, Strategy::Zero1).unwrap();
+                    let opts = EngineOptions { precision, ..opts() };
+                    let mut t = EngineTrainer::with_group(cfg, w, 2, SEQ, opts, g, Strategy::Zero1).unwrap();
                     t.set_loss_scaler(Some(LossScaler::default()));
                     let target = t.shard_range().unwrap();
                     let mut out = Vec::new();
@@ -199,9 +208,9 @@ fn an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() {
         hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
     });
     for (rank, steps) in per_rank.iter().enumerate() {
-        assert_eq!(steps[0], (false, 65536.0, true), "rank {rank}");
-        assert_eq!(steps[1], (false, 65536.0, true), "rank {rank}");
-        assert_eq!(steps[2], (true, 65536.0, false), "rank {rank}: step 2 skipped, weights untouched");
-        assert_eq!(steps[3], (false, 32768.0, true), "rank {rank}: scale halved after the overflow");
+        assert_eq!(steps[0], (false, 65536.0, true), "{precision} rank {rank}");
+        assert_eq!(steps[1], (false, 65536.0, true), "{precision} rank {rank}");
+        assert_eq!(steps[2], (true, 65536.0, false), "{precision} rank {rank}: step 2 skipped, weights untouched");
+        assert_eq!(steps[3], (false, 32768.0, true), "{precision} rank {rank}: scale halved after the overflow");
     }
 }

@@ -42,6 +42,9 @@ pub enum ParamMirror<'a> {
     None,
     F16(&'a mut [f16]),
     Bf16(&'a mut [bf16]),
+    /// The copy the CPU executor reads: f32 slots holding the values rounded to the dtype
+    /// (its emulation of f16/bf16 storage, see `backend::cpu::planned`).
+    Rounded(crate::DType, &'a mut [f32]),
 }
 
 /// What the gradient pass found.
@@ -189,6 +192,10 @@ impl AdamW {
                 assert_eq!(x.len(), n);
                 MirrorPtr::Bf16(SendPtr(x.as_mut_ptr()))
             }
+            ParamMirror::Rounded(d, x) => {
+                assert_eq!(x.len(), n);
+                MirrorPtr::Rounded(*d, SendPtr(x.as_mut_ptr()))
+            }
         };
         par_chunks(n, threads, |range| {
             for seg in segments {
@@ -221,6 +228,11 @@ impl AdamW {
                             for (d, s) in std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo).iter_mut().zip(p.iter()) {
                                 *d = bf16::from_f32(*s);
                             }
+                        }
+                        MirrorPtr::Rounded(dt, x) => {
+                            let d = std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo);
+                            d.copy_from_slice(p);
+                            dt.round_slice(d);
                         }
                     }
                 }
@@ -271,6 +283,7 @@ enum MirrorPtr {
     None,
     F16(SendPtr<f16>),
     Bf16(SendPtr<bf16>),
+    Rounded(crate::DType, SendPtr<f32>),
 }
 
 #[cfg(test)]
@@ -397,6 +410,11 @@ mod tests {
         let mut f = vec![f16::ZERO; n];
         opt.step(&mut p, &g, 1.0, 1e-3, ParamMirror::F16(&mut f));
         assert!(p.iter().zip(&f).all(|(a, b)| f16::from_f32(*a) == *b));
+        let mut r = vec![0f32; p.len()];
+        opt.step(&mut p, &g, 1.0, 1e-3, ParamMirror::Rounded(crate::DType::F16, &mut r));
+        for (a, b) in p.iter().zip(&r) {
+            assert_eq!(f16::from_f32(*a).to_f32().to_bits(), b.to_bits());
+        }
         assert_eq!(opt.state_bytes(), 8 * n);
     }
 }

@@ -44,7 +44,6 @@ pub(crate) mod testgraphs;
 mod tests;
 
 use crate::graph::{ElemType, Graph, Op, TensorId, TensorKind};
-use crate::DType;
 use layout::{contiguous_strides, extent, is_contiguous, permute_strides, reshape_strides, satisfies, unpermute_strides};
 pub use layout::Req;
 use std::collections::HashMap;
@@ -57,8 +56,6 @@ pub const ALIGN_ELEMS: usize = 16;
 pub enum PlanError {
     #[error("the planned executor needs a training graph with a loss: run autodiff::backward on the forward graph")]
     NotTraining,
-    #[error("the planned {backend} executor computes and stores f32; this graph stores {dtype} (use the reference executor, ORTBENCH_EXECUTOR=ref, or an fp32 graph)")]
-    Dtype { backend: &'static str, dtype: DType },
     #[error("node {node} ({op}): the {backend} backend has no kernel for it{why}; add one (one match arm in the executor) or run the reference executor (ORTBENCH_EXECUTOR=ref)")]
     NoKernel {
         node: usize,
@@ -624,9 +621,6 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         (true, Some(l)) => l,
         _ => return Err(PlanError::NotTraining),
     };
-    if g.dtype() != DType::F32 {
-        return Err(PlanError::Dtype { backend: k.name(), dtype: g.dtype() });
-    }
     let nodes = g.nodes();
     for i in 0..nodes.len() {
         k.check(g, i)?;

@@ -99,7 +99,12 @@ fn merge(g: &mut Graph, x: TensorId, d: &Dims) -> R<TensorId> {
 /// GPT-2 style: wte + wpe, pre-LN blocks (c_attn split into q, k, v; causal attention with a
 /// padding mask and dropout; GELU-tanh MLP with Conv1D weights), ln_f, tied LM head.
 pub fn gpt_like(d: &Dims) -> R<Graph> {
-    let mut g = Graph::new();
+    gpt_like_dtype(d, crate::DType::F32)
+}
+
+/// [`gpt_like`] storing activations as `dtype`.
+pub fn gpt_like_dtype(d: &Dims, dtype: crate::DType) -> R<Graph> {
+    let mut g = Graph::with_dtype(dtype);
     let ids = g.input_ids("input_ids", &[d.b, d.t])?;
     let pos = g.input_ids("position_ids", &[d.t])?;
     let labels = g.input_ids("labels", &[d.b, d.t])?;

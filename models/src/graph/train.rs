@@ -70,7 +70,8 @@ impl EngineTrainer {
         group: LocalGroup,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
-        let model = build_training_graph(cfg, &GraphOptions::new(batch_size, seq_len))?;
+        // fp16/bf16: the graph stores activations in that dtype; master weights stay f32.
+        let model = build_training_graph(cfg, &GraphOptions::new(batch_size, seq_len).with_dtype(opts.precision))?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
         let adamw = AdamWConfig {
@@ -81,7 +82,12 @@ impl EngineTrainer {
         };
         let session = TrainSession::new(model.graph.clone(), params, segments, adamw, opts.precision)
             .map_err(|e| ModelError::Training(format!("engine: {e}")))?;
-        let dp = DataParallel::new(session, group, strategy);
+        let mut dp = DataParallel::new(session, group, strategy);
+        // fp16 needs dynamic loss scaling (GradScaler's defaults, as the baseline's fp16 path);
+        // bf16 has fp32's exponent range and trains unscaled, as torch.autocast(bfloat16) does.
+        if opts.precision == DType::F16 {
+            dp.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::default()));
+        }
         Ok(EngineTrainer { model, dp, task: Task::for_config(cfg), opts, steps_taken: 0 })
     }
 

@@ -29,7 +29,8 @@ use super::kernels::softmax::MaskMap;
 use super::kernels::{copy, embedding, loss, norm, reduce, softmax};
 use super::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
-use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
+use crate::DType;
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
 use crate::plan::{self, Kernels, Place, Plan, PlanError, Req, Root};
@@ -181,6 +182,9 @@ struct Resolved {
     aux: Aux,
     /// The profile key: the op name, matmuls by flags (as the reference executor's).
     key: String,
+    /// f16/bf16 graphs: the outputs to round to the storage dtype after the kernel, with the
+    /// element extent of each (see [`PlannedExecutor::new`]).
+    round: Vec<(TensorId, usize)>,
 }
 
 /// 64-byte aligned, zero-initialised f32 memory: the arena.
@@ -241,6 +245,10 @@ pub struct PlannedExecutor {
     /// Row sets (`plan::rows`) and this step's selected rows of each (capacity reserved).
     row_sets: Vec<rows::RowSet>,
     sel: Vec<Vec<u32>>,
+    /// The node seeding the backward with d(loss)/d(loss) = 1, and the loss scale it seeds
+    /// instead (dynamic loss scaling: the whole backward then runs on scaled values).
+    seed_node: Option<usize>,
+    loss_scale: f32,
 }
 
 impl std::fmt::Debug for PlannedExecutor {
@@ -259,12 +267,28 @@ struct Mem<'a> {
 }
 
 impl PlannedExecutor {
-    /// Plans `graph` (a training graph, f32) and allocates its arena.
+    /// Plans `graph` (a training graph) and allocates its arena.
+    ///
+    /// f16/bf16 graphs compute in f32 like f32 ones, and every f16/bf16 activation and
+    /// activation gradient is rounded to its dtype as its producer finishes (its elements are
+    /// kept in f32 slots; parameters' gradients stay f32): the values, the
+    /// overflow to inf past 65504 in f16 and the 8-bit mantissa of bf16 are those of real
+    /// half-precision storage, so mixed precision and loss scaling are exercised on the CPU.
+    /// What the CPU does not get is the memory saving: that is the GPU backends' storage.
     pub fn new(graph: &Graph) -> Result<Self, PlanError> {
         super::blas::check().map_err(|e| PlanError::Backend(e.to_string()))?;
         let pool = Pool::global();
         let kernels = CpuKernels::for_graph(graph, pool.threads());
         let plan = plan::build(graph, &kernels)?;
+        // Parameters' gradients stay f32 (the flat fp32 gradient buffer, as PyTorch autocast's
+        // fp32 .grad and ORT's fp32 gradient buffers): a GEMM computing dW accumulates in f32
+        // and writes it without a round trip through the half dtype.
+        let param_grads: std::collections::HashSet<TensorId> = (0..graph.params().len()).filter_map(|i| graph.param_grad(i)).collect();
+        // Autodiff's seed: the fill whose output is the gradient of the loss itself. It holds
+        // the loss scale (2^16 does not fit in f16) and is f32 like the loss.
+        let seed_node = graph.loss().and_then(|l| {
+            graph.nodes().iter().position(|n| matches!(n.op, Op::Fill { .. }) && n.outputs.len() == 1 && graph.tensor(n.outputs[0]).kind == TensorKind::Grad(l))
+        });
         let mut steps = Vec::with_capacity(plan.steps.len());
         for s in &plan.steps {
             let node = &graph.nodes()[s.node];
@@ -285,16 +309,49 @@ impl PlannedExecutor {
                 Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
                 op => op.name().to_string(),
             };
-            steps.push(Resolved { node: s.node, inplace: s.inplace, ws: s.workspace, aux, key });
+            let round = if seed_node == Some(s.node) { Vec::new() } else { node
+                .outputs
+                .iter()
+                .filter(|&&o| matches!(graph.tensor(o).elem, ElemType::Float(d) if d != DType::F32) && !param_grads.contains(&o))
+                .map(|&o| {
+                    let p = &plan.places[o.index()];
+                    let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
+                    (o, crate::plan::layout::extent(graph.shape(o), &strides) as usize)
+                })
+                .collect() };
+            steps.push(Resolved { node: s.node, inplace: s.inplace, ws: s.workspace, aux, key, round });
         }
+
         let arena = Arena::new(plan.arena_len);
         let row_sets = kernels.rows.sets.clone();
         let sel = row_sets.iter().map(|s| Vec::with_capacity(s.rows)).collect();
-        Ok(PlannedExecutor { graph: graph.clone(), plan, steps, arena, pool, bound: Vec::with_capacity(graph.inputs().len()), row_sets, sel })
+        Ok(PlannedExecutor {
+            graph: graph.clone(),
+            plan,
+            steps,
+            arena,
+            pool,
+            bound: Vec::with_capacity(graph.inputs().len()),
+            row_sets,
+            sel,
+            seed_node,
+            loss_scale: 1.0,
+        })
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Seeds the next steps' backward with `scale` instead of 1: every gradient comes out
+    /// multiplied by it, as in a scaled-loss backward (`loss_scale · loss`). Errors when the
+    /// graph has no seed this executor can find (then gradients would silently be unscaled).
+    pub fn set_loss_scale(&mut self, scale: f32) -> Result<(), ExecError> {
+        if self.seed_node.is_none() && scale != 1.0 {
+            return Err(ExecError::NotTraining);
+        }
+        self.loss_scale = scale;
+        Ok(())
     }
 
     /// Steps that may run restricted to a row set (`plan::rows`).
@@ -327,6 +384,17 @@ impl PlannedExecutor {
             // SAFETY: the plan gives every tensor a place inside its buffer, kernels write only
             // their outputs, and outputs overlap inputs only where the plan made them in place.
             unsafe { self.exec(r, mem, seed) }.map_err(|source| ExecError::Op { node: r.node, op: g.nodes()[r.node].op.name(), source })?;
+            for &(t, len) in &r.round {
+                let d = match g.tensor(t).elem {
+                    ElemType::Float(d) => d,
+                    ElemType::I64 => unreachable!("only float outputs are rounded"),
+                };
+                // SAFETY: the extent of a planned output lies inside its buffer; elements of
+                // the extent that belong to other f16/bf16 tensors are already rounded (rounding
+                // is idempotent) or not yet written.
+                let base = SyncPtr(mem_ptr(mem, &self.plan.places[t.index()]));
+                self.pool.for_ranges(len, 1 << 14, 16, &|rg| d.round_slice(unsafe { std::slice::from_raw_parts_mut(base.get().add(rg.start), rg.len()) }));
+            }
             if let Some(t0) = t0 {
                 profile::record(r.key.clone(), t0.elapsed());
             }
@@ -426,6 +494,7 @@ impl PlannedExecutor {
         #[allow(unreachable_patterns)]
         match &node.op {
             Op::Fill { value } => {
+                let value = &if self.seed_node == Some(r.node) { value * self.loss_scale } else { *value };
                 let o = node.outputs[0];
                 let p = pl(o);
                 if is_contig(g.shape(o), &p.strides) {
@@ -674,3 +743,15 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
 
 #[cfg(test)]
 mod tests;
+
+/// A raw base pointer shared with the pool's threads, each writing a disjoint range.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used for disjoint ranges inside one step.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
