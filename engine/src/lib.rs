@@ -15,6 +15,7 @@ pub mod ops;
 pub mod optim;
 pub mod plan;
 pub mod parallel;
+pub mod passes;
 pub mod session;
 
 pub use dtype::DType;
