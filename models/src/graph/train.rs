@@ -70,7 +70,20 @@ impl EngineTrainer {
         group: LocalGroup,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
-        let model = build_training_graph(cfg, &GraphOptions::new(batch_size, seq_len))?;
+        Self::with_graph_options(cfg, weights, &GraphOptions::new(batch_size, seq_len), opts, group, strategy)
+    }
+
+    /// [`EngineTrainer::with_group`] for a graph built with `graph` (sizes per rank, and the
+    /// engine passes: the harness passes `ORTBENCH_PASSES` here).
+    pub fn with_graph_options(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        graph: &GraphOptions,
+        opts: EngineOptions,
+        group: LocalGroup,
+        strategy: Strategy,
+    ) -> Result<Self, ModelError> {
+        let model = build_training_graph(cfg, graph)?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
         let adamw = AdamWConfig {

@@ -15,6 +15,11 @@
 //! tiny-gpt2 2.5×; peak RSS 3.0 vs 3.8 GiB and 3.4 vs 4.6 GiB. GEMMs run at 290–325 GFLOP/s
 //! (MKL, two single-threaded halves on the pool) and are ~85% of the step.
 //!
+//! The fused ops of `crate::passes` run here too: `linear` as the GEMM followed by one
+//! epilogue pass over its rows (bias, or bias + GELU keeping the pre-activation), and
+//! `add_layernorm` adding and normalising each row in one pass (its sum may overwrite a dying
+//! operand).
+//!
 //! Extending it with a fused op: add the op to [`CpuKernels::check`] (and its layout
 //! requirements / in-place slots / workspace if any), and one arm in [`PlannedExecutor::exec`]
 //! calling its kernel. An op without a kernel is a [`PlanError::NoKernel`] when the executor is
