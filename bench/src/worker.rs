@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ortbench_engine::DType;
+use ortbench_engine::passes::PassConfig;
 use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
 use ortbench_engine::collective::{Collective, LocalGroup};
 use ortbench_engine::parallel::Strategy;
@@ -286,7 +288,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     seed: spec.seed,
                 };
                 let strategy = if spec.config == "ort" { Strategy::Ddp } else { Strategy::Zero1 };
-                Box::new(EngineTrainer::with_group(&cfg, &weights, spec.batch_size, spec.seq_len, opts, group, strategy)?)
+                // ORTBENCH_PASSES=none (or -fuse_attention, …) measures what the passes buy.
+                let graph = GraphOptions::new(spec.batch_size, spec.seq_len).with_passes(PassConfig::from_env()?);
+                Box::new(EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?)
             }
             other => bail!("config '{other}' is not implemented in this build"),
         })

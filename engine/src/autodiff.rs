@@ -77,7 +77,8 @@ fn requires_grad(g: &Graph) -> Vec<bool> {
 /// How many leading outputs carry gradients (the rest are saved statistics).
 fn differentiable_outputs(node: &Node) -> usize {
     match node.op {
-        Op::LayerNorm { .. } | Op::Attention { .. } => 1,
+        Op::LayerNorm { .. } | Op::Attention { .. } | Op::Linear { .. } => 1,
+        Op::AddLayerNorm { .. } => 2,
         _ => node.outputs.len(),
     }
 }
@@ -206,6 +207,33 @@ fn rule(
                 Some(g.cross_entropy_backward(gy()?, ins[0], ins[1], *ignore_index)?),
                 None,
             ]
+        }
+        Op::Linear { tb, gelu } => {
+            // GELU's backward from the saved pre-activation, then what MatMul and BiasAdd
+            // would emit: the same backward nodes as the unfused graph.
+            let dpre = match gelu {
+                Some(approx) => g.gelu_backward(outs[1], gy()?, *approx)?,
+                None => gy()?,
+            };
+            let n = shape(g, ins[2]);
+            let dbias = need[2].then(|| g.reduce_sum_leading(dpre, &n)).transpose()?;
+            let mut d = matmul_rule(g, ins[0], ins[1], dpre, false, *tb, need)?;
+            d.push(dbias);
+            d
+        }
+        Op::AddLayerNorm { .. } => {
+            // LayerNorm's backward on the saved sum, plus the gradient reaching the sum from
+            // its other uses (the residual stream); both addends get that total.
+            let (mut dsum, mut dw, mut db) = (gout[0], None, None);
+            if let Some(dy) = gout[1] {
+                let d = g.layer_norm_backward(dy, outs[0], ins[2], outs[2], outs[3])?;
+                dsum = Some(match dsum {
+                    Some(other) => g.add(other, d[0])?,
+                    None => d[0],
+                });
+                (dw, db) = (Some(d[1]), Some(d[2]));
+            }
+            vec![dsum, dsum, dw, db]
         }
         op => {
             return Err(GraphError::Autodiff(format!(

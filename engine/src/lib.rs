@@ -1,7 +1,8 @@
 //! ortbench-engine — the accelerated training engine behind the `ort` and `ort-zero1` configs.
 //!
-//! Pipeline (see `shared/DESIGN.md`): model builder → forward graph → autodiff → passes →
-//! memory plan → executor on a backend, with a fused AdamW over flat parameter buffers.
+//! Pipeline (see `shared/DESIGN.md`): model builder → forward graph → forward passes
+//! (eliminations, fusions) → autodiff → training passes (recompute) → memory plan → executor on
+//! a backend, with a fused AdamW over flat parameter buffers.
 //!
 //! This crate depends on neither tch/libtorch nor polars/plotters: it is our own engine.
 
@@ -15,6 +16,7 @@ pub mod ops;
 pub mod optim;
 pub mod plan;
 pub mod parallel;
+pub mod passes;
 pub mod session;
 
 pub use dtype::DType;

@@ -15,6 +15,7 @@
 //! a padding row that gets a gradient: each is an O(1) relative error on some tensor). ATOL only
 //! keeps a tensor whose gradient is exactly zero on both sides from dividing by zero.
 
+use ortbench_engine::passes::PassConfig;
 use ortbench_models::graph::{build_training_graph, GraphOptions};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::torch::{TorchTrainer, TrainOptions};
@@ -33,23 +34,24 @@ struct Worst {
 }
 
 fn check_parity(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
-    check_parity_on(label, cfg, batch, false)
+    check_parity_on(label, cfg, batch, false, PassConfig::all())
 }
 
 /// `check_parity` with the engine's planned executor (memory plan, fast kernels) instead of
 /// the reference one, at the same tolerances.
 fn check_parity_planned(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst {
-    check_parity_on(&format!("{label} [planned]"), cfg, batch, true)
+    check_parity_on(&format!("{label} [planned]"), cfg, batch, true, PassConfig::all())
 }
 
-fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool) -> Worst {
+/// With `passes`: `PassConfig::none()` checks the builders' unfused eager graphs.
+fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool, passes: PassConfig) -> Worst {
     let weights = Weights::init(cfg, 0);
 
     let mut torch = TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
     let torch_loss = torch.eval_loss(batch);
     let torch_grads = torch.gradients_of(batch);
 
-    let model = build_training_graph(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len)).unwrap();
+    let model = build_training_graph(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len).with_passes(passes)).unwrap();
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
     let engine_loss = if planned {
@@ -169,6 +171,18 @@ fn bert_sequence_classification_planned_engine_matches_torch() {
     let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 16, 13).unwrap().batch(0), &cfg);
     check_parity_planned("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
+}
+
+/// With every pass off: the builders' eager graphs (unfused attention, matmul + bias add, dropout
+/// nodes at p = 0) on the planned executor, at the same tolerances.
+#[test]
+fn unfused_graphs_planned_engine_match_torch() {
+    let cfg = fp32_no_dropout(builtin_config("tiny-bert").unwrap());
+    let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 32, 11).unwrap().batch(0), &cfg);
+    check_parity_on("tiny-bert (BertForMaskedLM) [planned, no passes]", &cfg, &batch, true, PassConfig::none());
+    let cfg = fp32_no_dropout(builtin_config("tiny-gpt2").unwrap());
+    let batch = DataSource::synthetic(&cfg, 4, 32, 12).unwrap().batch(0);
+    check_parity_on("tiny-gpt2 (GPT2LMHeadModel) [planned, no passes]", &cfg, &batch, true, PassConfig::none());
 }
 
 /// The `ort` config's training loop against the `pytorch` config's: same weights, same

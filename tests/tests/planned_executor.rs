@@ -10,14 +10,21 @@
 //! key biases, where both executors return rounding noise).
 
 use ortbench_engine::backend::cpu::planned::{CpuKernels, PlannedExecutor};
+use ortbench_engine::passes::PassConfig;
 use ortbench_engine::plan;
 use ortbench_engine::RefExecutor;
 use ortbench_models::graph::{build_training_graph, GraphOptions};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::{DataSource, ModelConfig, Weights};
 
+/// Every pass on, and every pass off (the builders' eager graphs must run as well).
 fn compare(label: &str, cfg: &ModelConfig, b: usize, t: usize, seed: u64) {
-    let model = build_training_graph(cfg, &GraphOptions::new(b, t)).unwrap();
+    compare_with(label, cfg, b, t, seed, PassConfig::all());
+    compare_with(&format!("{label} [no passes]"), cfg, b, t, seed, PassConfig::none());
+}
+
+fn compare_with(label: &str, cfg: &ModelConfig, b: usize, t: usize, seed: u64, passes: PassConfig) {
+    let model = build_training_graph(cfg, &GraphOptions::new(b, t).with_passes(passes)).unwrap();
     let params = model.flatten(&Weights::init(cfg, 3)).unwrap();
     let batch = DataSource::synthetic(cfg, b, t, 17).unwrap().batch(0);
     let feed = model.feed(&batch).unwrap();
@@ -88,14 +95,20 @@ fn bert_base_and_gpt2_plans_at_b8_s128() {
 
 /// `cargo test --release -p ortbench-tests --test planned_executor bench_step -- --ignored
 /// --nocapture`: the time of the planned executor's forward+backward alone on bert-base and
-/// gpt2 (b8×s128), step by step, against the whole `ort` training step (with AdamW).
+/// gpt2 (b8×s128), step by step, against the whole `ort` training step (with AdamW). The graph
+/// passes come from `ORTBENCH_PASSES` (`none` for the builders' eager graphs).
 #[test]
 #[ignore]
 fn bench_step() {
+    use ortbench_engine::collective::LocalGroup;
+    use ortbench_engine::parallel::Strategy;
     use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+    let passes = PassConfig::from_env().unwrap();
     for name in ["bert-base-uncased", "gpt2"] {
         let cfg = builtin_config(name).unwrap();
-        let model = build_training_graph(&cfg, &GraphOptions::new(8, 128)).unwrap();
+        let gopts = GraphOptions::new(8, 128).with_passes(passes);
+        let model = build_training_graph(&cfg, &gopts).unwrap();
+        println!("{name}: passes {passes}: {}\n{}", model.pass_report, ortbench_engine::plan::build(&model.graph, &CpuKernels::new(2)).unwrap().summary(&model.graph));
         let w = Weights::init(&cfg, 3);
         let params = model.flatten(&w).unwrap();
         let data = DataSource::synthetic(&cfg, 8, 128, 17).unwrap();
@@ -109,7 +122,8 @@ fn bench_step() {
         }
         drop(ex);
         let opts = EngineOptions { lr: 5e-5, weight_decay: 0.01, max_grad_norm: 1.0, schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 }, precision: ortbench_engine::DType::F32, seed: 0 };
-        let mut tr = EngineTrainer::new(&cfg, &w, 8, 128, opts).unwrap();
+        let group = LocalGroup::new(1).pop().unwrap();
+        let mut tr = EngineTrainer::with_graph_options(&cfg, &w, &gopts, opts, group, Strategy::Ddp).unwrap();
         for step in 0..4 {
             let b = data.batch(step);
             let t = std::time::Instant::now();

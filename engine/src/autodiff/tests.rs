@@ -127,6 +127,34 @@ fn bias_add_and_linear() {
     });
 }
 
+/// The fused linear of `passes::fuse_matmul_bias`, both weight layouts, with and without GELU.
+#[test]
+fn fused_linear() {
+    for (tb, gelu) in [(true, None), (false, Some(GeluApprox::Erf)), (true, Some(GeluApprox::Tanh))] {
+        check(13, Feeds::default(), |g| {
+            let x = g.param("x", &[2, 3, 4])?;
+            let w = g.param("w", if tb { &[6, 4] } else { &[4, 6] })?;
+            let b = g.param("b", &[6])?;
+            g.fused_linear(x, w, b, tb, gelu)
+        });
+    }
+}
+
+/// The fused residual add + LayerNorm of `passes::fuse_add_layernorm`, with the sum read
+/// again downstream (pre-LN) so both differentiable outputs carry gradients.
+#[test]
+fn add_layer_norm_with_the_sum_used_again() {
+    check(14, Feeds::default(), |g| {
+        let a = g.param("a", &[2, 3, 6])?;
+        let b = g.param("b", &[2, 3, 6])?;
+        let w = g.param("w", &[6])?;
+        let bias = g.param("bias", &[6])?;
+        let (sum, y) = g.add_layer_norm(a, b, w, bias, 1e-5)?;
+        let y = g.gelu(y, GeluApprox::Erf)?;
+        g.add(sum, y)
+    });
+}
+
 #[test]
 fn add_same_shape_and_broadcast() {
     check(4, Feeds::default(), |g| {

@@ -8,7 +8,7 @@
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
-use crate::ops::{add, cross_entropy, dropout, embedding, gelu, layernorm, layout, softmax, tanh};
+use crate::ops::{add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, softmax, tanh};
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
 
@@ -412,6 +412,21 @@ fn eval<T: Real>(
         Op::CrossEntropy { ignore_index } => {
             outs[0][0] =
                 cross_entropy::cross_entropy_forward(f(0), ids(1), last(0), *ignore_index)?;
+        }
+        Op::Linear { tb, gelu } => {
+            let k = last(0);
+            let (y, pre) = match &mut outs[..] {
+                [y] => (y, &mut Vec::new()),
+                [y, pre] => (y, pre),
+                _ => unreachable!("linear has 1 or 2 outputs"),
+            };
+            linear::linear_forward(y, pre, f(0), f(1), f(2), k, *tb, *gelu);
+        }
+        Op::AddLayerNorm { eps } => {
+            let [sum, y, mean, rstd] = &mut outs[..] else {
+                unreachable!("add_layernorm has 4 outputs")
+            };
+            layernorm::add_layernorm_forward(sum, y, mean, rstd, f(0), f(1), f(2), f(3), t(*eps));
         }
         Op::EmbeddingBackward => {
             let c = g.shape(node.outputs[0])[1];

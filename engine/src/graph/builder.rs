@@ -361,7 +361,11 @@ impl Graph {
         check_p(op, p)?;
         let numel = self.info(x)?.numel() as u64;
         let offset = self.rng_offset;
-        self.rng_offset += numel;
+        // A p = 0 site draws no counters, so eliminating it (`passes::eliminate`) leaves every
+        // other site's mask unchanged.
+        if p > 0.0 {
+            self.rng_offset += numel;
+        }
         self.unary(op, Op::Dropout { p, offset }, x)
     }
 
@@ -506,6 +510,19 @@ impl Graph {
         v: TensorId,
         opts: AttentionOpts,
     ) -> Result<TensorId> {
+        self.attention_at(q, k, v, opts, None)
+    }
+
+    /// [`Graph::attention`] whose dropout uses the counters at `offset` (a fused dropout site
+    /// keeps its counters: `passes::fuse_attention`), or fresh ones when None.
+    pub(crate) fn attention_at(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        opts: AttentionOpts,
+        offset: Option<u64>,
+    ) -> Result<TensorId> {
         let op = "attention";
         let (sq, dt) = self.float_arg(op, "q", q)?;
         let (sk, _) = self.float_arg(op, "k", k)?;
@@ -536,10 +553,16 @@ impl Graph {
             inputs.push(m);
         }
         let scale = opts.scale.unwrap_or(1.0 / (sq[3] as f32).sqrt());
-        let offset = self.rng_offset;
-        if opts.dropout_p > 0.0 {
-            self.rng_offset += probs_shape.iter().product::<usize>() as u64;
-        }
+        let offset = match offset {
+            Some(o) => o,
+            None => {
+                let o = self.rng_offset;
+                if opts.dropout_p > 0.0 {
+                    self.rng_offset += probs_shape.iter().product::<usize>() as u64;
+                }
+                o
+            }
+        };
         let out = vec![sq[0], sq[1], sq[2], sv[3]];
         let attrs = Op::Attention {
             scale,
@@ -584,6 +607,78 @@ impl Graph {
             vec![logits, labels],
             vec![(vec![], ElemType::Float(DType::F32))],
         )[0])
+    }
+
+    // ---------------------------------------------------------------- fused ops (passes)
+
+    /// [`Op::Linear`]: [gelu](x·op(w) + bias) with w a shared 2-D weight, (N, K) when `tb`
+    /// else (K, N). Returns y; with `gelu` the node also outputs the pre-activation.
+    // x: (…, K), bias: (N) -> (…, N)
+    pub fn fused_linear(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        bias: TensorId,
+        tb: bool,
+        gelu: Option<GeluApprox>,
+    ) -> Result<TensorId> {
+        let op = "linear";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "w", w)?;
+        let (sb, _) = self.float_arg(op, "bias", bias)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("w", &sw), ("bias", &sb)];
+        if sx.len() < 2 || sw.len() != 2 {
+            return Err(shape_err(op, "x must be at least 2-D and w 2-D", named));
+        }
+        let (k, n) = if tb { (sw[1], sw[0]) } else { (sw[0], sw[1]) };
+        if sx[sx.len() - 1] != k || sb != [n] {
+            return Err(shape_err(op, format!("need x (…, {k}) and bias ({n}) for w (tb={tb})"), named));
+        }
+        let mut out = sx.clone();
+        *out.last_mut().expect("checked >= 2-D") = n;
+        let f = ElemType::Float(dt);
+        let outs = match gelu {
+            Some(_) => vec![(out.clone(), f), (out, f)],
+            None => vec![(out, f)],
+        };
+        Ok(self.push(Op::Linear { tb, gelu }, vec![x, w, bias], outs)[0])
+    }
+
+    /// [`Op::AddLayerNorm`]: (sum = a + b, LayerNorm(sum)) over the last dim; a and b of the
+    /// same shape. Returns (sum, y); the node also outputs the row mean and rstd.
+    // a, b: (…, C); w, bias: (C) -> (…, C), (…, C)
+    pub fn add_layer_norm(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        w: TensorId,
+        bias: TensorId,
+        eps: f32,
+    ) -> Result<(TensorId, TensorId)> {
+        let op = "add_layernorm";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sbias, _) = self.float_arg(op, "bias", bias)?;
+        let named: &[(&str, &[usize])] = &[("a", &sa), ("b", &sb), ("weight", &sw), ("bias", &sbias)];
+        if sa != sb || sa.is_empty() || sw != [sa[sa.len() - 1]] || sbias != sw {
+            return Err(shape_err(
+                op,
+                "a and b must have the same shape, weight and bias the size of its last dim",
+                named,
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sa[..sa.len() - 1].to_vec();
+        let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
+        let outs = vec![(sa.clone(), f), (sa, f), (rows.clone(), stats), (rows, stats)];
+        let o = self.push(Op::AddLayerNorm { eps }, vec![a, b, w, bias], outs);
+        Ok((o[0], o[1]))
     }
 
     // ---------------------------------------------------------------- backward ops (autodiff)

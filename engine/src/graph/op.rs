@@ -52,7 +52,23 @@ pub enum Op {
         offset: u64,
     },
     /// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
+    ///
+    /// This op *is* the softmax + cross-entropy fusion: the forward is a log-sum-exp per row
+    /// (no probabilities stored), the backward recomputes softmax from the logits once and
+    /// writes softmax − onehot (see `passes` for why there is no separate pass).
     CrossEntropy { ignore_index: i64 },
+
+    // ---- fused forward ops (emitted by `passes`) ----
+    /// (x (…, K), w (N, K) when `tb` else (K, N), bias (N)) → y (…, N) = [gelu](x·op(w) + bias);
+    /// with `gelu` a second output pre (…, N) = x·op(w) + bias, saved for the backward (not
+    /// differentiable). `nn.Linear` (+ activation) as one GEMM with a bias/GELU epilogue
+    /// (cuBLASLt's `CUBLASLT_EPILOGUE_GELU_AUX_BIAS`, ORT's `FusedMatMul` + `BiasGelu`).
+    Linear { tb: bool, gelu: Option<GeluApprox> },
+    /// (a (…, C), b (…, C), w (C), bias (C)) → (sum (…, C) = a + b, y (…, C) = LayerNorm(sum),
+    /// mean (…), rstd (…)); sum and y are differentiable, mean/rstd are saved statistics. The
+    /// residual add + LayerNorm of every transformer block in one pass over the rows (ORT's
+    /// `SkipLayerNormalization`, Apex's `FusedAddLayerNorm`).
+    AddLayerNorm { eps: f32 },
 
     // ---- backward-only ops (emitted by autodiff) ----
     /// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
@@ -99,6 +115,8 @@ impl Op {
             Op::Concat => "concat",
             Op::Attention { .. } => "attention",
             Op::CrossEntropy { .. } => "cross_entropy",
+            Op::Linear { .. } => "linear",
+            Op::AddLayerNorm { .. } => "add_layernorm",
             Op::EmbeddingBackward => "embedding_backward",
             Op::ReduceSumLeading => "reduce_sum_leading",
             Op::GeluBackward { .. } => "gelu_backward",
@@ -119,7 +137,11 @@ impl Op {
             Op::Gelu { approx } | Op::GeluBackward { approx } => {
                 format!("approx={}", approx.name())
             }
-            Op::LayerNorm { eps } => format!("eps={eps:e}"),
+            Op::LayerNorm { eps } | Op::AddLayerNorm { eps } => format!("eps={eps:e}"),
+            Op::Linear { tb, gelu } => match gelu {
+                Some(a) => format!("tb={tb} gelu={}", a.name()),
+                None => format!("tb={tb}"),
+            },
             Op::Softmax { scale, causal } => format!("scale={scale} causal={causal}"),
             Op::SoftmaxBackward { scale } => format!("scale={scale}"),
             Op::Dropout { p, offset } => format!("p={p} offset={offset}"),

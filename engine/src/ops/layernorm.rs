@@ -43,6 +43,31 @@ pub fn layernorm_forward<T: Real>(
     }
 }
 
+/// The residual add + LayerNorm of `Op::AddLayerNorm`: sum = a + b, then
+/// [`layernorm_forward`] of sum (its backward is LayerNorm's, the residual gradient passing
+/// through the add unchanged). Reference: ORT's `SkipLayerNormalization`.
+// sum, y: (R, C)
+// mean, rstd: (R)
+// a, b: (R, C)
+// w, bias: (C)
+#[allow(clippy::too_many_arguments)]
+pub fn add_layernorm_forward<T: Real>(
+    sum: &mut [T],
+    y: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+    a: &[T],
+    b: &[T],
+    w: &[T],
+    bias: &[T],
+    eps: T,
+) {
+    for ((s, &x), &r) in sum.iter_mut().zip(a).zip(b) {
+        *s = x + r;
+    }
+    layernorm_forward(y, mean, rstd, sum, w, bias, eps);
+}
+
 /// dx = rstd·(dnorm - mean(dnorm) - norm·mean(dnorm·norm)) with dnorm = dy·w, norm = (x-mean)·rstd;
 /// dw = Σ_rows dy·norm; db = Σ_rows dy.
 // dx: (R, C)

@@ -17,6 +17,7 @@ pub mod embedding;
 pub mod gelu;
 pub mod layernorm;
 pub mod layout;
+pub mod linear;
 pub mod matmul;
 pub mod real;
 pub mod softmax;

@@ -2,7 +2,7 @@
 //! modeling_bert.py, absolute positions, no attention mask since our batches have no padding
 //! positions to hide — padding tokens are attended to like any token, as in the baseline).
 
-use ortbench_engine::graph::{AttentionOpts, TensorId};
+use ortbench_engine::graph::TensorId;
 
 use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS};
 use crate::config::{Architecture, BertConfig, Family, ModelConfig};
@@ -63,7 +63,7 @@ fn bert_embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BRes
     b.dropout(x, c.hidden_dropout_prob)
 }
 
-/// `BertLayer` (post-LN): BertSelfAttention (sdpa) → BertSelfOutput (dense, dropout,
+/// `BertLayer` (post-LN): BertSelfAttention (eager: q·kᵀ/√D, softmax, dropout, ·v) → BertSelfOutput (dense, dropout,
 /// residual, LayerNorm) → BertIntermediate (dense, act) → BertOutput (dense, dropout,
 /// residual, LayerNorm).
 // x: (B, T, C) -> (B, T, C)
@@ -74,8 +74,7 @@ fn bert_layer(b: &mut Builder, x: TensorId, p: &str, cfg: &ModelConfig) -> BResu
     let k = b.linear(x, &format!("{p}.attention.self.key"))?;
     let v = b.linear(x, &format!("{p}.attention.self.value"))?;
     let (q, k, v) = (b.split_heads(q, heads)?, b.split_heads(k, heads)?, b.split_heads(v, heads)?); // (B, H, T, D)
-    let opts = AttentionOpts { dropout_p: c.attention_probs_dropout_prob as f32, ..AttentionOpts::default() };
-    let ctx = b.g.attention(q, k, v, opts)?; // (B, H, T, D), scale 1/√D
+    let ctx = b.eager_attention(q, k, v, false, c.attention_probs_dropout_prob)?; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, C)
     let a = b.linear(ctx, &format!("{p}.attention.output.dense"))?;
     let a = b.dropout(a, c.hidden_dropout_prob)?;

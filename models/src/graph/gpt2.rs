@@ -1,14 +1,15 @@
 //! GPT-2 as an engine graph: the same function as `torch/gpt2.rs` (transformers'
-//! modeling_gpt2.py, sdpa path, no padding mask).
+//! modeling_gpt2.py, eager attention as HF writes it — the engine passes fuse it —, no padding
+//! mask).
 
-use ortbench_engine::graph::{AttentionOpts, TensorId};
+use ortbench_engine::graph::TensorId;
 
 use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, POSITION_IDS};
 use crate::config::{Family, Gpt2Config, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
 
-/// `GPT2Block` (pre-LN): ln_1 → GPT2Attention (c_attn split into q, k, v; causal sdpa;
+/// `GPT2Block` (pre-LN): ln_1 → GPT2Attention (c_attn split into q, k, v; causal eager attention;
 /// c_proj; resid dropout) → residual; ln_2 → GPT2MLP (c_fc, act, c_proj, dropout) → residual.
 // x: (B, T, C) -> (B, T, C)
 fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &ModelConfig) -> BResult<TensorId> {
@@ -19,10 +20,9 @@ fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &Model
     let q = b.split_heads(parts[0], c.n_head)?; // (B, H, T, D)
     let k = b.split_heads(parts[1], c.n_head)?;
     let v = b.split_heads(parts[2], c.n_head)?;
-    // scale_attn_weights: 1/√D (the engine's default); HF is causal whenever T > 1, and a
+    // scale_attn_weights: 1/√D; HF is causal whenever T > 1, and a
     // causal mask over one position changes nothing.
-    let opts = AttentionOpts { causal: true, dropout_p: c.attn_pdrop as f32, ..AttentionOpts::default() };
-    let ctx = b.g.attention(q, k, v, opts)?; // (B, H, T, D)
+    let ctx = b.eager_attention(q, k, v, true, c.attn_pdrop)?; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, C)
     let a = b.conv1d(ctx, &format!("{p}.attn.c_proj"))?;
     let a = b.dropout(a, c.resid_pdrop)?;

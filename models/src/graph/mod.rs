@@ -27,6 +27,7 @@ pub mod train;
 use std::collections::HashMap;
 
 use ortbench_engine::graph::{GeluApprox, Graph, GraphError, TensorId};
+use ortbench_engine::passes::{self, PassConfig, PassReport};
 use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 
 use crate::config::{Activation, Architecture, Family, ModelConfig};
@@ -49,23 +50,32 @@ pub const NOT_PAD_MASK: &str = "input_ids_not_pad";
 /// BERT with a `pad_token_id`: 1.0 where the token is padding, (B, T, 1, 1) f32.
 pub const PAD_MASK: &str = "input_ids_is_pad";
 
-/// What to build: the static sizes of a step and the storage dtype of activations.
+/// What to build: the static sizes of a step, the storage dtype of activations and the graph
+/// passes to run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GraphOptions {
     pub batch_size: usize,
     pub seq_len: usize,
     /// Storage dtype of parameters' copies and activations (the flat master buffer is f32).
     pub dtype: DType,
+    /// The engine passes [`build_training_graph`] runs (default: [`PassConfig::all`]; the
+    /// harness takes `ORTBENCH_PASSES` through [`PassConfig::from_env`]).
+    pub passes: PassConfig,
 }
 
 impl GraphOptions {
-    /// f32 graph for (batch_size, seq_len) steps.
+    /// f32 graph for (batch_size, seq_len) steps, every default pass on.
     pub fn new(batch_size: usize, seq_len: usize) -> Self {
-        GraphOptions { batch_size, seq_len, dtype: DType::F32 }
+        GraphOptions { batch_size, seq_len, dtype: DType::F32, passes: PassConfig::all() }
     }
 
     pub fn with_dtype(mut self, dtype: DType) -> Self {
         self.dtype = dtype;
+        self
+    }
+
+    pub fn with_passes(mut self, passes: PassConfig) -> Self {
+        self.passes = passes;
         self
     }
 }
@@ -85,12 +95,18 @@ pub struct EngineModel {
     pub arch: Architecture,
     pub batch_size: usize,
     pub seq_len: usize,
-    /// The forward graph (before autodiff), for passes that work on the forward only.
+    /// The forward graph as the builder wrote it (HF's eager form: unfused attention, matmul +
+    /// bias add, dropout sites at p = 0), before any pass.
+    pub unoptimized: Graph,
+    /// The forward graph after the forward passes: what autodiff differentiated.
     pub forward: Graph,
-    /// The training graph: forward, loss, backward.
+    /// The training graph: optimised forward, loss, backward, then the training passes.
     pub graph: Graph,
-    /// The scalar loss (the same tensor id in `forward` and `graph`).
+    /// The scalar loss (the same tensor id in `forward` and `graph`; passes renumber tensors,
+    /// so not in `unoptimized`).
     pub loss: TensorId,
+    /// What the passes of `GraphOptions::passes` did (forward passes, then training passes).
+    pub pass_report: PassReport,
     /// Every `param_specs(cfg)` entry, in that order, with its (offset, len) in the flat buffer.
     pub params: Vec<ParamSlot>,
     /// BERT's `pad_token_id` when it is a valid row of the word embedding.
@@ -99,7 +115,8 @@ pub struct EngineModel {
     num_labels: usize,
 }
 
-/// The forward graph of `cfg` for steps of `opts` and its scalar loss.
+/// The forward graph of `cfg` for steps of `opts` as the builder writes it (HF's eager form,
+/// no pass run; its loss is set) and its scalar loss.
 pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
     check_sizes(cfg, opts)?;
     let mut b = Builder::new(cfg, opts.dtype).map_err(|e| graph_err(cfg, e))?;
@@ -112,13 +129,20 @@ pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Gr
         BuildError::Graph(e) => graph_err(cfg, e),
         BuildError::Model(e) => e,
     })?;
-    Ok((b.g, loss))
+    let mut g = b.g;
+    g.set_loss(loss).map_err(|e| graph_err(cfg, e))?;
+    Ok((g, loss))
 }
 
 /// The training graph of `cfg` (forward + loss + backward) for steps of `opts`.
 pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<EngineModel, ModelError> {
-    let (forward, loss) = build_forward_graph(cfg, opts)?;
-    let graph = autodiff::backward(&forward, loss).map_err(|e| graph_err(cfg, e))?;
+    let (unoptimized, _) = build_forward_graph(cfg, opts)?;
+    let (forward, mut pass_report) = passes::run_forward(&unoptimized, &opts.passes).map_err(|e| graph_err(cfg, e))?;
+    let loss = forward.loss().expect("the builder sets the loss and passes keep it");
+    let train = autodiff::backward(&forward, loss).map_err(|e| graph_err(cfg, e))?;
+    let (graph, training_report) = passes::run_training(&train, &opts.passes).map_err(|e| graph_err(cfg, e))?;
+    pass_report.extend(training_report);
+    let loss = graph.loss().expect("a training graph has its loss");
     let params = graph
         .params()
         .iter()
@@ -132,9 +156,11 @@ pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<En
         arch: cfg.arch,
         batch_size: opts.batch_size,
         seq_len: opts.seq_len,
+        unoptimized,
         forward,
         graph,
         loss,
+        pass_report,
         params,
         padding_idx,
         vocab_size: cfg.vocab_size(),
@@ -372,12 +398,24 @@ impl Builder {
         Ok(self.g.layer_norm(x, w, b, eps as f32)?)
     }
 
-    /// `nn.Dropout(p)`; nothing at p = 0 (what the p = 0 elimination pass would leave).
+    /// `nn.Dropout(p)`, a node even at p = 0 as HF keeps the module (`eliminate_dropout`
+    /// removes it; a p = 0 site draws no RNG counters).
     pub fn dropout(&mut self, x: TensorId, p: f64) -> BResult<TensorId> {
-        if p == 0.0 {
-            return Ok(x);
-        }
         Ok(self.g.dropout(x, p as f32)?)
+    }
+
+    /// HF's eager attention (`eager_attention_forward` of modeling_bert / modeling_gpt2):
+    /// `softmax(q·kᵀ / √D [causal]) → dropout → ·v`, written op by op; `fuse_attention` makes it
+    /// one [`Op::Attention`](ortbench_engine::graph::Op::Attention).
+    // q, k, v: (B, H, T, D) -> (B, H, T, D)
+    pub fn eager_attention(&mut self, q: TensorId, k: TensorId, v: TensorId, causal: bool, dropout_p: f64) -> BResult<TensorId> {
+        let d = self.g.shape(q)[3];
+        let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
+        let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
+        let scores = self.g.scale(scores, 1.0 / (d as f32).sqrt())?;
+        let probs = self.g.softmax(scores, 1.0, causal, None)?;
+        let probs = self.dropout(probs, dropout_p)?;
+        Ok(self.g.matmul(probs, v, false, false)?)
     }
 
     /// HF's `ACT2FN[name]`.
@@ -554,7 +592,7 @@ mod tests {
     #[test]
     fn dropout_sites_exist_only_when_p_is_positive() {
         let count = |cfg: &ModelConfig| {
-            let (g, _) = build_forward_graph(cfg, &GraphOptions::new(1, 4)).unwrap();
+            let g = build_training_graph(cfg, &GraphOptions::new(1, 4)).unwrap().forward;
             let drop = g.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { .. })).count();
             let attn = g.nodes().iter().filter(|n| matches!(n.op, Op::Attention { dropout_p, .. } if dropout_p > 0.0)).count();
             (drop, attn)
@@ -566,5 +604,50 @@ mod tests {
         assert_eq!(count(&gpt2), (0, 0));
         let bert = builtin_config("tiny-bert").unwrap();
         assert_eq!(count(&bert), (1 + 2 * 2, 2));
+    }
+
+    /// The builders write HF's eager form and the passes make the fused graph: with every
+    /// default pass the tiny models' training graphs have one fused attention per layer, fused
+    /// linears and add+LayerNorms, no p = 0 dropout; with none they keep the eager ops; and both
+    /// compute the same loss and gradients (reference executor, f32: loss within 1e-5
+    /// relative, each gradient within 1e-5·max|g| + 1e-7·G, G the largest gradient — summation
+    /// order differs, e.g. the fused attention's softmax).
+    #[test]
+    fn passes_fuse_the_eager_graphs_and_keep_the_numbers() {
+        for name in ["tiny-bert", "tiny-gpt2"] {
+            for dropout in [None, Some(0.0)] {
+                let mut cfg = builtin_config(name).unwrap();
+                if let Some(p) = dropout {
+                    cfg.set_dropout(p);
+                }
+                let build = |passes| build_training_graph(&cfg, &GraphOptions::new(2, 8).with_passes(passes)).unwrap();
+                let (opt, raw) = (build(PassConfig::all()), build(PassConfig::none()));
+                let (co, cr) = (passes::op_counts(&opt.graph), passes::op_counts(&raw.graph));
+                println!("{name} dropout {dropout:?}: {}\nall passes {co:?}\nno passes  {cr:?}", opt.pass_report);
+                let layers = cfg.num_layers();
+                assert_eq!(co["attention"], layers, "{name}");
+                assert_eq!((cr.get("attention"), cr["softmax"]), (None, layers), "{name}");
+                assert!(co["linear"] >= 4 * layers && co["add_layernorm"] >= 2 * layers - 1, "{name}: {co:?}");
+                let p_dropouts = opt.graph.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { p, .. } if p == 0.0)).count();
+                assert_eq!(p_dropouts, 0, "{name}");
+                assert_eq!(opt.params, raw.params);
+                let w = Weights::init(&cfg, 1);
+                let params = opt.flatten(&w).unwrap();
+                let batch = DataSource::synthetic(&cfg, 2, 8, 3).unwrap().batch(0);
+                let step = |m: &EngineModel| {
+                    let mut g = vec![f32::NAN; params.len()];
+                    (m.ref_train_step(&params, &batch, 9, &mut g).unwrap(), g)
+                };
+                let ((lo, go), (lr, gr)) = (step(&opt), step(&raw));
+                assert!((lo - lr).abs() <= 1e-5 * lr.abs(), "{name}: loss {lo} vs {lr}");
+                let big = gr.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for s in &opt.params {
+                    let (a, b) = (&go[s.offset..s.offset + s.len], &gr[s.offset..s.offset + s.len]);
+                    let max_g = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                    assert!(max_d <= 1e-5 * max_g + 1e-7 * big, "{name}: {} differs by {max_d:e} (max {max_g:e})", s.name);
+                }
+            }
+        }
     }
 }

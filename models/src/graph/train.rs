@@ -70,8 +70,21 @@ impl EngineTrainer {
         group: LocalGroup,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
+        Self::with_graph_options(cfg, weights, &GraphOptions::new(batch_size, seq_len), opts, group, strategy)
+    }
+
+    /// [`EngineTrainer::with_group`] for a graph built with `graph` (sizes per rank, and the
+    /// engine passes: the harness passes `ORTBENCH_PASSES` here).
+    pub fn with_graph_options(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        graph: &GraphOptions,
+        opts: EngineOptions,
+        group: LocalGroup,
+        strategy: Strategy,
+    ) -> Result<Self, ModelError> {
         // fp16/bf16: the graph stores activations in that dtype; master weights stay f32.
-        let model = build_training_graph(cfg, &GraphOptions::new(batch_size, seq_len).with_dtype(opts.precision))?;
+        let model = build_training_graph(cfg, &graph.with_dtype(opts.precision))?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
         let adamw = AdamWConfig {

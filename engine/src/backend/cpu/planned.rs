@@ -15,6 +15,11 @@
 //! tiny-gpt2 2.5×; peak RSS 3.0 vs 3.8 GiB and 3.4 vs 4.6 GiB. GEMMs run at 290–325 GFLOP/s
 //! (MKL, two single-threaded halves on the pool) and are ~85% of the step.
 //!
+//! The fused ops of `crate::passes` run here too: `linear` as the GEMM followed by one
+//! epilogue pass over its rows (bias, or bias + GELU keeping the pre-activation), and
+//! `add_layernorm` adding and normalising each row in one pass (its sum may overwrite a dying
+//! operand).
+//!
 //! Extending it with a fused op: add the op to [`CpuKernels::check`] (and its layout
 //! requirements / in-place slots / workspace if any), and one arm in [`PlannedExecutor::exec`]
 //! calling its kernel. An op without a kernel is a [`PlanError::NoKernel`] when the executor is
@@ -92,7 +97,9 @@ impl Kernels for CpuKernels {
             | Op::TanhBackward
             | Op::LayerNormBackward
             | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. } => {}
+            | Op::CrossEntropyBackward { .. }
+            | Op::Linear { .. }
+            | Op::AddLayerNorm { .. } => {}
             Op::Attention { .. } | Op::AttentionBackward { .. } => {
                 let q = if matches!(n.op, Op::Attention { .. }) { 0 } else { 1 };
                 if g.shape(n.inputs[q]).len() != 4 {
@@ -110,6 +117,7 @@ impl Kernels for CpuKernels {
     fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
         match g.nodes()[node].op {
             Op::MatMul { .. } => Req::Matrix,
+            Op::Linear { .. } if slot < 2 => Req::Matrix,
             Op::Attention { .. } if slot < 3 => Req::Rows,
             Op::AttentionBackward { .. } if slot < 4 => Req::Rows,
             Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
@@ -128,7 +136,7 @@ impl Kernels for CpuKernels {
 
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
         match g.nodes()[node].op {
-            Op::Add => vec![0, 1],
+            Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
             Op::BiasAdd | Op::Scale { .. } | Op::Gelu { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
             Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
             _ => vec![],
@@ -512,6 +520,28 @@ impl PlannedExecutor {
                     _ => m.run(pool, a, b, c),
                 }
             }
+            Op::Linear { gelu, .. } => {
+                let Aux::MatMul(m, _) = &r.aux else { unreachable!("resolved at build") };
+                let (x, w) = (ptr(node.inputs[0]), ptr(node.inputs[1]));
+                match gelu {
+                    Some(approx) => {
+                        m.run(pool, x, w, ptr(node.outputs[1]));
+                        ew::bias_gelu(pool, wr(0), wr(1), rd(2), *approx);
+                    }
+                    None => {
+                        m.run(pool, x, w, ptr(node.outputs[0]));
+                        ew::map2_inplace_a(pool, wr(0), rd(2), Add);
+                    }
+                }
+            }
+            Op::AddLayerNorm { eps } => {
+                let (y, mean, rstd) = (wr(1), wr(2), wr(3));
+                match r.inplace {
+                    // The sum overwrites a dying operand; addition commutes, so add the other.
+                    Some(k) => norm::add_layernorm_forward(pool, rw(k), y, mean, rstd, None, rd(1 - k), rd(2), rd(3), *eps),
+                    None => norm::add_layernorm_forward(pool, wr(0), y, mean, rstd, Some(rd(0)), rd(1), rd(2), rd(3), *eps),
+                }
+            }
             Op::BiasAdd | Op::Add => match r.inplace {
                 Some(0) => ew::map2_inplace_a(pool, rw(0), rd(1), Add),
                 Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), Add),
@@ -735,6 +765,14 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
                 dvs,
                 mask,
             }))
+        }
+        Op::Linear { tb, gelu } => {
+            // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
+            let (x, w) = (node.inputs[0], node.inputs[1]);
+            let c = node.outputs[usize::from(gelu.is_some())];
+            let m = MatMulPlan::new(false, *tb, (g.shape(x), &pl(x).strides), (g.shape(w), &pl(w).strides), (g.shape(c), &pl(c).strides))
+                .ok_or_else(|| no(" for these operand layouts"))?;
+            Aux::MatMul(m, None)
         }
         Op::Softmax { .. } if node.inputs.len() > 1 => Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0]))),
         _ => Aux::None,

@@ -65,6 +65,50 @@ pub fn layernorm_forward(pool: &Pool, y: &mut [f32], mean: &mut [f32], rstd: &mu
     });
 }
 
+/// Rows of the residual add + LayerNorm: s = x + r (or s += r in place when `x` is None),
+/// then LayerNorm of s while the row is in cache.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn add_fwd_rows(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let c = w.len();
+    for row in 0..mean.len() {
+        let e = row * c..(row + 1) * c;
+        let sr = &mut s[e.clone()];
+        match x {
+            Some(x) => {
+                for ((o, &u), &v) in sr.iter_mut().zip(&x[e.clone()]).zip(&r[e.clone()]) {
+                    *o = u + v;
+                }
+            }
+            None => {
+                for (o, &v) in sr.iter_mut().zip(&r[e.clone()]) {
+                    *o += v;
+                }
+            }
+        }
+        fwd_rows(&mut y[e], &mut mean[row..row + 1], &mut rstd[row..row + 1], sr, w, b, eps);
+    }
+}
+multiversion!(fn add_fwd_chunk<>(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], w: &[f32], b: &[f32], eps: f32) => add_fwd_rows);
+
+/// sum = a + b and y = LayerNorm(sum) in one pass over the rows (`ops::layernorm::
+/// add_layernorm_forward`; ORT's `SkipLayerNormalization`). `a` None: `sum` already holds a
+/// (the plan put the sum over a dying operand) and b is added in place.
+// sum, y, a, b: (R, C); mean, rstd: (R); w, bias: (C)
+#[allow(clippy::too_many_arguments)]
+pub fn add_layernorm_forward(pool: &Pool, sum: &mut [f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], a: Option<&[f32]>, b: &[f32], w: &[f32], bias: &[f32], eps: f32) {
+    let c = w.len();
+    let rows = mean.len();
+    assert!(sum.len() == rows * c && y.len() == rows * c && b.len() == rows * c && rstd.len() == rows && bias.len() == c);
+    assert!(a.is_none_or(|a| a.len() == rows * c));
+    let (sp, yp, mp, rp) = (SyncPtr(sum.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), SyncPtr(mean.as_mut_ptr()), SyncPtr(rstd.as_mut_ptr()));
+    pool.for_ranges(rows, min_rows(c), 1, &|r| {
+        let e = r.start * c..r.end * c;
+        // SAFETY: row ranges are disjoint; each task writes its rows of sum, y, mean, rstd.
+        unsafe { add_fwd_chunk(sp.slice(e.clone()), a.map(|a| &a[e.clone()]), &b[e.clone()], yp.slice(e), mp.slice(r.clone()), rp.slice(r.clone()), w, bias, eps) }
+    });
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn bwd_rows(dx: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32], w: &[f32], mean: &[f32], rstd: &[f32]) {
@@ -191,6 +235,49 @@ mod tests {
             check(&dx1, &dx0, "dx");
             check(&dw1, &dw0, "dw");
             check(&db1, &db0, "db");
+        }
+    }
+
+    /// The fused residual add + LayerNorm against the reference (`ops::layernorm::
+    /// add_layernorm_forward`), out of place and in place over either operand; tolerance as
+    /// above (2e-5·max|ref|), the sum exact.
+    #[test]
+    fn add_layernorm_matches_the_reference() {
+        let pool = Pool::new(2);
+        for &(rows, c) in &[(64usize, 768usize), (37, 13), (300, 64)] {
+            let mut rng = Rng::new(rows as u64 * 17 + c as u64);
+            let (a, b) = (rng.vec_f32(rows * c), rng.vec_f32(rows * c));
+            let (w, bias) = (rng.vec_f32(c), rng.vec_f32(c));
+            let (mut s0, mut y0, mut m0, mut r0) = (vec![0.0; rows * c], vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+            rln::add_layernorm_forward(&mut s0, &mut y0, &mut m0, &mut r0, &a, &b, &w, &bias, 1e-5);
+            let scale = y0.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for mode in 0..3 {
+                let (mut y, mut m, mut r) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+                let sum = match mode {
+                    0 => {
+                        let mut s = vec![f32::NAN; rows * c];
+                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, Some(&a), &b, &w, &bias, 1e-5);
+                        s
+                    }
+                    1 => {
+                        let mut s = a.clone();
+                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, None, &b, &w, &bias, 1e-5);
+                        s
+                    }
+                    _ => {
+                        let mut s = b.clone();
+                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, None, &a, &w, &bias, 1e-5);
+                        s
+                    }
+                };
+                assert_eq!(sum, s0, "sum ({rows}x{c}, mode {mode})");
+                for (i, (x, want)) in y.iter().zip(&y0).enumerate() {
+                    assert!((x - want).abs() <= 2e-5 * scale, "y ({rows}x{c}, mode {mode}) [{i}]: {x} vs {want}");
+                }
+                for (x, want) in m.iter().zip(&m0).chain(r.iter().zip(&r0)) {
+                    assert!((x - want).abs() <= 2e-5 * want.abs().max(1.0), "stats: {x} vs {want}");
+                }
+            }
         }
     }
 }

@@ -1,0 +1,77 @@
+//! The fused linear layer: y = [gelu](x·op(w) + bias), the forward of `Op::Linear`.
+//!
+//! Defined as the composition of the reference matmul, bias add and GELU (so the fused graph
+//! computes exactly what the unfused one does); its backward needs no op of its own — autodiff
+//! writes GELU's backward from the saved pre-activation, then the matmul's two products and
+//! the bias's row sum. Reference: `torch.nn.functional.linear` + `gelu`; cuBLASLt's
+//! `CUBLASLT_EPILOGUE_GELU_AUX_BIAS` (the epilogue that also stores the pre-activation).
+
+use super::gelu::{gelu_forward, GeluApprox};
+use super::matmul::{matmul_forward, MatMulDims};
+use super::Real;
+
+/// `pre = x·op(w) + bias`, `y = gelu(pre)` (or `y = pre` without GELU, where `pre` is unused
+/// and may be empty).
+// y: (R, N)
+// pre: (R, N), or empty without gelu
+// x: (R, K)
+// w: (N, K) when tb, else (K, N)
+// bias: (N)
+#[allow(clippy::too_many_arguments)]
+pub fn linear_forward<T: Real>(
+    y: &mut [T],
+    pre: &mut [T],
+    x: &[T],
+    w: &[T],
+    bias: &[T],
+    k: usize,
+    tb: bool,
+    gelu: Option<GeluApprox>,
+) {
+    let n = bias.len();
+    let rows = x.len() / k.max(1);
+    let dims = MatMulDims { batch: 1, m: rows, n, k, ta: false, tb, b_batched: false };
+    let target: &mut [T] = if gelu.is_some() { pre } else { y };
+    matmul_forward(target, x, w, &dims);
+    for row in target.chunks_exact_mut(n) {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+    if let Some(approx) = gelu {
+        gelu_forward(y, pre, approx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::add::add_forward;
+    use crate::ops::testutil::Rng;
+
+    /// The fused forward is bit-for-bit the unfused chain (same ops, same order).
+    #[test]
+    fn equals_matmul_then_bias_then_gelu() {
+        let mut rng = Rng::new(5);
+        let (rows, k, n) = (7, 5, 6);
+        for tb in [false, true] {
+            for gelu in [None, Some(GeluApprox::Erf), Some(GeluApprox::Tanh)] {
+                let (x, w, b) = (rng.vec(rows * k), rng.vec(k * n), rng.vec(n));
+                let (mut y, mut pre) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+                linear_forward(&mut y, &mut pre, &x, &w, &b, k, tb, gelu);
+                let mut mm = vec![0.0; rows * n];
+                let dims = MatMulDims { batch: 1, m: rows, n, k, ta: false, tb, b_batched: false };
+                matmul_forward(&mut mm, &x, &w, &dims);
+                let mut want = vec![0.0; rows * n];
+                add_forward(&mut want, &mm, &b);
+                if let Some(a) = gelu {
+                    assert_eq!(pre, want);
+                    let mut act = vec![0.0; rows * n];
+                    gelu_forward(&mut act, &want, a);
+                    want = act;
+                }
+                assert_eq!(y, want, "tb={tb} gelu={gelu:?}");
+            }
+        }
+    }
+}
