@@ -313,6 +313,11 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
     };
     let wall_s = start.elapsed().as_secs_f64();
     let stderr_text = err_thread.join().unwrap_or_default();
+    // ORTBENCH_PROFILE=1: the worker prints its per-op profile on stderr, which is otherwise
+    // only read for error messages; pass it through.
+    if ortbench_engine::exec::profile::enabled() && !stderr_text.is_empty() {
+        eprint!("{stderr_text}");
+    }
     let exited_ok = libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0;
     let signal = libc::WIFSIGNALED(wstatus).then(|| libc::WTERMSIG(wstatus));
     let done_steps = steps.iter().filter(|s| s.rank == 0).count();
