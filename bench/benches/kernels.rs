@@ -1,7 +1,8 @@
 //! Each fast CPU kernel of the planned executor (`engine/src/backend/cpu/kernels`) against the
 //! reference op it is tested against (`engine/src/ops`: plain loops, one thread), on the same
 //! random inputs at bert-base's b8 × s128 training shapes. One group per kernel, two lines:
-//! `kernel` and `reference`.
+//! `kernel` and `reference`; and the passes' fused kernels against the unfused kernels they
+//! replace (`fused` vs `unfused`).
 //!
 //! `cargo bench -p ortbench --bench kernels`
 
@@ -157,9 +158,49 @@ fn embedding(c: &mut Criterion) {
     g.finish();
 }
 
+/// The fused kernels of the passes' ops against the unfused kernels they replace (the planned
+/// executor's own, so the difference is the fusion alone): `add_layernorm` (`fuse_add_layernorm`:
+/// residual add + LayerNorm in one pass over each row) vs `add` then `layernorm`; the
+/// `linear` epilogue (`fuse_matmul_bias`: bias + GELU in one pass after the GEMM) vs
+/// `bias_add` then `gelu`.
+fn fused(c: &mut Criterion) {
+    let pool = Pool::global();
+    let n = ROWS * C;
+    let (a, r, w, bias) = (random(n, 21), random(n, 22), random(C, 23), random(C, 24));
+    let (mut sum, mut y, mut mean, mut rstd) = (vec![0f32; n], vec![0f32; n], vec![0f32; ROWS], vec![0f32; ROWS]);
+    let mut g = c.benchmark_group(format!("add_layernorm_forward ({ROWS}x{C})"));
+    g.bench_function("fused", |b| b.iter(|| norm::add_layernorm_forward(pool, &mut sum, &mut y, &mut mean, &mut rstd, Some(&a), &r, &w, &bias, 1e-12)));
+    g.bench_function("unfused", |b| {
+        b.iter(|| {
+            elementwise::map2(pool, &mut sum, &a, &r, elementwise::Add);
+            norm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &sum, &w, &bias, 1e-12);
+        })
+    });
+    g.finish();
+    // The MLP's first linear: pre = x·W (the GEMM, not timed here), then bias and GELU.
+    let m = ROWS * I;
+    let (x0, b1) = (random(m, 25), random(I, 26));
+    let (mut pre, mut act) = (x0.clone(), vec![0f32; m]);
+    let mut g = c.benchmark_group(format!("linear_bias_gelu_epilogue ({ROWS}x{I})"));
+    g.bench_function("fused", |b| {
+        b.iter(|| {
+            pre.copy_from_slice(&x0);
+            elementwise::bias_gelu(pool, &mut act, &mut pre, &b1, GeluApprox::Erf);
+        })
+    });
+    g.bench_function("unfused", |b| {
+        b.iter(|| {
+            pre.copy_from_slice(&x0);
+            elementwise::map2_inplace_a(pool, &mut pre, &b1, elementwise::Add);
+            elementwise::map1(pool, &mut act, &pre, elementwise::Gelu(GeluApprox::Erf));
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = criterion();
-    targets = gelu, layernorm, softmax, attention, cross_entropy, embedding
+    targets = gelu, layernorm, softmax, attention, cross_entropy, embedding, fused
 }
 criterion_main!(benches);
