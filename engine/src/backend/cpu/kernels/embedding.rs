@@ -35,12 +35,9 @@ pub fn embedding_forward(pool: &Pool, out: &mut [f32], ids: &[i64], table: &[f32
 }
 
 #[inline(always)]
-fn scatter_body(dtable: *mut f32, ids: &[i64], dout: &[f32], c: usize, v: usize, c0: usize, c1: usize) {
+fn scatter_body(dtable: *mut f32, ids: &[i64], dout: &[f32], c: usize, c0: usize, c1: usize) {
     // SAFETY (caller): columns [c0, c1) of every row of dtable (V, C) are this task's alone.
     unsafe {
-        for row in 0..v {
-            std::slice::from_raw_parts_mut(dtable.add(row * c + c0), c1 - c0).fill(0.0);
-        }
         for (n, &id) in ids.iter().enumerate() {
             let d = std::slice::from_raw_parts_mut(dtable.add(id as usize * c + c0), c1 - c0);
             for (x, &g) in d.iter_mut().zip(&dout[n * c + c0..n * c + c1]) {
@@ -49,7 +46,7 @@ fn scatter_body(dtable: *mut f32, ids: &[i64], dout: &[f32], c: usize, v: usize,
         }
     }
 }
-multiversion!(fn scatter_chunk<>(dtable: *mut f32, ids: &[i64], dout: &[f32], c: usize, v: usize, c0: usize, c1: usize) => scatter_body);
+multiversion!(fn scatter_chunk<>(dtable: *mut f32, ids: &[i64], dout: &[f32], c: usize, c0: usize, c1: usize) => scatter_body);
 
 /// dtable[v, :] = Σ_{n: ids[n] = v} dout[n, :] (zero for ids that do not occur).
 // dtable: (V, C); ids: (N); dout: (N, C)
@@ -57,10 +54,14 @@ pub fn embedding_backward(pool: &Pool, dtable: &mut [f32], ids: &[i64], dout: &[
     let v = dtable.len() / c;
     check_ids(ids, v)?;
     let p = SyncPtr(dtable.as_mut_ptr());
-    let work = (v + ids.len()) * c;
-    let parts = if work < (1 << 16) { 1 } else { pool.threads() };
+    // Zero the table in contiguous halves first: a large contiguous fill streams (memset's
+    // non-temporal stores), where zeroing each task's column block row by row did not — that
+    // made this kernel 3× slower than the one-thread reference on a 30522×768 table.
+    // SAFETY: the ranges are disjoint and inside the table.
+    pool.for_ranges(dtable.len(), 1 << 16, 16, &|r| unsafe { p.slice(r) }.fill(0.0));
+    let parts = if ids.len() * c < (1 << 16) { 1 } else { pool.threads() };
     pool.for_ranges(c, (c / parts).max(1), if c >= 16 * parts { 16 } else { 1 }, &|r| {
-        scatter_chunk(p.ptr(), ids, dout, c, v, r.start, r.end)
+        scatter_chunk(p.ptr(), ids, dout, c, r.start, r.end)
     });
     Ok(())
 }
