@@ -111,13 +111,25 @@ pub struct RunArgs {
     /// [default: no limit].
     #[arg(long)]
     pub timeout_s: Option<f64>,
-    /// A run whose loss differs from the pytorch run's by more than this (relative, at any
-    /// common step) is marked `diverged`. The configs share weights and batches but not
-    /// dropout masks: with dropout on, curves differ by ~1e-3 to 1e-2 (bert-base, 8 steps:
-    /// 8.5e-3), with --dropout 0 by ~1e-6 in fp32. 0.05 clears that noise and flags a wrong
-    /// forward pass or a blow-up; for subtle differences use --dropout 0 and e.g. 1e-4.
-    #[arg(long, default_value_t = 0.05)]
-    pub diverge_tol: f64,
+    /// Timed runs per (model, config, precision): run interleaved with the other configs, the
+    /// order rotated each time, and their step times pooled; the speedup's interval comes
+    /// from them [default: 3].
+    #[arg(long)]
+    pub repeat: Option<i64>,
+    /// Steps of the parity probe: before the timed runs, every config trains this many steps
+    /// with dropout 0 and --parity-lr on the same weights and batches, and its loss and
+    /// gradient-norm curves are compared with pytorch's (0: no probe, no parity verdict).
+    #[arg(long, default_value_t = 6)]
+    pub parity_steps: usize,
+    /// Learning rate of the parity probe: large enough that the loss moves step by step, so a
+    /// wrong update shows in the curve.
+    #[arg(long, default_value_t = 1e-3)]
+    pub parity_lr: f64,
+    /// Tolerance of the parity probe: a config whose loss or gradient norm differs from
+    /// pytorch's by more than this (relative, at any step) is `diverged` [default: from the
+    /// precision: fp32 1e-3, fp16 8·2^-11 ≈ 3.9e-3, bf16 8·2^-8 ≈ 3.1e-2].
+    #[arg(long)]
+    pub diverge_tol: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]

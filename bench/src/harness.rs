@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::cli::RunArgs;
 use crate::metrics::{compare_with_baseline, fill_throughput, gpu_peak, DevicePeak};
 use crate::output::{write_text, ResultRow, StepRow};
-use crate::plan::make_plan;
+use crate::plan::{make_plan, parity_spec, Phase};
 use crate::progress::Progress;
 use crate::results::{write_tables, RUN_JSON};
 use crate::spec::RunSpec;
@@ -69,7 +69,9 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             "runs_planned": plan.runs.len(),
             "runs_recorded": results.len(),
             "peak": peak,
-            "flops": "training = 3 × forward matmul FLOPs, counted per layer (attention incl. T² terms, MLP, LM head); see metrics::train_flops_per_sample",
+            "flops": "model FLOPs (MFU): training = 3 × forward matmul FLOPs, counted per layer (attention incl. T² terms, MLP, LM head on every position); see metrics::train_flops_per_sample. Hardware FLOPs (HFU): the GEMM and attention products the engine executed (rows a loss ignores skipped: 'row skip'), the model FLOPs for pytorch",
+            "repeat": args.repeat.unwrap_or(3),
+            "parity": { "steps": args.parity_steps, "lr": args.parity_lr, "dropout": 0.0, "tolerance": args.diverge_tol.map_or("from the precision (metrics::parity_tol)".to_string(), |t| t.to_string()) },
             "environment": environment,
             "runs": plan.runs,
         })
@@ -79,25 +81,45 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, None, false, &results))?)?;
     write_tables(&out, &results, &steps)?;
 
-    let progress = Progress::new(plan.runs.len());
+    // Per spec: its finished runs (repeat, per-run row) and its parity probe.
+    let mut timed: Vec<Vec<ResultRow>> = vec![Vec::new(); plan.runs.len()];
+    let mut probes: Vec<Option<ResultRow>> = vec![None; plan.runs.len()];
+    let progress = Progress::new(plan.jobs.len());
     let mut interrupted = false;
-    for (i, spec) in plan.runs.iter().enumerate() {
+    for (i, job) in plan.jobs.iter().enumerate() {
         if INTERRUPTED.load(Ordering::SeqCst) {
             interrupted = true;
             break;
         }
-        let label = format!("{} · {} · {}{}", spec.model, spec.config, spec.precision, if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() });
+        let base = &plan.runs[job.spec];
+        let spec = match job.phase {
+            Phase::Timed => base.clone(),
+            Phase::Parity => parity_spec(base, args.parity_steps, args.parity_lr),
+        };
+        let what = match job.phase {
+            Phase::Parity => " · parity probe".to_string(),
+            Phase::Timed if args.repeat.unwrap_or(3) > 1 => format!(" · run {}", job.repeat + 1),
+            Phase::Timed => String::new(),
+        };
+        let label = format!("{} · {} · {}{}{what}", spec.model, spec.config, spec.precision, if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() });
         progress.start_run(i, &label, spec.steps);
         let timeout = args.timeout_s.map(Duration::from_secs_f64);
-        let (run_steps, mut row) = execute(spec, timeout, &progress, &label)?;
-        row.train_flops_per_sample = plan.train_flops_per_sample.get(i).copied();
-        if row.status == "ok" {
-            fill_throughput(&mut row, &run_steps, peak.for_precision(&spec.precision));
+        let (mut run_steps, row) = execute(&spec, timeout, &progress, &label)?;
+        for s in run_steps.iter_mut() {
+            s.repeat = job.repeat;
+            s.phase = job.phase.name().into();
         }
         progress.end_run(&row.status, &row.error);
         interrupted |= row.status == "interrupted";
         steps.extend(run_steps);
-        results.push(row);
+        match job.phase {
+            Phase::Timed => timed[job.spec].push(row),
+            Phase::Parity => probes[job.spec] = Some(row),
+        }
+        results = (0..plan.runs.len())
+            .filter(|&k| !timed[k].is_empty() || probes[k].is_some())
+            .map(|k| aggregate(&plan.runs[k], &timed[k], probes[k].as_ref(), &steps, plan.train_flops_per_sample.get(k).copied(), &peak))
+            .collect();
         compare_with_baseline(&mut results, &steps, args.diverge_tol);
         write_tables(&out, &results, &steps)?;
         if interrupted {
@@ -109,16 +131,17 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         eprintln!("ortbench: interrupted: kept the {} run(s) recorded; writing the report", results.len());
     } else if let Some(again) = remeasure_cpu_peak(&peak) {
         // A machine shared with other work measures low; noise only ever slows a GEMM down,
-        // so the best of the two measurements is the better peak.
+        // so the best of the two measurements is the better figure.
         peak = again;
         for r in results.iter_mut() {
-            r.peak_tflops = peak.for_precision(&r.precision);
-            r.mfu = match (r.tflops, r.peak_tflops) {
-                (Some(t), Some(p)) if p > 0.0 => Some(t / p),
-                _ => None,
-            };
+            r.gemm_peak_tflops = peak.gemm_fp32;
         }
         write_tables(&out, &results, &steps)?;
+    }
+    let top = |r: &ResultRow| r.mfu.unwrap_or(0.0).max(r.hfu.unwrap_or(0.0));
+    for r in results.iter().filter(|r| top(r) > 1.0) {
+        // The peak is an upper bound by construction; past it, one of its inputs is wrong.
+        eprintln!("ortbench: warning: {} {} reaches {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * top(r), peak.source);
     }
     write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, Some(unix_now()), interrupted, &results))?)?;
     let index = crate::report::write_report(&out)?;
@@ -133,6 +156,45 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     })
 }
 
+/// One row of results.csv from a spec's runs: the first failure's status and message (a
+/// failed parity probe is an `error` naming it), step times pooled over the runs that
+/// finished, the largest peak memory, the engine's executed FLOPs averaged over the runs.
+fn aggregate(spec: &RunSpec, timed: &[ResultRow], probe: Option<&ResultRow>, steps: &[StepRow], flops: Option<f64>, peak: &DevicePeak) -> ResultRow {
+    let mut row = base_row(spec);
+    row.repeats = timed.len();
+    row.train_flops_per_sample = flops;
+    row.gemm_peak_tflops = peak.gemm_fp32;
+    let ok: Vec<&ResultRow> = timed.iter().filter(|r| r.status == "ok").collect();
+    let failed = timed.iter().find(|r| r.status != "ok");
+    (row.status, row.error) = match (failed, probe) {
+        (Some(f), _) => (f.status.clone(), f.error.clone()),
+        (None, Some(p)) if p.status != "ok" => {
+            let status = if p.status == "interrupted" { "interrupted" } else { "error" };
+            (status.into(), format!("parity probe ({}): {}", p.status, p.error))
+        }
+        _ => ("ok".into(), String::new()),
+    };
+    if timed.is_empty() && row.status == "ok" {
+        // Only the probe ran so far (or the plan was cut short).
+        row.status = "interrupted".into();
+        row.error = "no timed run finished".into();
+    }
+    let first = timed.first().or(probe);
+    row.param_count = first.and_then(|r| r.param_count);
+    row.optimizer_bytes_per_rank = first.and_then(|r| r.optimizer_bytes_per_rank);
+    row.final_loss = timed.first().and_then(|r| r.final_loss);
+    row.peak_mem_bytes = timed.iter().filter_map(|r| r.peak_mem_bytes).max();
+    row.wall_s = Some(timed.iter().chain(probe).filter_map(|r| r.wall_s).sum());
+    // The baseline computes every row of every product: its hardware FLOPs are the model's.
+    let hw: Vec<f64> = ok.iter().filter_map(|r| r.hw_flops_per_sample).collect();
+    row.hw_flops_per_sample = if spec.config == "pytorch" { flops } else { (!hw.is_empty()).then(|| hw.iter().sum::<f64>() / hw.len() as f64) };
+    if !ok.is_empty() {
+        let pooled: Vec<f64> = crate::metrics::timed_runs(steps, &row).concat();
+        fill_throughput(&mut row, &pooled, peak.for_precision(&spec.precision));
+    }
+    row
+}
+
 /// Ctrl-C stops the current worker and the plan (the run loop polls the flag); a second
 /// Ctrl-C exits at once (every file on disk is complete: each is replaced by a rename).
 fn install_ctrlc() {
@@ -143,72 +205,69 @@ fn install_ctrlc() {
     });
 }
 
-/// The device's peak: measured on the CPU (fp32 GEMM of the engine's provider on every core,
-/// which also bounds bf16/fp16 there since the CPU computes them in fp32), from the table of
-/// known GPUs otherwise.
+/// The device's peak: on the CPU the theoretical peak of the cores the runs use
+/// ([`crate::cpu_peak`]), with the best fp32 GEMM of the engine's provider measured beside it
+/// (a separate column); the data-sheet table of known GPUs otherwise.
 fn device_peak(device: &str) -> DevicePeak {
     if device == "cpu" {
         let threads = ortbench_engine::backend::cpu::gemm::num_threads();
-        let (gflops, source) = match std::env::var(CPU_PEAK_VAR).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
-            Some(g) => (Some(g), format!("given: {CPU_PEAK_VAR}={g}")),
+        let theory = crate::cpu_peak::cpu_peak(threads);
+        let (gemm, gemm_source) = match std::env::var(CPU_PEAK_VAR).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
+            Some(g) => (Some(g / 1e3), format!("given: {CPU_PEAK_VAR}={g}")),
             None => {
-                eprintln!("ortbench: measuring the CPU's fp32 GEMM peak ({threads} threads, ~2 s)");
+                eprintln!("ortbench: measuring the CPU's best fp32 GEMM ({threads} threads, ~2 s)");
                 match ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0) {
                     Ok(g) => {
                         let provider = ortbench_engine::backend::cpu::gemm::provider().map(|p| p.kind().name()).unwrap_or("?");
-                        (Some(g), format!("measured: best fp32 sgemm 8192×768×3072 on {threads} threads ({provider}); fp16/bf16 compute in fp32 on the CPU"))
+                        (Some(g / 1e3), format!("measured: best fp32 sgemm 8192×768×3072 on {threads} threads ({provider})"))
                     }
                     Err(e) => (None, format!("not measured: {e}")),
                 }
             }
         };
-        let t = gflops.map(|g| g / 1e3);
-        DevicePeak { device: "cpu".into(), fp32: t, fp16: t, bf16: t, source }
+        DevicePeak {
+            device: "cpu".into(),
+            fp32: Some(theory.fp32),
+            fp16: Some(theory.fp16),
+            bf16: Some(theory.bf16),
+            source: format!("theoretical: {}", theory.formula),
+            gemm_fp32: gemm,
+            gemm_source: Some(gemm_source),
+            inputs: Some(theory),
+        }
     } else {
         let index = device.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()).unwrap_or(0);
         let names = crate::env::gpu_names();
+        let none = |device: String, source: String| DevicePeak { device, fp32: None, fp16: None, bf16: None, source, gemm_fp32: None, gemm_source: None, inputs: None };
         match names.get(index) {
-            Some(name) => gpu_peak(name).unwrap_or_else(|| DevicePeak {
-                device: name.clone(),
-                fp32: None,
-                fp16: None,
-                bf16: None,
-                source: format!("'{name}' is not in the table of known GPUs: no MFU"),
-            }),
-            None => DevicePeak {
-                device: device.into(),
-                fp32: None,
-                fp16: None,
-                bf16: None,
-                source: "no GPU name (nvidia-smi / rocm-smi not found): no MFU".into(),
-            },
+            Some(name) => gpu_peak(name).unwrap_or_else(|| none(name.clone(), format!("'{name}' is not in the table of known GPUs: no MFU"))),
+            None => none(device.into(), "no GPU name (nvidia-smi / rocm-smi not found): no MFU".into()),
         }
     }
 }
 
-/// On the CPU (unless the peak was given), measures the GEMM peak again after the runs; Some
-/// when it came out higher than `first`.
+/// On the CPU (unless the GEMM figure was given), measures the best GEMM again after the
+/// runs; Some when it came out higher than before.
 fn remeasure_cpu_peak(first: &DevicePeak) -> Option<DevicePeak> {
-    if first.device != "cpu" || !first.source.starts_with("measured") {
+    if first.device != "cpu" || !first.gemm_source.as_deref().is_some_and(|s| s.starts_with("measured")) {
         return None;
     }
     let g = ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0).ok()? / 1e3;
-    if g <= first.fp32.unwrap_or(0.0) {
+    if g <= first.gemm_fp32.unwrap_or(0.0) {
         return None;
     }
-    eprintln!("ortbench: the CPU peak measured after the runs is higher ({g:.3} TFLOP/s); MFU uses it");
+    eprintln!("ortbench: the best GEMM measured after the runs is higher ({g:.3} TFLOP/s)");
     Some(DevicePeak {
-        fp32: Some(g),
-        fp16: Some(g),
-        bf16: Some(g),
-        source: format!("{} (best of a measurement before and one after the runs)", first.source),
+        gemm_fp32: Some(g),
+        gemm_source: first.gemm_source.as_ref().map(|s| format!("{s} (best of a measurement before and one after the runs)")),
         ..first.clone()
     })
 }
 
 fn describe_peak(p: &DevicePeak) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |t| format!("{t:.2}"));
-    format!("{} peak fp32 {} / fp16 {} / bf16 {} TFLOP/s ({})", p.device, f(p.fp32), f(p.fp16), f(p.bf16), p.source)
+    let gemm = p.gemm_fp32.map_or(String::new(), |g| format!("; best measured fp32 GEMM {g:.3} TFLOP/s"));
+    format!("{} peak fp32 {} / fp16 {} / bf16 {} TFLOP/s ({}){gemm}", p.device, f(p.fp32), f(p.fp16), f(p.bf16), p.source)
 }
 
 /// Why the harness killed a worker.
@@ -282,6 +341,8 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                         model: spec.model.clone(),
                         config: spec.config.clone(),
                         precision: spec.precision.clone(),
+                        repeat: 0,
+                        phase: "timed".into(),
                         rank,
                         step,
                         loss,
@@ -291,8 +352,8 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                         skipped,
                     });
                 }
-                Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank }) => {
-                    summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank))
+                Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample }) => {
+                    summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample))
                 }
                 Ok(Event::Error { message, oom }) => error = Some((message, oom)),
                 Err(_) => progress.println(&format!("  worker: {line}")),
@@ -337,8 +398,9 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
             "timeout",
             format!("no result within --timeout-s {} s: worker killed {at}", timeout.map_or(0.0, |t| t.as_secs_f64())),
         ),
-        (None, Some((params, peak, opt_bytes)), None) if exited_ok => {
+        (None, Some((params, peak, opt_bytes, hw)), None) if exited_ok => {
             row.param_count = Some(params);
+            row.hw_flops_per_sample = hw;
             row.peak_mem_bytes = Some(peak);
             row.optimizer_bytes_per_rank = Some(opt_bytes);
             ("ok", String::new())
@@ -437,6 +499,7 @@ fn base_row(spec: &RunSpec) -> ResultRow {
         ranks: spec.ranks,
         steps: spec.steps,
         warmup: spec.warmup,
+        repeats: 1,
         ..Default::default()
     }
 }

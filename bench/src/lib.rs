@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod compare;
+pub mod cpu_peak;
 pub mod env;
 pub mod harness;
 pub mod metrics;

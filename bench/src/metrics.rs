@@ -60,13 +60,13 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
-/// Fills a finished run's throughput columns from its step records: samples/s over the
-/// measured steps (global batch = batch_size × ranks), tokens/s, step-time statistics, and
-/// TFLOP/s and MFU when the FLOP count and the peak are known.
-pub fn fill_throughput(row: &mut ResultRow, steps: &[StepRow], peak_tflops: Option<f64>) {
-    let Some(st) = step_stats(&step_times(steps, row.warmup)) else { return };
-    let samples = (row.batch_size * row.ranks * st.count) as f64;
-    let sps = samples / (st.total_ms / 1e3);
+/// Fills a row's throughput columns from its runs' measured step times (each run's steps ≥
+/// warm-up, pooled): step-time statistics, samples/s and tokens/s at the median step time
+/// (global batch = batch_size × ranks), achieved model TFLOP/s, MFU and HFU against the
+/// device's theoretical peak.
+pub fn fill_throughput(row: &mut ResultRow, pooled_ms: &[f64], peak_tflops: Option<f64>) {
+    let Some(st) = step_stats(pooled_ms) else { return };
+    let sps = (row.batch_size * row.ranks) as f64 / (st.median / 1e3);
     row.samples_per_s = Some(sps);
     row.tokens_per_s = Some(sps * row.seq_len as f64);
     row.step_ms_median = Some(st.median);
@@ -76,10 +76,66 @@ pub fn fill_throughput(row: &mut ResultRow, steps: &[StepRow], peak_tflops: Opti
     row.step_ms_std = Some(st.std);
     row.tflops = row.train_flops_per_sample.map(|f| f * sps / 1e12);
     row.peak_tflops = peak_tflops;
-    row.mfu = match (row.tflops, peak_tflops) {
+    set_utilisation(row);
+}
+
+/// MFU and HFU of a row from its throughput, FLOP counts and peak.
+pub fn set_utilisation(row: &mut ResultRow) {
+    let per_s = |flops: Option<f64>| flops.zip(row.samples_per_s).map(|(f, s)| f * s / 1e12);
+    let util = |t: Option<f64>| match (t, row.peak_tflops) {
         (Some(t), Some(p)) if p > 0.0 => Some(t / p),
         _ => None,
     };
+    row.mfu = util(per_s(row.train_flops_per_sample));
+    row.hfu = util(per_s(row.hw_flops_per_sample));
+}
+
+/// Median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(v, 0.5)
+}
+
+/// SplitMix64: a small deterministic generator for the bootstrap (same run, same interval).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// Bootstrap resamples behind a speedup interval.
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+
+/// 95 % percentile-bootstrap interval of the speedup `median(base) / median(other)`, where
+/// each side is a list of runs' measured step times. A resample draws as many runs as the side
+/// has, with replacement, then each drawn run's steps with replacement — a two-level bootstrap,
+/// so run-to-run drift on a shared machine widens the interval as it should, which resampling
+/// pooled steps alone would hide. None when a side has no step.
+pub fn speedup_interval(base: &[Vec<f64>], other: &[Vec<f64>], resamples: usize, seed: u64) -> Option<(f64, f64)> {
+    let base: Vec<&Vec<f64>> = base.iter().filter(|r| !r.is_empty()).collect();
+    let other: Vec<&Vec<f64>> = other.iter().filter(|r| !r.is_empty()).collect();
+    if base.is_empty() || other.is_empty() || resamples == 0 {
+        return None;
+    }
+    let mut rng = SplitMix(seed);
+    let mut pool = Vec::new();
+    let mut draw = |runs: &[&Vec<f64>], rng: &mut SplitMix| {
+        pool.clear();
+        for _ in 0..runs.len() {
+            let run = runs[rng.below(runs.len())];
+            pool.extend((0..run.len()).map(|_| run[rng.below(run.len())]));
+        }
+        median(&mut pool)
+    };
+    let mut ratios: Vec<f64> = (0..resamples).map(|_| draw(&base, &mut rng) / draw(&other, &mut rng)).collect();
+    ratios.sort_by(f64::total_cmp);
+    Some((percentile(&ratios, 0.025), percentile(&ratios, 0.975)))
 }
 
 /// Analytic training FLOPs of one sample of `seq` tokens: 3 × the forward pass's matmul
@@ -126,8 +182,16 @@ pub struct DevicePeak {
     pub fp32: Option<f64>,
     pub fp16: Option<f64>,
     pub bf16: Option<f64>,
-    /// "measured: …" on the CPU, "table: …" on a GPU, or why there is none.
+    /// "theoretical: …" (the formula with its inputs) on the CPU, "table: …" on a GPU, or
+    /// why there is none.
     pub source: String,
+    /// The best fp32 GEMM measured on the device (CPU), TFLOP/s: a separate figure, never the
+    /// denominator of MFU.
+    pub gemm_fp32: Option<f64>,
+    /// Where `gemm_fp32` comes from.
+    pub gemm_source: Option<String>,
+    /// The CPU peak's inputs (cores, clocks, lanes, ISA).
+    pub inputs: Option<crate::cpu_peak::CpuPeak>,
 }
 
 impl DevicePeak {
@@ -167,48 +231,96 @@ pub fn gpu_peak(name: &str) -> Option<DevicePeak> {
         fp16,
         bf16,
         source: format!("table: {frag} data-sheet peak (dense; fp32 without TF32)"),
+        gemm_fp32: None,
+        gemm_source: None,
+        inputs: None,
     })
 }
 
-/// Fills `speedup`, `max_loss_rel_diff` and the `diverged` status of every row from the
-/// `pytorch` row of the same model, precision and ranks. A row that finished (`ok`) becomes
-/// `diverged` when its loss curve differs from the baseline's by more than `tol` (relative)
-/// at any common (rank, step); the check is recomputed on every call, so the order of the
-/// runs does not matter.
-pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: f64) {
+/// The parity probe's tolerance for a precision: the largest relative difference of the loss
+/// or gradient norm from pytorch's that still counts as the same computation.
+///
+/// fp32: the engine and libtorch sum in different orders (≈ 1e-7 relative per reduction),
+/// which a few AdamW steps amplify to ~1e-6 … 1e-5 (measured, README); 1e-3 leaves two
+/// orders of margin and still catches any real error (a 2× gradient is a difference of 1).
+/// fp16 / bf16: activations and their gradients are rounded to the half dtype at different
+/// points (the engine at every op output, autocast at matmul outputs), so the curves differ
+/// by a few units of the dtype's rounding error u = 2^-11 / 2^-8: the tolerance is 8·u.
+pub fn parity_tol(precision: &str) -> f64 {
+    match precision {
+        "fp16" => 8.0 * 2f64.powi(-11),
+        "bf16" => 8.0 * 2f64.powi(-8),
+        _ => 1e-3,
+    }
+}
+
+/// Fills `speedup` (with its interval), the parity columns and the `diverged` status of every
+/// row from the `pytorch` row of the same model, precision and ranks.
+///
+/// Speedup: the ratio of median step times over the timed runs (each run's steps ≥
+/// `row.warmup`), with [`speedup_interval`]. Parity: the probe's (`phase = parity`) loss and
+/// gradient-norm curves against pytorch's at every common (rank, step); a row that finished
+/// becomes `diverged` when either differs by more than `tol` (or [`parity_tol`] of its
+/// precision when None). Recomputed on every call, so the order of the runs does not matter.
+pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: Option<f64>) {
     let key = |r: &ResultRow| (r.model.clone(), r.precision.clone(), r.ranks);
     let baselines: Vec<ResultRow> = results.iter().filter(|r| r.config == "pytorch").cloned().collect();
     for row in results.iter_mut() {
         let base = baselines.iter().find(|b| key(b) == key(row));
-        row.speedup = match (base.and_then(|b| b.samples_per_s), row.samples_per_s) {
-            (Some(b), Some(s)) if b > 0.0 => Some(s / b),
-            _ => None,
+        let (b_runs, runs) = (base.map(|b| timed_runs(steps, b)).unwrap_or_default(), timed_runs(steps, row));
+        let measured = |r: &ResultRow| r.step_ms_median.is_some();
+        (row.speedup, row.speedup_lo, row.speedup_hi, row.speedup_significant) = match base {
+            Some(b) if measured(b) && measured(row) && b_runs.iter().any(|r| !r.is_empty()) && runs.iter().any(|r| !r.is_empty()) => {
+                let pooled = |runs: &[Vec<f64>]| median(&mut runs.concat());
+                let x = pooled(&b_runs) / pooled(&runs);
+                let seed = row.model.bytes().chain(row.config.bytes()).fold(42u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64));
+                match speedup_interval(&b_runs, &runs, BOOTSTRAP_RESAMPLES, seed) {
+                    Some((lo, hi)) => (Some(x), Some(lo), Some(hi), Some(!(lo <= 1.0 && 1.0 <= hi))),
+                    None => (Some(x), None, None, None),
+                }
+            }
+            _ => (None, None, None, None),
         };
-        row.max_loss_rel_diff = match base {
-            Some(b) => max_rel_diff(&losses(steps, b), &losses(steps, row)),
-            None => None,
+        let curve = |r: &ResultRow, f: fn(&StepRow) -> f64| parity_curve(steps, r, f);
+        (row.max_loss_rel_diff, row.max_grad_norm_rel_diff) = match base {
+            Some(b) => (max_rel_diff(&curve(b, |s| s.loss), &curve(row, |s| s.loss)), max_rel_diff(&curve(b, |s| s.grad_norm), &curve(row, |s| s.grad_norm))),
+            None => (None, None),
         };
+        let tol = tol.unwrap_or_else(|| parity_tol(&row.precision));
+        row.parity_tol = (row.max_loss_rel_diff.is_some() || row.max_grad_norm_rel_diff.is_some()).then_some(tol);
         if row.status == "ok" || row.status == "diverged" {
-            let diverged = row.max_loss_rel_diff.is_some_and(|d| d > tol || d.is_nan());
+            let over = |d: Option<f64>| d.is_some_and(|d| d > tol || d.is_nan());
+            let diverged = over(row.max_loss_rel_diff) || over(row.max_grad_norm_rel_diff);
             row.status = if diverged { "diverged" } else { "ok" }.into();
             if diverged {
                 row.error = format!(
-                    "loss curve differs from pytorch's by {:.3e} (relative) > --diverge-tol {tol}",
-                    row.max_loss_rel_diff.unwrap_or(f64::NAN)
+                    "parity probe: loss differs from pytorch's by {} and the gradient norm by {} (relative) > tolerance {tol:.1e}",
+                    crate::report::table::rel(row.max_loss_rel_diff),
+                    crate::report::table::rel(row.max_grad_norm_rel_diff),
                 );
-            } else if row.error.starts_with("loss curve differs") {
+            } else if row.error.starts_with("parity probe: loss differs") {
                 row.error.clear();
             }
         }
     }
 }
 
-fn losses(steps: &[StepRow], run: &ResultRow) -> BTreeMap<(usize, usize), f64> {
+/// Each timed run's measured step times (slowest rank per step, steps ≥ the row's warm-up).
+pub fn timed_runs(steps: &[StepRow], run: &ResultRow) -> Vec<Vec<f64>> {
+    let mut by_repeat: BTreeMap<usize, Vec<StepRow>> = BTreeMap::new();
+    for s in steps.iter().filter(|s| s.phase == "timed" && s.model == run.model && s.config == run.config && s.precision == run.precision && s.rank < run.ranks) {
+        by_repeat.entry(s.repeat).or_default().push(s.clone());
+    }
+    by_repeat.values().map(|v| step_times(v, run.warmup)).collect()
+}
+
+/// A value per (rank, step) of the run's parity probe.
+fn parity_curve(steps: &[StepRow], run: &ResultRow, f: fn(&StepRow) -> f64) -> BTreeMap<(usize, usize), f64> {
     steps
         .iter()
-        .filter(|s| s.model == run.model && s.config == run.config && s.precision == run.precision)
+        .filter(|s| s.phase == "parity" && s.model == run.model && s.config == run.config && s.precision == run.precision)
         .filter(|s| s.rank < run.ranks)
-        .map(|s| ((s.rank, s.step), s.loss))
+        .map(|s| ((s.rank, s.step), f(s)))
         .collect()
 }
 
@@ -243,6 +355,8 @@ mod tests {
             model: "m".into(),
             config: config.into(),
             precision: "fp32".into(),
+            repeat: 0,
+            phase: "timed".into(),
             rank,
             step,
             loss,
@@ -270,13 +384,15 @@ mod tests {
         let mean = 62.0 / 3.0;
         let std = (((12.0f64 - mean).powi(2) + (20.0f64 - mean).powi(2) + (30.0f64 - mean).powi(2)) / 3.0).sqrt();
         assert!((s.std - std).abs() < 1e-12);
-        let mut row = ResultRow { batch_size: 4, ranks: 2, seq_len: 8, warmup: 1, train_flops_per_sample: Some(1e12), ..Default::default() };
-        fill_throughput(&mut row, &steps, Some(10.0));
-        let sps = 4.0 * 2.0 * 3.0 / 0.062;
+        let mut row = ResultRow { batch_size: 4, ranks: 2, seq_len: 8, warmup: 1, train_flops_per_sample: Some(1e12), hw_flops_per_sample: Some(0.5e12), ..Default::default() };
+        fill_throughput(&mut row, &t, Some(10.0));
+        // At the median step time (20 ms): 8 samples per 0.02 s.
+        let sps = 4.0 * 2.0 / 0.020;
         assert!((row.samples_per_s.unwrap() - sps).abs() < 1e-9);
         assert!((row.tokens_per_s.unwrap() - 8.0 * sps).abs() < 1e-9);
         assert!((row.tflops.unwrap() - sps).abs() < 1e-9);
         assert!((row.mfu.unwrap() - sps / 10.0).abs() < 1e-9);
+        assert!((row.hfu.unwrap() - 0.5 * sps / 10.0).abs() < 1e-9);
     }
 
     #[test]
@@ -289,38 +405,89 @@ mod tests {
         assert!((per_token / six_n - 1.0).abs() < 0.15, "{per_token:e} vs {six_n:e}");
     }
 
-    #[test]
-    fn speedup_and_loss_parity_against_pytorch() {
-        let row = |config: &str, sps: f64| ResultRow {
+    fn timed(config: &str, repeat: usize, times: &[f64]) -> Vec<StepRow> {
+        times.iter().enumerate().map(|(k, &ms)| StepRow { repeat, ..step(config, 0, k + 1, 1.0, ms) }).collect()
+    }
+
+    fn parity(config: &str, losses: &[f64], norms: &[f64]) -> Vec<StepRow> {
+        losses
+            .iter()
+            .zip(norms)
+            .enumerate()
+            .map(|(k, (&l, &g))| StepRow { phase: "parity".into(), grad_norm: g, ..step(config, 0, k, l, 1.0) })
+            .collect()
+    }
+
+    fn row(config: &str) -> ResultRow {
+        ResultRow {
             model: "m".into(),
             config: config.into(),
             precision: "fp32".into(),
             ranks: 1,
+            warmup: 1,
             status: "ok".into(),
-            samples_per_s: Some(sps),
+            step_ms_median: Some(1.0),
             ..Default::default()
-        };
-        let mut results = vec![row("ort", 30.0), row("pytorch", 20.0), row("ort-zero1", 10.0)];
-        let steps = vec![
-            step("pytorch", 0, 0, 10.0, 1.0),
-            step("pytorch", 0, 1, 8.0, 1.0),
-            step("ort", 0, 0, 10.0, 1.0),
-            step("ort", 0, 1, 8.04, 1.0),
-            step("ort-zero1", 0, 0, 10.0, 1.0),
-            step("ort-zero1", 0, 1, 9.0, 1.0),
-        ];
-        compare_with_baseline(&mut results, &steps, 0.05);
-        assert_eq!(results[1].speedup, Some(1.0));
-        assert_eq!(results[0].speedup, Some(1.5));
+        }
+    }
+
+    #[test]
+    fn speedup_is_the_ratio_of_medians_with_an_interval() {
+        let mut steps = Vec::new();
+        for r in 0..3 {
+            steps.extend(timed("pytorch", r, &[30.0, 31.0, 29.0, 30.5, 29.5]));
+            steps.extend(timed("ort", r, &[20.0, 20.5, 19.5, 20.2, 19.8]));
+            // Indistinguishable from pytorch: its interval must contain 1.
+            steps.extend(timed("ort-zero1", r, &[29.0, 31.5, 30.0, 28.5, 31.0]));
+        }
+        let mut results = vec![row("pytorch"), row("ort"), row("ort-zero1")];
+        compare_with_baseline(&mut results, &steps, None);
+        let ort = &results[1];
+        assert!((ort.speedup.unwrap() - 30.0 / 20.0).abs() < 1e-12);
+        let (lo, hi) = (ort.speedup_lo.unwrap(), ort.speedup_hi.unwrap());
+        assert!(lo <= 1.5 && 1.5 <= hi && lo > 1.4 && hi < 1.6, "{lo} {hi}");
+        assert_eq!(ort.speedup_significant, Some(true));
+        let z = &results[2];
+        assert!(z.speedup_lo.unwrap() < 1.0 && z.speedup_hi.unwrap() > 1.0, "{:?}", (z.speedup_lo, z.speedup_hi));
+        assert_eq!(z.speedup_significant, Some(false));
+        assert_eq!(results[0].speedup, Some(1.0));
+        // The same input gives the same interval (seeded bootstrap).
+        let again = speedup_interval(&timed_runs(&steps, &results[0]), &timed_runs(&steps, &results[1]), BOOTSTRAP_RESAMPLES, 7);
+        assert_eq!(again, speedup_interval(&timed_runs(&steps, &results[0]), &timed_runs(&steps, &results[1]), BOOTSTRAP_RESAMPLES, 7));
+    }
+
+    #[test]
+    fn a_drifting_run_widens_the_interval() {
+        // Run-to-run drift (the third run of ort 30 % slower) must show in the interval:
+        // resampling only pooled steps would call 1.3× a tight result.
+        let base = vec![vec![30.0; 5], vec![30.0; 5], vec![30.0; 5]];
+        let drift = vec![vec![20.0; 5], vec![20.0; 5], vec![26.0; 5]];
+        let (lo, hi) = speedup_interval(&base, &drift, BOOTSTRAP_RESAMPLES, 1).unwrap();
+        assert!(lo < 1.2 && hi >= 1.5, "{lo} {hi}");
+    }
+
+    #[test]
+    fn parity_flags_the_loss_and_the_gradient_norm() {
+        let mut steps = parity("pytorch", &[10.0, 9.0, 8.0], &[2.0, 1.5, 1.2]);
+        steps.extend(parity("ort", &[10.0, 9.000001, 8.000002], &[2.0, 1.500001, 1.2]));
+        // AdamW hides a doubled gradient from the loss almost entirely; the norm shows it.
+        steps.extend(parity("ort-zero1", &[10.0, 9.0, 8.0], &[4.0, 3.0, 2.4]));
+        let mut results = vec![row("ort"), row("pytorch"), row("ort-zero1")];
+        compare_with_baseline(&mut results, &steps, None);
         assert_eq!(results[1].max_loss_rel_diff, Some(0.0));
-        assert!((results[0].max_loss_rel_diff.unwrap() - 0.005).abs() < 1e-12);
+        assert!((results[0].max_loss_rel_diff.unwrap() - 2.5e-7).abs() < 1e-9);
         assert_eq!(results[0].status, "ok");
+        assert_eq!(results[0].parity_tol, Some(1e-3));
+        assert_eq!(results[2].max_loss_rel_diff, Some(0.0));
+        assert_eq!(results[2].max_grad_norm_rel_diff, Some(1.0));
         assert_eq!(results[2].status, "diverged");
-        assert!(results[2].error.contains("--diverge-tol"));
-        // A looser tolerance turns it back.
-        compare_with_baseline(&mut results, &steps, 0.2);
+        assert!(results[2].error.contains("gradient norm"), "{}", results[2].error);
+        // An explicit tolerance overrides the precision's; the verdict is recomputed.
+        compare_with_baseline(&mut results, &steps, Some(2.0));
         assert_eq!(results[2].status, "ok");
         assert!(results[2].error.is_empty());
+        // Tolerances follow the precision's rounding error.
+        assert!(parity_tol("fp32") < parity_tol("fp16") && parity_tol("fp16") < parity_tol("bf16"));
     }
 
     #[test]

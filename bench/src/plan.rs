@@ -11,11 +11,62 @@ use crate::spec::{RunSpec, WeightsSource, CONFIGS, IMPLEMENTED_CONFIGS, PRECISIO
 use crate::worker::parse_device;
 
 pub struct Plan {
+    /// One spec per (model, config, precision), in model order.
     pub runs: Vec<RunSpec>,
+    /// What to execute, in order: each spec's parity probe, then its timed repeats
+    /// interleaved with the other configs of the model.
+    pub jobs: Vec<Job>,
     /// Analytic training FLOPs of one sample of each run (metrics::train_flops_per_sample).
     pub train_flops_per_sample: Vec<f64>,
     /// Human-readable settings, printed before the runs start.
     pub settings: String,
+}
+
+/// Which kind of run a job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A measured run (the spec as given).
+    Timed,
+    /// The parity probe: dropout 0, the probe's learning rate, no warm-up.
+    Parity,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Timed => "timed",
+            Phase::Parity => "parity",
+        }
+    }
+}
+
+/// One worker process to start: run `spec` (an index into `Plan::runs`) in `phase`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub spec: usize,
+    pub phase: Phase,
+    pub repeat: usize,
+}
+
+/// The order of a model's runs: its specs `first..first + n` (configs × precisions), first
+/// every parity probe, then `repeat` rounds of timed runs, round r rotated left by r so no
+/// config always runs first (a machine warming up, or another job starting, then does not
+/// favour one config).
+pub fn interleave(first: usize, n: usize, repeat: usize, probe: bool) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    if probe {
+        jobs.extend((first..first + n).map(|spec| Job { spec, phase: Phase::Parity, repeat: 0 }));
+    }
+    for r in 0..repeat {
+        jobs.extend((0..n).map(|i| Job { spec: first + (i + r) % n, phase: Phase::Timed, repeat: r }));
+    }
+    jobs
+}
+
+/// The spec a parity probe runs: `spec` with dropout 0, `steps` steps, no warm-up, and a
+/// constant learning rate `lr`.
+pub fn parity_spec(spec: &RunSpec, steps: usize, lr: f64) -> RunSpec {
+    RunSpec { steps, warmup: 0, dropout: Some(0.0), lr, lr_schedule: "constant".into(), lr_warmup_steps: 0, ..spec.clone() }
 }
 
 fn positive(name: &str, v: Option<i64>, default: usize) -> Result<usize> {
@@ -66,8 +117,14 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             bail!("--timeout-s must be a positive number of seconds, got {t}");
         }
     }
-    if !args.diverge_tol.is_finite() || args.diverge_tol < 0.0 {
-        bail!("--diverge-tol must be a finite non-negative number, got {}", args.diverge_tol);
+    if let Some(t) = args.diverge_tol {
+        if !t.is_finite() || t < 0.0 {
+            bail!("--diverge-tol must be a finite non-negative number, got {t}");
+        }
+    }
+    let repeat = positive("--repeat", args.repeat, 3)?;
+    if !args.parity_lr.is_finite() || args.parity_lr <= 0.0 {
+        bail!("--parity-lr must be a finite positive number, got {}", args.parity_lr);
     }
     if !["constant", "linear"].contains(&args.lr_schedule.as_str()) {
         bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
@@ -100,7 +157,9 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     let mut runs = Vec::new();
     let mut train_flops_per_sample = Vec::new();
     let mut seq_used: Vec<usize> = Vec::new();
+    let mut jobs = Vec::new();
     for model in &args.models {
+        let first = runs.len();
         let resolved = resolve(model, &hub)?;
         let weights = weights_source(&args.weights, &resolved, &hub)?;
         if let WeightsSource::File(path) = &weights {
@@ -147,14 +206,20 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                 });
             }
         }
+        jobs.extend(interleave(first, runs.len() - first, repeat, args.parity_steps > 0));
     }
+    let probe = if args.parity_steps > 0 {
+        format!("parity probe {} steps at lr {:e}, dropout 0", args.parity_steps, args.parity_lr)
+    } else {
+        "no parity probe".into()
+    };
     let settings = format!(
-        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}), precision {}, seed {}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         args.precision.join("/"),
         args.seed
     );
-    Ok(Plan { runs, train_flops_per_sample, settings })
+    Ok(Plan { runs, jobs, train_flops_per_sample, settings })
 }
 
 /// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.
@@ -182,4 +247,25 @@ fn weights_source(arg: &str, model: &ResolvedModel, hub: &HubOptions) -> Result<
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_interleave_with_the_order_rotated() {
+        let jobs = interleave(3, 3, 3, true);
+        let order: Vec<(usize, &str, usize)> = jobs.iter().map(|j| (j.spec, j.phase.name(), j.repeat)).collect();
+        assert_eq!(
+            order,
+            vec![
+                (3, "parity", 0), (4, "parity", 0), (5, "parity", 0),
+                (3, "timed", 0), (4, "timed", 0), (5, "timed", 0),
+                (4, "timed", 1), (5, "timed", 1), (3, "timed", 1),
+                (5, "timed", 2), (3, "timed", 2), (4, "timed", 2),
+            ]
+        );
+        assert_eq!(interleave(0, 2, 1, false).len(), 2);
+    }
 }

@@ -23,7 +23,16 @@ use crate::spec::{RunSpec, WeightsSource};
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     Step { rank: usize, step: usize, loss: f64, step_ms: f64, grad_norm: f64, loss_scale: f64, skipped: bool },
-    Summary { param_count: usize, peak_mem_bytes: u64, optimizer_bytes_per_rank: usize },
+    Summary {
+        param_count: usize,
+        peak_mem_bytes: u64,
+        optimizer_bytes_per_rank: usize,
+        /// FLOPs one sample cost in the GEMMs and attention products this config executed
+        /// (the engine's count, rows a loss ignores skipped), over the measured steps; None
+        /// when the trainer cannot count them (the baseline).
+        #[serde(default)]
+        hw_flops_per_sample: Option<f64>,
+    },
     Error { message: String, oom: bool },
 }
 
@@ -85,7 +94,10 @@ pub const FAULT_VAR: &str = "ORTBENCH_FAULT";
 ///   1 GiB, so the allocator really fails and Rust aborts with "memory allocation of … bytes
 ///   failed" (`oom` alone means `oom-at-step:0`);
 /// - `hang`: the step never ends (for `--timeout-s` and interrupt tests);
-/// - `sigkill`: the process sends itself SIGKILL, as the kernel's OOM killer would.
+/// - `sigkill`: the process sends itself SIGKILL, as the kernel's OOM killer would;
+///
+/// or `grad-scale:F[@CONFIG]`: a broken engine — every gradient an engine config computes
+/// is multiplied by F on every rank and step (what the parity probe must flag).
 ///
 /// `@CONFIG` limits the fault to the runs of that config. Only rank 0 fails.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,6 +113,8 @@ pub enum FaultKind {
     Oom,
     Hang,
     Sigkill,
+    /// Multiply the engine's gradients by this factor (not a step-triggered fault).
+    GradScale(f32),
 }
 
 impl Fault {
@@ -110,6 +124,13 @@ impl Fault {
             Some((w, c)) => (w, Some(c.to_string())),
             None => (s, None),
         };
+        if let Some(f) = what.strip_prefix("grad-scale:") {
+            let factor = f.parse::<f32>().ok().filter(|x| x.is_finite()).with_context(|| format!("{FAULT_VAR}={s}: bad factor '{f}'"))?;
+            if config.as_deref() == Some("pytorch") {
+                bail!("{FAULT_VAR}={s}: grad-scale breaks the engine; it does not apply to the pytorch config");
+            }
+            return Ok(Fault { kind: FaultKind::GradScale(factor), step: 0, config });
+        }
         let (kind, step) = match what.split_once("-at-step:") {
             Some((k, n)) => (k, n.parse::<usize>().with_context(|| format!("{FAULT_VAR}={s}: bad step '{n}'"))?),
             None => (what, 0),
@@ -119,7 +140,7 @@ impl Fault {
             "oom" => FaultKind::Oom,
             "hang" => FaultKind::Hang,
             "sigkill" => FaultKind::Sigkill,
-            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang or sigkill, as KIND-at-step:N[@CONFIG])"),
+            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang or sigkill, as KIND-at-step:N[@CONFIG], or grad-scale:F[@CONFIG])"),
         };
         Ok(Fault { kind, step, config })
     }
@@ -133,6 +154,7 @@ impl Fault {
         // test sees do not depend on thread timing (a real crash may lose those in flight).
         std::thread::sleep(std::time::Duration::from_millis(200));
         match self.kind {
+            FaultKind::GradScale(_) => {}
             FaultKind::Crash => std::process::abort(),
             FaultKind::Hang => loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -191,6 +213,11 @@ trait RankTrainer {
     fn step(&mut self, global: &Batch) -> Result<RankStep>;
     /// Bytes of optimizer state this rank holds.
     fn optimizer_bytes(&self) -> usize;
+    /// FLOPs of the GEMMs and attention products the last step executed on this rank, when
+    /// the trainer counts them.
+    fn last_step_flops(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// A `pytorch` rank: libtorch eager, DDP across ranks.
@@ -227,6 +254,9 @@ impl RankTrainer for EngineTrainer {
     }
     fn optimizer_bytes(&self) -> usize {
         EngineTrainer::optimizer_bytes(self)
+    }
+    fn last_step_flops(&self) -> Option<f64> {
+        EngineTrainer::last_step_flops(self)
     }
 }
 
@@ -290,7 +320,11 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                 let strategy = if spec.config == "ort" { Strategy::Ddp } else { Strategy::Zero1 };
                 // ORTBENCH_PASSES=none (or -fuse_attention, …) measures what the passes buy.
                 let graph = GraphOptions::new(spec.batch_size, spec.seq_len).with_passes(PassConfig::from_env()?);
-                Box::new(EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?)
+                let mut t = EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?;
+                if let Some(Fault { kind: FaultKind::GradScale(f), .. }) = fault {
+                    t.inject_grad_scale(*f);
+                }
+                Box::new(t)
             }
             other => bail!("config '{other}' is not implemented in this build"),
         })
@@ -298,16 +332,18 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
 
     // Ranks are threads of this worker; their records go through one channel to stdout.
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
-    let results: Vec<Result<usize>> = std::thread::scope(|s| {
+    let results: Vec<Result<(usize, Option<f64>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = LocalGroup::new(ranks)
             .into_iter()
             .map(|group| {
                 let (tx, make, data) = (tx.clone(), &make, &data);
-                s.spawn(move || -> Result<usize> {
+                s.spawn(move || -> Result<(usize, Option<f64>)> {
                     let rank = group.rank();
                     let mut trainer = make(group)?;
+                    // This rank's executed FLOPs over the measured steps (None: not counted).
+                    let mut flops = Some(0.0);
                     for step in 0..spec.steps {
-                        if let Some(f) = fault.filter(|f| f.step == step && rank == 0) {
+                        if let Some(f) = fault.filter(|f| f.step == step && rank == 0 && !matches!(f.kind, FaultKind::GradScale(_))) {
                             f.trigger();
                         }
                         let batch = data.batch(step);
@@ -317,12 +353,15 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                             tch::Cuda::synchronize(i as i64);
                         }
                         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+                        if step >= spec.warmup {
+                            flops = flops.zip(trainer.last_step_flops()).map(|(a, b)| a + b);
+                        }
                         if !st.loss.is_finite() && !st.skipped {
                             bail!("loss is {} at step {step}", st.loss);
                         }
                         let _ = tx.send(Event::Step { rank, step, loss: st.loss, step_ms, grad_norm: st.grad_norm, loss_scale: st.loss_scale, skipped: st.skipped });
                     }
-                    Ok(trainer.optimizer_bytes())
+                    Ok((trainer.optimizer_bytes(), flops))
                 })
             })
             .collect();
@@ -333,14 +372,19 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))).collect()
     });
     let mut optimizer_bytes = 0;
+    let mut flops = Some(0.0);
     for r in results {
-        optimizer_bytes = optimizer_bytes.max(r?);
+        let (bytes, f) = r?;
+        optimizer_bytes = optimizer_bytes.max(bytes);
+        flops = flops.zip(f).map(|(a, b)| a + b);
     }
+    let measured = (spec.steps - spec.warmup.min(spec.steps)) * global_batch;
+    let hw_flops_per_sample = flops.filter(|_| measured > 0).map(|f| f / measured as f64);
     if ortbench_engine::exec::profile::enabled() {
         eprintln!("per-op profile of {} ({} steps):\n{}", spec.config, spec.steps, ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take()));
     }
     let peak_mem_bytes = peak_rss_bytes().context("reading peak memory")?;
-    emit(out, &Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank: optimizer_bytes });
+    emit(out, &Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank: optimizer_bytes, hw_flops_per_sample });
     Ok(())
 }
 
@@ -365,6 +409,10 @@ mod tests {
         assert!(f.applies_to("ort") && !f.applies_to("ort-zero1"));
         assert!(Fault::parse("explode").unwrap_err().to_string().contains("unknown fault 'explode'"));
         assert!(Fault::parse("crash-at-step:x").is_err());
+        let f = Fault::parse("grad-scale:2@ort").unwrap();
+        assert_eq!((f.kind, f.config.as_deref()), (FaultKind::GradScale(2.0), Some("ort")));
+        assert!(Fault::parse("grad-scale:x").is_err());
+        assert!(Fault::parse("grad-scale:2@pytorch").unwrap_err().to_string().contains("does not apply"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ fn run_writes_steps_and_results() {
     let out = dir.path().join("run");
     let o = ortbench(&[
         "run", "--models", "tiny-bert,tiny-gpt2", "--configs", "pytorch", "--steps", "4", "--warmup", "1",
-        "--batch-size", "2", "--seq-len", "16", "--out", out.to_str().unwrap(),
+        "--batch-size", "2", "--seq-len", "16", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (h, rows) = read_csv(&out.join("steps.csv"));
@@ -147,7 +147,7 @@ fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
     let out = dir.path().join("run");
     let o = ortbench(&[
         "run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--steps", "3", "--warmup", "1", "--batch-size", "2",
-        "--seq-len", "16", "--dropout", "0", "--out", out.to_str().unwrap(),
+        "--seq-len", "16", "--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (h, rows) = read_csv(&out.join("steps.csv"));

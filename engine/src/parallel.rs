@@ -54,6 +54,8 @@ pub struct DataParallel<C: Collective> {
     scaler: Option<LossScaler>,
     /// Fault injection: poison this flat gradient index on the next step.
     fault: Option<usize>,
+    /// Fault injection: every step's local gradient is multiplied by this (a broken engine).
+    grad_fault: Option<f32>,
 }
 
 /// The segments of `full` restricted to `range` and rebased to 0; the padded tail (past the
@@ -97,7 +99,7 @@ impl<C: Collective> DataParallel<C> {
                 grad_shard: vec![0.0; sharding.shard],
             }
         });
-        let mut dp = DataParallel { session, group, strategy, zero, scaler: None, fault: None };
+        let mut dp = DataParallel { session, group, strategy, zero, scaler: None, fault: None, grad_fault: None };
         if dp.strategy == Strategy::Zero1 {
             // The full optimizer state of the session is not used: free it.
             dp.session.opt.m = Vec::new();
@@ -133,6 +135,14 @@ impl<C: Collective> DataParallel<C> {
         self.fault = Some(index);
     }
 
+    /// Fault injection (`ORTBENCH_FAULT=grad-scale:F`): from now on every gradient this rank
+    /// computes is multiplied by `factor` before the reduction and the optimizer — an engine
+    /// bug the harness's parity probe must flag (AdamW's update barely changes, the gradient
+    /// norm does).
+    pub fn inject_grad_scale(&mut self, factor: f32) {
+        self.grad_fault = Some(factor);
+    }
+
     /// One step on this rank's slice of the global batch. `weight` is this rank's share of
     /// the global batch's labelled tokens (1 on a single rank); every rank must call it.
     pub fn step(&mut self, inputs: &Inputs<'_>, weight: f32, lr: f32, seed: u64) -> Result<StepStats, ParallelError> {
@@ -140,6 +150,9 @@ impl<C: Collective> DataParallel<C> {
         // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
         // where a GPU's would, which is what the all-reduced overflow check below catches.
         let local = self.session.forward_backward_scaled(inputs, seed, scale)?;
+        if let Some(f) = self.grad_fault {
+            self.session.grads.iter_mut().for_each(|g| *g *= f);
+        }
         if let Some(i) = self.fault.take() {
             self.session.grads[i] = f32::INFINITY;
         }

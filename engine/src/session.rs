@@ -149,6 +149,15 @@ impl TrainSession {
     }
 
     /// Which executor runs the steps.
+    /// The hardware FLOPs of the last step's GEMMs and attention products
+    /// ([`PlannedExecutor::last_step_flops`]); None on the reference executor.
+    pub fn last_step_flops(&self) -> Option<f64> {
+        match &self.exec {
+            Executor::Reference => None,
+            Executor::Planned(p) => Some(p.last_step_flops()),
+        }
+    }
+
     pub fn executor(&self) -> ExecutorKind {
         match self.exec {
             Executor::Reference => ExecutorKind::Reference,

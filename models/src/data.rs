@@ -221,19 +221,32 @@ fn mask_tokens(mut ids: Vec<i64>, b: usize, t: usize, vocab: usize, add_special:
                 ids[i] = if pos == 0 { CLS } else { SEP };
                 continue;
             }
-            if rng.uniform() >= 0.15 {
-                continue;
+            if rng.uniform() < 0.15 {
+                select(&mut ids, &mut labels, i, mask_id, vocab, rng);
             }
-            labels[i] = ids[i];
-            let u = rng.uniform();
-            if u < 0.8 {
-                ids[i] = mask_id;
-            } else if u < 0.9 {
-                ids[i] = rng.range(0, vocab as i64);
-            }
+        }
+        // A row with no selected token has no loss term: at batch 1 its mean loss is 0/0
+        // (NaN). Unlike HF's collator (where a whole batch without one is merely unlikely),
+        // every row here gets at least one, drawn uniformly among its ordinary positions.
+        let (lo, hi) = if special { (1, t - 1) } else { (0, t) };
+        if hi > lo && labels[row * t..(row + 1) * t].iter().all(|&l| l == IGNORE_INDEX) {
+            let pos = rng.range(lo as i64, hi as i64) as usize;
+            select(&mut ids, &mut labels, row * t + pos, mask_id, vocab, rng);
         }
     }
     Batch { batch_size: b, seq_len: t, input_ids: ids, labels }
+}
+
+/// Selects token `i` for the MLM loss: its label is the original, and the input becomes
+/// [MASK] (80 %), a random token (10 %) or stays (10 %).
+fn select(ids: &mut [i64], labels: &mut [i64], i: usize, mask_id: i64, vocab: usize, rng: &mut Rng) {
+    labels[i] = ids[i];
+    let u = rng.uniform();
+    if u < 0.8 {
+        ids[i] = mask_id;
+    } else if u < 0.9 {
+        ids[i] = rng.range(0, vocab as i64);
+    }
 }
 
 fn check_sizes(cfg: &ModelConfig, batch_size: usize, seq_len: usize) -> Result<(), ModelError> {
@@ -275,6 +288,27 @@ mod tests {
         for (i, &l) in a.labels.iter().enumerate() {
             if l != IGNORE_INDEX {
                 assert!(l >= FIRST_WORD, "label at {i} is a real token");
+            }
+        }
+    }
+
+    #[test]
+    fn every_mlm_row_has_a_selected_token() {
+        // At b1 × s16, 14 ordinary positions: P(none of 14 selected) = 0.85^14 ≈ 10 %, so
+        // among 200 batches about 20 would have had no label (a NaN loss) without the rule.
+        let cfg = builtin_config("bert").unwrap();
+        let d = DataSource::synthetic(&cfg, 1, 16, 3).unwrap();
+        for step in 0..200 {
+            let b = d.batch(step);
+            let n = b.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+            assert!(n >= 1, "step {step}: no selected token");
+            assert_eq!((b.labels[0], b.labels[15]), (IGNORE_INDEX, IGNORE_INDEX), "[CLS]/[SEP] never selected");
+        }
+        let d = DataSource::synthetic(&cfg, 4, 3, 3).unwrap();
+        for step in 0..50 {
+            let b = d.batch(step);
+            for row in 0..4 {
+                assert_ne!(b.labels[row * 3 + 1], IGNORE_INDEX, "the one ordinary position is selected");
             }
         }
     }

@@ -26,17 +26,24 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e:?}")
 }
 
-/// An axis number with as few decimals as its size needs.
-fn axis_number(v: f64) -> String {
+/// Decimals that tell apart the labels of an axis over `lo..hi` (plotters puts about ten of
+/// them on it): one more than the order of magnitude of the tick spacing asks for, so a loss
+/// axis over 10.5991..10.6012 reads 10.5995, 10.6000, … rather than ten times "10.6".
+fn axis_decimals(lo: f64, hi: f64) -> usize {
+    let step = (hi - lo).abs() / 10.0;
+    if !step.is_finite() || step <= 0.0 {
+        return 2;
+    }
+    (-step.log10().floor()).clamp(0.0, 12.0) as usize
+}
+
+/// An axis number with `decimals` decimals; tiny or huge magnitudes in scientific notation.
+fn axis_number(v: f64, decimals: usize) -> String {
     let a = v.abs();
-    if a >= 100.0 || v == 0.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 0.01 {
-        format!("{v:.2}")
-    } else {
+    if v != 0.0 && (a < 1e-3 || a >= 1e7) {
         format!("{v:.2e}")
+    } else {
+        format!("{v:.decimals$}")
     }
 }
 
@@ -105,8 +112,8 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
     let mut charts = vec![
         Chart {
             id: "speedup".into(),
-            title: "Speedup over pytorch (samples/s ratio)".into(),
-            svg: bar_chart("Speedup over pytorch", "× pytorch samples/s", &groups, &configs, results, |r| r.speedup, Some(1.0), 2)?,
+            title: "Speedup over pytorch (ratio of median step times)".into(),
+            svg: bar_chart("Speedup over pytorch", "× pytorch (median step time)", &groups, &configs, results, |r| r.speedup, Some(1.0), 2)?,
         },
         Chart {
             id: "throughput".into(),
@@ -133,31 +140,50 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
         let of = |r: &ResultRow| -> Vec<&StepRow> {
             steps.iter().filter(|s| s.model == r.model && s.config == r.config && s.precision == r.precision && s.rank < r.ranks).collect()
         };
+        // The loss curves that decide parity: the parity probe's when the run had one (dropout
+        // 0, so the configs must agree), else the first timed run's.
+        let probed = steps.iter().any(|s| s.phase == "parity" && runs.iter().any(|r| s.model == r.model && s.precision == r.precision));
+        let loss_phase = if probed { "parity" } else { "timed" };
         let loss: Vec<(String, Vec<(f64, f64)>)> = runs
             .iter()
-            .map(|r| (r.config.clone(), of(r).into_iter().filter(|s| s.rank == 0 && s.loss.is_finite()).map(|s| (s.step as f64, s.loss)).collect()))
+            .map(|r| {
+                let pts = of(r).into_iter().filter(|s| s.rank == 0 && s.repeat == 0 && s.phase == loss_phase && s.loss.is_finite());
+                (r.config.clone(), pts.map(|s| (s.step as f64, s.loss)).collect())
+            })
             .collect();
+        let what = if probed { "parity probe" } else { "first run" };
         charts.push(Chart {
             id: format!("loss-{i}"),
-            title: format!("Loss: {}", g.label),
-            svg: line_chart(&format!("Loss · {}", g.label), "loss (rank 0)", &loss, None)?,
+            title: format!("Loss ({what}): {}", g.label),
+            svg: line_chart(&format!("Loss · {} ({what})", g.label), "loss (rank 0)", &loss, None)?,
         });
+        // Step times of the timed runs: per step the slowest rank, then the median over the
+        // repeats.
         let times: Vec<(String, Vec<(f64, f64)>)> = runs
             .iter()
             .map(|r| {
-                let mut per_step: std::collections::BTreeMap<usize, f64> = std::collections::BTreeMap::new();
-                for s in of(r) {
-                    let e = per_step.entry(s.step).or_insert(0.0);
+                let mut per: std::collections::BTreeMap<(usize, usize), f64> = std::collections::BTreeMap::new();
+                for s in of(r).into_iter().filter(|s| s.phase == "timed") {
+                    let e = per.entry((s.step, s.repeat)).or_insert(0.0);
                     *e = e.max(s.step_ms);
                 }
-                (r.config.clone(), per_step.into_iter().map(|(k, v)| (k as f64, v)).collect())
+                let mut by_step: std::collections::BTreeMap<usize, Vec<f64>> = std::collections::BTreeMap::new();
+                for ((step, _), v) in per {
+                    by_step.entry(step).or_default().push(v);
+                }
+                let median = |mut v: Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    let n = v.len();
+                    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+                };
+                (r.config.clone(), by_step.into_iter().map(|(k, v)| (k as f64, median(v))).collect())
             })
             .collect();
         let warmup = runs.first().map(|r| r.warmup as f64 - 0.5);
         charts.push(Chart {
             id: format!("steptime-{i}"),
             title: format!("Step time: {}", g.label),
-            svg: line_chart(&format!("Step time · {} (dashed: end of warm-up)", g.label), "ms per step (slowest rank)", &times, warmup)?,
+            svg: line_chart(&format!("Step time · {} (median of the repeats; dashed: end of warm-up)", g.label), "ms per step (slowest rank)", &times, warmup)?,
         });
     }
     Ok(charts)
@@ -195,13 +221,14 @@ fn bar_chart(
             let (x, y) = chart.backend_coord(&(i as f64, 0.0));
             root.draw(&Text::new(g.label.clone(), (x, y + 8), under.clone())).map_err(err)?;
         }
+        let dec = axis_decimals(0.0, top);
         chart
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(0)
             .bold_line_style(BLACK.mix(0.12))
             .light_line_style(TRANSPARENT)
-            .y_label_formatter(&|v| axis_number(*v))
+            .y_label_formatter(&|v| axis_number(*v, dec))
             .y_desc(y_desc)
             .y_label_style((FONT, 13))
             .draw()
@@ -270,12 +297,13 @@ fn line_chart(title: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], v
             .y_label_area_size(80)
             .build_cartesian_2d(0f64..xmax, (ymin - pad)..(ymax + pad))
             .map_err(err)?;
+        let dec = axis_decimals(ymin - pad, ymax + pad);
         chart
             .configure_mesh()
             .x_desc("step")
             .y_desc(y_desc)
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|v| axis_number(*v))
+            .y_label_formatter(&|v| axis_number(*v, dec))
             .bold_line_style(BLACK.mix(0.12))
             .light_line_style(TRANSPARENT)
             .x_labels((xmax as usize + 1).min(12))
@@ -342,12 +370,13 @@ pub fn memory_plan_chart(title: &str, blocks: &[PlanBlock], steps: usize, arena_
             .y_label_area_size(80)
             .build_cartesian_2d(0f64..steps.max(1) as f64, 0f64..top)
             .map_err(err)?;
+        let dec = axis_decimals(0.0, top);
         chart
             .configure_mesh()
             .x_desc("schedule position (node)")
             .y_desc("arena offset (MiB)")
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|v| axis_number(*v))
+            .y_label_formatter(&|v| axis_number(*v, dec))
             .bold_line_style(BLACK.mix(0.12))
             .light_line_style(TRANSPARENT)
             .label_style((FONT, 13))
@@ -402,6 +431,33 @@ mod tests {
     }
 
     #[test]
+    fn axis_labels_tell_ticks_apart() {
+        // A loss curve that barely moves (the chart that read "10.6, 10.6, 10.6").
+        let (lo, hi) = (10.5991, 10.6012);
+        let d = axis_decimals(lo, hi);
+        let labels: Vec<String> = (0..=10).map(|i| axis_number(lo + (hi - lo) * i as f64 / 10.0, d)).collect();
+        let mut uniq = labels.clone();
+        uniq.dedup();
+        assert_eq!(uniq.len(), labels.len(), "{labels:?}");
+        assert_eq!(axis_number(1234.5, axis_decimals(0.0, 4000.0)), "1234");
+        assert_eq!(axis_number(0.0, 3), "0.000");
+        // And in a drawn chart: the loss axis labels are distinct numbers.
+        let pts: Vec<(f64, f64)> = (0..8).map(|i| (i as f64, 10.6 + 1e-4 * i as f64)).collect();
+        let svg = line_chart("t", "loss", &[("ort".into(), pts)], None).unwrap();
+        let ticks: Vec<&str> = svg
+            .split('>')
+            .filter_map(|t| t.split('<').next())
+            .map(str::trim)
+            .filter(|t| t.parse::<f64>().is_ok_and(|v| (10.0..11.0).contains(&v)))
+            .collect();
+        assert!(ticks.len() >= 3, "{ticks:?}");
+        let mut sorted = ticks.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ticks.len(), "duplicate tick labels: {ticks:?}");
+    }
+
+    #[test]
     fn charts_are_svg_with_escaped_text() {
         let results = vec![row("<b>m</b>", "pytorch", 10.0), row("<b>m</b>", "ort", 15.0), row("n", "pytorch", 5.0)];
         let steps: Vec<StepRow> = (0..4)
@@ -409,6 +465,8 @@ mod tests {
                 model: "<b>m</b>".into(),
                 config: "ort".into(),
                 precision: "fp32".into(),
+                repeat: 0,
+                phase: "timed".into(),
                 rank: 0,
                 step: s,
                 loss: 10.0 - s as f64 * 0.1,

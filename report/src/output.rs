@@ -14,6 +14,11 @@ pub struct StepRow {
     pub model: String,
     pub config: String,
     pub precision: String,
+    /// Which repetition of the run (`--repeat`), 0-based.
+    pub repeat: usize,
+    /// `timed` (the measured runs) or `parity` (the parity probe: dropout 0, a learning rate
+    /// that moves the loss; its curves decide `diverged`).
+    pub phase: String,
     pub rank: usize,
     pub step: usize,
     pub loss: f64,
@@ -23,7 +28,7 @@ pub struct StepRow {
     pub skipped: bool,
 }
 
-/// A row of results.csv: one per run.
+/// A row of results.csv: one per (model, config, precision, ranks), over its `repeats` runs.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ResultRow {
     pub model: String,
@@ -35,36 +40,58 @@ pub struct ResultRow {
     pub ranks: usize,
     pub steps: usize,
     pub warmup: usize,
-    /// ok | diverged | error | oom | timeout | interrupted
+    /// Timed runs pooled into this row (`--repeat`), interleaved with the other configs.
+    pub repeats: usize,
+    /// ok | diverged | error | oom | timeout | interrupted (the worst of its runs and probe)
     pub status: String,
-    /// Global samples (batch_size × ranks) per second over the steps after warm-up.
+    /// Global samples (batch_size × ranks) per median step time (steps after warm-up,
+    /// pooled over the repeats).
     pub samples_per_s: Option<f64>,
     pub tokens_per_s: Option<f64>,
-    /// samples_per_s over the `pytorch` row of the same model, precision and ranks.
+    /// The `pytorch` row's median step time over this row's (same model, precision, ranks).
     pub speedup: Option<f64>,
+    /// 95 % interval of `speedup`: percentile bootstrap, resampling repeats and then the
+    /// steps within each (metrics::speedup_interval).
+    pub speedup_lo: Option<f64>,
+    pub speedup_hi: Option<f64>,
+    /// Whether the interval excludes 1.0; false marks a speedup that is not significant.
+    pub speedup_significant: Option<bool>,
     pub step_ms_median: Option<f64>,
     pub step_ms_p90: Option<f64>,
     pub step_ms_min: Option<f64>,
     pub step_ms_max: Option<f64>,
     /// Population standard deviation of the measured step times.
     pub step_ms_std: Option<f64>,
-    /// Analytic training FLOPs of one sample (see metrics::flops).
+    /// Model FLOPs of one training sample, as the literature counts them for MFU
+    /// (metrics::train_flops_per_sample: every position's LM head included).
     pub train_flops_per_sample: Option<f64>,
-    /// Achieved TFLOP/s: train_flops_per_sample × samples_per_s.
+    /// Hardware FLOPs one sample actually cost in this config: the engine's executed GEMMs
+    /// (rows a loss ignores skipped, recompute added), the model FLOPs for the baseline.
+    pub hw_flops_per_sample: Option<f64>,
+    /// Achieved model TFLOP/s: train_flops_per_sample × samples_per_s.
     pub tflops: Option<f64>,
-    /// tflops over peak_tflops.
+    /// Model FLOPs utilisation: tflops over peak_tflops.
     pub mfu: Option<f64>,
-    /// The device's peak for this precision (run.json says where it comes from).
+    /// Hardware FLOPs utilisation: hw_flops_per_sample × samples_per_s over peak_tflops.
+    pub hfu: Option<f64>,
+    /// The device's theoretical peak for this precision (run.json: formula and inputs).
     pub peak_tflops: Option<f64>,
+    /// The best fp32 GEMM measured on the device (CPU only): what a GEMM really reaches.
+    pub gemm_peak_tflops: Option<f64>,
     pub peak_mem_bytes: Option<u64>,
     pub param_count: Option<usize>,
     /// Optimizer-state bytes one rank holds (fp32 Adam moments, plus the fp32 master shard
     /// under ZeRO-1).
     pub optimizer_bytes_per_rank: Option<usize>,
     pub final_loss: Option<f64>,
-    /// Largest relative difference of this run's losses from the pytorch run's over their
-    /// common (rank, step) pairs; 0 for the pytorch row.
+    /// Parity probe: largest relative difference of this config's losses from pytorch's over
+    /// their common (rank, step) pairs; 0 for the pytorch row.
     pub max_loss_rel_diff: Option<f64>,
+    /// Parity probe: the same for the gradient norm (before clipping) — what catches a
+    /// wrongly scaled gradient, which AdamW's update would hide from the loss.
+    pub max_grad_norm_rel_diff: Option<f64>,
+    /// The tolerance both differences were held to (from the precision, or --diverge-tol).
+    pub parity_tol: Option<f64>,
     /// Wall-clock seconds of the worker process (start-up and model build included).
     pub wall_s: Option<f64>,
     pub error: String,
@@ -90,10 +117,12 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 }
 
 pub const STEP_COLUMNS: &[&str] =
-    &["model", "config", "precision", "rank", "step", "loss", "step_ms", "grad_norm", "loss_scale", "skipped"];
+    &["model", "config", "precision", "repeat", "phase", "rank", "step", "loss", "step_ms", "grad_norm", "loss_scale", "skipped"];
 pub const RESULT_COLUMNS: &[&str] = &[
-    "model", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "status",
-    "samples_per_s", "tokens_per_s", "speedup", "step_ms_median", "step_ms_p90", "step_ms_min", "step_ms_max",
-    "step_ms_std", "train_flops_per_sample", "tflops", "mfu", "peak_tflops", "peak_mem_bytes", "param_count",
-    "optimizer_bytes_per_rank", "final_loss", "max_loss_rel_diff", "wall_s", "error",
+    "model", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "repeats", "status",
+    "samples_per_s", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "speedup_significant", "step_ms_median",
+    "step_ms_p90", "step_ms_min", "step_ms_max", "step_ms_std", "train_flops_per_sample", "hw_flops_per_sample",
+    "tflops", "mfu", "hfu", "peak_tflops", "gemm_peak_tflops", "peak_mem_bytes", "param_count",
+    "optimizer_bytes_per_rank", "final_loss", "max_loss_rel_diff", "max_grad_norm_rel_diff", "parity_tol", "wall_s",
+    "error",
 ];

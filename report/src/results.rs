@@ -106,24 +106,33 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
         col("ranks", u(|r| r.ranks)),
         col("steps", u(|r| r.steps)),
         col("warmup", u(|r| r.warmup)),
+        col("repeats", u(|r| r.repeats)),
         col("status", s(|r| &r.status)),
         col("samples_per_s", f(|r| r.samples_per_s)),
         col("tokens_per_s", f(|r| r.tokens_per_s)),
         col("speedup", f(|r| r.speedup)),
+        col("speedup_lo", f(|r| r.speedup_lo)),
+        col("speedup_hi", f(|r| r.speedup_hi)),
+        col("speedup_significant", rows.iter().map(|r| r.speedup_significant).collect::<Vec<Option<bool>>>()),
         col("step_ms_median", f(|r| r.step_ms_median)),
         col("step_ms_p90", f(|r| r.step_ms_p90)),
         col("step_ms_min", f(|r| r.step_ms_min)),
         col("step_ms_max", f(|r| r.step_ms_max)),
         col("step_ms_std", f(|r| r.step_ms_std)),
         col("train_flops_per_sample", f(|r| r.train_flops_per_sample)),
+        col("hw_flops_per_sample", f(|r| r.hw_flops_per_sample)),
         col("tflops", f(|r| r.tflops)),
         col("mfu", f(|r| r.mfu)),
+        col("hfu", f(|r| r.hfu)),
         col("peak_tflops", f(|r| r.peak_tflops)),
+        col("gemm_peak_tflops", f(|r| r.gemm_peak_tflops)),
         col("peak_mem_bytes", ou(|r| r.peak_mem_bytes)),
         col("param_count", ou(|r| r.param_count.map(|v| v as u64))),
         col("optimizer_bytes_per_rank", ou(|r| r.optimizer_bytes_per_rank.map(|v| v as u64))),
         col("final_loss", f(|r| r.final_loss)),
         col("max_loss_rel_diff", f(|r| r.max_loss_rel_diff)),
+        col("max_grad_norm_rel_diff", f(|r| r.max_grad_norm_rel_diff)),
+        col("parity_tol", f(|r| r.parity_tol)),
         col("wall_s", f(|r| r.wall_s)),
         col("error", s(|r| &r.error)),
     ];
@@ -139,6 +148,8 @@ pub fn steps_frame(rows: &[StepRow]) -> Result<DataFrame> {
         col("model", s(|r| &r.model)),
         col("config", s(|r| &r.config)),
         col("precision", s(|r| &r.precision)),
+        col("repeat", u(|r| r.repeat)),
+        col("phase", s(|r| &r.phase)),
         col("rank", u(|r| r.rank)),
         col("step", u(|r| r.step)),
         col("loss", f(|r| r.loss)),
@@ -172,6 +183,12 @@ impl Cols<'_> {
     }
     fn req_usizes(&self, name: &str) -> Result<Vec<usize>> {
         Ok(self.0.column(name)?.cast(&DataType::UInt64)?.u64()?.iter().map(|v| v.unwrap_or(0) as usize).collect())
+    }
+    fn bools(&self, name: &str) -> Result<Vec<Option<bool>>> {
+        match self.0.column(name) {
+            Ok(c) => Ok(c.cast(&DataType::Boolean)?.bool()?.iter().collect()),
+            Err(_) => Ok(vec![None; self.0.height()]),
+        }
     }
     fn f64s(&self, name: &str) -> Result<Vec<Option<f64>>> {
         match self.0.column(name) {
@@ -208,6 +225,18 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
         f("wall_s")?,
     );
     let (mem, params, opt) = (c.u64s("peak_mem_bytes")?, c.u64s("param_count")?, c.u64s("optimizer_bytes_per_rank")?);
+    let (lo, hi, sig, hw, hfu, gemm, gn_rel, tol) = (
+        f("speedup_lo")?,
+        f("speedup_hi")?,
+        c.bools("speedup_significant")?,
+        f("hw_flops_per_sample")?,
+        f("hfu")?,
+        f("gemm_peak_tflops")?,
+        f("max_grad_norm_rel_diff")?,
+        f("parity_tol")?,
+    );
+    // Runs written before --repeat existed were one run each.
+    let repeats = c.u64s("repeats")?;
     Ok((0..df.height())
         .map(|i| ResultRow {
             model: model[i].clone(),
@@ -219,24 +248,33 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
             ranks: ranks[i],
             steps: steps[i],
             warmup: warmup[i],
+            repeats: repeats[i].map_or(1, |v| v as usize),
             status: status[i].clone(),
             samples_per_s: sps[i],
             tokens_per_s: tps[i],
             speedup: speedup[i],
+            speedup_lo: lo[i],
+            speedup_hi: hi[i],
+            speedup_significant: sig[i],
             step_ms_median: med[i],
             step_ms_p90: p90[i],
             step_ms_min: min[i],
             step_ms_max: max[i],
             step_ms_std: std[i],
             train_flops_per_sample: flops[i],
+            hw_flops_per_sample: hw[i],
             tflops: tflops[i],
             mfu: mfu[i],
+            hfu: hfu[i],
             peak_tflops: peak[i],
+            gemm_peak_tflops: gemm[i],
             peak_mem_bytes: mem[i],
             param_count: params[i].map(|v| v as usize),
             optimizer_bytes_per_rank: opt[i].map(|v| v as usize),
             final_loss: final_loss[i],
             max_loss_rel_diff: rel[i],
+            max_grad_norm_rel_diff: gn_rel[i],
+            parity_tol: tol[i],
             wall_s: wall[i],
             error: error[i].clone(),
         })
@@ -247,6 +285,9 @@ pub fn step_rows(df: &DataFrame) -> Result<Vec<StepRow>> {
     let c = Cols(df);
     let (model, config, precision) = (c.req_strs("model")?, c.req_strs("config")?, c.req_strs("precision")?);
     let (rank, step) = (c.req_usizes("rank")?, c.req_usizes("step")?);
+    // Runs written before --repeat and the parity probe existed: one timed run.
+    let repeat = c.u64s("repeat")?;
+    let phase = c.strs("phase")?;
     let (loss, ms, gn, ls) = (c.f64s("loss")?, c.f64s("step_ms")?, c.f64s("grad_norm")?, c.f64s("loss_scale")?);
     let skipped: Vec<bool> = match df.column("skipped") {
         Ok(col) => col.bool()?.iter().map(|v| v.unwrap_or(false)).collect(),
@@ -258,6 +299,8 @@ pub fn step_rows(df: &DataFrame) -> Result<Vec<StepRow>> {
             model: model[i].clone(),
             config: config[i].clone(),
             precision: precision[i].clone(),
+            repeat: repeat[i].unwrap_or(0) as usize,
+            phase: if phase[i].is_empty() { "timed".into() } else { phase[i].clone() },
             rank: rank[i],
             step: step[i],
             loss: nan(loss[i]),
@@ -286,8 +329,12 @@ mod tests {
             ranks: 1,
             steps: 3,
             warmup: 1,
+            repeats: 3,
             status: "ok".into(),
             samples_per_s: Some(1.5),
+            speedup_lo: Some(1.25),
+            speedup_significant: Some(true),
+            hfu: Some(0.5),
             param_count: Some(123),
             error: "a, \"quoted\" error".into(),
             ..Default::default()
@@ -296,6 +343,8 @@ mod tests {
             model: "m".into(),
             config: "ort".into(),
             precision: "fp32".into(),
+            repeat: 1,
+            phase: "parity".into(),
             rank: 0,
             step: 2,
             loss: 1.25,

@@ -5,18 +5,19 @@ use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 
 use crate::output::ResultRow;
 
-pub const SUMMARY_HEADER: [&str; 12] = [
+pub const SUMMARY_HEADER: [&str; 13] = [
     "model",
     "config",
     "prec",
     "ranks",
+    "runs",
+    "step ms median (p90)",
     "samples/s",
-    "speedup",
-    "step ms med / p90",
-    "TFLOP/s (MFU)",
+    "speedup [95% CI]",
+    "MFU / HFU",
     "peak MiB",
     "optim MiB/rank",
-    "loss rel. diff",
+    "parity Δloss / Δgnorm",
     "status",
 ];
 
@@ -48,24 +49,38 @@ pub fn ordered(results: &[ResultRow]) -> Vec<&ResultRow> {
     models.iter().flat_map(|m| results.iter().filter(move |r| r.model == *m)).collect()
 }
 
+/// "1.59× [1.52–1.66]", with " n.s." when the interval contains 1.0.
+pub fn speedup_cell(r: &ResultRow) -> String {
+    let Some(x) = r.speedup.filter(|x| x.is_finite()) else { return "-".into() };
+    let mut s = format!("{x:.2}×");
+    if let (Some(lo), Some(hi)) = (r.speedup_lo, r.speedup_hi) {
+        s.push_str(&format!(" [{lo:.2}–{hi:.2}]"));
+    }
+    if r.speedup_significant == Some(false) && r.config != "pytorch" {
+        s.push_str(" n.s.");
+    }
+    s
+}
+
 /// The cells of one row; the model is named on the first row of its group only.
 pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
+    let pct = |v: Option<f64>| v.filter(|x| x.is_finite()).map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
     vec![
         if show_model { r.model.clone() } else { String::new() },
         r.config.clone(),
         r.precision.clone(),
         r.ranks.to_string(),
+        r.repeats.to_string(),
+        format!("{} ({})", f(r.step_ms_median, 1), f(r.step_ms_p90, 1)),
         f(r.samples_per_s, 2),
-        r.speedup.map_or("-".into(), |s| format!("{s:.2}×")),
-        format!("{} / {}", f(r.step_ms_median, 1), f(r.step_ms_p90, 1)),
-        match (r.tflops, r.mfu) {
-            (Some(t), Some(m)) => format!("{t:.3} ({:.1}%)", m * 100.0),
-            (Some(t), None) => format!("{t:.3}"),
-            _ => "-".into(),
-        },
+        speedup_cell(r),
+        format!("{} / {}", pct(r.mfu), pct(r.hfu)),
         mib(r.peak_mem_bytes, 0),
         mib(r.optimizer_bytes_per_rank.map(|b| b as u64), 1),
-        rel(r.max_loss_rel_diff),
+        match (r.max_loss_rel_diff, r.max_grad_norm_rel_diff) {
+            (None, None) => "-".into(),
+            (l, g) => format!("{} / {}", rel(l), rel(g)),
+        },
         r.status.clone(),
     ]
 }

@@ -33,8 +33,8 @@ fn trainer(cfg: &ModelConfig, w: &Weights, precision: DType) -> EngineTrainer {
     EngineTrainer::new(cfg, w, BATCH, SEQ, opts).unwrap()
 }
 
-/// Per step: (loss, skipped, loss scale).
-fn curve(name: &str, precision: DType) -> Vec<(f32, bool, f32)> {
+/// Per step: (loss, skipped, loss scale, gradient norm).
+fn curve(name: &str, precision: DType) -> Vec<(f32, bool, f32, f32)> {
     let cfg = cfg(name);
     let w = Weights::init(&cfg, 11);
     let data = DataSource::synthetic(&cfg, BATCH, SEQ, 5).unwrap();
@@ -44,12 +44,13 @@ fn curve(name: &str, precision: DType) -> Vec<(f32, bool, f32)> {
     (0..STEPS)
         .map(|k| {
             let st = t.step(&data.batch(k % 2)).unwrap();
-            (st.loss, st.skipped, st.loss_scale)
+            (st.loss, st.skipped, st.loss_scale, st.grad_norm)
         })
         .collect()
 }
 
-/// fp16 and bf16 track the fp32 curve, step by step, for 10 AdamW steps.
+/// fp16 and bf16 track the fp32 curve, step by step, for 10 AdamW steps — the loss and the
+/// gradient norm (before clipping, after unscaling).
 ///
 /// Tolerance: 2 unit roundoffs of the storage dtype, relative — 2·2^-11 ≈ 1e-3 for fp16 and
 /// 2·2^-8 ≈ 8e-3 for bf16. One stored value may be off by one roundoff; the loss is a mean over
@@ -57,30 +58,35 @@ fn curve(name: &str, precision: DType) -> Vec<(f32, bool, f32)> {
 /// are independent and average out, so its error stays well under one roundoff (measured on
 /// these models: ≤ 2.2e-5 for fp16 and ≤ 4e-4 for bf16, printed below); 2 roundoffs leaves room
 /// for the slow drift of 10 updates and still fails on a real defect (a missed rounding of
-/// the parameters, an unscaled gradient, a broken master copy are all ≫ 1e-2). And the curves
-/// must differ from fp32's by at least 1e-6: the rounding is engaged.
+/// the parameters, a broken master copy are all ≫ 1e-2). The gradient norm is what catches a
+/// gradient left scaled by the loss scale (2^16 × fp32's) or unscaled twice: AdamW's update
+/// divides the scale out again, so the loss alone would not show it. And the curves must
+/// differ from fp32's by at least 1e-6: the rounding is engaged.
 #[test]
 fn fp16_and_bf16_track_the_fp32_curve() {
     for name in ["tiny-bert", "tiny-gpt2"] {
         let fp32 = curve(name, DType::F32);
         for (precision, tol) in [(DType::F16, 1e-3f32), (DType::BF16, 8e-3)] {
             let c = curve(name, precision);
-            let mut worst = 0f32;
-            for (k, ((a, _, _), (b, skipped, scale))) in fp32.iter().zip(&c).enumerate() {
+            let (mut worst, mut worst_norm) = (0f32, 0f32);
+            for (k, ((a, _, _, na), (b, skipped, scale, nb))) in fp32.iter().zip(&c).enumerate() {
                 assert!(!skipped, "{name} {precision}: step {k} skipped (scale {scale})");
                 assert!(b.is_finite(), "{name} {precision}: step {k} loss {b}");
                 let rel = (a - b).abs() / a.abs();
                 assert!(rel < tol, "{name} {precision}: step {k}: fp32 {a} vs {b} (rel {rel:.2e} ≥ {tol:.0e})");
+                let rel_norm = (na - nb).abs() / na.abs();
+                assert!(rel_norm < tol, "{name} {precision}: step {k}: gradient norm fp32 {na} vs {nb} (rel {rel_norm:.2e} ≥ {tol:.0e})");
                 worst = worst.max(rel);
+                worst_norm = worst_norm.max(rel_norm);
             }
             assert!(worst > 1e-6, "{name} {precision}: identical to fp32 — the storage rounding is not engaged");
             // Training still trains: the last loss is below the first.
             assert!(c[STEPS - 1].0 < c[0].0, "{name} {precision}: {:?}", c);
-            println!("{name} {precision}: max relative loss difference to fp32 over {STEPS} steps {worst:.2e} (tolerance {tol:.0e})");
+            println!("{name} {precision}: max relative difference to fp32 over {STEPS} steps: loss {worst:.2e}, gradient norm {worst_norm:.2e} (tolerance {tol:.0e})");
         }
         // bf16 trains unscaled; fp16 with GradScaler's initial scale.
-        assert!(curve(name, DType::BF16).iter().all(|&(_, _, s)| s == 1.0));
-        assert!(curve(name, DType::F16).iter().all(|&(_, _, s)| s == 65536.0));
+        assert!(curve(name, DType::BF16).iter().all(|&(_, _, s, _)| s == 1.0));
+        assert!(curve(name, DType::F16).iter().all(|&(_, _, s, _)| s == 65536.0));
     }
 }
 

@@ -48,4 +48,6 @@ pub fn cell<'a>(header: &[String], rows: &'a [Vec<String>], config: &str, column
 }
 
 /// The tiny models' quick settings.
-pub const QUICK: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0"];
+/// A short plan: one timed run per config and no parity probe (tests of repeats and the probe
+/// add `--repeat` / `--parity-steps` themselves).
+pub const QUICK: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0", "--repeat", "1", "--parity-steps", "0"];

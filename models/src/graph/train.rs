@@ -134,6 +134,12 @@ impl EngineTrainer {
         self.model.unflatten(&self.dp.session.params)
     }
 
+    /// FLOPs this rank's GEMMs and attention products executed in the last step (rows a loss
+    /// ignores skipped); None on the reference executor.
+    pub fn last_step_flops(&self) -> Option<f64> {
+        self.dp.session.last_step_flops()
+    }
+
     /// Bytes of optimizer state this rank holds.
     pub fn optimizer_bytes(&self) -> usize {
         self.dp.optimizer_bytes()
@@ -147,6 +153,11 @@ impl EngineTrainer {
     /// Fault injection: this rank's gradient at flat index `index` becomes +inf next step.
     pub fn inject_overflow(&mut self, index: usize) {
         self.dp.inject_overflow(index);
+    }
+
+    /// Fault injection: every later gradient is multiplied by `factor` (a broken engine).
+    pub fn inject_grad_scale(&mut self, factor: f32) {
+        self.dp.inject_grad_scale(factor);
     }
 
     /// The shard this rank owns under ZeRO-1.

@@ -2,7 +2,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, cross_entropy, sdpa, Conv1D, LayerNorm};
+use super::layers::{activation, causal_lm_loss, sdpa, Conv1D, LayerNorm};
 use super::Vars;
 use crate::config::{Activation, Family, ModelConfig};
 
@@ -91,10 +91,7 @@ impl Gpt2LMHeadModel {
         }
         // lm_head: nn.Linear(bias=False) whose weight is wte.
         let logits = self.ln_f.forward(&x).linear::<Tensor>(&self.lm_head, None);
-        // Shift so that tokens < n predict n (HF's causal LM loss).
-        let v = self.lm_head.size()[0];
-        let shift_logits = logits.narrow(1, 0, t - 1).contiguous().view([-1, v]);
-        let shift_labels = labels.view([b, t]).narrow(1, 1, t - 1).contiguous().view([-1]);
-        cross_entropy(&shift_logits, &shift_labels)
+        // HF 5.x's ForCausalLMLoss: shift the labels, not the logits.
+        causal_lm_loss(&logits, &labels.view([b, t]))
     }
 }

@@ -82,3 +82,56 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, dropout_p: f64, causal: bool) ->
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
     logits.to_kind(Kind::Float).cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
 }
+
+/// transformers.loss.loss_utils.ForCausalLMLoss (5.x), mean reduction (HF's `outputs.loss`
+/// when no `num_items_in_batch` is passed): the logits are not sliced (HF ≤ 4.45 copied
+/// `logits[..., :-1, :]`); the labels are padded with −100 on the right and shifted left
+/// (`shift_labels = pad(labels, (0, 1), value=-100)[..., 1:]`), so that position t is scored
+/// against token t+1 and the last position against nothing; cross-entropy runs over every
+/// position on `logits.float()` (a no-op for fp32 logits).
+// logits: (B, T, V), labels: (B, T) -> scalar
+pub fn causal_lm_loss(logits: &Tensor, labels: &Tensor) -> Tensor {
+    let v = logits.size()[logits.dim() - 1];
+    let shift_labels = labels.pad([0, 1], "constant", -100.0).slice(-1, 1, None, 1).contiguous();
+    cross_entropy(&logits.view([-1, v]), &shift_labels.view([-1]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::torch::probe_ops;
+    use tch::Device;
+
+    /// HF 5.x's label shift computes the loss HF ≤ 4.45's logit slice computed, without
+    /// copying the logits: no copying op (clone, contiguous, copy_, _to_copy) touches a
+    /// tensor the size of the shifted logits, while the old formula does (which shows that
+    /// the probe sees such copies).
+    #[test]
+    fn causal_lm_loss_shifts_labels_not_logits() {
+        tch::manual_seed(3);
+        let (b, t, v) = (3i64, 9i64, 50i64);
+        let logits = Tensor::randn([b, t, v], (Kind::Float, Device::Cpu));
+        let labels = Tensor::randint(v, [b, t], (Kind::Int64, Device::Cpu));
+        let _ = labels.get(1).get(4).fill_(-100);
+        let _ = labels.get(2).get(0).fill_(-100); // position 0 is never a target
+        let old = || {
+            let shift_logits = logits.narrow(1, 0, t - 1).contiguous().view([-1, v]);
+            let shift_labels = labels.narrow(1, 1, t - 1).contiguous().view([-1]);
+            cross_entropy(&shift_logits, &shift_labels)
+        };
+        let (new_loss, new_ops) = probe_ops(|| causal_lm_loss(&logits, &labels)).unwrap();
+        let (old_loss, old_ops) = probe_ops(old).unwrap();
+        let (a, o) = (new_loss.double_value(&[]), old_loss.double_value(&[]));
+        println!("label shift {a:.9} vs logit slice {o:.9}");
+        // The same terms, summed over B·T rows instead of B·(T−1): fp32 summation order only.
+        assert!((a - o).abs() / o.abs() < 1e-6, "{a} vs {o}");
+        let copies = |ops: &[crate::torch::OpCall]| {
+            ops.iter()
+                .filter(|op| ["aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"].contains(&op.name.as_str()))
+                .filter(|op| op.max_input_numel >= b * (t - 1) * v)
+                .count()
+        };
+        assert_eq!(copies(&new_ops), 0, "{new_ops:?}");
+        assert!(copies(&old_ops) > 0, "the probe must see the old formula's logits copy: {old_ops:?}");
+    }
+}

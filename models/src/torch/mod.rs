@@ -1,15 +1,17 @@
 //! The `pytorch` baseline: BERT and GPT-2 in libtorch eager through tch, written the way HF
 //! Transformers writes them (module per HF class, HF parameter names, `sdpa` attention), and
-//! trained the way HF Trainer trains them (torch's AdamW with decay groups, global-norm
-//! clipping, dynamic loss scaling for fp16).
+//! trained the way HF Trainer trains them by default (torch's fused AdamW with decay groups,
+//! global-norm clipping, dynamic loss scaling for fp16).
 
 mod autocast;
 mod bert;
 mod gpt2;
 mod layers;
+mod optim;
 mod train;
 
 pub use autocast::{autocast, AutocastDtype};
+pub use optim::{probe_ops, FusedAdamW, OpCall, StepOutcome};
 pub use train::{Precision, StepStats, TorchTrainer, TrainOptions};
 
 use std::collections::HashMap;

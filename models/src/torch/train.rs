@@ -1,11 +1,13 @@
-//! One training step as HF Trainer takes it: forward (under autocast for fp16), backward,
-//! unscale + overflow check (GradScaler), global-norm clipping, torch's AdamW with HF's decay
-//! groups, LR schedule.
+//! One training step as HF Trainer (transformers 5.x, torch ≥ 2.8) takes it by default:
+//! forward (under autocast for fp16/bf16), backward, unscale + overflow check (GradScaler),
+//! global-norm clipping, torch's fused AdamW (`optim="adamw_torch_fused"`) with HF's decay
+//! groups, LR schedule, `zero_grad(set_to_none=True)`.
 
-use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
 use super::autocast::{autocast, AutocastDtype};
-use super::{create_vars, export, TorchModel, Vars, NO_DECAY_GROUP};
+use super::optim::{FusedAdamW, StepOutcome};
+use super::{create_vars, export, TorchModel, Vars};
 use crate::config::ModelConfig;
 use crate::data::Batch;
 use crate::params::param_specs;
@@ -76,7 +78,7 @@ pub struct TorchTrainer {
     /// Variables in `param_specs` order, for export.
     ordered: Vec<(String, Tensor)>,
     model: TorchModel,
-    opt: nn::Optimizer,
+    opt: FusedAdamW,
     scaler: Option<LossScaler>,
     device: Device,
     opts: TrainOptions,
@@ -101,20 +103,21 @@ impl TorchTrainer {
         create_vars(&vs, cfg, weights)?;
         vs.set_device(device);
         let mut all = vs.variables();
-        let ordered = param_specs(cfg)
+        let specs = param_specs(cfg);
+        let (mut decay, mut no_decay) = (Vec::new(), Vec::new());
+        let ordered = specs
             .into_iter()
             .map(|s| {
                 let t = all.remove(&s.name).expect("every spec has a variable");
+                if s.decay { &mut decay } else { &mut no_decay }.push(t.shallow_clone());
                 (s.name, t)
             })
             .collect();
         let vars = Vars(vs.variables());
         let model = TorchModel::new(cfg, &vars);
-        let adamw = nn::AdamW { beta1: opts.beta1, beta2: opts.beta2, wd: opts.weight_decay, eps: opts.eps, amsgrad: false };
-        let mut opt = adamw
-            .build(&vs, opts.lr * opts.schedule.factor(0))
-            .map_err(|e| ModelError::Training(format!("cannot build AdamW: {e}")))?;
-        opt.set_weight_decay_group(NO_DECAY_GROUP, 0.0);
+        // HF Trainer.create_optimizer's two param groups, in its order: decay, then no decay.
+        let groups = vec![(decay, opts.weight_decay), (no_decay, 0.0)];
+        let opt = FusedAdamW::new(groups, opts.lr * opts.schedule.factor(0), opts.beta1, opts.beta2, opts.eps);
         let scaler = (opts.precision == Precision::Fp16).then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
         Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0 })
     }
@@ -181,18 +184,30 @@ impl TorchTrainer {
                 Ok(())
             })?;
         }
+        // GradScaler with a fused optimizer, as HF Trainer drives it. With clipping (HF's
+        // default max_grad_norm=1.0) Accelerate's clip_grad_norm_ first calls
+        // scaler.unscale_(): the gradients are unscaled here (× 1/scale, exact for the
+        // power-of-two scales GradScaler uses, as its _amp_foreach_non_finite_check_and_unscale_)
+        // and the optimizer gets grad_scale=None; on inf/NaN torch's kernel receives
+        // found_inf=1 and changes nothing, which is what skipping the call does here. Without
+        // clipping nobody calls unscale_, and GradScaler.step hands the scale and found_inf
+        // to `_fused_adamw_`, which unscales inside the kernel: so does `kernel_unscales`.
+        let kernel_unscales = scale != 1.0 && self.opts.max_grad_norm <= 0.0;
         let grad_norm = tch::no_grad(|| {
-            if scale != 1.0 {
+            if scale != 1.0 && !kernel_unscales {
                 for g in &grads {
                     let _ = g.shallow_clone().g_mul_scalar_(1.0 / scale);
                 }
             }
             // torch.nn.utils.clip_grad_norm_: norm of the per-tensor norms.
             let norms: Vec<Tensor> = grads.iter().map(|g| g.to_kind(Kind::Float).norm()).collect();
-            Tensor::stack(&norms, 0).norm().double_value(&[])
+            let norm = Tensor::stack(&norms, 0).norm().double_value(&[]);
+            // The statistic is of the unscaled gradients either way.
+            if kernel_unscales { norm / scale } else { norm }
         });
-        let finite = grad_norm.is_finite();
-        if finite {
+        let skipped = if kernel_unscales {
+            tch::no_grad(|| self.opt.step(Some(scale)))? == StepOutcome::FoundInf
+        } else if grad_norm.is_finite() {
             if self.opts.max_grad_norm > 0.0 {
                 let coef = self.opts.max_grad_norm / (grad_norm + 1e-6);
                 if coef < 1.0 {
@@ -203,9 +218,11 @@ impl TorchTrainer {
                     });
                 }
             }
-            self.opt.step();
-        }
-        let skipped = !finite;
+            tch::no_grad(|| self.opt.step(None))?;
+            false
+        } else {
+            true
+        };
         if let Some(s) = self.scaler.as_mut() {
             if skipped {
                 s.scale *= 0.5;
@@ -238,5 +255,10 @@ impl TorchTrainer {
 
     pub fn var_store(&self) -> &nn::VarStore {
         &self.vs
+    }
+
+    /// The optimizer implementation, as HF's `optim=` names it (`adamw_torch_fused`).
+    pub fn optimizer_implementation(&self) -> &'static str {
+        self.opt.implementation()
     }
 }

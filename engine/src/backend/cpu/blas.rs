@@ -177,6 +177,7 @@ pub unsafe fn sgemm_st(
             }
         }
         St::Gemm => {
+            let _scope = GemmCrateScope::enter();
             let (a_rs, a_cs) = if ta { (1, lda as isize) } else { (lda as isize, 1) };
             let (b_rs, b_cs) = if tb { (1, ldb as isize) } else { (ldb as isize, 1) };
             // The crate computes dst = alpha·dst + beta·lhs·rhs (its names), reading dst only
@@ -315,6 +316,34 @@ pub unsafe fn sgemm_par(
                 );
             }
         });
+    }
+}
+
+thread_local! {
+    static IN_GEMM_CRATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is inside a call of the `gemm` crate (single-threaded here, so its
+/// allocations happen on the calling thread). The crate allocates its packing buffers on
+/// every call; the no-allocation test (`engine/tests/no_alloc.rs`) counts those apart, so that
+/// it checks the executor's own claim on the default provider too.
+pub fn in_gemm_crate() -> bool {
+    IN_GEMM_CRATE.try_with(|f| f.get()).unwrap_or(false)
+}
+
+/// Marks the current thread as inside the `gemm` crate until dropped.
+struct GemmCrateScope;
+
+impl GemmCrateScope {
+    fn enter() -> Self {
+        IN_GEMM_CRATE.with(|f| f.set(true));
+        GemmCrateScope
+    }
+}
+
+impl Drop for GemmCrateScope {
+    fn drop(&mut self) {
+        IN_GEMM_CRATE.with(|f| f.set(false));
     }
 }
 

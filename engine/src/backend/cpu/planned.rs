@@ -371,6 +371,35 @@ impl PlannedExecutor {
         &self.graph
     }
 
+    /// FLOPs of the GEMMs and attention products the last step executed (2 per
+    /// multiply-add), with the rows its row sets skipped (`plan::rows`) and causal attention's
+    /// skipped blocks left out: the hardware FLOPs behind the harness's HFU. Element-wise work
+    /// is not counted, as in the model FLOP count it is compared with.
+    pub fn last_step_flops(&self) -> f64 {
+        let g = &self.graph;
+        self.steps
+            .iter()
+            .map(|r| match (&g.nodes()[r.node].op, &r.aux) {
+                (Op::MatMul { .. } | Op::Linear { .. }, Aux::MatMul(m, rows)) => {
+                    let dense = 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
+                    match rows {
+                        Some((set, u)) if self.sel[*set].len() <= matmul::row_cap(self.row_sets[*set].rows) => {
+                            let sel = self.sel[*set].len() as f64;
+                            match u {
+                                RowUse::SparseK => 2.0 * (m.m * m.n) as f64 * sel,
+                                _ => 2.0 * (m.n * m.k) as f64 * sel,
+                            }
+                        }
+                        _ => dense,
+                    }
+                }
+                (Op::Attention { .. }, Aux::Attn(a)) => a.executed_flops(false),
+                (Op::AttentionBackward { .. }, Aux::Attn(a)) => a.executed_flops(true),
+                _ => 0.0,
+            })
+            .sum()
+    }
+
     /// One training step: forward and backward; every parameter's gradient is written into
     /// `grads` at its (offset, len) — overwriting, zero where the loss does not depend on it —
     /// and the loss is returned. Same contract as [`crate::RefExecutor::train_step`].

@@ -122,6 +122,18 @@ fn blocks(p: &AttnPlan) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     })
 }
 
+impl AttnPlan {
+    /// Multiply-add FLOPs (2 per multiply-add) the kernels really compute, with causal
+    /// attention's skipped key blocks left out: forward Q·Kᵀ and P·V; backward dO·Vᵀ, Pᵀ·dO,
+    /// dS·K and dSᵀ·Q. What the harness's HFU counts for attention.
+    pub fn executed_flops(&self, backward: bool) -> f64 {
+        let per_pair: usize = blocks(self).map(|(r0, r1, kn)| (r1 - r0) * kn).sum();
+        let (d, dv) = (self.d as f64, self.dv as f64);
+        let products = if backward { 2.0 * dv + 2.0 * d } else { d + dv };
+        2.0 * (self.b * self.h) as f64 * per_pair as f64 * products
+    }
+}
+
 /// out = dropout(softmax(Q·Kᵀ·scale + mask))·V; probs = the softmax before dropout.
 ///
 /// # Safety

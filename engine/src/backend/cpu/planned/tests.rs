@@ -99,6 +99,30 @@ fn sparse_labels_run_row_restricted_kernels_with_the_same_results() {
     assert!(l.is_nan() && grads.iter().all(|&x| x == 0.0));
 }
 
+/// The executed-FLOP count (HFU's numerator) leaves out exactly the rows a row-restricted
+/// step skipped: the decoder's forward, its input gradient and its weight gradient, 2·C·V
+/// each per unlabelled row.
+#[test]
+fn executed_flops_leave_out_the_skipped_rows() {
+    let d = Dims { b: 9, t: 16, c: 24, h: 3, v: 301, layers: 1, dropout: 0.0 };
+    let g = bert_like(&d, false).unwrap();
+    let p = params(&g, 1);
+    let mut grads = vec![0.0f32; p.len()];
+    let mut ex = PlannedExecutor::new(&g).unwrap();
+    // 3 of 4 rows labelled: above the row cap, so the dense kernels run.
+    let dense_feed = Feed::new(&d, 1);
+    ex.train_step(&p, &dense_feed.inputs(&g), 0, &mut grads).unwrap();
+    let dense = ex.last_step_flops();
+    let mlm = Feed::mlm(&d, 11);
+    ex.train_step(&p, &mlm.inputs(&g), 0, &mut grads).unwrap();
+    let sparse = ex.last_step_flops();
+    let rows = d.b * d.t;
+    let labelled = mlm.labels.iter().filter(|&&l| l != -100).count();
+    let skipped = 3.0 * 2.0 * ((rows - labelled) * d.c * d.v) as f64;
+    assert!(dense > skipped, "{dense} {skipped}");
+    assert_eq!(dense - sparse, skipped, "dense {dense}, sparse {sparse}, {labelled}/{rows} rows labelled");
+}
+
 /// Every view of the transformer graphs folds: no copies.
 #[test]
 fn transformer_views_all_fold() {

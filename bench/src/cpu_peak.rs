@@ -1,0 +1,167 @@
+//! The CPU's theoretical peak FLOP/s: cores × clock × fp32 FMA lanes per cycle × 2.
+//!
+//! MFU needs a peak that nothing can exceed, so it is computed, not measured: a measured GEMM
+//! is a fine figure of what a GEMM reaches (kept as a separate column), but as a denominator it
+//! lets a good step time read above 100 %. Inputs, each recorded in run.json:
+//!
+//! - **cores**: the threads the runs may use (`available_parallelism`, which honours affinity
+//!   and cgroup quotas). SMT siblings count as cores, which can only raise the peak.
+//! - **clock**: the larger of the nominal clock (`/proc/cpuinfo`'s "cpu MHz", or the "@ X GHz"
+//!   of the model name) and the clock measured by timing a chain of dependent integer adds
+//!   (one per cycle on every x86 core since the P6). The measurement sees turbo clocks that
+//!   `cpu MHz` inside a VM does not; the larger of the two is the upper bound.
+//! - **fp32 FMA lanes per cycle** (per core), from the ISA and vendor: 2 FMA pipes × 16 lanes
+//!   with AVX-512 on Intel and on AMD family 0x1A (Zen 5), 2 × 8 with AVX-512 on AMD family
+//!   0x19 (Zen 4 executes 512-bit FMAs as two 256-bit halves), 2 × 8 with AVX2 + FMA, 2 × 4
+//!   otherwise. Two pipes is the most any of these cores has (some Xeon Silver/Bronze parts
+//!   have one 512-bit pipe: their peak is then overstated, never understated).
+//! - **bf16 / fp16**: the CPU paths compute them in fp32, except libtorch's bf16 GEMMs on a CPU
+//!   with AVX512_BF16 (`vdpbf16ps`: twice the fp32 rate) and fp16 GEMMs with AVX512_FP16;
+//!   AMX is disabled by the project's `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` (scripts/env.sh).
+
+use serde::Serialize;
+
+/// The computed peak and its inputs.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CpuPeak {
+    pub cores: usize,
+    pub nominal_ghz: Option<f64>,
+    pub measured_ghz: Option<f64>,
+    /// The clock used: the larger of the two.
+    pub ghz: f64,
+    pub fma_lanes_per_cycle: usize,
+    pub isa: String,
+    /// TFLOP/s.
+    pub fp32: f64,
+    pub bf16: f64,
+    pub fp16: f64,
+    pub formula: String,
+}
+
+/// The fp32 FMA lanes one core retires per cycle, and the ISA it was derived from.
+pub fn fma_lanes(vendor: &str, family: u32, flags: &[&str]) -> (usize, String) {
+    let has = |f: &str| flags.contains(&f);
+    if has("avx512f") {
+        if vendor == "AuthenticAMD" && family < 0x1A {
+            (16, format!("AVX-512 on AMD family {family:#x} (2 × 256-bit FMA pipes)"))
+        } else {
+            (32, "AVX-512 (2 × 512-bit FMA pipes)".into())
+        }
+    } else if has("avx2") && has("fma") {
+        (16, "AVX2 + FMA (2 × 256-bit FMA pipes)".into())
+    } else if cfg!(target_arch = "aarch64") {
+        // Neoverse V1/V2: 4 × 128-bit (or 2 × 256-bit SVE) FMA pipes.
+        (16, "aarch64 (4 × 128-bit FMA pipes assumed)".into())
+    } else {
+        (8, "SSE (2 × 128-bit pipes)".into())
+    }
+}
+
+/// Peak TFLOP/s from its inputs.
+pub fn peak_tflops(cores: usize, ghz: f64, lanes: usize) -> f64 {
+    cores as f64 * ghz * lanes as f64 * 2.0 / 1e3
+}
+
+/// The nominal clock in GHz from /proc/cpuinfo: "cpu MHz", else the model name's "@ 2.10GHz".
+pub fn nominal_ghz(cpuinfo: &str) -> Option<f64> {
+    let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string());
+    let mhz = field("cpu MHz").and_then(|v| v.parse::<f64>().ok()).map(|m| m / 1e3);
+    let named = field("model name").and_then(|n| {
+        let at = n.rsplit_once('@')?.1.trim().to_ascii_lowercase();
+        at.strip_suffix("ghz")?.trim().parse::<f64>().ok()
+    });
+    match (mhz, named) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The core clock in GHz, measured by timing dependent integer adds (best of several
+/// 20-ms trials: interruptions only ever make a trial slower).
+#[cfg(target_arch = "x86_64")]
+pub fn measure_ghz() -> Option<f64> {
+    const ITERS: u64 = 4_000_000; // × 8 adds ≈ 32 M cycles ≈ 10–20 ms
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let t0 = std::time::Instant::now();
+        let mut x: u64 = 0;
+        let mut n = ITERS;
+        // SAFETY: register-only arithmetic; no memory is touched.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "dec {n}",
+                "jnz 2b",
+                x = inout(reg) x,
+                n = inout(reg) n,
+                options(nomem, nostack),
+            );
+        }
+        std::hint::black_box((x, n));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (best > 0.0).then(|| 8.0 * ITERS as f64 / best / 1e9)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn measure_ghz() -> Option<f64> {
+    None
+}
+
+/// This machine's peak for `cores` threads.
+pub fn cpu_peak(cores: usize) -> CpuPeak {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
+    let vendor = field("vendor_id");
+    let family = field("cpu family").parse::<u32>().unwrap_or(0);
+    let flags_line = field("flags");
+    let flags: Vec<&str> = flags_line.split_whitespace().collect();
+    let (lanes, isa) = fma_lanes(&vendor, family, &flags);
+    let nominal = nominal_ghz(&cpuinfo);
+    let measured = measure_ghz();
+    let ghz = nominal.unwrap_or(0.0).max(measured.unwrap_or(0.0));
+    let fp32 = peak_tflops(cores, ghz, lanes);
+    let bf16 = if flags.contains(&"avx512_bf16") { 2.0 * fp32 } else { fp32 };
+    let fp16 = if flags.contains(&"avx512_fp16") { 2.0 * fp32 } else { fp32 };
+    let formula = format!(
+        "{cores} cores × {ghz:.2} GHz (max of nominal {} and measured {}) × {lanes} fp32 FMA lanes/cycle ({isa}) × 2 FLOP = {:.3} TFLOP/s fp32",
+        nominal.map_or("?".into(), |g| format!("{g:.2}")),
+        measured.map_or("?".into(), |g| format!("{g:.2}")),
+        fp32
+    );
+    CpuPeak { cores, nominal_ghz: nominal, measured_ghz: measured, ghz, fma_lanes_per_cycle: lanes, isa, fp32, bf16, fp16, formula }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_follow_the_isa_and_vendor() {
+        assert_eq!(fma_lanes("GenuineIntel", 6, &["avx2", "fma", "avx512f"]).0, 32);
+        assert_eq!(fma_lanes("AuthenticAMD", 0x19, &["avx2", "fma", "avx512f"]).0, 16);
+        assert_eq!(fma_lanes("AuthenticAMD", 0x1A, &["avx2", "fma", "avx512f"]).0, 32);
+        assert_eq!(fma_lanes("AuthenticAMD", 0x17, &["avx2", "fma"]).0, 16);
+        // 2 Sapphire Rapids cores at 3.0 GHz: 2 × 3 × 32 × 2 = 384 GFLOP/s.
+        assert!((peak_tflops(2, 3.0, 32) - 0.384).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nominal_clock_from_cpuinfo() {
+        assert_eq!(nominal_ghz("model name\t: Intel(R) Xeon(R) Platinum 8480C @ 2.00GHz\ncpu MHz\t\t: 1999.998\n"), Some(2.0));
+        assert_eq!(nominal_ghz("model name\t: AMD EPYC\ncpu MHz\t\t: 2596.132\n"), Some(2.596132));
+        assert_eq!(nominal_ghz("nothing"), None);
+    }
+
+    #[test]
+    fn the_peak_bounds_a_measured_gemm() {
+        // The point of the theoretical peak: no measured GEMM may exceed it. One thread, a
+        // GEMM big enough to reach the provider's best (~0.5 s).
+        let peak = cpu_peak(1);
+        let gemm = ortbench_engine::backend::cpu::gemm::measure_peak_gflops(1).expect("a GEMM runs") / 1e3;
+        assert!(gemm <= peak.fp32 * 1.02, "measured GEMM {gemm:.3} TFLOP/s above the theoretical peak {}", peak.formula);
+        assert!(gemm >= 0.05 * peak.fp32, "GEMM {gemm:.3} vs peak {}: the peak is implausibly high", peak.formula);
+    }
+}
