@@ -11,7 +11,7 @@ use ortbench::output::{RESULT_COLUMNS, STEP_COLUMNS};
 
 const CONFIGS: [&str; 3] = ["pytorch", "ort", "ort-zero1"];
 
-/// The repeats and the parity probe the end-to-end runs ask for (QUICK has neither).
+/// The repeats and the parity probe the end-to-end runs ask for (QUICK_SHAPE has neither).
 const REPEAT: usize = 2;
 const PARITY_STEPS: usize = 3;
 const PROBE: &[&str] = &["--repeat", "2", "--parity-steps", "3"];
@@ -118,7 +118,7 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
 fn all_configs_on_one_rank_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()], QUICK, PROBE].concat(), &[], true);
+    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()], QUICK_SHAPE, PROBE].concat(), &[], true);
     assert!(o.status.success(), "{}", stderr(&o));
     // The summary table on stdout names every run.
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -160,7 +160,7 @@ fn all_configs_on_one_rank_end_to_end() {
 fn all_configs_on_two_ranks_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--out", out.to_str().unwrap()], QUICK, PROBE].concat(), &[], false);
+    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--out", out.to_str().unwrap()], QUICK_SHAPE, PROBE].concat(), &[], false);
     assert!(o.status.success(), "{}", stderr(&o));
     check_run_dir(&out, &["tiny-bert", "tiny-gpt2"], 2, 3, false);
 }

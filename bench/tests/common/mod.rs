@@ -47,7 +47,8 @@ pub fn cell<'a>(header: &[String], rows: &'a [Vec<String>], config: &str, column
     &row[col(header, column)]
 }
 
-/// The tiny models' quick settings.
-/// A short plan: one timed run per config and no parity probe (tests of repeats and the probe
-/// add `--repeat` / `--parity-steps` themselves).
+/// The tiny models' quick settings, without a word on repeats and the parity probe.
+pub const QUICK_SHAPE: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0"];
+
+/// A short plan: QUICK_SHAPE with one timed run per config and no parity probe.
 pub const QUICK: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0", "--repeat", "1", "--parity-steps", "0"];
