@@ -258,10 +258,19 @@ pub fn parity_tol(precision: &str) -> f64 {
 /// row from the `pytorch` row of the same model, precision and ranks.
 ///
 /// Speedup: the ratio of median step times over the timed runs (each run's steps ≥
-/// `row.warmup`), with [`speedup_interval`]. Parity: the probe's (`phase = parity`) loss and
-/// gradient-norm curves against pytorch's at every common (rank, step); a row that finished
-/// becomes `diverged` when either differs by more than `tol` (or [`parity_tol`] of its
-/// precision when None). Recomputed on every call, so the order of the runs does not matter.
+/// `row.warmup`), with [`speedup_interval`]. Parity: the probe's (`phase = parity`) loss
+/// curve against pytorch's at every common (rank, step), and its gradient norm at the first
+/// step; a row that finished becomes `diverged` when either differs by more than `tol` (or
+/// [`parity_tol`] of its precision when None). Recomputed on every call, so the order of the
+/// runs does not matter.
+///
+/// Why the gradient norm only at the first step: there both configs differentiate the same
+/// weights on the same batch, so the norms differ by summation order alone (measured 2e-4 on
+/// bert-base, 8e-5 on gpt2 in fp32). Every later step follows an AdamW update, which moves
+/// each weight by about ±lr whatever the size of its gradient, so components whose gradient
+/// is summation-order noise get lr-sized, config-dependent updates: correct engines' norms
+/// then drift apart (measured up to 5e-3 on gpt2 over 6 steps at lr 1e-3) while their losses
+/// stay within 3e-5. A wrongly scaled or unscaled gradient shows from the first step.
 pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: Option<f64>) {
     let key = |r: &ResultRow| (r.model.clone(), r.precision.clone(), r.ranks);
     let baselines: Vec<ResultRow> = results.iter().filter(|r| r.config == "pytorch").cloned().collect();
@@ -282,21 +291,24 @@ pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: 
             _ => (None, None, None, None),
         };
         let curve = |r: &ResultRow, f: fn(&StepRow) -> f64| parity_curve(steps, r, f);
-        (row.max_loss_rel_diff, row.max_grad_norm_rel_diff) = match base {
-            Some(b) => (max_rel_diff(&curve(b, |s| s.loss), &curve(row, |s| s.loss)), max_rel_diff(&curve(b, |s| s.grad_norm), &curve(row, |s| s.grad_norm))),
+        (row.max_loss_rel_diff, row.grad_norm_rel_diff_step0) = match base {
+            Some(b) => {
+                let first = |c: BTreeMap<(usize, usize), f64>| c.into_iter().filter(|((_, step), _)| *step == 0).collect::<BTreeMap<_, _>>();
+                (max_rel_diff(&curve(b, |s| s.loss), &curve(row, |s| s.loss)), max_rel_diff(&first(curve(b, |s| s.grad_norm)), &first(curve(row, |s| s.grad_norm))))
+            }
             None => (None, None),
         };
         let tol = tol.unwrap_or_else(|| parity_tol(&row.precision));
-        row.parity_tol = (row.max_loss_rel_diff.is_some() || row.max_grad_norm_rel_diff.is_some()).then_some(tol);
+        row.parity_tol = (row.max_loss_rel_diff.is_some() || row.grad_norm_rel_diff_step0.is_some()).then_some(tol);
         if row.status == "ok" || row.status == "diverged" {
             let over = |d: Option<f64>| d.is_some_and(|d| d > tol || d.is_nan());
-            let diverged = over(row.max_loss_rel_diff) || over(row.max_grad_norm_rel_diff);
+            let diverged = over(row.max_loss_rel_diff) || over(row.grad_norm_rel_diff_step0);
             row.status = if diverged { "diverged" } else { "ok" }.into();
             if diverged {
                 row.error = format!(
-                    "parity probe: loss differs from pytorch's by {} and the gradient norm by {} (relative) > tolerance {tol:.1e}",
+                    "parity probe: loss differs from pytorch's by {} and the first step's gradient norm by {} (relative) > tolerance {tol:.1e}",
                     crate::report::table::rel(row.max_loss_rel_diff),
-                    crate::report::table::rel(row.max_grad_norm_rel_diff),
+                    crate::report::table::rel(row.grad_norm_rel_diff_step0),
                 );
             } else if row.error.starts_with("parity probe: loss differs") {
                 row.error.clear();
@@ -469,7 +481,9 @@ mod tests {
     #[test]
     fn parity_flags_the_loss_and_the_gradient_norm() {
         let mut steps = parity("pytorch", &[10.0, 9.0, 8.0], &[2.0, 1.5, 1.2]);
-        steps.extend(parity("ort", &[10.0, 9.000001, 8.000002], &[2.0, 1.500001, 1.2]));
+        // After the first update, gradient norms of correct engines drift apart (AdamW): only
+        // the first step's norm is held to the tolerance.
+        steps.extend(parity("ort", &[10.0, 9.000001, 8.000002], &[2.0, 1.51, 1.2]));
         // AdamW hides a doubled gradient from the loss almost entirely; the norm shows it.
         steps.extend(parity("ort-zero1", &[10.0, 9.0, 8.0], &[4.0, 3.0, 2.4]));
         let mut results = vec![row("ort"), row("pytorch"), row("ort-zero1")];
@@ -477,9 +491,10 @@ mod tests {
         assert_eq!(results[1].max_loss_rel_diff, Some(0.0));
         assert!((results[0].max_loss_rel_diff.unwrap() - 2.5e-7).abs() < 1e-9);
         assert_eq!(results[0].status, "ok");
+        assert_eq!(results[0].grad_norm_rel_diff_step0, Some(0.0));
         assert_eq!(results[0].parity_tol, Some(1e-3));
         assert_eq!(results[2].max_loss_rel_diff, Some(0.0));
-        assert_eq!(results[2].max_grad_norm_rel_diff, Some(1.0));
+        assert_eq!(results[2].grad_norm_rel_diff_step0, Some(1.0));
         assert_eq!(results[2].status, "diverged");
         assert!(results[2].error.contains("gradient norm"), "{}", results[2].error);
         // An explicit tolerance overrides the precision's; the verdict is recomputed.

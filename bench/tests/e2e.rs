@@ -50,7 +50,7 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
             assert!(num("peak_mem_bytes") > (1 << 20) as f64);
             assert!(num("wall_s") > 0.0);
             // The parity probe: both curves within the fp32 tolerance.
-            let (rel, gn, tol) = (num("max_loss_rel_diff"), num("max_grad_norm_rel_diff"), num("parity_tol"));
+            let (rel, gn, tol) = (num("max_loss_rel_diff"), num("grad_norm_rel_diff_step0"), num("parity_tol"));
             assert_eq!(tol, 1e-3);
             assert!(rel < tol && gn < tol, "{model} {config}: parity loss {rel} grad norm {gn}");
             let speedup = num("speedup");
@@ -178,7 +178,7 @@ fn a_broken_engine_is_flagged_diverged_at_default_settings() {
     let (h, rows) = read_csv(&out.join("results.csv"));
     assert_eq!(cell(&h, &rows, "ort", "status"), "diverged", "{}", cell(&h, &rows, "ort", "error"));
     assert!(cell(&h, &rows, "ort", "error").contains("gradient norm"));
-    let gn: f64 = cell(&h, &rows, "ort", "max_grad_norm_rel_diff").parse().unwrap();
+    let gn: f64 = cell(&h, &rows, "ort", "grad_norm_rel_diff_step0").parse().unwrap();
     assert!((gn - 1.0).abs() < 1e-3, "doubled gradients: relative difference 1, got {gn}");
     // The untouched engine config passes the same check.
     assert_eq!(cell(&h, &rows, "ort-zero1", "status"), "ok", "{}", cell(&h, &rows, "ort-zero1", "error"));

@@ -87,9 +87,11 @@ pub struct ResultRow {
     /// Parity probe: largest relative difference of this config's losses from pytorch's over
     /// their common (rank, step) pairs; 0 for the pytorch row.
     pub max_loss_rel_diff: Option<f64>,
-    /// Parity probe: the same for the gradient norm (before clipping) — what catches a
-    /// wrongly scaled gradient, which AdamW's update would hide from the loss.
-    pub max_grad_norm_rel_diff: Option<f64>,
+    /// Parity probe: relative difference of the gradient norm (before clipping) at the first
+    /// step, where both configs differentiate the same weights — what catches a wrongly scaled
+    /// gradient, which AdamW's update would hide from the loss (later steps' norms drift apart
+    /// even for correct engines: see `metrics::compare_with_baseline`).
+    pub grad_norm_rel_diff_step0: Option<f64>,
     /// The tolerance both differences were held to (from the precision, or --diverge-tol).
     pub parity_tol: Option<f64>,
     /// Wall-clock seconds of the worker process (start-up and model build included).
@@ -123,6 +125,6 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "samples_per_s", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "speedup_significant", "step_ms_median",
     "step_ms_p90", "step_ms_min", "step_ms_max", "step_ms_std", "train_flops_per_sample", "hw_flops_per_sample",
     "tflops", "mfu", "hfu", "peak_tflops", "gemm_peak_tflops", "peak_mem_bytes", "param_count",
-    "optimizer_bytes_per_rank", "final_loss", "max_loss_rel_diff", "max_grad_norm_rel_diff", "parity_tol", "wall_s",
+    "optimizer_bytes_per_rank", "final_loss", "max_loss_rel_diff", "grad_norm_rel_diff_step0", "parity_tol", "wall_s",
     "error",
 ];

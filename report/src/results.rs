@@ -131,7 +131,7 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
         col("optimizer_bytes_per_rank", ou(|r| r.optimizer_bytes_per_rank.map(|v| v as u64))),
         col("final_loss", f(|r| r.final_loss)),
         col("max_loss_rel_diff", f(|r| r.max_loss_rel_diff)),
-        col("max_grad_norm_rel_diff", f(|r| r.max_grad_norm_rel_diff)),
+        col("grad_norm_rel_diff_step0", f(|r| r.grad_norm_rel_diff_step0)),
         col("parity_tol", f(|r| r.parity_tol)),
         col("wall_s", f(|r| r.wall_s)),
         col("error", s(|r| &r.error)),
@@ -232,7 +232,7 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
         f("hw_flops_per_sample")?,
         f("hfu")?,
         f("gemm_peak_tflops")?,
-        f("max_grad_norm_rel_diff")?,
+        f("grad_norm_rel_diff_step0")?,
         f("parity_tol")?,
     );
     // Runs written before --repeat existed were one run each.
@@ -273,7 +273,7 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
             optimizer_bytes_per_rank: opt[i].map(|v| v as usize),
             final_loss: final_loss[i],
             max_loss_rel_diff: rel[i],
-            max_grad_norm_rel_diff: gn_rel[i],
+            grad_norm_rel_diff_step0: gn_rel[i],
             parity_tol: tol[i],
             wall_s: wall[i],
             error: error[i].clone(),

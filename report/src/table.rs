@@ -17,7 +17,7 @@ pub const SUMMARY_HEADER: [&str; 13] = [
     "MFU / HFU",
     "peak MiB",
     "optim MiB/rank",
-    "parity Δloss / Δgnorm",
+    "parity Δloss / Δgnorm₀",
     "status",
 ];
 
@@ -77,7 +77,7 @@ pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
         format!("{} / {}", pct(r.mfu), pct(r.hfu)),
         mib(r.peak_mem_bytes, 0),
         mib(r.optimizer_bytes_per_rank.map(|b| b as u64), 1),
-        match (r.max_loss_rel_diff, r.max_grad_norm_rel_diff) {
+        match (r.max_loss_rel_diff, r.grad_norm_rel_diff_step0) {
             (None, None) => "-".into(),
             (l, g) => format!("{} / {}", rel(l), rel(g)),
         },
