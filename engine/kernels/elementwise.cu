@@ -1,0 +1,119 @@
+// Elementwise kernels: fill, add (with a broadcast operand: bias add, residual add, gradient
+// sums), scale, the linear layer's bias + GELU epilogue, GELU and tanh backward, dropout, casts.
+// CPU counterparts: engine/src/backend/cpu/kernels/elementwise.rs (same formulas, same dropout
+// mask bits). One thread per element, grid-stride; arithmetic in f32, storage T.
+#include "port.cuh"
+
+// GELU: approx 0 = erf (exact), 1 = tanh (elementwise.rs `Gelu`, ops::gelu::gelu_forward).
+__device__ __forceinline__ float gelu_f(float x, int approx) {
+    const float core = approx == 0 ? erff(x * 0.70710678118654752f) : tanhf(0.7978846f * fmaf(0.044715f * x * x, x, x));
+    return 0.5f * x * (1.0f + core);
+}
+// gelu'(x) (elementwise.rs `GeluBackward`, ops::gelu::gelu_backward).
+__device__ __forceinline__ float gelu_grad(float x, int approx) {
+    if (approx == 0) {
+        const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+        const float pdf = 0.3989423f * expf(-0.5f * x * x);
+        return fmaf(x, pdf, cdf);
+    }
+    const float t = tanhf(0.7978846f * fmaf(0.044715f * x * x, x, x));
+    const float du = 0.7978846f * fmaf(3.0f * 0.044715f * x, x, 1.0f);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+// out[i] = value. out: (N)
+template <typename T>
+__device__ void fill(T* out, long long n, float value) {
+    const T v = from_f32<T>(value);
+    GRID_STRIDE(i, n) out[i] = v;
+}
+
+// out[i] = a[i] + b[i mod nb] — nb = N for a plain add, nb = C for a bias over rows of C.
+// out may alias a. out, a: (N); b: (nb), nb divides N.
+template <typename T>
+__device__ void add(T* out, const T* a, const T* b, long long n, long long nb) {
+    GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i % nb]));
+}
+
+// out[i] = s·x[i]; out may alias x. out, x: (N)
+template <typename T>
+__device__ void scale(T* out, const T* x, long long n, float s) {
+    GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(x[i]) * s);
+}
+
+// The epilogue of Op::Linear with GELU after the GEMM wrote x·w into pre: pre += bias,
+// y = gelu(pre) (elementwise.rs `bias_gelu`). y, pre: (R, C); bias: (C)
+template <typename T>
+__device__ void bias_gelu(T* y, T* pre, const T* bias, long long rows, int c, int approx) {
+    GRID_STRIDE(i, rows * c) {
+        const float p = to_f32(pre[i]) + to_f32(bias[i % c]);
+        pre[i] = from_f32<T>(p);
+        y[i] = from_f32<T>(gelu_f(p, approx));
+    }
+}
+
+// dx = dy·gelu'(x); dx may alias dy. dx, x, dy: (N)
+template <typename T>
+__device__ void gelu_backward(T* dx, const T* x, const T* dy, long long n, int approx) {
+    GRID_STRIDE(i, n) dx[i] = from_f32<T>(to_f32(dy[i]) * gelu_grad(to_f32(x[i]), approx));
+}
+
+// y = tanh(x) (elementwise.rs `Tanh`). y, x: (N)
+template <typename T>
+__device__ void tanh_forward(T* y, const T* x, long long n) {
+    GRID_STRIDE(i, n) y[i] = from_f32<T>(tanhf(to_f32(x[i])));
+}
+
+// dx = dy·(1 − y²) (elementwise.rs `TanhBackward`). dx, y, dy: (N)
+template <typename T>
+__device__ void tanh_backward(T* dx, const T* y, const T* dy, long long n) {
+    GRID_STRIDE(i, n) {
+        const float v = to_f32(y[i]);
+        dx[i] = from_f32<T>(to_f32(dy[i]) * (1.0f - v * v));
+    }
+}
+
+// out[i] = x[i]/(1−p) if element offset+i of the site is kept, else 0 (elementwise.rs
+// `dropout`, same mask bits); its backward is the same call on the gradient. out, x: (N)
+template <typename T>
+__device__ void dropout(T* out, const T* x, long long n, float p, unsigned long long seed, unsigned long long offset) {
+    const DropMask m = drop_mask(p, seed);
+    GRID_STRIDE(i, n) out[i] = drop_keep(m, offset + (unsigned long long)i) ? from_f32<T>(to_f32(x[i]) * m.scale) : from_f32<T>(0.0f);
+}
+
+// Casts between storage types, rounding to nearest even. out, x: (N)
+template <typename To, typename From>
+__device__ void cast(To* out, const From* x, long long n) {
+    GRID_STRIDE(i, n) out[i] = from_f32<To>(to_f32(x[i]));
+}
+
+#define ELEMENTWISE(S, T)                                                                                                        \
+    ORT_KERNEL(fill_##S)(T * out, long long n, float value) { fill<T>(out, n, value); }                                           \
+    ORT_REGISTER(fill_##S)                                                                                                       \
+    ORT_KERNEL(add_##S)(T * out, const T* a, const T* b, long long n, long long nb) { add<T>(out, a, b, n, nb); }                 \
+    ORT_REGISTER(add_##S)                                                                                                        \
+    ORT_KERNEL(scale_##S)(T * out, const T* x, long long n, float s) { scale<T>(out, x, n, s); }                                  \
+    ORT_REGISTER(scale_##S)                                                                                                      \
+    ORT_KERNEL(bias_gelu_##S)(T * y, T * pre, const T* bias, long long rows, int c, int approx) {                               \
+        bias_gelu<T>(y, pre, bias, rows, c, approx);                                                                             \
+    }                                                                                                                            \
+    ORT_REGISTER(bias_gelu_##S)                                                                                                  \
+    ORT_KERNEL(gelu_backward_##S)(T * dx, const T* x, const T* dy, long long n, int approx) { gelu_backward<T>(dx, x, dy, n, approx); } \
+    ORT_REGISTER(gelu_backward_##S)                                                                                              \
+    ORT_KERNEL(tanh_forward_##S)(T * y, const T* x, long long n) { tanh_forward<T>(y, x, n); }                                    \
+    ORT_REGISTER(tanh_forward_##S)                                                                                               \
+    ORT_KERNEL(tanh_backward_##S)(T * dx, const T* y, const T* dy, long long n) { tanh_backward<T>(dx, y, dy, n); }               \
+    ORT_REGISTER(tanh_backward_##S)                                                                                              \
+    ORT_KERNEL(dropout_##S)(T * out, const T* x, long long n, float p, unsigned long long seed, unsigned long long offset) {      \
+        dropout<T>(out, x, n, p, seed, offset);                                                                                  \
+    }                                                                                                                            \
+    ORT_REGISTER(dropout_##S)
+ORT_FOR_FLOATS(ELEMENTWISE)
+
+#define CAST(SA, A, SB, B)                                                                    \
+    ORT_KERNEL(cast_##SA##_##SB)(B * out, const A* x, long long n) { cast<B, A>(out, x, n); } \
+    ORT_REGISTER(cast_##SA##_##SB)
+CAST(f32, float, f16, f16_t)
+CAST(f32, float, bf16, bf16_t)
+CAST(f16, f16_t, f32, float)
+CAST(bf16, bf16_t, f32, float)

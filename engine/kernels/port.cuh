@@ -1,0 +1,138 @@
+// ortbench's portability header: one kernel dialect for NVIDIA (NVRTC), AMD (hiprtc/hipcc) and
+// the host SIMT harness (engine/kernels/simt, kernels compiled as C++ and run on CPU threads).
+//
+// Kernel discipline this header relies on, so that the host harness emulates exactly what a GPU
+// does:
+// - warp collectives (`warp_shfl_*`, `warp_sum`, ...) are called by every lane of the warp, and
+//   `__syncthreads()` by every thread of the block (no collective inside divergent code, no
+//   early `return` before a barrier);
+// - blocks are 1-D and a multiple of the warp size (32 on NVIDIA, 64 on CDNA, both on the host);
+//   code reads the warp size from `warpSize`, never a literal 32;
+// - dynamic shared memory is declared with `DYN_SHARED(type, name)`;
+// - kernels are `ORT_KERNEL(name)(args) { ... }` followed by `ORT_REGISTER(name)`: extern "C"
+//   (unmangled, so the driver and the harness find them by name) and registered in the host
+//   harness. Templates carry the dtype; a kernel per dtype names it `_f32`, `_f16` or `_bf16`.
+// - storage types are float, f16_t and bf16_t; arithmetic is in float (`to_f32` / `from_f32`).
+#pragma once
+
+#if defined(ORTBENCH_SIMT_HOST)
+// ---------------------------------------------------------------- host SIMT harness (C++20)
+#include "simt/host.h"
+
+#elif defined(__HIPCC__) || defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+// ---------------------------------------------------------------- AMD HIP
+#ifndef __HIPCC_RTC__
+#include <hip/hip_runtime.h>
+#endif
+#include <hip/hip_fp16.h>
+#include <hip/hip_bfloat16.h>
+typedef __half f16_t;
+typedef hip_bfloat16 bf16_t;
+#define ORT_KERNEL(name) extern "C" __global__ void name
+#define ORT_REGISTER(name)
+#define DYN_SHARED(type, name) extern __shared__ unsigned char name##_raw[]; type* name = reinterpret_cast<type*>(name##_raw)
+__device__ __forceinline__ float to_f32(f16_t x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(bf16_t x) { return static_cast<float>(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) { return bf16_t(x); }
+template <typename T> __device__ __forceinline__ T port_shfl_xor(T v, int mask) { return __shfl_xor(v, mask); }
+template <typename T> __device__ __forceinline__ T port_shfl(T v, int src) { return __shfl(v, src); }
+__device__ __forceinline__ void port_syncwarp() {}
+
+#else
+// ---------------------------------------------------------------- NVIDIA CUDA (NVRTC)
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef __half f16_t;
+typedef __nv_bfloat16 bf16_t;
+#define ORT_KERNEL(name) extern "C" __global__ void name
+#define ORT_REGISTER(name)
+#define DYN_SHARED(type, name) extern __shared__ __align__(16) unsigned char name##_raw[]; type* name = reinterpret_cast<type*>(name##_raw)
+__device__ __forceinline__ float to_f32(f16_t x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(bf16_t x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+template <typename T> __device__ __forceinline__ T port_shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+template <typename T> __device__ __forceinline__ T port_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+__device__ __forceinline__ void port_syncwarp() { __syncwarp(); }
+#endif
+
+// ---------------------------------------------------------------- common to every target
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
+
+// The thread's index in its (1-D) block, its lane and its warp.
+__device__ __forceinline__ int lane_id() { return (int)threadIdx.x % warpSize; }
+__device__ __forceinline__ int warp_id() { return (int)threadIdx.x / warpSize; }
+
+// Butterfly reductions: every lane ends with the result.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = warpSize / 2; m > 0; m >>= 1) v += port_shfl_xor(v, m);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int m = warpSize / 2; m > 0; m >>= 1) v = fmaxf(v, port_shfl_xor(v, m));
+    return v;
+}
+
+// Block-wide sum, result in every thread. `scratch` is __shared__ float[32] (up to 1024/32
+// warps; 1024/64 on wave64). Two barriers: the second keeps a following call from overwriting
+// scratch while a slow warp still reads it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    v = warp_sum(v);
+    const int nwarps = (int)blockDim.x / warpSize;
+    if (lane_id() == 0) scratch[warp_id()] = v;
+    __syncthreads();
+    float t = lane_id() < nwarps ? scratch[lane_id()] : 0.0f;
+    t = warp_sum(t);
+    __syncthreads();
+    return t;
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    v = warp_max(v);
+    const int nwarps = (int)blockDim.x / warpSize;
+    if (lane_id() == 0) scratch[warp_id()] = v;
+    __syncthreads();
+    float t = lane_id() < nwarps ? scratch[lane_id()] : neg_inf();
+    t = warp_max(t);
+    __syncthreads();
+    return t;
+}
+
+// The engine's counter-based dropout RNG (engine/src/backend/cpu/kernels/elementwise.rs
+// `DropMask`, engine/src/ops/dropout.rs `hash`): element `counter` of a site is kept iff the top
+// 24 bits of mix(key ^ counter·golden) are ≥ ceil(p·2^24), key = mix(seed + golden). Same bits
+// as the CPU, so masks are identical across devices.
+__device__ __forceinline__ unsigned long long drop_mix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+struct DropMask {
+    unsigned long long key;
+    unsigned long long threshold;
+    float scale;
+};
+// p in [0, 1]; scale = 1/(1-p), 0 when p = 1 (`ops::dropout::keep_scale`).
+__device__ __forceinline__ DropMask drop_mask(float p, unsigned long long seed) {
+    DropMask m;
+    m.key = drop_mix(seed + 0x9E3779B97F4A7C15ull);
+    m.threshold = (unsigned long long)ceil((double)p * 16777216.0);
+    m.scale = p >= 1.0f ? 0.0f : 1.0f / (float)(1.0 - (double)p);
+    return m;
+}
+__device__ __forceinline__ bool drop_keep(const DropMask& m, unsigned long long counter) {
+    return (drop_mix(m.key ^ (counter * 0x9E3779B97F4A7C15ull)) >> 40) >= m.threshold;
+}
+
+// Instantiates X(suffix, storage type) for each float storage type: kernels per dtype.
+#define ORT_FOR_FLOATS(X) X(f32, float) X(f16, f16_t) X(bf16, bf16_t)
+
+// A grid-stride loop over [0, n).
+#define GRID_STRIDE(i, n) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)gridDim.x * blockDim.x)

@@ -1,0 +1,50 @@
+// Kernels that test the SIMT harness itself (engine/kernels/simt/tests/harness.rs): a correct
+// block reduction, the same with its barrier missing, a warp collective in divergent code, and
+// an off-by-one write. Compiled into the host harness only (not GPU kernels: not in the NVRTC
+// gate).
+#include "port.cuh"
+
+// out[blockIdx.x] = Σ x[blockIdx.x·blockDim.x + t] through shared memory, tree-wise. `sync` = 0
+// drops the barrier between the writes and the first reads. x: (G·B); out: (G)
+ORT_KERNEL(selftest_tree_sum)(const float* x, float* out, int sync) {
+    __shared__ float s[1024];
+    const int t = threadIdx.x;
+    s[t] = x[blockIdx.x * blockDim.x + t];
+    if (sync) __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+        const float v = t < h ? s[t] + s[t + h] : 0.0f;
+        __syncthreads();
+        if (t < h) s[t] = v;
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+ORT_REGISTER(selftest_tree_sum)
+
+// out[blockIdx.x] = block_sum(x) — warp shuffles and a cross-warp step. x: (G·B); out: (G)
+ORT_KERNEL(selftest_block_sum)(const float* x, float* out) {
+    __shared__ float scratch[32];
+    const float v = block_sum(x[blockIdx.x * blockDim.x + threadIdx.x], scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+ORT_REGISTER(selftest_block_sum)
+
+// A warp reduction that only the first half of each warp calls: a deadlock on the GPU too.
+ORT_KERNEL(selftest_divergent_shuffle)(const float* x, float* out) {
+    float v = x[threadIdx.x];
+    if (lane_id() < warpSize / 2) v = warp_sum(v);
+    out[threadIdx.x] = v;
+}
+ORT_REGISTER(selftest_divergent_shuffle)
+
+// out[i + 1] = x[i] for every thread: the last thread writes one element past the end. x, out: (B)
+ORT_KERNEL(selftest_off_by_one)(const float* x, float* out) {
+    out[threadIdx.x + 1] = x[threadIdx.x];
+}
+ORT_REGISTER(selftest_off_by_one)
+
+// y[i] = x[i] over a grid-stride loop (the launch geometry's own check). x, y: (N)
+ORT_KERNEL(selftest_copy)(const float* x, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = x[i];
+}
+ORT_REGISTER(selftest_copy)
