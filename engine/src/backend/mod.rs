@@ -5,3 +5,4 @@
 //! enough to read next to its tests. See `shared/DESIGN.md`, "The engine pipeline".
 
 pub mod cpu;
+pub mod cuda;

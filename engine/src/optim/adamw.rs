@@ -28,6 +28,32 @@ impl Default for AdamWConfig {
     }
 }
 
+/// The per-step scalars of the update, computed in f64 once per step (the GPU kernel
+/// `adamw_step` takes them as arguments, so both devices use the same values).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepScalars {
+    /// lr / (1 − β1^t)
+    pub step_size: f32,
+    /// 1 / √(1 − β2^t)
+    pub inv_bc2_sqrt: f32,
+    /// 1 − lr·weight_decay (applied to decaying segments only)
+    pub decay_mul: f32,
+}
+
+impl AdamWConfig {
+    /// The scalars of update number `t` (1-based; skipped steps do not count) at `lr`.
+    pub fn step_scalars(&self, t: u64, lr: f32) -> StepScalars {
+        let t = t as i32;
+        let bc1 = 1.0 - f64::from(self.beta1).powi(t);
+        let bc2 = 1.0 - f64::from(self.beta2).powi(t);
+        StepScalars {
+            step_size: (f64::from(lr) / bc1) as f32,
+            inv_bc2_sqrt: (1.0 / bc2.sqrt()) as f32,
+            decay_mul: (1.0 - f64::from(lr) * f64::from(self.weight_decay)) as f32,
+        }
+    }
+}
+
 /// A contiguous range of the flat buffer sharing one decay setting (HF: no decay on biases
 /// and LayerNorm weights).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,19 +190,17 @@ impl AdamW {
         assert!(params.len() == n && grads.len() == n, "params/grads must match the optimizer state");
         self.step += 1;
         let c = &self.cfg;
-        let t = self.step as i32;
-        let bc1 = 1.0 - f64::from(c.beta1).powi(t);
-        let bc2 = 1.0 - f64::from(c.beta2).powi(t);
+        let sc = c.step_scalars(self.step, lr);
         let k = Consts {
             g_scale: grad_scale,
             beta1: c.beta1,
             beta2: c.beta2,
             one_minus_beta1: 1.0 - c.beta1,
             one_minus_beta2: 1.0 - c.beta2,
-            step_size: (f64::from(lr) / bc1) as f32,
-            inv_bc2_sqrt: (1.0 / bc2.sqrt()) as f32,
+            step_size: sc.step_size,
+            inv_bc2_sqrt: sc.inv_bc2_sqrt,
             eps: c.eps,
-            decay_mul: (1.0 - f64::from(lr) * f64::from(c.weight_decay)) as f32,
+            decay_mul: sc.decay_mul,
         };
         let threads = self.threads;
         let segments = &self.segments;

@@ -96,6 +96,7 @@ pub enum Dtype {
     F16,
     BF16,
     I64,
+    I32,
     U8,
 }
 
@@ -105,6 +106,7 @@ impl Dtype {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
             Dtype::I64 => 8,
+            Dtype::I32 => 4,
             Dtype::U8 => 1,
         }
     }
@@ -115,6 +117,7 @@ impl Dtype {
             Dtype::F16 => "f16",
             Dtype::BF16 => "bf16",
             Dtype::I64 => "i64",
+            Dtype::I32 => "i32",
             Dtype::U8 => "u8",
         }
     }
@@ -128,7 +131,8 @@ impl Dtype {
     }
 }
 
-const GUARD: usize = 64;
+/// Bytes of guard band on each side of a [`Buf`]'s elements.
+pub const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xA5;
 
 /// A host buffer of `len` elements of `dtype`, 16-byte aligned, between two guard bands.
@@ -158,6 +162,14 @@ impl Buf {
         let n = self.len * self.dtype.size();
         &mut self.bytes_all()[GUARD..GUARD + n]
     }
+    /// The whole allocation, guard bands included (to mirror it on a device).
+    pub fn raw_bytes(&self) -> &[u8] {
+        // SAFETY: u128 storage viewed as bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16) }
+    }
+    pub fn raw_bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes_all()
+    }
     /// Float values stored in `dtype` (rounded to it).
     pub fn from_f32(values: &[f32], dtype: Dtype) -> Buf {
         let mut b = Buf::raw(values.len(), dtype);
@@ -167,7 +179,7 @@ impl Buf {
                 Dtype::F32 => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
                 Dtype::F16 => out[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
                 Dtype::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
-                Dtype::I64 | Dtype::U8 => panic!("from_f32 into {dtype:?}"),
+                Dtype::I64 | Dtype::I32 | Dtype::U8 => panic!("from_f32 into {dtype:?}"),
             }
         }
         b
@@ -178,6 +190,26 @@ impl Buf {
             c.copy_from_slice(&v.to_le_bytes());
         }
         b
+    }
+    pub fn from_i32(values: &[i32]) -> Buf {
+        let mut b = Buf::raw(values.len(), Dtype::I32);
+        for (c, v) in b.bytes_mut().chunks_exact_mut(4).zip(values) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+    /// The elements as integers (I64/I32 buffers).
+    pub fn to_i64(&self) -> Vec<i64> {
+        let b = self.bytes();
+        match self.dtype {
+            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+            d => panic!("to_i64 of {d:?}"),
+        }
+    }
+    /// A null pointer argument (an optional buffer left out).
+    pub fn null() -> Arg {
+        Arg::Ptr(std::ptr::null_mut())
     }
     /// `len` elements filled with a NaN pattern (0xFF bytes): output buffers, so an element the
     /// kernel forgets to write shows.
@@ -197,6 +229,7 @@ impl Buf {
             Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
             Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
             Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
             Dtype::U8 => b.iter().map(|&x| x as f32).collect(),
         }
     }

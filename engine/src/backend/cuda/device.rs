@@ -1,0 +1,278 @@
+//! One NVIDIA GPU: context, stream, the engine's kernels compiled for it, memory and launches.
+//!
+//! Kernels are `engine/kernels/*.cu` (see [`super::kernels`]), compiled with NVRTC at run time
+//! for the device's architecture and cached on disk as PTX, keyed by a hash of the source, the
+//! options and the architecture, so a second run loads them at once. A launch takes its
+//! arguments as [`KernelArg`]s, packed the way `cuLaunchKernel` wants them (an array of
+//! pointers to the values) — the same convention as the host SIMT harness, so the kernel
+//! tests run unchanged on either.
+//!
+//! References: cudarc's `driver`/`nvrtc` safe API (context, stream, modules) and its `result`
+//! layer for the raw launch; candle's `cuda_backend` for the compile-once module cache.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::kernels;
+use super::libs::{self, CudaLib};
+use super::CudaError;
+
+/// One scalar or pointer argument of a kernel, as the kernel's C signature declares it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer (`T*`).
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+impl KernelArg {
+    /// The argument's bytes, 8-aligned storage for `cuLaunchKernel`'s parameter array.
+    fn word(&self) -> u64 {
+        match *self {
+            KernelArg::Ptr(p) | KernelArg::U64(p) => p,
+            KernelArg::I64(v) => v as u64,
+            KernelArg::I32(v) => v as u32 as u64,
+            KernelArg::U32(v) => v as u64,
+            KernelArg::F32(v) => v.to_bits() as u64,
+        }
+    }
+}
+
+/// Device memory owned by the engine (freed on drop).
+pub struct DeviceBuffer {
+    ptr: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuffer {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from mem_alloc in this context and is freed once.
+            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// An open GPU with the engine's kernels loaded.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    arch: &'static str,
+    functions: HashMap<String, CudaFunction>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`: probes the driver and NVRTC (an error names what was looked for),
+    /// creates the context, compiles (or loads from the cache) every kernel source for the
+    /// device's architecture at warp size 32.
+    pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
+        libs::load(CudaLib::Driver)?;
+        libs::load(CudaLib::Nvrtc)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::Driver(format!("opening GPU {ordinal}: {e:?}")))?;
+        let name = ctx.name().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let arch = arch_name(major, minor);
+        // One stream, one arena: cudarc's per-allocation event tracking is pure overhead.
+        // SAFETY: every launch and copy of this device goes through `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let mut functions = HashMap::new();
+        for (file, _) in kernels::SOURCES {
+            let ptx = compiled_ptx(file, arch)?;
+            let names = kernels::ptx_entries(&ptx.to_src());
+            let module = ctx.load_module(ptx).map_err(|e| CudaError::Driver(format!("loading {file} for {arch}: {e:?}")))?;
+            for name in names {
+                let f = module.load_function(&name).map_err(|e| CudaError::Driver(format!("kernel {name} in {file}: {e:?}")))?;
+                functions.insert(name, f);
+            }
+        }
+        Ok(CudaDevice { ctx, stream, name, arch, functions })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `sm_XY` of the device.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    /// Names of the loaded kernels.
+    pub fn kernel_names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.functions.keys().map(|s| s.as_str()).collect();
+        v.sort();
+        v
+    }
+
+    /// Free and total device memory, bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx.mem_get_info().map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// `bytes` of uninitialised device memory.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // SAFETY: a plain allocation in the current (bound) context.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }.map_err(|e| CudaError::Driver(format!("allocating {bytes} bytes: {e:?}")))?;
+        Ok(DeviceBuffer { ptr, bytes, ctx: self.ctx.clone() })
+    }
+
+    /// Copies `src` into `dst` (synchronous: tests and set-up, not the step).
+    pub fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<(), CudaError> {
+        if src.len() > dst.bytes {
+            return Err(CudaError::Driver(format!("upload of {} bytes into a buffer of {}", src.len(), dst.bytes)));
+        }
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // SAFETY: `dst` holds at least `src.len()` bytes.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(dst.ptr, src) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// Copies `src` back to the host, after everything queued on the stream.
+    pub fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<(), CudaError> {
+        if dst.len() > src.bytes {
+            return Err(CudaError::Driver(format!("download of {} bytes from a buffer of {}", dst.len(), src.bytes)));
+        }
+        self.synchronize()?;
+        // SAFETY: `src` holds at least `dst.len()` bytes.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, src.ptr) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// Queues kernel `name` on the device's stream.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's C signature in number and type, and every pointer must
+    /// address device memory large enough for what the kernel touches at this grid.
+    pub unsafe fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), shared_bytes: u32, args: &[KernelArg]) -> Result<(), CudaError> {
+        let f = self.functions.get(name).ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
+        let mut words: Vec<u64> = args.iter().map(KernelArg::word).collect();
+        // cuLaunchKernel reads each argument's size from the kernel's signature, starting at
+        // the pointed-to address: the low bytes of a little-endian u64 are the 4-byte value.
+        let mut params: Vec<*mut c_void> = words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_bytes, self.stream.cu_stream(), &mut params)
+            .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
+    }
+
+    /// Waits for everything queued.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+}
+
+/// The NVRTC architecture name of compute capability `major.minor`; `a` variants are not
+/// used, so the PTX runs on every part of that capability.
+fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        // NVRTC's option type wants a 'static str; one leak per process and new architecture.
+        _ => Box::leak(format!("sm_{major}{minor}").into_boxed_str()),
+    }
+}
+
+/// Where compiled PTX is cached: `ORTBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/ortbench`, else
+/// `~/.cache/ortbench`, with a `ptx/` folder under it.
+pub fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("ORTBENCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ortbench")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ortbench")))
+        .unwrap_or_else(|| std::env::temp_dir().join("ortbench-cache"));
+    base.join("ptx")
+}
+
+/// FNV-1a, 64 bit: a cache key stable across Rust versions (std's hasher is not).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain([0u8]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The PTX of kernel file `file` for `arch`, from the disk cache or compiled with NVRTC.
+pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
+    let src = kernels::nvrtc_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
+    let include = kernels::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
+        lib: "CUDA headers (cuda_fp16.h)",
+        tried: "ORTBENCH_CUDA_INCLUDE_DIR, include/ beside the library folders, /usr/local/cuda/include".into(),
+    })?;
+    let options = kernels::nvrtc_options(&include);
+    let key = fnv1a(&[&src, &options.join(" "), arch]);
+    let path = cache_dir().join(format!("{}-{arch}-{key:016x}.ptx", file.trim_end_matches(".cu")));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(Ptx::from_src(text));
+    }
+    let opts = CompileOptions { arch: Some(arch), options, ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Nvrtc { file: file.to_string(), arch, log: compile_log(&e) })?;
+    // Best effort: a read-only cache only costs the next run a compile.
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(ptx)
+}
+
+/// NVRTC's log from a failed compile, or the error itself.
+pub fn compile_log(e: &cudarc::nvrtc::CompileError) -> String {
+    match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_pack_little_endian_into_words() {
+        assert_eq!(KernelArg::I32(-1).word(), 0xffff_ffff);
+        assert_eq!(KernelArg::F32(1.5).word(), 1.5f32.to_bits() as u64);
+        assert_eq!(KernelArg::Ptr(0xdead_beef_0000).word(), 0xdead_beef_0000);
+        assert_eq!(arch_name(9, 0), "sm_90");
+        assert_eq!(arch_name(11, 3), "sm_113");
+    }
+
+    #[test]
+    fn the_cache_key_changes_with_source_options_and_arch() {
+        let k = fnv1a(&["src", "-O3", "sm_90"]);
+        assert_ne!(k, fnv1a(&["src ", "-O3", "sm_90"]));
+        assert_ne!(k, fnv1a(&["src", "-O2", "sm_90"]));
+        assert_ne!(k, fnv1a(&["src", "-O3", "sm_80"]));
+        // Part boundaries count: ("ab", "c") is not ("a", "bc").
+        assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
+    }
+}

@@ -1,0 +1,216 @@
+//! What every GPU-kernel test shares: where kernels run, buffers, random inputs, tolerances.
+//!
+//! A test launches `engine/kernels/*.cu` kernels through [`Dev::launch`] on each of
+//! [`devices`]: by default the host SIMT harness at warp sizes 32 and 64, threads taking turns
+//! forward and in reverse (a missing barrier shows in one of the two); with
+//! `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) the GPU instead. Outputs are compared
+//! with the engine's CPU kernels on random, never-zero inputs rounded to the storage dtype.
+#![allow(dead_code)]
+
+use ortbench_simt::{Buf, Dtype, Order};
+
+pub use ortbench_simt::Dtype as D;
+
+/// Where a kernel runs.
+pub enum Dev {
+    Simt { warp: u32, order: Order },
+    #[cfg(feature = "cuda")]
+    Cuda(&'static ortbench_engine::backend::cuda::device::CudaDevice),
+}
+
+impl std::fmt::Display for Dev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dev::Simt { warp, order } => write!(f, "simt warp {warp} {order:?}"),
+            #[cfg(feature = "cuda")]
+            Dev::Cuda(d) => write!(f, "cuda {}", d.name()),
+        }
+    }
+}
+
+/// One kernel argument: a buffer (read and written in place) or a scalar.
+pub enum A<'a> {
+    B(&'a mut Buf),
+    /// A null pointer (an optional buffer left out).
+    Null,
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+/// The devices every kernel test runs on (see the module comment).
+pub fn devices() -> Vec<Dev> {
+    match std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() {
+        Ok("cuda") => cuda_devices(),
+        Ok("simt") | Err(_) => {
+            let mut v = Vec::new();
+            for warp in [32, 64] {
+                for order in [Order::Forward, Order::Reverse] {
+                    v.push(Dev::Simt { warp, order });
+                }
+            }
+            v
+        }
+        Ok(other) => panic!("ORTBENCH_KERNEL_DEVICE={other}: expected simt or cuda"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_devices() -> Vec<Dev> {
+    use std::sync::OnceLock;
+    static DEV: OnceLock<ortbench_engine::backend::cuda::device::CudaDevice> = OnceLock::new();
+    let d = DEV.get_or_init(|| ortbench_engine::backend::cuda::open(0).unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}")));
+    vec![Dev::Cuda(d)]
+}
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices() -> Vec<Dev> {
+    panic!("ORTBENCH_KERNEL_DEVICE=cuda: the engine was built without its `cuda` feature")
+}
+
+impl Dev {
+    /// Runs `name` on `grid` × `block` (1-D) threads; buffers are read back (and their guard
+    /// bands checked) afterwards.
+    pub fn launch(&self, name: &str, grid: u32, block: u32, smem: u32, args: &mut [A]) -> Result<(), String> {
+        match self {
+            Dev::Simt { warp, order } => {
+                let raw: Vec<ortbench_simt::Arg> = args
+                    .iter_mut()
+                    .map(|a| match a {
+                        A::B(b) => b.ptr(),
+                        A::Null => Buf::null(),
+                        A::I32(v) => ortbench_simt::Arg::I32(*v),
+                        A::U32(v) => ortbench_simt::Arg::U32(*v),
+                        A::I64(v) => ortbench_simt::Arg::I64(*v),
+                        A::U64(v) => ortbench_simt::Arg::U64(*v),
+                        A::F32(v) => ortbench_simt::Arg::F32(*v),
+                    })
+                    .collect();
+                // SAFETY: each test sizes its buffers for the kernel's contract; guards catch
+                // small overruns below.
+                unsafe { ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, *warp, *order, &raw) }?;
+            }
+            #[cfg(feature = "cuda")]
+            Dev::Cuda(d) => cuda_launch(d, name, grid, block, smem, args)?,
+        }
+        for a in args.iter() {
+            if let A::B(b) = a {
+                b.check_guards().map_err(|e| format!("{name} on {self}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_launch(d: &ortbench_engine::backend::cuda::device::CudaDevice, name: &str, grid: u32, block: u32, smem: u32, args: &mut [A]) -> Result<(), String> {
+    use ortbench_engine::backend::cuda::device::KernelArg;
+    // Mirror every buffer, guard bands included, so an overrun on the device shows too.
+    let mut mirrors = Vec::new();
+    let mut kargs = Vec::new();
+    for a in args.iter() {
+        kargs.push(match a {
+            A::B(b) => {
+                let m = d.alloc(b.raw_bytes().len()).map_err(|e| e.to_string())?;
+                d.upload(&m, b.raw_bytes()).map_err(|e| e.to_string())?;
+                let p = KernelArg::Ptr(m.ptr() + ortbench_simt::GUARD as u64);
+                mirrors.push(m);
+                p
+            }
+            A::Null => KernelArg::Ptr(0),
+            A::I32(v) => KernelArg::I32(*v),
+            A::U32(v) => KernelArg::U32(*v),
+            A::I64(v) => KernelArg::I64(*v),
+            A::U64(v) => KernelArg::U64(*v),
+            A::F32(v) => KernelArg::F32(*v),
+        });
+    }
+    // SAFETY: as for the SIMT launch; the mirrors outlive the synchronise below.
+    unsafe { d.launch(name, (grid, 1, 1), (block, 1, 1), smem, &kargs) }.map_err(|e| e.to_string())?;
+    d.synchronize().map_err(|e| e.to_string())?;
+    let mut it = mirrors.iter();
+    for a in args.iter_mut() {
+        if let A::B(b) = a {
+            d.download(it.next().unwrap(), b.raw_bytes_mut()).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// The storage dtypes every float kernel is tested in.
+pub const FLOATS: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
+
+/// `kernel_dtype` name: `add` + F16 → `add_f16`.
+pub fn kname(base: &str, dt: Dtype) -> String {
+    format!("{base}_{}", dt.suffix())
+}
+
+/// A deterministic generator (splitmix64), so failures reproduce.
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1), never within 1e-3 of zero.
+    pub fn val(&mut self) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        if u.abs() < 1e-3 {
+            1e-3f32.copysign(u)
+        } else {
+            u
+        }
+    }
+    /// `n` values in [lo, hi) scaled from [`val`](Self::val), rounded to `dt` so the reference
+    /// sees exactly what the kernel reads.
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32, dt: Dtype) -> Vec<f32> {
+        (0..n).map(|_| dt.round(lo + (self.val() + 1.0) * 0.5 * (hi - lo))).collect()
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// How close a kernel's output must be to the CPU kernel's: |got − want| ≤ rel·|want| +
+/// abs·max|want|. For half dtypes the reference is rounded to the dtype first, so `rel` is one
+/// unit roundoff of the dtype (both sides round nearly equal f32 values) on top of the f32 part.
+#[derive(Clone, Copy, Debug)]
+pub struct Tol {
+    pub rel: f32,
+    pub abs: f32,
+}
+
+/// The tolerance for output dtype `dt` when the f32 computations may differ by `f32_rel`
+/// (summation order, libm vs the CPU kernels' polynomials).
+pub fn tol(dt: Dtype, f32_rel: f32) -> Tol {
+    let u = match dt {
+        Dtype::F16 => 1.0 / 1024.0,
+        Dtype::BF16 => 1.0 / 128.0,
+        _ => 0.0,
+    };
+    Tol { rel: u + f32_rel, abs: u + f32_rel }
+}
+
+/// Panics naming the first element out of tolerance.
+pub fn check(what: &str, got: &[f32], want: &[f32], dt: Dtype, t: Tol) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let want_r: Vec<f32> = want.iter().map(|&w| dt.round(w)).collect();
+    let scale = want_r.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(&want_r).enumerate() {
+        let err = (g - w).abs();
+        let bound = t.rel * w.abs() + t.abs * scale;
+        assert!(err <= bound || (g.is_nan() && w.is_nan()), "{what}: element {i} = {g}, want {w} (|err| {err:.3e} > {bound:.3e}; tol {t:?}, max|want| {scale})");
+    }
+}
+
+/// Blocks of `block` threads to cover `n` items, capped like a grid-stride launch.
+pub fn blocks_for(n: usize, block: u32) -> u32 {
+    (n.div_ceil(block as usize)).clamp(1, 64) as u32
+}

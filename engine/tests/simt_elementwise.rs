@@ -1,0 +1,164 @@
+//! engine/kernels/elementwise.cu and reduce.cu against the CPU kernels
+//! (engine/src/backend/cpu/kernels/{elementwise,reduce}.rs), in f32/f16/bf16, on the devices of
+//! `kernel_harness::devices` (SIMT warp 32/64 × both thread orders; or the GPU).
+//!
+//! Tolerances: f32 1e-5 relative for the transcendental ones (GELU, tanh: the CPU kernels use
+//! their own polynomial erf/tanh/exp, the kernels libm's or the GPU's, both within a few ulp),
+//! 1e-6 for add/scale/dropout (one rounding each, identical formula), on top of one unit
+//! roundoff of the half dtypes (both sides round nearly equal f32 values).
+
+mod kernel_harness;
+
+use kernel_harness::*;
+use ortbench_engine::backend::cpu::kernels::{elementwise as ew, reduce};
+use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::ops::gelu::GeluApprox;
+use ortbench_simt::Buf;
+
+const BLOCK: u32 = 128;
+// Sizes that are not multiples of the block (or of 64).
+const ROWS: usize = 37;
+const C: usize = 61;
+
+#[test]
+fn bias_gelu_matches_the_cpu_epilogue() {
+    let pool = Pool::new(2);
+    for dt in FLOATS {
+        for (ai, approx) in [GeluApprox::Erf, GeluApprox::Tanh].into_iter().enumerate() {
+            let mut rng = Rng::new(1 + ai as u64);
+            let pre = rng.vec(ROWS * C, -3.0, 3.0, dt);
+            let bias = rng.vec(C, -1.0, 1.0, dt);
+            let (mut y0, mut p0) = (vec![0f32; ROWS * C], pre.clone());
+            ew::bias_gelu(&pool, &mut y0, &mut p0, &bias, approx);
+            for dev in devices() {
+                let (mut y, mut p, mut b) = (Buf::poisoned(ROWS * C, dt), Buf::from_f32(&pre, dt), Buf::from_f32(&bias, dt));
+                dev.launch(&kname("bias_gelu", dt), blocks_for(ROWS * C, BLOCK), BLOCK, 0, &mut [A::B(&mut y), A::B(&mut p), A::B(&mut b), A::I64(ROWS as i64), A::I32(C as i32), A::I32(ai as i32)]).unwrap();
+                check(&format!("bias_gelu {dt:?} {approx:?} y on {dev}"), &y.to_f32(), &y0, dt, tol(dt, 1e-5));
+                check(&format!("bias_gelu {dt:?} {approx:?} pre on {dev}"), &p.to_f32(), &p0, dt, tol(dt, 1e-6));
+            }
+        }
+    }
+}
+
+#[test]
+fn gelu_and_tanh_backward_and_forward_match() {
+    let pool = Pool::new(2);
+    let n = ROWS * C;
+    for dt in FLOATS {
+        let mut rng = Rng::new(7);
+        let x = rng.vec(n, -3.0, 3.0, dt);
+        let dy = rng.vec(n, -1.0, 1.0, dt);
+        let yt: Vec<f32> = x.iter().map(|v| dt.round(v.tanh())).collect();
+        for (ai, approx) in [GeluApprox::Erf, GeluApprox::Tanh].into_iter().enumerate() {
+            let mut want = vec![0f32; n];
+            ew::map2(&pool, &mut want, &x, &dy, ew::GeluBackward(approx));
+            for dev in devices() {
+                let (mut dx, mut xb, mut dyb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
+                dev.launch(&kname("gelu_backward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut xb), A::B(&mut dyb), A::I64(n as i64), A::I32(ai as i32)]).unwrap();
+                check(&format!("gelu_backward {dt:?} {approx:?} on {dev}"), &dx.to_f32(), &want, dt, tol(dt, 1e-5));
+            }
+        }
+        let mut tanh_want = vec![0f32; n];
+        ew::map1(&pool, &mut tanh_want, &x, ew::Tanh);
+        let mut tanh_bwd_want = vec![0f32; n];
+        ew::map2(&pool, &mut tanh_bwd_want, &yt, &dy, ew::TanhBackward);
+        for dev in devices() {
+            let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+            dev.launch(&kname("tanh_forward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut y), A::B(&mut xb), A::I64(n as i64)]).unwrap();
+            check(&format!("tanh {dt:?} on {dev}"), &y.to_f32(), &tanh_want, dt, tol(dt, 1e-5));
+            let (mut dx, mut yb, mut dyb) = (Buf::poisoned(n, dt), Buf::from_f32(&yt, dt), Buf::from_f32(&dy, dt));
+            dev.launch(&kname("tanh_backward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut yb), A::B(&mut dyb), A::I64(n as i64)]).unwrap();
+            check(&format!("tanh_backward {dt:?} on {dev}"), &dx.to_f32(), &tanh_bwd_want, dt, tol(dt, 1e-6));
+        }
+    }
+}
+
+#[test]
+fn add_with_and_without_broadcast_scale_and_fill_match() {
+    let pool = Pool::new(2);
+    let n = ROWS * C;
+    for dt in FLOATS {
+        let mut rng = Rng::new(11);
+        let a = rng.vec(n, -2.0, 2.0, dt);
+        let b = rng.vec(n, -2.0, 2.0, dt);
+        let mut plain = vec![0f32; n];
+        ew::map2(&pool, &mut plain, &a, &b, ew::Add);
+        // The bias-add form: b broadcast over rows of C.
+        let bias = &b[..C];
+        let bcast: Vec<f32> = a.iter().enumerate().map(|(i, &v)| v + bias[i % C]).collect();
+        let mut scaled = vec![0f32; n];
+        ew::map1(&pool, &mut scaled, &a, ew::Scale(0.37));
+        for dev in devices() {
+            for (nb, want, what) in [(n, &plain, "add"), (C, &bcast, "bias add")] {
+                let (mut out, mut ab, mut bb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
+                dev.launch(&kname("add", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut ab), A::B(&mut bb), A::I64(n as i64), A::I64(nb as i64)]).unwrap();
+                check(&format!("{what} {dt:?} on {dev}"), &out.to_f32(), want, dt, tol(dt, 1e-6));
+            }
+            let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
+            dev.launch(&kname("scale", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(0.37)]).unwrap();
+            check(&format!("scale {dt:?} on {dev}"), &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
+            let mut out = Buf::poisoned(n, dt);
+            dev.launch(&kname("fill", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::I64(n as i64), A::F32(-0.3)]).unwrap();
+            check(&format!("fill {dt:?} on {dev}"), &out.to_f32(), &vec![-0.3; n], dt, tol(dt, 0.0));
+        }
+    }
+}
+
+#[test]
+fn dropout_keeps_the_cpu_mask_bit_for_bit() {
+    let pool = Pool::new(2);
+    let n = 3 * 1000 + 17;
+    for dt in FLOATS {
+        let mut rng = Rng::new(13);
+        let x = rng.vec(n, -2.0, 2.0, dt);
+        for (p, seed, offset) in [(0.1f32, 42u64, 0u64), (0.5, 7, 123_456_789_012), (0.0, 1, 5), (1.0, 3, 0)] {
+            let mut want = vec![0f32; n];
+            ew::dropout(&pool, &mut want, &x, p, seed, offset);
+            for dev in devices() {
+                let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+                dev.launch(&kname("dropout", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(p), A::U64(seed), A::U64(offset)]).unwrap();
+                let got = out.to_f32();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(*g == 0.0, *w == 0.0, "dropout {dt:?} p {p}: element {i} kept differently on {dev}");
+                }
+                check(&format!("dropout {dt:?} p {p} on {dev}"), &got, &want, dt, tol(dt, 1e-6));
+            }
+        }
+    }
+}
+
+#[test]
+fn casts_widen_exactly() {
+    let n = 1000 + 3;
+    for dt in [D::F16, D::BF16] {
+        let mut rng = Rng::new(17);
+        let x = rng.vec(n, -100.0, 100.0, dt);
+        for dev in devices() {
+            let (mut out, mut xb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&x, dt));
+            dev.launch(&format!("cast_{}_f32", dt.suffix()), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64)]).unwrap();
+            assert_eq!(out.to_f32(), x, "cast {dt:?} → f32 on {dev}");
+        }
+    }
+}
+
+#[test]
+fn column_sums_match_reduce_sum_leading() {
+    let pool = Pool::new(2);
+    for dt in FLOATS {
+        for (rows, c, rows_per_chunk) in [(ROWS, C, 8usize), (200, 130, 64), (5, 1, 2)] {
+            let mut rng = Rng::new(rows as u64);
+            let x = rng.vec(rows * c, -1.0, 1.0, dt);
+            let mut want = vec![0f32; c];
+            reduce::reduce_sum_leading(&pool, &mut want, &x);
+            let chunks = rows.div_ceil(rows_per_chunk);
+            let col_blocks = c.div_ceil(64);
+            for dev in devices() {
+                let (mut ws, mut xb, mut out) = (Buf::poisoned(chunks * c, D::F32), Buf::from_f32(&x, dt), Buf::poisoned(c, dt));
+                dev.launch(&kname("column_sum_partial", dt), (chunks * col_blocks) as u32, 64, 0, &mut [A::B(&mut ws), A::B(&mut xb), A::I64(rows as i64), A::I32(c as i32), A::I32(rows_per_chunk as i32)]).unwrap();
+                dev.launch(&kname("column_sum_finish", dt), blocks_for(c, 64), 64, 0, &mut [A::B(&mut out), A::B(&mut ws), A::I32(chunks as i32), A::I32(c as i32)]).unwrap();
+                // Sums of up to 200 terms in another order: 1e-5 of the largest sum.
+                check(&format!("column sums {dt:?} {rows}x{c} on {dev}"), &out.to_f32(), &want, dt, tol(dt, 1e-5));
+            }
+        }
+    }
+}
