@@ -9,6 +9,7 @@
 
 use ortbench_simt::{Buf, Dtype, Order};
 
+#[allow(unused_imports)]
 pub use ortbench_simt::Dtype as D;
 
 /// Where a kernel runs.
