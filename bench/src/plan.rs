@@ -77,8 +77,27 @@ fn positive(name: &str, v: Option<i64>, default: usize) -> Result<usize> {
     }
 }
 
+/// `--device rocm[:i]`: what this build can say about AMD GPUs — the HIP runtime missing, the
+/// GPU index out of range, or (with a GPU) that no config runs there yet: the engine's HIP
+/// executor and a ROCm libtorch for the baseline are not built (README, "Devices"). Always an
+/// error, so a run never falls back to the CPU behind the user's back.
+fn rocm_refusal(device: &str) -> Result<()> {
+    let index = match device.strip_prefix("rocm:") {
+        None => 0,
+        Some(i) => i.parse::<usize>().map_err(|_| anyhow::anyhow!("unknown device '{device}': use cpu, cuda, cuda:N, rocm or rocm:N"))?,
+    };
+    let n = ortbench_engine::backend::hip::device_count().map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
+    if index >= n {
+        bail!("--device {device}: the HIP runtime sees {n} AMD GPU(s)");
+    }
+    bail!("--device {device}: AMD GPU found, but no config runs on ROCm yet (the engine's HIP executor and a ROCm libtorch for the baseline are not built; see README, Devices)")
+}
+
 pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     let device = args.device.trim().to_string();
+    if device == "rocm" || device.starts_with("rocm:") {
+        rocm_refusal(&device)?;
+    }
     let dev = parse_device(&device)?;
     if let tch::Device::Cuda(i) = dev {
         let n = tch::Cuda::device_count() as usize;

@@ -106,6 +106,12 @@ fn bad_input_is_a_one_line_error_with_nothing_written() {
     rejects(&[&tiny[..], &["--ranks", "0"]].concat(), "--ranks must be a positive integer");
     rejects(&["run", "--models", "tiny-gpt2", "--steps", "3", "--warmup", "3"], "must be less than --steps");
     rejects(&[&tiny[..], &["--seq-len=-1"]].concat(), "--seq-len must be a positive integer");
+    rejects(&[&tiny[..], &["--device", "tpu"]].concat(), "unknown device 'tpu'");
+    rejects(&[&tiny[..], &["--device", "rocm:x"]].concat(), "unknown device 'rocm:x'");
+    // No AMD GPU anywhere this runs: whether the HIP runtime is installed or not, a clear refusal.
+    rejects(&[&tiny[..], &["--device", "rocm"]].concat(), "--device rocm: ");
+    let err = String::from_utf8_lossy(&ortbench(&[&tiny[..], &["--device", "rocm:1"]].concat()).stderr).into_owned();
+    assert!(err.contains("AMD GPU(s)") || err.contains("libamdhip64 not found"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
     // An unsupported architecture.

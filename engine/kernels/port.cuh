@@ -22,20 +22,29 @@
 #elif defined(__HIPCC__) || defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
 // ---------------------------------------------------------------- AMD HIP
 #ifndef __HIPCC_RTC__
+// hipcc; hiprtc prepends the runtime and fp16 headers itself (including them again redefines).
 #include <hip/hip_runtime.h>
-#endif
 #include <hip/hip_fp16.h>
-#include <hip/hip_bfloat16.h>
+#endif
 typedef __half f16_t;
-typedef hip_bfloat16 bf16_t;
+// HIP 5.2's hip_bfloat16.h pulls in host <cmath> (unusable under hiprtc): bf16 as its bits, with
+// the same round-to-nearest-even conversion as __float2bfloat16_rn and the host harness.
+struct bf16_t {
+    unsigned short bits;
+};
 #define ORT_KERNEL(name) extern "C" __global__ void name
 #define ORT_REGISTER(name)
 #define DYN_SHARED(type, name) extern __shared__ unsigned char name##_raw[]; type* name = reinterpret_cast<type*>(name##_raw)
 __device__ __forceinline__ float to_f32(f16_t x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(bf16_t x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_f32(bf16_t x) { return __uint_as_float((unsigned)x.bits << 16); }
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) { return bf16_t(x); }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float f) {
+    const unsigned x = __float_as_uint(f);
+    bf16_t b;
+    b.bits = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u) : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    return b;
+}
 template <typename T> __device__ __forceinline__ T port_shfl_xor(T v, int mask) { return __shfl_xor(v, mask); }
 template <typename T> __device__ __forceinline__ T port_shfl(T v, int src) { return __shfl(v, src); }
 __device__ __forceinline__ void port_syncwarp() {}

@@ -8,7 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use ortbench_engine::backend::cuda::{device, kernels, libs};
+use ortbench_engine::backend::cuda::{device, libs};
+use ortbench_engine::backend::kernels;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 

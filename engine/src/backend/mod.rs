@@ -6,3 +6,5 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod hip;
+pub mod kernels;

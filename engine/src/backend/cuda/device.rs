@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use super::kernels;
+use crate::backend::kernels;
 use super::libs::{self, CudaLib};
 use super::CudaError;
 
@@ -222,7 +222,7 @@ fn fnv1a(parts: &[&str]) -> u64 {
 
 /// The PTX of kernel file `file` for `arch`, from the disk cache or compiled with NVRTC.
 pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
-    let src = kernels::nvrtc_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
+    let src = kernels::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
     let include = kernels::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
         lib: "CUDA headers (cuda_fp16.h)",
         tried: "ORTBENCH_CUDA_INCLUDE_DIR, include/ beside the library folders, /usr/local/cuda/include".into(),

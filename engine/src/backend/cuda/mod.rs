@@ -2,8 +2,7 @@
 //! NVRTC, launched through the CUDA driver API, with cudarc (dynamic loading, so the crate
 //! builds and its tests run on machines with no CUDA at all).
 //!
-//! - [`kernels`]: the kernel sources and NVRTC options (no cudarc: the compile gate and the
-//!   host SIMT harness use them too).
+//! - the kernel sources and NVRTC options are `backend::kernels` (shared with HIP).
 //! - [`libs`]: finds libcuda / libnvrtc / libcublasLt before cudarc would panic on a missing
 //!   one, so a user gets an error naming what was looked for.
 //! - [`device`]: one GPU — context, stream, kernel modules (PTX cached on disk), memory,
@@ -11,8 +10,6 @@
 //! - [`gemm`]: GEMMs on cuBLASLt with epilogues, one cached plan per shape.
 //!
 //! Behind the `cuda` cargo feature (on by default); without it [`open`] is an error saying so.
-
-pub mod kernels;
 
 #[cfg(feature = "cuda")]
 pub mod device;

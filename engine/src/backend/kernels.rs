@@ -1,26 +1,27 @@
-//! The GPU kernel sources (`engine/kernels/*.cu`), embedded in the binary, and how NVRTC is
-//! asked to compile them. No cudarc here: the NVRTC compile gate, the device backend and the
-//! HIP backend (hiprtc, same sources) all start from these.
+//! The GPU kernel sources (`engine/kernels/*.cu`), embedded in the binary, and how NVRTC and
+//! hiprtc are asked to compile them. No cudarc here: the CUDA backend, the HIP backend and both
+//! compile gates start from these — one copy of every kernel for both vendors.
 
 use std::path::{Path, PathBuf};
 
 /// The portability header every kernel file includes.
-pub const PORT_HEADER: &str = include_str!("../../../kernels/port.cuh");
+pub const PORT_HEADER: &str = include_str!("../../kernels/port.cuh");
 
 /// Every kernel file, by file name.
 pub const SOURCES: &[(&str, &str)] = &[
-    ("adamw.cu", include_str!("../../../kernels/adamw.cu")),
-    ("copy.cu", include_str!("../../../kernels/copy.cu")),
-    ("elementwise.cu", include_str!("../../../kernels/elementwise.cu")),
-    ("layernorm.cu", include_str!("../../../kernels/layernorm.cu")),
-    ("reduce.cu", include_str!("../../../kernels/reduce.cu")),
+    ("adamw.cu", include_str!("../../kernels/adamw.cu")),
+    ("copy.cu", include_str!("../../kernels/copy.cu")),
+    ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
+    ("layernorm.cu", include_str!("../../kernels/layernorm.cu")),
+    ("reduce.cu", include_str!("../../kernels/reduce.cu")),
 ];
 
-/// The source NVRTC compiles for `file`: port.cuh pasted in place of its `#include` (NVRTC
-/// sees one string; the header's own CUDA includes come from the include path).
-pub fn nvrtc_source(file: &str) -> Option<String> {
+/// The source NVRTC / hiprtc compile for `file`: port.cuh pasted in place of its `#include`
+/// (the compilers see one string; the header's own CUDA/HIP includes come from their paths).
+pub fn full_source(file: &str) -> Option<String> {
     let (_, src) = SOURCES.iter().find(|(f, _)| *f == file)?;
-    Some(src.replace("#include \"port.cuh\"", PORT_HEADER))
+    // `#pragma once` in what becomes the main file only draws a warning: drop it.
+    Some(src.replace("#include \"port.cuh\"", &PORT_HEADER.replacen("#pragma once", "", 1)))
 }
 
 /// NVRTC options for `arch` (`sm_80`, `sm_90`, ...): C++17, the CUDA headers' folder (for
@@ -37,6 +38,19 @@ pub fn include_dir(lib_dirs: &[PathBuf]) -> Option<PathBuf> {
     cands.extend(lib_dirs.iter().filter_map(|d| d.parent().map(|p| p.join("include"))));
     cands.push(PathBuf::from("/usr/local/cuda/include"));
     cands.into_iter().find(|d| d.join("cuda_fp16.h").is_file())
+}
+
+/// hiprtc options for `arch` (`gfx90a`, `gfx908`, `gfx1030`, ...): C++17, optimised. The
+/// wavefront size follows the target (64 on CDNA, 32 by default on RDNA); kernels read it from
+/// `warpSize`.
+pub fn hiprtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--offload-arch={arch}"), "-std=c++17".into(), "-O3".into()]
+}
+
+/// Whether an AMD code object (ELF) defines kernel `name` (its `name.kd` kernel descriptor).
+pub fn code_object_has_kernel(code: &[u8], name: &str) -> bool {
+    let needle = format!("{name}.kd\0");
+    code.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 /// The kernel entry points a PTX module defines (`.entry name(` lines).
@@ -61,10 +75,10 @@ mod tests {
     fn every_source_includes_the_port_header_and_is_pasted() {
         for (file, src) in SOURCES {
             assert!(src.contains("#include \"port.cuh\""), "{file}");
-            let s = nvrtc_source(file).unwrap();
+            let s = full_source(file).unwrap();
             assert!(!s.contains("#include \"port.cuh\"") && s.contains("drop_mix"), "{file}");
         }
-        assert!(nvrtc_source("nope.cu").is_none());
+        assert!(full_source("nope.cu").is_none());
     }
 
     #[test]
