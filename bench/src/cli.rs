@@ -52,8 +52,8 @@ pub struct RunArgs {
     /// Comma-separated configs (default: every config this build implements).
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
-    /// Comma-separated precisions: fp32, fp16, bf16.
-    #[arg(long, value_delimiter = ',', default_value = "fp32")]
+    /// Comma-separated precisions: fp32, fp16, bf16 [default: fp32 on cpu, bf16 on cuda].
+    #[arg(long, value_delimiter = ',')]
     pub precision: Vec<String>,
     /// cpu, cuda or cuda:N (defaults on cuda: 50 steps, 10 warm-up); rocm[:N] is recognised
     /// and refused with the reason (no config runs on AMD GPUs yet).
@@ -65,13 +65,15 @@ pub struct RunArgs {
     /// Steps excluded from throughput [default: 2 on cpu, 10 on cuda].
     #[arg(long)]
     pub warmup: Option<i64>,
-    /// Rows per step and rank [default: 8]; the global batch is --batch-size × --ranks.
+    /// Rows per step and rank [default: 8 on cpu, 32 on cuda]; the global batch is
+    /// --batch-size × --ranks.
     #[arg(long)]
     pub batch_size: Option<i64>,
     /// Data-parallel ranks for every config (on the CPU: threads that split the cores).
     #[arg(long)]
     pub ranks: Option<i64>,
-    /// Tokens per row [default: 128 (at most the model's positions), or T of --data].
+    /// Tokens per row [default: 128 on cpu, 512 on cuda (at most the model's positions), or T
+    /// of --data].
     #[arg(long)]
     pub seq_len: Option<i64>,
     /// Seed of weights, data and dropout.

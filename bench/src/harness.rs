@@ -333,7 +333,7 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => match serde_json::from_str::<Event>(&line) {
-                Ok(Event::Step { rank, step, loss, step_ms, grad_norm, loss_scale, skipped }) => {
+                Ok(Event::Step { rank, step, loss, step_ms, device_ms, grad_norm, loss_scale, skipped }) => {
                     if rank == 0 {
                         progress.step(label, step, spec.steps, loss, step_ms);
                     }
@@ -347,6 +347,7 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                         step,
                         loss,
                         step_ms,
+                        device_ms,
                         grad_norm,
                         loss_scale,
                         skipped,

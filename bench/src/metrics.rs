@@ -373,6 +373,7 @@ mod tests {
             step,
             loss,
             step_ms: ms,
+            device_ms: None,
             grad_norm: 1.0,
             loss_scale: 1.0,
             skipped: false,

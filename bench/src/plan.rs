@@ -115,7 +115,13 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     if warmup >= steps {
         bail!("--warmup ({warmup}) must be less than --steps ({steps}): no step would be measured");
     }
-    let batch_size = positive("--batch-size", args.batch_size, 8)?;
+    // On a GPU the defaults are what a user trains at there: bf16 autocast, batch 32 × seq 512.
+    let batch_size = positive("--batch-size", args.batch_size, if cuda { 32 } else { 8 })?;
+    let precisions: Vec<String> = if args.precision.is_empty() {
+        vec![if cuda { "bf16" } else { "fp32" }.to_string()]
+    } else {
+        args.precision.iter().map(|p| p.trim().to_string()).collect()
+    };
     let ranks = positive("--ranks", args.ranks, 1)?;
     let seq_arg = match args.seq_len {
         None => None,
@@ -161,7 +167,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             bail!("config '{c}' is not implemented in this build yet; available: {}", IMPLEMENTED_CONFIGS.join(", "));
         }
     }
-    for p in &args.precision {
+    for p in &precisions {
         if !PRECISIONS.contains(&p.as_str()) {
             bail!("unknown precision '{p}': known precisions are {}", PRECISIONS.join(", "));
         }
@@ -190,8 +196,8 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                 .with_context(|| format!("model '{model}'"))?
                 .seq_len,
             None => {
-                // Default 128, or the model's positions when it has fewer (the tiny models).
-                let s = seq_arg.unwrap_or(128.min(resolved.config.max_positions()));
+                // Default 128 (512 on a GPU), or the model's positions when it has fewer.
+                let s = seq_arg.unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
                 DataSource::synthetic(&resolved.config, batch_size, s, args.seed).with_context(|| format!("model '{model}'"))?;
                 s
             }
@@ -201,7 +207,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         }
         let flops = crate::metrics::train_flops_per_sample(&resolved.config, seq_len);
         for config in &configs {
-            for precision in &args.precision {
+            for precision in &precisions {
                 train_flops_per_sample.push(flops);
                 runs.push(RunSpec {
                     model: model.trim().to_string(),
@@ -235,7 +241,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     let settings = format!(
         "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
-        args.precision.join("/"),
+        precisions.join("/"),
         args.seed
     );
     Ok(Plan { runs, jobs, train_flops_per_sample, settings })

@@ -22,7 +22,18 @@ use crate::spec::{RunSpec, WeightsSource};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    Step { rank: usize, step: usize, loss: f64, step_ms: f64, grad_norm: f64, loss_scale: f64, skipped: bool },
+    Step {
+        rank: usize,
+        step: usize,
+        loss: f64,
+        step_ms: f64,
+        /// On a GPU: the step's device time between CUDA events (`DeviceWatch`).
+        #[serde(default)]
+        device_ms: Option<f64>,
+        grad_norm: f64,
+        loss_scale: f64,
+        skipped: bool,
+    },
     Summary {
         param_count: usize,
         peak_mem_bytes: u64,
@@ -284,8 +295,14 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     };
     let device = parse_device(&spec.device)?;
     if spec.config != "pytorch" && device != tch::Device::Cpu {
-        bail!("the engine runs on the CPU in this build; use --device cpu for the {} config", spec.config);
+        bail!("the engine runs on the CPU in this build (its GPU kernels are written and tested, the GPU executor is not); use --device cpu for the {} config", spec.config);
     }
+    // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
+    // same way for every config (engine::backend::cuda::watch).
+    let watch = match device {
+        tch::Device::Cuda(i) => Some(ortbench_engine::backend::cuda::watch::DeviceWatch::start(i).map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?),
+        _ => None,
+    };
     // On the CPU, ranks split the cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / ranks).max(1);
@@ -330,6 +347,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         })
     };
 
+    let watch_ref = watch.as_ref();
     // Ranks are threads of this worker; their records go through one channel to stdout.
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
     let results: Vec<Result<(usize, Option<f64>)>> = std::thread::scope(|s| {
@@ -348,7 +366,17 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         }
                         let batch = data.batch(step);
                         let t0 = Instant::now();
+                        // One rank per device: rank 0 times the device (ranks > 1 on one GPU
+                        // share its stream, so their events would overlap).
+                        let timed = watch_ref.filter(|_| rank == 0);
+                        if let Some(w) = timed {
+                            w.begin_step().map_err(|e| anyhow::anyhow!("{e}"))?;
+                        }
                         let st = trainer.step(&batch)?;
+                        let device_ms = match timed {
+                            Some(w) => Some(w.end_step().map_err(|e| anyhow::anyhow!("{e}"))?),
+                            None => None,
+                        };
                         if let tch::Device::Cuda(i) = device {
                             tch::Cuda::synchronize(i as i64);
                         }
@@ -359,7 +387,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         if !st.loss.is_finite() && !st.skipped {
                             bail!("loss is {} at step {step}", st.loss);
                         }
-                        let _ = tx.send(Event::Step { rank, step, loss: st.loss, step_ms, grad_norm: st.grad_norm, loss_scale: st.loss_scale, skipped: st.skipped });
+                        let _ = tx.send(Event::Step { rank, step, loss: st.loss, step_ms, device_ms, grad_norm: st.grad_norm, loss_scale: st.loss_scale, skipped: st.skipped });
                     }
                     Ok((trainer.optimizer_bytes(), flops))
                 })
@@ -383,7 +411,11 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     if ortbench_engine::exec::profile::enabled() {
         eprintln!("per-op profile of {} ({} steps):\n{}", spec.config, spec.steps, ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take()));
     }
-    let peak_mem_bytes = peak_rss_bytes().context("reading peak memory")?;
+    // The CPU's peak is the process's RSS; a GPU run's is its peak device memory.
+    let peak_mem_bytes = match &watch {
+        Some(w) => w.peak_bytes(),
+        None => peak_rss_bytes().context("reading peak memory")?,
+    };
     emit(out, &Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank: optimizer_bytes, hw_flops_per_sample });
     Ok(())
 }

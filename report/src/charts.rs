@@ -471,6 +471,7 @@ mod tests {
                 step: s,
                 loss: 10.0 - s as f64 * 0.1,
                 step_ms: 5.0,
+                device_ms: None,
                 grad_norm: 1.0,
                 loss_scale: 1.0,
                 skipped: false,

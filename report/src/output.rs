@@ -23,6 +23,10 @@ pub struct StepRow {
     pub step: usize,
     pub loss: f64,
     pub step_ms: f64,
+    /// On a GPU: the step's device time between CUDA events recorded before and after it on
+    /// the stream the framework computes on (`step_ms` is the wall time to a synchronise after
+    /// it); None on the CPU.
+    pub device_ms: Option<f64>,
     pub grad_norm: f64,
     pub loss_scale: f64,
     pub skipped: bool,
@@ -119,7 +123,7 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 }
 
 pub const STEP_COLUMNS: &[&str] =
-    &["model", "config", "precision", "repeat", "phase", "rank", "step", "loss", "step_ms", "grad_norm", "loss_scale", "skipped"];
+    &["model", "config", "precision", "repeat", "phase", "rank", "step", "loss", "step_ms", "device_ms", "grad_norm", "loss_scale", "skipped"];
 pub const RESULT_COLUMNS: &[&str] = &[
     "model", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "repeats", "status",
     "samples_per_s", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "speedup_significant", "step_ms_median",

@@ -144,6 +144,7 @@ pub fn steps_frame(rows: &[StepRow]) -> Result<DataFrame> {
     let s = |f: fn(&StepRow) -> &String| rows.iter().map(|r| f(r).clone()).collect::<Vec<String>>();
     let u = |f: fn(&StepRow) -> usize| rows.iter().map(|r| f(r) as u64).collect::<Vec<u64>>();
     let f = |f: fn(&StepRow) -> f64| rows.iter().map(f).collect::<Vec<f64>>();
+    let of = |f: fn(&StepRow) -> Option<f64>| rows.iter().map(f).collect::<Vec<Option<f64>>>();
     let cols = vec![
         col("model", s(|r| &r.model)),
         col("config", s(|r| &r.config)),
@@ -154,6 +155,7 @@ pub fn steps_frame(rows: &[StepRow]) -> Result<DataFrame> {
         col("step", u(|r| r.step)),
         col("loss", f(|r| r.loss)),
         col("step_ms", f(|r| r.step_ms)),
+        col("device_ms", of(|r| r.device_ms)),
         col("grad_norm", f(|r| r.grad_norm)),
         col("loss_scale", f(|r| r.loss_scale)),
         col("skipped", rows.iter().map(|r| r.skipped).collect::<Vec<bool>>()),
@@ -289,6 +291,7 @@ pub fn step_rows(df: &DataFrame) -> Result<Vec<StepRow>> {
     let repeat = c.u64s("repeat")?;
     let phase = c.strs("phase")?;
     let (loss, ms, gn, ls) = (c.f64s("loss")?, c.f64s("step_ms")?, c.f64s("grad_norm")?, c.f64s("loss_scale")?);
+    let device_ms = c.f64s("device_ms")?;
     let skipped: Vec<bool> = match df.column("skipped") {
         Ok(col) => col.bool()?.iter().map(|v| v.unwrap_or(false)).collect(),
         Err(_) => vec![false; df.height()],
@@ -305,6 +308,7 @@ pub fn step_rows(df: &DataFrame) -> Result<Vec<StepRow>> {
             step: step[i],
             loss: nan(loss[i]),
             step_ms: nan(ms[i]),
+            device_ms: device_ms[i],
             grad_norm: nan(gn[i]),
             loss_scale: nan(ls[i]),
             skipped: skipped[i],
@@ -349,6 +353,7 @@ mod tests {
             step: 2,
             loss: 1.25,
             step_ms: 3.0,
+            device_ms: Some(2.5),
             grad_norm: 0.5,
             loss_scale: 1.0,
             skipped: true,

@@ -10,6 +10,7 @@ pub const PORT_HEADER: &str = include_str!("../../kernels/port.cuh");
 /// Every kernel file, by file name.
 pub const SOURCES: &[(&str, &str)] = &[
     ("adamw.cu", include_str!("../../kernels/adamw.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
     ("copy.cu", include_str!("../../kernels/copy.cu")),
     ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
     ("layernorm.cu", include_str!("../../kernels/layernorm.cu")),

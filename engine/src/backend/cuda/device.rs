@@ -170,6 +170,11 @@ impl CudaDevice {
         // the pointed-to address: the low bytes of a little-endian u64 are the 4-byte value.
         let mut params: Vec<*mut c_void> = words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // Above 48 KiB a kernel must opt in to more dynamic shared memory (attention's tiles).
+        if shared_bytes > 48 * 1024 {
+            f.set_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32)
+                .map_err(|e| CudaError::Driver(format!("{name}: {shared_bytes} bytes of shared memory: {e:?}")))?;
+        }
         cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_bytes, self.stream.cu_stream(), &mut params)
             .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
     }

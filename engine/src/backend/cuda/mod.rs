@@ -8,6 +8,7 @@
 //! - [`device`]: one GPU — context, stream, kernel modules (PTX cached on disk), memory,
 //!   launches.
 //! - [`gemm`]: GEMMs on cuBLASLt with epilogues, one cached plan per shape.
+//! - [`watch`]: step device time by CUDA events and peak device memory, for the harness.
 //!
 //! Behind the `cuda` cargo feature (on by default); without it [`open`] is an error saying so.
 
@@ -15,6 +16,8 @@
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod gemm;
+#[cfg(feature = "cuda")]
+pub mod watch;
 #[cfg(feature = "cuda")]
 pub mod libs;
 

@@ -1,0 +1,359 @@
+//! engine/kernels/attention.cu (flash-style forward; backward as `attention_backward_dq`,
+//! which also writes delta = rowsum(dO ⊙ O), then `attention_backward_dkdv`) against the CPU
+//! kernels in engine/src/backend/cpu/kernels/attention.rs, in f32/f16/bf16 on every test device
+//! (SIMT warp 32/64 × both thread orders; or the GPU).
+//!
+//! Cases: sizes that are not multiples of the tiles (T = 37 against tiles of 8, 16 and 32, Tq ≠ Tk
+//! both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
+//! / a (1, H, Tq, Tk) mask, dropout 0 and 0.1 (nonzero offset), operands in the (B, T, H·D)
+//! "heads inside the rows" layout and in (B, H, T, D), so every stride is exercised.
+//!
+//! Tolerances (`tol(dt, f32_rel)`: f32_rel, plus one unit roundoff u of a half dtype, relative to
+//! the element and to the tensor's largest element):
+//! - f32 forward and lse 1e-5: the online softmax (running max, rescaled partial sums, one
+//!   division at the end) and the CPU's two-pass softmax (SIMD-lane partial sums, a reciprocal)
+//!   and GEMMs add the same terms in other orders, a few ulp apart; the CPU's exp is a Cephes
+//!   polynomial (~1 ulp), the kernel's libm/GPU expf.
+//! - f32 backward 1e-5: the same, through four products.
+//! - half forward: everything is f32 on both sides from the same rounded inputs and rounded once
+//!   at the end, so 1e-5 + u (two nearly equal f32 values may round to neighbouring halfs).
+//! - half backward: 1e-5 + 2u. delta = rowsum(dO ⊙ O) reads O as stored, i.e. rounded to the dtype
+//!   (what the engine saves), where the CPU sums dP ⊙ P in f32: delta is off by up to u·Σ|dO||O|,
+//!   which shifts every dS of its row by P·Δ·scale, up to about one more u of the largest
+//!   gradient (measured worst: 0.75u for dq, 0.45u for dk; f32 cases all within 4e-7).
+//!   A wrong index, a wrong dropout element or a missing tile moves an element by a sizeable
+//!   fraction of the largest one (≥ 1e-2), well past 2u of f16 (2e-3); for bf16 (2u = 1.6e-2)
+//!   the f32 and f16 runs of the same case are the sharp check.
+
+mod kernel_harness;
+
+use kernel_harness::*;
+use ortbench_engine::backend::cpu::kernels::attention::{self as cpu, AttnPlan};
+use ortbench_engine::backend::cpu::kernels::softmax::MaskMap;
+use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_simt::{Buf, Dtype};
+
+const SEED: u64 = 77;
+const OFFSET: u64 = 1000;
+
+#[derive(Clone, Copy, Debug)]
+enum Mask {
+    None,
+    /// (B, 1, 1, Tk): ~25% of the keys (never key 0, so no causal row is all masked) get this
+    /// value, the others a random bias in [-1, 1).
+    KeyPad(f32),
+    /// (1, H, Tq, Tk): random in [-2, 1), ~10% −1e4 (never key 0).
+    Full,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    h: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+    causal: bool,
+    mask: Mask,
+    p: f32,
+    bq: usize,
+    bk: usize,
+    block: u32,
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn case(b: usize, h: usize, tq: usize, tk: usize, d: usize, dv: usize, causal: bool, mask: Mask, p: f32, bq: usize, bk: usize, block: u32) -> Case {
+    Case { b, h, tq, tk, d, dv, causal, mask, p, bq, bk, block }
+}
+
+const CASES: [Case; 6] = [
+    case(2, 3, 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, 16, 16, 64),
+    case(2, 3, 37, 37, 24, 24, true, Mask::None, 0.1, 16, 16, 64),
+    case(2, 3, 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, 16, 32, 64),
+    case(2, 3, 37, 37, 24, 24, false, Mask::Full, 0.1, 32, 8, 64),
+    // Tq < Tk and Tq > Tk (causal stays top-left aligned), Dv ≠ D.
+    case(1, 2, 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, 16, 16, 128),
+    case(1, 2, 45, 19, 20, 12, true, Mask::Full, 0.0, 16, 8, 64),
+];
+
+/// (b, h, t) strides of a (B, H, T, X) operand stored as (B, T, H·X): heads inside the rows.
+fn merged(c: &Case, t: usize, x: usize) -> [usize; 3] {
+    [t * c.h * x, x, c.h * x]
+}
+/// (b, h, t) strides of a contiguous (B, H, T, X) operand.
+fn heads_first(c: &Case, t: usize, x: usize) -> [usize; 3] {
+    [c.h * t * x, t * x, x]
+}
+fn at(s: &[usize; 3], b: usize, h: usize, t: usize) -> usize {
+    b * s[0] + h * s[1] + t * s[2]
+}
+fn i64s<'a>(s: [usize; 3]) -> [A<'a>; 3] {
+    [A::I64(s[0] as i64), A::I64(s[1] as i64), A::I64(s[2] as i64)]
+}
+
+/// Everything one case needs: inputs rounded to the dtype, layouts, the CPU's outputs.
+struct Prob {
+    c: Case,
+    scale: f32,
+    qs: [usize; 3],
+    ks: [usize; 3],
+    vs: [usize; 3],
+    os: [usize; 3],
+    gs: [usize; 3],
+    dqs: [usize; 3],
+    dks: [usize; 3],
+    dvs: [usize; 3],
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dout: Vec<f32>,
+    mask_shape: [usize; 4],
+    mask: Option<Vec<f32>>,
+    out: Vec<f32>,
+    probs: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+impl Prob {
+    fn new(c: Case, dt: Dtype, seed: u64) -> Prob {
+        let mut rng = Rng::new(seed);
+        let (nq, nk, nv, no) = (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv, c.b * c.h * c.tq * c.dv);
+        // q, k in [-2, 2): scores of a few units, so the softmax is far from uniform.
+        let q = rng.vec(nq, -2.0, 2.0, dt);
+        let k = rng.vec(nk, -2.0, 2.0, dt);
+        let v = rng.vec(nv, -1.0, 1.0, dt);
+        let dout = rng.vec(no, -1.0, 1.0, dt);
+        let (mask_shape, mask) = match c.mask {
+            Mask::None => ([1, 1, 1, 1], None),
+            Mask::KeyPad(pad) => {
+                let mut m = rng.vec(c.b * c.tk, -1.0, 1.0, dt);
+                for (i, x) in m.iter_mut().enumerate() {
+                    if i % c.tk != 0 && rng.below(4) == 0 {
+                        *x = dt.round(pad);
+                    }
+                }
+                ([c.b, 1, 1, c.tk], Some(m))
+            }
+            Mask::Full => {
+                let mut m = rng.vec(c.h * c.tq * c.tk, -2.0, 1.0, dt);
+                for (i, x) in m.iter_mut().enumerate() {
+                    if i % c.tk != 0 && rng.below(10) == 0 {
+                        *x = dt.round(-1e4);
+                    }
+                }
+                ([1, c.h, c.tq, c.tk], Some(m))
+            }
+        };
+        let mut p = Prob {
+            c,
+            scale: 1.0 / (c.d as f32).sqrt(),
+            qs: merged(&c, c.tq, c.d),
+            ks: heads_first(&c, c.tk, c.d),
+            vs: merged(&c, c.tk, c.dv),
+            os: merged(&c, c.tq, c.dv),
+            gs: heads_first(&c, c.tq, c.dv),
+            dqs: heads_first(&c, c.tq, c.d),
+            dks: merged(&c, c.tk, c.d),
+            dvs: merged(&c, c.tk, c.dv),
+            q,
+            k,
+            v,
+            dout,
+            mask_shape,
+            mask,
+            out: vec![f32::NAN; no],
+            probs: vec![f32::NAN; c.b * c.h * c.tq * c.tk],
+            lse: Vec::new(),
+        };
+        let plan = p.plan();
+        let pool = Pool::new(2);
+        let mut ws = vec![0f32; plan.forward_workspace(pool.threads())];
+        // SAFETY: buffers sized for the plan's shapes and strides (each a permutation of a
+        // dense (B, H, T, X) block).
+        unsafe { cpu::attention_forward(&pool, &plan, p.out.as_mut_ptr(), &mut p.probs, p.q.as_ptr(), p.k.as_ptr(), p.v.as_ptr(), p.mask.as_deref(), SEED, &mut ws) };
+        p.lse = p.lse_f64();
+        p
+    }
+
+    fn plan(&self) -> AttnPlan {
+        let c = &self.c;
+        AttnPlan {
+            b: c.b,
+            h: c.h,
+            tq: c.tq,
+            tk: c.tk,
+            d: c.d,
+            dv: c.dv,
+            scale: self.scale,
+            causal: c.causal,
+            dropout_p: c.p,
+            offset: OFFSET,
+            q: self.qs,
+            k: self.ks,
+            v: self.vs,
+            o: self.os,
+            dq: self.dqs,
+            dk: self.dks,
+            dvs: self.dvs,
+            mask: self.mask.as_ref().map(|_| MaskMap::new(&self.mask_shape, &[c.b, c.h, c.tq, c.tk])),
+        }
+    }
+
+    /// The mask's element strides against (B, H, Tq, Tk), 0 where it broadcasts (as `MaskMap`).
+    fn mask_strides<'a>(&self) -> [A<'a>; 4] {
+        let s = self.mask_shape;
+        let mut st = [0i64; 4];
+        let mut acc = 1i64;
+        for d in (0..4).rev() {
+            st[d] = if s[d] == 1 { 0 } else { acc };
+            acc *= s[d] as i64;
+        }
+        st.map(A::I64)
+    }
+
+    fn mask_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        match (&self.mask, self.c.mask) {
+            (Some(m), Mask::KeyPad(_)) => m[b * self.c.tk + j],
+            (Some(m), Mask::Full) => m[(h * self.c.tq + i) * self.c.tk + j],
+            _ => 0.0,
+        }
+    }
+
+    /// log Σ_j exp(s_ij) per query row, in f64 (the CPU kernel does not produce it).
+    fn lse_f64(&self) -> Vec<f32> {
+        let c = &self.c;
+        let mut out = Vec::with_capacity(c.b * c.h * c.tq);
+        for b in 0..c.b {
+            for h in 0..c.h {
+                for i in 0..c.tq {
+                    let s: Vec<f64> = (0..c.tk)
+                        .filter(|&j| !(c.causal && j > i))
+                        .map(|j| {
+                            let (qo, ko) = (at(&self.qs, b, h, i), at(&self.ks, b, h, j));
+                            let dot: f64 = (0..c.d).map(|e| self.q[qo + e] as f64 * self.k[ko + e] as f64).sum();
+                            dot * self.scale as f64 + self.mask_at(b, h, i, j) as f64
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    out.push((m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32);
+                }
+            }
+        }
+        out
+    }
+
+    fn smem_forward(&self) -> u32 {
+        let Case { bq, bk, d, dv, .. } = self.c;
+        (4 * (bq * d + bk * (d + 1) + bk * dv + bq * bk + bq * dv + 3 * bq)) as u32
+    }
+    fn smem_dkdv(&self) -> u32 {
+        let Case { bq, bk, d, dv, .. } = self.c;
+        (4 * (bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq)) as u32
+    }
+    fn smem_dq(&self) -> u32 {
+        let Case { bq, bk, d, dv, .. } = self.c;
+        (4 * (2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 2 * bq)) as u32
+    }
+
+    /// The scalar arguments the three main kernels share: h, tq, tk, d, dv, scale, causal,
+    /// dropout_p, seed, offset.
+    fn scalars<'a>(&self) -> Vec<A<'a>> {
+        let c = &self.c;
+        vec![
+            A::I32(c.h as i32),
+            A::I32(c.tq as i32),
+            A::I32(c.tk as i32),
+            A::I32(c.d as i32),
+            A::I32(c.dv as i32),
+            A::F32(self.scale),
+            A::I32(c.causal as i32),
+            A::F32(c.p),
+            A::U64(SEED),
+            A::U64(OFFSET),
+        ]
+    }
+
+    fn name(&self, dt: Dtype) -> String {
+        let c = &self.c;
+        format!("attention {dt:?} B{} H{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{} block {}", c.b, c.h, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.bq, c.bk, c.block)
+    }
+}
+
+#[test]
+fn forward_matches_the_cpu_kernel_and_lse() {
+    for dt in FLOATS {
+        for (n, &c) in CASES.iter().enumerate() {
+            let p = Prob::new(c, dt, 10 + n as u64);
+            let grid = (c.b * c.h * c.tq.div_ceil(c.bq)) as u32;
+            for dev in devices() {
+                let (mut out, mut lse) = (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
+                let (mut q, mut k, mut v) = (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
+                let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
+                let mut args = vec![A::B(&mut out), A::B(&mut lse), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B)];
+                args.extend(p.scalars());
+                for s in [p.qs, p.ks, p.vs, p.os] {
+                    args.extend(i64s(s));
+                }
+                args.extend(p.mask_strides());
+                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
+                dev.launch(&kname("attention_forward", dt), grid, c.block, p.smem_forward(), &mut args).unwrap();
+                let what = format!("{} forward on {dev}", p.name(dt));
+                check(&format!("{what}: out"), &out.to_f32(), &p.out, dt, tol(dt, 1e-5));
+                check(&format!("{what}: lse"), &lse.to_f32(), &p.lse, D::F32, tol(D::F32, 1e-5));
+            }
+        }
+    }
+}
+
+#[test]
+fn backward_matches_the_cpu_kernel() {
+    for dt in FLOATS {
+        for (n, &c) in CASES.iter().enumerate() {
+            let p = Prob::new(c, dt, 20 + n as u64);
+            let (nq, nk, nv) = (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv);
+            // The backward plan's `o` strides are dout's.
+            let plan = AttnPlan { o: p.gs, ..p.plan() };
+            let pool = Pool::new(2);
+            let mut ws = vec![0f32; plan.backward_workspace(pool.threads())];
+            let (mut dq0, mut dk0, mut dv0) = (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nv]);
+            // SAFETY: as in Prob::new.
+            unsafe {
+                cpu::attention_backward(&pool, &plan, dq0.as_mut_ptr(), dk0.as_mut_ptr(), dv0.as_mut_ptr(), p.dout.as_ptr(), p.q.as_ptr(), p.k.as_ptr(), p.v.as_ptr(), &p.probs, SEED, &mut ws)
+            };
+            // Half dtypes: see the module comment (delta reads the stored, rounded O).
+            let t = tol(dt, if dt == D::F32 { 1e-5 } else { 1e-5 + tol(dt, 0.0).rel });
+            for dev in devices() {
+                let what = format!("{} backward on {dev}", p.name(dt));
+                let (mut q, mut k, mut v) = (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
+                // The forward's outputs as the engine keeps them: o in the dtype, lse in f32.
+                let (mut out, mut g, mut lse) = (Buf::from_f32(&p.out, dt), Buf::from_f32(&p.dout, dt), Buf::from_f32(&p.lse, D::F32));
+                let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
+                // dq first: it writes delta, which dkdv reads.
+                let mut delta = Buf::poisoned(c.b * c.h * c.tq, D::F32);
+                let mut dq = Buf::poisoned(nq, dt);
+                let mut args = vec![A::B(&mut dq), A::B(&mut delta), A::B(&mut g), A::B(&mut out), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B), A::B(&mut lse)];
+                args.extend(p.scalars());
+                for s in [p.qs, p.ks, p.vs, p.gs, p.os, p.dqs] {
+                    args.extend(i64s(s));
+                }
+                args.extend(p.mask_strides());
+                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
+                dev.launch(&kname("attention_backward_dq", dt), (c.b * c.h * c.tq.div_ceil(c.bq)) as u32, c.block, p.smem_dq(), &mut args).unwrap();
+                check(&format!("{what}: dq"), &dq.to_f32(), &dq0, dt, t);
+
+                let (mut dk, mut dv) = (Buf::poisoned(nk, dt), Buf::poisoned(nv, dt));
+                let mut args = vec![A::B(&mut dk), A::B(&mut dv), A::B(&mut g), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B), A::B(&mut lse), A::B(&mut delta)];
+                args.extend(p.scalars());
+                for s in [p.qs, p.ks, p.vs, p.gs, p.dks, p.dvs] {
+                    args.extend(i64s(s));
+                }
+                args.extend(p.mask_strides());
+                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
+                dev.launch(&kname("attention_backward_dkdv", dt), (c.b * c.h * c.tk.div_ceil(c.bk)) as u32, c.block, p.smem_dkdv(), &mut args).unwrap();
+                check(&format!("{what}: dk"), &dk.to_f32(), &dk0, dt, t);
+                check(&format!("{what}: dv"), &dv.to_f32(), &dv0, dt, t);
+            }
+        }
+    }
+}
