@@ -93,20 +93,16 @@ __device__ void layernorm_backward_dx(T* dx, const T* dy, const T* x, const T* w
 // ws: (2, chunks, C) f32; dy, x: (R, C) T; mean, rstd: (R) f32.
 template <typename T>
 __device__ void layernorm_backward_dwdb(float* ws, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, int c, int rows_per_chunk, int chunks) {
-    const int col_blocks = (c + blockDim.x - 1) / blockDim.x;
-    const long long chunk = blockIdx.x / col_blocks;
-    const int j = (blockIdx.x % col_blocks) * blockDim.x + threadIdx.x;
-    if (j >= c) return;
-    const long long r0 = chunk * rows_per_chunk;
-    const long long r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    const ColumnChunk k = column_chunk(rows, c, rows_per_chunk);
+    if (k.j >= c) return;
     float dw = 0.0f, db = 0.0f;
-    for (long long r = r0; r < r1; ++r) {
-        const float g = to_f32(dy[r * c + j]);
-        dw = fmaf(g, (to_f32(x[r * c + j]) - mean[r]) * rstd[r], dw);
+    for (long long r = k.r0; r < k.r1; ++r) {
+        const float g = to_f32(dy[r * c + k.j]);
+        dw = fmaf(g, (to_f32(x[r * c + k.j]) - mean[r]) * rstd[r], dw);
         db += g;
     }
-    ws[chunk * c + j] = dw;
-    ws[((long long)chunks + chunk) * c + j] = db;
+    ws[k.chunk * c + k.j] = dw;
+    ws[((long long)chunks + k.chunk) * c + k.j] = db;
 }
 
 #define LAYERNORM(S, T)                                                                                                        \

@@ -142,6 +142,22 @@ __device__ __forceinline__ bool drop_keep(const DropMask& m, unsigned long long 
 // Instantiates X(suffix, storage type) for each float storage type: kernels per dtype.
 #define ORT_FOR_FLOATS(X) X(f32, float) X(f16, f16_t) X(bf16, bf16_t)
 
+// The column-sum grid (reduce.cu, layernorm.cu's weight gradients): chunks × ceil(C /
+// blockDim) blocks, 1-D; block b handles rows [r0, r1) of chunk b / col_blocks for column j.
+struct ColumnChunk {
+    long long chunk, r0, r1;
+    int j;
+};
+__device__ __forceinline__ ColumnChunk column_chunk(long long rows, int c, int rows_per_chunk) {
+    const int col_blocks = (c + blockDim.x - 1) / blockDim.x;
+    ColumnChunk k;
+    k.chunk = blockIdx.x / col_blocks;
+    k.j = (blockIdx.x % col_blocks) * blockDim.x + threadIdx.x;
+    k.r0 = k.chunk * rows_per_chunk;
+    k.r1 = k.r0 + rows_per_chunk < rows ? k.r0 + rows_per_chunk : rows;
+    return k;
+}
+
 // A grid-stride loop over [0, n).
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)gridDim.x * blockDim.x)

@@ -12,15 +12,11 @@
 // b % col_blocks. ws: (chunks, C) f32; x: (R, C) T.
 template <typename T>
 __device__ void column_sum_partial(float* ws, const T* x, long long rows, int c, int rows_per_chunk) {
-    const int col_blocks = (c + blockDim.x - 1) / blockDim.x;
-    const long long chunk = blockIdx.x / col_blocks;
-    const int j = (blockIdx.x % col_blocks) * blockDim.x + threadIdx.x;
-    if (j >= c) return;
-    const long long r0 = chunk * rows_per_chunk;
-    const long long r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    const ColumnChunk k = column_chunk(rows, c, rows_per_chunk);
+    if (k.j >= c) return;
     float acc = 0.0f;
-    for (long long r = r0; r < r1; ++r) acc += to_f32(x[r * c + j]);
-    ws[chunk * c + j] = acc;
+    for (long long r = k.r0; r < k.r1; ++r) acc += to_f32(x[r * c + k.j]);
+    ws[k.chunk * c + k.j] = acc;
 }
 
 // out[j] = Σ_k ws[k, j] over the chunks in order. out: (C) T; ws: (chunks, C) f32.
