@@ -216,7 +216,7 @@ fn device_peak(device: &str) -> DevicePeak {
             Some(g) => (Some(g / 1e3), format!("given: {CPU_PEAK_VAR}={g}")),
             None => {
                 eprintln!("ortbench: measuring the CPU's best fp32 GEMM ({threads} threads, ~2 s)");
-                match ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0) {
+                match crate::cpu_peak::measure_peak_gflops(0) {
                     Ok(g) => {
                         let provider = ortbench_engine::backend::cpu::gemm::provider().map(|p| p.kind().name()).unwrap_or("?");
                         (Some(g / 1e3), format!("measured: best fp32 sgemm 8192×768×3072 on {threads} threads ({provider})"))
@@ -252,7 +252,7 @@ fn remeasure_cpu_peak(first: &DevicePeak) -> Option<DevicePeak> {
     if first.device != "cpu" || !first.gemm_source.as_deref().is_some_and(|s| s.starts_with("measured")) {
         return None;
     }
-    let g = ortbench_engine::backend::cpu::gemm::measure_peak_gflops(0).ok()? / 1e3;
+    let g = crate::cpu_peak::measure_peak_gflops(0).ok()? / 1e3;
     if g <= first.gemm_fp32.unwrap_or(0.0) {
         return None;
     }

@@ -22,33 +22,14 @@
 
 use super::gemm::{self, GemmError, Provider};
 use super::pool::{Pool, SyncPtr};
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::sync::OnceLock;
 
-type SgemmFn = unsafe extern "C" fn(
-    layout: c_int,
-    transa: c_int,
-    transb: c_int,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: f32,
-    a: *const f32,
-    lda: c_int,
-    b: *const f32,
-    ldb: c_int,
-    beta: f32,
-    c: *mut f32,
-    ldc: c_int,
-);
-type SetLocalFn = unsafe extern "C" fn(c_int) -> c_int;
+use super::gemm::mkl::{SetLocalFn, SgemmFn};
 
 enum St {
-    Mkl {
-        sgemm: SgemmFn,
-        set_local: SetLocalFn,
-        _lib: libloading::Library,
-    },
+    /// MKL's entry points, from the library the provider loaded (it lives for the process).
+    Mkl { sgemm: SgemmFn, set_local: SetLocalFn },
     Gemm,
     Reference,
 }
@@ -57,40 +38,12 @@ static ST: OnceLock<Result<St, GemmError>> = OnceLock::new();
 
 fn st() -> Result<&'static St, GemmError> {
     ST.get_or_init(|| match gemm::provider()? {
-        Provider::Mkl(lib) => {
-            // The same library the provider loaded (dlopen of the same path returns the same
-            // handle), for the two entry points it does not expose.
-            // SAFETY: loading an already-loaded library runs no initialisers again.
-            let l = unsafe { libloading::Library::new(lib.path()) }.map_err(|e| {
-                GemmError::MklUnavailable {
-                    searched: format!("  {}: {e}", lib.path().display()),
-                }
-            })?;
-            // SAFETY: prototypes from mkl_cblas.h / mkl_service.h (LP64); the pointers are
-            // stored next to `l`, which lives in a static.
-            unsafe {
-                let get = |name: &[u8]| -> Result<*mut c_void, GemmError> {
-                    l.get::<*mut c_void>(name)
-                        .map(|s| *s)
-                        .map_err(|_| GemmError::MklUnavailable {
-                            searched: format!(
-                                "  {}: no symbol {}",
-                                lib.path().display(),
-                                String::from_utf8_lossy(name)
-                            ),
-                        })
-                };
-                let sgemm = std::mem::transmute::<*mut c_void, SgemmFn>(get(b"cblas_sgemm\0")?);
-                let set_local = std::mem::transmute::<*mut c_void, SetLocalFn>(get(
-                    b"MKL_Set_Num_Threads_Local\0",
-                )?);
-                Ok(St::Mkl {
-                    sgemm,
-                    set_local,
-                    _lib: l,
-                })
-            }
-        }
+        Provider::Mkl(lib) => Ok(St::Mkl {
+            sgemm: lib.sgemm_fn(),
+            set_local: lib.set_num_threads_local_fn().ok_or_else(|| GemmError::MklUnavailable {
+                searched: format!("  {}: no symbol MKL_Set_Num_Threads_Local", lib.path().display()),
+            })?,
+        }),
         Provider::Gemm => Ok(St::Gemm),
         Provider::Reference => Ok(St::Reference),
     })

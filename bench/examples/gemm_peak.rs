@@ -2,7 +2,7 @@
 //! run (it is GEMM-bound) and what "peak" the MFU of CPU runs is measured against.
 //!
 //! ```text
-//! cargo run --release --example gemm_peak -p ortbench-engine -- [--provider mkl|gemm|reference]
+//! cargo run --release --example gemm_peak -p ortbench -- [--provider mkl|gemm|reference]
 //!     [--threads N] [--reps R]
 //! ```
 //!
@@ -97,7 +97,7 @@ fn run() -> Result<(), String> {
                 continue;
             }
             let mut rates =
-                gemm::time_sgemm(*p, m, n, k, 2, args.reps).map_err(|e| e.to_string())?;
+                ortbench::cpu_peak::time_sgemm(*p, m, n, k, 2, args.reps).map_err(|e| e.to_string())?;
             rates.sort_by(f64::total_cmp);
             let shape = format!("{m}x{n}x{k} ({label})");
             println!(
@@ -114,7 +114,7 @@ fn run() -> Result<(), String> {
     print_thread_cpu();
     match gemm::provider() {
         Ok(active) => {
-            let peak = gemm::measure_peak_gflops(args.threads).map_err(|e| e.to_string())?;
+            let peak = ortbench::cpu_peak::measure_peak_gflops(args.threads).map_err(|e| e.to_string())?;
             println!("measure_peak_gflops (active provider {active}): {peak:.1} GFLOP/s");
         }
         Err(e) => println!("no active provider for measure_peak_gflops: {e}"),
