@@ -621,69 +621,135 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         (true, Some(l)) => l,
         _ => return Err(PlanError::NotTraining),
     };
-    let nodes = g.nodes();
-    for i in 0..nodes.len() {
-        k.check(g, i)?;
-    }
+    let ctx = Ctx::new(g, k)?;
+    let groups = Groups::place(&ctx);
+    let mut last = liveness(&ctx, &groups.fold, loss);
+    let (grad_copies, grad_zeros) = gradient_slots(&ctx, &groups, &mut last);
     let nt = g.tensors().len();
-    let mut producer = vec![None; nt];
-    let mut consumers = vec![Vec::new(); nt];
-    for (i, n) in nodes.iter().enumerate() {
-        for (s, &o) in n.outputs.iter().enumerate() {
-            producer[o.index()] = Some((i, s));
-        }
-        for (s, &x) in n.inputs.iter().enumerate() {
-            consumers[x.index()].push((i, s));
-        }
-    }
-    let mut grad_of = vec![None; nt];
-    for i in (0..g.params().len()).rev() {
-        if let Some(t) = g.param_grad(i) {
-            grad_of[t.index()] = Some(i);
-        }
-    }
-    let mut input_index = vec![None; nt];
-    for (i, &t) in g.inputs().iter().enumerate() {
-        input_index[t.index()] = Some(i);
-    }
-    let ctx = Ctx { g, k, producer, consumers, grad_of, input_index };
+    let def: Vec<Option<usize>> = (0..nt).map(|t| ctx.producer[t].map(|(n, _)| n)).collect();
+    let live: Vec<Option<(usize, usize)>> = (0..nt).map(|t| def[t].map(|d| (d, last[t].unwrap_or(d).max(d)))).collect();
+    let mut sets = merge_in_place(&ctx, &groups, &def, &last);
+    let arena = lay_out_arena(&ctx, &groups, &mut sets);
+    let places: Vec<Place> = (0..nt)
+        .map(|t| {
+            let s = sets.set[groups.group_of[t]];
+            let l = &groups.lay[t];
+            let off = sets.base[s] as isize + l.off;
+            Place { root: sets.root[s], offset: off.max(0) as usize, strides: l.strides.iter().map(|&x| x.max(0) as usize).collect() }
+        })
+        .collect();
+    let steps = (0..g.nodes().len())
+        .filter(|&i| !groups.fold[i])
+        .map(|i| Step { node: i, inplace: sets.inplace[i], workspace: arena.workspace_of.get(&i).copied() })
+        .collect();
+    let naive_bytes = g
+        .nodes()
+        .iter()
+        .flat_map(|n| &n.outputs)
+        .filter(|&&o| g.tensor(o).elem != ElemType::I64)
+        .map(|&o| g.tensor(o).numel() * 4)
+        .sum();
+    Ok(Plan {
+        places,
+        folded: groups.fold,
+        steps,
+        live,
+        buffers: arena.buffers,
+        buffer_of: arena.buffer_of,
+        arena_len: arena.len,
+        naive_bytes,
+        grad_copies,
+        grad_zeros,
+        loss,
+    })
+}
 
-    // 2–3. Alias groups and their layouts; materialise views until every group places.
-    let mut fold: Vec<bool> = nodes.iter().map(|n| is_view(&n.op)).collect();
-    let (groups, placed) = loop {
-        let groups = components(g, &fold);
-        let mut placed = Vec::with_capacity(groups.len());
-        let mut cut = None;
-        for m in &groups {
-            match place_group(&ctx, &fold, m) {
-                Ok(p) => placed.push(p),
-                Err(()) => {
-                    cut = Some(choose_cut(&ctx, &fold, m));
-                    break;
-                }
+impl<'a> Ctx<'a> {
+    /// Step 1: every node has a kernel on this backend; producer, consumers, gradient and
+    /// input indices per tensor.
+    fn new(g: &'a Graph, k: &'a dyn Kernels) -> Result<Ctx<'a>, PlanError> {
+        let nodes = g.nodes();
+        for i in 0..nodes.len() {
+            k.check(g, i)?;
+        }
+        let nt = g.tensors().len();
+        let mut producer = vec![None; nt];
+        let mut consumers = vec![Vec::new(); nt];
+        for (i, n) in nodes.iter().enumerate() {
+            for (s, &o) in n.outputs.iter().enumerate() {
+                producer[o.index()] = Some((i, s));
+            }
+            for (s, &x) in n.inputs.iter().enumerate() {
+                consumers[x.index()].push((i, s));
             }
         }
-        match cut {
-            Some(c) => fold[c] = false,
-            None => break (groups, placed),
+        let mut grad_of = vec![None; nt];
+        for i in (0..g.params().len()).rev() {
+            if let Some(t) = g.param_grad(i) {
+                grad_of[t.index()] = Some(i);
+            }
         }
-    };
-    let mut group_of = vec![0usize; nt];
-    let mut lay: Vec<Option<Lay>> = vec![None; nt];
-    for (gi, p) in placed.iter().enumerate() {
-        for (t, l) in &p.lays {
-            group_of[t.index()] = gi;
-            lay[t.index()] = Some(l.clone());
+        let mut input_index = vec![None; nt];
+        for (i, &t) in g.inputs().iter().enumerate() {
+            input_index[t.index()] = Some(i);
         }
+        Ok(Ctx { g, k, producer, consumers, grad_of, input_index })
     }
-    let lay: Vec<Lay> = lay.into_iter().map(|l| l.expect("every tensor is in a group")).collect();
+}
 
-    // 5. Liveness per tensor: executed uses, extended through folded views (reverse order).
-    let end = nodes.len();
-    let mut last: Vec<Option<usize>> = vec![None; nt];
-    for (t, cs) in ctx.consumers.iter().enumerate() {
-        last[t] = cs.iter().filter(|&&(n, _)| !fold[n]).map(|&(n, _)| n).max();
+/// Alias groups (tensors sharing memory through folded views) and where each is laid out.
+struct Groups {
+    /// Per node: a view folded into its neighbours' memory.
+    fold: Vec<bool>,
+    members: Vec<Vec<TensorId>>,
+    placed: Vec<GroupPlace>,
+    /// Per tensor: its group, and its layout inside the group.
+    group_of: Vec<usize>,
+    lay: Vec<Lay>,
+}
+
+impl Groups {
+    /// Steps 2–3: alias groups and their layouts, materialising views (unfolding the one
+    /// [`choose_cut`] picks) until every group places.
+    fn place(ctx: &Ctx) -> Groups {
+        let (g, nt) = (ctx.g, ctx.g.tensors().len());
+        let mut fold: Vec<bool> = g.nodes().iter().map(|n| is_view(&n.op)).collect();
+        let (members, placed) = loop {
+            let groups = components(g, &fold);
+            let mut placed = Vec::with_capacity(groups.len());
+            let mut cut = None;
+            for m in &groups {
+                match place_group(ctx, &fold, m) {
+                    Ok(p) => placed.push(p),
+                    Err(()) => {
+                        cut = Some(choose_cut(ctx, &fold, m));
+                        break;
+                    }
+                }
+            }
+            match cut {
+                Some(c) => fold[c] = false,
+                None => break (groups, placed),
+            }
+        };
+        let mut group_of = vec![0usize; nt];
+        let mut lay: Vec<Option<Lay>> = vec![None; nt];
+        for (gi, p) in placed.iter().enumerate() {
+            for (t, l) in &p.lays {
+                group_of[t.index()] = gi;
+                lay[t.index()] = Some(l.clone());
+            }
+        }
+        let lay = lay.into_iter().map(|l| l.expect("every tensor is in a group")).collect();
+        Groups { fold, members, placed, group_of, lay }
     }
+}
+
+/// Step 5: per tensor, the last executed node that uses it, extended through folded views
+/// (in reverse order); the loss lives to the end.
+fn liveness(ctx: &Ctx, fold: &[bool], loss: TensorId) -> Vec<Option<usize>> {
+    let nodes = ctx.g.nodes();
+    let mut last: Vec<Option<usize>> = ctx.consumers.iter().map(|cs| cs.iter().filter(|&&(n, _)| !fold[n]).map(|&(n, _)| n).max()).collect();
     for i in (0..nodes.len()).rev() {
         if !fold[i] {
             continue;
@@ -697,16 +763,22 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
             last[t.index()] = last[t.index()].max(l);
         }
     }
-    last[loss.index()] = Some(end);
-    // Gradients that are not in their parameter's slot are copied at the end.
+    last[loss.index()] = Some(nodes.len());
+    last
+}
+
+/// Gradients that are not in their parameter's slot of the gradient buffer are copied there at
+/// the end (and live until then); parameters the loss does not depend on get zeros.
+fn gradient_slots(ctx: &Ctx, groups: &Groups, last: &mut [Option<usize>]) -> (Vec<(TensorId, usize, usize)>, Vec<(usize, usize)>) {
+    let (g, end) = (ctx.g, ctx.g.nodes().len());
     let mut grad_copies = Vec::new();
     let mut grad_zeros = Vec::new();
     for (i, p) in g.params().iter().enumerate() {
         match g.param_grad(i) {
             None => grad_zeros.push((p.offset, p.len)),
             Some(t) => {
-                let gp = &placed[group_of[t.index()]];
-                let l = &lay[t.index()];
+                let gp = &groups.placed[groups.group_of[t.index()]];
+                let l = &groups.lay[t.index()];
                 let in_slot = gp.root == Root::Grad
                     && gp.base as isize + l.off == p.offset as isize
                     && is_contiguous(g.shape(t), &l.strides)
@@ -718,16 +790,34 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
             }
         }
     }
-    let def: Vec<Option<usize>> = (0..nt).map(|t| ctx.producer[t].map(|(n, _)| n)).collect();
-    let live: Vec<Option<(usize, usize)>> = (0..nt).map(|t| def[t].map(|d| (d, last[t].unwrap_or(d).max(d)))).collect();
+    (grad_copies, grad_zeros)
+}
 
-    // Per group: when its memory is needed.
+/// Buffer sets: alias groups merged where an output overwrites a dying input in place.
+struct Sets {
+    /// Per group: the representative group of its set.
+    set: Vec<usize>,
+    /// Per set representative: root, base offset (arena: assigned by [`lay_out_arena`]),
+    /// first and last node that needs its memory.
+    root: Vec<Root>,
+    base: Vec<usize>,
+    first: Vec<usize>,
+    last: Vec<usize>,
+    /// Per node: the input slot its output 0 overwrites.
+    inplace: Vec<Option<usize>>,
+}
+
+/// Step 4: when each group's memory is needed, then the in-place merges (union of groups into
+/// buffer sets, in schedule order) the kernels allow.
+fn merge_in_place(ctx: &Ctx, groups: &Groups, def: &[Option<usize>], last: &[Option<usize>]) -> Sets {
+    let (g, k, nodes) = (ctx.g, ctx.k, ctx.g.nodes());
+    let (placed, group_of, lay, fold) = (&groups.placed, &groups.group_of, &groups.lay, &groups.fold);
     let ng = placed.len();
     let mut gfirst = vec![usize::MAX; ng];
     let mut glast = vec![0usize; ng];
-    for t in 0..nt {
+    for t in 0..g.tensors().len() {
         let gi = group_of[t];
-        if ctx.written(TensorId(t as u32), &fold) {
+        if ctx.written(TensorId(t as u32), fold) {
             gfirst[gi] = gfirst[gi].min(def[t].expect("written tensors have a producer"));
         }
         if let Some(l) = last[t] {
@@ -740,9 +830,6 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         }
         glast[gi] = glast[gi].max(gfirst[gi]);
     }
-
-    // 4. In-place merges: union of groups into buffer sets, in schedule order.
-    let mut set: Vec<usize> = (0..ng).collect();
     fn find(p: &mut [usize], mut x: usize) -> usize {
         while p[x] != x {
             p[x] = p[p[x]];
@@ -750,10 +837,9 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         }
         x
     }
-    let mut sroot: Vec<Root> = placed.iter().map(|p| p.root).collect();
-    let mut sbase: Vec<usize> = placed.iter().map(|p| p.base).collect();
-    let mut sfirst = gfirst.clone();
-    let mut slast = glast.clone();
+    let mut set: Vec<usize> = (0..ng).collect();
+    let root: Vec<Root> = placed.iter().map(|p| p.root).collect();
+    let (mut sfirst, mut slast) = (gfirst, glast);
     let mut inplace = vec![None; nodes.len()];
     let whole = |t: TensorId| {
         let gi = group_of[t.index()];
@@ -773,8 +859,8 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
             let (sa, so) = (find(&mut set, group_of[a.index()]), find(&mut set, group_of[o.index()]));
             let other_inputs_alias = n.inputs.iter().enumerate().any(|(s, &x)| s != slot && find(&mut set, group_of[x.index()]) == sa);
             let ok = sa != so
-                && sroot[sa] == Root::Arena
-                && matches!(sroot[so], Root::Arena | Root::Grad)
+                && root[sa] == Root::Arena
+                && matches!(root[so], Root::Arena | Root::Grad)
                 && whole(a)
                 && whole(o)
                 && slast[sa] == i
@@ -786,15 +872,28 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
                 set[sa] = so;
                 sfirst[so] = sfirst[so].min(sfirst[sa]);
                 slast[so] = slast[so].max(slast[sa]);
-                let _ = (&mut sroot, &mut sbase);
                 inplace[i] = Some(slot);
                 break;
             }
         }
     }
-    let sets: Vec<usize> = (0..ng).map(|gi| find(&mut set, gi)).collect();
+    let set = (0..ng).map(|gi| find(&mut set, gi)).collect();
+    Sets { set, root, base: placed.iter().map(|p| p.base).collect(), first: sfirst, last: slast, inplace }
+}
 
-    // 6. Arena: buffer sets in the arena, and workspaces.
+/// The arena's contents.
+struct Arena {
+    buffers: Vec<Buffer>,
+    buffer_of: Vec<Option<usize>>,
+    len: usize,
+    /// Per node with scratch: (offset, len) in the arena.
+    workspace_of: HashMap<usize, (usize, usize)>,
+}
+
+/// Step 6: buffer sets rooted in the arena and the kernels' workspaces get arena offsets
+/// (best fit over lifetimes, [`allocate`]); sets' base offsets are filled in.
+fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
+    let (g, k, nt) = (ctx.g, ctx.k, ctx.g.tensors().len());
     struct Item {
         len: usize,
         first: usize,
@@ -805,41 +904,39 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
     }
     let mut items: Vec<Item> = Vec::new();
     let mut item_of_set: HashMap<usize, usize> = HashMap::new();
-    for gi in 0..ng {
-        let s = sets[gi];
-        if sroot[s] != Root::Arena {
+    for gi in 0..groups.placed.len() {
+        let s = sets.set[gi];
+        if sets.root[s] != Root::Arena {
             continue;
         }
         let it = *item_of_set.entry(s).or_insert_with(|| {
-            items.push(Item { len: 0, first: sfirst[s], last: slast[s], tensors: Vec::new(), workspace: None, set: Some(s) });
+            items.push(Item { len: 0, first: sets.first[s], last: sets.last[s], tensors: Vec::new(), workspace: None, set: Some(s) });
             items.len() - 1
         });
-        items[it].len = items[it].len.max(placed[gi].extent);
-        items[it].tensors.extend(groups[gi].iter().copied());
+        items[it].len = items[it].len.max(groups.placed[gi].extent);
+        items[it].tensors.extend(groups.members[gi].iter().copied());
     }
-    for (i, n) in nodes.iter().enumerate() {
-        if fold[i] {
+    for i in 0..g.nodes().len() {
+        if groups.fold[i] {
             continue;
         }
         let w = k.workspace(g, i);
         if w > 0 {
             items.push(Item { len: w, first: i, last: i, tensors: Vec::new(), workspace: Some(i), set: None });
         }
-        let _ = n;
     }
     for it in &mut items {
         it.len = it.len.max(1).next_multiple_of(ALIGN_ELEMS);
         it.tensors.sort();
     }
     let offsets = allocate(&items.iter().map(|it| (it.len, it.first, it.last)).collect::<Vec<_>>());
-    let arena_len = items.iter().zip(&offsets).map(|(it, &o)| o + it.len).max().unwrap_or(0);
-    let mut set_offset: HashMap<usize, usize> = HashMap::new();
-    let mut workspace_of: HashMap<usize, (usize, usize)> = HashMap::new();
+    let len = items.iter().zip(&offsets).map(|(it, &o)| o + it.len).max().unwrap_or(0);
+    let mut workspace_of = HashMap::new();
     let mut buffers = Vec::with_capacity(items.len());
     let mut buffer_of = vec![None; nt];
     for (bi, (it, &off)) in items.iter().zip(&offsets).enumerate() {
         if let Some(s) = it.set {
-            set_offset.insert(s, off);
+            sets.base[s] = off;
         }
         if let Some(node) = it.workspace {
             workspace_of.insert(node, (off, it.len));
@@ -849,30 +946,7 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         }
         buffers.push(Buffer { offset: off, len: it.len, first: it.first, last: it.last, tensors: it.tensors.clone(), workspace: it.workspace.is_some() });
     }
-    for s in 0..ng {
-        if sets[s] == s && sroot[s] == Root::Arena {
-            sbase[s] = set_offset[&s];
-        }
-    }
-    let places: Vec<Place> = (0..nt)
-        .map(|t| {
-            let s = sets[group_of[t]];
-            let l = &lay[t];
-            let off = sbase[s] as isize + l.off;
-            Place { root: sroot[s], offset: off.max(0) as usize, strides: l.strides.iter().map(|&x| x.max(0) as usize).collect() }
-        })
-        .collect();
-    let steps = (0..nodes.len())
-        .filter(|&i| !fold[i])
-        .map(|i| Step { node: i, inplace: inplace[i], workspace: workspace_of.get(&i).copied() })
-        .collect();
-    let naive_bytes = nodes
-        .iter()
-        .flat_map(|n| &n.outputs)
-        .filter(|&&o| g.tensor(o).elem != ElemType::I64)
-        .map(|&o| g.tensor(o).numel() * 4)
-        .sum();
-    Ok(Plan { places, folded: fold, steps, live, buffers, buffer_of, arena_len, naive_bytes, grad_copies, grad_zeros, loss })
+    Arena { buffers, buffer_of, len, workspace_of }
 }
 
 /// Offsets for (len, first, last) items: largest first, each at the smallest gap among the
