@@ -12,9 +12,12 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("adamw.cu", include_str!("../../kernels/adamw.cu")),
     ("attention.cu", include_str!("../../kernels/attention.cu")),
     ("copy.cu", include_str!("../../kernels/copy.cu")),
+    ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
     ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
+    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
     ("layernorm.cu", include_str!("../../kernels/layernorm.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
+    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
 ];
 
 /// The source NVRTC / hiprtc compile for `file`: port.cuh pasted in place of its `#include`
