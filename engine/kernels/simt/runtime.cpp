@@ -21,6 +21,12 @@ enum class St : unsigned char { Run, AtBlock, AtWarp, Done };
 struct Sched {
     int n = 0, ws = 32;
     std::vector<int> order, pos;  // order[k] = thread id running k-th; pos = its inverse
+    // Greedy: the baton always goes to the earliest runnable thread in the order (the early
+    // threads run ahead as far as barriers let them), instead of round-robin from the thread
+    // that yields. Round-robin lets every warp finish a phase before any moves on; greedy lets
+    // warp 0 race into the next phase while later warps have not read the last one — what a
+    // barrier guarding shared-memory reuse exists for.
+    bool greedy = false;
     std::vector<St> st;
     int block_arrived = 0;
     std::vector<int> warp_arrived;
@@ -71,7 +77,7 @@ unsigned char* dyn_smem() { return g->smem.data(); }
 // `wait`, blocks until the baton comes back. Lock held on entry, released on return.
 static void pass_baton(std::unique_lock<std::mutex>& lk, int me, bool wait) {
     Sched& s = *g;
-    const int p = s.pos[me];
+    const int p = s.greedy ? -1 : s.pos[me];
     for (int k = 1; k <= s.n; ++k) {
         const int t = s.order[(p + k) % s.n];
         if (s.st[t] != St::Run) continue;
@@ -174,7 +180,8 @@ const char* simt_kernel_name(unsigned long long i) { return simt::registry()[i].
 
 // Runs kernel `name` on grid × block threads with `smem` bytes of dynamic shared memory at warp
 // size `warp`, threads taking turns in schedule `order` (0 forward, 1 reverse, k ≥ 2 a shuffle
-// seeded by k). Returns 0, or 1 with a message in err.
+// seeded by k; bit 31 set: the same order, handed over greedily — see Sched::greedy). Returns
+// 0, or 1 with a message in err.
 int simt_launch(const char* name, const unsigned* grid, const unsigned* block, unsigned smem, unsigned warp, unsigned order, void** args,
                 char* err, unsigned long long err_len) {
     using namespace simt;
@@ -198,6 +205,8 @@ int simt_launch(const char* name, const unsigned* grid, const unsigned* block, u
     s.n = (int)n;
     s.ws = (int)warp;
     s.order.resize(n);
+    s.greedy = (order & 0x80000000u) != 0;
+    order &= 0x7fffffffu;
     for (int i = 0; i < s.n; ++i) s.order[i] = order == 1 ? s.n - 1 - i : i;
     if (order >= 2) std::shuffle(s.order.begin(), s.order.end(), std::mt19937_64(order));
     s.pos.resize(n);

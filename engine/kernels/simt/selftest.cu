@@ -48,3 +48,21 @@ ORT_KERNEL(selftest_copy)(const float* x, float* y, long long n) {
     GRID_STRIDE(i, n) y[i] = x[i];
 }
 ORT_REGISTER(selftest_copy)
+
+// Two rows reduced through the same shared scratch: out[row] = Σ x[row·B + t], written by the
+// block's last thread. `guard` = 0 drops the barrier that keeps an early warp from writing
+// row 1's partial while later warps still read row 0's. x: (2·B); out: (2)
+ORT_KERNEL(selftest_two_rows)(const float* x, float* out, int guard) {
+    __shared__ float s[32];
+    const int nwarps = (int)blockDim.x / warpSize;
+    for (int row = 0; row < 2; ++row) {
+        const float v = warp_sum(x[row * blockDim.x + threadIdx.x]);
+        if (lane_id() == 0) s[warp_id()] = v;
+        __syncthreads();
+        float t = 0.0f;
+        for (int w = 0; w < nwarps; ++w) t += s[w];
+        if (guard) __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) out[row] = t;
+    }
+}
+ORT_REGISTER(selftest_two_rows)

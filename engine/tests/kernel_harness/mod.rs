@@ -2,9 +2,10 @@
 //!
 //! A test launches `engine/kernels/*.cu` kernels through [`Dev::launch`] on each of
 //! [`devices`]: by default the host SIMT harness at warp sizes 32 and 64, threads taking turns
-//! forward and in reverse (a missing barrier shows in one of the two); with
-//! `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) the GPU instead. Outputs are compared
-//! with the engine's CPU kernels on random, never-zero inputs rounded to the storage dtype.
+//! forward, in reverse and greedily (early warps racing ahead): a missing barrier shows in
+//! one; with `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) the GPU instead. Outputs are
+//! compared with the engine's CPU kernels on random, never-zero inputs rounded to the storage
+//! dtype.
 #![allow(dead_code)]
 
 use ortbench_simt::{Buf, Dtype, Order};
@@ -48,7 +49,7 @@ pub fn devices() -> Vec<Dev> {
         Ok("simt") | Err(_) => {
             let mut v = Vec::new();
             for warp in [32, 64] {
-                for order in [Order::Forward, Order::Reverse] {
+                for order in [Order::Forward, Order::Reverse, Order::Greedy] {
                     v.push(Dev::Simt { warp, order });
                 }
             }

@@ -27,6 +27,11 @@ pub enum Order {
     Reverse,
     /// A permutation seeded by the value (≥ 2).
     Shuffled(u32),
+    /// Forward order, but the earliest runnable thread always runs next: early warps race
+    /// ahead into the next phase while later ones have not finished the last (round-robin
+    /// orders let every warp finish a phase first). Exposes a missing barrier that guards
+    /// shared memory against being overwritten while slower warps still read it.
+    Greedy,
 }
 
 impl Order {
@@ -34,7 +39,8 @@ impl Order {
         match self {
             Order::Forward => 0,
             Order::Reverse => 1,
-            Order::Shuffled(s) => s.max(2),
+            Order::Shuffled(s) => s.clamp(2, 0x7fff_ffff),
+            Order::Greedy => 0x8000_0000,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use ortbench_simt::{launch, Buf, Dtype, Order};
 
-const ORDERS: [Order; 3] = [Order::Forward, Order::Reverse, Order::Shuffled(7)];
+const ORDERS: [Order; 4] = [Order::Forward, Order::Reverse, Order::Shuffled(7), Order::Greedy];
 
 fn data(n: usize) -> Vec<f32> {
     // Small integers: every summation order gives the exact same f32 sum.
@@ -53,6 +53,29 @@ fn a_missing_syncthreads_gives_a_wrong_sum_in_some_order() {
         .filter(|&&o| run_sum("selftest_tree_sum", &x, grid, block, 32, o, &[ortbench_simt::Arg::I32(0)]).unwrap() != want)
         .count();
     assert!(wrong > 0, "the race went unseen in every order");
+}
+
+#[test]
+fn a_missing_barrier_before_shared_memory_reuse_is_caught_by_the_greedy_order() {
+    // Round-robin orders let every warp read a phase's shared values before any warp moves
+    // on, so only the greedy order (early warps race ahead) shows this race.
+    let block = 128u32;
+    let x = data(2 * block as usize);
+    let want = block_sums(&x, block as usize);
+    for warp in [32, 64] {
+        let run = |order: Order, guard: i32| {
+            let mut xb = Buf::from_f32(&x, Dtype::F32);
+            let mut out = Buf::poisoned(2, Dtype::F32);
+            // SAFETY: x holds 2·block elements, out 2.
+            unsafe { launch("selftest_two_rows", (1, 1, 1), (block, 1, 1), 0, warp, order, &[xb.ptr(), out.ptr(), ortbench_simt::Arg::I32(guard)]) }.unwrap();
+            out.check_guards().unwrap();
+            out.to_f32()
+        };
+        for order in ORDERS {
+            assert_eq!(run(order, 1), want, "guarded, warp {warp} {order:?}");
+        }
+        assert_ne!(run(Order::Greedy, 0), want, "warp {warp}: the unguarded reuse went unseen by the greedy order");
+    }
 }
 
 #[test]
