@@ -1,12 +1,22 @@
 //! Data parallelism over a [`Collective`]: DDP (gradients averaged, every rank runs the full
 //! optimizer) and ZeRO stage 1 (Rajbhandari et al. 2020, §5.1 P_os: gradients reduce-scattered,
-//! each rank updates only its shard of the fp32 master weights and Adam moments, the updated
-//! parameters all-gathered).
+//! each rank updates only its shard of the parameters with the Adam moments of that shard, the
+//! updated parameters all-gathered).
+//!
+//! ZeRO-1 runs in place, as llm.c does (`train_gpt2.cu`: `ncclReduceScatter(grads, grads +
+//! rank·shard, …)`, then `ncclAllGather(params + rank·shard, params, …)`): the gradients are
+//! reduce-scattered inside the session's flat gradient buffer, the rank's AdamW updates its
+//! slice of the session's parameters, and the all-gather fills the others' slices — no
+//! full-size scratch buffer, no shard copies; beside the session a rank holds only its
+//! moments (8Ψ/N bytes). The flat buffers stay Ψ long: their padding to a multiple of the ranks
+//! ([`Sharding`]) is never stored (the in-place collectives take buffers shorter than N·k).
 //!
 //! Loss normalisation follows HF Trainer's `average_tokens_across_devices`: a rank's gradient
 //! is weighted by its share of the global batch's labelled tokens, so N ranks compute exactly
 //! the gradient of one rank on the whole global batch (an MLM batch has different label counts
 //! per rank; plain averaging of per-rank means would not).
+
+use std::ops::Range;
 
 use crate::collective::{Collective, CollectiveError, ReduceOp, Sharding};
 use crate::exec::Inputs;
@@ -32,17 +42,40 @@ pub enum ParallelError {
     Collective(#[from] CollectiveError),
 }
 
-/// ZeRO-1 state of one rank.
+/// ZeRO-1 state of one rank of N > 1 (one rank runs as DDP: it would shard nothing).
+///
+/// Nothing here is parameter- or gradient-sized: the rank's shards are slices of the session's
+/// own flat buffers, `session.params[own]` and `session.grads[own]`.
 struct Zero1State {
     sharding: Sharding,
-    /// fp32 master weights of this rank's shard.
-    master: Vec<f32>,
-    /// Adam moments of this rank's shard.
+    /// This rank's stored elements of the flat buffers: its shard of the padded layout clipped
+    /// to Ψ (short or empty for the last ranks, whose padding is never stored).
+    own: Range<usize>,
+    /// AdamW over `own` only: both moments are `own.len()` long, fp32.
     opt: AdamW,
-    /// Scratch: the padded gradient to reduce-scatter, and the padded gathered parameters.
-    send: Vec<f32>,
-    gathered: Vec<f32>,
-    grad_shard: Vec<f32>,
+}
+
+impl Zero1State {
+    /// Takes this rank's shard of `session`'s optimizer: its moments (state kept, if the
+    /// session has stepped already) and step count; the session's full moments are freed.
+    fn take_shard(session: &mut TrainSession, rank: usize, world: usize) -> Self {
+        let sharding = Sharding::new(session.params.len(), world, SHARD_ALIGN);
+        let own = sharding.real_range(rank);
+        let full = &mut session.opt;
+        // Shrunk where they lie (copy_within + realloc): never the full and the shard moments at once.
+        let (m, v) = (shard_of(std::mem::take(&mut full.m), &own), shard_of(std::mem::take(&mut full.v), &own));
+        let mut opt = AdamW::new(full.cfg, shard_segments(full.segments(), own.clone()), own.len());
+        (opt.m, opt.v, opt.step, opt.threads) = (m, v, full.step, full.threads);
+        Zero1State { sharding, own, opt }
+    }
+}
+
+/// `full[range]`, in `full`'s own allocation shrunk to fit.
+fn shard_of(mut full: Vec<f32>, range: &Range<usize>) -> Vec<f32> {
+    full.copy_within(range.clone(), 0);
+    full.truncate(range.len());
+    full.shrink_to_fit();
+    full
 }
 
 /// One rank of a data-parallel training run.
@@ -78,43 +111,28 @@ pub fn shard_segments(full: &[Segment], range: std::ops::Range<usize>) -> Vec<Se
 }
 
 impl<C: Collective> DataParallel<C> {
-    /// Wraps this rank's session. All ranks must start from identical parameters.
-    pub fn new(session: TrainSession, group: C, strategy: Strategy) -> Self {
-        let zero = (strategy == Strategy::Zero1).then(|| {
-            let total = session.params.len();
-            let sharding = Sharding::new(total, group.world_size(), SHARD_ALIGN);
-            let range = sharding.range(group.rank());
-            let real = sharding.real_range(group.rank());
-            let mut master = vec![0.0; sharding.shard];
-            master[..real.len()].copy_from_slice(&session.params[real]);
-            let segments = shard_segments(session.opt.segments(), range);
-            let mut opt = AdamW::new(session.opt.cfg, segments, sharding.shard);
-            opt.threads = session.opt.threads;
-            Zero1State {
-                sharding,
-                master,
-                opt,
-                send: vec![0.0; sharding.padded()],
-                gathered: vec![0.0; sharding.padded()],
-                grad_shard: vec![0.0; sharding.shard],
-            }
-        });
-        let mut dp = DataParallel { session, group, strategy, zero, scaler: None, fault: None, grad_fault: None };
-        if dp.strategy == Strategy::Zero1 {
-            // The full optimizer state of the session is not used: free it.
-            dp.session.opt.m = Vec::new();
-            dp.session.opt.v = Vec::new();
-        }
-        dp
+    /// Wraps this rank's session. All ranks must start from identical parameters. Under
+    /// ZeRO-1 with N > 1 ranks the session's full moments are replaced by this rank's shard
+    /// of them; one rank runs exactly as DDP (no shard state, no collectives).
+    pub fn new(mut session: TrainSession, group: C, strategy: Strategy) -> Self {
+        let world = group.world_size();
+        let zero = (strategy == Strategy::Zero1 && world > 1).then(|| Zero1State::take_shard(&mut session, group.rank(), world));
+        DataParallel { session, group, strategy, zero, scaler: None, fault: None, grad_fault: None }
     }
 
-    /// Bytes of optimizer state this rank holds: ZeRO-1 — fp32 master shard + two moment
-    /// shards (12Ψ/N up to padding); DDP — the two full moments (8Ψ) plus, in mixed
-    /// precision, the full fp32 master copy (12Ψ; fp32 training keeps no separate master).
+    /// Bytes of optimizer state this rank holds: the fp32 Adam moments of the parameters it
+    /// updates — 8Ψ under DDP (and ZeRO-1 on one rank), 8Ψ/N under ZeRO-1 (its shard, the
+    /// padding not stored), in every precision.
+    ///
+    /// There is no fp32 master copy to count: on this CPU engine `session.params` is fp32 in
+    /// every precision (fp16/bf16 steps read the rounded copy `session.compute`), so the
+    /// parameters themselves are the master weights, updated in place — under ZeRO-1 the
+    /// rank's slice of them is the master of its shard. (A GPU backend that stores only
+    /// f16/bf16 parameters would add an fp32 master: 4Ψ under DDP, 4Ψ/N under ZeRO-1 — the
+    /// ZeRO paper's 12Ψ and 12Ψ/N.)
     pub fn optimizer_bytes(&self) -> usize {
         match &self.zero {
-            Some(z) => z.master.len() * 4 + z.opt.state_bytes(),
-            None if self.session.precision() != crate::DType::F32 => self.session.params.len() * 4 + self.session.opt.state_bytes(),
+            Some(z) => z.opt.state_bytes(),
             None => self.session.opt.state_bytes(),
         }
     }
@@ -173,38 +191,8 @@ impl<C: Collective> DataParallel<C> {
             }
         }
         let (grad_norm, finite) = match self.zero.as_mut() {
-            None => {
-                if !single {
-                    self.group.all_reduce(&mut self.session.grads, ReduceOp::Sum)?;
-                }
-                let s = &mut self.session;
-                let prec = s.precision();
-                let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, TrainSession::mirror(&mut s.compute, prec));
-                (stats.norm, stats.finite)
-            }
-            Some(z) => {
-                let n = self.session.params.len();
-                z.send[..n].copy_from_slice(&self.session.grads);
-                z.send[n..].fill(0.0);
-                self.group.reduce_scatter(&z.send, &mut z.grad_shard, ReduceOp::Sum)?;
-                // Global norm and overflow: every rank must clip and skip identically.
-                let (ss, finite) = crate::optim::adamw::sum_squares(&z.grad_shard, inv_scale, z.opt.threads);
-                let mut red = [ss, if finite { 0.0 } else { 1.0 }];
-                self.group.all_reduce(&mut red[..1], ReduceOp::Sum)?;
-                self.group.all_reduce(&mut red[1..], ReduceOp::Max)?;
-                let norm = red[0].sqrt() as f32;
-                let finite = red[1] == 0.0 && norm.is_finite();
-                if finite {
-                    let coef = z.opt.clip_coef(norm);
-                    z.opt.update(&mut z.master, &z.grad_shard, coef * inv_scale, lr, ParamMirror::None);
-                    self.group.all_gather(&z.master, &mut z.gathered)?;
-                    self.session.params.copy_from_slice(&z.gathered[..n]);
-                    // The compute-dtype copy the next forward reads (a real fp16 ZeRO-1 would
-                    // all-gather it in f16; the values are the same).
-                    self.session.refresh_compute();
-                }
-                (norm, finite)
-            }
+            None => ddp_update(&self.group, &mut self.session, single, inv_scale, lr)?,
+            Some(z) => zero1_update(&self.group, &mut self.session, z, inv_scale, lr)?,
         };
         if let Some(sc) = self.scaler.as_mut() {
             sc.update(!finite);
@@ -220,14 +208,57 @@ impl<C: Collective> DataParallel<C> {
         self.group.world_size()
     }
 
-    /// The shard layout under ZeRO-1.
+    /// The shard layout under ZeRO-1 (one shard on one rank).
     pub fn sharding(&self) -> Option<Sharding> {
-        self.zero.as_ref().map(|z| z.sharding)
+        (self.strategy == Strategy::Zero1).then(|| match &self.zero {
+            Some(z) => z.sharding,
+            None => Sharding::new(self.session.params.len(), 1, SHARD_ALIGN),
+        })
     }
 
     pub fn strategy(&self) -> Strategy {
         self.strategy
     }
+}
+
+/// DDP's update of weighted local gradients: sum them over the ranks (unless `single`), then
+/// the session's full AdamW (norm, clipping, overflow skip, mirror write). Returns (global
+/// gradient norm, finite).
+fn ddp_update<C: Collective>(group: &C, s: &mut TrainSession, single: bool, inv_scale: f32, lr: f32) -> Result<(f32, bool), ParallelError> {
+    if !single {
+        group.all_reduce(&mut s.grads, ReduceOp::Sum)?;
+    }
+    let prec = s.precision();
+    let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, TrainSession::mirror(&mut s.compute, prec));
+    Ok((stats.norm, stats.finite))
+}
+
+/// ZeRO-1's update of weighted local gradients, in place in the session's flat buffers:
+/// reduce-scatter into `grads[own]`, global norm and overflow flag all-reduced (every rank
+/// clips and skips identically), AdamW on `params[own]`, all-gather of `params`, refresh of
+/// the compute copy. Returns (global gradient norm, finite).
+fn zero1_update<C: Collective>(group: &C, s: &mut TrainSession, z: &mut Zero1State, inv_scale: f32, lr: f32) -> Result<(f32, bool), ParallelError> {
+    let k = z.sharding.shard;
+    // grads (Ψ,): chunk r (= own on rank r) becomes Σ_ranks; the other chunks keep this
+    // rank's local gradients, which nothing reads.
+    group.reduce_scatter_in_place(&mut s.grads, k, ReduceOp::Sum)?;
+    let grads = &s.grads[z.own.clone()];
+    let (ss, finite) = crate::optim::adamw::sum_squares(grads, inv_scale, z.opt.threads);
+    let mut red = [ss, if finite { 0.0 } else { 1.0 }];
+    group.all_reduce(&mut red[..1], ReduceOp::Sum)?;
+    group.all_reduce(&mut red[1..], ReduceOp::Max)?;
+    let norm = red[0].sqrt() as f32;
+    let finite = red[1] == 0.0 && norm.is_finite();
+    if finite {
+        let coef = z.opt.clip_coef(norm);
+        z.opt.update(&mut s.params[z.own.clone()], grads, coef * inv_scale, lr, ParamMirror::None);
+        // params (Ψ,): every rank's updated chunk into every rank's buffer.
+        group.all_gather_in_place(&mut s.params, k)?;
+        // The compute-dtype copy the next forward reads (a real fp16 ZeRO-1 would all-gather
+        // it in f16; the values are the same).
+        s.refresh_compute();
+    }
+    Ok((norm, finite))
 }
 
 #[cfg(test)]

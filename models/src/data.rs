@@ -127,6 +127,18 @@ impl DataSource {
             Ok(Some((view.shape().to_vec(), data)))
         };
         let (shape, ids) = read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
+        // Every tensor in the file must be one the run uses: an `attention_mask` (padding) or
+        // `token_type_ids` that were silently dropped would train on something else than the
+        // user's data.
+        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        names.sort();
+        if let Some(extra) = names.iter().find(|n| !["input_ids", "labels"].contains(&n.as_str())) {
+            let why = match extra.as_str() {
+                "attention_mask" => "padding masks are not supported yet (rows must be unpadded)",
+                _ => "only 'input_ids' and 'labels' are read",
+            };
+            return Err(err(format!("tensor '{extra}' would be ignored: {why}; remove it from the file")));
+        }
         if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
             return Err(err(format!("'input_ids' must have shape [N, T] with N, T > 0, found {shape:?}")));
         }

@@ -39,6 +39,11 @@ struct RunOut {
 
 /// Trains `STEPS` steps on `world` in-process ranks with `strategy`.
 fn train(name: &str, world: usize, strategy: Strategy) -> RunOut {
+    train_with(name, world, strategy, DType::F32)
+}
+
+/// [`train`] in `precision`.
+fn train_with(name: &str, world: usize, strategy: Strategy, precision: DType) -> RunOut {
     let cfg = cfg(name);
     let w = Weights::init(&cfg, 3);
     let data = DataSource::synthetic(&cfg, GLOBAL_BATCH, SEQ, 8).unwrap();
@@ -49,7 +54,8 @@ fn train(name: &str, world: usize, strategy: Strategy) -> RunOut {
             .map(|g| {
                 let (cfg, w, data) = (&cfg, &w, &data);
                 s.spawn(move || {
-                    let mut t = EngineTrainer::with_group(cfg, w, GLOBAL_BATCH / world, SEQ, opts(), g, strategy).unwrap();
+                    let opts = EngineOptions { precision, ..opts() };
+                    let mut t = EngineTrainer::with_group(cfg, w, GLOBAL_BATCH / world, SEQ, opts, g, strategy).unwrap();
                     let losses: Vec<f32> = (0..STEPS).map(|k| t.step(&data.batch(k)).unwrap().loss).collect();
                     (losses, t.weights().unwrap(), t.optimizer_bytes(), t.num_params())
                 })
@@ -111,20 +117,29 @@ fn n_ranks_match_one_rank_on_the_global_batch() {
 }
 
 #[test]
-fn zero1_optimizer_state_is_12_psi_over_n() {
-    for world in [1, 2, 3, 4] {
-        let run = train("tiny-gpt2", world, Strategy::Zero1);
-        let psi = run.num_params;
-        assert_eq!(psi, ortbench_models::param_count(&cfg("tiny-gpt2")));
-        for (rank, &bytes) in run.optimizer_bytes.iter().enumerate() {
-            let ideal = 12.0 * psi as f64 / world as f64;
-            // Padding: the shard is rounded up to a multiple of 16 elements per rank.
-            let pad = 12.0 * 16.0;
-            assert!(bytes as f64 >= ideal && (bytes as f64) < ideal + pad, "rank {rank}/{world}: {bytes} vs 12Ψ/N = {ideal}");
+fn zero1_optimizer_state_is_8_psi_over_n() {
+    // A rank holds the two fp32 Adam moments of its shard: 8Ψ/N. Not the ZeRO paper's 12Ψ/N:
+    // that counts an fp32 master copy of the shard beside f16/bf16 parameters, and this engine
+    // keeps none — its parameters are fp32 in every precision (fp16/bf16 steps read a rounded
+    // copy), so a rank's slice of them is its master shard, updated in place. The flat buffer
+    // is padded to a multiple of 16 elements per rank, but the padding is never stored: the
+    // last rank's shard is shorter, and the shards add up to exactly Ψ.
+    for precision in [DType::F32, DType::BF16] {
+        for world in [1, 2, 3, 4] {
+            let run = train_with("tiny-gpt2", world, Strategy::Zero1, precision);
+            let psi = run.num_params;
+            assert_eq!(psi, ortbench_models::param_count(&cfg("tiny-gpt2")));
+            let shard = psi.div_ceil(16 * world) * 16;
+            for (rank, &bytes) in run.optimizer_bytes.iter().enumerate() {
+                let stored = (psi.min((rank + 1) * shard)).saturating_sub(rank * shard);
+                assert_eq!(bytes, 8 * stored, "{precision} rank {rank}/{world}: {bytes} vs 8 × {stored} elements");
+                assert!((bytes as f64) < 8.0 * psi as f64 / world as f64 + 8.0 * 16.0, "{precision} rank {rank}/{world}: {bytes} vs 8Ψ/N");
+            }
+            assert_eq!(run.optimizer_bytes.iter().sum::<usize>(), 8 * psi, "{precision} {world} ranks: the shards tile Ψ");
         }
+        let ddp = train_with("tiny-gpt2", 2, Strategy::Ddp, precision);
+        assert!(ddp.optimizer_bytes.iter().all(|&b| b == 8 * ddp.num_params), "{precision}: DDP keeps both full fp32 moments");
     }
-    let ddp = train("tiny-gpt2", 2, Strategy::Ddp);
-    assert!(ddp.optimizer_bytes.iter().all(|&b| b == 8 * ddp.num_params), "DDP keeps both full fp32 moments");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
-use super::{Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup};
+use super::{check_chunks, chunk, Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup};
 
 /// Which vendor's libraries to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +88,7 @@ struct Api {
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
     free: unsafe extern "C" fn(*mut c_void) -> c_int,
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
+    memset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_int,
     stream_create: unsafe extern "C" fn(*mut Stream) -> c_int,
     stream_sync: unsafe extern "C" fn(Stream) -> c_int,
     rt_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
@@ -139,6 +140,7 @@ impl Api {
             malloc: sym!(rt, &rt_sym("Malloc")[..]),
             free: sym!(rt, &rt_sym("Free")[..]),
             memcpy: sym!(rt, &rt_sym("Memcpy")[..]),
+            memset: sym!(rt, &rt_sym("Memset")[..]),
             stream_create: sym!(rt, &rt_sym("StreamCreate")[..]),
             stream_sync: sym!(rt, &rt_sym("StreamSynchronize")[..]),
             rt_error_string: sym!(rt, &rt_sym("GetErrorString")[..]),
@@ -246,24 +248,109 @@ impl DeviceGroup {
     /// Stages `bytes` of host data on the device, runs `op(device ptr)`, copies `back` bytes
     /// of the result to `out`.
     fn staged(&self, input: &[u8], size: usize, out: &mut [u8], out_offset: usize, op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>) -> Result<(), CollectiveError> {
+        let st = self.staging(size)?;
+        self.upload(st.0, 0, input)?;
+        op(st.0)?;
+        self.finish()?;
+        self.download(out, st.0, out_offset)
+    }
+
+    /// The device staging buffer, grown to at least `size` bytes, locked for one collective.
+    fn staging(&self, size: usize) -> Result<std::sync::MutexGuard<'_, (*mut c_void, usize)>, CollectiveError> {
         let a = &self.api;
         let mut st = self.staging.lock().map_err(|_| CollectiveError::Poisoned("device collective"))?;
-        // SAFETY: runtime calls on our own allocation, sizes checked against its length.
-        unsafe {
-            if st.1 < size {
+        if st.1 < size {
+            // SAFETY: runtime calls on our own allocation.
+            unsafe {
                 if !st.0.is_null() {
                     a.rt((a.free)(st.0), "freeing staging memory")?;
                 }
+                *st = (std::ptr::null_mut(), 0);
                 let mut p = std::ptr::null_mut();
                 a.rt((a.malloc)(&mut p, size), "allocating staging memory")?;
                 *st = (p, size);
             }
-            a.rt((a.memcpy)(st.0, input.as_ptr().cast(), input.len(), H2D), "copying to the GPU")?;
-            op(st.0)?;
-            a.rt((a.stream_sync)(self.stream), "waiting for the collective")?;
-            a.rt((a.memcpy)(out.as_mut_ptr().cast(), st.0.cast::<u8>().add(out_offset).cast(), out.len(), D2H), "copying from the GPU")?;
         }
-        Ok(())
+        Ok(st)
+    }
+
+    /// Copies `host` to the staging buffer `dev` at byte offset `at` (within its size: the
+    /// callers size the staging buffer for their layout first).
+    fn upload(&self, dev: *mut c_void, at: usize, host: &[u8]) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        // SAFETY: `dev` is the staging allocation, at least `at + host.len()` bytes.
+        a.rt(unsafe { (a.memcpy)(dev.cast::<u8>().add(at).cast(), host.as_ptr().cast(), host.len(), H2D) }, "copying to the GPU")
+    }
+
+    /// Copies bytes `at..at + host.len()` of the staging buffer `dev` to `host`.
+    fn download(&self, host: &mut [u8], dev: *mut c_void, at: usize) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        // SAFETY: as in `upload`.
+        a.rt(unsafe { (a.memcpy)(host.as_mut_ptr().cast(), dev.cast::<u8>().add(at).cast(), host.len(), D2H) }, "copying from the GPU")
+    }
+
+    /// Zeroes bytes `range` of the staging buffer `dev`.
+    fn zero(&self, dev: *mut c_void, range: std::ops::Range<usize>) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        if range.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `upload`.
+        a.rt(unsafe { (a.memset)(dev.cast::<u8>().add(range.start).cast(), 0, range.len()) }, "zeroing staging memory")
+    }
+
+    /// Waits for the collective queued on our stream.
+    fn finish(&self) -> Result<(), CollectiveError> {
+        let a = &self.api;
+        // SAFETY: our own stream.
+        a.rt(unsafe { (a.stream_sync)(self.stream) }, "waiting for the collective")
+    }
+
+    /// Runs an in-place collective over the host buffer `buf` through a staging buffer that
+    /// holds the padded N·k elements, laid out by `layout` (so NCCL's in-place form applies
+    /// as on a device-resident padded buffer); `op(staging)` queues the NCCL call.
+    fn staged_in_place<T: Element>(&self, buf: &mut [T], layout: &InPlaceLayout, op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>) -> Result<(), CollectiveError> {
+        let esz = std::mem::size_of::<T>();
+        let b = |r: &std::ops::Range<usize>| r.start * esz..r.end * esz;
+        let st = self.staging(layout.padded * esz)?;
+        // Host and device offsets coincide: the staging buffer mirrors the padded flat buffer.
+        let up = b(&layout.upload);
+        self.upload(st.0, up.start, &bytes(buf)[up])?;
+        self.zero(st.0, b(&layout.zero))?;
+        op(st.0)?;
+        self.finish()?;
+        let down = b(&layout.download);
+        self.download(&mut bytes_mut(buf)[down.clone()], st.0, down.start)
+    }
+}
+
+/// Where an in-place collective over a host buffer of `len` elements in chunks of `k` puts
+/// things in the device staging buffer of `padded` = N·k elements; element offsets, the same
+/// on the host and the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct InPlaceLayout {
+    padded: usize,
+    /// Host elements copied to the device before the collective.
+    upload: std::ops::Range<usize>,
+    /// Device elements the collective reads that have no host counterpart (the padding):
+    /// zeroed, so the collective never reads stale staging memory.
+    zero: std::ops::Range<usize>,
+    /// Elements copied back to the host after it.
+    download: std::ops::Range<usize>,
+}
+
+impl InPlaceLayout {
+    /// Reduce-scatter: every rank's whole buffer goes up, the padded tail is zero, rank r's
+    /// chunk comes back.
+    fn reduce_scatter(len: usize, k: usize, world: usize, rank: usize) -> Self {
+        InPlaceLayout { padded: world * k, upload: 0..len, zero: len..world * k, download: chunk(len, k, rank) }
+    }
+
+    /// All-gather: rank r's chunk goes up (its padded part zeroed), the stored `len` elements
+    /// come back.
+    fn all_gather(len: usize, k: usize, world: usize, rank: usize) -> Self {
+        let mine = chunk(len, k, rank);
+        InPlaceLayout { padded: world * k, zero: mine.end.max(rank * k)..(rank + 1) * k, upload: mine, download: 0..len }
     }
 }
 
@@ -337,6 +424,26 @@ impl Collective for DeviceGroup {
         })
     }
 
+    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+        check_chunks("reduce_scatter_in_place", self.rank, buf.len(), k, self.world)?;
+        let layout = InPlaceLayout::reduce_scatter(buf.len(), k, self.world, self.rank);
+        let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
+        self.staged_in_place(buf, &layout, |p| {
+            // SAFETY: p holds N·k elements; recv = p + r·k (NCCL's in-place reduce-scatter).
+            a.nccl(unsafe { (a.reduce_scatter)(p, p.cast::<u8>().add(self.rank * k * esz).cast(), k, dt, nccl_op(op), self.comm, self.stream) }, "ncclReduceScatter")
+        })
+    }
+
+    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+        check_chunks("all_gather_in_place", self.rank, buf.len(), k, self.world)?;
+        let layout = InPlaceLayout::all_gather(buf.len(), k, self.world, self.rank);
+        let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
+        self.staged_in_place(buf, &layout, |p| {
+            // SAFETY: p holds N·k elements; send = p + r·k (NCCL's in-place all-gather).
+            a.nccl(unsafe { (a.all_gather)(p.cast::<u8>().add(self.rank * k * esz).cast(), p, k, dt, self.comm, self.stream) }, "ncclAllGather")
+        })
+    }
+
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
         if root >= self.world {
             return Err(CollectiveError::Root { root, world: self.world });
@@ -400,6 +507,90 @@ mod tests {
             let mut out = vec![0f32; 3];
             g.all_gather(&x, &mut out).unwrap();
             assert_eq!(out, x);
+            // In place on a buffer shorter than its one chunk of 16 (the padding staged).
+            g.reduce_scatter_in_place(&mut x, 16, ReduceOp::Sum).unwrap();
+            g.all_gather_in_place(&mut x, 16).unwrap();
+            assert_eq!(x, [1.5, -2.0, 3.25]);
+        }
+    }
+
+    /// NCCL's in-place semantics over each rank's staging buffer (padded N·k elements), the
+    /// GPU part of `staged_in_place`, simulated on the host for all ranks at once.
+    fn simulate(layouts: &[InPlaceLayout], hosts: &mut [Vec<f32>], k: usize, scatter: bool) -> Vec<Vec<f32>> {
+        // Stale staging memory: whatever the collective reads without it being uploaded or
+        // zeroed shows up as NaN.
+        let mut dev: Vec<Vec<f32>> = layouts.iter().map(|l| vec![f32::NAN; l.padded]).collect();
+        for ((d, l), h) in dev.iter_mut().zip(layouts).zip(hosts.iter()) {
+            d[l.upload.clone()].copy_from_slice(&h[l.upload.clone()]);
+            d[l.zero.clone()].fill(0.0);
+        }
+        let world = hosts.len();
+        let before = dev.clone();
+        for (r, d) in dev.iter_mut().enumerate() {
+            for q in 0..world {
+                let own = q * k..(q + 1) * k;
+                if scatter && q == r {
+                    // ncclReduceScatter(buf, buf + r·k, k): rank r's chunk = Σ ranks' chunk r.
+                    for i in own {
+                        d[i] = before.iter().map(|b| b[i]).sum();
+                    }
+                } else if !scatter {
+                    // ncclAllGather(buf + q·k, buf, k): chunk q comes from rank q.
+                    d[own.clone()].copy_from_slice(&before[q][own]);
+                }
+            }
+        }
+        for ((d, l), h) in dev.iter().zip(layouts).zip(hosts.iter_mut()) {
+            h[l.download.clone()].copy_from_slice(&d[l.download.clone()]);
+        }
+        dev
+    }
+
+    #[test]
+    fn in_place_staging_layouts_give_local_group_results_and_never_read_stale_memory() {
+        for world in 1..=4 {
+            for (len, k) in [(17, 16), (37, 16), (64, 16), (5, 2), (0, 4)] {
+                if len > world * k {
+                    continue;
+                }
+                let data = |r: usize| (0..len).map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.1 - 0.77).collect::<Vec<f32>>();
+                let mut hosts: Vec<Vec<f32>> = (0..world).map(data).collect();
+                let rs: Vec<_> = (0..world).map(|r| InPlaceLayout::reduce_scatter(len, k, world, r)).collect();
+                let dev = simulate(&rs, &mut hosts, k, true);
+                for (r, d) in dev.iter().enumerate() {
+                    assert!(d[r * k..(r + 1) * k].iter().all(|x| x.is_finite()), "world {world} len {len}: reduce-scatter read stale memory");
+                }
+                let scattered = hosts.clone();
+                let ag: Vec<_> = (0..world).map(|r| InPlaceLayout::all_gather(len, k, world, r)).collect();
+                let dev = simulate(&ag, &mut hosts, k, false);
+                assert!(dev.iter().all(|d| d.iter().all(|x| x.is_finite())), "world {world} len {len}: all-gather read stale memory");
+                // The same program on in-process ranks.
+                let local: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+                    let hs: Vec<_> = super::super::LocalGroup::new(world)
+                        .into_iter()
+                        .map(|g| {
+                            s.spawn(move || {
+                                let mut b = data(g.rank());
+                                g.reduce_scatter_in_place(&mut b, k, ReduceOp::Sum).unwrap();
+                                let scattered = b.clone();
+                                g.all_gather_in_place(&mut b, k).unwrap();
+                                (scattered, b)
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                for (r, (ls, lg)) in local.iter().enumerate() {
+                    let mine = chunk(len, k, r);
+                    // LocalGroup sums in f64 and rounds once; the simulation sums in f32.
+                    for (a, b) in scattered[r][mine.clone()].iter().zip(&ls[mine.clone()]) {
+                        assert!((a - b).abs() <= 1e-6, "world {world} len {len} rank {r}: {a} vs {b}");
+                    }
+                    for (a, b) in hosts[r].iter().zip(lg) {
+                        assert!((a - b).abs() <= 1e-6, "world {world} len {len} rank {r}: {a} vs {b}");
+                    }
+                }
+            }
         }
     }
 }

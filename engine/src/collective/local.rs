@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
-use super::{Collective, CollectiveError, Element, ReduceOp};
+use super::{check_chunks, chunk, Collective, CollectiveError, Element, ReduceOp};
 
 struct Shared {
     world: usize,
@@ -52,6 +52,20 @@ impl LocalGroup {
             }
         }
         Ok(())
+    }
+
+    /// Publishes an in-place collective's buffer (address, `len`, chunk size `k`) and checks
+    /// that every rank passed the same `len` and `k` and that the chunks hold the buffer.
+    fn publish_in_place<T>(&self, base: *mut T, len: usize, k: usize, op: &'static str) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
+        let slots = self.publish(base as usize, len, 0, k, op)?;
+        self.check_equal(&slots, |s| s.1, len, op)?;
+        self.check_equal(&slots, |s| s.3, k, op)?;
+        if let Err(e) = check_chunks(op, self.rank, len, k, self.shared.world) {
+            // Same len and k everywhere (checked): every rank fails here, in step.
+            self.shared.barrier.wait();
+            return Err(e);
+        }
+        Ok(slots)
     }
 }
 
@@ -133,6 +147,36 @@ impl Collective for LocalGroup {
         Ok(())
     }
 
+    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+        let n = self.shared.world;
+        // Every access below goes through `base` (and the other ranks' published bases).
+        let (base, len) = (buf.as_mut_ptr(), buf.len());
+        let slots = self.publish_in_place(base, len, k, "reduce_scatter_in_place")?;
+        // Rank r reads chunk r of every buffer and writes chunk r of its own; no other rank
+        // reads or writes any buffer's chunk r in this phase, so in place is race-free.
+        for j in chunk(len, k, self.rank) {
+            // SAFETY: every buffer has `len` elements (checked) and stays borrowed by its rank
+            // until the barrier below; element j is in our chunk (see above).
+            unsafe { *base.add(j) = reduce(slots.iter().map(|s| *(s.0 as *const T).add(j)), op, n) };
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
+    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+        let (base, len) = (buf.as_mut_ptr(), buf.len());
+        let slots = self.publish_in_place(base, len, k, "all_gather_in_place")?;
+        for (r, s) in slots.iter().enumerate().filter(|(r, _)| *r != self.rank) {
+            let c = chunk(len, k, r);
+            // SAFETY: rank r's buffer has `len` elements (checked); its chunk r is only read in
+            // this phase (every rank writes only the other ranks' chunks of its own buffer), and
+            // we write chunk r of ours, which nobody else reads.
+            unsafe { std::ptr::copy_nonoverlapping((s.0 as *const T).add(c.start), base.add(c.start), c.len()) };
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
         let n = self.shared.world;
         if root >= n {
@@ -159,7 +203,7 @@ impl Collective for LocalGroup {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Sharding;
+    use super::super::{chunk, Sharding};
     use super::*;
 
     /// Random values in ±[0.1, 1), per rank and seed, never zero.
@@ -234,6 +278,57 @@ mod tests {
                     assert_eq!(&full[sh.range(r)], &shard[..]);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn in_place_reduce_scatter_and_all_gather_on_unpadded_buffers() {
+        // The buffers are the unpadded flat length; chunks past the end are short or empty
+        // (17 elements on 4 ranks of 16: chunks 0..16, 16..17, and two empty ones).
+        for world in 1..=4 {
+            for total in [17, 999, 1024] {
+                let k = Sharding::new(total, world, 16).shard;
+                let out = on_ranks(world, |g| {
+                    let mut buf = data(g.rank(), total, 4);
+                    g.reduce_scatter_in_place(&mut buf, k, ReduceOp::Sum).unwrap();
+                    let after_scatter = buf.clone();
+                    g.all_gather_in_place(&mut buf, k).unwrap();
+                    let mut reduced = data(g.rank(), total, 4);
+                    g.all_reduce(&mut reduced, ReduceOp::Sum).unwrap();
+                    (after_scatter, buf, reduced)
+                });
+                for (r, (scattered, gathered, reduced)) in out.iter().enumerate() {
+                    let mine = chunk(total, k, r);
+                    assert_eq!(&scattered[mine.clone()], &reduced[mine.clone()], "world {world} total {total} rank {r}");
+                    let local = data(r, total, 4);
+                    for i in (0..total).filter(|i| !mine.contains(i)) {
+                        assert_eq!(scattered[i], local[i], "other chunks are left as they were");
+                    }
+                    assert_eq!(gathered, reduced, "world {world} total {total} rank {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_collectives_reject_mismatched_or_overlong_buffers_on_every_rank() {
+        let out = on_ranks(3, |g| {
+            let mut b = vec![1.0f32; 30 + g.rank()];
+            g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum)
+        });
+        assert!(out.iter().all(|r| matches!(r, Err(CollectiveError::Size { op: "reduce_scatter_in_place", .. }))), "{out:?}");
+        let out = on_ranks(3, |g| {
+            let mut b = vec![1.0f32; 30];
+            g.all_gather_in_place(&mut b, 8 + g.rank())
+        });
+        assert!(out.iter().all(|r| matches!(r, Err(CollectiveError::Size { op: "all_gather_in_place", .. }))), "{out:?}");
+        let out = on_ranks(2, |g| {
+            let mut b = vec![1.0f32; 33];
+            (g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum), g.all_gather_in_place(&mut b, 16))
+        });
+        for (a, b) in &out {
+            assert!(matches!(a, Err(CollectiveError::Chunks { len: 33, k: 16, world: 2, .. })), "{a:?}");
+            assert!(matches!(b, Err(CollectiveError::Chunks { .. })), "{b:?}");
         }
     }
 

@@ -28,6 +28,8 @@ pub enum ReduceOp {
 pub enum CollectiveError {
     #[error("{op}: rank {rank} passed {got} elements, expected {expected}")]
     Size { op: &'static str, rank: usize, expected: usize, got: usize },
+    #[error("{op}: rank {rank} passed {len} elements, more than {world} chunks of {k} hold")]
+    Chunks { op: &'static str, rank: usize, len: usize, k: usize, world: usize },
     #[error("broadcast root {root} is not a rank of a group of {world}")]
     Root { root: usize, world: usize },
     #[error("{0}: a rank of the group failed or left")]
@@ -123,11 +125,40 @@ pub trait Collective: Send {
     /// in rank order.
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError>;
 
+    /// In place (NCCL's `ncclReduceScatter(buf, buf + r·k, k)`): `buf` is the flat buffer in
+    /// chunks of `k` elements, chunk r = [`chunk`]`(buf.len(), k, r)`; afterwards rank r's chunk
+    /// holds the reduction of every rank's chunk r, and its other chunks are left as they were.
+    /// `buf` may be shorter than N·k — a flat buffer whose padding to a multiple of the ranks is
+    /// never stored: the missing tail counts as zeros, so the last chunks are short or empty.
+    /// Every rank passes the same `buf.len()` (at most N·k) and `k`.
+    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError>;
+
+    /// In place (NCCL's `ncclAllGather(buf + r·k, buf, k)`): rank r's chunk of `buf` (as in
+    /// [`Collective::reduce_scatter_in_place`]) is its contribution; afterwards every rank's
+    /// `buf` holds every rank's chunk. `buf` may be shorter than N·k (the padded tail is
+    /// dropped). Every rank passes the same `buf.len()` (at most N·k) and `k`.
+    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError>;
+
     /// Every rank's `buf` becomes `root`'s.
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError>;
 
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), CollectiveError>;
+}
+
+/// Chunk `rank` of a flat buffer of `len` elements cut into chunks of `k` (the in-place
+/// collectives' layout): `rank·k .. (rank+1)·k`, clipped to the stored `len` elements.
+pub fn chunk(len: usize, k: usize, rank: usize) -> std::ops::Range<usize> {
+    (rank * k).min(len)..((rank + 1) * k).min(len)
+}
+
+/// The in-place collectives' argument check, the same on every rank that passes the same
+/// `len` and `k`: the chunks must hold the buffer.
+fn check_chunks(op: &'static str, rank: usize, len: usize, k: usize, world: usize) -> Result<(), CollectiveError> {
+    if len > world * k {
+        return Err(CollectiveError::Chunks { op, rank, len, k, world });
+    }
+    Ok(())
 }
 
 /// Shard bookkeeping for ZeRO-1: `total` elements split into `world` equal shards, the total
@@ -154,9 +185,9 @@ impl Sharding {
     pub fn range(&self, rank: usize) -> std::ops::Range<usize> {
         rank * self.shard..(rank + 1) * self.shard
     }
-    /// The part of `rank`'s range that holds real (unpadded) elements.
+    /// The part of `rank`'s range that holds real (unpadded) elements: its chunk of the
+    /// stored `total` elements, as the in-place collectives cut it.
     pub fn real_range(&self, rank: usize) -> std::ops::Range<usize> {
-        let r = self.range(rank);
-        r.start.min(self.total)..r.end.min(self.total)
+        chunk(self.total, self.shard, rank)
     }
 }

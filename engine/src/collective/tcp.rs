@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Collective, CollectiveError, Element, ReduceOp};
+use super::{check_chunks, chunk, Collective, CollectiveError, Element, ReduceOp};
 
 /// How long a rank waits for the others (to connect, or to answer a collective).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -29,6 +29,18 @@ enum OpCode {
     AllGather = 7,
     Broadcast = 8,
     Barrier = 9,
+    ReduceScatterInPlaceSum = 10,
+    ReduceScatterInPlaceAvg = 11,
+    ReduceScatterInPlaceMax = 12,
+    AllGatherInPlace = 13,
+}
+
+fn in_place_scatter_code(op: ReduceOp) -> OpCode {
+    match op {
+        ReduceOp::Sum => OpCode::ReduceScatterInPlaceSum,
+        ReduceOp::Avg => OpCode::ReduceScatterInPlaceAvg,
+        ReduceOp::Max => OpCode::ReduceScatterInPlaceMax,
+    }
 }
 
 fn reduce_code(op: ReduceOp, scatter: bool) -> OpCode {
@@ -169,23 +181,22 @@ impl TcpGroup {
         output: &mut [T],
         answer: impl Fn(&[Vec<T>], usize, &mut [T]),
     ) -> Result<(), CollectiveError> {
-        let name = "collective";
-        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned(name))?;
+        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        let want = expect_len.unwrap_or(input.len());
+        let inputs = self.collect(&mut peers, code, input, |_| want)?;
+        let out_len = output.len();
+        self.answer(&mut peers, inputs, output, |_| out_len, answer)
+    }
+
+    /// First half of an exchange: a rank > 0 sends `input` to rank 0 (None); rank 0 receives
+    /// every rank's input, in rank order, and checks rank r's length against `expect_len(r)`
+    /// (on a mismatch every rank gets the error). Split from [`TcpGroup::answer`] so that an
+    /// in-place collective can send from and then receive into the same buffer.
+    fn collect<T: Element>(&self, peers: &mut [TcpStream], code: OpCode, input: &[T], expect_len: impl Fn(usize) -> usize) -> Result<Option<Vec<Vec<T>>>, CollectiveError> {
         if self.rank != 0 {
-            let s = &mut peers[0];
-            send_msg(s, code as u8, input.len() as u64, as_bytes(input)).map_err(io("sending to rank 0"))?;
-            let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
-            if status == ERR {
-                let mut msg = vec![0u8; len as usize];
-                s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
-                return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
-            }
-            if len as usize != output.len() {
-                return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", output.len())));
-            }
-            return s.read_exact(as_bytes_mut(output)).map_err(io("waiting for rank 0"));
+            send_msg(&mut peers[0], code as u8, input.len() as u64, as_bytes(input)).map_err(io("sending to rank 0"))?;
+            return Ok(None);
         }
-        // Rank 0: gather every input, in rank order.
         let mut inputs: Vec<Vec<T>> = vec![input.to_vec()];
         let mut error: Option<String> = None;
         for (i, s) in peers.iter_mut().enumerate() {
@@ -195,7 +206,7 @@ impl TcpGroup {
             if c != code as u8 {
                 error.get_or_insert(format!("rank {} called collective {c} while rank 0 called {}", i + 1, code as u8));
             }
-            let want = expect_len.unwrap_or(input.len());
+            let want = expect_len(i + 1);
             if len as usize != want {
                 error.get_or_insert(format!("{code:?}: rank {} passed {len} elements, expected {want}", i + 1));
             }
@@ -207,8 +218,37 @@ impl TcpGroup {
             }
             return Err(CollectiveError::Remote(msg));
         }
-        let mut ans = vec![T::from_f64(0.0); output.len()];
+        Ok(Some(inputs))
+    }
+
+    /// Second half of an exchange: rank 0 computes rank r's answer (`answer_len(r)` elements)
+    /// with `answer(inputs, r, out)`, sends it, and writes its own into `output`; a rank > 0
+    /// receives its answer into `output`.
+    fn answer<T: Element>(
+        &self,
+        peers: &mut [TcpStream],
+        inputs: Option<Vec<Vec<T>>>,
+        output: &mut [T],
+        answer_len: impl Fn(usize) -> usize,
+        answer: impl Fn(&[Vec<T>], usize, &mut [T]),
+    ) -> Result<(), CollectiveError> {
+        let Some(inputs) = inputs else {
+            let s = &mut peers[0];
+            let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
+            if status == ERR {
+                let mut msg = vec![0u8; len as usize];
+                s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
+                return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
+            }
+            if len as usize != output.len() {
+                return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", output.len())));
+            }
+            return s.read_exact(as_bytes_mut(output)).map_err(io("waiting for rank 0"));
+        };
+        let mut ans = Vec::new();
         for (i, s) in peers.iter_mut().enumerate() {
+            ans.clear();
+            ans.resize(answer_len(i + 1), T::from_f64(0.0));
             answer(&inputs, i + 1, &mut ans);
             send_msg(s, OK, ans.len() as u64, as_bytes(&ans)).map_err(io("answering a rank"))?;
         }
@@ -267,6 +307,33 @@ impl Collective for TcpGroup {
         })
     }
 
+    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+        let (len, world) = (buf.len(), self.world);
+        check_chunks("reduce_scatter_in_place", self.rank, len, k, world)?;
+        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        // Rank 0 needs every rank's whole buffer; each rank gets back only its chunk.
+        let inputs = self.collect(&mut peers, in_place_scatter_code(op), buf, |_| len)?;
+        let mine = chunk(len, k, self.rank);
+        self.answer(&mut peers, inputs, &mut buf[mine], |r| chunk(len, k, r).len(), |ins, r, out| {
+            for (o, i) in out.iter_mut().zip(chunk(len, k, r)) {
+                *o = reduce_at(ins, i, op);
+            }
+        })
+    }
+
+    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+        let (len, world) = (buf.len(), self.world);
+        check_chunks("all_gather_in_place", self.rank, len, k, world)?;
+        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        // Each rank sends only its chunk; rank r's must be chunk(len, k, r) long.
+        let inputs = self.collect(&mut peers, OpCode::AllGatherInPlace, &buf[chunk(len, k, self.rank)], |r| chunk(len, k, r).len())?;
+        self.answer(&mut peers, inputs, buf, |_| len, |ins, _, out| {
+            for (r, x) in ins.iter().enumerate() {
+                out[chunk(len, k, r)].copy_from_slice(x);
+            }
+        })
+    }
+
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
         if root >= self.world {
             return Err(CollectiveError::Root { root, world: self.world });
@@ -283,7 +350,7 @@ impl Collective for TcpGroup {
 
 #[cfg(test)]
 mod tests {
-    use super::super::LocalGroup;
+    use super::super::{chunk, LocalGroup, Sharding};
     use super::*;
 
     fn data(rank: usize, n: usize) -> Vec<f32> {
@@ -317,8 +384,11 @@ mod tests {
         })
     }
 
+    /// What [`program`] returns: every collective's result.
+    type Results = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<half::bf16>, Vec<f32>, Vec<f32>);
+
     /// The same sequence of collectives on any transport.
-    fn program<C: Collective>(g: C) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<half::bf16>) {
+    fn program<C: Collective>(g: C) -> Results {
         let n = g.world_size();
         let mut a = data(g.rank(), 1001);
         g.all_reduce(&mut a, ReduceOp::Avg).unwrap();
@@ -331,7 +401,15 @@ mod tests {
         g.barrier().unwrap();
         let mut b: Vec<half::bf16> = data(g.rank(), 9).into_iter().map(half::bf16::from_f32).collect();
         g.broadcast(&mut b, n - 1).unwrap();
-        (a, shard, gathered, b)
+        // In place on an unpadded buffer: 37 elements in ZeRO-1's shards (on 4 ranks: 16, 16,
+        // 5 and an empty chunk).
+        let k = Sharding::new(37, n, 16).shard;
+        let mut flat = data(g.rank(), 37);
+        g.reduce_scatter_in_place(&mut flat, k, ReduceOp::Avg).unwrap();
+        let scattered = flat.clone();
+        flat[chunk(37, k, g.rank())].iter_mut().for_each(|x| *x *= 2.0);
+        g.all_gather_in_place(&mut flat, k).unwrap();
+        (a, shard, gathered, b, scattered, flat)
     }
 
     #[test]
@@ -341,6 +419,25 @@ mod tests {
             let local = on_local_ranks(world, program);
             assert_eq!(tcp, local, "world {world}");
         }
+    }
+
+    #[test]
+    fn in_place_collectives_with_mismatched_chunks_fail_on_every_rank() {
+        // Rank 2 passes a longer buffer: the reduce-scatter's lengths differ.
+        let out = on_tcp_ranks(3, |g| {
+            let mut b = vec![1.0f32; 30 + 5 * (g.rank() / 2)];
+            g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum)
+        });
+        assert!(out.iter().all(|r| r.is_err()), "{out:?}");
+        // Rank 1 cuts other chunks: its chunk's length is not the one rank 0 expects.
+        let out = on_tcp_ranks(3, |g| {
+            let mut b = vec![1.0f32; 30];
+            g.all_gather_in_place(&mut b, if g.rank() == 1 { 12 } else { 10 })
+        });
+        assert!(out.iter().all(|r| r.is_err()), "{out:?}");
+        // More elements than the chunks hold: refused before anything is sent.
+        let e = on_tcp_ranks(2, |g| g.reduce_scatter_in_place(&mut [0f32; 9], 4, ReduceOp::Sum));
+        assert!(e.iter().all(|r| matches!(r, Err(CollectiveError::Chunks { .. }))), "{e:?}");
     }
 
     #[test]
