@@ -27,40 +27,13 @@
 // err may be null. Counts are f32 (exact for fewer than 2^24 rows).
 #include "port.cuh"
 
-// Folds value v into a running (max m, Σ exp(· − m)) pair; −∞ adds nothing (no −∞ − −∞).
-__device__ __forceinline__ void ce_online(float& m, float& s, float v) {
-    if (v > m) {
-        s = s * expf(m - v) + 1.0f;  // m = −∞ at first: 0·0 + 1
-        m = v;
-    } else if (v != neg_inf()) {
-        s += expf(v - m);
-    }
-}
-
-// Merges pair (m2, s2) into (m, s); an empty pair has m = −∞, s = 0.
-__device__ __forceinline__ void ce_merge(float& m, float& s, float m2, float s2) {
-    const float mx = fmaxf(m, m2);
-    if (mx == neg_inf()) return;  // both empty
-    s = s * expf(m - mx) + s2 * expf(m2 - mx);
-    m = mx;
-}
-
-// Every lane ends with the warp's pair; merging is commutative, so both lanes of each butterfly
-// step compute the same bits. The pair travels as one 64-bit shuffle.
-__device__ __forceinline__ void ce_warp_merge(float& m, float& s) {
-    for (int k = warpSize / 2; k > 0; k >>= 1) {
-        const unsigned long long o = port_shfl_xor(((unsigned long long)__float_as_uint(m) << 32) | __float_as_uint(s), k);
-        ce_merge(m, s, __uint_as_float((unsigned)(o >> 32)), __uint_as_float((unsigned)o));
-    }
-}
-
 // log Σ_j exp(row[j]) over a row of v, by the whole block; every thread gets it. Called by
 // every thread of the block. scratch: __shared__ float[64] (32 warps' maxima, then sums).
 template <typename T>
 __device__ __forceinline__ float ce_block_lse(const T* row, int v, float* scratch) {
     float m = neg_inf(), s = 0.0f;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) ce_online(m, s, to_f32(row[j]));
-    ce_warp_merge(m, s);
+    for (int j = threadIdx.x; j < v; j += blockDim.x) lse_add(m, s, to_f32(row[j]));
+    warp_lse_merge(m, s);
     if (lane_id() == 0) {
         scratch[warp_id()] = m;
         scratch[32 + warp_id()] = s;
@@ -68,7 +41,7 @@ __device__ __forceinline__ float ce_block_lse(const T* row, int v, float* scratc
     __syncthreads();
     float bm = neg_inf(), bs = 0.0f;
     const int nwarps = (int)blockDim.x / warpSize;
-    for (int w = 0; w < nwarps; ++w) ce_merge(bm, bs, scratch[w], scratch[32 + w]);
+    for (int w = 0; w < nwarps; ++w) lse_merge(bm, bs, scratch[w], scratch[32 + w]);
     __syncthreads();  // every thread has read scratch before the next row overwrites it
     return bm + logf(bs);
 }

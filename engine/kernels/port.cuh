@@ -113,6 +113,34 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return t;
 }
 
+// Online log-sum-exp (softmax.cu, cross_entropy.cu): a running (max m, Σ exp(· − m)) pair.
+// Folds value v in; −∞ adds nothing (no −∞ − −∞).
+__device__ __forceinline__ void lse_add(float& m, float& s, float v) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;  // m = −∞ at first: 0·0 + 1
+        m = v;
+    } else if (v != neg_inf()) {
+        s += expf(v - m);
+    }
+}
+
+// Merges pair (m2, s2) into (m, s); an empty pair has m = −∞, s = 0.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+    const float mx = fmaxf(m, m2);
+    if (mx == neg_inf()) return;  // both empty
+    s = s * expf(m - mx) + s2 * expf(m2 - mx);
+    m = mx;
+}
+
+// Every lane ends with the warp's pair; merging is commutative, so both lanes of each butterfly
+// step compute the same bits. The pair travels as one 64-bit shuffle.
+__device__ __forceinline__ void warp_lse_merge(float& m, float& s) {
+    for (int k = warpSize / 2; k > 0; k >>= 1) {
+        const unsigned long long o = port_shfl_xor(((unsigned long long)__float_as_uint(m) << 32) | __float_as_uint(s), k);
+        lse_merge(m, s, __uint_as_float((unsigned)(o >> 32)), __uint_as_float((unsigned)o));
+    }
+}
+
 // The engine's counter-based dropout RNG (engine/src/backend/cpu/kernels/elementwise.rs
 // `DropMask`, engine/src/ops/dropout.rs `hash`): element `counter` of a site is kept iff the top
 // 24 bits of mix(key ^ counter·golden) are ≥ ceil(p·2^24), key = mix(seed + golden). Same bits

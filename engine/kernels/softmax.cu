@@ -25,33 +25,6 @@ struct SmMaskStrides {
     long long sb, sh, sq, sk;
 };
 
-// Folds value v into a running (max m, Σ exp(· − m)) pair; −∞ adds nothing (no −∞ − −∞).
-__device__ __forceinline__ void sm_online(float& m, float& s, float v) {
-    if (v > m) {
-        s = s * expf(m - v) + 1.0f;  // m = −∞ at first: 0·0 + 1
-        m = v;
-    } else if (v != neg_inf()) {
-        s += expf(v - m);
-    }
-}
-
-// Merges pair (m2, s2) into (m, s); an empty pair has m = −∞, s = 0.
-__device__ __forceinline__ void sm_merge(float& m, float& s, float m2, float s2) {
-    const float mx = fmaxf(m, m2);
-    if (mx == neg_inf()) return;  // both empty
-    s = s * expf(m - mx) + s2 * expf(m2 - mx);
-    m = mx;
-}
-
-// Every lane ends with the warp's pair; merging is commutative, so both lanes of each butterfly
-// step compute the same bits. The pair travels as one 64-bit shuffle.
-__device__ __forceinline__ void sm_warp_merge(float& m, float& s) {
-    for (int k = warpSize / 2; k > 0; k >>= 1) {
-        const unsigned long long o = port_shfl_xor(((unsigned long long)__float_as_uint(m) << 32) | __float_as_uint(s), k);
-        sm_merge(m, s, __uint_as_float((unsigned)(o >> 32)), __uint_as_float((unsigned)o));
-    }
-}
-
 // y = softmax(x·scale + mask) per row of n, causal as above.
 // y, x: (rows, n) T; mask: broadcast to (B, H, tq, n) T, or null; h = H (B = rows / (H·tq)).
 template <typename T>
@@ -71,9 +44,9 @@ __device__ void softmax_forward(T* y, const T* x, const T* mask, long long rows,
     for (int j = lane_id(); j < valid; j += warpSize) {
         float v = to_f32(xr[j]) * scale;
         if (mr) v += to_f32(mr[(long long)j * ms.sk]);
-        sm_online(m, s, v);
+        lse_add(m, s, v);
     }
-    sm_warp_merge(m, s);
+    warp_lse_merge(m, s);
     const bool all_masked = m == neg_inf();
     const float inv = 1.0f / s;
     const float qnan = __int_as_float(0x7fc00000);
