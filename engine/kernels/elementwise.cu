@@ -32,7 +32,12 @@ __device__ void fill(T* out, long long n, float value) {
 // out may alias a. out, a: (N); b: (nb), nb divides N.
 template <typename T>
 __device__ void add(T* out, const T* a, const T* b, long long n, long long nb) {
-    GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i % nb]));
+    // The plain add skips the 64-bit modulo (tens of instructions per element on a GPU).
+    if (nb == n) {
+        GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+    } else {
+        GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i % nb]));
+    }
 }
 
 // out[i] = s·x[i]; out may alias x. out, x: (N)
