@@ -199,7 +199,7 @@ fn rule(
                 dropout_p: *dropout_p,
                 offset: *offset,
             };
-            let d = g.attention_backward(attrs, gy()?, ins[0], ins[1], ins[2], outs[1])?;
+            let d = g.attention_backward(attrs, gy()?, ins[0], ins[1], ins[2], outs[1], outs[0], ins.get(3).copied())?;
             d.into_iter().map(Some).chain([None]).collect()
         }
         Op::CrossEntropy { ignore_index } => {

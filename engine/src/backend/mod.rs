@@ -6,5 +6,6 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod gpu;
 pub mod hip;
 pub mod kernels;

@@ -12,6 +12,7 @@ use crate::ops::{add, cross_entropy, dropout, embedding, gelu, layernorm, layout
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
 
+pub mod gpu;
 pub mod profile;
 
 /// Data for one graph input.
@@ -81,6 +82,8 @@ pub enum ExecError {
         op: &'static str,
         source: OpError,
     },
+    #[error("GPU: {0}")]
+    Device(String),
     #[error("train_step needs a training graph with a loss: run autodiff::backward on the forward graph")]
     NotTraining,
     #[error(

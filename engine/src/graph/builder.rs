@@ -798,7 +798,11 @@ impl Graph {
         ))
     }
 
-    /// (dout, q, k, v, probs) → [dq, dk, dv], attributes copied from the forward node.
+    /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward
+    /// node. The CPU kernels read the saved probabilities; the GPU kernels save the rows'
+    /// log-sum-exp in `probs`' place instead and recompute the probabilities, for which they
+    /// need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_backward(
         &mut self,
         attrs: Op,
@@ -807,6 +811,8 @@ impl Graph {
         k: TensorId,
         v: TensorId,
         probs: TensorId,
+        out: TensorId,
+        mask: Option<TensorId>,
     ) -> Result<Vec<TensorId>> {
         let op = "attention_backward";
         let (so, dt) = self.float_arg(op, "dout", dout)?;
@@ -814,7 +820,12 @@ impl Graph {
         let (sk, _) = self.float_arg(op, "k", k)?;
         let (sv, _) = self.float_arg(op, "v", v)?;
         let (sp, _) = self.float_arg(op, "probs", probs)?;
-        let ok = sq.len() == 4
+        let (sout, _) = self.float_arg(op, "out", out)?;
+        if let Some(m) = mask {
+            self.float_arg(op, "mask", m)?;
+        }
+        let ok = sout == so
+            && sq.len() == 4
             && sk.len() == 4
             && sv.len() == 4
             && so[..] == [sq[0], sq[1], sq[2], sv[3]]
@@ -830,9 +841,11 @@ impl Graph {
             return Err(shape_err(op, "inconsistent operands", named));
         }
         let f = ElemType::Float(dt);
+        let mut inputs = vec![dout, q, k, v, probs, out];
+        inputs.extend(mask);
         Ok(self.push(
             attrs,
-            vec![dout, q, k, v, probs],
+            inputs,
             vec![(sq, f), (sk, f), (sv, f)],
         ))
     }

@@ -83,7 +83,8 @@ pub enum Op {
     LayerNormBackward,
     /// (y, dy) → dx, gradient w.r.t. the unscaled input.
     SoftmaxBackward { scale: f32 },
-    /// (dout, q, k, v, probs) → (dq, dk, dv)
+    /// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
+    /// mask, the CPU kernels the probabilities.
     AttentionBackward {
         scale: f32,
         causal: bool,

@@ -120,6 +120,8 @@ impl Kernels for CpuKernels {
             Op::Linear { .. } if slot < 2 => Req::Matrix,
             Op::Attention { .. } if slot < 3 => Req::Rows,
             Op::AttentionBackward { .. } if slot < 4 => Req::Rows,
+            // The forward's output and mask: read by the GPU kernels only.
+            Op::AttentionBackward { .. } if slot > 4 => Req::Any,
             Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
             _ => Req::Contig,
         }

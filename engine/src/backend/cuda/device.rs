@@ -22,30 +22,7 @@ use crate::backend::kernels;
 use super::libs::{self, CudaLib};
 use super::CudaError;
 
-/// One scalar or pointer argument of a kernel, as the kernel's C signature declares it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum KernelArg {
-    /// A device pointer (`T*`).
-    Ptr(u64),
-    I32(i32),
-    U32(u32),
-    I64(i64),
-    U64(u64),
-    F32(f32),
-}
-
-impl KernelArg {
-    /// The argument's bytes, 8-aligned storage for `cuLaunchKernel`'s parameter array.
-    fn word(&self) -> u64 {
-        match *self {
-            KernelArg::Ptr(p) | KernelArg::U64(p) => p,
-            KernelArg::I64(v) => v as u64,
-            KernelArg::I32(v) => v as u32 as u64,
-            KernelArg::U32(v) => v as u64,
-            KernelArg::F32(v) => v.to_bits() as u64,
-        }
-    }
-}
+pub use crate::backend::gpu::KernelArg;
 
 /// Device memory owned by the engine (freed on drop).
 pub struct DeviceBuffer {
@@ -177,6 +154,43 @@ impl CudaDevice {
         }
         cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_bytes, self.stream.cu_stream(), &mut params)
             .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
+    }
+
+    /// A device attribute (`cuDeviceGetAttribute`).
+    pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32, CudaError> {
+        self.ctx.attribute(a).map_err(|e| CudaError::Driver(format!("{a:?}: {e:?}")))
+    }
+
+    /// The stream every launch and copy of this device is queued on.
+    pub fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Zeroes a buffer (queued on the stream).
+    pub fn zero(&self, buf: &DeviceBuffer) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // SAFETY: the whole of a live buffer of this context.
+        unsafe { cudarc::driver::result::memset_d8_async(buf.ptr, 0, buf.bytes, self.stream.cu_stream()) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// Copies `src` to device address `dst` (ordered after the queued work).
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies in one live buffer of this device.
+    pub unsafe fn upload_to(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // The host slice may be reused once this returns: copy from it synchronously.
+        self.synchronize()?;
+        cudarc::driver::result::memcpy_htod_sync(dst, src).map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// Copies device bytes at `src` to the host after the queued work.
+    ///
+    /// # Safety
+    /// `src .. src + dst.len()` lies in one live buffer of this device.
+    pub unsafe fn download_from(&self, src: u64, dst: &mut [u8]) -> Result<(), CudaError> {
+        self.synchronize()?;
+        cudarc::driver::result::memcpy_dtoh_sync(dst, src).map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Waits for everything queued.

@@ -23,50 +23,8 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result, sys};
 
 use super::device::{CudaDevice, DeviceBuffer};
+pub use crate::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape};
 use super::CudaError;
-
-/// Element type of A, B, C (and the bias).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GemmDtype {
-    F32 { tf32: bool },
-    F16,
-    BF16,
-}
-
-/// What cuBLASLt does after the product (`cublasLtEpilogue_t`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Epilogue {
-    None,
-    /// C += bias (per output feature).
-    Bias,
-    /// pre = product + bias → aux; C = gelu(pre) (tanh GELU: cuBLASLt's only GELU).
-    BiasGeluAux,
-    /// C = product ∘ gelu'(aux) (the backward of BiasGeluAux's GELU).
-    DGelu,
-    /// C = product, and bias = column sums of the B operand (cuBLAS's B: the engine's A, i.e.
-    /// the bias gradient Σ_rows dY when A = dYᵀ).
-    BGradB,
-}
-
-/// A row-major, possibly batched GEMM: C[b] (m×n) = α·op(A[b]) (m×k) · op(B[b]) (k×n) + β·C[b].
-/// Leading dimensions are row strides in elements; batch strides in elements (0: shared).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GemmShape {
-    pub dtype: GemmDtype,
-    pub ta: bool,
-    pub tb: bool,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub lda: i64,
-    pub ldb: i64,
-    pub ldc: i64,
-    pub batch: i32,
-    pub stride_a: i64,
-    pub stride_b: i64,
-    pub stride_c: i64,
-    pub epilogue: Epilogue,
-}
 
 /// The same GEMM as cuBLAS (column-major) sees it: D = op(A')·op(B'), A' = the engine's B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,16 +69,6 @@ impl ColMajor {
             stride_b: s.stride_a,
         }
     }
-}
-
-/// Per-call pointers (device addresses). `bias`/`aux` only for the epilogues that use them.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GemmPtrs {
-    pub a: u64,
-    pub b: u64,
-    pub c: u64,
-    pub bias: u64,
-    pub aux: u64,
 }
 
 /// Descriptors and the chosen algorithm of one shape (destroyed with the [`Gemm`]).

@@ -8,6 +8,7 @@
 //! - [`device`]: one GPU — context, stream, kernel modules (PTX cached on disk), memory,
 //!   launches.
 //! - [`gemm`]: GEMMs on cuBLASLt with epilogues, one cached plan per shape.
+//! - [`gpu`]: the GPU as the GPU executor (`exec::gpu`) drives it: kernels + cuBLASLt.
 //! - [`watch`]: step device time by CUDA events and peak device memory, for the harness.
 //!
 //! Behind the `cuda` cargo feature (on by default); without it [`open`] is an error saying so.
@@ -16,6 +17,8 @@
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod gemm;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 #[cfg(feature = "cuda")]
 pub mod watch;
 #[cfg(feature = "cuda")]

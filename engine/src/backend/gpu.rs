@@ -1,0 +1,139 @@
+//! The seam between the GPU executor and a GPU: what the executor needs of a device, whatever
+//! its vendor — memory by address, the engine's kernels by name, GEMMs, a synchronise.
+//!
+//! Why a trait and not candle's enum alone: the same executor (`exec::gpu`) must run on a real
+//! GPU (`backend::cuda`, later `backend::hip`) and, in CI where there is no GPU, on the host
+//! SIMT harness (`engine/kernels/simt`) with a host GEMM — so that the device path, not only
+//! each kernel, is executed and checked against the CPU engine on every run
+//! (`tests/tests/gpu_executor.rs`). Device memory is addressed by `u64` as the driver APIs do
+//! (`CUdeviceptr`, `hipDeviceptr_t`); a host device's addresses are host pointers.
+//!
+//! Launch arguments ([`KernelArg`]) and GEMM shapes ([`GemmShape`]) are plain data shared by
+//! every device: the executor resolves them once when it is built.
+
+/// What went wrong on a device (its driver's message, with what was being done).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct GpuError(pub String);
+
+/// A GPU, as the executor drives it. Every call is queued in order on one stream; only
+/// [`GpuDevice::download`] and [`GpuDevice::synchronize`] wait for the device.
+pub trait GpuDevice {
+    /// Device memory, freed on drop.
+    type Buffer;
+
+    /// The device for messages ("NVIDIA H100 80GB HBM3 (sm_90)").
+    fn describe(&self) -> String;
+    /// Threads per warp (wavefront) the kernels were built for: 32 on NVIDIA, 64 on AMD CDNA.
+    fn warp_size(&self) -> u32;
+    /// Blocks that fill the device for a grid-stride kernel (more only add scheduling).
+    fn max_blocks(&self) -> u32;
+    /// Dynamic shared memory one block may use, bytes (after any opt-in).
+    fn max_shared_bytes(&self) -> u32;
+    /// `bytes` of zeroed device memory.
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buffer, GpuError>;
+    /// The device address of a buffer.
+    fn address(&self, buf: &Self::Buffer) -> u64;
+    /// Copies host bytes to device address `dst`, after the work queued before.
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies inside one live buffer of this device.
+    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError>;
+    /// Copies device bytes at `src` to the host once the work queued before has finished.
+    ///
+    /// # Safety
+    /// `src .. src + dst.len()` lies inside one live buffer of this device.
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError>;
+    /// Queues kernel `name` (an `ORT_KERNEL` of `engine/kernels`) on a 1-D grid.
+    ///
+    /// # Safety
+    /// `args` match the kernel's C signature; every pointer addresses live device memory as
+    /// large as the kernel touches at this grid.
+    unsafe fn launch(&self, name: &str, grid: u32, block: u32, shared_bytes: u32, args: &[KernelArg]) -> Result<(), GpuError>;
+    /// Queues C = op(A)·op(B) (+ the shape's epilogue), row-major (see [`GemmShape`]).
+    ///
+    /// # Safety
+    /// The pointers address live device memory large enough for the shape.
+    unsafe fn gemm(&self, shape: &GemmShape, ptrs: &GemmPtrs) -> Result<(), GpuError>;
+    /// Waits for everything queued.
+    fn synchronize(&self) -> Result<(), GpuError>;
+}
+
+/// One scalar or pointer argument of a kernel, as the kernel's C signature declares it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer (`T*`).
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+impl KernelArg {
+    /// The argument's bytes, 8-aligned storage for `cuLaunchKernel`'s parameter array.
+    pub fn word(&self) -> u64 {
+        match *self {
+            KernelArg::Ptr(p) | KernelArg::U64(p) => p,
+            KernelArg::I64(v) => v as u64,
+            KernelArg::I32(v) => v as u32 as u64,
+            KernelArg::U32(v) => v as u64,
+            KernelArg::F32(v) => v.to_bits() as u64,
+        }
+    }
+}
+
+/// Element type of A, B, C (and the bias).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmDtype {
+    F32 { tf32: bool },
+    F16,
+    BF16,
+}
+
+/// What cuBLASLt does after the product (`cublasLtEpilogue_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    None,
+    /// C += bias (per output feature).
+    Bias,
+    /// pre = product + bias → aux; C = gelu(pre) (tanh GELU: cuBLASLt's only GELU).
+    BiasGeluAux,
+    /// C = product ∘ gelu'(aux) (the backward of BiasGeluAux's GELU).
+    DGelu,
+    /// C = product, and bias = column sums of the B operand (cuBLAS's B: the engine's A, i.e.
+    /// the bias gradient Σ_rows dY when A = dYᵀ).
+    BGradB,
+}
+
+/// A row-major, possibly batched GEMM: C[b] (m×n) = α·op(A[b]) (m×k) · op(B[b]) (k×n) + β·C[b].
+/// Leading dimensions are row strides in elements; batch strides in elements (0: shared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    pub dtype: GemmDtype,
+    pub ta: bool,
+    pub tb: bool,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldc: i64,
+    pub batch: i32,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub epilogue: Epilogue,
+}
+
+/// Per-call pointers (device addresses). `bias`/`aux` only for the epilogues that use them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemmPtrs {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub bias: u64,
+    pub aux: u64,
+}
+

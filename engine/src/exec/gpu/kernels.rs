@@ -1,0 +1,188 @@
+//! What the GPU kernels (`engine/kernels/*.cu`) accept, for the planner ([`Kernels`]), and the
+//! launch geometry the executor gives them.
+//!
+//! Differences from the CPU kernels that the plan must know:
+//! - attention's second output holds the rows' log-sum-exp (B, H, Tq) f32 instead of the
+//!   probabilities (its planned buffer is the probabilities' size: the saving is left to the
+//!   GPU tuning issue), and its backward reads the forward's output and mask (graph inputs 5, 6);
+//! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
+//!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
+//!   attention backward;
+//! - there is no standalone GELU kernel: the passes fuse GELU into its linear layer (`Op::Linear`),
+//!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
+
+use crate::graph::{ElemType, Graph, Op};
+use crate::plan::{Kernels, PlanError, Req};
+use crate::DType;
+
+/// Rows of a column reduction one block walks (reduce.cu `column_sum_partial`, layernorm.cu
+/// `layernorm_backward_dwdb`): 32 rows keeps R/32 · ⌈C/128⌉ blocks for bert's 4096 × 768.
+pub const ROWS_PER_CHUNK: usize = 32;
+/// Threads of a column-reduction block (one column each).
+pub const COLUMN_BLOCK: u32 = 128;
+/// Threads of a grid-stride elementwise block.
+pub const EW_BLOCK: u32 = 256;
+/// Warps per block of the one-warp-per-row kernels (LayerNorm, softmax).
+pub const ROW_WARPS: u32 = 4;
+/// Threads of a one-block-per-row kernel (cross-entropy, embedding) and of attention blocks.
+pub const ROW_BLOCK: u32 = 128;
+
+/// Number of row chunks of a column reduction over `rows` rows.
+pub fn chunks(rows: usize) -> usize {
+    rows.div_ceil(ROWS_PER_CHUNK).max(1)
+}
+
+/// Attention tile sizes (bq, bk) for head sizes d, dv: the largest of 64/32/16 whose three
+/// kernels fit `max_shared` bytes of shared memory (attention.cu's formulas, in floats).
+pub fn attention_tiles(d: usize, dv: usize, max_shared: u32) -> Option<(usize, usize)> {
+    [(64, 64), (64, 32), (32, 32), (16, 16), (8, 8)]
+        .into_iter()
+        .find(|&(bq, bk)| attention_smem(bq, bk, d, dv).iter().all(|&b| b <= max_shared))
+}
+
+/// Dynamic shared memory of attention_forward, attention_backward_dq, attention_backward_dkdv,
+/// bytes (attention.cu).
+pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
+    let fwd = bq * d + bk * (d + 1) + bk * dv + bq * bk + bq * dv + 3 * bq;
+    let dq = 2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 2 * bq;
+    let dkdv = bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq;
+    [fwd, dq, dkdv].map(|f| (4 * f) as u32)
+}
+
+/// What the GPU kernels accept (see the module comment).
+#[derive(Debug, Clone, Copy)]
+pub struct GpuKernels;
+
+impl Kernels for GpuKernels {
+    fn name(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
+        let n = &g.nodes()[node];
+        let err = |why: &str| PlanError::NoKernel { node, op: n.op.name(), backend: "gpu", why: why.to_string() };
+        // fp32 storage only so far: f16/bf16 need per-tensor byte sizes in the plan and
+        // mixed-dtype GEMMs (half activations, f32 parameter gradients).
+        let half = n.inputs.iter().chain(&n.outputs).any(|&t| matches!(g.tensor(t).elem, ElemType::Float(d) if d != DType::F32));
+        if half {
+            return Err(err(" for f16/bf16 tensors (the GPU executor stores fp32 only so far: use --precision fp32)"));
+        }
+        #[allow(unreachable_patterns)] // an op added to the IR without a kernel lands in `_`
+        match &n.op {
+            Op::Fill { .. }
+            | Op::Embedding
+            | Op::MatMul { .. }
+            | Op::BiasAdd
+            | Op::Add
+            | Op::Scale { .. }
+            | Op::Tanh
+            | Op::LayerNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Dropout { .. }
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::Split { .. }
+            | Op::Concat
+            | Op::CrossEntropy { .. }
+            | Op::EmbeddingBackward
+            | Op::ReduceSumLeading
+            | Op::GeluBackward { .. }
+            | Op::TanhBackward
+            | Op::LayerNormBackward
+            | Op::SoftmaxBackward { .. }
+            | Op::CrossEntropyBackward { .. }
+            | Op::Linear { .. }
+            | Op::AddLayerNorm { .. } => {}
+            Op::Gelu { .. } => return Err(err(" for a GELU outside a linear layer (the passes fuse it into Op::Linear)")),
+            Op::Attention { .. } => {
+                if g.shape(n.inputs[0]).len() != 4 {
+                    return Err(err(" for a non-4-D attention"));
+                }
+            }
+            Op::AttentionBackward { .. } => {
+                if g.shape(n.inputs[1]).len() != 4 {
+                    return Err(err(" for a non-4-D attention"));
+                }
+                if n.inputs.len() < 6 {
+                    return Err(err(" without the forward's output among its inputs"));
+                }
+            }
+            _ => return Err(err("")),
+        }
+        if n.outputs.iter().chain(&n.inputs).any(|&o| g.shape(o).len() > 8) {
+            return Err(err(" for tensors of more than 8 dims"));
+        }
+        Ok(())
+    }
+
+    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        match g.nodes()[node].op {
+            Op::MatMul { .. } => Req::Matrix,
+            Op::Linear { .. } if slot < 2 => Req::Matrix,
+            Op::Attention { .. } if slot < 3 => Req::Rows,
+            Op::AttentionBackward { .. } if slot < 4 || slot == 5 => Req::Rows,
+            Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            _ => Req::Contig,
+        }
+    }
+
+    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        match g.nodes()[node].op {
+            Op::MatMul { .. } | Op::AttentionBackward { .. } => Req::Rows,
+            Op::Attention { .. } if slot == 0 => Req::Rows,
+            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            _ => Req::Contig,
+        }
+    }
+
+    fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
+        // Each kernel reads an element (or, for a row kernel, its whole row) before the thread
+        // that read it writes it: see the aliasing notes in engine/kernels/*.cu.
+        match g.nodes()[node].op {
+            Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
+            Op::BiasAdd | Op::Scale { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
+            Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
+            _ => vec![],
+        }
+    }
+
+    fn workspace(&self, g: &Graph, node: usize) -> usize {
+        let n = &g.nodes()[node];
+        let numel = |t| g.tensor(t).numel();
+        match n.op {
+            Op::LayerNormBackward => {
+                let c = numel(n.inputs[2]);
+                2 * chunks(numel(n.inputs[0]) / c.max(1)) * c
+            }
+            Op::ReduceSumLeading => {
+                let c = numel(n.outputs[0]);
+                chunks(numel(n.inputs[0]) / c.max(1)) * c
+            }
+            // Per-row losses (forward), the count of labelled rows (backward).
+            Op::CrossEntropy { .. } => numel(n.inputs[1]),
+            Op::CrossEntropyBackward { .. } => 1,
+            // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
+            Op::AttentionBackward { .. } => {
+                let q = g.shape(n.inputs[1]);
+                q[0] * q[1] * q[2]
+            }
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_tiles_fit_the_shared_memory_they_are_given() {
+        // H100: 227 KiB opt-in; d = 64 takes the largest tiles.
+        assert_eq!(attention_tiles(64, 64, 227 * 1024), Some((64, 64)));
+        // 48 KiB (no opt-in) forces smaller tiles, every kernel within it.
+        let (bq, bk) = attention_tiles(64, 64, 48 * 1024).unwrap();
+        assert!(bq < 64 || bk < 64);
+        assert!(attention_smem(bq, bk, 64, 64).iter().all(|&b| b <= 48 * 1024));
+        assert_eq!(attention_tiles(4096, 4096, 48 * 1024), None);
+    }
+}

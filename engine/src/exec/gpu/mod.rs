@@ -1,0 +1,793 @@
+//! The GPU executor: a training graph's plan walked on a [`GpuDevice`], one kernel launch (or
+//! GEMM) per executed node, nothing synchronised inside a step.
+//!
+//! At build it plans the graph with the GPU kernels' requirements ([`kernels::GpuKernels`]),
+//! allocates every buffer once — the planned arena, the flat parameter and gradient buffers,
+//! one buffer per step input, a small array of copy shapes, a status block — and resolves each
+//! step to launches with every address, size, stride and tile fixed: a step then uploads its
+//! inputs and queues the launches, substituting only the dropout seed and the loss scale. The
+//! host reads back one status block per step (loss, bad-id flag, and from the optimizer the
+//! gradient norm, finite flag and clip coefficient: `session`), the only synchronisation.
+//!
+//! The same executor runs on an NVIDIA GPU (`backend::cuda`) and, in the tests, on the host
+//! SIMT harness with a host GEMM, where it is checked against the CPU engine
+//! (`tests/tests/gpu_executor.rs`): the device path, not only each kernel, runs in CI.
+//!
+//! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; GEMMs keep the
+//! CPU's split (GEMM, then the bias or bias + GELU pass) so both compute the same thing —
+//! cuBLASLt's fused epilogues are a tuning step (issue 15). Storage is fp32 for now.
+
+pub mod kernels;
+pub mod session;
+
+use crate::backend::cpu::kernels::matmul::MatMulPlan;
+use crate::backend::cpu::kernels::{embedding, loss};
+use crate::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
+use crate::exec::{ExecError, InputData, Inputs};
+use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
+use crate::ops::gelu::GeluApprox;
+use crate::plan::{self, Place, Plan, PlanError, Root};
+use kernels::{GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
+
+/// Words of the status block the host reads once per step (f32 unless said).
+pub mod status {
+    /// The loss.
+    pub const LOSS: usize = 0;
+    /// An embedding id or label out of range (i32, set by the kernels, zeroed per step).
+    pub const BAD_ID: usize = 1;
+    /// From the optimizer (adamw.cu `grad_stats_finish`): norm, finite (1/0), clip coefficient.
+    pub const STATS: usize = 2;
+    pub const WORDS: usize = 8;
+}
+
+/// One argument of a resolved launch: fixed at build, or this step's seed / loss scale.
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    K(KernelArg),
+    /// The step's dropout seed (u64).
+    Seed,
+    /// value · the step's loss scale (f32): the backward's seed.
+    Scaled(f32),
+}
+
+/// One queued operation of a step.
+#[derive(Debug, Clone)]
+enum Call {
+    Kernel { name: String, grid: u32, block: u32, smem: u32, args: Vec<Arg> },
+    Gemm(GemmShape, GemmPtrs),
+}
+
+/// Runs one training graph on a GPU (see the module comment).
+pub struct GpuExecutor<D: GpuDevice> {
+    dev: D,
+    graph: Graph,
+    plan: Plan,
+    /// Per executed node: its node index and launches.
+    steps: Vec<(usize, Vec<Call>)>,
+    /// After the nodes: gradient copies and zeros, the loss into the status block.
+    tail: Vec<Call>,
+    _arena: D::Buffer,
+    params: D::Buffer,
+    grads: D::Buffer,
+    status: D::Buffer,
+    _meta: D::Buffer,
+    /// Per graph input: its buffer and byte size.
+    inputs: Vec<(D::Buffer, usize)>,
+    loss_scale: f32,
+    /// Launch argument scratch (no allocation per launch).
+    scratch: Vec<KernelArg>,
+    flops: f64,
+}
+
+impl<D: GpuDevice> std::fmt::Debug for GpuExecutor<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuExecutor({}, {})", self.dev.describe(), self.plan.summary(&self.graph))
+    }
+}
+
+fn gpu_err(e: GpuError) -> PlanError {
+    PlanError::Backend(e.0)
+}
+
+impl<D: GpuDevice> GpuExecutor<D> {
+    /// Plans `graph` (a training graph) for the GPU kernels and allocates its memory on `dev`;
+    /// parameters start at zero ([`GpuExecutor::upload_params`]).
+    pub fn new(graph: &Graph, dev: D) -> Result<Self, PlanError> {
+        let plan = plan::build(graph, &GpuKernels)?;
+        let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
+        let n = graph.num_param_elems();
+        let params = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
+        let grads = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
+        let status = dev.alloc_zeroed(status::WORDS * 4).map_err(gpu_err)?;
+        let mut inputs = Vec::new();
+        for &t in graph.inputs() {
+            let info = graph.tensor(t);
+            let bytes = info.numel() * if info.elem.is_float() { 4 } else { 8 };
+            inputs.push((dev.alloc_zeroed(bytes).map_err(gpu_err)?, bytes));
+        }
+        let bases = Bases {
+            arena: dev.address(&arena),
+            params: dev.address(&params),
+            grads: dev.address(&grads),
+            status: dev.address(&status),
+            inputs: inputs.iter().map(|(b, _)| dev.address(b)).collect(),
+        };
+        // Copy shapes go into one small device array; launches address it by offset, so it is
+        // filled first and uploaded once its size is known.
+        let mut r = Resolver { g: graph, plan: &plan, b: &bases, warp: dev.warp_size(), max_blocks: dev.max_blocks(), max_smem: dev.max_shared_bytes(), meta: Vec::new(), meta_refs: Vec::new(), flops: 0.0 };
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for s in &plan.steps {
+            let node = &graph.nodes()[s.node];
+            let calls = r.resolve(s.node, node, s.inplace, s.workspace)?;
+            steps.push((s.node, calls));
+        }
+        let mut tail = Vec::new();
+        for &(off, len) in &plan.grad_zeros {
+            tail.push(r.ew("fill_f32", len, vec![ptr(bases.grads + 4 * off as u64), i64a(len), f32a(0.0)]));
+        }
+        for &(t, off, len) in &plan.grad_copies {
+            let p = &plan.places[t.index()];
+            let shape = graph.shape(t);
+            let contig = contiguous(shape);
+            let meta = r.copy_meta(shape, &p.strides, shape, &contig);
+            tail.push(r.ew("copy_strided_f32", len, vec![ptr(bases.grads + 4 * off as u64), ptr(r.addr(p)), i64a(len), meta]));
+        }
+        let loss = r.addr(&plan.places[plan.loss.index()]);
+        tail.push(r.ew("scale_f32", 1, vec![ptr(bases.status + 4 * status::LOSS as u64), ptr(loss), i64a(1), f32a(1.0)]));
+
+        let meta_bytes: Vec<u8> = r.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let meta = dev.alloc_zeroed(meta_bytes.len().max(8)).map_err(gpu_err)?;
+        let meta_base = dev.address(&meta);
+        // SAFETY: `meta` holds exactly these bytes.
+        unsafe { dev.upload(meta_base, &meta_bytes) }.map_err(gpu_err)?;
+        let refs = std::mem::take(&mut r.meta_refs);
+        let flops = r.flops;
+        for calls in steps.iter_mut().map(|(_, c)| c).chain([&mut tail]) {
+            for c in calls.iter_mut() {
+                if let Call::Kernel { args, .. } = c {
+                    for a in args.iter_mut() {
+                        if let Arg::K(KernelArg::Ptr(p)) = a {
+                            if let Some(i) = p.checked_sub(META_TAG).filter(|i| (*i as usize) < refs.len()) {
+                                *a = ptr(meta_base + 8 * refs[i as usize] as u64);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(GpuExecutor { dev, graph: graph.clone(), plan, steps, tail, _arena: arena, params, grads, status, _meta: meta, inputs, loss_scale: 1.0, scratch: Vec::with_capacity(64), flops })
+    }
+
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Device addresses of the flat parameter and gradient buffers (fp32, graph order).
+    pub fn param_address(&self) -> u64 {
+        self.dev.address(&self.params)
+    }
+    pub fn grad_address(&self) -> u64 {
+        self.dev.address(&self.grads)
+    }
+    pub fn status_address(&self) -> u64 {
+        self.dev.address(&self.status)
+    }
+
+    /// FLOPs of a step's GEMMs and attention products (2 per multiply-add; causal attention
+    /// counted dense): what the GPU executes, as the CPU's `last_step_flops` without row skips.
+    pub fn step_flops(&self) -> f64 {
+        self.flops
+    }
+
+    /// Copies the host's parameters to the device.
+    pub fn upload_params(&self, params: &[f32]) -> Result<(), ExecError> {
+        let n = self.graph.num_param_elems();
+        if params.len() != n {
+            return Err(ExecError::ParamLen { expected: n, got: params.len() });
+        }
+        // SAFETY: the parameter buffer holds n f32.
+        unsafe { self.dev.upload(self.param_address(), f32_bytes(params)) }.map_err(dev_err)
+    }
+
+    /// The device's parameters (waits for the queued work).
+    pub fn download_params(&self) -> Result<Vec<f32>, ExecError> {
+        self.download_f32(self.param_address(), self.graph.num_param_elems())
+    }
+
+    /// The device's gradients of the last step (waits for the queued work).
+    pub fn download_grads(&self) -> Result<Vec<f32>, ExecError> {
+        self.download_f32(self.grad_address(), self.graph.num_param_elems())
+    }
+
+    fn download_f32(&self, addr: u64, n: usize) -> Result<Vec<f32>, ExecError> {
+        let mut bytes = vec![0u8; n * 4];
+        // SAFETY: `addr` is one of this executor's buffers of at least n f32.
+        unsafe { self.dev.download(addr, &mut bytes) }.map_err(dev_err)?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// The status block (waits for the queued work): see [`status`].
+    pub fn read_status(&self) -> Result<[f32; status::WORDS], ExecError> {
+        let v = self.download_f32(self.status_address(), status::WORDS)?;
+        let mut s = [0f32; status::WORDS];
+        s.copy_from_slice(&v);
+        Ok(s)
+    }
+
+    /// Seeds the next steps' backward with `scale` instead of 1 (see the CPU executor's
+    /// `set_loss_scale`).
+    pub fn set_loss_scale(&mut self, scale: f32) {
+        self.loss_scale = scale;
+    }
+
+    /// Queues one forward + backward: gradients land in the gradient buffer, the loss in the
+    /// status block. Nothing is waited for; [`GpuExecutor::finish_step`] reads the result.
+    pub fn queue_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<(), ExecError> {
+        self.bind(inputs)?;
+        // SAFETY: the status block holds WORDS words.
+        unsafe { self.dev.launch("fill_f32", 1, self.dev.warp_size(), 0, &[KernelArg::Ptr(self.status_address() + 4 * status::BAD_ID as u64), KernelArg::I64(1), KernelArg::F32(0.0)]) }.map_err(dev_err)?;
+        let (steps, tail) = (std::mem::take(&mut self.steps), std::mem::take(&mut self.tail));
+        let mut res = Ok(());
+        'run: for (node, calls) in steps.iter().map(|(n, c)| (Some(*n), c)).chain([(None, &tail)]) {
+            for c in calls {
+                if let Err(e) = self.run(c, seed) {
+                    res = Err(match node {
+                        Some(i) => ExecError::Device(format!("node {i} ({}): {}", self.graph.nodes()[i].op.name(), e.0)),
+                        None => dev_err(e),
+                    });
+                    break 'run;
+                }
+            }
+        }
+        self.steps = steps;
+        self.tail = tail;
+        res
+    }
+
+    /// Reads the step's status; an out-of-range id or label is named from the host's inputs.
+    pub fn finish_step(&self, inputs: &Inputs<'_>) -> Result<[f32; status::WORDS], ExecError> {
+        let s = self.read_status()?;
+        if s[status::BAD_ID].to_bits() != 0 {
+            return Err(self.explain_bad_ids(inputs));
+        }
+        Ok(s)
+    }
+
+    /// One step, waited for: the loss (gradients stay on the device).
+    pub fn train_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<f32, ExecError> {
+        self.queue_step(inputs, seed)?;
+        Ok(self.finish_step(inputs)?[status::LOSS])
+    }
+
+    fn run(&mut self, c: &Call, seed: u64) -> Result<(), GpuError> {
+        match c {
+            Call::Kernel { name, grid, block, smem, args } => {
+                self.scratch.clear();
+                self.scratch.extend(args.iter().map(|a| match *a {
+                    Arg::K(k) => k,
+                    Arg::Seed => KernelArg::U64(seed),
+                    Arg::Scaled(v) => KernelArg::F32(v * self.loss_scale),
+                }));
+                // SAFETY: resolved against the plan: every pointer is inside its buffer.
+                unsafe { self.dev.launch(name, *grid, *block, *smem, &self.scratch) }
+            }
+            // SAFETY: as above.
+            Call::Gemm(s, p) => unsafe { self.dev.gemm(s, p) },
+        }
+    }
+
+    fn bind(&mut self, inputs: &Inputs<'_>) -> Result<(), ExecError> {
+        let g = &self.graph;
+        if let Some(name) = inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n))) {
+            let declared: Vec<&str> = g.inputs().iter().filter_map(|&t| g.input_name(t)).collect();
+            return Err(ExecError::UnknownInput { name: name.to_string(), declared: declared.join(", ") });
+        }
+        for (k, &t) in g.inputs().iter().enumerate() {
+            let info = g.tensor(t);
+            let TensorKind::Input { name } = &info.kind else { unreachable!("graph inputs are Input tensors") };
+            let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
+            let expected = || format!("{} {} ({} elements)", crate::graph::fmt_shape(&info.shape), info.elem, info.numel());
+            let (bytes, got): (&[u8], usize) = match data {
+                InputData::Ids(d) if !info.elem.is_float() => (i64_bytes(d), d.len()),
+                InputData::Floats(d) if info.elem.is_float() => (f32_bytes(d), d.len()),
+                InputData::Ids(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} i64 ids", d.len()) }),
+                InputData::Floats(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} floats", d.len()) }),
+            };
+            if got != info.numel() {
+                return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{got} elements") });
+            }
+            let (buf, size) = &self.inputs[k];
+            debug_assert_eq!(bytes.len(), *size);
+            // SAFETY: the input's buffer holds exactly its bytes.
+            unsafe { self.dev.upload(self.dev.address(buf), bytes) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    /// The kernels flagged an id or label out of range: find and name it on the host, as the
+    /// CPU kernels' checks do.
+    fn explain_bad_ids(&self, inputs: &Inputs<'_>) -> ExecError {
+        let g = &self.graph;
+        let ids_of = |t: TensorId| g.input_name(t).and_then(|n| inputs.get(n)).and_then(|d| match d {
+            InputData::Ids(d) => Some(d),
+            InputData::Floats(_) => None,
+        });
+        for (i, node) in g.nodes().iter().enumerate() {
+            let res = match node.op {
+                Op::Embedding => ids_of(node.inputs[1]).map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
+                Op::CrossEntropy { ignore_index } => ids_of(node.inputs[1]).map(|l| loss::check_labels(l, *g.shape(node.inputs[0]).last().unwrap_or(&1), ignore_index).map(|_| ())),
+                _ => None,
+            };
+            if let Some(Err(source)) = res {
+                return ExecError::Op { node: i, op: node.op.name(), source };
+            }
+        }
+        dev_err(GpuError("a kernel flagged an id or label out of range, but the host found none in the inputs".into()))
+    }
+}
+
+fn dev_err(e: GpuError) -> ExecError {
+    ExecError::Device(e.0)
+}
+
+/// Base addresses the resolver turns places into.
+struct Bases {
+    arena: u64,
+    params: u64,
+    grads: u64,
+    status: u64,
+    inputs: Vec<u64>,
+}
+
+/// Pointer arguments at or above this tag are indices into the copy-shape array, patched to
+/// its device address once it is uploaded (no real address is this high on a 48-bit VA).
+const META_TAG: u64 = 0xfff0_0000_0000_0000;
+
+fn ptr(a: u64) -> Arg {
+    Arg::K(KernelArg::Ptr(a))
+}
+fn i64a(v: usize) -> Arg {
+    Arg::K(KernelArg::I64(v as i64))
+}
+fn i32a(v: usize) -> Arg {
+    Arg::K(KernelArg::I32(v as i32))
+}
+fn f32a(v: f32) -> Arg {
+    Arg::K(KernelArg::F32(v))
+}
+fn u64a(v: u64) -> Arg {
+    Arg::K(KernelArg::U64(v))
+}
+
+fn contiguous(shape: &[usize]) -> Vec<usize> {
+    plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+fn i64_bytes(v: &[i64]) -> &[u8] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// Element strides of a broadcast operand of shape `m` against the 4-D `full` shape it is
+/// right-aligned to: 0 on a dim of size 1 (or a missing leading dim).
+fn broadcast_strides4(m: &[usize], full: [usize; 4]) -> [i64; 4] {
+    let own = contiguous(m);
+    let mut s = [0i64; 4];
+    for d in 0..4 {
+        let k = (d + m.len()).checked_sub(4);
+        if let Some(k) = k {
+            if m[k] != 1 && m[k] == full[d] {
+                s[d] = own[k] as i64;
+            }
+        }
+    }
+    s
+}
+
+/// Turns plan steps into launches.
+struct Resolver<'a> {
+    g: &'a Graph,
+    plan: &'a Plan,
+    b: &'a Bases,
+    warp: u32,
+    max_blocks: u32,
+    max_smem: u32,
+    /// The copy-shape array and, per reference, its start (in i64 words).
+    meta: Vec<i64>,
+    meta_refs: Vec<usize>,
+    flops: f64,
+}
+
+impl Resolver<'_> {
+    fn addr(&self, p: &Place) -> u64 {
+        let off = 4 * p.offset as u64;
+        match p.root {
+            Root::Arena => self.b.arena + off,
+            Root::Param => self.b.params + off,
+            Root::Grad => self.b.grads + off,
+            Root::Input(k) => self.b.inputs[k] + off,
+        }
+    }
+
+    fn at(&self, t: TensorId) -> u64 {
+        self.addr(&self.plan.places[t.index()])
+    }
+
+    fn strides(&self, t: TensorId) -> &[usize] {
+        &self.plan.places[t.index()].strides
+    }
+
+    /// A grid-stride launch over n elements.
+    fn ew(&self, name: &str, n: usize, args: Vec<Arg>) -> Call {
+        let grid = (n.div_ceil(EW_BLOCK as usize) as u64).clamp(1, self.max_blocks as u64) as u32;
+        Call::Kernel { name: name.to_string(), grid, block: EW_BLOCK, smem: 0, args }
+    }
+
+    /// One warp per row.
+    fn rows(&self, name: &str, rows: usize, args: Vec<Arg>) -> Call {
+        let grid = rows.div_ceil(ROW_WARPS as usize).max(1) as u32;
+        Call::Kernel { name: name.to_string(), grid, block: ROW_WARPS * self.warp, smem: 0, args }
+    }
+
+    /// One block per row (grid-stride over rows).
+    fn block_rows(&self, name: &str, rows: usize, args: Vec<Arg>) -> Call {
+        let grid = (rows as u64).clamp(1, self.max_blocks as u64) as u32;
+        Call::Kernel { name: name.to_string(), grid, block: ROW_BLOCK, smem: 0, args }
+    }
+
+    fn one_block(&self, name: &str, args: Vec<Arg>) -> Call {
+        Call::Kernel { name: name.to_string(), grid: 1, block: 256.max(self.warp), smem: 0, args }
+    }
+
+    /// Column-reduction partials over `rows` × `c`.
+    fn columns(&self, name: &str, rows: usize, c: usize, args: Vec<Arg>) -> Call {
+        let grid = (kernels::chunks(rows) * c.div_ceil(COLUMN_BLOCK as usize)) as u32;
+        Call::Kernel { name: name.to_string(), grid, block: COLUMN_BLOCK, smem: 0, args }
+    }
+
+    /// Registers a copy_strided meta ([src_rank, dst_rank, src shape, src strides, dst shape,
+    /// dst strides]) and returns its (tagged) pointer argument.
+    fn copy_meta(&mut self, ss: &[usize], st: &[usize], ds: &[usize], dt: &[usize]) -> Arg {
+        let start = self.meta.len();
+        self.meta.extend([ss.len() as i64, ds.len() as i64]);
+        self.meta.extend(ss.iter().chain(st).chain(ds).chain(dt).map(|&v| v as i64));
+        self.meta_refs.push(start);
+        ptr(META_TAG + (self.meta_refs.len() - 1) as u64)
+    }
+
+    fn fill_meta(&mut self, shape: &[usize], strides: &[usize]) -> Arg {
+        let start = self.meta.len();
+        self.meta.push(shape.len() as i64);
+        self.meta.extend(shape.iter().chain(strides).map(|&v| v as i64));
+        self.meta_refs.push(start);
+        ptr(META_TAG + (self.meta_refs.len() - 1) as u64)
+    }
+
+    fn gemm(&mut self, m: &MatMulPlan, a: u64, b: u64, c: u64, no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
+        // A batch must be one arithmetic progression per operand (strided batched GEMM).
+        let stride = |f: &dyn Fn(&(usize, usize, usize)) -> usize| -> Option<i64> {
+            let o: Vec<i64> = m.offs.iter().map(|x| f(x) as i64).collect();
+            let s = if o.len() > 1 { o[1] - o[0] } else { 0 };
+            o.windows(2).all(|w| w[1] - w[0] == s).then_some(s)
+        };
+        let (sa, sb, sc) = match (stride(&|x| x.0), stride(&|x| x.1), stride(&|x| x.2)) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => return Err(no(" for a batched matmul whose batches are not evenly strided")),
+        };
+        let (o0a, o0b, o0c) = m.offs[0];
+        self.flops += 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
+        let shape = GemmShape {
+            dtype: GemmDtype::F32 { tf32: false },
+            ta: m.ta,
+            tb: m.tb,
+            m: m.m as u64,
+            n: m.n as u64,
+            k: m.k as u64,
+            lda: m.lda as i64,
+            ldb: m.ldb as i64,
+            ldc: m.ldc as i64,
+            batch: m.offs.len() as i32,
+            stride_a: sa,
+            stride_b: sb,
+            stride_c: sc,
+            epilogue: Epilogue::None,
+        };
+        Ok(Call::Gemm(shape, GemmPtrs { a: a + 4 * o0a as u64, b: b + 4 * o0b as u64, c: c + 4 * o0c as u64, bias: 0, aux: 0 }))
+    }
+
+    /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
+    fn strides3(&self, t: TensorId) -> [Arg; 3] {
+        let s = self.strides(t);
+        [0, 1, 2].map(|i| Arg::K(KernelArg::I64(s[i] as i64)))
+    }
+
+    fn resolve(&mut self, i: usize, node: &Node, inplace: Option<usize>, ws: Option<(usize, usize)>) -> Result<Vec<Call>, PlanError> {
+        let g = self.g;
+        let no = |why: &str| PlanError::NoKernel { node: i, op: node.op.name(), backend: "gpu", why: why.to_string() };
+        let (ins, outs) = (&node.inputs, &node.outputs);
+        let n = |t: TensorId| g.tensor(t).numel();
+        let last = |t: TensorId| *g.shape(t).last().unwrap_or(&1);
+        let ws = ws.map(|(o, _)| self.b.arena + 4 * o as u64);
+        let ws_at = || ws.expect("the plan gives this kernel its workspace");
+        let (ia, oa): (Vec<u64>, Vec<u64>) = (ins.iter().map(|&t| self.at(t)).collect(), outs.iter().map(|&t| self.at(t)).collect());
+        let inp = |k: usize| ia[k];
+        let out = |k: usize| oa[k];
+        let err = self.b.status + 4 * status::BAD_ID as u64;
+        let approx = |a: GeluApprox| i32a(usize::from(a == GeluApprox::Tanh));
+        let calls = match &node.op {
+            Op::Fill { value } => {
+                let o = outs[0];
+                let is_seed = matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
+                let v = if is_seed { Arg::Scaled(*value) } else { f32a(*value) };
+                let p = self.plan.places[o.index()].clone();
+                let sh = g.shape(o);
+                if p.strides == contiguous(sh) {
+                    vec![self.ew("fill_f32", n(o), vec![ptr(out(0)), i64a(n(o)), v])]
+                } else {
+                    let meta = self.fill_meta(sh, &p.strides);
+                    vec![self.ew("fill_strided_f32", n(o), vec![ptr(out(0)), i64a(n(o)), meta, v])]
+                }
+            }
+            Op::Embedding => {
+                let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
+                let rows = n(ins[1]);
+                vec![self.block_rows("embedding_forward_f32", rows, vec![ptr(out(0)), ptr(err), ptr(inp(1)), ptr(inp(0)), i64a(rows), i32a(c), i64a(v)])]
+            }
+            Op::EmbeddingBackward => {
+                let (v, c) = (g.shape(outs[0])[0], g.shape(outs[0])[1]);
+                let rows = n(ins[0]);
+                let col_blocks = c.div_ceil(ROW_BLOCK as usize);
+                // Residue classes of ids: enough blocks to fill the device, each walking all ids.
+                let parts = (self.max_blocks as usize / col_blocks).clamp(1, 64).min(v);
+                vec![Call::Kernel {
+                    name: "embedding_backward_f32".into(),
+                    grid: (col_blocks * parts) as u32,
+                    block: ROW_BLOCK,
+                    smem: 0,
+                    args: vec![ptr(out(0)), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(c), i64a(v)],
+                }]
+            }
+            Op::MatMul { ta, tb } => {
+                let (a, b, c) = (ins[0], ins[1], outs[0]);
+                let m = MatMulPlan::new(*ta, *tb, (g.shape(a), self.strides(a)), (g.shape(b), self.strides(b)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
+                vec![self.gemm(&m, inp(0), inp(1), out(0), &no)?]
+            }
+            Op::Linear { tb, gelu } => {
+                let (x, w) = (ins[0], ins[1]);
+                let c = outs[usize::from(gelu.is_some())];
+                let m = MatMulPlan::new(false, *tb, (g.shape(x), self.strides(x)), (g.shape(w), self.strides(w)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
+                let cols = last(outs[0]);
+                let rows = n(outs[0]) / cols.max(1);
+                let gemm = self.gemm(&m, inp(0), inp(1), out(usize::from(gelu.is_some())), &no)?;
+                let epi = match gelu {
+                    Some(a) => self.ew("bias_gelu_f32", n(outs[0]), vec![ptr(out(0)), ptr(out(1)), ptr(inp(2)), i64a(rows), i32a(cols), approx(*a)]),
+                    None => self.ew("add_f32", n(outs[0]), vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)]),
+                };
+                vec![gemm, epi]
+            }
+            Op::BiasAdd | Op::Add => {
+                let (len, nb) = (n(outs[0]), n(ins[1]));
+                if nb == 0 || len % nb != 0 {
+                    return Err(no(" for an operand that does not tile the output"));
+                }
+                let o = match inplace {
+                    Some(k) => inp(k),
+                    None => out(0),
+                };
+                vec![self.ew("add_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)])]
+            }
+            Op::Scale { s } => {
+                let o = if inplace.is_some() { inp(0) } else { out(0) };
+                vec![self.ew("scale_f32", n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)])]
+            }
+            Op::Tanh => {
+                let o = if inplace.is_some() { inp(0) } else { out(0) };
+                vec![self.ew("tanh_forward_f32", n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))])]
+            }
+            Op::TanhBackward | Op::GeluBackward { .. } => {
+                let o = if inplace.is_some() { inp(1) } else { out(0) };
+                let len = n(outs[0]);
+                match &node.op {
+                    Op::GeluBackward { approx: a } => vec![self.ew("gelu_backward_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)])],
+                    _ => vec![self.ew("tanh_backward_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)])],
+                }
+            }
+            Op::Dropout { p, offset } => {
+                let o = if inplace.is_some() { inp(0) } else { out(0) };
+                let len = n(outs[0]);
+                vec![self.ew("dropout_f32", len, vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)])]
+            }
+            Op::LayerNorm { eps } => {
+                let c = last(ins[0]);
+                let rows = n(ins[0]) / c;
+                vec![self.rows("layernorm_forward_f32", rows, vec![ptr(out(0)), ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), i64a(rows), i32a(c), f32a(*eps)])]
+            }
+            Op::AddLayerNorm { eps } => {
+                let c = last(ins[0]);
+                let rows = n(ins[0]) / c;
+                // The sum may overwrite a dying operand: the kernel allows it over `a`, and the
+                // sum commutes, so that operand goes first.
+                let (sum, a, b) = match inplace {
+                    Some(k) => (inp(k), inp(k), inp(1 - k)),
+                    None => (out(0), inp(0), inp(1)),
+                };
+                vec![self.rows("add_layernorm_forward_f32", rows, vec![ptr(sum), ptr(out(1)), ptr(out(2)), ptr(out(3)), ptr(a), ptr(b), ptr(inp(2)), ptr(inp(3)), i64a(rows), i32a(c), f32a(*eps)])]
+            }
+            Op::LayerNormBackward => {
+                let c = n(ins[2]);
+                let rows = n(ins[0]) / c;
+                let ch = kernels::chunks(rows);
+                let w = ws_at();
+                vec![
+                    self.rows("layernorm_backward_dx_f32", rows, vec![ptr(out(0)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c)]),
+                    self.columns("layernorm_backward_dwdb_f32", rows, c, vec![ptr(w), ptr(inp(0)), ptr(inp(1)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK), i32a(ch)]),
+                    self.ew("column_sum_finish_f32", c, vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)]),
+                    self.ew("column_sum_finish_f32", c, vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)]),
+                ]
+            }
+            Op::ReduceSumLeading => {
+                let c = n(outs[0]);
+                let rows = n(ins[0]) / c.max(1);
+                let ch = kernels::chunks(rows);
+                let w = ws_at();
+                vec![
+                    self.columns("column_sum_partial_f32", rows, c, vec![ptr(w), ptr(inp(0)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK)]),
+                    self.ew("column_sum_finish_f32", c, vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)]),
+                ]
+            }
+            Op::Softmax { scale, causal } => {
+                let s = g.shape(ins[0]);
+                let r = s.len();
+                let ncol = s[r - 1];
+                let rows = n(ins[0]) / ncol;
+                let tq = if r >= 2 { s[r - 2] } else { 1 };
+                let h = if r >= 3 { s[r - 3] } else { 1 };
+                let full = [rows / (h * tq).max(1), h, tq, ncol];
+                let (mask, ms) = match ins.get(1) {
+                    Some(&m) => (self.at(m), broadcast_strides4(g.shape(m), full)),
+                    None => (0, [0; 4]),
+                };
+                let mut args = vec![ptr(out(0)), ptr(inp(0)), ptr(mask), i64a(rows), i32a(ncol), f32a(*scale), i32a(usize::from(*causal)), i32a(h), i32a(tq)];
+                args.extend(ms.map(|v| Arg::K(KernelArg::I64(v))));
+                vec![self.rows("softmax_forward_f32", rows, args)]
+            }
+            Op::SoftmaxBackward { scale } => {
+                let ncol = last(ins[0]);
+                let rows = n(ins[0]) / ncol;
+                let o = if inplace.is_some() { inp(1) } else { out(0) };
+                vec![self.rows("softmax_backward_f32", rows, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)])]
+            }
+            Op::Reshape | Op::Permute { .. } => {
+                // Materialised (the plan could not fold it): a strided copy.
+                let (x, o) = (ins[0], outs[0]);
+                let xs = g.shape(x).to_vec();
+                let (ss, st) = match &node.op {
+                    Op::Permute { perm } => (perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(), perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>()),
+                    _ => (xs, self.strides(x).to_vec()),
+                };
+                let (ds, dt) = (g.shape(o).to_vec(), self.strides(o).to_vec());
+                let meta = self.copy_meta(&ss, &st, &ds, &dt);
+                vec![self.ew("copy_strided_f32", n(o), vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta])]
+            }
+            Op::Split { sizes } => {
+                let x = ins[0];
+                let xst = self.strides(x).to_vec();
+                let ls = *xst.last().unwrap_or(&0);
+                let mut start = 0;
+                let mut v = Vec::new();
+                for (k, (&o, &sz)) in outs.iter().zip(sizes).enumerate() {
+                    let os = g.shape(o).to_vec();
+                    let ost = self.strides(o).to_vec();
+                    let meta = self.copy_meta(&os, &xst, &os, &ost);
+                    v.push(self.ew("copy_strided_f32", n(o), vec![ptr(out(k)), ptr(inp(0) + 4 * (start * ls) as u64), i64a(n(o)), meta]));
+                    start += sz;
+                }
+                v
+            }
+            Op::Concat => {
+                let o = outs[0];
+                let ost = self.strides(o).to_vec();
+                let ls = *ost.last().unwrap_or(&0);
+                let mut start = 0;
+                let mut v = Vec::new();
+                for (k, &x) in ins.iter().enumerate() {
+                    let xs = g.shape(x).to_vec();
+                    let xst = self.strides(x).to_vec();
+                    let meta = self.copy_meta(&xs, &xst, &xs, &ost);
+                    v.push(self.ew("copy_strided_f32", n(x), vec![ptr(out(0) + 4 * (start * ls) as u64), ptr(inp(k)), i64a(n(x)), meta]));
+                    start += last(x);
+                }
+                v
+            }
+            Op::Attention { scale, causal, dropout_p, offset } | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
+                let fwd = matches!(node.op, Op::Attention { .. });
+                let (q, k, v) = if fwd { (ins[0], ins[1], ins[2]) } else { (ins[1], ins[2], ins[3]) };
+                let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
+                let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
+                let mask = if fwd { ins.get(3) } else { ins.get(6) }.copied();
+                let (mp, ms) = match mask {
+                    Some(m) => (self.at(m), broadcast_strides4(g.shape(m), [b, h, tq, tk])),
+                    None => (0, [0; 4]),
+                };
+                let (bq, bk) = kernels::attention_tiles(d, dv, self.max_smem).ok_or_else(|| no(&format!(" for head sizes {d}/{dv}: the tiles do not fit {} bytes of shared memory", self.max_smem)))?;
+                let smem = kernels::attention_smem(bq, bk, d, dv);
+                let scalars = vec![i32a(h), i32a(tq), i32a(tk), i32a(d), i32a(dv), f32a(*scale), i32a(usize::from(*causal)), f32a(*dropout_p), Arg::Seed, u64a(*offset)];
+                let msa = ms.map(|v| Arg::K(KernelArg::I64(v)));
+                let tiles = [i32a(bq), i32a(bk)];
+                let qblocks = (b * h * tq.div_ceil(bq)) as u32;
+                let kblocks = (b * h * tk.div_ceil(bk)) as u32;
+                let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
+                if fwd {
+                    self.flops += mm;
+                    let mut args = vec![ptr(out(0)), ptr(out(1)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(mp)];
+                    args.extend(scalars);
+                    for t in [q, k, v, outs[0]] {
+                        args.extend(self.strides3(t));
+                    }
+                    args.extend(msa);
+                    args.extend(tiles);
+                    vec![Call::Kernel { name: "attention_forward_f32".into(), grid: qblocks, block: ROW_BLOCK, smem: smem[0], args }]
+                } else {
+                    // The backward: dq (and D) first, then dk and dv reading D. Its products are
+                    // twice the forward's, plus the recomputed scores.
+                    self.flops += 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64;
+                    let (dout, fo) = (ins[0], ins[5]);
+                    let delta = ws_at();
+                    let mut a1 = vec![ptr(out(0)), ptr(delta), ptr(inp(0)), ptr(inp(5)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(mp), ptr(inp(4))];
+                    a1.extend(scalars.clone());
+                    for t in [q, k, v, dout, fo, outs[0]] {
+                        a1.extend(self.strides3(t));
+                    }
+                    a1.extend(msa);
+                    a1.extend(tiles);
+                    let mut a2 = vec![ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(mp), ptr(inp(4)), ptr(delta)];
+                    a2.extend(scalars);
+                    for t in [q, k, v, dout, outs[1], outs[2]] {
+                        a2.extend(self.strides3(t));
+                    }
+                    a2.extend(msa);
+                    a2.extend(tiles);
+                    vec![
+                        Call::Kernel { name: "attention_backward_dq_f32".into(), grid: qblocks, block: ROW_BLOCK, smem: smem[1], args: a1 },
+                        Call::Kernel { name: "attention_backward_dkdv_f32".into(), grid: kblocks, block: ROW_BLOCK, smem: smem[2], args: a2 },
+                    ]
+                }
+            }
+            Op::CrossEntropy { ignore_index } => {
+                let v = last(ins[0]);
+                let rows = n(ins[0]) / v;
+                let w = ws_at();
+                let ig = Arg::K(KernelArg::I64(*ignore_index));
+                vec![
+                    self.block_rows("cross_entropy_forward_f32", rows, vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig]),
+                    self.one_block("cross_entropy_mean", vec![ptr(out(0)), ptr(w), ptr(inp(1)), i64a(rows), ig]),
+                ]
+            }
+            Op::CrossEntropyBackward { ignore_index } => {
+                let v = last(ins[1]);
+                let rows = n(ins[1]) / v;
+                let w = ws_at();
+                let ig = Arg::K(KernelArg::I64(*ignore_index));
+                let o = if inplace.is_some() { inp(1) } else { out(0) };
+                vec![
+                    self.one_block("cross_entropy_count", vec![ptr(w), ptr(inp(2)), i64a(rows), ig]),
+                    self.block_rows("cross_entropy_backward_f32", rows, vec![ptr(o), ptr(err), ptr(inp(1)), ptr(inp(2)), ptr(inp(0)), ptr(w), i64a(rows), i32a(v), ig]),
+                ]
+            }
+            op => return Err(no(&format!(": {} has no GPU launch", op.name()))),
+        };
+        Ok(calls)
+    }
+}
