@@ -11,7 +11,7 @@
 //!
 //! Tolerances (fp32 both sides; the GPU kernels sum in other orders — attention's online
 //! softmax by tiles, column sums by chunks of rows, the cross-entropy's block reductions):
-//! loss within 1e-5 relative; each parameter's gradient max|Δ| ≤ 1e-4·max|g_cpu| + 1e-6·G, G the
+//! loss within 1e-5 relative; each parameter's gradient max|Δ| ≤ 1e-5·max|g_cpu| + 1e-7·G, G the
 //! largest |g| over all parameters (the floor covers gradients that are zero in exact
 //! arithmetic, e.g. attention key biases, where both sides return rounding noise). Training:
 //! per-step loss within 1e-4 relative over 3 steps, and the parameters after them within
@@ -112,10 +112,15 @@ impl GpuDevice for Simt {
 /// Runs `f` on each device the test covers: SIMT at warp 32 (threads forward) and warp 64
 /// (threads in reverse), or the GPU under `ORTBENCH_KERNEL_DEVICE=cuda`.
 fn on_devices(f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>)) {
+    on_simt(&[(32, Order::Forward), (64, Order::Reverse)], f)
+}
+
+/// As [`on_devices`] with these SIMT settings.
+fn on_simt(simt: &[(u32, Order)], f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>)) {
     match std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() {
         Ok("cuda") => cuda(f),
         Ok("simt") | Err(_) => {
-            for (warp, order) in [(32, Order::Forward), (64, Order::Reverse)] {
+            for &(warp, order) in simt {
                 let label = format!("simt warp {warp} {order:?}");
                 f(&label, &mut || Box::new(Simt { warp, order }));
             }
@@ -152,7 +157,10 @@ impl<D: GpuDevice + 'static> DeviceBox for D {
     }
 }
 
-const MODELS: [(&str, usize, usize); 2] = [("tiny-bert", 2, 40), ("tiny-gpt2", 2, 40)];
+/// Sequence 40: two attention tiles of 32 (the SIMT device's 16 KiB of shared memory), the
+/// second partial. tiny-bert at batch 1: its padding-aware word embedding has a LayerNorm over
+/// B·T·C rows of one element, the SIMT harness's slowest launch.
+const MODELS: [(&str, usize, usize); 2] = [("tiny-bert", 1, 40), ("tiny-gpt2", 2, 40)];
 
 #[test]
 fn one_step_matches_the_cpu_engine_with_dropout() {
@@ -178,7 +186,7 @@ fn one_step_matches_the_cpu_engine_with_dropout() {
                 let (a, r) = (&g[p.offset..p.offset + p.len], &g_cpu[p.offset..p.offset + p.len]);
                 let max_g = r.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let max_d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                let tol = 1e-4 * max_g + 1e-6 * big;
+                let tol = 1e-5 * max_g + 1e-7 * big;
                 assert!(max_d <= tol, "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})", p.name);
                 if max_d / tol > worst.1 {
                     worst = (p.name.clone(), max_d / tol);
@@ -191,7 +199,7 @@ fn one_step_matches_the_cpu_engine_with_dropout() {
 
 #[test]
 fn training_steps_match_the_cpu_session() {
-    let (name, b, t) = MODELS[0];
+    let (name, b, t) = MODELS[1];
     let cfg = builtin_config(name).unwrap();
     let model = build_training_graph(&cfg, &GraphOptions::new(b, t)).unwrap();
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
@@ -206,7 +214,8 @@ fn training_steps_match_the_cpu_session() {
     let inputs: Vec<_> = feeds.iter().map(|f| f.inputs()).collect();
     let mut cpu = TrainSession::with_executor(model.graph.clone(), params.clone(), segs.clone(), opt, DType::F32, ExecutorKind::Planned).unwrap();
     let cpu_losses: Vec<f32> = inputs.iter().enumerate().map(|(i, f)| cpu.step(f, opt.lr, 100 + i as u64).unwrap().loss).collect();
-    on_devices(&|dev, make| {
+    // Warp 32 only: the step's kernels ran at both warp sizes above; this checks the optimizer.
+    on_simt(&[(32, Order::Forward)], &|dev, make| {
         let (losses, p) = make().train(model.graph.clone(), &params, segs.clone(), opt, &inputs);
         println!("{name} on {dev}: losses gpu {losses:?} cpu {cpu_losses:?}");
         for (s, (a, c)) in losses.iter().zip(&cpu_losses).enumerate() {
