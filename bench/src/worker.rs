@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use ortbench_engine::DType;
 use ortbench_engine::passes::PassConfig;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
 use ortbench_engine::collective::{Collective, LocalGroup};
@@ -271,6 +271,22 @@ impl RankTrainer for EngineTrainer {
     }
 }
 
+/// An `ort` rank on a GPU.
+struct GpuRank(GpuEngineTrainer<ortbench_engine::backend::cuda::gpu::CudaGpu>);
+
+impl RankTrainer for GpuRank {
+    fn step(&mut self, global: &Batch) -> Result<RankStep> {
+        let s = self.0.step(global)?;
+        Ok(RankStep { loss: f64::from(s.loss), grad_norm: f64::from(s.grad_norm), loss_scale: f64::from(s.loss_scale), skipped: s.skipped })
+    }
+    fn optimizer_bytes(&self) -> usize {
+        self.0.optimizer_bytes()
+    }
+    fn last_step_flops(&self) -> Option<f64> {
+        Some(self.0.step_flops())
+    }
+}
+
 fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
     let resolved = ortbench_models::resolve(&spec.model, &HubOptions::from_env())?;
     let mut cfg = resolved.config;
@@ -294,8 +310,14 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         other => bail!("unknown --lr-schedule '{other}'"),
     };
     let device = parse_device(&spec.device)?;
-    if spec.config != "pytorch" && device != tch::Device::Cpu {
-        bail!("the engine runs on the CPU in this build (its GPU kernels are written and tested, the GPU executor is not); use --device cpu for the {} config", spec.config);
+    if let tch::Device::Cuda(_) = device {
+        // The engine on a GPU: one rank, fp32 storage (see exec::gpu), nothing else yet.
+        if spec.config == "ort-zero1" || (spec.config == "ort" && spec.ranks > 1) {
+            bail!("{} with {} rank(s) on a GPU needs NCCL ranks, not built yet (issue 12): use --configs pytorch,ort with --ranks 1 on CUDA", spec.config, spec.ranks);
+        }
+        if spec.config == "ort" && spec.precision != "fp32" {
+            bail!("the engine on a GPU stores fp32 only so far (half storage is the next step of issue 11): use --precision fp32 for the ort config on CUDA");
+        }
     }
     // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
     // same way for every config (engine::backend::cuda::watch).
@@ -337,6 +359,13 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                 let strategy = if spec.config == "ort" { Strategy::Ddp } else { Strategy::Zero1 };
                 // ORTBENCH_PASSES=none (or -fuse_attention, …) measures what the passes buy.
                 let graph = GraphOptions::new(spec.batch_size, spec.seq_len).with_passes(PassConfig::from_env()?);
+                if let tch::Device::Cuda(i) = device {
+                    if matches!(fault, Some(Fault { kind: FaultKind::GradScale(_), .. })) {
+                        bail!("ORTBENCH_FAULT=grad-scale is not implemented for the engine on a GPU");
+                    }
+                    let gpu = ortbench_engine::backend::cuda::gpu::CudaGpu::open(i).map_err(|e| anyhow::anyhow!("opening GPU {i} for the engine: {e}"))?;
+                    return Ok(Box::new(GpuRank(GpuEngineTrainer::new(&cfg, &weights, &graph, opts, gpu)?)));
+                }
                 let mut t = EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?;
                 if let Some(Fault { kind: FaultKind::GradScale(f), .. }) = fault {
                     t.inject_grad_scale(*f);
@@ -377,7 +406,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                             Some(w) => Some(w.end_step().map_err(|e| anyhow::anyhow!("{e}"))?),
                             None => None,
                         };
-                        if let tch::Device::Cuda(i) = device {
+                        // The engine's step ends with its status read (a synchronise); libtorch's
+                        // queued work is waited for here.
+                        if let (tch::Device::Cuda(i), "pytorch") = (device, spec.config.as_str()) {
                             tch::Cuda::synchronize(i as i64);
                         }
                         let step_ms = t0.elapsed().as_secs_f64() * 1e3;

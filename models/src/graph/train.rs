@@ -170,3 +170,55 @@ impl EngineTrainer {
         self.model.num_params()
     }
 }
+
+/// The engine on a GPU, one rank: the training graph on the GPU executor with its fused AdamW
+/// (`ortbench_engine::exec::gpu`), HF Trainer's conventions as [`EngineTrainer`]. Several ranks
+/// (DDP, ZeRO-1) on GPUs need NCCL ranks, which are not built yet.
+pub struct GpuEngineTrainer<D: ortbench_engine::backend::gpu::GpuDevice> {
+    model: EngineModel,
+    session: ortbench_engine::exec::gpu::session::GpuSession<D>,
+    opts: EngineOptions,
+    steps_taken: usize,
+}
+
+impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
+    /// Builds the graph for `graph`'s sizes and uploads the weights to `dev`.
+    pub fn new(cfg: &ModelConfig, weights: &Weights, graph: &GraphOptions, opts: EngineOptions, dev: D) -> Result<Self, ModelError> {
+        let model = build_training_graph(cfg, &graph.with_dtype(opts.precision))?;
+        let params = model.flatten(weights)?;
+        let segments = decay_segments(cfg, &model);
+        let adamw = AdamWConfig { lr: opts.lr as f32, weight_decay: opts.weight_decay as f32, max_grad_norm: opts.max_grad_norm as f32, ..AdamWConfig::default() };
+        let mut session = ortbench_engine::exec::gpu::session::GpuSession::new(model.graph.clone(), dev, &params, segments, adamw, opts.precision)
+            .map_err(|e| ModelError::Training(format!("engine on the GPU: {e}")))?;
+        if opts.precision == DType::F16 {
+            session.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::default()));
+        }
+        Ok(GpuEngineTrainer { model, session, opts, steps_taken: 0 })
+    }
+
+    /// One step on `batch`: forward, backward and AdamW queued on the device, one status read.
+    pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
+        let feed = self.model.feed(batch)?;
+        let lr = (self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32;
+        let seed = self.opts.seed.wrapping_add(self.steps_taken as u64);
+        let stats = self.session.step(&feed.inputs(), lr, seed).map_err(|e| ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken)))?;
+        self.steps_taken += 1;
+        Ok(stats)
+    }
+
+    /// The current parameters under their HF names (copied from the device).
+    pub fn weights(&self) -> Result<Weights, ModelError> {
+        let p = self.session.params().map_err(|e| ModelError::Training(e.to_string()))?;
+        self.model.unflatten(&p)
+    }
+
+    /// FLOPs of one step's GEMMs and attention products on the device.
+    pub fn step_flops(&self) -> f64 {
+        self.session.executor().step_flops()
+    }
+
+    /// Bytes of optimizer state on the device (fp32 moments).
+    pub fn optimizer_bytes(&self) -> usize {
+        self.session.state_bytes()
+    }
+}
