@@ -311,12 +311,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     };
     let device = parse_device(&spec.device)?;
     if let tch::Device::Cuda(_) = device {
-        // The engine on a GPU: one rank, fp32 storage (see exec::gpu), nothing else yet.
+        // The engine on a GPU: one rank (see exec::gpu), nothing else yet.
         if spec.config == "ort-zero1" || (spec.config == "ort" && spec.ranks > 1) {
             bail!("{} with {} rank(s) on a GPU needs NCCL ranks, not built yet (issue 12): use --configs pytorch,ort with --ranks 1 on CUDA", spec.config, spec.ranks);
-        }
-        if spec.config == "ort" && spec.precision != "fp32" {
-            bail!("the engine on a GPU stores fp32 only so far (half storage is the next step of issue 11): use --precision fp32 for the ort config on CUDA");
         }
     }
     // On a GPU: step device time by CUDA events and the run's peak device memory, measured the

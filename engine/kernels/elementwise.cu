@@ -40,6 +40,14 @@ __device__ void add(T* out, const T* a, const T* b, long long n, long long nb) {
     }
 }
 
+// The same sum of two f16/bf16 operands written in f32: the tied embedding's gradient, whose
+// two parts (embedding scatter, LM-head dW) are half activations and whose sum is a parameter
+// gradient (f32, as the CPU executor keeps parameter gradients). out: (N) f32; a: (N); b: (nb).
+template <typename T>
+__device__ void add_to_f32(float* out, const T* a, const T* b, long long n, long long nb) {
+    GRID_STRIDE(i, n) out[i] = to_f32(a[i]) + to_f32(b[nb == n ? i : i % nb]);
+}
+
 // out[i] = s·x[i]; out may alias x. out, x: (N)
 template <typename T>
 __device__ void scale(T* out, const T* x, long long n, float s) {
@@ -114,6 +122,12 @@ __device__ void cast(To* out, const From* x, long long n) {
     }                                                                                                                            \
     ORT_REGISTER(dropout_##S)
 ORT_FOR_FLOATS(ELEMENTWISE)
+
+#define ADD_TO_F32(S, T)                                                                                  \
+    ORT_KERNEL(add_to_f32_##S)(float* out, const T* a, const T* b, long long n, long long nb) { add_to_f32<T>(out, a, b, n, nb); } \
+    ORT_REGISTER(add_to_f32_##S)
+ADD_TO_F32(f16, f16_t)
+ADD_TO_F32(bf16, bf16_t)
 
 #define CAST(SA, A, SB, B)                                                                    \
     ORT_KERNEL(cast_##SA##_##SB)(B * out, const A* x, long long n) { cast<B, A>(out, x, n); } \

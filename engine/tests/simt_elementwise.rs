@@ -94,6 +94,12 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
                 dev.launch(&kname("add", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut ab), A::B(&mut bb), A::I64(n as i64), A::I64(nb as i64)]).unwrap();
                 check(&format!("{what} {dt:?} on {dev}"), &out.to_f32(), want, dt, tol(dt, 1e-6));
             }
+            if dt != D::F32 {
+                // Half operands, f32 sum (not rounded to the half dtype).
+                let (mut out, mut ab, mut bb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&a, dt), Buf::from_f32(&b, dt));
+                dev.launch(&kname("add_to_f32", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut ab), A::B(&mut bb), A::I64(n as i64), A::I64(n as i64)]).unwrap();
+                check(&format!("add_to_f32 {dt:?} on {dev}"), &out.to_f32(), &plain, D::F32, tol(D::F32, 1e-6));
+            }
             let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
             dev.launch(&kname("scale", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(0.37)]).unwrap();
             check(&format!("scale {dt:?} on {dev}"), &out.to_f32(), &scaled, dt, tol(dt, 1e-6));

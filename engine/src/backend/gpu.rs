@@ -125,6 +125,9 @@ pub struct GemmShape {
     pub stride_b: i64,
     pub stride_c: i64,
     pub epilogue: Epilogue,
+    /// C in f32 whatever A and B are: a parameter's gradient (f32) from f16/bf16 activations
+    /// (cuBLASLt: A/B 16F or 16BF, C/D 32F, compute 32F).
+    pub c_f32: bool,
 }
 
 /// Per-call pointers (device addresses). `bias`/`aux` only for the epilogues that use them.

@@ -169,7 +169,8 @@ impl Gemm {
             }
             let a = layout(s.dtype, cm.a_rows, cm.a_cols, cm.lda, s.batch, cm.stride_a)?;
             let b = layout(s.dtype, cm.b_rows, cm.b_cols, cm.ldb, s.batch, cm.stride_b)?;
-            let c = layout(s.dtype, cm.m, cm.n, cm.ldc, s.batch, s.stride_c)?;
+            let c_dt = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { s.dtype };
+            let c = layout(c_dt, cm.m, cm.n, cm.ldc, s.batch, s.stride_c)?;
             let pref = result::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
             // SAFETY: every handle was created above and is alive; the heuristic only reads them.
             let heur = unsafe {
@@ -296,6 +297,7 @@ mod tests {
                 stride_b: 0,
                 stride_c: 0,
                 epilogue: Epilogue::None,
+                c_f32: false,
             };
             let cm = ColMajor::from_row_major(&s);
             // The stored shapes must cover the buffers cuBLAS will read.

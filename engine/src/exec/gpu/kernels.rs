@@ -11,7 +11,7 @@
 //! - there is no standalone GELU kernel: the passes fuse GELU into its linear layer (`Op::Linear`),
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
-use crate::graph::{ElemType, Graph, Op};
+use crate::graph::{ElemType, Graph, Op, TensorKind};
 use crate::plan::{Kernels, PlanError, Req};
 use crate::DType;
 
@@ -49,6 +49,43 @@ pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
     [fwd, dq, dkdv].map(|f| (4 * f) as u32)
 }
 
+/// The dtype each tensor is stored in on the GPU (indexed by tensor id): the graph's, except
+/// parameters' gradients — f32 in the flat gradient buffer, as the CPU executor keeps them —,
+/// autodiff's seed (f32) and attention's second output, the rows' log-sum-exp (f32). Id tensors read as f32 here
+/// (they are never addressed by dtype). The plan is sized in 4-byte elements, so any tensor
+/// fits its slot in any dtype; a half tensor uses the first half of its slot (the memory the
+/// plan could save in half precision is left for when plans are sized in bytes).
+pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
+    let mut d: Vec<DType> = g.tensors().iter().map(|t| match t.elem {
+        ElemType::Float(d) => d,
+        ElemType::I64 => DType::F32,
+    }).collect();
+    for i in 0..g.params().len() {
+        if let Some(t) = g.param_grad(i) {
+            d[t.index()] = DType::F32;
+        }
+    }
+    for n in g.nodes() {
+        match n.op {
+            Op::Attention { .. } => d[n.outputs[1].index()] = DType::F32,
+            // Autodiff's seed, d(loss)/d(loss): it holds the loss scale (2^16 overflows f16),
+            // f32 like the loss, as the CPU executor keeps it.
+            Op::Fill { .. } if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => d[n.outputs[0].index()] = DType::F32,
+            _ => {}
+        }
+    }
+    d
+}
+
+/// The kernel-name suffix of a storage dtype (`ORT_FOR_FLOATS`).
+pub fn suffix(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+    }
+}
+
 /// What the GPU kernels accept (see the module comment).
 #[derive(Debug, Clone, Copy)]
 pub struct GpuKernels;
@@ -61,12 +98,6 @@ impl Kernels for GpuKernels {
     fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
         let n = &g.nodes()[node];
         let err = |why: &str| PlanError::NoKernel { node, op: n.op.name(), backend: "gpu", why: why.to_string() };
-        // fp32 storage only so far: f16/bf16 need per-tensor byte sizes in the plan and
-        // mixed-dtype GEMMs (half activations, f32 parameter gradients).
-        let half = n.inputs.iter().chain(&n.outputs).any(|&t| matches!(g.tensor(t).elem, ElemType::Float(d) if d != DType::F32));
-        if half {
-            return Err(err(" for f16/bf16 tensors (the GPU executor stores fp32 only so far: use --precision fp32)"));
-        }
         #[allow(unreachable_patterns)] // an op added to the IR without a kernel lands in `_`
         match &n.op {
             Op::Fill { .. }
@@ -138,7 +169,14 @@ impl Kernels for GpuKernels {
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
         // Each kernel reads an element (or, for a row kernel, its whole row) before the thread
         // that read it writes it: see the aliasing notes in engine/kernels/*.cu.
-        match g.nodes()[node].op {
+        let n = &g.nodes()[node];
+        // Not over an input stored in another dtype: a parameter's f32 gradient summed from
+        // half parts (tied weights) must not overwrite a half part.
+        let grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(n.outputs[0]));
+        if grad && n.inputs.iter().any(|&t| matches!(g.tensor(t).elem, ElemType::Float(d) if d != DType::F32)) {
+            return vec![];
+        }
+        match n.op {
             Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
             Op::BiasAdd | Op::Scale { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
             Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
@@ -161,6 +199,22 @@ impl Kernels for GpuKernels {
             // Per-row losses (forward), the count of labelled rows (backward).
             Op::CrossEntropy { .. } => numel(n.inputs[1]),
             Op::CrossEntropyBackward { .. } => 1,
+            // A product of a half and an f32 operand: the f32 one cast to half here.
+            Op::MatMul { .. } => {
+                let (a, b) = (g.tensor(n.inputs[0]).elem, g.tensor(n.inputs[1]).elem);
+                match (a, b) {
+                    (ElemType::Float(x), ElemType::Float(y)) if x != y => numel(if x == DType::F32 { n.inputs[0] } else { n.inputs[1] }),
+                    _ => 0,
+                }
+            }
+            // The scatter-add writes f32; a half output that is not a parameter's gradient
+            // (a tied table's part) is cast from this f32 copy.
+            Op::EmbeddingBackward => {
+                let o = n.outputs[0];
+                let half = matches!(g.tensor(o).elem, ElemType::Float(d) if d != DType::F32);
+                let is_grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(o));
+                if half && !is_grad { numel(o) } else { 0 }
+            }
             // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
             Op::AttentionBackward { .. } => {
                 let q = g.shape(n.inputs[1]);

@@ -15,7 +15,15 @@
 //!
 //! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; GEMMs keep the
 //! CPU's split (GEMM, then the bias or bias + GELU pass) so both compute the same thing —
-//! cuBLASLt's fused epilogues are a tuning step (issue 15). Storage is fp32 for now.
+//! cuBLASLt's fused epilogues are a tuning step (issue 15).
+//!
+//! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
+//! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
+//! parameter gradients (half GEMM operands into an f32 C for dW), f32 loss, seed, LayerNorm
+//! statistics and attention log-sum-exp ([`kernels::storage_dtypes`]) — the same rounding
+//! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan
+//! counts 4-byte elements: a half tensor occupies the first half of its slot, so half precision
+//! does not yet save activation memory on the GPU (byte-sized plans are left to do).
 
 pub mod kernels;
 pub mod session;
@@ -27,7 +35,8 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::gelu::GeluApprox;
 use crate::plan::{self, Place, Plan, PlanError, Root};
-use kernels::{GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
+use crate::DType;
+use kernels::{suffix, GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -67,7 +76,13 @@ pub struct GpuExecutor<D: GpuDevice> {
     /// After the nodes: gradient copies and zeros, the loss into the status block.
     tail: Vec<Call>,
     _arena: D::Buffer,
+    /// fp32 master parameters (what the optimizer updates).
     params: D::Buffer,
+    /// f16/bf16 graphs: the parameters in the compute dtype, which the graph reads (written by
+    /// the optimizer's step as it updates the master); None in fp32.
+    compute: Option<D::Buffer>,
+    /// Per tensor: its storage dtype ([`kernels::storage_dtypes`]).
+    dtypes: Vec<DType>,
     grads: D::Buffer,
     status: D::Buffer,
     _meta: D::Buffer,
@@ -97,25 +112,31 @@ impl<D: GpuDevice> GpuExecutor<D> {
         let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
         let n = graph.num_param_elems();
         let params = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
+        let dtypes = kernels::storage_dtypes(graph);
+        let compute = match graph.dtype() {
+            DType::F32 => None,
+            d => Some(dev.alloc_zeroed(n * d.size()).map_err(gpu_err)?),
+        };
         let grads = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
         let status = dev.alloc_zeroed(status::WORDS * 4).map_err(gpu_err)?;
         let mut inputs = Vec::new();
         for &t in graph.inputs() {
             let info = graph.tensor(t);
-            let bytes = info.numel() * if info.elem.is_float() { 4 } else { 8 };
+            let bytes = info.numel() * if info.elem.is_float() { dtypes[t.index()].size() } else { 8 };
             inputs.push((dev.alloc_zeroed(bytes).map_err(gpu_err)?, bytes));
         }
         let bases = Bases {
             arena: dev.address(&arena),
-            params: dev.address(&params),
+            params: dev.address(compute.as_ref().unwrap_or(&params)),
             grads: dev.address(&grads),
             status: dev.address(&status),
             inputs: inputs.iter().map(|(b, _)| dev.address(b)).collect(),
         };
         // Copy shapes go into one small device array; launches address it by offset, so it is
         // filled first and uploaded once its size is known.
-        let mut r = Resolver { g: graph, plan: &plan, b: &bases, warp: dev.warp_size(), max_blocks: dev.max_blocks(), max_smem: dev.max_shared_bytes(), meta: Vec::new(), meta_refs: Vec::new(), flops: 0.0 };
+        let mut r = Resolver { g: graph, plan: &plan, b: &bases, dts: &dtypes, warp: dev.warp_size(), max_blocks: dev.max_blocks(), max_smem: dev.max_shared_bytes(), meta: Vec::new(), meta_refs: Vec::new(), flops: 0.0 };
         let mut steps = Vec::with_capacity(plan.steps.len());
+        r.check_buffers()?;
         for s in &plan.steps {
             let node = &graph.nodes()[s.node];
             let calls = r.resolve(s.node, node, s.inplace, s.workspace)?;
@@ -126,13 +147,16 @@ impl<D: GpuDevice> GpuExecutor<D> {
             tail.push(r.ew("fill_f32", len, vec![ptr(bases.grads + 4 * off as u64), i64a(len), f32a(0.0)]));
         }
         for &(t, off, len) in &plan.grad_copies {
+            if dtypes[t.index()] != DType::F32 {
+                return Err(PlanError::Backend(format!("the gradient {t:?} is copied into the gradient buffer from {:?} storage: the GPU executor has no converting strided copy", dtypes[t.index()])));
+            }
             let p = &plan.places[t.index()];
             let shape = graph.shape(t);
             let contig = contiguous(shape);
             let meta = r.copy_meta(shape, &p.strides, shape, &contig);
-            tail.push(r.ew("copy_strided_f32", len, vec![ptr(bases.grads + 4 * off as u64), ptr(r.addr(p)), i64a(len), meta]));
+            tail.push(r.ew("copy_strided_f32", len, vec![ptr(bases.grads + 4 * off as u64), ptr(r.at(t)), i64a(len), meta]));
         }
-        let loss = r.addr(&plan.places[plan.loss.index()]);
+        let loss = r.at(plan.loss);
         tail.push(r.ew("scale_f32", 1, vec![ptr(bases.status + 4 * status::LOSS as u64), ptr(loss), i64a(1), f32a(1.0)]));
 
         let meta_bytes: Vec<u8> = r.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -155,7 +179,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
                 }
             }
         }
-        Ok(GpuExecutor { dev, graph: graph.clone(), plan, steps, tail, _arena: arena, params, grads, status, _meta: meta, inputs, loss_scale: 1.0, scratch: Vec::with_capacity(64), flops })
+        Ok(GpuExecutor { dev, graph: graph.clone(), plan, steps, tail, _arena: arena, params, compute, dtypes, grads, status, _meta: meta, inputs, loss_scale: 1.0, scratch: Vec::with_capacity(64), flops })
     }
 
     pub fn device(&self) -> &D {
@@ -173,6 +197,10 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// Device addresses of the flat parameter and gradient buffers (fp32, graph order).
     pub fn param_address(&self) -> u64 {
         self.dev.address(&self.params)
+    }
+    /// The compute-dtype copy of the parameters (f16/bf16 graphs), which the optimizer writes.
+    pub fn compute_address(&self) -> Option<u64> {
+        self.compute.as_ref().map(|b| self.dev.address(b))
     }
     pub fn grad_address(&self) -> u64 {
         self.dev.address(&self.grads)
@@ -193,8 +221,14 @@ impl<D: GpuDevice> GpuExecutor<D> {
         if params.len() != n {
             return Err(ExecError::ParamLen { expected: n, got: params.len() });
         }
-        // SAFETY: the parameter buffer holds n f32.
-        unsafe { self.dev.upload(self.param_address(), f32_bytes(params)) }.map_err(dev_err)
+        // SAFETY: the parameter buffer holds n f32, the compute copy n of its dtype.
+        unsafe {
+            self.dev.upload(self.param_address(), f32_bytes(params)).map_err(dev_err)?;
+            if let Some(c) = self.compute_address() {
+                self.dev.upload(c, &to_storage(params, self.graph.dtype())).map_err(dev_err)?;
+            }
+        }
+        Ok(())
     }
 
     /// The device's parameters (waits for the queued work).
@@ -295,9 +329,13 @@ impl<D: GpuDevice> GpuExecutor<D> {
             let TensorKind::Input { name } = &info.kind else { unreachable!("graph inputs are Input tensors") };
             let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
             let expected = || format!("{} {} ({} elements)", crate::graph::fmt_shape(&info.shape), info.elem, info.numel());
+            let converted;
             let (bytes, got): (&[u8], usize) = match data {
                 InputData::Ids(d) if !info.elem.is_float() => (i64_bytes(d), d.len()),
-                InputData::Floats(d) if info.elem.is_float() => (f32_bytes(d), d.len()),
+                InputData::Floats(d) if info.elem.is_float() => {
+                    converted = to_storage(d, self.dtypes[t.index()]);
+                    (&converted[..], d.len())
+                }
                 InputData::Ids(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} i64 ids", d.len()) }),
                 InputData::Floats(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} floats", d.len()) }),
             };
@@ -371,6 +409,15 @@ fn contiguous(shape: &[usize]) -> Vec<usize> {
     plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
 }
 
+/// `v` stored in `d`, little-endian bytes (f16/bf16 rounded to nearest even).
+fn to_storage(v: &[f32], d: DType) -> Vec<u8> {
+    match d {
+        DType::F32 => f32_bytes(v).to_vec(),
+        DType::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+        DType::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+    }
+}
+
 fn f32_bytes(v: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and any byte pattern is a valid u8.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
@@ -401,6 +448,7 @@ struct Resolver<'a> {
     g: &'a Graph,
     plan: &'a Plan,
     b: &'a Bases,
+    dts: &'a [DType],
     warp: u32,
     max_blocks: u32,
     max_smem: u32,
@@ -411,18 +459,40 @@ struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
-    fn addr(&self, p: &Place) -> u64 {
-        let off = 4 * p.offset as u64;
+    /// Bytes per element of `t` as stored.
+    fn es(&self, t: TensorId) -> u64 {
+        if self.g.tensor(t).elem.is_float() { self.dts[t.index()].size() as u64 } else { 8 }
+    }
+
+    /// Device address of tensor `t`. The plan's offsets count 4-byte elements; a tensor in an
+    /// arena buffer starts at the buffer's byte offset plus its own element offset within the
+    /// buffer times its element size (every tensor of a buffer has one dtype: `check_buffers`).
+    fn at(&self, t: TensorId) -> u64 {
+        let p: &Place = &self.plan.places[t.index()];
+        let es = self.es(t);
         match p.root {
-            Root::Arena => self.b.arena + off,
-            Root::Param => self.b.params + off,
-            Root::Grad => self.b.grads + off,
-            Root::Input(k) => self.b.inputs[k] + off,
+            Root::Arena => {
+                let b = &self.plan.buffers[self.plan.buffer_of[t.index()].expect("arena tensors have a buffer")];
+                self.b.arena + 4 * b.offset as u64 + es * (p.offset - b.offset) as u64
+            }
+            Root::Param => self.b.params + es * p.offset as u64,
+            Root::Grad => self.b.grads + 4 * p.offset as u64,
+            Root::Input(k) => self.b.inputs[k] + es * p.offset as u64,
         }
     }
 
-    fn at(&self, t: TensorId) -> u64 {
-        self.addr(&self.plan.places[t.index()])
+    /// Every arena buffer holds tensors of one storage dtype, so element offsets within it mean
+    /// the same bytes to all of them.
+    fn check_buffers(&self) -> Result<(), PlanError> {
+        for b in &self.plan.buffers {
+            let mut d = b.tensors.iter().filter(|&&t| self.g.tensor(t).elem.is_float()).map(|&t| self.dts[t.index()]);
+            if let Some(first) = d.next() {
+                if let Some(other) = d.find(|&x| x != first) {
+                    return Err(PlanError::Backend(format!("an arena buffer holds {first:?} and {other:?} tensors ({:?}): the GPU executor needs one dtype per buffer", b.tensors)));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn strides(&self, t: TensorId) -> &[usize] {
@@ -475,7 +545,15 @@ impl Resolver<'_> {
         ptr(META_TAG + (self.meta_refs.len() - 1) as u64)
     }
 
-    fn gemm(&mut self, m: &MatMulPlan, a: u64, b: u64, c: u64, no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
+    /// The GEMM of a matmul plan over operands a, b (same dtype) into c (theirs, or f32 for a
+    /// parameter's gradient).
+    fn gemm(&mut self, m: &MatMulPlan, (a, b, c): (TensorId, TensorId, TensorId), no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
+        let d = (self.dts[a.index()], self.dts[b.index()], self.dts[c.index()]);
+        self.gemm_at(m, d, (self.at(a), self.at(b), self.at(c)), no)
+    }
+
+    /// [`Resolver::gemm`] with the operands' dtypes and addresses given.
+    fn gemm_at(&mut self, m: &MatMulPlan, (da, db, dc): (DType, DType, DType), (pa, pb, pc): (u64, u64, u64), no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
         // A batch must be one arithmetic progression per operand (strided batched GEMM).
         let stride = |f: &dyn Fn(&(usize, usize, usize)) -> usize| -> Option<i64> {
             let o: Vec<i64> = m.offs.iter().map(|x| f(x) as i64).collect();
@@ -486,10 +564,18 @@ impl Resolver<'_> {
             (Some(a), Some(b), Some(c)) => (a, b, c),
             _ => return Err(no(" for a batched matmul whose batches are not evenly strided")),
         };
+        if da != db || (dc != da && dc != DType::F32) {
+            return Err(no(&format!(" for operands in {da:?} and {db:?} into {dc:?}")));
+        }
+        let dtype = match da {
+            DType::F32 => GemmDtype::F32 { tf32: false },
+            DType::F16 => GemmDtype::F16,
+            DType::BF16 => GemmDtype::BF16,
+        };
         let (o0a, o0b, o0c) = m.offs[0];
         self.flops += 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
         let shape = GemmShape {
-            dtype: GemmDtype::F32 { tf32: false },
+            dtype,
             ta: m.ta,
             tb: m.tb,
             m: m.m as u64,
@@ -503,8 +589,10 @@ impl Resolver<'_> {
             stride_b: sb,
             stride_c: sc,
             epilogue: Epilogue::None,
+            c_f32: dc != da,
         };
-        Ok(Call::Gemm(shape, GemmPtrs { a: a + 4 * o0a as u64, b: b + 4 * o0b as u64, c: c + 4 * o0c as u64, bias: 0, aux: 0 }))
+        let ptrs = GemmPtrs { a: pa + da.size() as u64 * o0a as u64, b: pb + db.size() as u64 * o0b as u64, c: pc + dc.size() as u64 * o0c as u64, bias: 0, aux: 0 };
+        Ok(Call::Gemm(shape, ptrs))
     }
 
     /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
@@ -524,6 +612,22 @@ impl Resolver<'_> {
         let (ia, oa): (Vec<u64>, Vec<u64>) = (ins.iter().map(|&t| self.at(t)).collect(), outs.iter().map(|&t| self.at(t)).collect());
         let inp = |k: usize| ia[k];
         let out = |k: usize| oa[k];
+        let dt = |t: TensorId| self.dts[t.index()];
+        // The kernel `base` instantiated for tensor t's storage dtype.
+        let kn = |base: &str, t: TensorId| format!("{base}_{}", suffix(dt(t)));
+        let dts = self.dts;
+        let es = |t: TensorId| if g.tensor(t).elem.is_float() { dts[t.index()].size() as u64 } else { 8 };
+        // Elementwise kernels read and write one dtype.
+        let same = |ts: &[TensorId]| -> Result<(), PlanError> {
+            let d = dt(ts[0]);
+            match ts.iter().find(|&&t| g.tensor(t).elem.is_float() && dt(t) != d) {
+                Some(&t) => Err(no(&format!(" for {:?} mixed with {d:?} ({t:?}, {:?} {})", dt(t), g.tensor(t).kind, g.tensor(t).elem))),
+                None => Ok(()),
+            }
+        };
+        if let Some(k) = inplace {
+            same(&[outs[0], ins[k]])?;
+        }
         let err = self.b.status + 4 * status::BAD_ID as u64;
         let approx = |a: GeluApprox| i32a(usize::from(a == GeluApprox::Tanh));
         let calls = match &node.op {
@@ -534,46 +638,70 @@ impl Resolver<'_> {
                 let p = self.plan.places[o.index()].clone();
                 let sh = g.shape(o);
                 if p.strides == contiguous(sh) {
-                    vec![self.ew("fill_f32", n(o), vec![ptr(out(0)), i64a(n(o)), v])]
+                    vec![self.ew(&kn("fill", o), n(o), vec![ptr(out(0)), i64a(n(o)), v])]
                 } else {
                     let meta = self.fill_meta(sh, &p.strides);
-                    vec![self.ew("fill_strided_f32", n(o), vec![ptr(out(0)), i64a(n(o)), meta, v])]
+                    vec![self.ew(&kn("fill_strided", o), n(o), vec![ptr(out(0)), i64a(n(o)), meta, v])]
                 }
             }
             Op::Embedding => {
+                same(&[outs[0], ins[0]])?;
                 let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
                 let rows = n(ins[1]);
-                vec![self.block_rows("embedding_forward_f32", rows, vec![ptr(out(0)), ptr(err), ptr(inp(1)), ptr(inp(0)), i64a(rows), i32a(c), i64a(v)])]
+                vec![self.block_rows(&kn("embedding_forward", outs[0]), rows, vec![ptr(out(0)), ptr(err), ptr(inp(1)), ptr(inp(0)), i64a(rows), i32a(c), i64a(v)])]
             }
             Op::EmbeddingBackward => {
-                let (v, c) = (g.shape(outs[0])[0], g.shape(outs[0])[1]);
+                let (o, dout) = (outs[0], ins[1]);
+                let (v, c) = (g.shape(o)[0], g.shape(o)[1]);
                 let rows = n(ins[0]);
                 let col_blocks = c.div_ceil(ROW_BLOCK as usize);
                 // Residue classes of ids: enough blocks to fill the device, each walking all ids.
                 let parts = (self.max_blocks as usize / col_blocks).clamp(1, 64).min(v);
-                vec![Call::Kernel {
-                    name: "embedding_backward_f32".into(),
+                // The scatter writes f32: into the output if it is stored so, else into the
+                // workspace and then cast (a half part of a tied table's gradient).
+                let target = if dt(o) == DType::F32 { out(0) } else { ws.ok_or_else(|| no(" without its f32 workspace"))? };
+                let mut v_ = vec![Call::Kernel {
+                    name: kn("embedding_backward", dout),
                     grid: (col_blocks * parts) as u32,
                     block: ROW_BLOCK,
                     smem: 0,
-                    args: vec![ptr(out(0)), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(c), i64a(v)],
-                }]
+                    args: vec![ptr(target), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(c), i64a(v)],
+                }];
+                if dt(o) != DType::F32 {
+                    v_.push(self.ew(&format!("cast_f32_{}", suffix(dt(o))), n(o), vec![ptr(out(0)), ptr(target), i64a(n(o))]));
+                }
+                v_
             }
             Op::MatMul { ta, tb } => {
                 let (a, b, c) = (ins[0], ins[1], outs[0]);
                 let m = MatMulPlan::new(*ta, *tb, (g.shape(a), self.strides(a)), (g.shape(b), self.strides(b)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
-                vec![self.gemm(&m, inp(0), inp(1), out(0), &no)?]
+                if dt(a) == dt(b) {
+                    vec![self.gemm(&m, (a, b, c), &no)?]
+                } else {
+                    // An f32 operand of a half product (BERT's stop-gradient is a LayerNorm's
+                    // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
+                    let (f, h) = if dt(a) == DType::F32 { (a, b) } else { (b, a) };
+                    if !g.tensor(f).elem.is_float() || self.strides(f) != contiguous(g.shape(f)) || dt(c) != dt(h) {
+                        return Err(no(&format!(" for operands in {:?} and {:?} into {:?}", dt(a), dt(b), dt(c))));
+                    }
+                    let w = ws.ok_or_else(|| no(" without the workspace for its cast operand"))?;
+                    let src = if f == a { inp(0) } else { inp(1) };
+                    let cast = self.ew(&format!("cast_f32_{}", suffix(dt(h))), n(f), vec![ptr(w), ptr(src), i64a(n(f))]);
+                    let (pa, pb) = if f == a { (w, inp(1)) } else { (inp(0), w) };
+                    vec![cast, self.gemm_at(&m, (dt(h), dt(h), dt(c)), (pa, pb, out(0)), &no)?]
+                }
             }
             Op::Linear { tb, gelu } => {
                 let (x, w) = (ins[0], ins[1]);
                 let c = outs[usize::from(gelu.is_some())];
+                same(&[outs[0], x, w, ins[2], c])?;
                 let m = MatMulPlan::new(false, *tb, (g.shape(x), self.strides(x)), (g.shape(w), self.strides(w)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
                 let cols = last(outs[0]);
                 let rows = n(outs[0]) / cols.max(1);
-                let gemm = self.gemm(&m, inp(0), inp(1), out(usize::from(gelu.is_some())), &no)?;
+                let gemm = self.gemm(&m, (x, w, c), &no)?;
                 let epi = match gelu {
-                    Some(a) => self.ew("bias_gelu_f32", n(outs[0]), vec![ptr(out(0)), ptr(out(1)), ptr(inp(2)), i64a(rows), i32a(cols), approx(*a)]),
-                    None => self.ew("add_f32", n(outs[0]), vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)]),
+                    Some(a) => self.ew(&kn("bias_gelu", outs[0]), n(outs[0]), vec![ptr(out(0)), ptr(out(1)), ptr(inp(2)), i64a(rows), i32a(cols), approx(*a)]),
+                    None => self.ew(&kn("add", outs[0]), n(outs[0]), vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)]),
                 };
                 vec![gemm, epi]
             }
@@ -582,39 +710,48 @@ impl Resolver<'_> {
                 if nb == 0 || len % nb != 0 {
                     return Err(no(" for an operand that does not tile the output"));
                 }
+                same(&[ins[0], ins[1]])?;
                 let o = match inplace {
                     Some(k) => inp(k),
                     None => out(0),
                 };
-                vec![self.ew("add_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)])]
+                // Two half parts summed into a parameter's f32 gradient (tied weights).
+                let name = if dt(outs[0]) == dt(ins[0]) { kn("add", outs[0]) } else if dt(outs[0]) == DType::F32 { kn("add_to_f32", ins[0]) } else { return Err(no(" for f32 operands into a half output")) };
+                vec![self.ew(&name, len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)])]
             }
             Op::Scale { s } => {
+                same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew("scale_f32", n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)])]
+                vec![self.ew(&kn("scale", outs[0]), n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)])]
             }
             Op::Tanh => {
+                same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew("tanh_forward_f32", n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))])]
+                vec![self.ew(&kn("tanh_forward", outs[0]), n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))])]
             }
             Op::TanhBackward | Op::GeluBackward { .. } => {
+                same(&[outs[0], ins[0], ins[1]])?;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
                 let len = n(outs[0]);
                 match &node.op {
-                    Op::GeluBackward { approx: a } => vec![self.ew("gelu_backward_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)])],
-                    _ => vec![self.ew("tanh_backward_f32", len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)])],
+                    Op::GeluBackward { approx: a } => vec![self.ew(&kn("gelu_backward", outs[0]), len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)])],
+                    _ => vec![self.ew(&kn("tanh_backward", outs[0]), len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)])],
                 }
             }
             Op::Dropout { p, offset } => {
+                same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
                 let len = n(outs[0]);
-                vec![self.ew("dropout_f32", len, vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)])]
+                vec![self.ew(&kn("dropout", outs[0]), len, vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)])]
             }
             Op::LayerNorm { eps } => {
+                same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
-                vec![self.rows("layernorm_forward_f32", rows, vec![ptr(out(0)), ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), i64a(rows), i32a(c), f32a(*eps)])]
+                vec![self.rows(&kn("layernorm_forward", outs[0]), rows, vec![ptr(out(0)), ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), i64a(rows), i32a(c), f32a(*eps)])]
             }
             Op::AddLayerNorm { eps } => {
+                same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
                 // The sum may overwrite a dying operand: the kernel allows it over `a`, and the
@@ -623,18 +760,19 @@ impl Resolver<'_> {
                     Some(k) => (inp(k), inp(k), inp(1 - k)),
                     None => (out(0), inp(0), inp(1)),
                 };
-                vec![self.rows("add_layernorm_forward_f32", rows, vec![ptr(sum), ptr(out(1)), ptr(out(2)), ptr(out(3)), ptr(a), ptr(b), ptr(inp(2)), ptr(inp(3)), i64a(rows), i32a(c), f32a(*eps)])]
+                vec![self.rows(&kn("add_layernorm_forward", outs[1]), rows, vec![ptr(sum), ptr(out(1)), ptr(out(2)), ptr(out(3)), ptr(a), ptr(b), ptr(inp(2)), ptr(inp(3)), i64a(rows), i32a(c), f32a(*eps)])]
             }
             Op::LayerNormBackward => {
+                same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = n(ins[2]);
                 let rows = n(ins[0]) / c;
                 let ch = kernels::chunks(rows);
                 let w = ws_at();
                 vec![
-                    self.rows("layernorm_backward_dx_f32", rows, vec![ptr(out(0)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c)]),
-                    self.columns("layernorm_backward_dwdb_f32", rows, c, vec![ptr(w), ptr(inp(0)), ptr(inp(1)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK), i32a(ch)]),
-                    self.ew("column_sum_finish_f32", c, vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)]),
-                    self.ew("column_sum_finish_f32", c, vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)]),
+                    self.rows(&kn("layernorm_backward_dx", outs[0]), rows, vec![ptr(out(0)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c)]),
+                    self.columns(&kn("layernorm_backward_dwdb", ins[0]), rows, c, vec![ptr(w), ptr(inp(0)), ptr(inp(1)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK), i32a(ch)]),
+                    self.ew(&kn("column_sum_finish", outs[1]), c, vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)]),
+                    self.ew(&kn("column_sum_finish", outs[2]), c, vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)]),
                 ]
             }
             Op::ReduceSumLeading => {
@@ -643,11 +781,15 @@ impl Resolver<'_> {
                 let ch = kernels::chunks(rows);
                 let w = ws_at();
                 vec![
-                    self.columns("column_sum_partial_f32", rows, c, vec![ptr(w), ptr(inp(0)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK)]),
-                    self.ew("column_sum_finish_f32", c, vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)]),
+                    self.columns(&kn("column_sum_partial", ins[0]), rows, c, vec![ptr(w), ptr(inp(0)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK)]),
+                    self.ew(&kn("column_sum_finish", outs[0]), c, vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)]),
                 ]
             }
             Op::Softmax { scale, causal } => {
+                same(&[outs[0], ins[0]])?;
+                if let Some(&m) = ins.get(1) {
+                    same(&[ins[0], m])?;
+                }
                 let s = g.shape(ins[0]);
                 let r = s.len();
                 let ncol = s[r - 1];
@@ -661,62 +803,74 @@ impl Resolver<'_> {
                 };
                 let mut args = vec![ptr(out(0)), ptr(inp(0)), ptr(mask), i64a(rows), i32a(ncol), f32a(*scale), i32a(usize::from(*causal)), i32a(h), i32a(tq)];
                 args.extend(ms.map(|v| Arg::K(KernelArg::I64(v))));
-                vec![self.rows("softmax_forward_f32", rows, args)]
+                vec![self.rows(&kn("softmax_forward", outs[0]), rows, args)]
             }
             Op::SoftmaxBackward { scale } => {
+                same(&[outs[0], ins[0], ins[1]])?;
                 let ncol = last(ins[0]);
                 let rows = n(ins[0]) / ncol;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
-                vec![self.rows("softmax_backward_f32", rows, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)])]
+                vec![self.rows(&kn("softmax_backward", outs[0]), rows, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)])]
             }
             Op::Reshape | Op::Permute { .. } => {
                 // Materialised (the plan could not fold it): a strided copy.
                 let (x, o) = (ins[0], outs[0]);
+                same(&[x, o])?;
                 let xs = g.shape(x).to_vec();
                 let (ss, st) = match &node.op {
                     Op::Permute { perm } => (perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(), perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>()),
                     _ => (xs, self.strides(x).to_vec()),
                 };
-                let (ds, dt) = (g.shape(o).to_vec(), self.strides(o).to_vec());
-                let meta = self.copy_meta(&ss, &st, &ds, &dt);
-                vec![self.ew("copy_strided_f32", n(o), vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta])]
+                let (ds, dst) = (g.shape(o).to_vec(), self.strides(o).to_vec());
+                let meta = self.copy_meta(&ss, &st, &ds, &dst);
+                vec![self.ew(&kn("copy_strided", o), n(o), vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta])]
             }
             Op::Split { sizes } => {
                 let x = ins[0];
                 let xst = self.strides(x).to_vec();
-                let ls = *xst.last().unwrap_or(&0);
-                let mut start = 0;
+                let ls = *xst.last().unwrap_or(&0) as u64;
+                let mut start = 0u64;
                 let mut v = Vec::new();
                 for (k, (&o, &sz)) in outs.iter().zip(sizes).enumerate() {
+                    same(&[x, o])?;
                     let os = g.shape(o).to_vec();
                     let ost = self.strides(o).to_vec();
                     let meta = self.copy_meta(&os, &xst, &os, &ost);
-                    v.push(self.ew("copy_strided_f32", n(o), vec![ptr(out(k)), ptr(inp(0) + 4 * (start * ls) as u64), i64a(n(o)), meta]));
-                    start += sz;
+                    v.push(self.ew(&kn("copy_strided", o), n(o), vec![ptr(out(k)), ptr(inp(0) + es(x) * start * ls), i64a(n(o)), meta]));
+                    start += sz as u64;
                 }
                 v
             }
             Op::Concat => {
                 let o = outs[0];
                 let ost = self.strides(o).to_vec();
-                let ls = *ost.last().unwrap_or(&0);
-                let mut start = 0;
+                let ls = *ost.last().unwrap_or(&0) as u64;
+                let mut start = 0u64;
                 let mut v = Vec::new();
                 for (k, &x) in ins.iter().enumerate() {
+                    same(&[x, o])?;
                     let xs = g.shape(x).to_vec();
                     let xst = self.strides(x).to_vec();
                     let meta = self.copy_meta(&xs, &xst, &xs, &ost);
-                    v.push(self.ew("copy_strided_f32", n(x), vec![ptr(out(0) + 4 * (start * ls) as u64), ptr(inp(k)), i64a(n(x)), meta]));
-                    start += last(x);
+                    v.push(self.ew(&kn("copy_strided", o), n(x), vec![ptr(out(0) + es(o) * start * ls), ptr(inp(k)), i64a(n(x)), meta]));
+                    start += last(x) as u64;
                 }
                 v
             }
             Op::Attention { scale, causal, dropout_p, offset } | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
                 let fwd = matches!(node.op, Op::Attention { .. });
                 let (q, k, v) = if fwd { (ins[0], ins[1], ins[2]) } else { (ins[1], ins[2], ins[3]) };
+                let mask = if fwd { ins.get(3) } else { ins.get(6) }.copied();
+                let mut all = vec![q, k, v];
+                all.extend(mask);
+                if fwd {
+                    all.push(outs[0]);
+                } else {
+                    all.extend([ins[0], ins[5], outs[0], outs[1], outs[2]]);
+                }
+                same(&all)?;
                 let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
                 let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
-                let mask = if fwd { ins.get(3) } else { ins.get(6) }.copied();
                 let (mp, ms) = match mask {
                     Some(m) => (self.at(m), broadcast_strides4(g.shape(m), [b, h, tq, tk])),
                     None => (0, [0; 4]),
@@ -738,7 +892,7 @@ impl Resolver<'_> {
                     }
                     args.extend(msa);
                     args.extend(tiles);
-                    vec![Call::Kernel { name: "attention_forward_f32".into(), grid: qblocks, block: ROW_BLOCK, smem: smem[0], args }]
+                    vec![Call::Kernel { name: kn("attention_forward", q), grid: qblocks, block: ROW_BLOCK, smem: smem[0], args }]
                 } else {
                     // The backward: dq (and D) first, then dk and dv reading D. Its products are
                     // twice the forward's, plus the recomputed scores.
@@ -760,8 +914,8 @@ impl Resolver<'_> {
                     a2.extend(msa);
                     a2.extend(tiles);
                     vec![
-                        Call::Kernel { name: "attention_backward_dq_f32".into(), grid: qblocks, block: ROW_BLOCK, smem: smem[1], args: a1 },
-                        Call::Kernel { name: "attention_backward_dkdv_f32".into(), grid: kblocks, block: ROW_BLOCK, smem: smem[2], args: a2 },
+                        Call::Kernel { name: kn("attention_backward_dq", q), grid: qblocks, block: ROW_BLOCK, smem: smem[1], args: a1 },
+                        Call::Kernel { name: kn("attention_backward_dkdv", q), grid: kblocks, block: ROW_BLOCK, smem: smem[2], args: a2 },
                     ]
                 }
             }
@@ -771,11 +925,15 @@ impl Resolver<'_> {
                 let w = ws_at();
                 let ig = Arg::K(KernelArg::I64(*ignore_index));
                 vec![
-                    self.block_rows("cross_entropy_forward_f32", rows, vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig]),
+                    self.block_rows(&kn("cross_entropy_forward", ins[0]), rows, vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig]),
                     self.one_block("cross_entropy_mean", vec![ptr(out(0)), ptr(w), ptr(inp(1)), i64a(rows), ig]),
                 ]
             }
             Op::CrossEntropyBackward { ignore_index } => {
+                same(&[outs[0], ins[1]])?;
+                if dt(ins[0]) != DType::F32 {
+                    return Err(no(" for a non-f32 loss gradient"));
+                }
                 let v = last(ins[1]);
                 let rows = n(ins[1]) / v;
                 let w = ws_at();
@@ -783,7 +941,7 @@ impl Resolver<'_> {
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
                 vec![
                     self.one_block("cross_entropy_count", vec![ptr(w), ptr(inp(2)), i64a(rows), ig]),
-                    self.block_rows("cross_entropy_backward_f32", rows, vec![ptr(o), ptr(err), ptr(inp(1)), ptr(inp(2)), ptr(inp(0)), ptr(w), i64a(rows), i32a(v), ig]),
+                    self.block_rows(&kn("cross_entropy_backward", outs[0]), rows, vec![ptr(o), ptr(err), ptr(inp(1)), ptr(inp(2)), ptr(inp(0)), ptr(w), i64a(rows), i32a(v), ig]),
                 ]
             }
             op => return Err(no(&format!(": {} has no GPU launch", op.name()))),

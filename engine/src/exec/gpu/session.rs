@@ -129,7 +129,7 @@ impl<D: GpuDevice> GpuSession<D> {
                 p(grads),
                 p(d.address(&self.m)),
                 p(d.address(&self.v)),
-                p(0),
+                p(self.exec.compute_address().unwrap_or(0)),
                 KernelArg::I64(n as i64),
                 p(d.address(&self.seg_start)),
                 p(d.address(&self.seg_decay)),
@@ -143,7 +143,9 @@ impl<D: GpuDevice> GpuSession<D> {
                 KernelArg::F32(sc.inv_bc2_sqrt),
                 KernelArg::F32(sc.decay_mul),
             ];
-            d.launch("adamw_step_f32", grid, 256, 0, &args).map_err(dev)?;
+            // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
+            let name = format!("adamw_step_{}", super::kernels::suffix(self.exec.graph().dtype()));
+            d.launch(&name, grid, 256, 0, &args).map_err(dev)?;
         }
         let s = self.exec.finish_step(inputs)?;
         let finite = s[status::STATS + 1] != 0.0;
