@@ -2,10 +2,10 @@
 //! the fused optimizer — what the `ort` config drives step by step.
 //!
 //! The executor is the planned executor (memory plan, fast multithreaded CPU kernels, see
-//! `backend::cpu::planned`); `ORTBENCH_EXECUTOR=ref` selects the reference executor instead,
+//! `exec::planned`); `ORTBENCH_EXECUTOR=ref` selects the reference executor instead,
 //! for debugging (both compute the same function: `tests/tests/engine_parity.rs`).
 
-use crate::backend::cpu::planned::PlannedExecutor;
+use crate::exec::planned::PlannedExecutor;
 use crate::exec::{ExecError, Inputs, RefExecutor};
 use crate::graph::Graph;
 use crate::plan::{Plan, PlanError};

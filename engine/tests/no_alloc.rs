@@ -15,7 +15,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ortbench_engine::autodiff::backward;
-use ortbench_engine::backend::cpu::planned::PlannedExecutor;
+use ortbench_engine::exec::planned::PlannedExecutor;
 use ortbench_engine::graph::{AttentionOpts, GeluApprox, Graph, TensorId};
 use ortbench_engine::Inputs;
 

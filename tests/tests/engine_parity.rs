@@ -56,7 +56,7 @@ fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool,
     let mut grads = vec![f32::NAN; params.len()];
     let engine_loss = if planned {
         let feed = model.feed(batch).unwrap();
-        let mut exec = ortbench_engine::backend::cpu::planned::PlannedExecutor::new(&model.graph).unwrap();
+        let mut exec = ortbench_engine::exec::planned::PlannedExecutor::new(&model.graph).unwrap();
         exec.train_step(&params, &feed.inputs(), 0, &mut grads).unwrap() as f64
     } else {
         model.ref_train_step(&params, batch, 0, &mut grads).unwrap() as f64

@@ -19,7 +19,7 @@
 //! and 1e-3 of the update in L2 (measured 2.9e-6 and 1.0e-5). f16/bf16: see the tests.
 
 use ortbench_engine::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
-use ortbench_engine::backend::cpu::planned::PlannedExecutor;
+use ortbench_engine::exec::planned::PlannedExecutor;
 use ortbench_engine::exec::gpu::session::GpuSession;
 use ortbench_engine::exec::gpu::GpuExecutor;
 use ortbench_engine::optim::{AdamWConfig, LossScaler, Segment};
@@ -326,4 +326,24 @@ fn an_out_of_range_id_is_named() {
     ex.upload_params(&params).unwrap();
     let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
     assert!(e.contains("5000") && e.contains("embedding"), "{e}");
+}
+
+/// The GPU plan sizes buffers by element bytes: in bf16 the arena holds half activations (the
+/// f32 parameter gradients, statistics and log-sum-exp stay 4 bytes). Also on bert-base at
+/// b8×s128, the harness's CPU size.
+#[test]
+fn half_precision_plans_take_less_arena() {
+    use ortbench_engine::exec::gpu::kernels::GpuKernels;
+    for (name, b, t) in [("tiny-gpt2", 2, 40), ("tiny-bert", 2, 40), ("bert-base-uncased", 8, 128), ("gpt2", 8, 128)] {
+        let cfg = builtin_config(name).unwrap();
+        let peak = |d: DType| {
+            let g = build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(d)).unwrap().graph;
+            let p = ortbench_engine::plan::build(&g, &GpuKernels::for_graph(&g)).unwrap();
+            p.check(&g).unwrap();
+            p.peak_bytes()
+        };
+        let (f, h) = (peak(DType::F32), peak(DType::BF16));
+        println!("{name} b{b}×s{t}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)", f as f64 / 1048576.0, h as f64 / 1048576.0, h as f64 / f as f64);
+        assert!(h * 10 <= f * 7, "{name}: bf16 arena {h} vs fp32 {f}");
+    }
 }

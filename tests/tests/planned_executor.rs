@@ -4,12 +4,12 @@
 //! plan on bert-base and gpt2 at the benchmark size (b8×s128): invariants, every view folded,
 //! every parameter gradient in the gradient buffer, planned peak far below the naive sum.
 //!
-//! Tolerances (as `engine/src/backend/cpu/planned/tests.rs`): loss within 1e-5 relative; each
+//! Tolerances (as `engine/src/exec/planned/tests.rs`): loss within 1e-5 relative; each
 //! parameter's gradient max|Δ| ≤ 1e-5·max|g_ref| + 1e-7·G, G the largest |g| over all
 //! parameters (a floor for gradients that are exactly zero in exact arithmetic, e.g. attention
 //! key biases, where both executors return rounding noise).
 
-use ortbench_engine::backend::cpu::planned::{CpuKernels, PlannedExecutor};
+use ortbench_engine::exec::planned::{CpuKernels, PlannedExecutor};
 use ortbench_engine::passes::PassConfig;
 use ortbench_engine::plan;
 use ortbench_engine::RefExecutor;

@@ -13,6 +13,7 @@ use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
 
 pub mod gpu;
+pub mod planned;
 pub mod profile;
 
 /// Data for one graph input.

@@ -69,7 +69,7 @@ pub enum ParamMirror<'a> {
     F16(&'a mut [f16]),
     Bf16(&'a mut [bf16]),
     /// The copy the CPU executor reads: f32 slots holding the values rounded to the dtype
-    /// (its emulation of f16/bf16 storage, see `backend::cpu::planned`).
+    /// (its emulation of f16/bf16 storage, see `exec::planned`).
     Rounded(crate::DType, &'a mut [f32]),
 }
 

@@ -51,7 +51,7 @@ mod tests {
     use super::super::testutil::*;
     use super::super::{fuse_matmul_bias, PassConfig};
     use super::*;
-    use crate::backend::cpu::planned::CpuKernels;
+    use crate::exec::planned::CpuKernels;
 
     fn peak(g: &Graph) -> usize {
         crate::plan::build(g, &CpuKernels::new(2)).unwrap().peak_bytes()

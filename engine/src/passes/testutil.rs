@@ -4,7 +4,7 @@
 //! rewritten graph against the reference on the original one.
 
 use crate::autodiff::backward;
-use crate::backend::cpu::planned::PlannedExecutor;
+use crate::exec::planned::PlannedExecutor;
 use crate::exec::{Inputs, RefExecutor};
 use crate::graph::{Graph, GraphError, Op, TensorId};
 use crate::ops::testutil::Rng;
@@ -78,7 +78,7 @@ pub fn train(g: &Graph) -> Graph {
 /// compute the same loss and gradients. Reference executor in f64: |Δloss| ≤ rtol·|loss|,
 /// per parameter max|Δg| ≤ rtol·max|g| + 1e-12. With `planned`, the planned executor (f32)
 /// on `after` against the reference (f32) on `before`: loss within 1e-5 relative, gradients
-/// within 1e-5·max|g| + 1e-7·G (G the largest gradient; as `backend::cpu::planned::tests`).
+/// within 1e-5·max|g| + 1e-7·G (G the largest gradient; as `exec::planned::tests`).
 pub fn assert_same_numbers(before: &Graph, after: &Graph, rtol: f64, planned: bool) {
     let (tb, ta) = if before.is_training() { (before.clone(), after.clone()) } else { (train(before), train(after)) };
     let layout = |g: &Graph| g.params().iter().map(|p| (p.name.clone(), p.shape.clone(), p.offset, p.len)).collect::<Vec<_>>();

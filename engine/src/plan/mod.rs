@@ -82,6 +82,12 @@ pub trait Kernels {
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize>;
     /// f32 elements of scratch the kernel needs while it runs (0 for none).
     fn workspace(&self, g: &Graph, node: usize) -> usize;
+    /// Bytes of one element of `t` as the backend stores it in the arena: 4 (f32 slots, the
+    /// CPU), or 2 for an f16/bf16 tensor on a GPU. Buffers are sized by it; offsets inside a
+    /// buffer stay in the tensor's own elements (see [`Plan::elem_bytes`]).
+    fn elem_bytes(&self, _g: &Graph, _t: TensorId) -> usize {
+        4
+    }
 }
 
 /// Which buffer a tensor's elements are in.
@@ -155,12 +161,27 @@ pub struct Plan {
     /// Gradient ranges zeroed each step (parameters the loss does not depend on).
     pub grad_zeros: Vec<(usize, usize)>,
     pub loss: TensorId,
+    /// Per tensor: bytes per element in the arena ([`Kernels::elem_bytes`]). Buffer offsets and
+    /// lengths count 4-byte units; a tensor's place offset is its buffer's offset plus its
+    /// own elements into the buffer, so its first byte is 4·buffer.offset + elem_bytes·(place
+    /// offset − buffer.offset) ([`Plan::arena_byte_span`]).
+    pub elem_bytes: Vec<usize>,
 }
 
 impl Plan {
     /// Bytes of the arena: the planned peak of intermediate memory.
     pub fn peak_bytes(&self) -> usize {
         self.arena_len * 4
+    }
+
+    /// [first, end) bytes of arena tensor `t` (its buffer's start plus its elements' bytes).
+    pub fn arena_byte_span(&self, g: &Graph, t: TensorId) -> (usize, usize) {
+        let p = &self.places[t.index()];
+        let b = &self.buffers[self.buffer_of[t.index()].expect("an arena tensor has a buffer")];
+        let eb = self.elem_bytes[t.index()];
+        let s: Vec<isize> = p.strides.iter().map(|&s| s as isize).collect();
+        let first = 4 * b.offset + eb * (p.offset - b.offset);
+        (first, first + eb * extent(g.shape(t), &s) as usize)
     }
 
     /// Number of view nodes folded (no copy) and materialised (a copy).
@@ -218,22 +239,21 @@ impl Plan {
                 }
             }
         }
-        let span = |t: usize| {
-            let p = &self.places[t];
-            let s: Vec<isize> = p.strides.iter().map(|&s| s as isize).collect();
-            (p.offset, p.offset + extent(g.shape(TensorId(t as u32)), &s) as usize)
-        };
         let arena: Vec<usize> = (0..self.places.len()).filter(|&t| self.places[t].root == Root::Arena).collect();
         for &t in &arena {
             let Some(b) = self.buffer_of[t] else {
                 return Err(format!("%{t} is in the arena but in no buffer"));
             };
-            let (s, e) = span(t);
             let buf = &bufs[b];
-            if s < buf.offset || e > buf.offset + buf.len {
-                return Err(format!("%{t} [{s}, {e}) lies outside its buffer {b} [{}, {})", buf.offset, buf.offset + buf.len));
+            if self.places[t].offset < buf.offset {
+                return Err(format!("%{t} starts before its buffer {b}"));
+            }
+            let (s, e) = self.arena_byte_span(g, TensorId(t as u32));
+            if e > 4 * (buf.offset + buf.len) {
+                return Err(format!("%{t} bytes [{s}, {e}) lie outside its buffer {b} [{}, {})", 4 * buf.offset, 4 * (buf.offset + buf.len)));
             }
         }
+        let span = |t: usize| self.arena_byte_span(g, TensorId(t as u32));
         for (x, &a) in arena.iter().enumerate() {
             for &b in &arena[x + 1..] {
                 let (Some(la), Some(lb)) = (self.live[a], self.live[b]) else { continue };
@@ -647,9 +667,10 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         .iter()
         .flat_map(|n| &n.outputs)
         .filter(|&&o| g.tensor(o).elem != ElemType::I64)
-        .map(|&o| g.tensor(o).numel() * 4)
+        .map(|&o| g.tensor(o).numel() * k.elem_bytes(g, o))
         .sum();
     Ok(Plan {
+        elem_bytes: (0..g.tensors().len()).map(|t| k.elem_bytes(g, TensorId(t as u32))).collect(),
         places,
         folded: groups.fold,
         steps,
@@ -913,7 +934,9 @@ fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
             items.push(Item { len: 0, first: sets.first[s], last: sets.last[s], tensors: Vec::new(), workspace: None, set: Some(s) });
             items.len() - 1
         });
-        items[it].len = items[it].len.max(groups.placed[gi].extent);
+        // In 4-byte units: a half tensor needs half the units of its elements.
+        let eb = groups.members[gi].iter().map(|&t| k.elem_bytes(g, t)).max().unwrap_or(4);
+        items[it].len = items[it].len.max((groups.placed[gi].extent * eb).div_ceil(4));
         items[it].tensors.extend(groups.members[gi].iter().copied());
     }
     for i in 0..g.nodes().len() {

@@ -6,7 +6,7 @@
 
 use super::testgraphs::{bert_like, gpt_like, random_graph, Dims};
 use super::*;
-use crate::backend::cpu::planned::CpuKernels;
+use crate::exec::planned::CpuKernels;
 use crate::graph::GeluApprox;
 
 /// A backend that accepts only dense tensors and computes nothing in place.

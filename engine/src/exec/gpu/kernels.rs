@@ -51,10 +51,9 @@ pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
 
 /// The dtype each tensor is stored in on the GPU (indexed by tensor id): the graph's, except
 /// parameters' gradients — f32 in the flat gradient buffer, as the CPU executor keeps them —,
-/// autodiff's seed (f32) and attention's second output, the rows' log-sum-exp (f32). Id tensors read as f32 here
-/// (they are never addressed by dtype). The plan is sized in 4-byte elements, so any tensor
-/// fits its slot in any dtype; a half tensor uses the first half of its slot (the memory the
-/// plan could save in half precision is left for when plans are sized in bytes).
+/// autodiff's seed (f32) and attention's second output, the rows' log-sum-exp (f32). Id tensors
+/// read as f32 here (they are never addressed by dtype). The plan sizes arena buffers by these
+/// ([`Kernels::elem_bytes`]): a half tensor takes 2 bytes an element.
 pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
     let mut d: Vec<DType> = g.tensors().iter().map(|t| match t.elem {
         ElemType::Float(d) => d,
@@ -86,9 +85,17 @@ pub fn suffix(d: DType) -> &'static str {
     }
 }
 
-/// What the GPU kernels accept (see the module comment).
-#[derive(Debug, Clone, Copy)]
-pub struct GpuKernels;
+/// What the GPU kernels accept (see the module comment), for one graph (its storage dtypes).
+#[derive(Debug, Clone)]
+pub struct GpuKernels {
+    pub dtypes: Vec<DType>,
+}
+
+impl GpuKernels {
+    pub fn for_graph(g: &Graph) -> Self {
+        GpuKernels { dtypes: storage_dtypes(g) }
+    }
+}
 
 impl Kernels for GpuKernels {
     fn name(&self) -> &'static str {
@@ -182,6 +189,10 @@ impl Kernels for GpuKernels {
             Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
             _ => vec![],
         }
+    }
+
+    fn elem_bytes(&self, g: &Graph, t: crate::graph::TensorId) -> usize {
+        if g.tensor(t).elem.is_float() { self.dtypes[t.index()].size() } else { 8 }
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {

@@ -21,9 +21,8 @@
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
 //! parameter gradients (half GEMM operands into an f32 C for dW), f32 loss, seed, LayerNorm
 //! statistics and attention log-sum-exp ([`kernels::storage_dtypes`]) — the same rounding
-//! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan
-//! counts 4-byte elements: a half tensor occupies the first half of its slot, so half precision
-//! does not yet save activation memory on the GPU (byte-sized plans are left to do).
+//! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan sizes
+//! buffers by each tensor's element bytes, so half activations take half the arena.
 
 pub mod kernels;
 pub mod session;
@@ -108,11 +107,12 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// Plans `graph` (a training graph) for the GPU kernels and allocates its memory on `dev`;
     /// parameters start at zero ([`GpuExecutor::upload_params`]).
     pub fn new(graph: &Graph, dev: D) -> Result<Self, PlanError> {
-        let plan = plan::build(graph, &GpuKernels)?;
+        let kernels = GpuKernels::for_graph(graph);
+        let plan = plan::build(graph, &kernels)?;
         let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
         let n = graph.num_param_elems();
         let params = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
-        let dtypes = kernels::storage_dtypes(graph);
+        let dtypes = kernels.dtypes;
         let compute = match graph.dtype() {
             DType::F32 => None,
             d => Some(dev.alloc_zeroed(n * d.size()).map_err(gpu_err)?),
@@ -461,7 +461,7 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     /// Bytes per element of `t` as stored.
     fn es(&self, t: TensorId) -> u64 {
-        if self.g.tensor(t).elem.is_float() { self.dts[t.index()].size() as u64 } else { 8 }
+        self.plan.elem_bytes[t.index()] as u64
     }
 
     /// Device address of tensor `t`. The plan's offsets count 4-byte elements; a tensor in an
@@ -484,6 +484,14 @@ impl Resolver<'_> {
     /// Every arena buffer holds tensors of one storage dtype, so element offsets within it mean
     /// the same bytes to all of them.
     fn check_buffers(&self) -> Result<(), PlanError> {
+        // The flat gradient buffer is f32: a tensor placed in it (a view of a gradient, or an
+        // in-place merge) must be stored so.
+        for (t, p) in self.plan.places.iter().enumerate() {
+            let d = self.dts[t];
+            if p.root == Root::Grad && self.g.tensors()[t].elem.is_float() && d != DType::F32 {
+                return Err(PlanError::Backend(format!("%{t} is placed in the f32 gradient buffer but stored in {d:?}")));
+            }
+        }
         for b in &self.plan.buffers {
             let mut d = b.tensors.iter().filter(|&&t| self.g.tensor(t).elem.is_float()).map(|&t| self.dts[t.index()]);
             if let Some(first) = d.next() {

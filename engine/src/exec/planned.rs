@@ -1,4 +1,4 @@
-//! The planned executor: the engine's fast path on CPU.
+//! The planned executor: the engine's fast path on CPU (its GPU counterpart is [`super::gpu`]).
 //!
 //! At build time it plans the training graph ([`crate::plan`]: schedule, views folded, places in
 //! the parameter/gradient buffers and in one arena sized to the planned peak), allocates that
@@ -27,12 +27,12 @@
 //!
 //! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
 
-use super::kernels::attention::{self, AttnPlan};
-use super::kernels::elementwise::{self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward};
-use super::kernels::matmul::{self, MatMulPlan};
-use super::kernels::softmax::MaskMap;
-use super::kernels::{copy, embedding, loss, norm, reduce, softmax};
-use super::pool::Pool;
+use crate::backend::cpu::kernels::attention::{self, AttnPlan};
+use crate::backend::cpu::kernels::elementwise::{self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward};
+use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
+use crate::backend::cpu::kernels::softmax::MaskMap;
+use crate::backend::cpu::kernels::{copy, embedding, loss, norm, reduce, softmax};
+use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
 use crate::DType;
@@ -286,7 +286,7 @@ impl PlannedExecutor {
     /// half-precision storage, so mixed precision and loss scaling are exercised on the CPU.
     /// What the CPU does not get is the memory saving: that is the GPU backends' storage.
     pub fn new(graph: &Graph) -> Result<Self, PlanError> {
-        super::blas::check().map_err(|e| PlanError::Backend(e.to_string()))?;
+        crate::backend::cpu::blas::check().map_err(|e| PlanError::Backend(e.to_string()))?;
         let pool = Pool::global();
         let kernels = CpuKernels::for_graph(graph, pool.threads());
         let plan = plan::build(graph, &kernels)?;
