@@ -69,9 +69,14 @@ pub struct RunArgs {
     /// --batch-size × --ranks.
     #[arg(long)]
     pub batch_size: Option<i64>,
-    /// Data-parallel ranks for every config (on the CPU: threads that split the cores).
+    /// Data-parallel ranks for every config (on the CPU they split the cores).
     #[arg(long)]
     pub ranks: Option<i64>,
+    /// How ranks run: `processes` — one worker process per rank, joined over TCP with the
+    /// variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so peak memory is
+    /// per rank and a failing rank ends the others — or `threads` of one worker.
+    #[arg(long, default_value = "processes")]
+    pub launch: String,
     /// Tokens per row [default: 128 on cpu, 512 on cuda (at most the model's positions), or T
     /// of --data].
     #[arg(long)]

@@ -277,44 +277,100 @@ enum Kill {
     Interrupt,
 }
 
-/// Runs one spec in a worker process and turns its records into rows.
+/// One worker process of a run (a rank, or all ranks as threads).
+struct Proc {
+    child: std::process::Child,
+    pid: libc::pid_t,
+    err_thread: Option<std::thread::JoinHandle<String>>,
+    /// Once reaped: (wait status, peak RSS in KiB, when).
+    exit: Option<(i32, u64, Instant)>,
+}
+
+impl Proc {
+    fn failed(&self) -> bool {
+        self.exit.is_some_and(|(w, ..)| !(libc::WIFEXITED(w) && libc::WEXITSTATUS(w) == 0))
+    }
+}
+
+/// After one rank fails, how long the others get to notice (their collectives error out at
+/// once when a peer's socket closes) before they are killed.
+const PEER_GRACE: Duration = Duration::from_secs(5);
+
+/// A free TCP port on the loopback interface for a run's rendezvous.
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for the ranks' rendezvous")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Runs one spec in its worker process(es) and turns their records into rows. Ranks > 1 with
+/// `launch = processes` are one worker each, joined over TCP with torchrun's variables on a
+/// free loopback port; their peak memory is each process's own.
 fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label: &str) -> Result<(Vec<StepRow>, ResultRow)> {
     let exe = std::env::current_exe().context("cannot find the ortbench executable")?;
     let start = Instant::now();
-    let mut child = Command::new(exe)
-        .arg("worker")
-        .arg("--spec")
-        .arg(serde_json::to_string(spec)?)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start a worker process")?;
-    let pid = child.id() as libc::pid_t;
-    let mut stderr = child.stderr.take().context("worker stderr")?;
-    let err_thread = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stderr.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    });
-    let stdout = child.stdout.take().context("worker stdout")?;
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
+    let n = if spec.ranks > 1 && spec.launch == "processes" { spec.ranks } else { 1 };
+    let port = if n > 1 { free_port()? } else { 0 };
+    let spec_json = serde_json::to_string(spec)?;
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut procs: Vec<Proc> = Vec::with_capacity(n);
+    for r in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("worker").arg("--spec").arg(&spec_json).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if n > 1 {
+            cmd.env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string());
+        } else {
+            // A harness started by a launcher must not hand its rank to a one-process worker.
+            for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+                cmd.env_remove(v);
             }
         }
-    });
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                for p in &mut procs {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                }
+                return Err(e).context("cannot start a worker process");
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        let mut stderr = child.stderr.take().context("worker stderr")?;
+        let err_thread = std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = stderr.read_to_end(&mut s);
+            String::from_utf8_lossy(&s).into_owned()
+        });
+        let stdout = child.stdout.take().context("worker stdout")?;
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((r, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        procs.push(Proc { child, pid, err_thread: Some(err_thread), exit: None });
+    }
+    drop(tx);
 
     let mut steps = Vec::new();
-    let mut summary = None;
-    let mut error: Option<(String, bool)> = None;
+    let mut summaries = vec![None; n];
+    let mut errors: Vec<Option<(String, bool)>> = vec![None; n];
     let mut killed: Option<Kill> = None;
-    let check_kill = |child: &mut std::process::Child, killed: &mut Option<Kill>| {
-        if killed.is_some() {
-            return;
+    // Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout, or
+    // once a rank has failed and the others had PEER_GRACE to end on their own.
+    let poll = |procs: &mut Vec<Proc>, killed: &mut Option<Kill>| -> Result<()> {
+        for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
+            if let Some((w, rss)) = wait4_nohang(p.pid)? {
+                p.exit = Some((w, rss, Instant::now()));
+            }
         }
         let why = if INTERRUPTED.load(Ordering::SeqCst) {
             Some(Kill::Interrupt)
@@ -323,16 +379,21 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
         } else {
             None
         };
-        if let Some(why) = why {
-            // SIGKILL; the child is not reaped yet (we reap it with wait4 below), so its pid
-            // cannot have been reused.
-            let _ = child.kill();
-            *killed = Some(why);
+        let peer_failed = procs.iter().filter(|p| p.failed()).filter_map(|p| p.exit).any(|(.., at)| at.elapsed() >= PEER_GRACE);
+        if why.is_some() || peer_failed {
+            if killed.is_none() {
+                *killed = why;
+            }
+            for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
+                // SIGKILL; the child is not reaped yet (wait4 above), so its pid is still ours.
+                let _ = p.child.kill();
+            }
         }
+        Ok(())
     };
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(line) => match serde_json::from_str::<Event>(&line) {
+            Ok((r, line)) => match serde_json::from_str::<Event>(&line) {
                 Ok(Event::Step { rank, step, loss, step_ms, device_ms, grad_norm, loss_scale, skipped }) => {
                     if rank == 0 {
                         progress.step(label, step, spec.steps, loss, step_ms);
@@ -354,91 +415,105 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                     });
                 }
                 Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample }) => {
-                    summary = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample))
+                    summaries[r] = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample))
                 }
-                Ok(Event::Error { message, oom }) => error = Some((message, oom)),
-                Err(_) => progress.println(&format!("  worker: {line}")),
+                Ok(Event::Error { message, oom }) => errors[r] = Some((message, oom)),
+                Err(_) => progress.println(&format!("  worker{}: {line}", if n > 1 { format!(" rank {r}") } else { String::new() })),
             },
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        check_kill(&mut child, &mut killed);
+        poll(&mut procs, &mut killed)?;
     }
-    // The worker closed its stdout: reap it (polling, so that a worker that lingers is still
-    // subject to the timeout and to Ctrl-C).
-    let (wstatus, maxrss_kb) = loop {
-        if let Some(done) = wait4_nohang(pid)? {
-            break done;
-        }
-        check_kill(&mut child, &mut killed);
+    // Every worker closed its stdout: reap them (polling, so that one that lingers is still
+    // subject to the timeout, to Ctrl-C and to a failed peer).
+    while procs.iter().any(|p| p.exit.is_none()) {
+        poll(&mut procs, &mut killed)?;
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
     let wall_s = start.elapsed().as_secs_f64();
-    let stderr_text = err_thread.join().unwrap_or_default();
+    let stderr_texts: Vec<String> = procs.iter_mut().map(|p| p.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default()).collect();
     // ORTBENCH_PROFILE=1: the worker prints its per-op profile on stderr, which is otherwise
     // only read for error messages; pass it through.
-    if ortbench_engine::exec::profile::enabled() && !stderr_text.is_empty() {
-        eprint!("{stderr_text}");
+    if ortbench_engine::exec::profile::enabled() {
+        for t in stderr_texts.iter().filter(|t| !t.is_empty()) {
+            eprint!("{t}");
+        }
     }
-    let exited_ok = libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0;
-    let signal = libc::WIFSIGNALED(wstatus).then(|| libc::WTERMSIG(wstatus));
     let done_steps = steps.iter().filter(|s| s.rank == 0).count();
     let at = format!("after {done_steps}/{} steps", spec.steps);
-    let tail = stderr_tail(&stderr_text);
 
     let mut row = base_row(spec);
     row.wall_s = Some(wall_s);
     row.final_loss = steps.iter().filter(|s| s.rank == 0).last().map(|s| s.loss);
+    let max_rss_kb = procs.iter().filter_map(|p| p.exit).map(|(_, rss, _)| rss).max().unwrap_or(0);
     if spec.device == "cpu" {
-        // Peak RSS of the worker (the same as its own VmHWM), also for runs that failed.
-        row.peak_mem_bytes = Some(maxrss_kb * 1024);
+        // Peak RSS of the worker (of the largest rank process), also for runs that failed.
+        row.peak_mem_bytes = Some(max_rss_kb * 1024);
     }
-    let (status, message) = match (killed, summary, error) {
-        (Some(Kill::Interrupt), ..) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
-        (Some(Kill::Timeout), ..) => (
+    let all_ok = procs.iter().all(|p| !p.failed()) && summaries.iter().all(Option::is_some) && errors.iter().all(Option::is_none);
+    let (status, message) = match killed {
+        Some(Kill::Interrupt) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
+        Some(Kill::Timeout) => (
             "timeout",
             format!("no result within --timeout-s {} s: worker killed {at}", timeout.map_or(0.0, |t| t.as_secs_f64())),
         ),
-        (None, Some((params, peak, opt_bytes, hw)), None) if exited_ok => {
-            row.param_count = Some(params);
-            row.hw_flops_per_sample = hw;
-            row.peak_mem_bytes = Some(peak);
-            row.optimizer_bytes_per_rank = Some(opt_bytes);
+        None if all_ok => {
+            let sums: Vec<_> = summaries.iter().flatten().collect();
+            row.param_count = Some(sums[0].0);
+            row.hw_flops_per_sample = sums[0].3;
+            // Per rank: the largest rank's peak and optimizer state.
+            row.peak_mem_bytes = sums.iter().map(|s| s.1).max();
+            row.optimizer_bytes_per_rank = sums.iter().map(|s| s.2).max();
             ("ok", String::new())
         }
-        (None, _, Some((message, oom))) => (if oom { "oom" } else { "error" }, message),
-        (None, ..) => match signal {
-            Some(libc::SIGINT) => ("interrupted", format!("interrupted (SIGINT) {at}")),
-            Some(sig) => {
-                let what = format!("worker killed by signal {sig} ({}) {at}{tail}", signal_name(sig));
-                let limit = crate::env::memory_limit_bytes();
-                let near_limit = limit.is_some_and(|l| (maxrss_kb * 1024) as f64 >= 0.8 * l as f64);
-                if is_oom_message(&stderr_text) {
-                    ("oom", what)
-                } else if sig == libc::SIGKILL && near_limit {
-                    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-                    (
-                        "oom",
-                        format!(
-                            "{what}: peak RSS {:.2} GiB of a {:.2} GiB limit (the OOM killer's signature)",
-                            gib(maxrss_kb * 1024),
-                            gib(limit.unwrap_or(0))
-                        ),
-                    )
-                } else {
-                    ("error", what)
-                }
-            }
-            None => {
-                let code = if libc::WIFEXITED(wstatus) { libc::WEXITSTATUS(wstatus) } else { -1 };
-                let what = format!("worker exited with code {code} {at} without a summary{tail}");
-                (if is_oom_message(&stderr_text) { "oom" } else { "error" }, what)
-            }
-        },
+        None => {
+            // The rank that failed first is the cause; the others failed because it did.
+            let culprit = (0..n)
+                .filter(|&r| procs[r].failed() || errors[r].is_some())
+                .min_by_key(|&r| procs[r].exit.map(|(.., at)| at))
+                .unwrap_or(0);
+            let p = &procs[culprit];
+            let (wstatus, rss_kb, _) = p.exit.expect("every worker was reaped");
+            let (status, message) = outcome(wstatus, rss_kb, errors[culprit].clone(), &stderr_texts[culprit], &at);
+            let message = if n > 1 { format!("rank {culprit} of {n}: {message}") } else { message };
+            (status, message)
+        }
     };
     row.status = status.into();
     row.error = message;
     Ok((steps, row))
+}
+
+/// Status and message of a worker that did not end well: its own error record, else its
+/// exit (a signal, an exit code), with the OOM signatures recognised.
+fn outcome(wstatus: i32, maxrss_kb: u64, error: Option<(String, bool)>, stderr_text: &str, at: &str) -> (&'static str, String) {
+    let tail = stderr_tail(stderr_text);
+    if let Some((message, oom)) = error {
+        return (if oom { "oom" } else { "error" }, message);
+    }
+    let signal = libc::WIFSIGNALED(wstatus).then(|| libc::WTERMSIG(wstatus));
+    match signal {
+        Some(libc::SIGINT) => ("interrupted", format!("interrupted (SIGINT) {at}")),
+        Some(sig) => {
+            let what = format!("worker killed by signal {sig} ({}) {at}{tail}", signal_name(sig));
+            let limit = crate::env::memory_limit_bytes();
+            let near_limit = limit.is_some_and(|l| (maxrss_kb * 1024) as f64 >= 0.8 * l as f64);
+            if is_oom_message(stderr_text) {
+                ("oom", what)
+            } else if sig == libc::SIGKILL && near_limit {
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                ("oom", format!("{what}: peak RSS {:.2} GiB of a {:.2} GiB limit (the OOM killer's signature)", gib(maxrss_kb * 1024), gib(limit.unwrap_or(0))))
+            } else {
+                ("error", what)
+            }
+        }
+        None => {
+            let code = if libc::WIFEXITED(wstatus) { libc::WEXITSTATUS(wstatus) } else { -1 };
+            let what = format!("worker exited with code {code} {at} without a summary{tail}");
+            (if is_oom_message(stderr_text) { "oom" } else { "error" }, what)
+        }
+    }
 }
 
 /// `waitpid(pid, WNOHANG)` with the child's resource usage: Some((wait status, peak RSS in

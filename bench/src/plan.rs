@@ -123,6 +123,9 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         args.precision.iter().map(|p| p.trim().to_string()).collect()
     };
     let ranks = positive("--ranks", args.ranks, 1)?;
+    if !matches!(args.launch.as_str(), "processes" | "threads") {
+        bail!("unknown --launch '{}': use processes or threads", args.launch);
+    }
     let seq_arg = match args.seq_len {
         None => None,
         Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
@@ -216,6 +219,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                     device: device.clone(),
                     batch_size,
                     ranks,
+                    launch: args.launch.clone(),
                     seq_len,
                     steps,
                     warmup,

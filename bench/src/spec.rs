@@ -19,6 +19,10 @@ pub enum WeightsSource {
     File(PathBuf),
 }
 
+fn default_launch() -> String {
+    "processes".into()
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunSpec {
     /// The model as the user named it (alias, directory or hub id).
@@ -28,8 +32,12 @@ pub struct RunSpec {
     pub device: String,
     /// Rows per rank; the global batch is batch_size × ranks.
     pub batch_size: usize,
-    /// Data-parallel ranks (threads of the worker on the CPU).
+    /// Data-parallel ranks.
     pub ranks: usize,
+    /// How ranks > 1 run: `processes` (one worker each, joined over TCP) or `threads` (of one
+    /// worker).
+    #[serde(default = "default_launch")]
+    pub launch: String,
     pub seq_len: usize,
     pub steps: usize,
     pub warmup: usize,

@@ -11,7 +11,7 @@ use ortbench_engine::passes::PassConfig;
 use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
-use ortbench_engine::collective::{Collective, LocalGroup};
+use ortbench_engine::collective::{AnyGroup, Collective, LocalGroup, TcpGroup};
 use ortbench_engine::parallel::Strategy;
 use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
@@ -110,7 +110,8 @@ pub const FAULT_VAR: &str = "ORTBENCH_FAULT";
 /// or `grad-scale:F[@CONFIG]`: a broken engine — every gradient an engine config computes
 /// is multiplied by F on every rank and step (what the parity probe must flag).
 ///
-/// `@CONFIG` limits the fault to the runs of that config. Only rank 0 fails.
+/// `@CONFIG` limits the fault to the runs of that config. Only rank 0 fails, or the rank
+/// named by `ORTBENCH_FAULT_RANK`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fault {
     pub kind: FaultKind,
@@ -234,7 +235,7 @@ trait RankTrainer {
 /// A `pytorch` rank: libtorch eager, DDP across ranks.
 struct TorchRank {
     trainer: TorchTrainer,
-    group: LocalGroup,
+    group: AnyGroup,
     task: Task,
     rows: usize,
 }
@@ -298,6 +299,19 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         WeightsSource::File(path) => Weights::load(&cfg, path, spec.seed)?.0,
     };
     let ranks = spec.ranks.max(1);
+    // Ranks are processes when a launcher set RANK (the harness, torchrun, srun…): this worker is
+    // one of them and joins the others over TCP; else they are threads of this worker.
+    let tcp = match std::env::var("RANK") {
+        Ok(_) => {
+            // Checked before waiting for peers that would never come.
+            let world = std::env::var("WORLD_SIZE").unwrap_or_default();
+            if world.trim().parse::<usize>().ok() != Some(ranks) {
+                bail!("WORLD_SIZE is '{world}' but the run has --ranks {ranks}");
+            }
+            Some(TcpGroup::from_env().map_err(|e| anyhow::anyhow!("joining the ranks: {e}"))?)
+        }
+        Err(_) => None,
+    };
     // The global batch is --batch-size × --ranks; rank r takes rows r·b .. (r+1)·b.
     let global_batch = spec.batch_size * ranks;
     let data = match &spec.data {
@@ -322,15 +336,20 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         tch::Device::Cuda(i) => Some(ortbench_engine::backend::cuda::watch::DeviceWatch::start(i).map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?),
         _ => None,
     };
-    // On the CPU, ranks split the cores.
+    // On the CPU, the ranks on this machine split its cores (LOCAL_WORLD_SIZE of them when a
+    // launcher says so).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (cores / ranks).max(1);
+    let local = match &tcp {
+        Some(_) => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ranks),
+        None => ranks,
+    };
+    let threads = (cores / local.max(1)).max(1);
     tch::set_num_threads(threads as i32);
     ortbench_engine::backend::cpu::gemm::set_num_threads(threads);
 
     let param_count = weights.param_count();
     let task = Task::for_config(&cfg);
-    let make = |group: LocalGroup| -> Result<Box<dyn RankTrainer>> {
+    let make = |group: AnyGroup| -> Result<Box<dyn RankTrainer>> {
         Ok(match spec.config.as_str() {
             "pytorch" => {
                 let opts = TrainOptions {
@@ -373,11 +392,17 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         })
     };
 
+    let in_process = if tcp.is_some() { 1 } else { ranks };
     let watch_ref = watch.as_ref();
+    let fault_rank: usize = std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // Ranks are threads of this worker; their records go through one channel to stdout.
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
     let results: Vec<Result<(usize, Option<f64>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = LocalGroup::new(ranks)
+        let groups: Vec<AnyGroup> = match tcp {
+            Some(g) => vec![g.into()],
+            None => LocalGroup::new(ranks).into_iter().map(AnyGroup::from).collect(),
+        };
+        let handles: Vec<_> = groups
             .into_iter()
             .map(|group| {
                 let (tx, make, data) = (tx.clone(), &make, &data);
@@ -387,7 +412,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     // This rank's executed FLOPs over the measured steps (None: not counted).
                     let mut flops = Some(0.0);
                     for step in 0..spec.steps {
-                        if let Some(f) = fault.filter(|f| f.step == step && rank == 0 && !matches!(f.kind, FaultKind::GradScale(_))) {
+                        if let Some(f) = fault.filter(|f| f.step == step && rank == fault_rank && !matches!(f.kind, FaultKind::GradScale(_))) {
                             f.trigger();
                         }
                         let batch = data.batch(step);
@@ -434,7 +459,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         optimizer_bytes = optimizer_bytes.max(bytes);
         flops = flops.zip(f).map(|(a, b)| a + b);
     }
-    let measured = (spec.steps - spec.warmup.min(spec.steps)) * global_batch;
+    // Samples this process's ranks trained (all of them with thread ranks, one rank's share in
+    // a rank process: each reports its own, the same per sample).
+    let measured = (spec.steps - spec.warmup.min(spec.steps)) * spec.batch_size * in_process;
     let hw_flops_per_sample = flops.filter(|_| measured > 0).map(|f| f / measured as f64);
     if ortbench_engine::exec::profile::enabled() {
         eprintln!("per-op profile of {} ({} steps):\n{}", spec.config, spec.steps, ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take()));

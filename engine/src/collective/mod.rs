@@ -191,3 +191,62 @@ impl Sharding {
         chunk(self.total, self.shard, rank)
     }
 }
+
+/// A rank of either transport, chosen at run time (enum dispatch, as candle's devices): threads
+/// of one process ([`LocalGroup`]) or processes joined over TCP ([`TcpGroup`], what
+/// `ortbench run --ranks N` starts and what torchrun-style launchers join).
+pub enum AnyGroup {
+    Local(LocalGroup),
+    Tcp(TcpGroup),
+}
+
+impl From<LocalGroup> for AnyGroup {
+    fn from(g: LocalGroup) -> Self {
+        AnyGroup::Local(g)
+    }
+}
+
+impl From<TcpGroup> for AnyGroup {
+    fn from(g: TcpGroup) -> Self {
+        AnyGroup::Tcp(g)
+    }
+}
+
+macro_rules! any_group {
+    ($self:ident, $g:ident => $e:expr) => {
+        match $self {
+            AnyGroup::Local($g) => $e,
+            AnyGroup::Tcp($g) => $e,
+        }
+    };
+}
+
+impl Collective for AnyGroup {
+    fn rank(&self) -> usize {
+        any_group!(self, g => g.rank())
+    }
+    fn world_size(&self) -> usize {
+        any_group!(self, g => g.world_size())
+    }
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.all_reduce(buf, op))
+    }
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.reduce_scatter(send, recv, op))
+    }
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.all_gather(send, recv))
+    }
+    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.reduce_scatter_in_place(buf, k, op))
+    }
+    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.all_gather_in_place(buf, k))
+    }
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.broadcast(buf, root))
+    }
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        any_group!(self, g => g.barrier())
+    }
+}

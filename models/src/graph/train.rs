@@ -6,7 +6,7 @@
 //! Ranks split each global batch into contiguous blocks of rows: rank r of N takes rows
 //! r·b .. (r+1)·b of a global batch of N·b rows.
 
-use ortbench_engine::collective::LocalGroup;
+use ortbench_engine::collective::{AnyGroup, LocalGroup};
 use ortbench_engine::optim::{AdamWConfig, Segment};
 use ortbench_engine::parallel::{DataParallel, Strategy};
 use ortbench_engine::session::{StepStats, TrainSession};
@@ -34,7 +34,7 @@ pub struct EngineOptions {
 
 pub struct EngineTrainer {
     model: EngineModel,
-    dp: DataParallel<LocalGroup>,
+    dp: DataParallel<AnyGroup>,
     task: Task,
     opts: EngineOptions,
     steps_taken: usize,
@@ -67,7 +67,7 @@ impl EngineTrainer {
         batch_size: usize,
         seq_len: usize,
         opts: EngineOptions,
-        group: LocalGroup,
+        group: impl Into<AnyGroup>,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
         Self::with_graph_options(cfg, weights, &GraphOptions::new(batch_size, seq_len), opts, group, strategy)
@@ -80,7 +80,7 @@ impl EngineTrainer {
         weights: &Weights,
         graph: &GraphOptions,
         opts: EngineOptions,
-        group: LocalGroup,
+        group: impl Into<AnyGroup>,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
         // fp16/bf16: the graph stores activations in that dtype; master weights stay f32.
@@ -95,7 +95,7 @@ impl EngineTrainer {
         };
         let session = TrainSession::new(model.graph.clone(), params, segments, adamw, opts.precision)
             .map_err(|e| ModelError::Training(format!("engine: {e}")))?;
-        let mut dp = DataParallel::new(session, group, strategy);
+        let mut dp = DataParallel::new(session, group.into(), strategy);
         // fp16 needs dynamic loss scaling (GradScaler's defaults, as the baseline's fp16 path);
         // bf16 has fp32's exponent range and trains unscaled, as torch.autocast(bfloat16) does.
         if opts.precision == DType::F16 {

@@ -139,14 +139,14 @@ impl TorchTrainer {
 
     /// One optimizer step on `batch`.
     pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
-        self.step_ddp(batch, None)
+        self.step_ddp::<LocalGroup>(batch, None)
     }
 
     /// One step as one rank of PyTorch DDP: after backward, gradients are weighted by this
     /// rank's share `weight` of the global batch's labelled tokens and summed across `group`
     /// (one flat bucket, as DDP's gradient buckets), so every rank applies the gradient of the
     /// global batch (HF Trainer's `average_tokens_across_devices`).
-    pub fn step_ddp(&mut self, batch: &Batch, ddp: Option<(&LocalGroup, f32)>) -> Result<StepStats, ModelError> {
+    pub fn step_ddp<G: Collective>(&mut self, batch: &Batch, ddp: Option<(&G, f32)>) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
         let mut loss = self.forward(batch)?;
