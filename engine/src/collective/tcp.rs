@@ -90,6 +90,9 @@ fn recv_head(s: &mut TcpStream) -> std::io::Result<(u8, u64)> {
     Ok((head[0], u64::from_le_bytes(head[1..].try_into().expect("8 bytes"))))
 }
 
+/// The longest error text rank 0 may send (a longer one is a broken peer, not read).
+const MAX_ERROR_BYTES: u64 = 64 << 10;
+
 /// Status byte of rank 0's answers.
 const OK: u8 = 0;
 const ERR: u8 = 1;
@@ -198,25 +201,28 @@ impl TcpGroup {
             return Ok(None);
         }
         let mut inputs: Vec<Vec<T>> = vec![input.to_vec()];
-        let mut error: Option<String> = None;
         for (i, s) in peers.iter_mut().enumerate() {
-            let (c, len) = recv_head(s).map_err(io("receiving from a rank"))?;
-            let mut buf: Vec<T> = vec![input.first().copied().unwrap_or(T::from_f64(0.0)); len as usize];
-            s.read_exact(as_bytes_mut(&mut buf)).map_err(io("receiving from a rank"))?;
-            if c != code as u8 {
-                error.get_or_insert(format!("rank {} called collective {c} while rank 0 called {}", i + 1, code as u8));
+            let r = i + 1;
+            let from = |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
+            let (c, len) = recv_head(s).map_err(from)?;
+            let want = expect_len(r);
+            // The length is checked before anything is allocated or read: a peer that sends a
+            // wrong or garbage header ends the collective with its rank named, and the stream
+            // (now out of step) is not read further.
+            if c != code as u8 || len != want as u64 {
+                let msg = if c != code as u8 {
+                    format!("rank {r} called collective {c} while rank 0 called {} ({code:?})", code as u8)
+                } else {
+                    format!("{code:?}: rank {r} sent {len} elements, expected {want}")
+                };
+                for s in peers.iter_mut() {
+                    let _ = send_msg(s, ERR, msg.len() as u64, msg.as_bytes());
+                }
+                return Err(CollectiveError::Remote(msg));
             }
-            let want = expect_len(i + 1);
-            if len as usize != want {
-                error.get_or_insert(format!("{code:?}: rank {} passed {len} elements, expected {want}", i + 1));
-            }
+            let mut buf: Vec<T> = vec![input.first().copied().unwrap_or(T::from_f64(0.0)); want];
+            s.read_exact(as_bytes_mut(&mut buf)).map_err(from)?;
             inputs.push(buf);
-        }
-        if let Some(msg) = error {
-            for s in peers.iter_mut() {
-                send_msg(s, ERR, msg.len() as u64, msg.as_bytes()).map_err(io("answering a rank"))?;
-            }
-            return Err(CollectiveError::Remote(msg));
         }
         Ok(Some(inputs))
     }
@@ -236,6 +242,9 @@ impl TcpGroup {
             let s = &mut peers[0];
             let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
             if status == ERR {
+                if len > MAX_ERROR_BYTES {
+                    return Err(CollectiveError::Io(format!("rank 0 sent an error message of {len} bytes")));
+                }
                 let mut msg = vec![0u8; len as usize];
                 s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
                 return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
@@ -449,6 +458,44 @@ mod tests {
         for r in out {
             assert!(r.is_err(), "{r:?}");
         }
+    }
+
+    /// A peer that joins properly and then sends garbage: rank 0's collective ends with an error
+    /// naming it, without allocating what the header claims and without panicking.
+    #[test]
+    fn a_peer_sending_garbage_is_an_error_naming_it() {
+        for garbage in [
+            // A header claiming 2^60 elements (an allocation of 4 EiB if trusted).
+            { let mut h = vec![OpCode::AllReduceSum as u8]; h.extend((1u64 << 60).to_le_bytes()); h },
+            // The wrong collective.
+            { let mut h = vec![OpCode::Barrier as u8]; h.extend(4u64.to_le_bytes()); h },
+            // A truncated header, then the connection closes.
+            vec![OpCode::AllReduceSum as u8, 1, 2],
+        ] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let peer = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                send_msg(&mut s, 0, 1, &2u64.to_le_bytes()).unwrap(); // handshake: rank 1 of 2
+                s.write_all(&garbage).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            });
+            let g = TcpGroup::root(listener, 2, Duration::from_secs(10)).unwrap();
+            let e = g.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum).unwrap_err().to_string();
+            assert!(e.contains("rank 1"), "{e}");
+            peer.join().unwrap();
+        }
+        // A stray connection with a bad handshake is refused.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            send_msg(&mut s, 0, 7, &2u64.to_le_bytes()).unwrap(); // claims rank 7 of 2
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let e = TcpGroup::root(listener, 2, Duration::from_secs(10)).err().unwrap().to_string();
+        assert!(e.contains("RANK 7"), "{e}");
+        peer.join().unwrap();
     }
 
     #[test]
