@@ -87,3 +87,54 @@ fn bf16_autocast_on_cpu_tracks_fp32() {
         assert!(max_rel > 1e-6, "{name}: bf16 identical to fp32: autocast did not engage");
     }
 }
+
+/// The baseline's DDP all-reduces its gradients in buckets (torch DDP's `bucket_cap_mb`), last
+/// parameters first: with buckets far smaller than the model (many collectives, tensors split
+/// across none) two ranks still reproduce one rank on the global batch, bit for bit against the
+/// default single bucket.
+#[test]
+fn ddp_buckets_reproduce_one_rank() {
+    use ortbench_engine::collective::LocalGroup;
+    use ortbench_models::torch::{TorchTrainer, TrainOptions};
+    use ortbench_models::{DataSource, Weights};
+    let mut cfg = ortbench_models::spec::builtin_config("tiny-gpt2").unwrap();
+    cfg.set_dropout(0.0); // torch's dropout draws from one global RNG shared by the runs here
+    let weights = Weights::init(&cfg, 1);
+    let data = DataSource::synthetic(&cfg, 4, 16, 3).unwrap();
+    let opts = TrainOptions { lr: 1e-3, ..TrainOptions::default() };
+    let mut one = TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, opts.clone()).unwrap();
+    let want: Vec<f64> = (0..3).map(|s| one.step(&data.batch(s)).unwrap().loss).collect();
+    let run = |bucket: Option<usize>| -> Vec<Vec<f64>> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = LocalGroup::new(2)
+                .into_iter()
+                .map(|g| {
+                    let (weights, data, opts, cfg) = (&weights, &data, opts.clone(), &cfg);
+                    sc.spawn(move || {
+                        let mut t = TorchTrainer::new(cfg, weights, tch::Device::Cpu, opts).unwrap();
+                        if let Some(b) = bucket {
+                            t.set_ddp_bucket_bytes(b);
+                        }
+                        let r = ortbench_engine::collective::Collective::rank(&g);
+                        (0..3)
+                            .map(|s| {
+                                let b = data.batch(s);
+                                let local = b.rows(r * 2..(r + 1) * 2);
+                                let task = ortbench_models::Task::for_config(cfg);
+                                let w = task.label_count(&local) as f32 / task.label_count(&b) as f32;
+                                t.step_ddp(&local, Some((&g, w))).unwrap().loss
+                            })
+                            .collect::<Vec<f64>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let small = run(Some(4096));
+    let default = run(None);
+    assert_eq!(small, default, "bucketing changes nothing");
+    for (s, (a, b)) in want.iter().zip(&small[0]).enumerate() {
+        assert!(((a - b) / a).abs() <= 1e-5, "step {s}: 2 ranks {b} vs one rank {a}");
+    }
+}

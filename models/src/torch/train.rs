@@ -83,7 +83,14 @@ pub struct TorchTrainer {
     device: Device,
     opts: TrainOptions,
     steps_taken: usize,
+    /// DDP's gradient bucket, reused every step, and its capacity in bytes
+    /// ([`DDP_BUCKET_BYTES`] unless a test sets another).
+    bucket: Vec<f32>,
+    bucket_bytes: usize,
 }
+
+/// torch DDP's default `bucket_cap_mb` = 25.
+pub const DDP_BUCKET_BYTES: usize = 25 << 20;
 
 impl TorchTrainer {
     pub fn new(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
@@ -119,7 +126,7 @@ impl TorchTrainer {
         let groups = vec![(decay, opts.weight_decay), (no_decay, 0.0)];
         let opt = FusedAdamW::new(groups, opts.lr * opts.schedule.factor(0), opts.beta1, opts.beta2, opts.eps);
         let scaler = (opts.precision == Precision::Fp16).then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
-        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0 })
+        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0, bucket: Vec::new(), bucket_bytes: DDP_BUCKET_BYTES })
     }
 
     /// The loss of `batch` without updating anything (dropout off).
@@ -146,6 +153,11 @@ impl TorchTrainer {
     /// rank's share `weight` of the global batch's labelled tokens and summed across `group`
     /// (one flat bucket, as DDP's gradient buckets), so every rank applies the gradient of the
     /// global batch (HF Trainer's `average_tokens_across_devices`).
+    /// DDP's bucket capacity in bytes (torch's `bucket_cap_mb`; 25 MiB by default).
+    pub fn set_ddp_bucket_bytes(&mut self, bytes: usize) {
+        self.bucket_bytes = bytes;
+    }
+
     pub fn step_ddp<G: Collective>(&mut self, batch: &Batch, ddp: Option<(&G, f32)>) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
@@ -164,25 +176,48 @@ impl TorchTrainer {
             let mut l = [if weight == 0.0 { 0.0 } else { local * weight }];
             group.all_reduce(&mut l, ReduceOp::Sum).map_err(err)?;
             loss = Tensor::from(f64::from(l[0]));
-            tch::no_grad(|| -> Result<(), ModelError> {
-                let flat = Tensor::cat(&grads.iter().map(|g| g.flatten(0, -1)).collect::<Vec<_>>(), 0).to_kind(Kind::Float);
-                let mut host = Vec::<f32>::try_from(&flat.to_device(Device::Cpu)).map_err(|e| ModelError::Training(e.to_string()))?;
-                if weight == 0.0 {
-                    host.fill(0.0);
-                } else {
-                    host.iter_mut().for_each(|g| *g *= weight);
-                }
-                group.all_reduce(&mut host, ReduceOp::Sum).map_err(err)?;
-                let reduced = Tensor::from_slice(&host).to_device(self.device);
-                let mut at = 0i64;
-                for g in &grads {
-                    let n = g.numel() as i64;
-                    let mut g = g.shallow_clone();
-                    g.copy_(&reduced.narrow(0, at, n).view_as(&g));
-                    at += n;
+            // As torch DDP: the gradients in buckets of at most 25 MiB, last parameters first (the
+            // order the backward produces them), each bucket all-reduced on its own — no
+            // full-size copy of the gradients. A bucket is one reused buffer; the reduction is
+            // element-wise, so the result is the same bits as one flat all-reduce.
+            let cap = (self.bucket_bytes / 4).max(1);
+            let mut bucket = std::mem::take(&mut self.bucket);
+            let res = tch::no_grad(|| -> Result<(), ModelError> {
+                let mut end = grads.len();
+                while end > 0 {
+                    // grads[start..end]: as many as fit the cap (at least one).
+                    let mut start = end - 1;
+                    let mut n = grads[start].numel();
+                    while start > 0 && n + grads[start - 1].numel() <= cap {
+                        start -= 1;
+                        n += grads[start].numel();
+                    }
+                    bucket.clear();
+                    for g in &grads[start..end] {
+                        let flat = g.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
+                        let v = Vec::<f32>::try_from(&flat).map_err(|e| ModelError::Training(e.to_string()))?;
+                        bucket.extend_from_slice(&v);
+                    }
+                    if weight == 0.0 {
+                        bucket.fill(0.0);
+                    } else {
+                        bucket.iter_mut().for_each(|g| *g *= weight);
+                    }
+                    group.all_reduce(&mut bucket, ReduceOp::Sum).map_err(err)?;
+                    let mut at = 0;
+                    for g in &grads[start..end] {
+                        let k = g.numel();
+                        let mut g = g.shallow_clone();
+                        let r = Tensor::from_slice(&bucket[at..at + k]).to_device(self.device).to_kind(g.kind());
+                        g.copy_(&r.view_as(&g));
+                        at += k;
+                    }
+                    end = start;
                 }
                 Ok(())
-            })?;
+            });
+            self.bucket = bucket;
+            res?;
         }
         // GradScaler with a fused optimizer, as HF Trainer drives it. With clipping (HF's
         // default max_grad_norm=1.0) Accelerate's clip_grad_norm_ first calls
