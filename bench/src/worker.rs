@@ -323,7 +323,13 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         "linear" => LrSchedule::Linear { warmup_steps: spec.lr_warmup_steps, total_steps: spec.steps },
         other => bail!("unknown --lr-schedule '{other}'"),
     };
-    let device = parse_device(&spec.device)?;
+    let mut device = parse_device(&spec.device)?;
+    // One GPU per rank process, as torchrun's convention: `--device cuda` means cuda:LOCAL_RANK.
+    if let (Some(_), "cuda") = (&tcp, spec.device.as_str()) {
+        if let Some(lr) = std::env::var("LOCAL_RANK").ok().and_then(|v| v.parse::<usize>().ok()) {
+            device = tch::Device::Cuda(lr);
+        }
+    }
     if let tch::Device::Cuda(_) = device {
         // The engine on a GPU: one rank (see exec::gpu), where ZeRO-1 is DDP (one shard: the
         // whole buffer), as on the CPU. More ranks need NCCL ranks, not wired yet.
