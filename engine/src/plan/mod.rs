@@ -88,6 +88,13 @@ pub trait Kernels {
     fn elem_bytes(&self, _g: &Graph, _t: TensorId) -> usize {
         4
     }
+    /// Elements the kernel actually stores for output `t` when it stores fewer than its shape
+    /// holds (a GPU attention's second output keeps the rows' log-sum-exp, B·H·Tq, not the
+    /// B·H·Tq·Tk probabilities): its buffer is sized for these. None: the whole shape. Only for
+    /// a tensor no view or in-place merge shares memory with.
+    fn stored_elems(&self, _g: &Graph, _t: TensorId) -> Option<usize> {
+        None
+    }
 }
 
 /// Which buffer a tensor's elements are in.
@@ -166,6 +173,8 @@ pub struct Plan {
     /// own elements into the buffer, so its first byte is 4·buffer.offset + elem_bytes·(place
     /// offset − buffer.offset) ([`Plan::arena_byte_span`]).
     pub elem_bytes: Vec<usize>,
+    /// Per tensor: [`Kernels::stored_elems`] (None: its whole extent is stored).
+    pub stored_elems: Vec<Option<usize>>,
 }
 
 impl Plan {
@@ -181,7 +190,8 @@ impl Plan {
         let eb = self.elem_bytes[t.index()];
         let s: Vec<isize> = p.strides.iter().map(|&s| s as isize).collect();
         let first = 4 * b.offset + eb * (p.offset - b.offset);
-        (first, first + eb * extent(g.shape(t), &s) as usize)
+        let n = self.stored_elems[t.index()].unwrap_or_else(|| extent(g.shape(t), &s) as usize);
+        (first, first + eb * n)
     }
 
     /// Number of view nodes folded (no copy) and materialised (a copy).
@@ -671,6 +681,7 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         .sum();
     Ok(Plan {
         elem_bytes: (0..g.tensors().len()).map(|t| k.elem_bytes(g, TensorId(t as u32))).collect(),
+        stored_elems: (0..g.tensors().len()).map(|t| k.stored_elems(g, TensorId(t as u32))).collect(),
         places,
         folded: groups.fold,
         steps,
@@ -936,7 +947,12 @@ fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
         });
         // In 4-byte units: a half tensor needs half the units of its elements.
         let eb = groups.members[gi].iter().map(|&t| k.elem_bytes(g, t)).max().unwrap_or(4);
-        items[it].len = items[it].len.max((groups.placed[gi].extent * eb).div_ceil(4));
+        let stored = match &groups.members[gi][..] {
+            [t] => k.stored_elems(g, *t),
+            _ => None,
+        };
+        let extent = stored.map_or(groups.placed[gi].extent, |n| n.min(groups.placed[gi].extent));
+        items[it].len = items[it].len.max((extent * eb).div_ceil(4));
         items[it].tensors.extend(groups.members[gi].iter().copied());
     }
     for i in 0..g.nodes().len() {

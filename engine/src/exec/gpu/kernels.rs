@@ -3,8 +3,8 @@
 //!
 //! Differences from the CPU kernels that the plan must know:
 //! - attention's second output holds the rows' log-sum-exp (B, H, Tq) f32 instead of the
-//!   probabilities (its planned buffer is the probabilities' size: the saving is left to the
-//!   GPU tuning issue), and its backward reads the forward's output and mask (graph inputs 5, 6);
+//!   probabilities, and its buffer is sized for that ([`Kernels::stored_elems`]); its backward
+//!   reads the forward's output and mask (graph inputs 5, 6);
 //! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
 //!   attention backward;
@@ -193,6 +193,14 @@ impl Kernels for GpuKernels {
 
     fn elem_bytes(&self, g: &Graph, t: crate::graph::TensorId) -> usize {
         if g.tensor(t).elem.is_float() { self.dtypes[t.index()].size() } else { 8 }
+    }
+
+    fn stored_elems(&self, g: &Graph, t: crate::graph::TensorId) -> Option<usize> {
+        // Attention's second output: the rows' log-sum-exp (B, H, Tq), not the probabilities.
+        g.nodes().iter().find(|n| matches!(n.op, Op::Attention { .. }) && n.outputs.get(1) == Some(&t)).map(|n| {
+            let q = g.shape(n.inputs[0]);
+            q[0] * q[1] * q[2]
+        })
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
