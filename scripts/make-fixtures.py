@@ -3,7 +3,11 @@
 computes for them, the independent reference the baseline's parity test compares against.
 
 Needs `transformers` (not a runtime dependency of ortbench):
-    .venv/bin/pip install transformers==5.23.0 && .venv/bin/python scripts/make-fixtures.py
+    .venv/bin/pip install transformers==5.23.0 && .venv/bin/python scripts/make-fixtures.py [NAME ...]
+(NAME: only those fixtures; default all).
+
+The padded fixtures (`*-padded`) have rows of random lengths, right-padded, with HF's
+`attention_mask`; labels are -100 at padding (the collators' rule), and HF is given the mask.
 
 The training loop is HF Trainer's step written out: AdamW (torch.optim.AdamW(fused=True), what
 Trainer's default optim="adamw_torch_fused" builds for torch >= 2.8; Trainer's decay groups: no
@@ -22,7 +26,8 @@ import numpy as np
 import torch
 import transformers
 from safetensors.numpy import save_file
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, GPT2Config,
+                          GPT2LMHeadModel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -38,11 +43,13 @@ def decay_names(model):
     return set(get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm", "rmsnorm"]))
 
 
-def make(name, cls, cfg_cls, seed):
-    cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{name}.json")))
+def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{base or name}.json")))
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
         if k in cfg:
             cfg[k] = 0.0
+    cfg.pop("architectures", None)
+    cfg.update(overrides)
     torch.manual_seed(seed)
     model = cls(cfg_cls(**cfg, attn_implementation="sdpa"))
     out = os.path.join(OUT, name)
@@ -52,14 +59,32 @@ def make(name, cls, cfg_cls, seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, cfg["vocab_size"], size=(ROWS, SEQ), dtype=np.int64)
     tensors = {"input_ids": ids}
-    if name.startswith("tiny-bert"):
+    # Padding: rows of 6..SEQ tokens (two rows full) and pad_token_id (BERT's 0; GPT-2 has
+    # none, so its eos as HF users set it) on the right; GPT-2's odd rows on the left (as
+    # tokenizers with padding_side="left" give it: every key of a pad query is then masked).
+    tokens = np.full(ROWS, SEQ)
+    if padded:
+        tokens = rng.integers(6, SEQ + 1, size=ROWS)
+        tokens[:2] = SEQ
+        pad = cfg.get("pad_token_id")
+        pad = cfg.get("eos_token_id", cfg["vocab_size"] - 1) if pad is None else pad
+        mask = (np.arange(SEQ)[None, :] < tokens[:, None]).astype(np.int64)
+        if cls is GPT2LMHeadModel:
+            mask[1::2] = mask[1::2, ::-1]
+        ids = np.where(mask == 1, ids, pad)
+        tensors = {"input_ids": ids, "attention_mask": mask}
+    if cls is BertForMaskedLM:
         labels = np.full_like(ids, -100)
-        sel = rng.random(ids.shape) < 0.15
+        sel = (rng.random(ids.shape) < 0.15) & (np.arange(SEQ)[None, :] < tokens[:, None])
         sel[:, 0] = True  # at least one label per row
         labels[sel] = ids[sel]
         ids = ids.copy()
         ids[sel] = 103
-        tensors = {"input_ids": ids, "labels": labels}
+        tensors.update(input_ids=ids, labels=labels)
+    elif cls is BertForSequenceClassification:
+        tensors["labels"] = rng.integers(0, model.config.num_labels, size=ROWS, dtype=np.int64)
+    elif padded:
+        tensors["labels"] = np.where(tensors["attention_mask"] == 1, ids, -100)
     save_file(tensors, os.path.join(out, "batches.safetensors"))
 
     decay = decay_names(model)
@@ -75,7 +100,8 @@ def make(name, cls, cfg_cls, seed):
         rows = [(step * BATCH + i) % ROWS for i in range(BATCH)]
         batch_ids = torch.from_numpy(tensors["input_ids"][rows])
         batch_labels = torch.from_numpy(tensors["labels"][rows]) if "labels" in tensors else batch_ids
-        loss = model(input_ids=batch_ids, labels=batch_labels).loss
+        kwargs = {"attention_mask": torch.from_numpy(tensors["attention_mask"][rows])} if padded else {}
+        loss = model(input_ids=batch_ids, labels=batch_labels, **kwargs).loss
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
@@ -100,5 +126,21 @@ def make(name, cls, cfg_cls, seed):
     print(name, [round(l, 4) for l in losses], file=sys.stderr)
 
 
-make("tiny-bert", BertForMaskedLM, BertConfig, 1234)
-make("tiny-gpt2", GPT2LMHeadModel, GPT2Config, 4321)
+FIXTURES = {
+    "tiny-bert": lambda: make("tiny-bert", BertForMaskedLM, BertConfig, 1234),
+    "tiny-gpt2": lambda: make("tiny-gpt2", GPT2LMHeadModel, GPT2Config, 4321),
+    # initializer_range 0.2 (HF's default is 0.02): attention far from uniform, so that a mask
+    # ignored moves the loss well past the tests' 1e-4.
+    "tiny-bert-padded": lambda: make(
+        "tiny-bert-padded", BertForMaskedLM, BertConfig, 1235, base="tiny-bert", padded=True, initializer_range=0.2
+    ),
+    "tiny-bert-cls-padded": lambda: make(
+        "tiny-bert-cls-padded", BertForSequenceClassification, BertConfig, 1236, base="tiny-bert", padded=True,
+        num_labels=3, initializer_range=0.2
+    ),
+    "tiny-gpt2-padded": lambda: make(
+        "tiny-gpt2-padded", GPT2LMHeadModel, GPT2Config, 4322, base="tiny-gpt2", padded=True, initializer_range=0.2
+    ),
+}
+for fixture in sys.argv[1:] or FIXTURES:
+    FIXTURES[fixture]()

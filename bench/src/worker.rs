@@ -381,7 +381,10 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                 };
                 let strategy = if spec.config == "ort" { Strategy::Ddp } else { Strategy::Zero1 };
                 // ORTBENCH_PASSES=none (or -fuse_attention, …) measures what the passes buy.
-                let graph = GraphOptions::new(spec.batch_size, spec.seq_len).with_passes(PassConfig::from_env()?);
+                // A padded --data file (an attention_mask) builds the graph with the mask input.
+                let graph = GraphOptions::new(spec.batch_size, spec.seq_len)
+                    .with_passes(PassConfig::from_env()?)
+                    .with_attention_mask(data.has_attention_mask());
                 if let tch::Device::Cuda(i) = device {
                     if matches!(fault, Some(Fault { kind: FaultKind::GradScale(_), .. })) {
                         bail!("ORTBENCH_FAULT=grad-scale is not implemented for the engine on a GPU");

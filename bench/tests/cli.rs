@@ -135,14 +135,13 @@ fn bad_input_is_a_one_line_error_with_nothing_written() {
     safetensors::serialize_to_file(vec![("input_ids".to_string(), view)], None, &flat).unwrap();
     rejects(&[&tiny[..], &["--data", flat.to_str().unwrap()]].concat(), "must have shape [N, T]");
     rejects(&[&tiny[..], &["--data", "/nonexistent.safetensors"]].concat(), "no such file");
-    // A tensor the run would not use (a padding mask) is refused, not ignored.
-    let masked = dir.path().join("masked.safetensors");
+    // A tensor the run would not use (segment ids) is refused, not ignored.
+    let extra = dir.path().join("extra.safetensors");
     let ids = vec![0u8; 8 * 2 * 8];
-    let ones: Vec<u8> = (0..16).flat_map(|_| 1i64.to_le_bytes()).collect();
     let v_ids = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
-    let v_mask = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ones).unwrap();
-    safetensors::serialize_to_file(vec![("input_ids".to_string(), v_ids), ("attention_mask".to_string(), v_mask)], None, &masked).unwrap();
-    rejects(&[&tiny[..], &["--data", masked.to_str().unwrap(), "--seq-len", "8"]].concat(), "tensor 'attention_mask' would be ignored: padding masks are not supported yet");
+    let v_types = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
+    safetensors::serialize_to_file(vec![("input_ids".to_string(), v_ids), ("token_type_ids".to_string(), v_types)], None, &extra).unwrap();
+    rejects(&[&tiny[..], &["--data", extra.to_str().unwrap(), "--seq-len", "8"]].concat(), "tensor 'token_type_ids' would be ignored");
 }
 
 #[test]
@@ -192,6 +191,36 @@ fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
         // Adam moments (8 bytes per parameter); ZeRO-1 holds its shard's only (the parameter shard is the fp32 master).
         let want = if r[col(&h, "config")] == "ort-zero1" { 8.0 * params / 2.0 } else { 8.0 * params };
         assert!(opt >= want && opt < want + 1024.0, "{:?}: {opt} vs {want}", r);
+    }
+}
+
+/// A padded `--data` file (HF's attention_mask; tests/fixtures/tiny-gpt2-padded, left and right
+/// padding) through the harness: all three configs on 2 rank processes agree step by step.
+#[test]
+fn a_padded_data_file_trains_every_config_alike() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gpt2-padded");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let data = fixture.join("batches.safetensors");
+    let o = ortbench(&[
+        "run", "--models", fixture.to_str().unwrap(), "--data", data.to_str().unwrap(), "--ranks", "2", "--steps", "3",
+        "--warmup", "1", "--batch-size", "2", "--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (h, rows) = read_csv(&out.join("steps.csv"));
+    let loss = |config: &str, step: &str| -> f64 {
+        rows.iter()
+            .find(|r| r[col(&h, "config")] == config && r[col(&h, "step")] == step && r[col(&h, "rank")] == "0")
+            .unwrap()[col(&h, "loss")]
+            .parse()
+            .unwrap()
+    };
+    for step in ["0", "2"] {
+        let base = loss("pytorch", step);
+        for config in ["ort", "ort-zero1"] {
+            let rel = (loss(config, step) - base).abs() / base;
+            assert!(rel < 1e-5, "{config} step {step}: rel {rel:e}");
+        }
     }
 }
 

@@ -30,7 +30,8 @@
 // Semantics shared with the CPU kernel: causal masks key j > query i (top-left aligned, as
 // torch.tril, also for Tq ≠ Tk); the additive mask (storage T, broadcast to (B, H, Tq, Tk)
 // through 4 element strides, 0 on a broadcast dim; null for none) is added after the scale; a
-// row whose every key is masked (−∞) gives NaN, as the reference's 0/0; dropout multiplies
+// row whose every key is masked (−∞) outputs zeros, as torch's sdpa (`_safe_softmax`), with
+// LSE +∞ so that the backward's P = exp(s − LSE) is 0 there too; dropout multiplies
 // probability (b, h, i, j) by 0 or 1/(1−p) with counter offset + ((b·H + h)·Tq + i)·Tk + j of
 // the engine's RNG (`drop_keep`), so the CPU and every GPU drop the same elements.
 #include "port.cuh"
@@ -46,7 +47,6 @@ struct MaskStrides {
 };
 
 __device__ __forceinline__ int attn_min(int a, int b) { return a < b ? a : b; }
-__device__ __forceinline__ float attn_nan() { return __int_as_float(0x7fc00000); }
 
 // `rows` rows of `cols` elements from global (row pitch `gstride`) into shared (row pitch `ld`),
 // rows [rows, tile_rows) zero-filled so that whole-tile loops read finite values.
@@ -162,11 +162,11 @@ __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, co
     for (int idx = tid; idx < rows * dv; idx += nt) {
         const int r = idx / dv, c = idx % dv;
         const float m = m_s[r];
-        ob[(long long)r * os.st + c] = from_f32<T>(m == neg_inf() ? attn_nan() : o_s[idx] / l_s[r]);
+        ob[(long long)r * os.st + c] = from_f32<T>(m == neg_inf() ? 0.0f : o_s[idx] / l_s[r]);
     }
     for (int r = tid; r < rows; r += nt) {
         const float m = m_s[r];
-        lse[(long long)bh * tq + q0 + r] = m == neg_inf() ? attn_nan() : m + logf(l_s[r]);
+        lse[(long long)bh * tq + q0 + r] = m == neg_inf() ? -neg_inf() : m + logf(l_s[r]);
     }
 }
 

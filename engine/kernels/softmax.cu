@@ -14,7 +14,7 @@
 //
 // Semantics shared with the CPU kernel: v = x·scale + mask; with `causal`, row r is query
 // r mod tq and sees entries j ≤ r mod tq (the others are 0); a row whose visible entries are
-// all −∞ gives NaN there (the reference's 0/0) and 0 in the causal tail. The mask (storage T,
+// all −∞ gives zeros there (torch's `_safe_softmax`, as the reference) and 0 in the causal tail. The mask (storage T,
 // null for none) is broadcast to the rows viewed as (B, H, Tq, N) through 4 element strides,
 // 0 on a broadcast dim, as attention.cu's (the launcher folds other ranks into B, H, Tq).
 // y may alias x, dx may alias dy: every element is read and then written by the same lane.
@@ -49,13 +49,12 @@ __device__ void softmax_forward(T* y, const T* x, const T* mask, long long rows,
     warp_lse_merge(m, s);
     const bool all_masked = m == neg_inf();
     const float inv = 1.0f / s;
-    const float qnan = __int_as_float(0x7fc00000);
     for (int j = lane_id(); j < n; j += warpSize) {
         float out = 0.0f;
         if (j < valid) {
             float v = to_f32(xr[j]) * scale;
             if (mr) v += to_f32(mr[(long long)j * ms.sk]);
-            out = all_masked ? qnan : expf(v - m) * inv;
+            out = all_masked ? 0.0f : expf(v - m) * inv;
         }
         yr[j] = from_f32<T>(out);
     }

@@ -5,7 +5,9 @@
 //!
 //! Cases: sizes that are not multiples of the tiles (T = 37 against tiles of 8, 16 and 32, Tq ≠ Tk
 //! both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
-//! / a (1, H, Tq, Tk) mask, dropout 0 and 0.1 (nonzero offset), operands in the (B, T, H·D)
+//! / a (1, H, Tq, Tk) mask / left padding under the causal mask (the first keys of batch 1 −∞,
+//! so its first queries see no key: zeros out, LSE +∞, zero gradients, as torch's sdpa), dropout
+//! 0 and 0.1 (nonzero offset), operands in the (B, T, H·D)
 //! "heads inside the rows" layout and in (B, H, T, D), so every stride is exercised.
 //!
 //! Tolerances (`tol(dt, f32_rel)`: f32_rel, plus one unit roundoff u of a half dtype, relative to
@@ -44,6 +46,8 @@ enum Mask {
     KeyPad(f32),
     /// (1, H, Tq, Tk): random in [-2, 1), ~10% −1e4 (never key 0).
     Full,
+    /// (B, 1, 1, Tk): keys 0..n of batch 1 are −∞ (left padding), the rest a random bias.
+    LeftPad(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -67,7 +71,7 @@ const fn case(b: usize, h: usize, tq: usize, tk: usize, d: usize, dv: usize, cau
     Case { b, h, tq, tk, d, dv, causal, mask, p, bq, bk, block }
 }
 
-const CASES: [Case; 6] = [
+const CASES: [Case; 7] = [
     case(2, 3, 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, 16, 16, 64),
     case(2, 3, 37, 37, 24, 24, true, Mask::None, 0.1, 16, 16, 64),
     case(2, 3, 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, 16, 32, 64),
@@ -75,6 +79,8 @@ const CASES: [Case; 6] = [
     // Tq < Tk and Tq > Tk (causal stays top-left aligned), Dv ≠ D.
     case(1, 2, 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, 16, 16, 128),
     case(1, 2, 45, 19, 20, 12, true, Mask::Full, 0.0, 16, 8, 64),
+    // Left padding: queries 0..21 of batch 1 see no key (spanning a whole 16-row tile).
+    case(2, 2, 37, 37, 16, 16, true, Mask::LeftPad(21), 0.1, 16, 16, 64),
 ];
 
 /// (b, h, t) strides of a (B, H, T, X) operand stored as (B, T, H·X): heads inside the rows.
@@ -133,6 +139,11 @@ impl Prob {
                         *x = dt.round(pad);
                     }
                 }
+                ([c.b, 1, 1, c.tk], Some(m))
+            }
+            Mask::LeftPad(n) => {
+                let mut m = rng.vec(c.b * c.tk, -1.0, 1.0, dt);
+                m[c.tk..c.tk + n].fill(f32::NEG_INFINITY);
                 ([c.b, 1, 1, c.tk], Some(m))
             }
             Mask::Full => {
@@ -214,7 +225,7 @@ impl Prob {
 
     fn mask_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
         match (&self.mask, self.c.mask) {
-            (Some(m), Mask::KeyPad(_)) => m[b * self.c.tk + j],
+            (Some(m), Mask::KeyPad(_) | Mask::LeftPad(_)) => m[b * self.c.tk + j],
             (Some(m), Mask::Full) => m[(h * self.c.tq + i) * self.c.tk + j],
             _ => 0.0,
         }
@@ -236,7 +247,8 @@ impl Prob {
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    out.push((m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32);
+                    // No visible key: +∞, so that the backward's exp(s − LSE) is 0.
+                    out.push(if m == f64::NEG_INFINITY { f32::INFINITY } else { (m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32 });
                 }
             }
         }

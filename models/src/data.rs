@@ -55,6 +55,8 @@ pub struct Batch {
     pub input_ids: Vec<i64>,
     /// (B, T) for language modelling, (B,) for sequence classification.
     pub labels: Vec<i64>,
+    /// (B, T) HF's `attention_mask`: 1 for tokens, 0 for padding; None when nothing is padded.
+    pub attention_mask: Option<Vec<i64>>,
 }
 
 impl Batch {
@@ -67,7 +69,13 @@ impl Batch {
             seq_len: t,
             input_ids: self.input_ids[rows.start * t..rows.end * t].to_vec(),
             labels: self.labels[rows.start * per_label..rows.end * per_label].to_vec(),
+            attention_mask: self.attention_mask.as_ref().map(|m| m[rows.start * t..rows.end * t].to_vec()),
         }
+    }
+
+    /// Whether any position of the batch is padding (HF skips the mask when none is).
+    pub fn has_padding(&self) -> bool {
+        self.attention_mask.as_ref().is_some_and(|m| m.contains(&0))
     }
 }
 
@@ -90,7 +98,7 @@ impl Task {
 #[derive(Clone, Debug)]
 enum Rows {
     Synthetic { seed: u64 },
-    File { ids: Vec<i64>, labels: Option<Vec<i64>>, n_rows: usize },
+    File { ids: Vec<i64>, labels: Option<Vec<i64>>, mask: Option<Vec<i64>>, n_rows: usize },
 }
 
 /// A source of batches for one model.
@@ -111,9 +119,11 @@ impl DataSource {
         Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed })
     }
 
-    /// Rows of `path`: `input_ids` (int64, [N, T]) and optionally `labels` (int64, [N, T], or
-    /// [N] for sequence classification). Batches take rows in order, cycling to row 0. `T`
-    /// must equal `seq_len` when given; otherwise it sets it.
+    /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64, [N, T], or
+    /// [N] for sequence classification) and `attention_mask` (int64 0/1, [N, T]: HF's padding
+    /// mask; every row needs a token). Batches take rows in order, cycling to row 0. `T` must
+    /// equal `seq_len` when given; otherwise it sets it. Any other tensor is an error: what a
+    /// user puts in the file is used or refused, never silently dropped.
     pub fn from_file(cfg: &ModelConfig, path: &Path, batch_size: usize, seq_len: Option<usize>, seed: u64) -> Result<Self, ModelError> {
         let err = |m: String| ModelError::Data(format!("--data {}: {m}", path.display()));
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
@@ -127,17 +137,14 @@ impl DataSource {
             Ok(Some((view.shape().to_vec(), data)))
         };
         let (shape, ids) = read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
-        // Every tensor in the file must be one the run uses: an `attention_mask` (padding) or
-        // `token_type_ids` that were silently dropped would train on something else than the
-        // user's data.
+        // Every tensor in the file must be one the run uses: `token_type_ids` (or anything
+        // else) silently dropped would train on something else than the user's data.
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
         names.sort();
-        if let Some(extra) = names.iter().find(|n| !["input_ids", "labels"].contains(&n.as_str())) {
-            let why = match extra.as_str() {
-                "attention_mask" => "padding masks are not supported yet (rows must be unpadded)",
-                _ => "only 'input_ids' and 'labels' are read",
-            };
-            return Err(err(format!("tensor '{extra}' would be ignored: {why}; remove it from the file")));
+        if let Some(extra) = names.iter().find(|n| !["input_ids", "labels", "attention_mask"].contains(&n.as_str())) {
+            return Err(err(format!(
+                "tensor '{extra}' would be ignored: only 'input_ids', 'labels' and 'attention_mask' are read; remove it from the file"
+            )));
         }
         if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
             return Err(err(format!("'input_ids' must have shape [N, T] with N, T > 0, found {shape:?}")));
@@ -153,6 +160,21 @@ impl DataSource {
         if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
             return Err(err(format!("input id {bad} is outside the vocabulary [0, {vocab})")));
         }
+        let mask = match read_i64("attention_mask")? {
+            None => None,
+            Some((mshape, mask)) => {
+                if mshape != shape {
+                    return Err(err(format!("'attention_mask' must have the shape of 'input_ids' {shape:?}, found {mshape:?}")));
+                }
+                if let Some(bad) = mask.iter().find(|&&m| m != 0 && m != 1) {
+                    return Err(err(format!("'attention_mask' must hold 0 (padding) or 1 (token), found {bad}")));
+                }
+                if let Some(row) = mask.chunks_exact(t).position(|r| !r.contains(&1)) {
+                    return Err(err(format!("row {row} is all padding (its attention_mask has no 1)")));
+                }
+                Some(mask)
+            }
+        };
         let task = Task::for_config(cfg);
         let labels = match read_i64("labels")? {
             None => None,
@@ -174,55 +196,66 @@ impl DataSource {
                 Some(labels)
             }
         };
-        Ok(DataSource { rows: Rows::File { ids, labels, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
+        Ok(DataSource { rows: Rows::File { ids, labels, mask, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
     }
 
     pub fn task(&self) -> Task {
         self.task
     }
 
+    /// Whether batches carry an `attention_mask` (the engine graph then takes one).
+    pub fn has_attention_mask(&self) -> bool {
+        matches!(&self.rows, Rows::File { mask: Some(_), .. })
+    }
+
     /// The global batch of step `step` (0-based).
     pub fn batch(&self, step: usize) -> Batch {
         let (b, t) = (self.batch_size, self.seq_len);
         let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
-        let (input_ids, given_labels) = match &self.rows {
+        let (input_ids, given_labels, attention_mask) = match &self.rows {
             Rows::Synthetic { seed } => {
                 let mut r = Rng::for_stream(*seed, &format!("tokens-{step}"));
                 let lo = if self.vocab as i64 > FIRST_WORD + 100 && self.task != Task::CausalLm { FIRST_WORD } else { 0 };
                 let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
-                (ids, None)
+                (ids, None, None)
             }
-            Rows::File { ids, labels, n_rows } => {
+            Rows::File { ids, labels, mask, n_rows } => {
                 let per_label = if matches!(self.task, Task::SequenceClassification { .. }) { 1 } else { t };
-                let mut out = Vec::with_capacity(b * t);
-                let mut lab = labels.as_ref().map(|_| Vec::with_capacity(b * per_label));
-                for i in 0..b {
-                    let row = (step * b + i) % n_rows;
-                    out.extend_from_slice(&ids[row * t..(row + 1) * t]);
-                    if let (Some(l), Some(all)) = (lab.as_mut(), labels.as_ref()) {
-                        l.extend_from_slice(&all[row * per_label..(row + 1) * per_label]);
-                    }
-                }
-                (out, lab)
+                let take = |all: &Vec<i64>, per: usize| -> Vec<i64> {
+                    (0..b).flat_map(|i| {
+                        let row = (step * b + i) % n_rows;
+                        all[row * per..(row + 1) * per].iter().copied()
+                    })
+                    .collect()
+                };
+                (take(ids, t), labels.as_ref().map(|l| take(l, per_label)), mask.as_ref().map(|m| take(m, t)))
             }
         };
         let synthetic = matches!(self.rows, Rows::Synthetic { .. });
-        match (self.task, given_labels) {
-            (_, Some(labels)) => Batch { batch_size: b, seq_len: t, input_ids, labels },
-            (Task::CausalLm, None) => Batch { batch_size: b, seq_len: t, labels: input_ids.clone(), input_ids },
-            (Task::SequenceClassification { num_labels }, None) => {
-                let labels = (0..b).map(|_| rng.range(0, num_labels as i64)).collect();
-                Batch { batch_size: b, seq_len: t, input_ids, labels }
+        let labels = match (self.task, given_labels) {
+            (_, Some(labels)) => labels,
+            // HF's DataCollatorForLanguageModeling(mlm=False): labels are the inputs, padding
+            // −100 (it goes by pad_token_id; the mask says the same without one).
+            (Task::CausalLm, None) => match &attention_mask {
+                Some(m) => input_ids.iter().zip(m).map(|(&i, &m)| if m == 0 { IGNORE_INDEX } else { i }).collect(),
+                None => input_ids.clone(),
+            },
+            (Task::SequenceClassification { num_labels }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
+            (Task::MaskedLm, None) => {
+                let (ids, labels) = mask_tokens(input_ids, attention_mask.as_deref(), b, t, self.vocab, synthetic, &mut rng);
+                return Batch { batch_size: b, seq_len: t, input_ids: ids, labels, attention_mask };
             }
-            (Task::MaskedLm, None) => mask_tokens(input_ids, b, t, self.vocab, synthetic, &mut rng),
-        }
+        };
+        Batch { batch_size: b, seq_len: t, input_ids, labels, attention_mask }
     }
 }
 
 /// HF's DataCollatorForLanguageModeling (mlm_probability 0.15): of the selected tokens 80%
 /// become [MASK], 10% a random token, 10% stay; labels are the originals there, −100 elsewhere.
-/// Synthetic rows also get [CLS] … [SEP] like tokenized text, and those are never selected.
-fn mask_tokens(mut ids: Vec<i64>, b: usize, t: usize, vocab: usize, add_special: bool, rng: &mut Rng) -> Batch {
+/// Synthetic rows also get [CLS] … [SEP] like tokenized text, and those are never selected;
+/// nor is padding (`mask` 0), which HF's collator excludes as a special token.
+fn mask_tokens(mut ids: Vec<i64>, mask: Option<&[i64]>, b: usize, t: usize, vocab: usize, add_special: bool, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
+    let is_pad = |i: usize| mask.is_some_and(|m| m[i] == 0);
     let special = add_special && vocab as i64 > MASK && t >= 3;
     let mask_id = if vocab as i64 > MASK { MASK } else { vocab as i64 - 1 };
     let mut labels = vec![IGNORE_INDEX; b * t];
@@ -233,7 +266,7 @@ fn mask_tokens(mut ids: Vec<i64>, b: usize, t: usize, vocab: usize, add_special:
                 ids[i] = if pos == 0 { CLS } else { SEP };
                 continue;
             }
-            if rng.uniform() < 0.15 {
+            if rng.uniform() < 0.15 && !is_pad(i) {
                 select(&mut ids, &mut labels, i, mask_id, vocab, rng);
             }
         }
@@ -241,12 +274,13 @@ fn mask_tokens(mut ids: Vec<i64>, b: usize, t: usize, vocab: usize, add_special:
         // (NaN). Unlike HF's collator (where a whole batch without one is merely unlikely),
         // every row here gets at least one, drawn uniformly among its ordinary positions.
         let (lo, hi) = if special { (1, t - 1) } else { (0, t) };
-        if hi > lo && labels[row * t..(row + 1) * t].iter().all(|&l| l == IGNORE_INDEX) {
-            let pos = rng.range(lo as i64, hi as i64) as usize;
+        let tokens: Vec<usize> = (lo..hi).filter(|&pos| !is_pad(row * t + pos)).collect();
+        if !tokens.is_empty() && labels[row * t..(row + 1) * t].iter().all(|&l| l == IGNORE_INDEX) {
+            let pos = tokens[rng.range(0, tokens.len() as i64) as usize];
             select(&mut ids, &mut labels, row * t + pos, mask_id, vocab, rng);
         }
     }
-    Batch { batch_size: b, seq_len: t, input_ids: ids, labels }
+    (ids, labels)
 }
 
 /// Selects token `i` for the MLM loss: its label is the original, and the input becomes
@@ -354,6 +388,63 @@ mod tests {
         assert_eq!(d.batch(2).labels, d.batch(2).input_ids);
         let e = DataSource::from_file(&cfg, &path, 2, Some(8), 0).unwrap_err().to_string();
         assert!(e.contains("T = 4") && e.contains("--seq-len is 8"), "{e}");
+    }
+
+    fn write_tensors(path: &Path, tensors: &[(&str, &[usize], &[i64])]) {
+        let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, shape, _), b)| (n.to_string(), TensorView::new(Dtype::I64, shape.to_vec(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    /// A padded file: the mask reaches the batches; causal LM labels are −100 at padding; MLM
+    /// never selects padding; an unused tensor or a bad mask is refused, naming it.
+    #[test]
+    fn attention_masks_are_read_and_unused_tensors_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.safetensors");
+        let ids: Vec<i64> = (0..3 * 6).map(|i| 200 + i as i64).collect();
+        let mask: Vec<i64> = [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]].concat();
+        write_tensors(&path, &[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &mask)]);
+        let gpt2 = builtin_config("tiny-gpt2").unwrap();
+        let d = DataSource::from_file(&gpt2, &path, 2, None, 0).unwrap();
+        assert!(d.has_attention_mask());
+        let b = d.batch(1); // rows 2, 0
+        assert_eq!(b.attention_mask.as_deref(), Some(&[[1, 1, 0, 0, 0, 0], [1; 6]].concat()[..]));
+        assert!(b.has_padding());
+        assert_eq!(&b.labels[..6], &[212, 213, -100, -100, -100, -100]);
+        assert_eq!(&b.labels[6..], &b.input_ids[6..]);
+        assert_eq!(b.rows(0..1).attention_mask.unwrap(), vec![1, 1, 0, 0, 0, 0]);
+
+        let bert = builtin_config("tiny-bert").unwrap();
+        let d = DataSource::from_file(&bert, &path, 3, None, 0).unwrap();
+        for step in 0..40 {
+            let b = d.batch(step);
+            for (i, (&l, &m)) in b.labels.iter().zip(&mask).enumerate() {
+                assert!(m == 1 || l == IGNORE_INDEX, "step {step}: padding position {i} selected");
+            }
+            for row in 0..3 {
+                assert!(b.labels[row * 6..(row + 1) * 6].iter().any(|&l| l != IGNORE_INDEX), "row {row} has a label");
+            }
+        }
+
+        let refuse = |tensors: &[(&str, &[usize], &[i64])], want: &str| {
+            write_tensors(&path, tensors);
+            let e = DataSource::from_file(&gpt2, &path, 1, None, 0).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        };
+        let types = vec![0i64; 18];
+        refuse(&[("input_ids", &[3, 6], &ids), ("token_type_ids", &[3, 6], &types)], "tensor 'token_type_ids' would be ignored");
+        refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 5], &mask[..15])], "shape of 'input_ids'");
+        let mut two = mask.clone();
+        two[4] = 2;
+        refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &two)], "found 2");
+        let mut empty = mask.clone();
+        empty[12..14].copy_from_slice(&[0, 0]);
+        refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &empty)], "row 2 is all padding");
     }
 
     #[test]

@@ -34,12 +34,19 @@ pub fn softmax_forward<T: Real>(
     }
 }
 
-/// row = softmax(row), subtracting the max first so exp never overflows.
+/// row = softmax(row), subtracting the max first so exp never overflows. A row whose every
+/// entry is −∞ (every key masked: a left-padded query under the causal mask) becomes zeros,
+/// as torch's sdpa does since 2.5 (`_safe_softmax`) — not 0/0 = NaN, which would poison the
+/// gradients of the whole batch.
 // row: (N)
 pub fn softmax_in_place<T: Real>(row: &mut [T]) {
     let mut max = T::NEG_INFINITY;
     for &v in row.iter() {
         max = max.max(v);
+    }
+    if max == T::NEG_INFINITY {
+        row.fill(T::ZERO);
+        return;
     }
     let mut sum = T::ZERO;
     for v in row.iter_mut() {

@@ -1,6 +1,7 @@
 //! BERT as engine graphs: the same function as `torch/bert.rs` (transformers'
-//! modeling_bert.py, absolute positions, no attention mask since our batches have no padding
-//! positions to hide — padding tokens are attended to like any token, as in the baseline).
+//! modeling_bert.py, absolute positions; with an attention mask when the graph is built for
+//! padded batches — without one, pad tokens are attended to like any token, as HF does when no
+//! `attention_mask` is passed).
 
 use ortbench_engine::graph::TensorId;
 

@@ -1,6 +1,6 @@
 //! GPT-2 as an engine graph: the same function as `torch/gpt2.rs` (transformers'
-//! modeling_gpt2.py, eager attention as HF writes it — the engine passes fuse it —, no padding
-//! mask).
+//! modeling_gpt2.py, eager attention as HF writes it — the engine passes fuse it —, the
+//! padding mask combined with the causal one when the graph is built for padded batches).
 
 use ortbench_engine::graph::TensorId;
 

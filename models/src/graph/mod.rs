@@ -49,6 +49,11 @@ pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 pub const NOT_PAD_MASK: &str = "input_ids_not_pad";
 /// BERT with a `pad_token_id`: 1.0 where the token is padding, (B, T, 1, 1) f32.
 pub const PAD_MASK: &str = "input_ids_is_pad";
+/// Graphs built [`GraphOptions::with_attention_mask`]: HF's `attention_mask` as the additive
+/// key-padding mask attention adds to its scores, (B, 1, 1, T) in the graph's dtype: 0 at
+/// tokens, −∞ at padding — what torch's sdpa makes of HF's boolean mask. A query whose every
+/// key is masked (a left pad under the causal mask) outputs zeros, as sdpa does.
+pub const ATTENTION_MASK: &str = "attention_mask";
 
 /// What to build: the static sizes of a step, the storage dtype of activations and the graph
 /// passes to run.
@@ -61,12 +66,20 @@ pub struct GraphOptions {
     /// The engine passes [`build_training_graph`] runs (default: [`PassConfig::all`]; the
     /// harness takes `ORTBENCH_PASSES` through [`PassConfig::from_env`]).
     pub passes: PassConfig,
+    /// Whether the graph takes an [`ATTENTION_MASK`] (padded batches). Without one, a batch
+    /// with padding is refused by [`EngineModel::feed`].
+    pub attention_mask: bool,
 }
 
 impl GraphOptions {
     /// f32 graph for (batch_size, seq_len) steps, every default pass on.
     pub fn new(batch_size: usize, seq_len: usize) -> Self {
-        GraphOptions { batch_size, seq_len, dtype: DType::F32, passes: PassConfig::all() }
+        GraphOptions { batch_size, seq_len, dtype: DType::F32, passes: PassConfig::all(), attention_mask: false }
+    }
+
+    pub fn with_attention_mask(mut self, on: bool) -> Self {
+        self.attention_mask = on;
+        self
     }
 
     pub fn with_dtype(mut self, dtype: DType) -> Self {
@@ -120,6 +133,10 @@ pub struct EngineModel {
 pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
     check_sizes(cfg, opts)?;
     let mut b = Builder::new(cfg, opts.dtype).map_err(|e| graph_err(cfg, e))?;
+    if opts.attention_mask {
+        let m = b.g.input_float(ATTENTION_MASK, &[opts.batch_size, 1, 1, opts.seq_len]).map_err(|e| graph_err(cfg, e))?;
+        b.attention_mask = Some(m);
+    }
     let loss = match cfg.arch {
         Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
         Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
@@ -228,6 +245,11 @@ impl EngineModel {
                 batch.input_ids.len()
             )));
         }
+        if batch.has_padding() && !self.graph.inputs().iter().any(|&i| self.graph.input_name(i) == Some(ATTENTION_MASK)) {
+            return Err(ModelError::Data(
+                "the batch has padding (an attention_mask with zeros) but the engine graph was built without an attention mask: build it with GraphOptions::with_attention_mask".into(),
+            ));
+        }
         let want_labels = if self.arch == Architecture::BertForSequenceClassification { b } else { b * t };
         if batch.labels.len() != want_labels {
             return Err(ModelError::Data(format!(
@@ -252,6 +274,10 @@ impl EngineModel {
                     let pad = self.padding_idx.expect("pad masks exist only with a padding_idx");
                     let want = name == PAD_MASK;
                     FeedData::Floats(batch.input_ids.iter().map(|&i| if (i == pad) == want { 1.0 } else { 0.0 }).collect())
+                }
+                ATTENTION_MASK => {
+                    let mask = batch.attention_mask.as_deref();
+                    FeedData::Floats((0..b * t).map(|i| if mask.is_some_and(|m| m[i] == 0) { f32::NEG_INFINITY } else { 0.0 }).collect())
                 }
                 other => unreachable!("the builders declare no input '{other}'"),
             };
@@ -357,6 +383,8 @@ pub(crate) type BResult<T> = std::result::Result<T, BuildError>;
 pub(crate) struct Builder {
     pub g: Graph,
     params: HashMap<String, TensorId>,
+    /// The additive key-padding mask (B, 1, 1, T) every attention adds, when the graph has one.
+    attention_mask: Option<TensorId>,
 }
 
 impl Builder {
@@ -368,7 +396,7 @@ impl Builder {
             let t = g.param(&spec.name, &spec.shape)?;
             params.insert(spec.name, t);
         }
-        Ok(Builder { g, params })
+        Ok(Builder { g, params, attention_mask: None })
     }
 
     /// The parameter `name` (a missing one is a bug of this module: the specs declare all).
@@ -405,15 +433,16 @@ impl Builder {
     }
 
     /// HF's eager attention (`eager_attention_forward` of modeling_bert / modeling_gpt2):
-    /// `softmax(q·kᵀ / √D [causal]) → dropout → ·v`, written op by op; `fuse_attention` makes it
-    /// one [`Op::Attention`](ortbench_engine::graph::Op::Attention).
+    /// `softmax(q·kᵀ / √D + mask [causal]) → dropout → ·v`, written op by op (the padding mask,
+    /// when the graph has one, as the softmax's additive mask; HF combines it with the causal
+    /// one); `fuse_attention` makes it one [`Op::Attention`](ortbench_engine::graph::Op::Attention).
     // q, k, v: (B, H, T, D) -> (B, H, T, D)
     pub fn eager_attention(&mut self, q: TensorId, k: TensorId, v: TensorId, causal: bool, dropout_p: f64) -> BResult<TensorId> {
         let d = self.g.shape(q)[3];
         let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
         let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
         let scores = self.g.scale(scores, 1.0 / (d as f32).sqrt())?;
-        let probs = self.g.softmax(scores, 1.0, causal, None)?;
+        let probs = self.g.softmax(scores, 1.0, causal, self.attention_mask)?;
         let probs = self.dropout(probs, dropout_p)?;
         Ok(self.g.matmul(probs, v, false, false)?)
     }
@@ -524,7 +553,7 @@ mod tests {
     fn feed_shifts_gpt2_labels_and_masks_bert_padding() {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let m = build_training_graph(&cfg, &GraphOptions::new(2, 3)).unwrap();
-        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6] };
+        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6], attention_mask: None };
         let feed = m.feed(&batch).unwrap();
         let get = |f: &Feed, n: &str| f.entries.iter().find(|(k, _)| k == n).map(|(_, d)| d.clone()).unwrap();
         assert_eq!(get(&feed, LABELS), FeedData::Ids(vec![2, 3, -100, 5, 6, -100]));
@@ -534,7 +563,7 @@ mod tests {
 
         let cfg = tiny_classifier(Some(0));
         let m = build_training_graph(&cfg, &GraphOptions::new(1, 3)).unwrap();
-        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2] };
+        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2], attention_mask: None };
         let feed = m.feed(&batch).unwrap();
         assert_eq!(get(&feed, NOT_PAD_MASK), FeedData::Floats(vec![1.0, 0.0, 1.0]));
         assert_eq!(get(&feed, PAD_MASK), FeedData::Floats(vec![0.0, 1.0, 0.0]));

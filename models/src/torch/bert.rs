@@ -2,7 +2,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, cross_entropy, sdpa, LayerNorm, Linear};
+use super::layers::{activation, cross_entropy, padding_mask, sdpa, LayerNorm, Linear};
 use super::Vars;
 use crate::config::{Activation, Family, ModelConfig};
 
@@ -72,8 +72,8 @@ impl BertLayer {
         }
     }
 
-    // x: (B, T, C) -> (B, T, C)
-    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+    // x: (B, T, C), mask: (B, 1, 1, T) bool -> (B, T, C)
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
         let (b, t, c) = x.size3().expect("(B, T, C)");
         let d = c / self.heads;
         // (B, T, C) -> (B, H, T, D), as BertSelfAttention's view + transpose.
@@ -82,8 +82,7 @@ impl BertLayer {
         let k = heads(self.key.forward(x));
         let v = heads(self.value.forward(x));
         let p = if train { self.attn_dropout } else { 0.0 };
-        // No padding in our batches, so HF passes no mask to sdpa.
-        let ctx = sdpa(&q, &k, &v, p, false).transpose(1, 2).reshape([b, t, c]);
+        let ctx = sdpa(&q, &k, &v, mask, p, false).transpose(1, 2).reshape([b, t, c]);
         let attn = self.attn_ln.forward(&(self.attn_out.forward(&ctx).dropout(self.hidden_dropout, train) + x));
         let inter = activation(self.act, true, &self.intermediate.forward(&attn));
         self.out_ln.forward(&(self.output.forward(&inter).dropout(self.hidden_dropout, train) + attn))
@@ -115,11 +114,12 @@ impl BertEncoder {
         }
     }
 
-    // input_ids: (B, T) -> (B, T, C)
-    fn forward(&self, input_ids: &Tensor, train: bool) -> Tensor {
+    // input_ids: (B, T), attention_mask: (B, T) 0/1 or None -> (B, T, C)
+    fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
+        let mask = attention_mask.map(|m| padding_mask(m, false));
         let mut x = self.embeddings.forward(input_ids, train);
         for layer in &self.layers {
-            x = layer.forward(&x, train);
+            x = layer.forward(&x, mask.as_ref(), train);
         }
         x
     }
@@ -154,9 +154,9 @@ impl BertForMaskedLM {
         }
     }
 
-    // input_ids: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
-        let h = self.bert.forward(input_ids, train);
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+        let h = self.bert.forward(input_ids, attention_mask, train);
         let h = self.transform_ln.forward(&activation(self.act, true, &self.transform.forward(&h)));
         let logits = h.linear(&self.decoder_weight, Some(&self.decoder_bias));
         let v = self.decoder_weight.size()[0];
@@ -186,9 +186,9 @@ impl BertForSequenceClassification {
         }
     }
 
-    // input_ids: (B, T), labels: (B,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
-        let h = self.bert.forward(input_ids, train);
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+        let h = self.bert.forward(input_ids, attention_mask, train);
         let pooled = self.pooler.forward(&h.select(1, 0)).tanh();
         let logits = self.classifier.forward(&pooled.dropout(self.dropout, train));
         if self.num_labels == 1 {

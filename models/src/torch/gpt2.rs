@@ -2,7 +2,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, causal_lm_loss, sdpa, Conv1D, LayerNorm};
+use super::layers::{activation, causal_lm_loss, padding_mask, sdpa, Conv1D, LayerNorm};
 use super::Vars;
 use crate::config::{Activation, Family, ModelConfig};
 
@@ -21,16 +21,17 @@ struct Gpt2Block {
 }
 
 impl Gpt2Block {
-    // x: (B, T, C) -> (B, T, C)
-    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+    // x: (B, T, C), mask: (B, 1, T, T) bool (causal and padding) -> (B, T, C)
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
         let (b, t, c) = x.size3().expect("(B, T, C)");
         let d = c / self.heads;
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)).split(c, 2);
         let heads = |y: &Tensor| y.view([b, t, self.heads, d]).transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
         let p = if train { self.attn_pdrop } else { 0.0 };
-        // HF: is_causal=True when there is no padding mask and T > 1.
-        let ctx = sdpa(&q, &k, &v, p, t > 1).transpose(1, 2).reshape([b, t, c]);
+        // HF: is_causal=True when there is no padding mask and T > 1; with padding, the
+        // combined boolean mask and is_causal=False.
+        let ctx = sdpa(&q, &k, &v, mask, p, mask.is_none() && t > 1).transpose(1, 2).reshape([b, t, c]);
         let x = x + self.c_proj.forward(&ctx).dropout(self.resid_pdrop, train);
         let h = activation(self.act, true, &self.c_fc.forward(&self.ln_2.forward(&x)));
         &x + self.mlp_proj.forward(&h).dropout(self.resid_pdrop, train)
@@ -79,15 +80,16 @@ impl Gpt2LMHeadModel {
         }
     }
 
-    // input_ids: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, labels: &Tensor, train: bool) -> Tensor {
+    // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
         let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let mask = attention_mask.map(|m| padding_mask(m, true));
         let pos = Tensor::arange(t, (Kind::Int64, input_ids.device())).unsqueeze(0);
         let mut x = (Tensor::embedding(&self.wte, input_ids, -1, false, false)
             + Tensor::embedding(&self.wpe, &pos, -1, false, false))
         .dropout(self.embd_pdrop, train);
         for block in &self.blocks {
-            x = block.forward(&x, train);
+            x = block.forward(&x, mask.as_ref(), train);
         }
         // lm_head: nn.Linear(bias=False) whose weight is wte.
         let logits = self.ln_f.forward(&x).linear::<Tensor>(&self.lm_head, None);

@@ -71,10 +71,27 @@ pub fn activation(act: Activation, gelu_new_literal: bool, x: &Tensor) -> Tensor
     }
 }
 
-/// torch.nn.functional.scaled_dot_product_attention, HF's default `sdpa` attention.
-// q, k, v: (B, H, T, D) -> (B, H, T, D)
-pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, dropout_p: f64, causal: bool) -> Tensor {
-    Tensor::scaled_dot_product_attention::<Tensor>(q, k, v, None, dropout_p, causal, None, false)
+/// torch.nn.functional.scaled_dot_product_attention, HF's default `sdpa` attention; `mask` is
+/// the boolean mask HF's `masking_utils.sdpa_mask` builds (true = attend), None when no
+/// position is padding (HF then skips it, so sdpa may take its fastest kernel).
+// q, k, v: (B, H, T, D), mask: broadcastable to (B, H, T, T) bool -> (B, H, T, D)
+pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, dropout_p: f64, causal: bool) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal, None, false)
+}
+
+/// HF's padding mask for sdpa from `attention_mask` (B, T) 0/1: (B, 1, 1, T) bool, true at
+/// tokens (`create_bidirectional_mask`); with `causal`, (B, 1, T, T) = key is a token and
+/// key ≤ query (`create_causal_mask`).
+// attention_mask: (B, T) i64 -> (B, 1, 1|T, T) bool
+pub fn padding_mask(attention_mask: &Tensor, causal: bool) -> Tensor {
+    let (b, t) = attention_mask.size2().expect("(B, T) attention_mask");
+    let keys = attention_mask.ne(0).view([b, 1, 1, t]);
+    if causal {
+        let tril = Tensor::ones([t, t], (Kind::Bool, attention_mask.device())).tril(0).view([1, 1, t, t]);
+        keys.logical_and(&tril)
+    } else {
+        keys
+    }
 }
 
 /// nn.CrossEntropyLoss (mean over labels ≠ −100) on fp32 logits, as HF upcasts them.

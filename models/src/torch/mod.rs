@@ -87,10 +87,15 @@ impl TorchModel {
             .reshape([batch.batch_size as i64, batch.seq_len as i64])
             .to_device(device);
         let labels = Tensor::from_slice(&batch.labels).to_device(device);
+        // HF skips the mask when nothing is padded (sdpa may then take its fastest kernel).
+        let mask = batch.attention_mask.as_ref().filter(|_| batch.has_padding()).map(|m| {
+            Tensor::from_slice(m).reshape([batch.batch_size as i64, batch.seq_len as i64]).to_device(device)
+        });
+        let mask = mask.as_ref();
         match self {
-            TorchModel::BertMlm(m) => m.loss(&ids, &labels, train),
-            TorchModel::BertCls(m) => m.loss(&ids, &labels, train),
-            TorchModel::Gpt2(m) => m.loss(&ids, &labels, train),
+            TorchModel::BertMlm(m) => m.loss(&ids, mask, &labels, train),
+            TorchModel::BertCls(m) => m.loss(&ids, mask, &labels, train),
+            TorchModel::Gpt2(m) => m.loss(&ids, mask, &labels, train),
         }
     }
 }

@@ -55,8 +55,8 @@ pub fn softmax_row_in_place(y: &mut [f32], valid: usize) {
     tail.fill(0.0);
     let m = simd::max(head);
     if m == f32::NEG_INFINITY {
-        // Every entry masked: the reference gives 0/0 = NaN.
-        head.fill(f32::NAN);
+        // Every entry masked: zeros, as torch's sdpa (`_safe_softmax`) and the reference.
+        head.fill(0.0);
         return;
     }
     let mut acc = [0f32; simd::LANES];
