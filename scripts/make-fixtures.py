@@ -27,7 +27,7 @@ import torch
 import transformers
 from safetensors.numpy import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, GPT2Config,
-                          GPT2LMHeadModel)
+                          GPT2ForSequenceClassification, GPT2LMHeadModel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -69,7 +69,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         pad = cfg.get("pad_token_id")
         pad = cfg.get("eos_token_id", cfg["vocab_size"] - 1) if pad is None else pad
         mask = (np.arange(SEQ)[None, :] < tokens[:, None]).astype(np.int64)
-        if cls is GPT2LMHeadModel:
+        if cls in (GPT2LMHeadModel, GPT2ForSequenceClassification):
             mask[1::2] = mask[1::2, ::-1]
         ids = np.where(mask == 1, ids, pad)
         tensors = {"input_ids": ids, "attention_mask": mask}
@@ -81,8 +81,14 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         ids = ids.copy()
         ids[sel] = 103
         tensors.update(input_ids=ids, labels=labels)
-    elif cls is BertForSequenceClassification:
-        tensors["labels"] = rng.integers(0, model.config.num_labels, size=ROWS, dtype=np.int64)
+    elif cls in (BertForSequenceClassification, GPT2ForSequenceClassification):
+        n = model.config.num_labels
+        if n == 1:  # regression: float targets
+            tensors["labels"] = rng.normal(size=ROWS).astype(np.float32)
+        elif cfg.get("problem_type") == "multi_label_classification":  # float 0/1 targets
+            tensors["labels"] = rng.integers(0, 2, size=(ROWS, n)).astype(np.float32)
+        else:
+            tensors["labels"] = rng.integers(0, n, size=ROWS, dtype=np.int64)
     elif padded:
         tensors["labels"] = np.where(tensors["attention_mask"] == 1, ids, -100)
     save_file(tensors, os.path.join(out, "batches.safetensors"))
@@ -140,6 +146,19 @@ FIXTURES = {
     ),
     "tiny-gpt2-padded": lambda: make(
         "tiny-gpt2-padded", GPT2LMHeadModel, GPT2Config, 4322, base="tiny-gpt2", padded=True, initializer_range=0.2
+    ),
+    # The other classification heads and losses (padded; GPT-2 pools the last non-pad token).
+    "tiny-gpt2-cls-padded": lambda: make(
+        "tiny-gpt2-cls-padded", GPT2ForSequenceClassification, GPT2Config, 4323, base="tiny-gpt2", padded=True,
+        num_labels=3, pad_token_id=0, initializer_range=0.2
+    ),
+    "tiny-bert-multilabel-padded": lambda: make(
+        "tiny-bert-multilabel-padded", BertForSequenceClassification, BertConfig, 1237, base="tiny-bert", padded=True,
+        num_labels=4, problem_type="multi_label_classification", initializer_range=0.2
+    ),
+    "tiny-gpt2-regression-padded": lambda: make(
+        "tiny-gpt2-regression-padded", GPT2ForSequenceClassification, GPT2Config, 4324, base="tiny-gpt2", padded=True,
+        num_labels=1, pad_token_id=0  # HF's init: at 0.2 its gradient norms of ~90 make 8 clipped steps chaotic
     ),
 }
 for fixture in sys.argv[1:] or FIXTURES:

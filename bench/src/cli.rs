@@ -102,9 +102,14 @@ pub struct RunArgs {
     /// Overrides every dropout probability of the models.
     #[arg(long)]
     pub dropout: Option<f64>,
-    /// A safetensors file with `input_ids` (int64, [N, T]) and optionally `labels`.
+    /// A safetensors file with `input_ids` (int64, [N, T]) and optionally `labels` and HF's
+    /// `attention_mask` (padded rows); any other tensor is refused.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// What to train: masked-lm, causal-lm or sequence-classification [default: the
+    /// checkpoint's `architectures`]. Another head than the checkpoint's is newly initialised.
+    #[arg(long)]
+    pub task: Option<String>,
     /// auto (the model's own file if it has one, else random), random, a directory or
     /// .safetensors file, or a hub id.
     #[arg(long, default_value = "auto")]

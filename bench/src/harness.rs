@@ -567,6 +567,7 @@ fn stderr_tail(text: &str) -> String {
 fn base_row(spec: &RunSpec) -> ResultRow {
     ResultRow {
         model: spec.model.clone(),
+        task: spec.task_name.clone(),
         config: spec.config.clone(),
         precision: spec.precision.clone(),
         device: spec.device.clone(),

@@ -164,13 +164,9 @@ pub fn train_flops_per_sample(cfg: &ModelConfig, seq: usize) -> f64 {
     let head = match cfg.arch {
         Architecture::BertForMaskedLM => 2.0 * t * h * h + 2.0 * t * h * v,
         Architecture::Gpt2LMHeadModel => 2.0 * t * h * v,
-        Architecture::BertForSequenceClassification => {
-            let labels = match &cfg.family {
-                ortbench_models::config::Family::Bert(b) => b.num_labels as f64,
-                _ => 2.0,
-            };
-            2.0 * h * h + 2.0 * h * labels
-        }
+        Architecture::BertForSequenceClassification => 2.0 * h * h + 2.0 * h * cfg.num_labels() as f64,
+        // The score over the pooled (last non-pad) token only.
+        Architecture::Gpt2ForSequenceClassification => 2.0 * h * cfg.num_labels() as f64,
     };
     3.0 * (l * (attention + mlp) + head)
 }

@@ -188,11 +188,27 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     let mut jobs = Vec::new();
     for model in &args.models {
         let first = runs.len();
-        let resolved = resolve(model, &hub)?;
+        let mut resolved = resolve(model, &hub)?;
+        resolved.config = ortbench_models::with_task(resolved.config, args.task.as_deref(), model)?;
         let weights = weights_source(&args.weights, &resolved, &hub)?;
         if let WeightsSource::File(path) = &weights {
-            // Load once here so that an unreadable or mismatched file fails before any run.
-            Weights::load(&resolved.config, path, args.seed).with_context(|| format!("model '{model}'"))?;
+            // Load once here so that an unreadable or mismatched file fails before any run, and
+            // say what HF would warn about: weights initialised because the file lacks them
+            // (a new head), tensors of the file that the model does not use (the old one).
+            let (_, report) = Weights::load(&resolved.config, path, args.seed).with_context(|| format!("model '{model}'"))?;
+            let list = |v: &[String]| {
+                let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
+                if v.len() > 4 {
+                    s += &format!(" and {} more", v.len() - 4);
+                }
+                s
+            };
+            if !report.missing.is_empty() {
+                eprintln!("model '{model}': {} weights are not in {} and are newly initialised: {}", report.missing.len(), path.display(), list(&report.missing));
+            }
+            if !report.unexpected.is_empty() {
+                eprintln!("model '{model}': {} tensors of {} are not used by {}: {}", report.unexpected.len(), path.display(), resolved.config.arch.hf_name(), list(&report.unexpected));
+            }
         }
         let seq_len = match &args.data {
             Some(path) => DataSource::from_file(&resolved.config, path, batch_size * ranks, seq_arg, args.seed)
@@ -231,6 +247,8 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                     lr_warmup_steps: args.lr_warmup_steps,
                     dropout: args.dropout,
                     data: args.data.clone(),
+                    task: args.task.clone(),
+                    task_name: ortbench_models::data::Task::for_config(&resolved.config).name().to_string(),
                     weights: weights.clone(),
                 });
             }

@@ -49,5 +49,12 @@ pub struct RunSpec {
     pub lr_warmup_steps: usize,
     pub dropout: Option<f64>,
     pub data: Option<PathBuf>,
+    /// `--task` (None: the checkpoint's architecture).
+    #[serde(default)]
+    pub task: Option<String>,
+    /// What the model trains, as results record it (`Task::name`: masked-lm, causal-lm,
+    /// sequence-classification, multi-label-classification, regression).
+    #[serde(default)]
+    pub task_name: String,
     pub weights: WeightsSource,
 }

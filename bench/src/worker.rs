@@ -290,7 +290,7 @@ impl RankTrainer for GpuRank {
 
 fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
     let resolved = ortbench_models::resolve(&spec.model, &HubOptions::from_env())?;
-    let mut cfg = resolved.config;
+    let mut cfg = ortbench_models::with_task(resolved.config, spec.task.as_deref(), &spec.model)?;
     if let Some(p) = spec.dropout {
         cfg.set_dropout(p);
     }

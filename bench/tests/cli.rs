@@ -224,6 +224,33 @@ fn a_padded_data_file_trains_every_config_alike() {
     }
 }
 
+/// `--task` puts another head on a checkpoint (HF's AutoModelFor…): the MLM fixture trains as a
+/// classifier, the loader says which weights are new and which of the file go unused, and
+/// results record the task; a task the family has no head for is a one-line error.
+#[test]
+fn task_switches_the_head_and_is_recorded() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = ortbench(&[
+        "run", "--models", fixture.to_str().unwrap(), "--task", "sequence-classification", "--configs", "pytorch,ort",
+        "--steps", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--repeat", "1", "--parity-steps", "0",
+        "--out", out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("4 weights are not in") && stderr.contains("bert.pooler.dense.weight"), "{stderr}");
+    assert!(stderr.contains("not used by BertForSequenceClassification") && stderr.contains("cls.predictions"), "{stderr}");
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r[col(&h, "task")], "sequence-classification");
+        assert_eq!(r[col(&h, "status")], "ok", "{r:?}");
+    }
+    rejects(&["run", "--models", "tiny-bert", "--task", "causal-lm"], "--task causal-lm: a BERT model (tiny-bert) trains masked-lm, sequence-classification");
+    rejects(&["run", "--models", "tiny-bert", "--task", "translation"], "unknown --task 'translation'");
+}
+
 #[test]
 fn bad_harness_options_are_rejected_before_anything_is_written() {
     let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];

@@ -12,18 +12,36 @@ pub enum Architecture {
     BertForMaskedLM,
     BertForSequenceClassification,
     Gpt2LMHeadModel,
+    Gpt2ForSequenceClassification,
 }
 
 impl Architecture {
     pub const SUPPORTED: &'static [&'static str] =
-        &["BertForMaskedLM", "BertForSequenceClassification", "GPT2LMHeadModel"];
+        &["BertForMaskedLM", "BertForSequenceClassification", "GPT2LMHeadModel", "GPT2ForSequenceClassification"];
 
     pub fn hf_name(self) -> &'static str {
         match self {
             Architecture::BertForMaskedLM => "BertForMaskedLM",
             Architecture::BertForSequenceClassification => "BertForSequenceClassification",
             Architecture::Gpt2LMHeadModel => "GPT2LMHeadModel",
+            Architecture::Gpt2ForSequenceClassification => "GPT2ForSequenceClassification",
         }
+    }
+
+    /// A sequence classifier (one label, or `num_labels` targets, per row).
+    pub fn is_classifier(self) -> bool {
+        matches!(self, Architecture::BertForSequenceClassification | Architecture::Gpt2ForSequenceClassification)
+    }
+
+    /// The architecture of `family` for `task` (`--task`): what HF's AutoModelFor… builds.
+    pub fn for_task(gpt2: bool, task: &str) -> Option<Self> {
+        Some(match (gpt2, task) {
+            (false, "masked-lm") => Architecture::BertForMaskedLM,
+            (false, "sequence-classification") => Architecture::BertForSequenceClassification,
+            (true, "causal-lm") => Architecture::Gpt2LMHeadModel,
+            (true, "sequence-classification") => Architecture::Gpt2ForSequenceClassification,
+            _ => return None,
+        })
     }
 
     fn from_hf_name(name: &str) -> Option<Self> {
@@ -31,6 +49,7 @@ impl Architecture {
             "BertForMaskedLM" => Some(Architecture::BertForMaskedLM),
             "BertForSequenceClassification" => Some(Architecture::BertForSequenceClassification),
             "GPT2LMHeadModel" => Some(Architecture::Gpt2LMHeadModel),
+            "GPT2ForSequenceClassification" => Some(Architecture::Gpt2ForSequenceClassification),
             _ => None,
         }
     }
@@ -39,7 +58,28 @@ impl Architecture {
     pub fn base_prefix(self) -> &'static str {
         match self {
             Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification => "bert",
-            Architecture::Gpt2LMHeadModel => "transformer",
+            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "transformer",
+        }
+    }
+}
+
+/// HF's `config.problem_type` of a sequence classifier: the loss it trains with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProblemType {
+    /// Cross-entropy over `num_labels` classes, one int label per row.
+    SingleLabel,
+    /// BCEWithLogits over `num_labels` independent 0/1 targets per row.
+    MultiLabel,
+    /// MSE against one float target per row (`num_labels = 1`).
+    Regression,
+}
+
+impl ProblemType {
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            ProblemType::SingleLabel => "single_label_classification",
+            ProblemType::MultiLabel => "multi_label_classification",
+            ProblemType::Regression => "regression",
         }
     }
 }
@@ -78,9 +118,6 @@ pub struct BertConfig {
     pub classifier_dropout: Option<f64>,
     #[serde(default = "default_true")]
     pub tie_word_embeddings: bool,
-    /// Derived from `num_labels` or `id2label` (HF's default is 2).
-    #[serde(skip)]
-    pub num_labels: usize,
 }
 
 /// `GPT2Config` (transformers/models/gpt2/configuration_gpt2.py).
@@ -107,6 +144,9 @@ pub struct Gpt2Config {
     pub reorder_and_upcast_attn: bool,
     #[serde(default = "default_true")]
     pub tie_word_embeddings: bool,
+    /// GPT2ForSequenceClassification pools the last token that is not `pad_token_id`.
+    #[serde(default)]
+    pub pad_token_id: Option<i64>,
 }
 
 impl Gpt2Config {
@@ -182,13 +222,7 @@ impl ModelConfig {
         };
         let family = match arch {
             Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification => {
-                let mut c: BertConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
-                c.num_labels = raw
-                    .get("num_labels")
-                    .and_then(Value::as_u64)
-                    .map(|n| n as usize)
-                    .or_else(|| raw.get("id2label").and_then(Value::as_object).map(|m| m.len()))
-                    .unwrap_or(2);
+                let c: BertConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
                 activation(&c.hidden_act)?;
                 if c.position_embedding_type != "absolute" {
                     return Err(ModelError::Unsupported(format!(
@@ -198,7 +232,7 @@ impl ModelConfig {
                 }
                 Family::Bert(c)
             }
-            Architecture::Gpt2LMHeadModel => {
+            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
                 let c: Gpt2Config = serde_json::from_value(raw.clone()).map_err(bad)?;
                 activation(&c.activation_function)?;
                 if c.scale_attn_by_inverse_layer_idx || c.reorder_and_upcast_attn || !c.scale_attn_weights {
@@ -211,7 +245,59 @@ impl ModelConfig {
         };
         let cfg = ModelConfig { arch, family, raw };
         cfg.validate(origin)?;
+        if arch.is_classifier() {
+            cfg.problem_type().map_err(|e| ModelError::BadConfig(format!("{origin}: {e}")))?;
+        }
         Ok(cfg)
+    }
+
+    /// HF's `num_labels`: the config's, else the size of `id2label`, else 2.
+    pub fn num_labels(&self) -> usize {
+        self.raw
+            .get("num_labels")
+            .and_then(Value::as_u64)
+            .map(|n| n as usize)
+            .or_else(|| self.raw.get("id2label").and_then(Value::as_object).map(|m| m.len()))
+            .unwrap_or(2)
+    }
+
+    /// A classifier's loss: `problem_type` when the config names it, else what HF infers
+    /// from int labels — regression when `num_labels == 1`, single-label otherwise (HF takes
+    /// multi-label only from float labels; here the config must say so).
+    pub fn problem_type(&self) -> Result<ProblemType, String> {
+        let n = self.num_labels();
+        let p = match self.raw.get("problem_type").and_then(Value::as_str) {
+            None => {
+                if n == 1 {
+                    ProblemType::Regression
+                } else {
+                    ProblemType::SingleLabel
+                }
+            }
+            Some("regression") => ProblemType::Regression,
+            Some("single_label_classification") => ProblemType::SingleLabel,
+            Some("multi_label_classification") => ProblemType::MultiLabel,
+            Some(other) => {
+                return Err(format!(
+                    "problem_type '{other}' (HF's are regression, single_label_classification, multi_label_classification)"
+                ))
+            }
+        };
+        match (p, n) {
+            (_, 0) => Err("num_labels must be at least 1".into()),
+            (ProblemType::Regression, 1) => Ok(p),
+            (ProblemType::Regression, n) => Err(format!("regression with num_labels = {n}: ortbench trains one target per row (num_labels = 1)")),
+            (_, 1) => Err(format!("{} needs num_labels >= 2", p.hf_name())),
+            _ => Ok(p),
+        }
+    }
+
+    /// The same checkpoint with another head (`--task`), as HF's AutoModelFor… loads it: the
+    /// head's weights are then newly initialised, the base model's are kept.
+    pub fn with_architecture(&self, arch: Architecture, origin: &str) -> Result<ModelConfig, ModelError> {
+        let mut raw = self.raw.clone();
+        raw["architectures"] = serde_json::json!([arch.hf_name()]);
+        ModelConfig::from_value(raw, origin)
     }
 
     fn validate(&self, origin: &str) -> Result<(), ModelError> {

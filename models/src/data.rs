@@ -8,7 +8,7 @@ use std::path::Path;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, ModelConfig, ProblemType};
 use crate::rng::Rng;
 use crate::ModelError;
 
@@ -29,19 +29,42 @@ pub enum Task {
     MaskedLm,
     /// GPT-2: labels = input ids; the model shifts them.
     CausalLm,
-    /// One label per row in [0, num_labels).
-    SequenceClassification { num_labels: usize },
+    /// A sequence classifier: one label in [0, num_labels) per row (single-label), num_labels
+    /// 0/1 targets per row (multi-label) or one float target per row (regression).
+    SequenceClassification { num_labels: usize, problem: ProblemType },
 }
 
 impl Task {
     pub fn for_config(cfg: &ModelConfig) -> Task {
-        match (cfg.arch, &cfg.family) {
-            (Architecture::BertForMaskedLM, _) => Task::MaskedLm,
-            (Architecture::Gpt2LMHeadModel, _) => Task::CausalLm,
-            (Architecture::BertForSequenceClassification, crate::Family::Bert(c)) => {
-                Task::SequenceClassification { num_labels: c.num_labels }
-            }
-            _ => unreachable!("classification is a BERT architecture"),
+        match cfg.arch {
+            Architecture::BertForMaskedLM => Task::MaskedLm,
+            Architecture::Gpt2LMHeadModel => Task::CausalLm,
+            Architecture::BertForSequenceClassification | Architecture::Gpt2ForSequenceClassification => Task::SequenceClassification {
+                num_labels: cfg.num_labels(),
+                problem: cfg.problem_type().expect("checked when the config was parsed"),
+            },
+        }
+    }
+
+    /// The name recorded in results (`--task`'s values).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Task::MaskedLm => "masked-lm",
+            Task::CausalLm => "causal-lm",
+            Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => "sequence-classification",
+            Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => "multi-label-classification",
+            Task::SequenceClassification { problem: ProblemType::Regression, .. } => "regression",
+        }
+    }
+
+    /// Int labels per row: T for language models, 1 (single-label), num_labels (multi-label),
+    /// 0 (regression: float targets instead).
+    pub fn labels_per_row(&self, seq_len: usize) -> usize {
+        match *self {
+            Task::MaskedLm | Task::CausalLm => seq_len,
+            Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => 1,
+            Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels } => num_labels,
+            Task::SequenceClassification { problem: ProblemType::Regression, .. } => 0,
         }
     }
 }
@@ -53,8 +76,11 @@ pub struct Batch {
     pub seq_len: usize,
     /// (B, T)
     pub input_ids: Vec<i64>,
-    /// (B, T) for language modelling, (B,) for sequence classification.
+    /// (B, T) for language modelling, (B,) for single-label classification, (B, num_labels)
+    /// 0/1 for multi-label; empty for regression.
     pub labels: Vec<i64>,
+    /// Regression targets, (B,); None for every other task.
+    pub targets: Option<Vec<f32>>,
     /// (B, T) HF's `attention_mask`: 1 for tokens, 0 for padding; None when nothing is padded.
     pub attention_mask: Option<Vec<i64>>,
 }
@@ -69,6 +95,7 @@ impl Batch {
             seq_len: t,
             input_ids: self.input_ids[rows.start * t..rows.end * t].to_vec(),
             labels: self.labels[rows.start * per_label..rows.end * per_label].to_vec(),
+            targets: self.targets.as_ref().map(|v| v[rows.clone()].to_vec()),
             attention_mask: self.attention_mask.as_ref().map(|m| m[rows.start * t..rows.end * t].to_vec()),
         }
     }
@@ -90,6 +117,7 @@ impl Task {
                 .chunks(batch.seq_len)
                 .map(|row| row[1..].iter().filter(|&&l| l != IGNORE_INDEX).count())
                 .sum(),
+            Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => batch.batch_size * num_labels,
             Task::SequenceClassification { .. } => batch.batch_size,
         }
     }
@@ -98,7 +126,7 @@ impl Task {
 #[derive(Clone, Debug)]
 enum Rows {
     Synthetic { seed: u64 },
-    File { ids: Vec<i64>, labels: Option<Vec<i64>>, mask: Option<Vec<i64>>, n_rows: usize },
+    File { ids: Vec<i64>, labels: Option<Vec<i64>>, targets: Option<Vec<f32>>, mask: Option<Vec<i64>>, n_rows: usize },
 }
 
 /// A source of batches for one model.
@@ -119,8 +147,9 @@ impl DataSource {
         Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed })
     }
 
-    /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64, [N, T], or
-    /// [N] for sequence classification) and `attention_mask` (int64 0/1, [N, T]: HF's padding
+    /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64 [N, T] for
+    /// language models; a classifier's: int64 [N] single-label, 0/1 [N, num_labels] int64 or
+    /// float multi-label, float [N] regression) and `attention_mask` (int64 0/1, [N, T]: HF's padding
     /// mask; every row needs a token). Batches take rows in order, cycling to row 0. `T` must
     /// equal `seq_len` when given; otherwise it sets it. Any other tensor is an error: what a
     /// user puts in the file is used or refused, never silently dropped.
@@ -176,27 +205,60 @@ impl DataSource {
             }
         };
         let task = Task::for_config(cfg);
-        let labels = match read_i64("labels")? {
-            None => None,
-            Some((lshape, labels)) => {
-                let want: Vec<usize> = match task {
-                    Task::SequenceClassification { .. } => vec![n_rows],
-                    _ => vec![n_rows, t],
+        let (mut labels, mut targets) = (None, None);
+        if let Ok(view) = st.tensor("labels") {
+            let want: Vec<usize> = match task {
+                Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => vec![n_rows, num_labels],
+                Task::SequenceClassification { .. } => vec![n_rows],
+                _ => vec![n_rows, t],
+            };
+            if view.shape() != want {
+                let hint = match task {
+                    Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } if view.shape().len() == 2 => {
+                        " (multi-label targets need problem_type \"multi_label_classification\" in config.json)"
+                    }
+                    _ => "",
                 };
-                if lshape != want {
-                    return Err(err(format!("'labels' must have shape {want:?}, found {lshape:?}")));
-                }
-                let ok = |l: i64| match task {
-                    Task::SequenceClassification { num_labels } => (0..num_labels as i64).contains(&l),
-                    _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
-                };
-                if let Some(bad) = labels.iter().find(|&&l| !ok(l)) {
-                    return Err(err(format!("label {bad} is out of range for {}", cfg.arch.hf_name())));
-                }
-                Some(labels)
+                return Err(err(format!("'labels' must have shape {want:?} for {}, found {:?}{hint}", task.name(), view.shape())));
             }
-        };
-        Ok(DataSource { rows: Rows::File { ids, labels, mask, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
+            let floats: Option<Vec<f64>> = match view.dtype() {
+                Dtype::F32 => Some(view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64).collect()),
+                Dtype::F64 => Some(view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+                _ => None,
+            };
+            match (task, floats) {
+                (Task::SequenceClassification { problem: ProblemType::Regression, .. }, Some(v)) => {
+                    if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                        return Err(err(format!("regression target {bad} is not finite")));
+                    }
+                    targets = Some(v.iter().map(|&x| x as f32).collect());
+                }
+                (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
+                    return Err(err(format!("regression 'labels' must be float32 or float64, found {:?}", view.dtype())));
+                }
+                // Multi-label: HF's float 0/1 targets (soft targets are not supported).
+                (Task::SequenceClassification { problem: ProblemType::MultiLabel, .. }, Some(v)) => {
+                    if let Some(bad) = v.iter().find(|&&x| x != 0.0 && x != 1.0) {
+                        return Err(err(format!("multi-label targets must be 0 or 1, found {bad}")));
+                    }
+                    labels = Some(v.iter().map(|&x| x as i64).collect());
+                }
+                (_, Some(_)) => return Err(err(format!("'labels' must be int64 for {}, found {:?}", task.name(), view.dtype()))),
+                (_, None) => {
+                    let (_, v) = read_i64("labels")?.expect("the tensor exists");
+                    let ok = |l: i64| match task {
+                        Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => l == 0 || l == 1,
+                        Task::SequenceClassification { num_labels, .. } => (0..num_labels as i64).contains(&l),
+                        _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
+                    };
+                    if let Some(bad) = v.iter().find(|&&l| !ok(l)) {
+                        return Err(err(format!("label {bad} is out of range for {} ({})", cfg.arch.hf_name(), task.name())));
+                    }
+                    labels = Some(v);
+                }
+            }
+        }
+        Ok(DataSource { rows: Rows::File { ids, labels, targets, mask, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
     }
 
     pub fn task(&self) -> Task {
@@ -212,6 +274,7 @@ impl DataSource {
     pub fn batch(&self, step: usize) -> Batch {
         let (b, t) = (self.batch_size, self.seq_len);
         let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
+        let mut given_targets: Option<Vec<f32>> = None;
         let (input_ids, given_labels, attention_mask) = match &self.rows {
             Rows::Synthetic { seed } => {
                 let mut r = Rng::for_stream(*seed, &format!("tokens-{step}"));
@@ -219,34 +282,40 @@ impl DataSource {
                 let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
                 (ids, None, None)
             }
-            Rows::File { ids, labels, mask, n_rows } => {
-                let per_label = if matches!(self.task, Task::SequenceClassification { .. }) { 1 } else { t };
+            Rows::File { ids, labels, targets, mask, n_rows } => {
+                let per_label = self.task.labels_per_row(t);
+                let row = |i: usize| (step * b + i) % n_rows;
                 let take = |all: &Vec<i64>, per: usize| -> Vec<i64> {
-                    (0..b).flat_map(|i| {
-                        let row = (step * b + i) % n_rows;
-                        all[row * per..(row + 1) * per].iter().copied()
-                    })
-                    .collect()
+                    (0..b).flat_map(|i| all[row(i) * per..(row(i) + 1) * per].iter().copied()).collect()
                 };
+                given_targets = targets.as_ref().map(|v| (0..b).map(|i| v[row(i)]).collect());
                 (take(ids, t), labels.as_ref().map(|l| take(l, per_label)), mask.as_ref().map(|m| take(m, t)))
             }
         };
         let synthetic = matches!(self.rows, Rows::Synthetic { .. });
+        let mut targets = None;
         let labels = match (self.task, given_labels) {
             (_, Some(labels)) => labels,
+            (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
+                targets = Some(given_targets.unwrap_or_else(|| (0..b).map(|_| rng.normal() as f32).collect()));
+                Vec::new()
+            }
+            (Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels }, None) => {
+                (0..b * num_labels).map(|_| rng.range(0, 2)).collect()
+            }
             // HF's DataCollatorForLanguageModeling(mlm=False): labels are the inputs, padding
             // −100 (it goes by pad_token_id; the mask says the same without one).
             (Task::CausalLm, None) => match &attention_mask {
                 Some(m) => input_ids.iter().zip(m).map(|(&i, &m)| if m == 0 { IGNORE_INDEX } else { i }).collect(),
                 None => input_ids.clone(),
             },
-            (Task::SequenceClassification { num_labels }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
+            (Task::SequenceClassification { num_labels, .. }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
             (Task::MaskedLm, None) => {
                 let (ids, labels) = mask_tokens(input_ids, attention_mask.as_deref(), b, t, self.vocab, synthetic, &mut rng);
-                return Batch { batch_size: b, seq_len: t, input_ids: ids, labels, attention_mask };
+                return Batch { batch_size: b, seq_len: t, input_ids: ids, labels, targets: None, attention_mask };
             }
         };
-        Batch { batch_size: b, seq_len: t, input_ids, labels, attention_mask }
+        Batch { batch_size: b, seq_len: t, input_ids, labels, targets, attention_mask }
     }
 }
 

@@ -18,7 +18,7 @@ pub use config::{Activation, Architecture, BertConfig, Family, Gpt2Config, Model
 pub use data::{Batch, DataSource, Task, IGNORE_INDEX};
 pub use params::{param_count, param_specs, ParamSpec};
 pub use schedule::LrSchedule;
-pub use spec::{resolve, HubOptions, ResolvedModel, Source};
+pub use spec::{resolve, with_task, HubOptions, ResolvedModel, Source, TASKS};
 pub use weights::{LoadReport, NamedTensor, Weights};
 
 /// Errors a user can cause: each message says what was wrong and what to do.

@@ -62,7 +62,7 @@ impl Layout {
 /// The name of the untied output projection when `tie_word_embeddings` is false.
 pub fn untied_head_name(arch: Architecture) -> &'static str {
     match arch {
-        Architecture::Gpt2LMHeadModel => "lm_head.weight",
+        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "lm_head.weight",
         _ => "cls.predictions.decoder.weight",
     }
 }
@@ -70,7 +70,7 @@ pub fn untied_head_name(arch: Architecture) -> &'static str {
 /// The input embedding that the LM head reuses when weights are tied.
 pub fn word_embedding_name(arch: Architecture) -> &'static str {
     match arch {
-        Architecture::Gpt2LMHeadModel => "transformer.wte.weight",
+        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "transformer.wte.weight",
         _ => "bert.embeddings.word_embeddings.weight",
     }
 }
@@ -113,9 +113,9 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
                 Architecture::BertForSequenceClassification => {
                     l.linear("bert.pooler.dense", h, h);
-                    l.linear("classifier", c.num_labels, h);
+                    l.linear("classifier", cfg.num_labels(), h);
                 }
-                Architecture::Gpt2LMHeadModel => unreachable!("bert family"),
+                Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => unreachable!("bert family"),
             }
         }
         Family::Gpt2(c) => {
@@ -134,7 +134,10 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 l.conv1d(&format!("{p}.mlp.c_proj"), c.inner(), e, proj_std);
             }
             l.layer_norm("transformer.ln_f", e);
-            if !c.tie_word_embeddings {
+            if cfg.arch == Architecture::Gpt2ForSequenceClassification {
+                // nn.Linear(n_embd, num_labels, bias=False)
+                l.weight("score.weight".into(), &[cfg.num_labels(), e]);
+            } else if !c.tie_word_embeddings {
                 l.weight(untied_head_name(cfg.arch).into(), &[c.vocab_size, e]);
             }
         }

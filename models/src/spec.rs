@@ -143,6 +143,30 @@ fn resolve_hub(repo_id: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelEr
 }
 
 /// One file of a hub repo: the cache first, then a download unless offline.
+/// The tasks `--task` names (HF's AutoModelFor… of each family).
+pub const TASKS: &[&str] = &["masked-lm", "causal-lm", "sequence-classification"];
+
+/// `cfg` with the head of `task` (`--task`), or unchanged for None or its own task. A BERT
+/// checkpoint does masked-lm or sequence-classification, a GPT-2 one causal-lm or
+/// sequence-classification; the new head's weights are then initialised (the loader reports
+/// them as missing, the old head's as unused).
+pub fn with_task(cfg: ModelConfig, task: Option<&str>, origin: &str) -> Result<ModelConfig, ModelError> {
+    let Some(task) = task else { return Ok(cfg) };
+    let gpt2 = matches!(cfg.family, crate::Family::Gpt2(_));
+    let arch = crate::config::Architecture::for_task(gpt2, task).ok_or_else(|| {
+        let (family, ok) = if gpt2 { ("GPT-2", "causal-lm, sequence-classification") } else { ("BERT", "masked-lm, sequence-classification") };
+        if TASKS.contains(&task) {
+            ModelError::Unsupported(format!("--task {task}: a {family} model ({origin}) trains {ok}"))
+        } else {
+            ModelError::Unsupported(format!("unknown --task '{task}': known tasks are {}", TASKS.join(", ")))
+        }
+    })?;
+    if arch == cfg.arch {
+        return Ok(cfg);
+    }
+    cfg.with_architecture(arch, origin)
+}
+
 pub fn fetch_hub_file(repo_id: &str, file: &str, hub: &HubOptions) -> Result<PathBuf, ModelError> {
     if let Some(p) = hub.cache.repo(Repo::model(repo_id.to_string())).get(file) {
         return Ok(p);

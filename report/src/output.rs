@@ -36,6 +36,9 @@ pub struct StepRow {
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ResultRow {
     pub model: String,
+    /// What the model trained (masked-lm, causal-lm, sequence-classification,
+    /// multi-label-classification, regression); empty in runs written before it was recorded.
+    pub task: String,
     pub config: String,
     pub precision: String,
     pub device: String,
@@ -125,7 +128,7 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 pub const STEP_COLUMNS: &[&str] =
     &["model", "config", "precision", "repeat", "phase", "rank", "step", "loss", "step_ms", "device_ms", "grad_norm", "loss_scale", "skipped"];
 pub const RESULT_COLUMNS: &[&str] = &[
-    "model", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "repeats", "status",
+    "model", "task", "config", "precision", "device", "batch_size", "seq_len", "ranks", "steps", "warmup", "repeats", "status",
     "samples_per_s", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "speedup_significant", "step_ms_median",
     "step_ms_p90", "step_ms_min", "step_ms_max", "step_ms_std", "train_flops_per_sample", "hw_flops_per_sample",
     "tflops", "mfu", "hfu", "peak_tflops", "gemm_peak_tflops", "peak_mem_bytes", "param_count",

@@ -98,6 +98,7 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
     let ou = |f: fn(&ResultRow) -> Option<u64>| rows.iter().map(f).collect::<Vec<Option<u64>>>();
     let cols = vec![
         col("model", s(|r| &r.model)),
+        col("task", s(|r| &r.task)),
         col("config", s(|r| &r.config)),
         col("precision", s(|r| &r.precision)),
         col("device", s(|r| &r.device)),
@@ -204,6 +205,8 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
     let c = Cols(df);
     let (model, config, precision, device, status, error) =
         (c.req_strs("model")?, c.req_strs("config")?, c.req_strs("precision")?, c.strs("device")?, c.req_strs("status")?, c.strs("error")?);
+    // Runs written before the task column: empty.
+    let task = c.strs("task")?;
     let (batch, seq, ranks, steps, warmup) =
         (c.req_usizes("batch_size")?, c.req_usizes("seq_len")?, c.req_usizes("ranks")?, c.req_usizes("steps")?, c.req_usizes("warmup")?);
     let f = |n: &str| c.f64s(n);
@@ -242,6 +245,7 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
     Ok((0..df.height())
         .map(|i| ResultRow {
             model: model[i].clone(),
+            task: task[i].clone(),
             config: config[i].clone(),
             precision: precision[i].clone(),
             device: device[i].clone(),

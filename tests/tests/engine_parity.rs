@@ -51,7 +51,8 @@ fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool,
     let torch_loss = torch.eval_loss(batch);
     let torch_grads = torch.gradients_of(batch);
 
-    let model = build_training_graph(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len).with_passes(passes)).unwrap();
+    let gopts = GraphOptions::new(batch.batch_size, batch.seq_len).with_passes(passes).with_attention_mask(batch.attention_mask.is_some());
+    let model = build_training_graph(cfg, &gopts).unwrap();
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
     let engine_loss = if planned {
@@ -171,6 +172,52 @@ fn bert_sequence_classification_planned_engine_matches_torch() {
     let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 16, 13).unwrap().batch(0), &cfg);
     check_parity_planned("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
+}
+
+/// A classifier of `base` with `extra` config keys (num_labels, problem_type, pad_token_id).
+fn classifier(base: &str, arch: &str, extra: serde_json::Value) -> ModelConfig {
+    let mut raw = builtin_config(base).unwrap().raw;
+    raw["architectures"] = serde_json::json!([arch]);
+    for (k, v) in extra.as_object().unwrap() {
+        raw[k] = v.clone();
+    }
+    fp32_no_dropout(ModelConfig::from_value(raw, &format!("{base} as {arch}")).unwrap())
+}
+
+/// HF's attention_mask on `batch`: even rows padded on the right (last 5), odd rows on the
+/// left (first 7), pad positions' ids set to `pad`.
+fn padded(mut batch: Batch, pad: i64) -> Batch {
+    let t = batch.seq_len;
+    let mut mask = vec![1i64; batch.batch_size * t];
+    for row in 0..batch.batch_size {
+        let r = &mut mask[row * t..(row + 1) * t];
+        if row % 2 == 0 { r[t - 5..].fill(0) } else { r[..7].fill(0) }
+    }
+    for (id, &m) in batch.input_ids.iter_mut().zip(&mask) {
+        if m == 0 {
+            *id = pad;
+        }
+    }
+    batch.attention_mask = Some(mask);
+    batch
+}
+
+/// The other heads and losses, on padded batches, planned executor: GPT-2 classification
+/// (last non-pad token), multi-label BERT (BCE as two-class cross-entropy), regression (MSE as
+/// dᵀd) for BERT and GPT-2.
+#[test]
+fn classification_heads_planned_engine_match_torch() {
+    let cases = [
+        ("tiny-gpt2", "GPT2ForSequenceClassification", serde_json::json!({"num_labels": 3, "pad_token_id": 0})),
+        ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 4, "problem_type": "multi_label_classification"})),
+        ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 1})),
+        ("tiny-gpt2", "GPT2ForSequenceClassification", serde_json::json!({"num_labels": 1, "pad_token_id": 0})),
+    ];
+    for (base, arch, extra) in cases {
+        let cfg = classifier(base, arch, extra.clone());
+        let batch = padded(DataSource::synthetic(&cfg, 4, 16, 14).unwrap().batch(0), 0);
+        check_parity_planned(&format!("{arch} {extra}"), &cfg, &batch);
+    }
 }
 
 /// With every pass off: the builders' eager graphs (unfused attention, matmul + bias add, dropout

@@ -8,7 +8,9 @@
 //!
 //! The `*-padded` fixtures have padded rows with HF's `attention_mask` (HF was given it; labels
 //! are −100 at padding): padded MLM and sequence classification (right padding), and padded
-//! causal LM (left padding in odd rows, right in even ones). Both the baseline (`pytorch`: sdpa with HF's boolean mask) and the engine (`ort`: the
+//! causal LM (left padding in odd rows, right in even ones); and the other heads and losses:
+//! GPT-2 sequence classification (its last non-pad token), multi-label BERT (BCEWithLogits)
+//! and GPT-2 regression (MSE), padded the same way. Both the baseline (`pytorch`: sdpa with HF's boolean mask) and the engine (`ort`: the
 //! additive key-padding mask in its fused attention) must reproduce HF's loss at each of the 8
 //! AdamW steps within 1e-4 relative.
 
@@ -183,4 +185,22 @@ fn ignoring_the_mask_departs_from_hf() {
         println!("{name}: mask ignored, worst loss rel diff to HF over 8 steps {worst:.2e}");
         assert!(worst > 1e-3, "{name}: the mask changes nothing on this data");
     }
+}
+
+/// GPT2ForSequenceClassification (last non-pad token; left- and right-padded rows).
+#[test]
+fn padded_gpt2_classification_matches_hf_for_pytorch_and_ort() {
+    check_padded("tiny-gpt2-cls-padded");
+}
+
+/// BertForSequenceClassification with problem_type multi_label_classification (BCEWithLogits).
+#[test]
+fn padded_multi_label_classification_matches_hf_for_pytorch_and_ort() {
+    check_padded("tiny-bert-multilabel-padded");
+}
+
+/// GPT2ForSequenceClassification with num_labels = 1 (HF's regression, MSE).
+#[test]
+fn padded_regression_matches_hf_for_pytorch_and_ort() {
+    check_padded("tiny-gpt2-regression-padded");
 }

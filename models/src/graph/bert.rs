@@ -118,19 +118,12 @@ pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
 }
 
 /// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
-/// (`classifier_dropout` or `hidden_dropout_prob`) → classifier → mean cross-entropy over the
-/// B rows (HF's single_label_classification). `num_labels == 1` (HF's regression, an MSE loss)
-/// is unsupported. Returns the loss.
+/// (`classifier_dropout` or `hidden_dropout_prob`) → classifier → HF's loss for the config's
+/// problem type ([`Builder::classification_loss`]). Returns the loss.
 pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForSequenceClassification);
     let c = bert_config(cfg);
-    if c.num_labels < 2 {
-        return Err(ModelError::Unsupported(format!(
-            "BertForSequenceClassification with num_labels = {} (HF's regression, an MSE loss) has no engine graph; use num_labels >= 2",
-            c.num_labels
-        ))
-        .into());
-    }
+    let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
     let hidden = c.hidden_size;
@@ -141,6 +134,5 @@ pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
     let pooled = b.g.tanh(pooled)?; // (B, C)
     let pooled = b.dropout(pooled, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
     let logits = b.linear(pooled, "classifier")?; // (B, num_labels)
-    let labels = b.g.input_ids(LABELS, &[bs])?; // (B)
-    Ok(b.g.cross_entropy(logits, labels)?)
+    b.classification_loss(logits, problem, bs)
 }

@@ -4,7 +4,7 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, POSITION_IDS};
+use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, LAST_TOKEN, POSITION_IDS};
 use crate::config::{Family, Gpt2Config, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
@@ -48,6 +48,40 @@ pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
         ))
         .into());
     }
+    let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
+    let head = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
+    let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
+    let labels = b.g.input_ids(LABELS, &[bs, t])?; // (B, T), shifted
+    Ok(b.g.cross_entropy(logits, labels)?)
+}
+
+/// `GPT2ForSequenceClassification`: GPT2Model → score (no bias) at each row's last non-pad
+/// token → HF's loss for the problem type. HF scores every position and then indexes; here the
+/// fed one-hot selector (B, 1, T) picks the pooled hidden state first (a K = T matmul: 1·x plus
+/// exact zeros), the same values. Without a pad token HF takes the last position and refuses
+/// batches of more than one row; so does this. Returns the loss.
+pub(crate) fn gpt2_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
+    let bs = opts.batch_size;
+    if c.pad_token_id.is_none() && bs != 1 {
+        return Err(ModelError::BadConfig(
+            "GPT2ForSequenceClassification without a pad_token_id cannot find the last token of padded rows (HF refuses batches > 1): set pad_token_id in config.json".into(),
+        )
+        .into());
+    }
+    let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
+    let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
+    let sel = b.g.input_float(LAST_TOKEN, &[bs, 1, opts.seq_len])?; // (B, 1, T)
+    let pooled = b.g.matmul(sel, x, false, false)?; // (B, 1, C)
+    let pooled = b.g.reshape(pooled, &[bs, c.n_embd])?; // (B, C)
+    let logits = b.g.matmul(pooled, b.p("score.weight"), false, true)?; // (B, num_labels)
+    b.classification_loss(logits, problem, bs)
+}
+
+/// `GPT2Model`: wte + wpe, embd dropout, the blocks, ln_f.
+// returns (B, T, C)
+fn gpt2_model(b: &mut Builder, c: &Gpt2Config, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let (bs, t) = (opts.batch_size, opts.seq_len);
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
     let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
     let tok = b.g.embedding(b.p("transformer.wte.weight"), ids)?; // (B, T, C)
@@ -57,9 +91,5 @@ pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
     for i in 0..c.n_layer {
         x = gpt2_block(b, x, &format!("transformer.h.{i}"), c, cfg)?;
     }
-    let x = b.layer_norm(x, "transformer.ln_f", c.layer_norm_epsilon)?; // (B, T, C)
-    let head = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
-    let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
-    let labels = b.g.input_ids(LABELS, &[bs, t])?; // (B, T), shifted
-    Ok(b.g.cross_entropy(logits, labels)?)
+    b.layer_norm(x, "transformer.ln_f", c.layer_norm_epsilon) // (B, T, C)
 }

@@ -31,7 +31,8 @@ use ortbench_engine::passes::{self, PassConfig, PassReport};
 use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 
 use crate::config::{Activation, Architecture, Family, ModelConfig};
-use crate::data::Batch;
+use crate::config::ProblemType;
+use crate::data::{Batch, Task};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
 use crate::ModelError;
@@ -54,6 +55,11 @@ pub const PAD_MASK: &str = "input_ids_is_pad";
 /// tokens, −∞ at padding — what torch's sdpa makes of HF's boolean mask. A query whose every
 /// key is masked (a left pad under the causal mask) outputs zeros, as sdpa does.
 pub const ATTENTION_MASK: &str = "attention_mask";
+/// Regression classifiers: the float targets, (B, 1) in the graph's dtype.
+pub const TARGETS: &str = "regression_targets";
+/// GPT2ForSequenceClassification: 1.0 at each row's pooled token (the last that is not
+/// `pad_token_id`, HF's rule), (B, 1, T) in the graph's dtype.
+pub const LAST_TOKEN: &str = "last_token_selector";
 
 /// What to build: the static sizes of a step, the storage dtype of activations and the graph
 /// passes to run.
@@ -124,6 +130,10 @@ pub struct EngineModel {
     pub params: Vec<ParamSlot>,
     /// BERT's `pad_token_id` when it is a valid row of the word embedding.
     pub padding_idx: Option<i64>,
+    /// What the loss trains (and so which labels `feed` takes).
+    pub task: Task,
+    /// GPT-2's `pad_token_id` (GPT2ForSequenceClassification pools the last other token).
+    gpt2_pad: Option<i64>,
     vocab_size: usize,
     num_labels: usize,
 }
@@ -141,6 +151,7 @@ pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Gr
         Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
         Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
         Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
+        Architecture::Gpt2ForSequenceClassification => gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts),
     }
     .map_err(|e| match e {
         BuildError::Graph(e) => graph_err(cfg, e),
@@ -165,10 +176,12 @@ pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<En
         .iter()
         .map(|p| ParamSlot { name: p.name.clone(), shape: p.shape.clone(), offset: p.offset, len: p.len })
         .collect();
-    let (padding_idx, num_labels) = match &cfg.family {
-        Family::Bert(c) => (bert::padding_idx(c), c.num_labels),
-        Family::Gpt2(_) => (None, 0),
+    let (padding_idx, gpt2_pad) = match &cfg.family {
+        Family::Bert(c) => (bert::padding_idx(c), None),
+        Family::Gpt2(c) => (None, c.pad_token_id),
     };
+    let task = Task::for_config(cfg);
+    let num_labels = if cfg.arch.is_classifier() { cfg.num_labels() } else { 0 };
     Ok(EngineModel {
         arch: cfg.arch,
         batch_size: opts.batch_size,
@@ -180,6 +193,8 @@ pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<En
         pass_report,
         params,
         padding_idx,
+        task,
+        gpt2_pad,
         vocab_size: cfg.vocab_size(),
         num_labels,
     })
@@ -250,13 +265,18 @@ impl EngineModel {
                 "the batch has padding (an attention_mask with zeros) but the engine graph was built without an attention mask: build it with GraphOptions::with_attention_mask".into(),
             ));
         }
-        let want_labels = if self.arch == Architecture::BertForSequenceClassification { b } else { b * t };
+        let want_labels = b * self.task.labels_per_row(t);
         if batch.labels.len() != want_labels {
             return Err(ModelError::Data(format!(
-                "{} needs {want_labels} labels per batch, got {}",
+                "{} ({}) needs {want_labels} labels per batch, got {}",
                 self.arch.hf_name(),
+                self.task.name(),
                 batch.labels.len()
             )));
+        }
+        let regression = matches!(self.task, Task::SequenceClassification { problem: ProblemType::Regression, .. });
+        if regression != batch.targets.as_ref().is_some_and(|v| v.len() == b) {
+            return Err(ModelError::Data(format!("{} needs {b} float targets per batch exactly when it is a regression", self.arch.hf_name())));
         }
         let v = self.vocab_size as i64;
         if let Some(bad) = batch.input_ids.iter().find(|&&i| i < 0 || i >= v) {
@@ -274,6 +294,20 @@ impl EngineModel {
                     let pad = self.padding_idx.expect("pad masks exist only with a padding_idx");
                     let want = name == PAD_MASK;
                     FeedData::Floats(batch.input_ids.iter().map(|&i| if (i == pad) == want { 1.0 } else { 0.0 }).collect())
+                }
+                TARGETS => FeedData::Floats(batch.targets.clone().expect("checked above")),
+                LAST_TOKEN => {
+                    // HF: the rightmost token that is not pad_token_id (position 0 when all
+                    // are); the last position when there is no pad token (batch 1 only).
+                    let mut sel = vec![0.0; b * t];
+                    for (row, ids) in batch.input_ids.chunks_exact(t).enumerate() {
+                        let last = match self.gpt2_pad {
+                            Some(pad) => ids.iter().rposition(|&i| i != pad).unwrap_or(0),
+                            None => t - 1,
+                        };
+                        sel[row * t + last] = 1.0;
+                    }
+                    FeedData::Floats(sel)
                 }
                 ATTENTION_MASK => {
                     let mask = batch.attention_mask.as_deref();
@@ -447,6 +481,40 @@ impl Builder {
         Ok(self.g.matmul(probs, v, false, false)?)
     }
 
+    /// The loss of a sequence classifier's `logits` (B, L) as HF's `…ForSequenceClassification`
+    /// computes it for `problem`, written with the engine's ops:
+    /// - single-label: cross-entropy against (B,) labels, mean over rows;
+    /// - multi-label: BCEWithLogits against (B, L) 0/1 labels, mean over B·L — each logit x as the
+    ///   two-class logits (0, x), whose cross-entropy with label y ∈ {0, 1} is exactly
+    ///   log(1 + e^x) − y·x (the fused log-sum-exp keeps it stable);
+    /// - regression (L = 1): MSE against (B, 1) float targets, mean over rows — d = x − y, then
+    ///   dᵀd (a K = B matmul) / B.
+    // logits: (B, L) -> ()
+    pub fn classification_loss(&mut self, logits: TensorId, problem: ProblemType, bs: usize) -> BResult<TensorId> {
+        let l = self.g.shape(logits)[1];
+        Ok(match problem {
+            ProblemType::SingleLabel => {
+                let labels = self.g.input_ids(LABELS, &[bs])?; // (B)
+                self.g.cross_entropy(logits, labels)?
+            }
+            ProblemType::MultiLabel => {
+                let x = self.g.reshape(logits, &[bs, l, 1])?; // (B, L, 1)
+                let zero = self.g.fill(&[bs, l, 1], 0.0);
+                let pair = self.g.concat(&[zero, x])?; // (B, L, 2)
+                let labels = self.g.input_ids(LABELS, &[bs, l])?; // (B, L)
+                self.g.cross_entropy(pair, labels)?
+            }
+            ProblemType::Regression => {
+                let y = self.g.input_float(TARGETS, &[bs, 1])?; // (B, 1)
+                let neg = self.g.scale(y, -1.0)?;
+                let d = self.g.add(logits, neg)?; // (B, 1)
+                let sq = self.g.matmul(d, d, true, false)?; // (1, 1) = Σ d²
+                let mean = self.g.scale(sq, 1.0 / bs as f32)?;
+                self.g.reshape(mean, &[])?
+            }
+        })
+    }
+
     /// HF's `ACT2FN[name]`.
     pub fn activation(&mut self, x: TensorId, act: Activation) -> BResult<TensorId> {
         let approx = match act {
@@ -553,7 +621,7 @@ mod tests {
     fn feed_shifts_gpt2_labels_and_masks_bert_padding() {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let m = build_training_graph(&cfg, &GraphOptions::new(2, 3)).unwrap();
-        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6], attention_mask: None };
+        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6], targets: None, attention_mask: None };
         let feed = m.feed(&batch).unwrap();
         let get = |f: &Feed, n: &str| f.entries.iter().find(|(k, _)| k == n).map(|(_, d)| d.clone()).unwrap();
         assert_eq!(get(&feed, LABELS), FeedData::Ids(vec![2, 3, -100, 5, 6, -100]));
@@ -563,7 +631,7 @@ mod tests {
 
         let cfg = tiny_classifier(Some(0));
         let m = build_training_graph(&cfg, &GraphOptions::new(1, 3)).unwrap();
-        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2], attention_mask: None };
+        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2], targets: None, attention_mask: None };
         let feed = m.feed(&batch).unwrap();
         assert_eq!(get(&feed, NOT_PAD_MASK), FeedData::Floats(vec![1.0, 0.0, 1.0]));
         assert_eq!(get(&feed, PAD_MASK), FeedData::Floats(vec![0.0, 1.0, 0.0]));
@@ -607,10 +675,17 @@ mod tests {
     #[test]
     fn unsupported_and_bad_sizes_are_clear_errors() {
         let mut raw = tiny_classifier(Some(0)).raw;
-        raw["num_labels"] = serde_json::json!(1);
+        raw["problem_type"] = serde_json::json!("ordinal");
+        let e = ModelConfig::from_value(raw.clone(), "test").unwrap_err();
+        assert!(matches!(e, ModelError::BadConfig(_)) && e.to_string().contains("problem_type 'ordinal'"), "{e}");
+        raw["problem_type"] = serde_json::json!("regression");
+        let e = ModelConfig::from_value(raw, "test").unwrap_err().to_string();
+        assert!(e.contains("regression with num_labels = 3"), "{e}");
+        let mut raw = builtin_config("tiny-gpt2").unwrap().raw;
+        raw["architectures"] = serde_json::json!(["GPT2ForSequenceClassification"]);
         let cfg = ModelConfig::from_value(raw, "test").unwrap();
-        let e = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap_err();
-        assert!(matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("num_labels = 1"), "{e}");
+        let e = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap_err().to_string();
+        assert!(e.contains("without a pad_token_id"), "{e}");
         let gpt2 = builtin_config("tiny-gpt2").unwrap();
         let e = build_training_graph(&gpt2, &GraphOptions::new(2, 65)).unwrap_err().to_string();
         assert!(e.contains("beyond the model's 64 positions"), "{e}");

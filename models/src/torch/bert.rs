@@ -2,9 +2,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, cross_entropy, padding_mask, sdpa, LayerNorm, Linear};
+use super::layers::{activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear};
 use super::Vars;
-use crate::config::{Activation, Family, ModelConfig};
+use crate::config::{Activation, Family, ModelConfig, ProblemType};
 
 fn bert_config(cfg: &ModelConfig) -> &crate::config::BertConfig {
     match &cfg.family {
@@ -171,7 +171,7 @@ pub struct BertForSequenceClassification {
     pooler: Linear,
     classifier: Linear,
     dropout: f64,
-    num_labels: i64,
+    problem: ProblemType,
 }
 
 impl BertForSequenceClassification {
@@ -182,20 +182,15 @@ impl BertForSequenceClassification {
             pooler: Linear::new(v, "bert.pooler.dense"),
             classifier: Linear::new(v, "classifier"),
             dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
-            num_labels: c.num_labels as i64,
+            problem: cfg.problem_type().expect("checked when the config was parsed"),
         }
     }
 
-    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, targets: Option<&Tensor>, train: bool) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let pooled = self.pooler.forward(&h.select(1, 0)).tanh();
         let logits = self.classifier.forward(&pooled.dropout(self.dropout, train));
-        if self.num_labels == 1 {
-            // HF's regression problem type.
-            logits.squeeze_dim(-1).mse_loss(&labels.to_kind(Kind::Float), tch::Reduction::Mean)
-        } else {
-            cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))
-        }
+        classification_loss(&logits, labels, targets, self.problem)
     }
 }

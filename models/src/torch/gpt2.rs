@@ -2,9 +2,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, causal_lm_loss, padding_mask, sdpa, Conv1D, LayerNorm};
+use super::layers::{activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm};
 use super::Vars;
-use crate::config::{Activation, Family, ModelConfig};
+use crate::config::{Activation, Family, ModelConfig, ProblemType};
 
 /// GPT2Block: ln_1 → GPT2Attention → residual, ln_2 → GPT2MLP → residual.
 struct Gpt2Block {
@@ -38,18 +38,17 @@ impl Gpt2Block {
     }
 }
 
-/// GPT2LMHeadModel: GPT2Model (wte + wpe, dropout, blocks, ln_f) and an lm_head tied to wte.
-pub struct Gpt2LMHeadModel {
+/// GPT2Model: wte + wpe, dropout, the blocks, ln_f.
+struct Gpt2Model {
     wte: Tensor,
     wpe: Tensor,
     blocks: Vec<Gpt2Block>,
     ln_f: LayerNorm,
-    lm_head: Tensor,
     embd_pdrop: f64,
 }
 
-impl Gpt2LMHeadModel {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+impl Gpt2Model {
+    fn new(cfg: &ModelConfig, v: &Vars) -> Self {
         let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
         let eps = c.layer_norm_epsilon;
         let blocks = (0..c.n_layer)
@@ -69,20 +68,18 @@ impl Gpt2LMHeadModel {
                 }
             })
             .collect();
-        let lm_head = if c.tie_word_embeddings { v.get("transformer.wte.weight") } else { v.get("lm_head.weight") };
-        Gpt2LMHeadModel {
+        Gpt2Model {
             wte: v.get("transformer.wte.weight"),
             wpe: v.get("transformer.wpe.weight"),
             blocks,
             ln_f: LayerNorm::new(v, "transformer.ln_f", eps),
-            lm_head,
             embd_pdrop: c.embd_pdrop,
         }
     }
 
-    // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
-        let (b, t) = input_ids.size2().expect("(B, T) ids");
+    // input_ids: (B, T), attention_mask: (B, T) 0/1 -> (B, T, C)
+    fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
+        let (_, t) = input_ids.size2().expect("(B, T) ids");
         let mask = attention_mask.map(|m| padding_mask(m, true));
         let pos = Tensor::arange(t, (Kind::Int64, input_ids.device())).unsqueeze(0);
         let mut x = (Tensor::embedding(&self.wte, input_ids, -1, false, false)
@@ -91,9 +88,69 @@ impl Gpt2LMHeadModel {
         for block in &self.blocks {
             x = block.forward(&x, mask.as_ref(), train);
         }
+        self.ln_f.forward(&x)
+    }
+}
+
+/// GPT2LMHeadModel: GPT2Model and an lm_head tied to wte.
+pub struct Gpt2LMHeadModel {
+    transformer: Gpt2Model,
+    lm_head: Tensor,
+}
+
+impl Gpt2LMHeadModel {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
+        let lm_head = if c.tie_word_embeddings { v.get("transformer.wte.weight") } else { v.get("lm_head.weight") };
+        Gpt2LMHeadModel { transformer: Gpt2Model::new(cfg, v), lm_head }
+    }
+
+    // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+        let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let x = self.transformer.forward(input_ids, attention_mask, train);
         // lm_head: nn.Linear(bias=False) whose weight is wte.
-        let logits = self.ln_f.forward(&x).linear::<Tensor>(&self.lm_head, None);
+        let logits = x.linear::<Tensor>(&self.lm_head, None);
         // HF 5.x's ForCausalLMLoss: shift the labels, not the logits.
         causal_lm_loss(&logits, &labels.view([b, t]))
+    }
+}
+
+/// GPT2ForSequenceClassification: GPT2Model, score (no bias) over every position, the logits of
+/// each row's last token that is not pad_token_id (HF: argmax of position·[id ≠ pad]; the last
+/// position without a pad token), HF's loss for the problem type.
+pub struct Gpt2ForSequenceClassification {
+    transformer: Gpt2Model,
+    score: Tensor,
+    pad_token_id: Option<i64>,
+    problem: ProblemType,
+}
+
+impl Gpt2ForSequenceClassification {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
+        Gpt2ForSequenceClassification {
+            transformer: Gpt2Model::new(cfg, v),
+            score: v.get("score.weight"),
+            pad_token_id: c.pad_token_id,
+            problem: cfg.problem_type().expect("checked when the config was parsed"),
+        }
+    }
+
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, targets: Option<&Tensor>, train: bool) -> Tensor {
+        let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let h = self.transformer.forward(input_ids, attention_mask, train);
+        let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
+        let last = match self.pad_token_id {
+            Some(pad) => {
+                let positions = Tensor::arange(t, (Kind::Int64, input_ids.device()));
+                (positions * input_ids.ne(pad).to_kind(Kind::Int64)).argmax(-1, false)
+            }
+            None => Tensor::full([b], t - 1, (Kind::Int64, input_ids.device())),
+        };
+        let rows = Tensor::arange(b, (Kind::Int64, input_ids.device()));
+        let pooled = logits.index(&[Some(rows), Some(last)]); // (B, L)
+        classification_loss(&pooled, labels, targets, self.problem)
     }
 }

@@ -3,7 +3,7 @@
 use tch::{Kind, Tensor};
 
 use super::Vars;
-use crate::config::Activation;
+use crate::config::{Activation, ProblemType};
 
 /// torch.nn.Linear: y = x·Wᵀ + b, W: (out, in).
 pub struct Linear {
@@ -91,6 +91,27 @@ pub fn padding_mask(attention_mask: &Tensor, causal: bool) -> Tensor {
         keys.logical_and(&tril)
     } else {
         keys
+    }
+}
+
+/// The loss of HF's `…ForSequenceClassification` for `problem`: CrossEntropyLoss over
+/// (B, L) logits and (B,) labels; BCEWithLogitsLoss against (B, L) 0/1 labels as floats; MSELoss
+/// of the squeezed (B, 1) logits against (B,) float targets.
+// logits: (B, L), labels: (B,) or (B·L,) i64, targets: (B,) f32 -> scalar
+pub fn classification_loss(logits: &Tensor, labels: &Tensor, targets: Option<&Tensor>, problem: ProblemType) -> Tensor {
+    let (b, l) = logits.size2().expect("(B, L) logits");
+    match problem {
+        ProblemType::SingleLabel => cross_entropy(&logits.view([-1, l]), &labels.view([-1])),
+        ProblemType::MultiLabel => logits.binary_cross_entropy_with_logits::<Tensor>(
+            &labels.view([b, l]).to_kind(logits.kind()),
+            None,
+            None,
+            tch::Reduction::Mean,
+        ),
+        ProblemType::Regression => {
+            let y = targets.expect("regression batches carry targets").to_kind(logits.kind());
+            logits.squeeze().mse_loss(&y.squeeze(), tch::Reduction::Mean)
+        }
     }
 }
 

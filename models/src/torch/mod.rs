@@ -29,6 +29,7 @@ pub enum TorchModel {
     BertMlm(bert::BertForMaskedLM),
     BertCls(bert::BertForSequenceClassification),
     Gpt2(gpt2::Gpt2LMHeadModel),
+    Gpt2Cls(gpt2::Gpt2ForSequenceClassification),
 }
 
 /// Variables by HF name. Variables live in a VarStore whose group 0 gets weight decay and
@@ -78,6 +79,9 @@ impl TorchModel {
                 TorchModel::BertCls(bert::BertForSequenceClassification::new(cfg, vars))
             }
             Architecture::Gpt2LMHeadModel => TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars)),
+            Architecture::Gpt2ForSequenceClassification => {
+                TorchModel::Gpt2Cls(gpt2::Gpt2ForSequenceClassification::new(cfg, vars))
+            }
         }
     }
 
@@ -92,10 +96,13 @@ impl TorchModel {
             Tensor::from_slice(m).reshape([batch.batch_size as i64, batch.seq_len as i64]).to_device(device)
         });
         let mask = mask.as_ref();
+        let targets = batch.targets.as_ref().map(|v| Tensor::from_slice(v).to_device(device));
+        let targets = targets.as_ref();
         match self {
             TorchModel::BertMlm(m) => m.loss(&ids, mask, &labels, train),
-            TorchModel::BertCls(m) => m.loss(&ids, mask, &labels, train),
+            TorchModel::BertCls(m) => m.loss(&ids, mask, &labels, targets, train),
             TorchModel::Gpt2(m) => m.loss(&ids, mask, &labels, train),
+            TorchModel::Gpt2Cls(m) => m.loss(&ids, mask, &labels, targets, train),
         }
     }
 }
