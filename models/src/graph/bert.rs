@@ -5,10 +5,9 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS};
+use super::{Builder, GraphOptions, BResult, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS};
 use crate::config::{Architecture, BertConfig, Family, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
-use crate::ModelError;
 
 fn bert_config(cfg: &ModelConfig) -> &BertConfig {
     match &cfg.family {
@@ -101,8 +100,9 @@ fn bert_encoder(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BRes
 }
 
 /// `BertForMaskedLM`: encoder → BertOnlyMLMHead (transform: dense, act, LayerNorm; decoder
-/// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`)
-/// → mean cross-entropy over all B·T positions, labels −100 ignored. Returns the loss.
+/// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`).
+/// Returns the logits (B, T, V); the loss (mean cross-entropy over labels ≠ −100) is added by
+/// the caller.
 pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForMaskedLM);
     let c = bert_config(cfg);
@@ -112,18 +112,15 @@ pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
     let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
     let decoder = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
     let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
-    let logits = b.g.bias_add(logits, b.p("cls.predictions.bias"))?;
-    let labels = b.g.input_ids(LABELS, &[opts.batch_size, opts.seq_len])?; // (B, T)
-    Ok(b.g.cross_entropy(logits, labels)?)
+    Ok(b.g.bias_add(logits, b.p("cls.predictions.bias"))?) // (B, T, V)
 }
 
 /// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
-/// (`classifier_dropout` or `hidden_dropout_prob`) → classifier → HF's loss for the config's
-/// problem type ([`Builder::classification_loss`]). Returns the loss.
+/// (`classifier_dropout` or `hidden_dropout_prob`) → classifier. Returns the logits
+/// (B, num_labels); the caller adds the problem type's loss ([`Builder::classification_loss`]).
 pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForSequenceClassification);
     let c = bert_config(cfg);
-    let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
     let hidden = c.hidden_size;
@@ -133,6 +130,5 @@ pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
     let pooled = b.linear(first, "bert.pooler.dense")?;
     let pooled = b.g.tanh(pooled)?; // (B, C)
     let pooled = b.dropout(pooled, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
-    let logits = b.linear(pooled, "classifier")?; // (B, num_labels)
-    b.classification_loss(logits, problem, bs)
+    b.linear(pooled, "classifier") // (B, num_labels)
 }

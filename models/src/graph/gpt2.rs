@@ -4,7 +4,7 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{Builder, GraphOptions, BResult, INPUT_IDS, LABELS, LAST_TOKEN, POSITION_IDS};
+use super::{Builder, GraphOptions, BResult, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
 use crate::config::{Family, Gpt2Config, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
@@ -36,12 +36,12 @@ fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &Model
 }
 
 /// `GPT2LMHeadModel`: GPT2Model (wte + wpe, embd dropout, blocks, ln_f) → lm_head (no bias,
-/// tied to wte unless `tie_word_embeddings` is false) → mean cross-entropy of logits[:, :-1]
-/// against labels[:, 1:]. The shift is in the fed labels (see `EngineModel::feed`): position t
-/// carries label t+1 and the last position −100. Returns the loss.
+/// tied to wte unless `tie_word_embeddings` is false). Returns the logits (B, T, V); the caller
+/// adds the loss, the mean cross-entropy of logits[:, :-1] against labels[:, 1:] — the shift
+/// is in the fed labels (see `EngineModel::feed`): position t carries label t+1, the last −100.
 pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
     let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
-    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let t = opts.seq_len;
     if t < 2 {
         return Err(ModelError::Data(format!(
             "GPT2LMHeadModel needs a sequence length of at least 2 (its loss pairs token t with t+1), got {t}"
@@ -50,13 +50,12 @@ pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
     }
     let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
     let head = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
-    let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
-    let labels = b.g.input_ids(LABELS, &[bs, t])?; // (B, T), shifted
-    Ok(b.g.cross_entropy(logits, labels)?)
+    Ok(b.g.matmul(x, b.p(head), false, true)?) // (B, T, V)
 }
 
 /// `GPT2ForSequenceClassification`: GPT2Model → score (no bias) at each row's last non-pad
-/// token → HF's loss for the problem type. HF scores every position and then indexes; here the
+/// token; returns the logits (B, num_labels), the caller adds the problem type's loss. HF scores
+/// every position and then indexes; here the
 /// fed one-hot selector (B, 1, T) picks the pooled hidden state first (a K = T matmul: 1·x plus
 /// exact zeros), the same values. Without a pad token HF takes the last position and refuses
 /// batches of more than one row; so does this. Returns the loss.
@@ -69,13 +68,11 @@ pub(crate) fn gpt2_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
         )
         .into());
     }
-    let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
     let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
     let sel = b.g.input_float(LAST_TOKEN, &[bs, 1, opts.seq_len])?; // (B, 1, T)
     let pooled = b.g.matmul(sel, x, false, false)?; // (B, 1, C)
     let pooled = b.g.reshape(pooled, &[bs, c.n_embd])?; // (B, C)
-    let logits = b.g.matmul(pooled, b.p("score.weight"), false, true)?; // (B, num_labels)
-    b.classification_loss(logits, problem, bs)
+    Ok(b.g.matmul(pooled, b.p("score.weight"), false, true)?) // (B, num_labels)
 }
 
 /// `GPT2Model`: wte + wpe, embd dropout, the blocks, ln_f.

@@ -141,25 +141,55 @@ pub struct EngineModel {
 /// The forward graph of `cfg` for steps of `opts` as the builder writes it (HF's eager form,
 /// no pass run; its loss is set) and its scalar loss.
 pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
+    let (mut b, logits) = build_logits(cfg, opts)?;
+    let loss = add_loss(&mut b, cfg, opts, logits).map_err(|e| build_err(cfg, e))?;
+    let mut g = b.g;
+    g.set_loss(loss).map_err(|e| graph_err(cfg, e))?;
+    Ok((g, loss))
+}
+
+/// The inference graph of `cfg`: HF's eager forward up to the head's logits — (B, T, V) for
+/// language models, (B, num_labels) for classifiers — with no labels and no loss, and its
+/// logits tensor. No pass is run (run it on the reference executor, or export it).
+pub fn build_inference_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
+    let (b, logits) = build_logits(cfg, opts)?;
+    Ok((b.g, logits))
+}
+
+fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, TensorId), ModelError> {
     check_sizes(cfg, opts)?;
     let mut b = Builder::new(cfg, opts.dtype).map_err(|e| graph_err(cfg, e))?;
     if opts.attention_mask {
         let m = b.g.input_float(ATTENTION_MASK, &[opts.batch_size, 1, 1, opts.seq_len]).map_err(|e| graph_err(cfg, e))?;
         b.attention_mask = Some(m);
     }
-    let loss = match cfg.arch {
+    let logits = match cfg.arch {
         Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
         Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
         Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
         Architecture::Gpt2ForSequenceClassification => gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts),
     }
-    .map_err(|e| match e {
+    .map_err(|e| build_err(cfg, e))?;
+    Ok((b, logits))
+}
+
+/// HF's loss on `logits`: mean cross-entropy over labels ≠ −100 for language models (GPT-2's
+/// labels arrive shifted: see [`EngineModel::feed`]); the problem type's loss for classifiers.
+fn add_loss(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions, logits: TensorId) -> BResult<TensorId> {
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    if cfg.arch.is_classifier() {
+        let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
+        return b.classification_loss(logits, problem, bs);
+    }
+    let labels = b.g.input_ids(LABELS, &[bs, t])?; // (B, T)
+    Ok(b.g.cross_entropy(logits, labels)?)
+}
+
+fn build_err(cfg: &ModelConfig, e: BuildError) -> ModelError {
+    match e {
         BuildError::Graph(e) => graph_err(cfg, e),
         BuildError::Model(e) => e,
-    })?;
-    let mut g = b.g;
-    g.set_loss(loss).map_err(|e| graph_err(cfg, e))?;
-    Ok((g, loss))
+    }
 }
 
 /// The training graph of `cfg` (forward + loss + backward) for steps of `opts`.
@@ -251,6 +281,52 @@ impl EngineModel {
     /// Every graph input for `batch`: ids, labels (GPT-2's shifted here), positions, token types
     /// and BERT's padding masks.
     pub fn feed(&self, batch: &Batch) -> Result<Feed, ModelError> {
+        self.feed_info().feed(&self.graph, batch)
+    }
+
+    fn feed_info(&self) -> FeedInfo {
+        FeedInfo {
+            arch: self.arch,
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+            padding_idx: self.padding_idx,
+            task: self.task,
+            gpt2_pad: self.gpt2_pad,
+            vocab_size: self.vocab_size,
+        }
+    }
+
+    /// Number of classes of a sequence classifier (0 for language models).
+    pub fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    /// One forward + backward on the engine's reference executor: writes every parameter's
+    /// gradient into `grads` (flat layout) and returns the loss. `seed` seeds dropout.
+    pub fn ref_train_step(&self, params: &[f32], batch: &Batch, seed: u64, grads: &mut [f32]) -> Result<f32, ModelError> {
+        let feed = self.feed(batch)?;
+        RefExecutor::new(&self.graph)
+            .train_step(params, &feed.inputs(), seed, grads)
+            .map_err(|e| ModelError::Training(format!("engine step: {e}")))
+    }
+}
+
+/// What feeding a graph of a model needs to know beyond the graph.
+#[derive(Clone, Copy, Debug)]
+struct FeedInfo {
+    arch: Architecture,
+    batch_size: usize,
+    seq_len: usize,
+    padding_idx: Option<i64>,
+    task: Task,
+    gpt2_pad: Option<i64>,
+    vocab_size: usize,
+}
+
+impl FeedInfo {
+    /// Every input of `graph` for `batch`: ids, labels (GPT-2's shifted here) when the graph
+    /// has a loss, positions, token types, the padding masks, GPT-2's pooled-token selector.
+    fn feed(&self, graph: &Graph, batch: &Batch) -> Result<Feed, ModelError> {
         let (b, t) = (self.batch_size, self.seq_len);
         if batch.batch_size != b || batch.seq_len != t || batch.input_ids.len() != b * t {
             return Err(ModelError::Data(format!(
@@ -260,13 +336,15 @@ impl EngineModel {
                 batch.input_ids.len()
             )));
         }
-        if batch.has_padding() && !self.graph.inputs().iter().any(|&i| self.graph.input_name(i) == Some(ATTENTION_MASK)) {
+        let has = |name: &str| graph.inputs().iter().any(|&i| graph.input_name(i) == Some(name));
+        if batch.has_padding() && !has(ATTENTION_MASK) {
             return Err(ModelError::Data(
                 "the batch has padding (an attention_mask with zeros) but the engine graph was built without an attention mask: build it with GraphOptions::with_attention_mask".into(),
             ));
         }
         let want_labels = b * self.task.labels_per_row(t);
-        if batch.labels.len() != want_labels {
+        let with_loss = has(LABELS) || has(TARGETS);
+        if with_loss && batch.labels.len() != want_labels {
             return Err(ModelError::Data(format!(
                 "{} ({}) needs {want_labels} labels per batch, got {}",
                 self.arch.hf_name(),
@@ -275,7 +353,7 @@ impl EngineModel {
             )));
         }
         let regression = matches!(self.task, Task::SequenceClassification { problem: ProblemType::Regression, .. });
-        if regression != batch.targets.as_ref().is_some_and(|v| v.len() == b) {
+        if with_loss && regression != batch.targets.as_ref().is_some_and(|v| v.len() == b) {
             return Err(ModelError::Data(format!("{} needs {b} float targets per batch exactly when it is a regression", self.arch.hf_name())));
         }
         let v = self.vocab_size as i64;
@@ -283,8 +361,8 @@ impl EngineModel {
             return Err(ModelError::Data(format!("input id {bad} is outside the vocabulary [0, {v})")));
         }
         let mut entries = Vec::new();
-        for &tid in self.graph.inputs() {
-            let name = self.graph.input_name(tid).expect("graph inputs are named");
+        for &tid in graph.inputs() {
+            let name = graph.input_name(tid).expect("graph inputs are named");
             let data = match name {
                 INPUT_IDS => FeedData::Ids(batch.input_ids.clone()),
                 LABELS => FeedData::Ids(self.labels(batch)),
@@ -337,18 +415,51 @@ impl EngineModel {
         }
     }
 
-    /// Number of classes of a sequence classifier (0 for language models).
-    pub fn num_labels(&self) -> usize {
-        self.num_labels
+}
+
+/// A model's inference graph (HF's eager forward up to the logits, no loss: see
+/// [`build_inference_graph`]) on the reference executor: what evaluation and export use. The
+/// parameters are the training model's flat buffer (the same `param_specs` layout).
+pub struct InferenceModel {
+    pub graph: Graph,
+    /// (B, T, V) for language models, (B, num_labels) for classifiers.
+    pub logits: TensorId,
+    info: FeedInfo,
+}
+
+impl InferenceModel {
+    /// The inference graph of `cfg` for batches of `opts` (dropout as the config says: set it
+    /// to 0 for evaluation, as `model.eval()`).
+    pub fn new(cfg: &ModelConfig, opts: &GraphOptions) -> Result<Self, ModelError> {
+        let (graph, logits) = build_inference_graph(cfg, opts)?;
+        let (padding_idx, gpt2_pad) = match &cfg.family {
+            Family::Bert(c) => (bert::padding_idx(c), None),
+            Family::Gpt2(c) => (None, c.pad_token_id),
+        };
+        let info = FeedInfo {
+            arch: cfg.arch,
+            batch_size: opts.batch_size,
+            seq_len: opts.seq_len,
+            padding_idx,
+            task: Task::for_config(cfg),
+            gpt2_pad,
+            vocab_size: cfg.vocab_size(),
+        };
+        Ok(InferenceModel { graph, logits, info })
     }
 
-    /// One forward + backward on the engine's reference executor: writes every parameter's
-    /// gradient into `grads` (flat layout) and returns the loss. `seed` seeds dropout.
-    pub fn ref_train_step(&self, params: &[f32], batch: &Batch, seed: u64, grads: &mut [f32]) -> Result<f32, ModelError> {
+    /// The graph's inputs for `batch` (its labels are not read).
+    pub fn feed(&self, batch: &Batch) -> Result<Feed, ModelError> {
+        self.info.feed(&self.graph, batch)
+    }
+
+    /// The logits of `batch` under `params`, row-major in the logits' shape.
+    pub fn logits(&self, params: &[f32], batch: &Batch) -> Result<Vec<f32>, ModelError> {
         let feed = self.feed(batch)?;
-        RefExecutor::new(&self.graph)
-            .train_step(params, &feed.inputs(), seed, grads)
-            .map_err(|e| ModelError::Training(format!("engine step: {e}")))
+        let values = RefExecutor::new(&self.graph)
+            .run(params, &feed.inputs(), 0)
+            .map_err(|e| ModelError::Training(format!("engine forward: {e}")))?;
+        Ok(values.get(self.logits).expect("the logits are computed").to_vec())
     }
 }
 
@@ -669,6 +780,41 @@ mod tests {
             } else {
                 assert_eq!(p.data, r.data, "{}", p.name);
             }
+        }
+    }
+
+    /// The inference graph's logits give the training graph's loss (cross-entropy computed here
+    /// in f64 from them, within 1e-6 relative), for a padded classifier and the MLM.
+    #[test]
+    fn inference_logits_give_the_training_loss() {
+        for cfg in [tiny_classifier(Some(0)), builtin_config("tiny-bert").unwrap()] {
+            let mut cfg = cfg;
+            cfg.set_dropout(0.0);
+            let (b, t) = (3, 8);
+            let opts = GraphOptions::new(b, t).with_attention_mask(true);
+            let mut batch = DataSource::synthetic(&cfg, b, t, 4).unwrap().batch(0);
+            let mut mask = vec![1i64; b * t];
+            mask[t - 3..t].fill(0);
+            batch.attention_mask = Some(mask);
+            let train = build_training_graph(&cfg, &opts).unwrap();
+            let params = train.flatten(&Weights::init(&cfg, 2)).unwrap();
+            let mut g = vec![0.0; params.len()];
+            let loss = train.ref_train_step(&params, &batch, 0, &mut g).unwrap() as f64;
+            let inf = InferenceModel::new(&cfg, &opts).unwrap();
+            let logits = inf.logits(&params, &batch).unwrap();
+            let n = inf.graph.shape(inf.logits).last().copied().unwrap();
+            let (mut sum, mut count) = (0.0f64, 0usize);
+            for (row, &label) in logits.chunks_exact(n).zip(&batch.labels) {
+                if label == crate::IGNORE_INDEX {
+                    continue;
+                }
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+                sum += lse - row[label as usize] as f64;
+                count += 1;
+            }
+            let want = sum / count as f64;
+            assert!((want - loss).abs() / loss < 1e-6, "{}: {want} vs {loss}", cfg.arch.hf_name());
         }
     }
 
