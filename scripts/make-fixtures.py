@@ -161,5 +161,103 @@ FIXTURES = {
         num_labels=1, pad_token_id=0  # HF's init: at 0.2 its gradient norms of ~90 make 8 clipped steps chaotic
     ),
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Text fixtures: a toy sentiment dataset (train.csv, eval.csv, train.jsonl) and tiny models with
+# real tokenizers trained on it — a WordPiece BERT tokenizer (BertTokenizerFast) and a byte-level
+# BPE GPT-2 tokenizer — saved as HF saves them (tokenizer.json, tokenizer_config.json, …).
+# `tokens.json` holds what HF's tokenizer gives for the eval texts (truncated to 16, padded to the
+# longest), for the Rust tokenisation parity test.
+
+POSITIVE = ["great", "wonderful", "excellent", "lovely", "brilliant", "superb", "charming", "delightful"]
+NEGATIVE = ["awful", "terrible", "boring", "dreadful", "poor", "horrible", "dull", "disappointing"]
+NOUNS = ["movie", "film", "story", "plot", "acting", "ending", "cast", "music", "script", "show"]
+FILLERS = ["i think", "honestly", "to be fair", "in my opinion", "all things considered", "frankly", "overall"]
+TAILS = ["and i would watch it again", "from start to finish", "for most of the evening", "if you ask me",
+         "and my friends agreed", "", "", ""]
+
+
+def sentence(rng, label):
+    words = POSITIVE if label == 1 else NEGATIVE
+    parts = [rng.choice(FILLERS), "the", rng.choice(NOUNS), "was", rng.choice(words)]
+    if rng.random() < 0.5:
+        parts += ["and", rng.choice(words)]
+    parts.append(rng.choice(TAILS))
+    return " ".join(p for p in parts if p).strip() + "."
+
+
+def make_text_fixtures():
+    import csv
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast, GPT2TokenizerFast
+
+    rng = np.random.default_rng(7)
+    out = os.path.join(OUT, "text")
+    os.makedirs(out, exist_ok=True)
+    rows = {}
+    for split, n in (("train", 512), ("eval", 128)):
+        labels = rng.integers(0, 2, size=n)
+        rows[split] = [(sentence(rng, int(l)), "positive" if l == 1 else "negative") for l in labels]
+        with open(os.path.join(out, f"{split}.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            w.writerows(rows[split])
+    with open(os.path.join(out, "train.jsonl"), "w") as f:
+        for text, label in rows["train"]:
+            f.write(json.dumps({"text": text, "label": label}) + "\n")
+    with open(os.path.join(out, "corpus.txt"), "w") as f:
+        for text, _ in rows["train"]:
+            f.write(text + "\n")
+    corpus = [t for t, _ in rows["train"]]
+
+    # BERT: WordPiece, uncased, [PAD] = 0 as bert-base-uncased.
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece()
+    bert_tok = BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", "tiny-bert.json")))
+    cfg.pop("architectures", None)
+    cfg.update(vocab_size=len(bert_tok), pad_token_id=bert_tok.pad_token_id, num_labels=2,
+               id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    torch.manual_seed(11)
+    model = BertForSequenceClassification(BertConfig(**cfg, attn_implementation="sdpa"))
+    d = os.path.join(OUT, "tiny-bert-sentiment")
+    model.save_pretrained(d)
+    bert_tok.save_pretrained(d)
+    evals = [t for t, _ in rows["eval"][:6]]
+    enc = bert_tok(evals, truncation=True, max_length=16, padding="longest")
+    json.dump({"texts": evals, "max_length": 16, "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+              open(os.path.join(d, "tokens.json"), "w"), indent=1)
+
+    # GPT-2: byte-level BPE; pad = eos (HF users' convention for GPT-2).
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    gpt_tok = GPT2TokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    gpt_tok.pad_token = gpt_tok.eos_token
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", "tiny-gpt2.json")))
+    cfg.pop("architectures", None)
+    eos = gpt_tok.eos_token_id
+    cfg.update(vocab_size=len(gpt_tok), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(12)
+    model = GPT2LMHeadModel(GPT2Config(**cfg))
+    d = os.path.join(OUT, "tiny-gpt2-text")
+    model.save_pretrained(d)
+    gpt_tok.save_pretrained(d)
+    enc = gpt_tok(evals, truncation=True, max_length=16, padding="longest")
+    json.dump({"texts": evals, "max_length": 16, "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+              open(os.path.join(d, "tokens.json"), "w"), indent=1)
+    print("text fixtures:", len(bert_tok), "wordpiece tokens,", len(gpt_tok), "bpe tokens", file=sys.stderr)
+
+
+FIXTURES["text"] = make_text_fixtures
+
 for fixture in sys.argv[1:] or FIXTURES:
     FIXTURES[fixture]()

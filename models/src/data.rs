@@ -126,7 +126,7 @@ impl Task {
 #[derive(Clone, Debug)]
 enum Rows {
     Synthetic { seed: u64 },
-    File { ids: Vec<i64>, labels: Option<Vec<i64>>, targets: Option<Vec<f32>>, mask: Option<Vec<i64>>, n_rows: usize },
+    File { ids: Vec<i64>, labels: Option<Vec<i64>>, targets: Option<Vec<f32>>, mask: Option<Vec<i64>>, special: Option<Vec<i64>>, n_rows: usize },
 }
 
 /// A source of batches for one model.
@@ -138,13 +138,17 @@ pub struct DataSource {
     pub batch_size: usize,
     pub seq_len: usize,
     seed: u64,
+    /// The [MASK] id the MLM collator writes: the tokenizer's when the data file says
+    /// (`mask_token_id` in its metadata, as `text::Tokenized::save` writes it), else
+    /// bert-base-uncased's 103.
+    mask_id: Option<i64>,
 }
 
 impl DataSource {
     /// Synthetic batches from `seed`.
     pub fn synthetic(cfg: &ModelConfig, batch_size: usize, seq_len: usize, seed: u64) -> Result<Self, ModelError> {
         check_sizes(cfg, batch_size, seq_len)?;
-        Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed })
+        Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed, mask_id: None })
     }
 
     /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64 [N, T] for
@@ -170,9 +174,15 @@ impl DataSource {
         // else) silently dropped would train on something else than the user's data.
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
         names.sort();
-        if let Some(extra) = names.iter().find(|n| !["input_ids", "labels", "attention_mask"].contains(&n.as_str())) {
+        // `special_tokens_mask` (what the MLM collator never selects, as HF's) is read by
+        // masked-lm only.
+        let mlm = Task::for_config(cfg) == Task::MaskedLm;
+        let read: &[&str] = if mlm { &["input_ids", "labels", "attention_mask", "special_tokens_mask"] } else { &["input_ids", "labels", "attention_mask"] };
+        if let Some(extra) = names.iter().find(|n| !read.contains(&n.as_str())) {
             return Err(err(format!(
-                "tensor '{extra}' would be ignored: only 'input_ids', 'labels' and 'attention_mask' are read; remove it from the file"
+                "tensor '{extra}' would be ignored: {} reads only {}; remove it from the file",
+                cfg.arch.hf_name(),
+                read.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
             )));
         }
         if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
@@ -203,6 +213,11 @@ impl DataSource {
                 }
                 Some(mask)
             }
+        };
+        let special = match read_i64("special_tokens_mask")? {
+            None => None,
+            Some((sshape, s)) if sshape == shape && s.iter().all(|&v| v == 0 || v == 1) => Some(s),
+            Some(_) => return Err(err(format!("'special_tokens_mask' must be 0/1 with the shape of 'input_ids' {shape:?}"))),
         };
         let task = Task::for_config(cfg);
         let (mut labels, mut targets) = (None, None);
@@ -258,7 +273,15 @@ impl DataSource {
                 }
             }
         }
-        Ok(DataSource { rows: Rows::File { ids, labels, targets, mask, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed })
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
+        let mask_id = match meta.metadata().as_ref().and_then(|m| m.get("mask_token_id")) {
+            None => None,
+            Some(v) => match v.parse::<i64>() {
+                Ok(id) if (0..vocab).contains(&id) => Some(id),
+                _ => return Err(err(format!("metadata mask_token_id '{v}' is not an id of the vocabulary"))),
+            },
+        };
+        Ok(DataSource { rows: Rows::File { ids, labels, targets, mask, special, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed, mask_id })
     }
 
     pub fn task(&self) -> Task {
@@ -275,6 +298,7 @@ impl DataSource {
         let (b, t) = (self.batch_size, self.seq_len);
         let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
         let mut given_targets: Option<Vec<f32>> = None;
+        let mut special_mask: Option<Vec<i64>> = None;
         let (input_ids, given_labels, attention_mask) = match &self.rows {
             Rows::Synthetic { seed } => {
                 let mut r = Rng::for_stream(*seed, &format!("tokens-{step}"));
@@ -282,13 +306,14 @@ impl DataSource {
                 let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
                 (ids, None, None)
             }
-            Rows::File { ids, labels, targets, mask, n_rows } => {
+            Rows::File { ids, labels, targets, mask, special, n_rows } => {
                 let per_label = self.task.labels_per_row(t);
                 let row = |i: usize| (step * b + i) % n_rows;
                 let take = |all: &Vec<i64>, per: usize| -> Vec<i64> {
                     (0..b).flat_map(|i| all[row(i) * per..(row(i) + 1) * per].iter().copied()).collect()
                 };
                 given_targets = targets.as_ref().map(|v| (0..b).map(|i| v[row(i)]).collect());
+                special_mask = special.as_ref().map(|s| take(s, t));
                 (take(ids, t), labels.as_ref().map(|l| take(l, per_label)), mask.as_ref().map(|m| take(m, t)))
             }
         };
@@ -311,7 +336,12 @@ impl DataSource {
             },
             (Task::SequenceClassification { num_labels, .. }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
             (Task::MaskedLm, None) => {
-                let (ids, labels) = mask_tokens(input_ids, attention_mask.as_deref(), b, t, self.vocab, synthetic, &mut rng);
+                // Never selected: padding and, when the file says, special tokens.
+                let never: Option<Vec<i64>> = match (&attention_mask, &special_mask) {
+                    (m, Some(s)) => Some(s.iter().zip(0..).map(|(&s, i)| i64::from(s == 0 && m.as_ref().is_none_or(|m| m[i] == 1))).collect()),
+                    (m, None) => m.clone(),
+                };
+                let (ids, labels) = mask_tokens(input_ids, never.as_deref(), b, t, self.vocab, self.mask_id, synthetic, &mut rng);
                 return Batch { batch_size: b, seq_len: t, input_ids: ids, labels, targets: None, attention_mask };
             }
         };
@@ -322,11 +352,13 @@ impl DataSource {
 /// HF's DataCollatorForLanguageModeling (mlm_probability 0.15): of the selected tokens 80%
 /// become [MASK], 10% a random token, 10% stay; labels are the originals there, −100 elsewhere.
 /// Synthetic rows also get [CLS] … [SEP] like tokenized text, and those are never selected;
-/// nor is padding (`mask` 0), which HF's collator excludes as a special token.
-fn mask_tokens(mut ids: Vec<i64>, mask: Option<&[i64]>, b: usize, t: usize, vocab: usize, add_special: bool, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
+/// nor is any position where `mask` is 0 (padding, and special tokens when the data marks them:
+/// HF's collator excludes both through `special_tokens_mask`).
+#[allow(clippy::too_many_arguments)]
+fn mask_tokens(mut ids: Vec<i64>, mask: Option<&[i64]>, b: usize, t: usize, vocab: usize, mask_id: Option<i64>, add_special: bool, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
     let is_pad = |i: usize| mask.is_some_and(|m| m[i] == 0);
     let special = add_special && vocab as i64 > MASK && t >= 3;
-    let mask_id = if vocab as i64 > MASK { MASK } else { vocab as i64 - 1 };
+    let mask_id = mask_id.unwrap_or(if vocab as i64 > MASK { MASK } else { vocab as i64 - 1 });
     let mut labels = vec![IGNORE_INDEX; b * t];
     for row in 0..b {
         for pos in 0..t {

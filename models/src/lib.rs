@@ -9,6 +9,7 @@ pub mod params;
 pub mod rng;
 pub mod schedule;
 pub mod spec;
+pub mod text;
 pub mod weights;
 
 #[cfg(feature = "torch")]

@@ -142,6 +142,30 @@ fn resolve_hub(repo_id: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelEr
     Ok(ResolvedModel { name: repo_id.to_string(), config, source: Source::Hub { repo_id: repo_id.into(), snapshot }, weights_file })
 }
 
+impl ResolvedModel {
+    /// The model's `tokenizer.json` (a directory's, or the hub repo's), for `--dataset`.
+    pub fn tokenizer_file(&self, hub: &HubOptions) -> Result<PathBuf, ModelError> {
+        match &self.source {
+            Source::Dir(dir) => {
+                let p = dir.join("tokenizer.json");
+                if p.is_file() {
+                    Ok(p)
+                } else {
+                    Err(ModelError::Data(format!(
+                        "--dataset needs the model's tokenizer: {} has no tokenizer.json (save it with tokenizer.save_pretrained)",
+                        dir.display()
+                    )))
+                }
+            }
+            Source::Hub { repo_id, .. } => fetch_hub_file(repo_id, "tokenizer.json", hub),
+            Source::Builtin => Err(ModelError::Data(format!(
+                "--dataset needs a tokenizer: the built-in '{}' has none; use a model directory or hub id with a tokenizer.json",
+                self.name
+            ))),
+        }
+    }
+}
+
 /// One file of a hub repo: the cache first, then a download unless offline.
 /// The tasks `--task` names (HF's AutoModelFor… of each family).
 pub const TASKS: &[&str] = &["masked-lm", "causal-lm", "sequence-classification"];
