@@ -106,6 +106,17 @@ pub struct RunArgs {
     /// `attention_mask` (padded rows); any other tensor is refused.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// A text dataset (.txt, .jsonl, .csv, .parquet) tokenised with each model's tokenizer.json
+    /// (and cached): lines for masked-lm, blocks of --seq-len for causal-lm, rows with labels
+    /// for sequence classification.
+    #[arg(long, conflicts_with = "data")]
+    pub dataset: Option<PathBuf>,
+    /// The text column of --dataset.
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    /// The label column of --dataset (strings through config.json's label2id).
+    #[arg(long, default_value = "label")]
+    pub label_column: String,
     /// What to train: masked-lm, causal-lm or sequence-classification [default: the
     /// checkpoint's `architectures`]. Another head than the checkpoint's is newly initialised.
     #[arg(long)]

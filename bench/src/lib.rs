@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod compare;
 pub mod cpu_peak;
+pub mod dataset;
 pub mod env;
 pub mod harness;
 pub mod metrics;

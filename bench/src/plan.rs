@@ -210,8 +210,19 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                 eprintln!("model '{model}': {} tensors of {} are not used by {}: {}", report.unexpected.len(), path.display(), resolved.config.arch.hf_name(), list(&report.unexpected));
             }
         }
-        let seq_len = match &args.data {
-            Some(path) => DataSource::from_file(&resolved.config, path, batch_size * ranks, seq_arg, args.seed)
+        // --dataset: tokenised (or found in the cache) once here; the workers read the file.
+        let data = match &args.dataset {
+            Some(ds) => {
+                let cols = ortbench_models::text::Columns { text: args.text_column.clone(), label: args.label_column.clone() };
+                let max = seq_arg.unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
+                Some(crate::dataset::prepare(&resolved, &resolved.config, ds, &cols, max)?)
+            }
+            None => args.data.clone(),
+        };
+        // A tokenised dataset sets its own length (its longest row); --seq-len was its cap.
+        let seq_for_file = if args.dataset.is_some() { None } else { seq_arg };
+        let seq_len = match &data {
+            Some(path) => DataSource::from_file(&resolved.config, path, batch_size * ranks, seq_for_file, args.seed)
                 .with_context(|| format!("model '{model}'"))?
                 .seq_len,
             None => {
@@ -246,7 +257,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                     lr_schedule: args.lr_schedule.clone(),
                     lr_warmup_steps: args.lr_warmup_steps,
                     dropout: args.dropout,
-                    data: args.data.clone(),
+                    data: data.clone(),
                     task: args.task.clone(),
                     task_name: ortbench_models::data::Task::for_config(&resolved.config).name().to_string(),
                     weights: weights.clone(),
