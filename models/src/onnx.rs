@@ -62,6 +62,9 @@ pub const SEQUENCE: &str = "sequence";
 pub const ATTENTION_MASK_INPUT: &str = "attention_mask";
 pub const LOGITS: &str = "logits";
 
+/// √(2/π) as engine/src/ops/gelu.rs rounds it (f64, then to the compute type).
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
 /// The (batch, sequence) sizes the graph is built at to find how its sizes depend on the two
 /// dynamic axes. The first four are a 2×2 design (batch 2|3 × sequence 5|7) that determines
 /// the four coefficients; the fifth, off that grid, checks the fit.
@@ -881,7 +884,7 @@ impl<'a> Exporter<'a> {
                 o.op("Erf", &format!("{nm}_erf"), &[&u], vec![])
             }
             GeluApprox::Tanh => {
-                let (kappa, c) = (o.f32(0.044715), o.f32(0.797_884_560_802_865_4));
+                let (kappa, c) = (o.f32(0.044715), o.f32(SQRT_2_OVER_PI as f32));
                 // κ·x·x·x in the engine's order: ((κ·x)·x)·x.
                 let k1 = o.op("Mul", &format!("{nm}_kx"), &[&kappa, x], vec![]);
                 let k2 = o.op("Mul", &format!("{nm}_kxx"), &[&k1, x], vec![]);

@@ -49,6 +49,9 @@ fn python() -> Result<(String, bool), String> {
     Ok((py.clone(), has("onnx")))
 }
 
+/// Padded rows of a batch: (row, pad on the left, how many).
+type PadRows = &'static [(usize, bool, usize)];
+
 /// Rows padded as HF tokenizers pad: (row, pad on the left, how many), pad ids set to 0.
 fn padded(mut batch: Batch, pads: &[(usize, bool, usize)]) -> Batch {
     let t = batch.seq_len;
@@ -112,8 +115,7 @@ fn onnxruntime_computes_the_engine_logits() {
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
     // row at the models' 64 positions.
-    let shapes: [(usize, usize, &[(usize, bool, usize)]); 3] =
-        [(2, 9, &[(1, false, 4)]), (3, 16, &[(0, false, 5), (2, true, 7)]), (1, 64, &[])];
+    let shapes: [(usize, usize, PadRows); 3] = [(2, 9, &[(1, false, 4)]), (3, 16, &[(0, false, 5), (2, true, 7)]), (1, 64, &[])];
     for (seed, (base, arch)) in cases.into_iter().enumerate() {
         let cfg = config(base, arch);
         let name = cfg.arch.hf_name();
