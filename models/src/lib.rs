@@ -5,6 +5,7 @@
 pub mod config;
 pub mod data;
 pub mod graph;
+pub mod onnx;
 pub mod params;
 pub mod rng;
 pub mod schedule;

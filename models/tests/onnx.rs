@@ -1,0 +1,161 @@
+//! The ONNX export computes the engine's logits: for the four architectures (tiny-bert MLM,
+//! tiny-gpt2 LM, a tiny BERT classifier and a tiny GPT-2 classifier, both with pad_token_id 0)
+//! with random weights, one export runs on onnxruntime (CPU execution provider, through
+//! `scripts/onnx-check.py`) at three batch shapes — 2×9 and 3×16 with right-padded,
+//! left-padded and unpadded rows, and 1×64 — and its logits match `InferenceModel::logits` at the same size within
+//! 1e-4 of the largest |logit|, at every position (padded ones included: the export computes
+//! them as the engine does, fully masked attention rows giving zeros).
+//!
+//! Needs a python with onnxruntime, numpy and safetensors: `ORTBENCH_PYTHON` (default
+//! `python3`). Without one the test prints why and passes; with `onnx` installed too, each
+//! export also goes through onnx's checker (full shape inference).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ortbench_models::graph::{build_training_graph, GraphOptions, InferenceModel};
+use ortbench_models::onnx::export_onnx;
+use ortbench_models::spec::builtin_config;
+use ortbench_models::rng::Rng;
+use ortbench_models::{Batch, DataSource, ModelConfig, Weights};
+use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+
+/// Relative to the largest |logit| of the engine's output.
+const TOL: f32 = 1e-4;
+
+fn config(base: &str, arch: Option<&str>) -> ModelConfig {
+    let mut raw = builtin_config(base).unwrap().raw;
+    if let Some(arch) = arch {
+        raw["architectures"] = serde_json::json!([arch]);
+        raw["num_labels"] = serde_json::json!(3);
+        raw["pad_token_id"] = serde_json::json!(0);
+    }
+    let mut cfg = ModelConfig::from_value(raw, &format!("{base} as {arch:?}")).unwrap();
+    cfg.set_dropout(0.0);
+    cfg
+}
+
+/// The python to run onnxruntime with, or why there is none.
+fn python() -> Result<(String, bool), String> {
+    let py = std::env::var("ORTBENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = |module: &str| {
+        Command::new(&py).args(["-c", &format!("import {module}")]).output().map(|o| o.status.success()).unwrap_or(false)
+    };
+    if !has("onnxruntime, numpy, safetensors") {
+        return Err(format!(
+            "'{py}' cannot import onnxruntime, numpy and safetensors: set ORTBENCH_PYTHON to a python that can (pip install onnxruntime numpy safetensors)"
+        ));
+    }
+    Ok((py.clone(), has("onnx")))
+}
+
+/// Padded rows of a batch: (row, pad on the left, how many).
+type PadRows = &'static [(usize, bool, usize)];
+
+/// Rows padded as HF tokenizers pad: (row, pad on the left, how many), pad ids set to 0.
+fn padded(mut batch: Batch, pads: &[(usize, bool, usize)]) -> Batch {
+    let t = batch.seq_len;
+    let mut mask = vec![1i64; batch.batch_size * t];
+    for &(row, left, n) in pads {
+        let r = &mut mask[row * t..(row + 1) * t];
+        if left { r[..n].fill(0) } else { r[t - n..].fill(0) }
+    }
+    for (id, &m) in batch.input_ids.iter_mut().zip(&mask) {
+        if m == 0 {
+            *id = 0;
+        }
+    }
+    batch.attention_mask = Some(mask);
+    batch
+}
+
+fn write_inputs(batch: &Batch, path: &Path) {
+    let shape = vec![batch.batch_size, batch.seq_len];
+    let bytes = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (ids, mask) = (bytes(&batch.input_ids), bytes(batch.attention_mask.as_ref().unwrap()));
+    let views = vec![
+        ("input_ids".to_string(), TensorView::new(Dtype::I64, shape.clone(), &ids).unwrap()),
+        ("attention_mask".to_string(), TensorView::new(Dtype::I64, shape, &mask).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+fn run_onnxruntime(py: &str, check: bool, model: &Path, inputs: &Path, out: &Path) -> (Vec<usize>, Vec<f32>) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx-check.py");
+    let mut cmd = Command::new(py);
+    cmd.arg(&script).arg(model).arg(inputs).arg(out);
+    if check {
+        cmd.arg("--check");
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{} failed:\n{}", script.display(), String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), Dtype::F32);
+    let data = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    (t.shape().to_vec(), data)
+}
+
+#[test]
+fn onnxruntime_computes_the_engine_logits() {
+    let (py, check) = match python() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("tiny-bert", None),
+        ("tiny-gpt2", None),
+        ("tiny-bert", Some("BertForSequenceClassification")),
+        ("tiny-gpt2", Some("GPT2ForSequenceClassification")),
+    ];
+    // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
+    // row at the models' 64 positions.
+    let shapes: [(usize, usize, PadRows); 3] = [(2, 9, &[(1, false, 4)]), (3, 16, &[(0, false, 5), (2, true, 7)]), (1, 64, &[])];
+    for (seed, (base, arch)) in cases.into_iter().enumerate() {
+        let cfg = config(base, arch);
+        let name = cfg.arch.hf_name();
+        let mut params = build_training_graph(&cfg, &GraphOptions::new(1, 8))
+            .unwrap()
+            .flatten(&Weights::init(&cfg, seed as u64))
+            .unwrap();
+        // HF's init (std 0.02) makes attention nearly uniform, where a wrong score scale or
+        // mask barely shows; N(0, 0.1) on top sharpens it and makes logits O(1).
+        let mut rng = Rng::new(seed as u64);
+        params.iter_mut().for_each(|p| *p += 0.1 * rng.normal() as f32);
+        let model = dir.path().join(format!("{name}.onnx"));
+        let report = export_onnx(&cfg, &params, &model).unwrap();
+        println!("{report}");
+        for &(b, t, pads) in &shapes {
+            let batch = padded(DataSource::synthetic(&cfg, b, t, 7).unwrap().batch(0), pads);
+            let engine = InferenceModel::new(&cfg, &GraphOptions::new(b, t).with_attention_mask(true)).unwrap();
+            let want = engine.logits(&params, &batch).unwrap();
+            let (inputs, out) = (dir.path().join("inputs.safetensors"), dir.path().join("logits.safetensors"));
+            write_inputs(&batch, &inputs);
+            let (shape, got) = run_onnxruntime(&py, check, &model, &inputs, &out);
+            assert_eq!(shape, engine.graph.shape(engine.logits), "{name} {b}×{t}");
+            let big = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(big.is_finite() && big > 0.0, "{name} {b}×{t}: engine logits {big}");
+            // Per position for the LM heads: the padded ones reported apart.
+            let n = *shape.last().unwrap();
+            let mask = batch.attention_mask.as_ref().unwrap();
+            let (mut at_tokens, mut at_pads) = (0f32, 0f32);
+            for (row, (g, w)) in got.chunks_exact(n).zip(want.chunks_exact(n)).enumerate() {
+                let d = g.iter().zip(w).fold(0f32, |m, (x, y)| if (x - y).is_nan() { f32::INFINITY } else { m.max((x - y).abs()) });
+                let is_pad = shape.len() == 3 && mask[row] == 0;
+                if is_pad { at_pads = at_pads.max(d) } else { at_tokens = at_tokens.max(d) }
+            }
+            let pads = if shape.len() == 3 && mask.contains(&0) { format!(", {at_pads:.3e} at padded positions") } else { String::new() };
+            println!(
+                "  {name} {b}×{t}: max |onnxruntime − engine| = {at_tokens:.3e}{pads} (largest |logit| {big:.3e}, relative {:.3e})",
+                at_tokens.max(at_pads) / big
+            );
+            assert!(at_tokens <= TOL * big, "{name} {b}×{t}: logits differ by {at_tokens:e} (largest {big:e})");
+            assert!(at_pads <= TOL * big, "{name} {b}×{t}: logits at padded positions differ by {at_pads:e} (largest {big:e})");
+        }
+    }
+}
