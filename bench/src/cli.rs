@@ -34,6 +34,12 @@ pub enum Command {
     /// Compare two run directories per (model, config, precision, ranks): throughput ratio,
     /// peak memory, loss parity; regressions are marked.
     Compare(CompareArgs),
+    /// Fine-tune one model under one config on a dataset (HF Trainer's defaults), evaluate,
+    /// checkpoint, resume, and save an HF-format directory.
+    Train(TrainArgs),
+    /// Export a model directory's inference graph as ONNX (inputs input_ids and
+    /// attention_mask, dynamic batch and sequence axes).
+    Export(ExportArgs),
     /// Runs one run of a plan (internal: `run` starts one worker process per run).
     #[command(hide = true)]
     Worker {
@@ -187,4 +193,98 @@ pub fn print_list() {
         println!("  {c}{state}");
     }
     println!("precisions: {}", PRECISIONS.join(", "));
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// The model: an HF-format directory (with tokenizer.json for --dataset), a hub id or an
+    /// alias.
+    #[arg(long)]
+    pub model: String,
+    /// ort (the engine) or pytorch (libtorch eager).
+    #[arg(long, default_value = "ort")]
+    pub config: String,
+    /// masked-lm, causal-lm or sequence-classification [default: the checkpoint's].
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Training rows as text (.txt, .jsonl, .csv, .parquet), tokenised with the model's
+    /// tokenizer.json.
+    #[arg(long, conflicts_with = "data")]
+    pub dataset: Option<PathBuf>,
+    /// Training rows already tokenised (a --data safetensors file).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Evaluation rows as text.
+    #[arg(long)]
+    pub eval_dataset: Option<PathBuf>,
+    /// Evaluate on this share of the training rows (its last rows) instead.
+    #[arg(long)]
+    pub eval_split: Option<f64>,
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    #[arg(long, default_value = "label")]
+    pub label_column: String,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Total steps (overrides --epochs).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    #[arg(long)]
+    pub eval_batch_size: Option<usize>,
+    /// The longest row in tokens (rows are padded to the longest of the dataset) [default: 128].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    #[arg(long, default_value_t = 5e-5)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// linear (HF's default) or constant.
+    #[arg(long, default_value = "linear")]
+    pub lr_schedule: String,
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    /// Evaluate every N steps [default: every epoch] and at the end.
+    #[arg(long)]
+    pub eval_steps: Option<usize>,
+    /// Write checkpoint-N/ every N steps.
+    #[arg(long)]
+    pub save_steps: Option<usize>,
+    /// Print the loss every N steps.
+    #[arg(long, default_value_t = 10)]
+    pub logging_steps: usize,
+    /// Where logs, checkpoints and the final model go.
+    #[arg(long)]
+    pub output_dir: PathBuf,
+    /// Continue from the latest checkpoint-N/ in --output-dir.
+    #[arg(long)]
+    pub resume: bool,
+    /// Write into a non-empty --output-dir.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// fp32, bf16 or fp16 (ort; pytorch on the CPU: fp32 or bf16).
+    #[arg(long, default_value = "fp32")]
+    pub precision: String,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Overrides every dropout probability of the model.
+    #[arg(long)]
+    pub dropout: Option<f64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// The model directory (e.g. what `ortbench train` saved).
+    #[arg(long)]
+    pub model: String,
+    /// Write the ONNX model here.
+    #[arg(long)]
+    pub onnx: PathBuf,
+    /// Export with another head than the checkpoint's (rarely useful: its weights must be in
+    /// the file).
+    #[arg(long)]
+    pub task: Option<String>,
 }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod plan;
 pub mod progress;
 pub mod spec;
+pub mod train;
 pub mod worker;
 
 // The tables, charts and report live in `ortbench-report` (no libtorch, so that notebooks can

@@ -1,7 +1,7 @@
 //! The `ortbench` binary: a thin shell over the library (`lib.rs`).
 
 use clap::Parser;
-use ortbench::{cli, compare, env, harness, report, worker};
+use ortbench::{cli, compare, env, harness, report, train, worker};
 
 /// Prints an error as one line and returns the exit code for it.
 fn fail(e: anyhow::Error) -> i32 {
@@ -35,6 +35,8 @@ fn main() {
             Err(e) => fail(e),
         },
         cli::Command::Compare(args) => compare::run(&args).unwrap_or_else(fail),
+        cli::Command::Train(args) => train::run(&args).unwrap_or_else(fail),
+        cli::Command::Export(args) => train::export(&args).unwrap_or_else(fail),
     };
     std::process::exit(code);
 }

@@ -147,6 +147,11 @@ impl<C: Collective> DataParallel<C> {
         self.scaler.as_ref().map_or(1.0, LossScaler::scale)
     }
 
+    /// The loss scaler, when the run scales its loss.
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
     /// Fault injection (tests, `ORTBENCH_FAULT`): this rank's gradient at flat index `index`
     /// becomes +inf on the next step, as an fp16 overflow would.
     pub fn inject_overflow(&mut self, index: usize) {

@@ -293,9 +293,55 @@ impl DataSource {
         matches!(&self.rows, Rows::File { mask: Some(_), .. })
     }
 
-    /// The global batch of step `step` (0-based).
+    /// Rows of the file (None for synthetic data, which is endless).
+    pub fn n_rows(&self) -> Option<usize> {
+        match &self.rows {
+            Rows::File { n_rows, .. } => Some(*n_rows),
+            Rows::Synthetic { .. } => None,
+        }
+    }
+
+    /// The file's last `eval_rows` rows as a second source (an evaluation split, batches of
+    /// `eval_batch`), and this source without them.
+    pub fn split_off(&self, eval_rows: usize, eval_batch: usize) -> Result<(DataSource, DataSource), ModelError> {
+        let Rows::File { ids, labels, targets, mask, special, n_rows } = &self.rows else {
+            return Err(ModelError::Data("an evaluation split needs rows from a file".into()));
+        };
+        if eval_rows == 0 || eval_rows >= *n_rows {
+            return Err(ModelError::Data(format!("cannot split {eval_rows} evaluation rows off {n_rows}")));
+        }
+        let t = self.seq_len;
+        let keep = n_rows - eval_rows;
+        let per_label = self.task.labels_per_row(t);
+        let part = |lo: usize, hi: usize| Rows::File {
+            ids: ids[lo * t..hi * t].to_vec(),
+            labels: labels.as_ref().map(|l| l[lo * per_label..hi * per_label].to_vec()),
+            targets: targets.as_ref().map(|v| v[lo..hi].to_vec()),
+            mask: mask.as_ref().map(|m| m[lo * t..hi * t].to_vec()),
+            special: special.as_ref().map(|s| s[lo * t..hi * t].to_vec()),
+            n_rows: hi - lo,
+        };
+        let train = DataSource { rows: part(0, keep), ..self.clone() };
+        let eval = DataSource { rows: part(keep, *n_rows), batch_size: eval_batch, ..self.clone() };
+        Ok((train, eval))
+    }
+
+    /// The global batch of step `step` (0-based): rows step·B .. (step+1)·B of the file,
+    /// cycling.
     pub fn batch(&self, step: usize) -> Batch {
-        let (b, t) = (self.batch_size, self.seq_len);
+        let b = self.batch_size;
+        let rows: Vec<usize> = match self.n_rows() {
+            Some(n) => (0..b).map(|i| (step * b + i) % n).collect(),
+            None => Vec::new(),
+        };
+        self.batch_of_rows(&rows, step)
+    }
+
+    /// A batch of the file's `rows` (any order: `ortbench train` shuffles per epoch); `step`
+    /// seeds what is drawn per batch (MLM masking, synthetic labels). Synthetic sources ignore
+    /// `rows` and make step `step`'s batch.
+    pub fn batch_of_rows(&self, rows: &[usize], step: usize) -> Batch {
+        let (b, t) = (if self.n_rows().is_some() { rows.len() } else { self.batch_size }, self.seq_len);
         let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
         let mut given_targets: Option<Vec<f32>> = None;
         let mut special_mask: Option<Vec<i64>> = None;
@@ -306,9 +352,9 @@ impl DataSource {
                 let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
                 (ids, None, None)
             }
-            Rows::File { ids, labels, targets, mask, special, n_rows } => {
+            Rows::File { ids, labels, targets, mask, special, .. } => {
                 let per_label = self.task.labels_per_row(t);
-                let row = |i: usize| (step * b + i) % n_rows;
+                let row = |i: usize| rows[i];
                 let take = |all: &Vec<i64>, per: usize| -> Vec<i64> {
                     (0..b).flat_map(|i| all[row(i) * per..(row(i) + 1) * per].iter().copied()).collect()
                 };

@@ -69,7 +69,14 @@ pub fn write_tables(dir: &Path, results: &[ResultRow], steps: &[StepRow]) -> Res
     write_frame(&mut r, &dir.join(RESULTS_PARQUET), &dir.join(RESULTS_CSV))
 }
 
-fn write_frame(df: &mut DataFrame, parquet: &Path, csv: &Path) -> Result<()> {
+/// Writes the steps table alone (Parquet + CSV) into `dir` (`ortbench train`'s log).
+pub fn write_steps(dir: &Path, steps: &[StepRow]) -> Result<()> {
+    let mut s = steps_frame(steps)?;
+    write_frame(&mut s, &dir.join(STEPS_PARQUET), &dir.join(STEPS_CSV))
+}
+
+/// Writes `df` as Parquet and CSV, each atomically (a temporary file, then a rename).
+pub fn write_frame(df: &mut DataFrame, parquet: &Path, csv: &Path) -> Result<()> {
     let tmp = tmp_path(parquet);
     {
         let f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;

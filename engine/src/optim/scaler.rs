@@ -23,6 +23,17 @@ impl LossScaler {
         self.scale
     }
 
+    /// Clean steps since the scale last changed (what a checkpoint must keep, so that a resumed
+    /// run grows the scale at the same step).
+    pub fn clean_steps(&self) -> u32 {
+        self.clean_steps
+    }
+
+    /// A scaler resumed from a checkpoint's `scale` and `clean_steps`, default factors.
+    pub fn resumed(scale: f32, clean_steps: u32) -> Self {
+        LossScaler { scale, clean_steps, ..LossScaler::default() }
+    }
+
     /// Records a step's outcome; returns true when the step must be skipped.
     pub fn update(&mut self, found_overflow: bool) -> bool {
         if found_overflow {

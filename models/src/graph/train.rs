@@ -40,6 +40,18 @@ pub struct EngineTrainer {
     steps_taken: usize,
 }
 
+/// A one-rank engine trainer's resumable state (see [`EngineTrainer::state`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineState {
+    pub params: Vec<f32>,
+    pub exp_avg: Vec<f32>,
+    pub exp_avg_sq: Vec<f32>,
+    pub adam_step: u64,
+    pub steps_taken: usize,
+    /// (scale, clean steps) of fp16's dynamic loss scaling.
+    pub loss_scaler: Option<(f32, u32)>,
+}
+
 /// Contiguous runs of parameters with the same decay setting, in flat-buffer order.
 pub fn decay_segments(cfg: &ModelConfig, model: &EngineModel) -> Vec<Segment> {
     let mut segs: Vec<Segment> = Vec::new();
@@ -132,6 +144,48 @@ impl EngineTrainer {
     /// The current parameters under their HF names.
     pub fn weights(&self) -> Result<Weights, ModelError> {
         self.model.unflatten(&self.dp.session.params)
+    }
+
+    /// Everything a resumed run needs to continue this one bit for bit (one rank): fp32
+    /// parameters, Adam moments and step, the trainer's step (LR schedule, dropout seeds), the
+    /// loss scaler.
+    pub fn state(&self) -> Result<EngineState, ModelError> {
+        if self.dp.group_world() != 1 {
+            return Err(ModelError::Training("checkpoints are written by one-rank trainers only".into()));
+        }
+        let s = &self.dp.session;
+        Ok(EngineState {
+            params: s.params.clone(),
+            exp_avg: s.opt.m.clone(),
+            exp_avg_sq: s.opt.v.clone(),
+            adam_step: s.opt.step,
+            steps_taken: self.steps_taken,
+            loss_scaler: self.dp.loss_scaler().map(|l| (l.scale(), l.clean_steps())),
+        })
+    }
+
+    /// Continues from `state` (of a trainer of the same model and options).
+    pub fn restore(&mut self, state: EngineState) -> Result<(), ModelError> {
+        let n = self.model.num_params();
+        if self.dp.group_world() != 1 || [state.params.len(), state.exp_avg.len(), state.exp_avg_sq.len()] != [n, n, n] {
+            return Err(ModelError::Training(format!("the checkpoint holds {} parameters, this model {n} (one rank)", state.params.len())));
+        }
+        let s = &mut self.dp.session;
+        s.params = state.params;
+        s.refresh_compute();
+        s.opt.m = state.exp_avg;
+        s.opt.v = state.exp_avg_sq;
+        s.opt.step = state.adam_step;
+        self.steps_taken = state.steps_taken;
+        if let Some((scale, clean)) = state.loss_scaler {
+            self.dp.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::resumed(scale, clean)));
+        }
+        Ok(())
+    }
+
+    /// Steps taken (the next step's index).
+    pub fn steps_taken(&self) -> usize {
+        self.steps_taken
     }
 
     /// FLOPs this rank's GEMMs and attention products executed in the last step (rows a loss
