@@ -251,6 +251,50 @@ fn task_switches_the_head_and_is_recorded() {
     rejects(&["run", "--models", "tiny-bert", "--task", "translation"], "unknown --task 'translation'");
 }
 
+/// `run --dataset` with a parquet file (read with Polars): the text is tokenised with the
+/// model's tokenizer.json, labels go through label2id, and both configs train alike on it.
+#[test]
+fn a_parquet_text_dataset_runs_through_the_harness() {
+    use ortbench::polars::prelude::{Column, DataFrame, ParquetWriter};
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let mut r = csv::Reader::from_path(src.join("text/train.csv")).unwrap();
+    let rows: Vec<(String, String)> = r.records().take(64).map(|x| x.unwrap()).map(|x| (x[0].to_string(), x[1].to_string())).collect();
+    let mut df = DataFrame::new(
+        rows.len(),
+        vec![
+            Column::new("sentence".into(), rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>()),
+            Column::new("label".into(), rows.iter().map(|r| r.1.clone()).collect::<Vec<_>>()),
+        ],
+    )
+    .unwrap();
+    let pq = dir.path().join("train.parquet");
+    ParquetWriter::new(std::fs::File::create(&pq).unwrap()).finish(&mut df).unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
+        .args([
+            "run", "--models", src.join("tiny-bert-sentiment").to_str().unwrap(), "--dataset", pq.to_str().unwrap(), "--text-column", "sentence",
+            "--configs", "pytorch,ort", "--steps", "3", "--warmup", "1", "--batch-size", "4", "--dropout", "0", "--repeat", "1",
+            "--parity-steps", "0", "--out", out.to_str().unwrap(),
+        ])
+        .env("ORTBENCH_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("tokenised into"), "{stderr}");
+    let (h, rows) = read_csv(&out.join("steps.csv"));
+    let loss = |config: &str, step: &str| -> f64 {
+        rows.iter().find(|r| r[col(&h, "config")] == config && r[col(&h, "step")] == step).unwrap()[col(&h, "loss")].parse().unwrap()
+    };
+    for step in ["0", "2"] {
+        let rel = (loss("ort", step) - loss("pytorch", step)).abs() / loss("pytorch", step);
+        assert!(rel < 1e-5, "step {step}: {rel:e}");
+    }
+    let (h, res) = read_csv(&out.join("results.csv"));
+    assert!(res.iter().all(|r| r[col(&h, "task")] == "sequence-classification" && r[col(&h, "status")] == "ok"));
+}
+
 #[test]
 fn bad_harness_options_are_rejected_before_anything_is_written() {
     let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];
