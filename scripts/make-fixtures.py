@@ -2,8 +2,8 @@
 """Generates tests/fixtures/: tiny BERT and GPT-2 in HF format plus the losses HF Transformers
 computes for them, the independent reference the baseline's parity test compares against.
 
-Needs `transformers` (not a runtime dependency of ortbench):
-    .venv/bin/pip install transformers==5.23.0 && .venv/bin/python scripts/make-fixtures.py [NAME ...]
+Needs `transformers` (pinned in scripts/requirements.txt, which scripts/setup installs):
+    .venv/bin/python scripts/make-fixtures.py [NAME ...]
 (NAME: only those fixtures; default all).
 
 The padded fixtures (`*-padded`) have rows of random lengths, right-padded, with HF's
@@ -15,8 +15,9 @@ decay on biases and LayerNorm weights), clip_grad_norm_ at 1.0, constant LR, dro
 
 The committed fixtures were generated before fused=True was set here (torch.optim.AdamW's
 default, the single-tensor loop on CPU); the baseline, which steps with the fused kernel,
-reproduces their losses within 7.5e-8 relative, so they were kept (this environment has no
-transformers to regenerate them). Regenerating changes the losses only at fp32 rounding.
+reproduces their losses within 7.5e-8 relative, so they were kept. Regenerating them changes
+the losses only at fp32 rounding. The fixtures added since (padded, the other heads, text) were
+made with transformers 5.23.0 and torch 2.11.0 by this script.
 """
 import json
 import os

@@ -27,17 +27,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn check(name: &str) {
-    let dir = fixture(name);
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let hub = HubOptions::from_env();
-    let model = resolve(dir.to_str().unwrap(), &hub).unwrap();
-    let mut cfg = model.config;
-    cfg.set_dropout(0.0);
-    let (weights, report) = Weights::load(&cfg, model.weights_file.as_ref().unwrap(), 0).unwrap();
-    assert!(report.missing.is_empty(), "missing {:?}", report.missing);
-    let batch = expected["batch_size"].as_u64().unwrap() as usize;
-    let data = DataSource::from_file(&cfg, &dir.join("batches.safetensors"), batch, None, 0).unwrap();
+    let Fixture { cfg, weights, data, expected, losses: want, norms, .. } = load(name);
     assert_eq!(data.seq_len, expected["seq_len"].as_u64().unwrap() as usize);
     let opts = TrainOptions {
         lr: expected["lr"].as_f64().unwrap(),
@@ -47,9 +37,6 @@ fn check(name: &str) {
         ..TrainOptions::default()
     };
     let mut trainer = TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, opts).unwrap();
-    let want: Vec<f64> = expected["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-    let norms: Vec<f64> = expected["grad_norms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-    assert!(want.len() >= 8);
     // The decay groups are HF Trainer's.
     let decay: Vec<String> =
         expected["decay_params"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
