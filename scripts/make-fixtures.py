@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import transformers
 from safetensors.numpy import save_file
-from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, GPT2Config,
-                          GPT2ForSequenceClassification, GPT2LMHeadModel)
+from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+                          GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -82,6 +82,9 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         ids = ids.copy()
         ids[sel] = 103
         tensors.update(input_ids=ids, labels=labels)
+    elif cls is BertForTokenClassification:  # a tag per token, -100 at padding
+        tags = rng.integers(0, model.config.num_labels, size=ids.shape, dtype=np.int64)
+        tensors["labels"] = np.where(tensors["attention_mask"] == 1, tags, -100)
     elif cls in (BertForSequenceClassification, GPT2ForSequenceClassification):
         n = model.config.num_labels
         if n == 1:  # regression: float targets
@@ -156,6 +159,10 @@ FIXTURES = {
     "tiny-bert-multilabel-padded": lambda: make(
         "tiny-bert-multilabel-padded", BertForSequenceClassification, BertConfig, 1237, base="tiny-bert", padded=True,
         num_labels=4, problem_type="multi_label_classification", initializer_range=0.2
+    ),
+    "tiny-bert-token-cls-padded": lambda: make(
+        "tiny-bert-token-cls-padded", BertForTokenClassification, BertConfig, 1238, base="tiny-bert", padded=True,
+        num_labels=5, initializer_range=0.2
     ),
     "tiny-gpt2-regression-padded": lambda: make(
         "tiny-gpt2-regression-padded", GPT2ForSequenceClassification, GPT2Config, 4324, base="tiny-gpt2", padded=True,

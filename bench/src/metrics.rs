@@ -165,6 +165,7 @@ pub fn train_flops_per_sample(cfg: &ModelConfig, seq: usize) -> f64 {
         Architecture::BertForMaskedLM => 2.0 * t * h * h + 2.0 * t * h * v,
         Architecture::Gpt2LMHeadModel => 2.0 * t * h * v,
         Architecture::BertForSequenceClassification => 2.0 * h * h + 2.0 * h * cfg.num_labels() as f64,
+        Architecture::BertForTokenClassification => 2.0 * t * h * cfg.num_labels() as f64,
         // The score over the pooled (last non-pad) token only.
         Architecture::Gpt2ForSequenceClassification => 2.0 * h * cfg.num_labels() as f64,
     };

@@ -129,7 +129,7 @@ fn score(task: Task, logits: &[f32], width: usize, batch: &Batch, loss: &mut f64
     };
     let argmax = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &v)| if v > a.1 { (i, v) } else { a }).0;
     match task {
-        Task::MaskedLm | Task::CausalLm => {
+        Task::MaskedLm | Task::CausalLm | Task::TokenClassification { .. } => {
             let t = batch.seq_len;
             for (i, row) in logits.chunks_exact(width).enumerate() {
                 // Causal LM: position t predicts token t+1 (HF's shift).

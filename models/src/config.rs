@@ -11,18 +11,20 @@ use crate::ModelError;
 pub enum Architecture {
     BertForMaskedLM,
     BertForSequenceClassification,
+    BertForTokenClassification,
     Gpt2LMHeadModel,
     Gpt2ForSequenceClassification,
 }
 
 impl Architecture {
     pub const SUPPORTED: &'static [&'static str] =
-        &["BertForMaskedLM", "BertForSequenceClassification", "GPT2LMHeadModel", "GPT2ForSequenceClassification"];
+        &["BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "GPT2LMHeadModel", "GPT2ForSequenceClassification"];
 
     pub fn hf_name(self) -> &'static str {
         match self {
             Architecture::BertForMaskedLM => "BertForMaskedLM",
             Architecture::BertForSequenceClassification => "BertForSequenceClassification",
+            Architecture::BertForTokenClassification => "BertForTokenClassification",
             Architecture::Gpt2LMHeadModel => "GPT2LMHeadModel",
             Architecture::Gpt2ForSequenceClassification => "GPT2ForSequenceClassification",
         }
@@ -38,6 +40,7 @@ impl Architecture {
         Some(match (gpt2, task) {
             (false, "masked-lm") => Architecture::BertForMaskedLM,
             (false, "sequence-classification") => Architecture::BertForSequenceClassification,
+            (false, "token-classification") => Architecture::BertForTokenClassification,
             (true, "causal-lm") => Architecture::Gpt2LMHeadModel,
             (true, "sequence-classification") => Architecture::Gpt2ForSequenceClassification,
             _ => return None,
@@ -48,6 +51,7 @@ impl Architecture {
         match name {
             "BertForMaskedLM" => Some(Architecture::BertForMaskedLM),
             "BertForSequenceClassification" => Some(Architecture::BertForSequenceClassification),
+            "BertForTokenClassification" => Some(Architecture::BertForTokenClassification),
             "GPT2LMHeadModel" => Some(Architecture::Gpt2LMHeadModel),
             "GPT2ForSequenceClassification" => Some(Architecture::Gpt2ForSequenceClassification),
             _ => None,
@@ -57,7 +61,7 @@ impl Architecture {
     /// The prefix HF gives the base model's parameters (`base_model_prefix`).
     pub fn base_prefix(self) -> &'static str {
         match self {
-            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification => "bert",
+            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification | Architecture::BertForTokenClassification => "bert",
             Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "transformer",
         }
     }
@@ -221,7 +225,7 @@ impl ModelConfig {
             },
         };
         let family = match arch {
-            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification => {
+            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification | Architecture::BertForTokenClassification => {
                 let c: BertConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
                 activation(&c.hidden_act)?;
                 if c.position_embedding_type != "absolute" {
@@ -247,6 +251,9 @@ impl ModelConfig {
         cfg.validate(origin)?;
         if arch.is_classifier() {
             cfg.problem_type().map_err(|e| ModelError::BadConfig(format!("{origin}: {e}")))?;
+        }
+        if arch == Architecture::BertForTokenClassification && cfg.num_labels() < 2 {
+            return Err(ModelError::BadConfig(format!("{origin}: BertForTokenClassification needs num_labels >= 2")));
         }
         Ok(cfg)
     }

@@ -29,6 +29,8 @@ pub enum Task {
     MaskedLm,
     /// GPT-2: labels = input ids; the model shifts them.
     CausalLm,
+    /// One label in [0, num_labels) per token, −100 where none (padding, special tokens).
+    TokenClassification { num_labels: usize },
     /// A sequence classifier: one label in [0, num_labels) per row (single-label), num_labels
     /// 0/1 targets per row (multi-label) or one float target per row (regression).
     SequenceClassification { num_labels: usize, problem: ProblemType },
@@ -39,6 +41,7 @@ impl Task {
         match cfg.arch {
             Architecture::BertForMaskedLM => Task::MaskedLm,
             Architecture::Gpt2LMHeadModel => Task::CausalLm,
+            Architecture::BertForTokenClassification => Task::TokenClassification { num_labels: cfg.num_labels() },
             Architecture::BertForSequenceClassification | Architecture::Gpt2ForSequenceClassification => Task::SequenceClassification {
                 num_labels: cfg.num_labels(),
                 problem: cfg.problem_type().expect("checked when the config was parsed"),
@@ -51,6 +54,7 @@ impl Task {
         match self {
             Task::MaskedLm => "masked-lm",
             Task::CausalLm => "causal-lm",
+            Task::TokenClassification { .. } => "token-classification",
             Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => "sequence-classification",
             Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => "multi-label-classification",
             Task::SequenceClassification { problem: ProblemType::Regression, .. } => "regression",
@@ -61,7 +65,7 @@ impl Task {
     /// 0 (regression: float targets instead).
     pub fn labels_per_row(&self, seq_len: usize) -> usize {
         match *self {
-            Task::MaskedLm | Task::CausalLm => seq_len,
+            Task::MaskedLm | Task::CausalLm | Task::TokenClassification { .. } => seq_len,
             Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => 1,
             Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels } => num_labels,
             Task::SequenceClassification { problem: ProblemType::Regression, .. } => 0,
@@ -111,7 +115,7 @@ impl Task {
     /// LM labels ≠ −100 after the shift (positions 1..T), one per row for classification.
     pub fn label_count(&self, batch: &Batch) -> usize {
         match self {
-            Task::MaskedLm => batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count(),
+            Task::MaskedLm | Task::TokenClassification { .. } => batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count(),
             Task::CausalLm => batch
                 .labels
                 .chunks(batch.seq_len)
@@ -264,6 +268,7 @@ impl DataSource {
                     let ok = |l: i64| match task {
                         Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => l == 0 || l == 1,
                         Task::SequenceClassification { num_labels, .. } => (0..num_labels as i64).contains(&l),
+                        Task::TokenClassification { num_labels } => l == IGNORE_INDEX || (0..num_labels as i64).contains(&l),
                         _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
                     };
                     if let Some(bad) = v.iter().find(|&&l| !ok(l)) {
@@ -381,6 +386,13 @@ impl DataSource {
                 None => input_ids.clone(),
             },
             (Task::SequenceClassification { num_labels, .. }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
+            // Random tags, −100 at padding (synthetic batches have none).
+            (Task::TokenClassification { num_labels }, None) => (0..b * t)
+                .map(|i| {
+                    let tag = rng.range(0, num_labels as i64);
+                    if attention_mask.as_ref().is_some_and(|m| m[i] == 0) { IGNORE_INDEX } else { tag }
+                })
+                .collect(),
             (Task::MaskedLm, None) => {
                 // Never selected: padding and, when the file says, special tokens.
                 let never: Option<Vec<i64>> = match (&attention_mask, &special_mask) {

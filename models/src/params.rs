@@ -111,6 +111,8 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                         l.weight(untied_head_name(cfg.arch).into(), &[c.vocab_size, h]);
                     }
                 }
+                // BertForTokenClassification: BertModel(add_pooling_layer=False) + classifier.
+                Architecture::BertForTokenClassification => l.linear("classifier", cfg.num_labels(), h),
                 Architecture::BertForSequenceClassification => {
                     l.linear("bert.pooler.dense", h, h);
                     l.linear("classifier", cfg.num_labels(), h);

@@ -168,7 +168,7 @@ impl ResolvedModel {
 
 /// One file of a hub repo: the cache first, then a download unless offline.
 /// The tasks `--task` names (HF's AutoModelFor… of each family).
-pub const TASKS: &[&str] = &["masked-lm", "causal-lm", "sequence-classification"];
+pub const TASKS: &[&str] = &["masked-lm", "causal-lm", "sequence-classification", "token-classification"];
 
 /// `cfg` with the head of `task` (`--task`), or unchanged for None or its own task. A BERT
 /// checkpoint does masked-lm or sequence-classification, a GPT-2 one causal-lm or
@@ -178,7 +178,7 @@ pub fn with_task(cfg: ModelConfig, task: Option<&str>, origin: &str) -> Result<M
     let Some(task) = task else { return Ok(cfg) };
     let gpt2 = matches!(cfg.family, crate::Family::Gpt2(_));
     let arch = crate::config::Architecture::for_task(gpt2, task).ok_or_else(|| {
-        let (family, ok) = if gpt2 { ("GPT-2", "causal-lm, sequence-classification") } else { ("BERT", "masked-lm, sequence-classification") };
+        let (family, ok) = if gpt2 { ("GPT-2", "causal-lm, sequence-classification") } else { ("BERT", "masked-lm, sequence-classification, token-classification") };
         if TASKS.contains(&task) {
             ModelError::Unsupported(format!("--task {task}: a {family} model ({origin}) trains {ok}"))
         } else {

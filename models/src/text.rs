@@ -202,6 +202,11 @@ pub fn tokenize(
 ) -> Result<Tokenized, ModelError> {
     let task = Task::for_config(cfg);
     let bad = |m: String| ModelError::Data(format!("--dataset: {m}"));
+    if let Task::TokenClassification { .. } = task {
+        // Word-level tags would have to be aligned to sub-word tokens (HF's
+        // `word_ids()` + label_all_tokens): not built.
+        return Err(bad("token classification reads pre-tokenised rows (--data with input_ids, per-token labels, attention_mask); text with word-level tags is not supported".into()));
+    }
     let total = rows.texts.len();
     // HF's tokenizer(text, truncation=True, max_length=seq_len): the first tokens are kept and
     // the post-processor's [CLS]/[SEP] fit within seq_len. Padding is done below, to one length.
@@ -263,7 +268,7 @@ pub fn tokenize(
             let given = rows.labels.as_ref().ok_or_else(|| bad("a classifier needs a label column (--label-column)".into()))?;
             convert_labels(cfg, given, num_labels, problem).map_err(bad)?
         }
-        Task::CausalLm => unreachable!("handled above"),
+        Task::CausalLm | Task::TokenClassification { .. } => unreachable!("handled above"),
     };
     Ok(Tokenized {
         n_rows: n,

@@ -1,5 +1,6 @@
-//! The ONNX export computes the engine's logits: for the four architectures (tiny-bert MLM,
-//! tiny-gpt2 LM, a tiny BERT classifier and a tiny GPT-2 classifier, both with pad_token_id 0)
+//! The ONNX export computes the engine's logits: for the five architectures (tiny-bert MLM,
+//! tiny-gpt2 LM, a tiny BERT classifier and a tiny GPT-2 classifier, both with pad_token_id 0,
+//! and a tiny BERT token classifier)
 //! with random weights, one export runs on onnxruntime (CPU execution provider, through
 //! `scripts/onnx-check.py`) at three batch shapes — 2×9 and 3×16 with right-padded,
 //! left-padded and unpadded rows, and 1×64 — and its logits match `InferenceModel::logits` at the same size within
@@ -114,6 +115,7 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-gpt2", None),
         ("tiny-bert", Some("BertForSequenceClassification")),
         ("tiny-gpt2", Some("GPT2ForSequenceClassification")),
+        ("tiny-bert", Some("BertForTokenClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
     // row at the models' 64 positions.

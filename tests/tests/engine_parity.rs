@@ -204,7 +204,7 @@ fn padded(mut batch: Batch, pad: i64) -> Batch {
 
 /// The other heads and losses, on padded batches, planned executor: GPT-2 classification
 /// (last non-pad token), multi-label BERT (BCE as two-class cross-entropy), regression (MSE as
-/// dᵀd) for BERT and GPT-2.
+/// dᵀd) for BERT and GPT-2, BERT token classification.
 #[test]
 fn classification_heads_planned_engine_match_torch() {
     let cases = [
@@ -212,6 +212,7 @@ fn classification_heads_planned_engine_match_torch() {
         ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 4, "problem_type": "multi_label_classification"})),
         ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 1})),
         ("tiny-gpt2", "GPT2ForSequenceClassification", serde_json::json!({"num_labels": 1, "pad_token_id": 0})),
+        ("tiny-bert", "BertForTokenClassification", serde_json::json!({"num_labels": 5})),
     ];
     for (base, arch, extra) in cases {
         let cfg = classifier(base, arch, extra.clone());

@@ -191,3 +191,9 @@ fn padded_multi_label_classification_matches_hf_for_pytorch_and_ort() {
 fn padded_regression_matches_hf_for_pytorch_and_ort() {
     check_padded("tiny-gpt2-regression-padded");
 }
+
+/// BertForTokenClassification (a tag per token, −100 at padding).
+#[test]
+fn padded_token_classification_matches_hf_for_pytorch_and_ort() {
+    check_padded("tiny-bert-token-cls-padded");
+}

@@ -132,3 +132,14 @@ pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
     let pooled = b.dropout(pooled, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
     b.linear(pooled, "classifier") // (B, num_labels)
 }
+
+/// `BertForTokenClassification`: encoder (no pooler) → dropout (`classifier_dropout` or
+/// `hidden_dropout_prob`) → classifier. Returns the logits (B, T, num_labels); the caller adds
+/// the mean cross-entropy over labels ≠ −100.
+pub(crate) fn bert_for_token_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    debug_assert_eq!(cfg.arch, Architecture::BertForTokenClassification);
+    let c = bert_config(cfg);
+    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    let h = b.dropout(h, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
+    b.linear(h, "classifier") // (B, T, num_labels)
+}

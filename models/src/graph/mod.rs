@@ -166,6 +166,7 @@ fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, Tens
     let logits = match cfg.arch {
         Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
         Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
+        Architecture::BertForTokenClassification => bert::bert_for_token_classification(&mut b, cfg, opts),
         Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
         Architecture::Gpt2ForSequenceClassification => gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts),
     }
@@ -174,7 +175,8 @@ fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, Tens
 }
 
 /// HF's loss on `logits`: mean cross-entropy over labels ≠ −100 for language models (GPT-2's
-/// labels arrive shifted: see [`EngineModel::feed`]); the problem type's loss for classifiers.
+/// labels arrive shifted: see [`EngineModel::feed`]) and token classification; the problem
+/// type's loss for sequence classifiers.
 fn add_loss(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions, logits: TensorId) -> BResult<TensorId> {
     let (bs, t) = (opts.batch_size, opts.seq_len);
     if cfg.arch.is_classifier() {

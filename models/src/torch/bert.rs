@@ -194,3 +194,31 @@ impl BertForSequenceClassification {
         classification_loss(&logits, labels, targets, self.problem)
     }
 }
+
+/// BertForTokenClassification: encoder (no pooler) + dropout + classifier over every token,
+/// cross-entropy over labels ≠ −100.
+pub struct BertForTokenClassification {
+    bert: BertEncoder,
+    classifier: Linear,
+    dropout: f64,
+    num_labels: i64,
+}
+
+impl BertForTokenClassification {
+    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
+        let c = bert_config(cfg);
+        BertForTokenClassification {
+            bert: BertEncoder::new(cfg, v),
+            classifier: Linear::new(v, "classifier"),
+            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
+            num_labels: cfg.num_labels() as i64,
+        }
+    }
+
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
+    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+        let h = self.bert.forward(input_ids, attention_mask, train);
+        let logits = self.classifier.forward(&h.dropout(self.dropout, train));
+        cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))
+    }
+}

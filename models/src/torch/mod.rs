@@ -28,6 +28,7 @@ use crate::ModelError;
 pub enum TorchModel {
     BertMlm(bert::BertForMaskedLM),
     BertCls(bert::BertForSequenceClassification),
+    BertTok(bert::BertForTokenClassification),
     Gpt2(gpt2::Gpt2LMHeadModel),
     Gpt2Cls(gpt2::Gpt2ForSequenceClassification),
 }
@@ -78,6 +79,7 @@ impl TorchModel {
             Architecture::BertForSequenceClassification => {
                 TorchModel::BertCls(bert::BertForSequenceClassification::new(cfg, vars))
             }
+            Architecture::BertForTokenClassification => TorchModel::BertTok(bert::BertForTokenClassification::new(cfg, vars)),
             Architecture::Gpt2LMHeadModel => TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars)),
             Architecture::Gpt2ForSequenceClassification => {
                 TorchModel::Gpt2Cls(gpt2::Gpt2ForSequenceClassification::new(cfg, vars))
@@ -101,6 +103,7 @@ impl TorchModel {
         match self {
             TorchModel::BertMlm(m) => m.loss(&ids, mask, &labels, train),
             TorchModel::BertCls(m) => m.loss(&ids, mask, &labels, targets, train),
+            TorchModel::BertTok(m) => m.loss(&ids, mask, &labels, train),
             TorchModel::Gpt2(m) => m.loss(&ids, mask, &labels, train),
             TorchModel::Gpt2Cls(m) => m.loss(&ids, mask, &labels, targets, train),
         }
