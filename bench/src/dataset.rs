@@ -19,8 +19,7 @@ pub fn prepare(model: &ResolvedModel, cfg: &ModelConfig, dataset: &Path, cols: &
         bail!("--dataset {}: no such file", dataset.display());
     }
     let tokenizer = model.tokenizer_file(&HubOptions::from_env())?;
-    let bar: Option<ProgressBar> = None;
-    let mut bar = bar;
+    let mut bar: Option<ProgressBar> = None;
     let tty = std::io::stderr().is_terminal();
     let mut progress = |done: usize, total: usize| {
         if total < 10_000 || !tty {

@@ -423,7 +423,7 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         }
         if let Some(e) = &eval {
             if done % eval_every == 0 || done == total {
-                let params = flat(&cfg, &trainer.weights()?)?;
+                let params = trainer.weights()?.flat(&cfg)?;
                 let (loss, acc) = evaluate(&cfg, &params, e)?;
                 println!("eval at step {done}: eval_loss {loss:.4}{}", acc.map_or(String::new(), |a| format!(", eval_accuracy {a:.4}")));
                 evals.push((done, epoch_f, loss, acc));
@@ -452,16 +452,6 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// The engine's flat parameter buffer of `weights`.
-fn flat(cfg: &ModelConfig, weights: &Weights) -> Result<Vec<f32>> {
-    let mut out = Vec::with_capacity(weights.param_count());
-    for spec in ortbench_models::param_specs(cfg) {
-        let t = weights.get(&spec.name).with_context(|| format!("no weight '{}'", spec.name))?;
-        out.extend_from_slice(&t.data);
-    }
-    Ok(out)
-}
-
 /// `ortbench export`: a model directory's inference graph as ONNX.
 pub fn export(args: &ExportArgs) -> Result<i32> {
     let model = resolve(&args.model, &HubOptions::from_env())?;
@@ -476,7 +466,7 @@ pub fn export(args: &ExportArgs) -> Result<i32> {
         }
         None => bail!("{}: no model.safetensors to export", args.model),
     };
-    let report = ortbench_models::onnx::export_onnx(&cfg, &flat(&cfg, &weights)?, &args.onnx)?;
+    let report = ortbench_models::onnx::export_onnx(&cfg, &weights.flat(&cfg)?, &args.onnx)?;
     println!("{report}");
     Ok(0)
 }

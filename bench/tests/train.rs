@@ -80,8 +80,7 @@ fn engine_logits(dir: &Path, cfg: &ModelConfig, batch: &Batch) -> Vec<f32> {
     let (w, report) = Weights::load(cfg, &dir.join("model.safetensors"), 0).unwrap();
     assert!(report.missing.is_empty() && report.unexpected.is_empty(), "{report:?}");
     let inf = InferenceModel::new(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len).with_attention_mask(true)).unwrap();
-    let flat: Vec<f32> = ortbench_models::param_specs(cfg).iter().flat_map(|s| w.get(&s.name).unwrap().data.clone()).collect();
-    inf.logits(&flat, batch).unwrap()
+    inf.logits(&w.flat(cfg).unwrap(), batch).unwrap()
 }
 
 /// Max |a − b| over max |b|.

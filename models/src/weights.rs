@@ -150,6 +150,21 @@ impl Weights {
         Ok((Weights { tensors }, report))
     }
 
+    /// The engine's flat parameter buffer for `cfg`: the tensors concatenated in `param_specs`
+    /// order (looked up by name; a missing or misshapen one is an error naming it).
+    pub fn flat(&self, cfg: &ModelConfig) -> Result<Vec<f32>, ModelError> {
+        let specs = param_specs(cfg);
+        let mut out = Vec::with_capacity(specs.iter().map(ParamSpec::numel).sum());
+        for spec in &specs {
+            let t = self.get(&spec.name).ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
+            if t.shape != spec.shape {
+                return Err(ModelError::Weights(format!("'{}' has shape {:?}, the model needs {:?}", spec.name, t.shape, spec.shape)));
+            }
+            out.extend_from_slice(&t.data);
+        }
+        Ok(out)
+    }
+
     /// Saves as HF does: f32, tied weights once, metadata `{"format": "pt"}`. Written to a
     /// temporary file and renamed, so a reader never sees a half-written file.
     pub fn save(&self, path: &Path) -> Result<(), ModelError> {
