@@ -66,7 +66,9 @@ impl Vendor {
 }
 
 type NcclComm = *mut c_void;
-type Stream = *mut c_void;
+/// cudaStream_t / hipStream_t (null: the legacy default stream, which the engine's CUDA
+/// device and libtorch queue on).
+pub type Stream = *mut c_void;
 /// ncclUniqueId: 128 opaque bytes.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -178,6 +180,14 @@ fn nccl_dtype(k: ElementKind) -> c_int {
         ElementKind::Bf16 => 9, // ncclBfloat16
     }
 }
+fn kind_size(k: ElementKind) -> usize {
+    match k {
+        ElementKind::U8 => 1,
+        ElementKind::F16 | ElementKind::Bf16 => 2,
+        ElementKind::F32 => 4,
+        ElementKind::F64 => 8,
+    }
+}
 fn nccl_op(op: ReduceOp) -> c_int {
     match op {
         ReduceOp::Sum => 0, // ncclSum
@@ -235,14 +245,37 @@ impl DeviceGroup {
         Ok(DeviceGroup { api, comm, stream, rank, world, staging: Mutex::new((std::ptr::null_mut(), 0)) })
     }
 
-    /// In-place all-reduce of `count` elements at device pointer `buf`.
+    /// Queues an in-place all-reduce of `count` elements of `kind` at device address `buf` on
+    /// `stream` (the caller's: ordered with its kernels; nothing is waited for).
     ///
     /// # Safety
-    /// `buf` must point to `count` elements of `kind` in this rank's device memory.
-    pub unsafe fn all_reduce_device(&self, buf: *mut c_void, count: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
-        let a = &self.api;
-        a.nccl((a.all_reduce)(buf, buf, count, nccl_dtype(kind), nccl_op(op), self.comm, self.stream), "ncclAllReduce")?;
-        a.rt((a.stream_sync)(self.stream), "ncclAllReduce")
+    /// `buf` addresses `count` elements of `kind` in this rank's device memory, live until the
+    /// stream has run the collective.
+    pub unsafe fn queue_all_reduce(&self, buf: u64, count: usize, kind: ElementKind, op: ReduceOp, stream: Stream) -> Result<(), CollectiveError> {
+        let (a, p) = (&self.api, buf as *mut c_void);
+        a.nccl((a.all_reduce)(p, p, count, nccl_dtype(kind), nccl_op(op), self.comm, stream), "ncclAllReduce")
+    }
+
+    /// Queues NCCL's in-place reduce-scatter over world·`k` elements at `buf`: chunk r of rank
+    /// r becomes the reduction (`ncclReduceScatter(buf, buf + r·k, k)`).
+    ///
+    /// # Safety
+    /// `buf` addresses world·k elements of `kind` in this rank's device memory.
+    pub unsafe fn queue_reduce_scatter(&self, buf: u64, k: usize, kind: ElementKind, op: ReduceOp, stream: Stream) -> Result<(), CollectiveError> {
+        let (a, p) = (&self.api, buf as *mut c_void);
+        let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
+        a.nccl((a.reduce_scatter)(p, mine, k, nccl_dtype(kind), nccl_op(op), self.comm, stream), "ncclReduceScatter")
+    }
+
+    /// Queues NCCL's in-place all-gather over world·`k` elements at `buf` (chunk q from rank q:
+    /// `ncclAllGather(buf + r·k, buf, k)`).
+    ///
+    /// # Safety
+    /// As [`DeviceGroup::queue_reduce_scatter`].
+    pub unsafe fn queue_all_gather(&self, buf: u64, k: usize, kind: ElementKind, stream: Stream) -> Result<(), CollectiveError> {
+        let (a, p) = (&self.api, buf as *mut c_void);
+        let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
+        a.nccl((a.all_gather)(mine, p, k, nccl_dtype(kind), self.comm, stream), "ncclAllGather")
     }
 
     /// Stages `bytes` of host data on the device, runs `op(device ptr)`, copies `back` bytes

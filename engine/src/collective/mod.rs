@@ -6,13 +6,18 @@
 //!   several ranks on one device).
 //! - [`tcp::TcpGroup`]: ranks as processes or machines, started by torchrun-style variables.
 //! - [`device::DeviceGroup`]: NCCL (NVIDIA) or RCCL (AMD), loaded at run time.
+//!
+//! [`on_device::DeviceCollective`] runs them over GPU memory for the GPU session's data
+//! parallelism.
 
 pub mod device;
 pub mod local;
+pub mod on_device;
 pub mod tcp;
 
 pub use device::{DeviceGroup, Vendor};
 pub use local::LocalGroup;
+pub use on_device::{DeviceCollective, HostMemory};
 pub use tcp::TcpGroup;
 
 /// How values from different ranks combine.

@@ -6,7 +6,8 @@
 //! Ranks split each global batch into contiguous blocks of rows: rank r of N takes rows
 //! r·b .. (r+1)·b of a global batch of N·b rows.
 
-use ortbench_engine::collective::{AnyGroup, LocalGroup};
+use ortbench_engine::collective::{AnyGroup, DeviceCollective, LocalGroup};
+use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::optim::{AdamWConfig, Segment};
 use ortbench_engine::parallel::{DataParallel, Strategy};
 use ortbench_engine::session::{StepStats, TrainSession};
@@ -50,6 +51,19 @@ pub struct EngineState {
     pub steps_taken: usize,
     /// (scale, clean steps) of fp16's dynamic loss scaling.
     pub loss_scaler: Option<(f32, u32)>,
+}
+
+/// Rank `rank`'s block of `b` rows of the global batch and its weight: its share of the global
+/// batch's labelled tokens (HF Trainer's `average_tokens_across_devices`), so that the ranks'
+/// weighted gradients sum to the global batch's.
+fn rank_slice(task: &Task, global: &Batch, rank: usize, world: usize, b: usize) -> Result<(Batch, f32), ModelError> {
+    if global.batch_size != b * world {
+        return Err(ModelError::Data(format!("a global batch of {} rows does not split into {world} ranks of {b}", global.batch_size)));
+    }
+    let local = if world == 1 { global.clone() } else { global.rows(rank * b..(rank + 1) * b) };
+    let total = task.label_count(global);
+    let weight = if total == 0 { 1.0 / world as f32 } else { task.label_count(&local) as f32 / total as f32 };
+    Ok((local, weight))
 }
 
 /// Contiguous runs of parameters with the same decay setting, in flat-buffer order.
@@ -121,15 +135,7 @@ impl EngineTrainer {
     pub fn step(&mut self, global: &Batch) -> Result<StepStats, ModelError> {
         let (rank, world) = (self.dp.group_rank(), self.dp.group_world());
         let b = self.model.batch_size;
-        if global.batch_size != b * world {
-            return Err(ModelError::Data(format!(
-                "a global batch of {} rows does not split into {world} ranks of {b}",
-                global.batch_size
-            )));
-        }
-        let local = if world == 1 { global.clone() } else { global.rows(rank * b..(rank + 1) * b) };
-        let total = self.task.label_count(global);
-        let weight = if total == 0 { 1.0 / world as f32 } else { self.task.label_count(&local) as f32 / total as f32 };
+        let (local, weight) = rank_slice(&self.task, global, rank, world, b)?;
         let feed = self.model.feed(&local)?;
         let lr = (self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32;
         let seed = self.opts.seed.wrapping_add(self.steps_taken as u64);
@@ -231,6 +237,7 @@ impl EngineTrainer {
 pub struct GpuEngineTrainer<D: ortbench_engine::backend::gpu::GpuDevice> {
     model: EngineModel,
     session: ortbench_engine::exec::gpu::session::GpuSession<D>,
+    task: Task,
     opts: EngineOptions,
     steps_taken: usize,
 }
@@ -238,26 +245,51 @@ pub struct GpuEngineTrainer<D: ortbench_engine::backend::gpu::GpuDevice> {
 impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
     /// Builds the graph for `graph`'s sizes and uploads the weights to `dev`.
     pub fn new(cfg: &ModelConfig, weights: &Weights, graph: &GraphOptions, opts: EngineOptions, dev: D) -> Result<Self, ModelError> {
+        Self::ranked(cfg, weights, graph, opts, dev, RankLayout::single())
+    }
+
+    /// As [`GpuEngineTrainer::new`], for rank `layout.rank` of a data-parallel run on one GPU
+    /// per rank (`graph`'s batch size is the rank's share); step it with
+    /// [`GpuEngineTrainer::step_ranked`].
+    pub fn ranked(cfg: &ModelConfig, weights: &Weights, graph: &GraphOptions, opts: EngineOptions, dev: D, layout: RankLayout) -> Result<Self, ModelError> {
         let model = build_training_graph(cfg, &graph.with_dtype(opts.precision))?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
         let adamw = AdamWConfig { lr: opts.lr as f32, weight_decay: opts.weight_decay as f32, max_grad_norm: opts.max_grad_norm as f32, ..AdamWConfig::default() };
-        let mut session = ortbench_engine::exec::gpu::session::GpuSession::new(model.graph.clone(), dev, &params, segments, adamw, opts.precision)
+        let mut session = ortbench_engine::exec::gpu::session::GpuSession::ranked(model.graph.clone(), dev, &params, segments, adamw, opts.precision, layout)
             .map_err(|e| ModelError::Training(format!("engine on the GPU: {e}")))?;
         if opts.precision == DType::F16 {
             session.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::default()));
         }
-        Ok(GpuEngineTrainer { model, session, opts, steps_taken: 0 })
+        Ok(GpuEngineTrainer { model, session, task: Task::for_config(cfg), opts, steps_taken: 0 })
     }
 
     /// One step on `batch`: forward, backward and AdamW queued on the device, one status read.
     pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
         let feed = self.model.feed(batch)?;
-        let lr = (self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32;
-        let seed = self.opts.seed.wrapping_add(self.steps_taken as u64);
+        let (lr, seed) = self.step_lr_seed();
         let stats = self.session.step(&feed.inputs(), lr, seed).map_err(|e| ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken)))?;
         self.steps_taken += 1;
         Ok(stats)
+    }
+
+    /// One step of this rank on the global batch `global` (it takes its block of rows), the
+    /// gradients reduced through `group` on the device (DDP or ZeRO-1, the layout's).
+    pub fn step_ranked<C: DeviceCollective<D>>(&mut self, group: &C, global: &Batch) -> Result<StepStats, ModelError> {
+        let l = self.session.layout();
+        let (local, weight) = rank_slice(&self.task, global, l.rank, l.world, self.model.batch_size)?;
+        let feed = self.model.feed(&local)?;
+        let (lr, seed) = self.step_lr_seed();
+        let stats = self
+            .session
+            .step_ranked(group, weight, &feed.inputs(), lr, seed)
+            .map_err(|e| ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken)))?;
+        self.steps_taken += 1;
+        Ok(stats)
+    }
+
+    fn step_lr_seed(&self) -> (f32, u64) {
+        ((self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32, self.opts.seed.wrapping_add(self.steps_taken as u64))
     }
 
     /// The current parameters under their HF names (copied from the device).
@@ -271,7 +303,8 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
         self.session.executor().step_flops()
     }
 
-    /// Bytes of optimizer state on the device (fp32 moments).
+    /// Bytes of optimizer state on the device (fp32 moments of the elements this rank
+    /// updates).
     pub fn optimizer_bytes(&self) -> usize {
         self.session.state_bytes()
     }

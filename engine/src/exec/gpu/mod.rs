@@ -107,10 +107,18 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// Plans `graph` (a training graph) for the GPU kernels and allocates its memory on `dev`;
     /// parameters start at zero ([`GpuExecutor::upload_params`]).
     pub fn new(graph: &Graph, dev: D) -> Result<Self, PlanError> {
+        Self::with_flat_len(graph, dev, graph.num_param_elems())
+    }
+
+    /// As [`GpuExecutor::new`], with the flat parameter, compute-copy and gradient buffers
+    /// `flat_len` ≥ Ψ elements long: ZeRO-1's padding to a multiple of the ranks, which NCCL's
+    /// in-place reduce-scatter and all-gather address (`session`). The padding starts at zero
+    /// and nothing in a step writes it.
+    pub fn with_flat_len(graph: &Graph, dev: D, flat_len: usize) -> Result<Self, PlanError> {
         let kernels = GpuKernels::for_graph(graph);
         let plan = plan::build(graph, &kernels)?;
         let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
-        let n = graph.num_param_elems();
+        let n = flat_len.max(graph.num_param_elems());
         let params = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
         let dtypes = kernels.dtypes;
         let compute = match graph.dtype() {

@@ -6,18 +6,49 @@
 //! HF's AdamW with decoupled decay by segment, clipping at the global norm, dynamic loss scaling
 //! that skips a step on inf/NaN (the kernel skips itself, the host then does not count the
 //! step). `tests/tests/gpu_executor.rs` trains both side by side.
+//!
+//! Data parallelism ([`GpuSession::ranked`], [`GpuSession::step_ranked`]) is the CPU's
+//! `crate::parallel` on device buffers through a [`DeviceCollective`] (NCCL on a GPU), queued
+//! between the backward and the optimizer with no host copy:
+//! - DDP: the flat gradients all-reduced (summed: each rank's backward is seeded with its share
+//!   of the global batch's labelled tokens, so the sum is the global batch's gradient); every
+//!   rank then runs the full optimizer.
+//! - ZeRO-1 (llm.c's layout): the flat buffers padded to world·k elements; the gradients
+//!   reduce-scattered in place, so rank r holds the summed chunk r; the sum-of-squares partials
+//!   over that chunk all-reduced (the global norm and finite flag, identical on every rank);
+//!   AdamW on chunk r with moments for that chunk only (8Ψ/N bytes); the fp32 parameters
+//!   all-gathered in place, and the f16/bf16 compute copy cast from them.
+
+use std::ops::Range;
 
 use super::{status, GpuExecutor};
 use crate::backend::gpu::{GpuDevice, KernelArg};
+use crate::collective::{DeviceCollective, ElementKind, ReduceOp, Sharding};
 use crate::exec::{ExecError, Inputs};
 use crate::graph::Graph;
 use crate::optim::{AdamWConfig, LossScaler, Segment};
+use crate::parallel::{shard_segments, Strategy, SHARD_ALIGN};
 use crate::session::{SessionError, StepStats};
 use crate::DType;
 
 /// Blocks of the gradient-norm partials (adamw.cu `grad_sumsq_partial`): fills an H100
 /// (132 SMs) several times over; the single-block finish adds them in order.
 const NORM_BLOCKS: u32 = 512;
+
+/// Where a session's rank stands in a data-parallel run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankLayout {
+    pub rank: usize,
+    pub world: usize,
+    pub strategy: Strategy,
+}
+
+impl RankLayout {
+    /// One rank alone (DDP of one: no collective).
+    pub fn single() -> Self {
+        RankLayout { rank: 0, world: 1, strategy: Strategy::Ddp }
+    }
+}
 
 pub struct GpuSession<D: GpuDevice> {
     exec: GpuExecutor<D>,
@@ -29,6 +60,12 @@ pub struct GpuSession<D: GpuDevice> {
     nseg: usize,
     partials: D::Buffer,
     parts: u32,
+    layout: RankLayout,
+    /// The flat elements this rank's optimizer updates: all Ψ, or its ZeRO-1 chunk (clipped to
+    /// Ψ: the last ranks' padding is not updated).
+    own: Range<usize>,
+    /// ZeRO-1 with more than one rank: elements per chunk k of the padded buffers (world·k).
+    chunk: Option<usize>,
     /// Updates applied (skipped steps do not count), as the CPU's `AdamW::step`.
     pub step: u64,
     scaler: Option<LossScaler>,
@@ -41,6 +78,13 @@ fn dev(e: crate::backend::gpu::GpuError) -> SessionError {
 impl<D: GpuDevice> GpuSession<D> {
     /// Plans `graph` on `dev`, uploads `params` (the graph's flat layout) and zeroes the moments.
     pub fn new(graph: Graph, dev_: D, params: &[f32], segments: Vec<Segment>, cfg: AdamWConfig, precision: DType) -> Result<Self, SessionError> {
+        Self::ranked(graph, dev_, params, segments, cfg, precision, RankLayout::single())
+    }
+
+    /// As [`GpuSession::new`], for rank `layout.rank` of a data-parallel run: under ZeRO-1
+    /// with several ranks the flat buffers are padded to a multiple of the ranks and the
+    /// moments cover this rank's chunk only. Every rank starts from the same `params`.
+    pub fn ranked(graph: Graph, dev_: D, params: &[f32], segments: Vec<Segment>, cfg: AdamWConfig, precision: DType, layout: RankLayout) -> Result<Self, SessionError> {
         if !graph.is_training() || graph.loss().is_none() {
             return Err(SessionError::NotTraining);
         }
@@ -57,11 +101,21 @@ impl<D: GpuDevice> GpuSession<D> {
             next += s.len;
         }
         assert_eq!(next, n, "segments must cover the whole buffer");
-        let exec = GpuExecutor::new(&graph, dev_)?;
+        assert!(layout.world > 0 && layout.rank < layout.world, "rank {} of {}", layout.rank, layout.world);
+        let (flat_len, own, chunk) = match layout.strategy {
+            Strategy::Zero1 if layout.world > 1 => {
+                let sh = Sharding::new(n, layout.world, SHARD_ALIGN);
+                (sh.padded(), sh.real_range(layout.rank), Some(sh.shard))
+            }
+            _ => (n, 0..n, None),
+        };
+        let exec = GpuExecutor::with_flat_len(&graph, dev_, flat_len)?;
         exec.upload_params(params)?;
         let d = exec.device();
-        let m = d.alloc_zeroed(n * 4).map_err(dev)?;
-        let v = d.alloc_zeroed(n * 4).map_err(dev)?;
+        // Moments for the updated elements only (at least one element: no zero-size allocation).
+        let m = d.alloc_zeroed(own.len().max(1) * 4).map_err(dev)?;
+        let v = d.alloc_zeroed(own.len().max(1) * 4).map_err(dev)?;
+        let segments = shard_segments(&segments, own.clone());
         let starts: Vec<u8> = segments.iter().flat_map(|s| (s.start as i64).to_le_bytes()).collect();
         let decays: Vec<u8> = segments.iter().flat_map(|s| i32::from(s.decay).to_le_bytes()).collect();
         let seg_start = d.alloc_zeroed(starts.len().max(8)).map_err(dev)?;
@@ -71,9 +125,20 @@ impl<D: GpuDevice> GpuSession<D> {
             d.upload(d.address(&seg_start), &starts).map_err(dev)?;
             d.upload(d.address(&seg_decay), &decays).map_err(dev)?;
         }
-        let parts = (n.div_ceil(256) as u32).clamp(1, NORM_BLOCKS);
+        // The same number of partials on every rank (from the chunk size, not the clipped
+        // chunk): ZeRO-1 all-reduces them element-wise.
+        let parts = (chunk.unwrap_or(n).div_ceil(256) as u32).clamp(1, NORM_BLOCKS);
         let partials = d.alloc_zeroed(parts as usize * 4).map_err(dev)?;
-        Ok(GpuSession { exec, cfg, m, v, seg_start, seg_decay, nseg: segments.len(), partials, parts, step: 0, scaler: None })
+        Ok(GpuSession { exec, cfg, m, v, seg_start, seg_decay, nseg: segments.len(), partials, parts, layout, own, chunk, step: 0, scaler: None })
+    }
+
+    pub fn layout(&self) -> RankLayout {
+        self.layout
+    }
+
+    /// The flat elements this rank's optimizer updates (all of them but under ZeRO-1).
+    pub fn own_range(&self) -> Range<usize> {
+        self.own.clone()
     }
 
     pub fn executor(&self) -> &GpuExecutor<D> {
@@ -89,9 +154,10 @@ impl<D: GpuDevice> GpuSession<D> {
         self.scaler = scaler;
     }
 
-    /// Bytes of optimizer state on the device (both moments, fp32).
+    /// Bytes of optimizer state on the device: both moments, fp32, for the elements this rank
+    /// updates (8Ψ, or 8Ψ/N under ZeRO-1).
     pub fn state_bytes(&self) -> usize {
-        2 * 4 * self.exec.graph().num_param_elems()
+        2 * 4 * self.own.len()
     }
 
     /// The fp32 parameters (waits for the device).
@@ -106,31 +172,79 @@ impl<D: GpuDevice> GpuSession<D> {
 
     /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.
     pub fn step(&mut self, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+        assert_eq!(self.layout.world, 1, "a session of {} ranks steps with step_ranked", self.layout.world);
+        self.step_in(None::<(&Alone, f32)>, inputs, lr, seed)
+    }
+
+    /// One step of this rank on its slice of the global batch: `weight` is the slice's share
+    /// of the global batch's labelled tokens (as `crate::parallel::DataParallel::step`); every
+    /// rank calls it with the same `lr` and the group of the session's layout. The loss
+    /// returned is the global batch's, on every rank.
+    pub fn step_ranked<C: DeviceCollective<D>>(&mut self, group: &C, weight: f32, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+        if (group.rank(), group.world_size()) != (self.layout.rank, self.layout.world) {
+            return Err(SessionError::Exec(ExecError::Device(format!(
+                "the session is rank {} of {}, the group rank {} of {}",
+                self.layout.rank,
+                self.layout.world,
+                group.rank(),
+                group.world_size()
+            ))));
+        }
+        self.step_in(Some((group, weight)), inputs, lr, seed)
+    }
+
+    fn step_in<C: DeviceCollective<D>>(&mut self, ranks: Option<(&C, f32)>, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+        let ranks = ranks.filter(|(g, _)| g.world_size() > 1);
+        let weight = ranks.map_or(1.0, |(_, w)| w);
         let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
-        self.exec.set_loss_scale(scale);
+        // The backward is seeded with scale·weight: the gradients come out weighted, ready to
+        // be summed (the CPU's DataParallel multiplies them after the backward instead; one
+        // pass over Ψ fewer here). A rank with no labelled token contributes zeros.
+        self.exec.set_loss_scale(if weight == 0.0 { scale } else { scale * weight });
         self.exec.queue_step(inputs, seed)?;
         let n = self.exec.graph().num_param_elems();
+        let own = self.own.clone();
         let d = self.exec.device();
         let (grads, params) = (self.exec.grad_address(), self.exec.param_address());
         let stats = self.exec.status_address() + 4 * status::STATS as u64;
+        let coll = |e: crate::collective::CollectiveError| SessionError::Exec(ExecError::Device(format!("rank {} of {}: {e}", self.layout.rank, self.layout.world)));
+        let p = KernelArg::Ptr;
+        if let Some((g, _)) = ranks {
+            // SAFETY: the gradient buffer holds n (DDP) or world·k (ZeRO-1) f32.
+            unsafe {
+                if weight == 0.0 {
+                    d.launch("fill_f32", grid(d, n), 256, 0, &[p(grads), KernelArg::I64(n as i64), KernelArg::F32(0.0)]).map_err(dev)?;
+                }
+                match self.chunk {
+                    None => g.all_reduce_on(d, grads, n, ElementKind::F32, ReduceOp::Sum).map_err(coll)?,
+                    Some(k) => g.reduce_scatter_on(d, grads, k, ElementKind::F32, ReduceOp::Sum).map_err(coll)?,
+                }
+            }
+        }
         let inv = 1.0 / scale;
         let c = &self.cfg;
         // If this step is applied it is update number step + 1; a skipped one leaves `step`.
         let sc = c.step_scalars(self.step + 1, lr);
-        let p = KernelArg::Ptr;
-        // SAFETY: every buffer below is this session's or its executor's, of n f32 (moments,
-        // parameters, gradients), `parts` partials, nseg segments and the status block.
+        let at = |base: u64, size: usize| base + (own.start * size) as u64;
+        // SAFETY: every buffer below is this session's or its executor's: the flat buffers of
+        // at least n f32 (own ⊆ 0..n), moments of own.len(), `parts` partials, nseg segments
+        // and the status block.
         unsafe {
-            d.launch("grad_sumsq_partial", self.parts, 256, 0, &[p(d.address(&self.partials)), p(grads), KernelArg::I64(n as i64), KernelArg::F32(inv)]).map_err(dev)?;
+            d.launch("grad_sumsq_partial", self.parts, 256, 0, &[p(d.address(&self.partials)), p(at(grads, 4)), KernelArg::I64(own.len() as i64), KernelArg::F32(inv)]).map_err(dev)?;
+            if let (Some((g, _)), Some(_)) = (ranks, self.chunk) {
+                // Each rank summed its own chunk: the partials added over the ranks give the
+                // global sum of squares (and carry any inf/NaN to every rank).
+                g.all_reduce_on(d, d.address(&self.partials), self.parts as usize, ElementKind::F32, ReduceOp::Sum).map_err(coll)?;
+            }
             d.launch("grad_stats_finish", 1, d.warp_size(), 0, &[p(stats), p(d.address(&self.partials)), KernelArg::I32(self.parts as i32), KernelArg::F32(c.max_grad_norm)]).map_err(dev)?;
-            let grid = (n.div_ceil(256) as u64).clamp(1, d.max_blocks() as u64) as u32;
+            let dtype = self.exec.graph().dtype();
             let args = [
-                p(params),
-                p(grads),
+                p(at(params, 4)),
+                p(at(grads, 4)),
                 p(d.address(&self.m)),
                 p(d.address(&self.v)),
-                p(self.exec.compute_address().unwrap_or(0)),
-                KernelArg::I64(n as i64),
+                p(self.exec.compute_address().map_or(0, |a| at(a, dtype.size()))),
+                KernelArg::I64(own.len() as i64),
                 p(d.address(&self.seg_start)),
                 p(d.address(&self.seg_decay)),
                 KernelArg::I32(self.nseg as i32),
@@ -144,8 +258,17 @@ impl<D: GpuDevice> GpuSession<D> {
                 KernelArg::F32(sc.decay_mul),
             ];
             // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
-            let name = format!("adamw_step_{}", super::kernels::suffix(self.exec.graph().dtype()));
-            d.launch(&name, grid, 256, 0, &args).map_err(dev)?;
+            let name = format!("adamw_step_{}", super::kernels::suffix(dtype));
+            d.launch(&name, grid(d, own.len()), 256, 0, &args).map_err(dev)?;
+            if let (Some((g, _)), Some(k)) = (ranks, self.chunk) {
+                // Every rank's updated chunk into every rank's parameters (a skipped step
+                // gathers the unchanged ones), then the compute copy the next forward reads.
+                g.all_gather_on(d, params, k, ElementKind::F32).map_err(coll)?;
+                if let Some(cp) = self.exec.compute_address() {
+                    let cast = format!("cast_f32_{}", super::kernels::suffix(dtype));
+                    d.launch(&cast, grid(d, n), 256, 0, &[p(cp), p(params), KernelArg::I64(n as i64)]).map_err(dev)?;
+                }
+            }
         }
         let s = self.exec.finish_step(inputs)?;
         let finite = s[status::STATS + 1] != 0.0;
@@ -156,6 +279,65 @@ impl<D: GpuDevice> GpuSession<D> {
             Some(sc) => sc.update(!finite),
             None => !finite,
         };
-        Ok(StepStats { loss: s[status::LOSS], grad_norm: s[status::STATS], loss_scale: scale, skipped })
+        let mut loss = [s[status::LOSS]];
+        if let Some((g, w)) = ranks {
+            // The global loss Σ_r weight_r · loss_r (an empty rank's NaN mean counts 0).
+            loss[0] = if w == 0.0 { 0.0 } else { loss[0] * w };
+            g.all_reduce(&mut loss, ReduceOp::Sum).map_err(coll)?;
+        }
+        Ok(StepStats { loss: loss[0], grad_norm: s[status::STATS], loss_scale: scale, skipped })
+    }
+}
+
+/// Blocks of a grid-stride launch over `n` elements.
+fn grid<D: GpuDevice>(d: &D, n: usize) -> u32 {
+    (n.div_ceil(256) as u64).clamp(1, d.max_blocks() as u64) as u32
+}
+
+/// The group of one rank alone, for [`GpuSession::step`] (never called: one rank needs no
+/// collective).
+struct Alone;
+
+impl crate::collective::Collective for Alone {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce<T: crate::collective::Element>(&self, _: &mut [T], _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    fn reduce_scatter<T: crate::collective::Element>(&self, send: &[T], recv: &mut [T], _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn all_gather<T: crate::collective::Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), crate::collective::CollectiveError> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn reduce_scatter_in_place<T: crate::collective::Element>(&self, _: &mut [T], _: usize, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    fn all_gather_in_place<T: crate::collective::Element>(&self, _: &mut [T], _: usize) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    fn broadcast<T: crate::collective::Element>(&self, _: &mut [T], _: usize) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    fn barrier(&self) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+}
+
+impl<D: GpuDevice> DeviceCollective<D> for Alone {
+    unsafe fn all_reduce_on(&self, _: &D, _: u64, _: usize, _: ElementKind, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    unsafe fn reduce_scatter_on(&self, _: &D, _: u64, _: usize, _: ElementKind, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
+    }
+    unsafe fn all_gather_on(&self, _: &D, _: u64, _: usize, _: ElementKind) -> Result<(), crate::collective::CollectiveError> {
+        Ok(())
     }
 }
