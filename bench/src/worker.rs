@@ -11,7 +11,8 @@ use ortbench_engine::passes::PassConfig;
 use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
-use ortbench_engine::collective::{AnyGroup, Collective, LocalGroup, TcpGroup};
+use ortbench_engine::collective::{AnyGroup, Collective, DeviceGroup, LocalGroup, TcpGroup, Vendor};
+use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::parallel::Strategy;
 use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
@@ -232,10 +233,11 @@ trait RankTrainer {
     }
 }
 
-/// A `pytorch` rank: libtorch eager, DDP across ranks.
+/// A `pytorch` rank: libtorch eager, DDP across ranks (NCCL buckets on GPUs).
 struct TorchRank {
     trainer: TorchTrainer,
     group: AnyGroup,
+    nccl: Option<DeviceGroup>,
     task: Task,
     rows: usize,
 }
@@ -249,7 +251,10 @@ impl RankTrainer for TorchRank {
             let local = global.rows(r * self.rows..(r + 1) * self.rows);
             let total = self.task.label_count(global);
             let weight = if total == 0 { 1.0 / n as f32 } else { self.task.label_count(&local) as f32 / total as f32 };
-            self.trainer.step_ddp(&local, Some((&self.group, weight)))?
+            match &self.nccl {
+                Some(g) => self.trainer.step_ddp_nccl(&local, g, weight)?,
+                None => self.trainer.step_ddp(&local, Some((&self.group, weight)))?,
+            }
         };
         Ok(RankStep { loss: s.loss, grad_norm: s.grad_norm, loss_scale: s.loss_scale, skipped: s.skipped })
     }
@@ -272,19 +277,25 @@ impl RankTrainer for EngineTrainer {
     }
 }
 
-/// An `ort` rank on a GPU.
-struct GpuRank(GpuEngineTrainer<ortbench_engine::backend::cuda::gpu::CudaGpu>);
+/// An `ort` / `ort-zero1` rank on a GPU: alone, or one GPU of an NCCL group.
+struct GpuRank {
+    trainer: GpuEngineTrainer<ortbench_engine::backend::cuda::gpu::CudaGpu>,
+    nccl: Option<DeviceGroup>,
+}
 
 impl RankTrainer for GpuRank {
     fn step(&mut self, global: &Batch) -> Result<RankStep> {
-        let s = self.0.step(global)?;
+        let s = match &self.nccl {
+            Some(g) => self.trainer.step_ranked(g, global)?,
+            None => self.trainer.step(global)?,
+        };
         Ok(RankStep { loss: f64::from(s.loss), grad_norm: f64::from(s.grad_norm), loss_scale: f64::from(s.loss_scale), skipped: s.skipped })
     }
     fn optimizer_bytes(&self) -> usize {
-        self.0.optimizer_bytes()
+        self.trainer.optimizer_bytes()
     }
     fn last_step_flops(&self) -> Option<f64> {
-        Some(self.0.step_flops())
+        Some(self.trainer.step_flops())
     }
 }
 
@@ -330,13 +341,20 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             device = tch::Device::Cuda(lr);
         }
     }
-    if let tch::Device::Cuda(_) = device {
-        // The engine on a GPU: one rank (see exec::gpu), where ZeRO-1 is DDP (one shard: the
-        // whole buffer), as on the CPU. More ranks need NCCL ranks, not wired yet.
-        if spec.config != "pytorch" && spec.ranks > 1 {
-            bail!("{} with {} ranks on GPUs needs NCCL ranks, not built yet (issue 12): use --ranks 1 on CUDA", spec.config, spec.ranks);
+    // Ranks on GPUs: one process per GPU, the gradients reduced by NCCL in device memory (the
+    // engine's flat buffers, the baseline's DDP buckets); the TCP group only exchanges NCCL's
+    // id and the host scalars. In-process thread ranks would share one GPU, which NCCL refuses.
+    let nccl = match (device, &tcp) {
+        (tch::Device::Cuda(_), None) if ranks > 1 => {
+            bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
         }
-    }
+        (tch::Device::Cuda(i), Some(g)) => {
+            let d = DeviceGroup::new(Vendor::Nvidia, g, i).map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
+            Some(d)
+        }
+        _ => None,
+    };
+    let nccl = std::sync::Mutex::new(nccl);
     // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
     // same way for every config (engine::backend::cuda::watch).
     let watch = match device {
@@ -368,7 +386,8 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     ..TrainOptions::default()
                 };
                 let trainer = TorchTrainer::new(&cfg, &weights, device, opts)?;
-                Box::new(TorchRank { trainer, group, task, rows: spec.batch_size })
+                let nccl = nccl.lock().map_err(|_| anyhow::anyhow!("NCCL group lock"))?.take();
+                Box::new(TorchRank { trainer, group, nccl, task, rows: spec.batch_size })
             }
             "ort" | "ort-zero1" => {
                 let opts = EngineOptions {
@@ -390,7 +409,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         bail!("ORTBENCH_FAULT=grad-scale is not implemented for the engine on a GPU");
                     }
                     let gpu = ortbench_engine::backend::cuda::gpu::CudaGpu::open(i).map_err(|e| anyhow::anyhow!("opening GPU {i} for the engine: {e}"))?;
-                    return Ok(Box::new(GpuRank(GpuEngineTrainer::new(&cfg, &weights, &graph, opts, gpu)?)));
+                    let layout = RankLayout { rank: group.rank(), world: group.world_size(), strategy };
+                    let nccl = nccl.lock().map_err(|_| anyhow::anyhow!("NCCL group lock"))?.take();
+                    return Ok(Box::new(GpuRank { trainer: GpuEngineTrainer::ranked(&cfg, &weights, &graph, opts, gpu, layout)?, nccl }));
                 }
                 let mut t = EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?;
                 if let Some(Fault { kind: FaultKind::GradScale(f), .. }) = fault {

@@ -175,3 +175,48 @@ fn a_rank_count_that_disagrees_with_world_size_is_refused() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("WORLD_SIZE is '2' but the run has --ranks 1"), "{text}");
 }
+
+/// GPU ranks (`--device cuda`, ranks > 1): processes, one per GPU, joined by NCCL. Asked as
+/// threads, the worker refuses before touching a GPU; as processes on a machine without GPUs
+/// (CI), each rank fails to join NCCL with an error naming the rank and the GPU — never a
+/// silent run on the CPU or over TCP. (Where GPUs exist the join is scripts/gpu-validate's.)
+#[test]
+fn gpu_ranks_are_nccl_processes_and_say_why_they_cannot_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--configs", "ort", "--steps", "1", "--warmup", "0", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()], &[], false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut spec = spec_of(&one);
+    spec["device"] = "cuda".into();
+    spec["ranks"] = 2.into();
+    for config in ["ort-zero1", "pytorch"] {
+        spec["config"] = config.into();
+        let o = Command::new(env!("CARGO_BIN_EXE_ortbench")).args(["worker", "--spec", &spec.to_string()]).env_remove("RANK").output().unwrap();
+        assert!(!o.status.success());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("GPU ranks are processes, one per GPU"), "{config}: {text}");
+    }
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        println!("a GPU is here: the NCCL join is scripts/gpu-validate's to check");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let workers: Vec<_> = (0..2)
+        .map(|r| {
+            let r = r.to_string();
+            Command::new(env!("CARGO_BIN_EXE_ortbench"))
+                .args(["worker", "--spec", &spec.to_string()])
+                .envs([("RANK", r.as_str()), ("LOCAL_RANK", r.as_str()), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, w) in workers.into_iter().enumerate() {
+        let o = w.wait_with_output().unwrap();
+        assert!(!o.status.success());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains(&format!("rank {r} joining NCCL on GPU {r}")), "rank {r}: {text}");
+        println!("rank {r}: {}", text.trim());
+    }
+}

@@ -13,7 +13,7 @@ use crate::data::Batch;
 use crate::params::param_specs;
 use crate::schedule::LrSchedule;
 use crate::weights::Weights;
-use ortbench_engine::collective::{Collective, CollectiveError, LocalGroup, ReduceOp};
+use ortbench_engine::collective::{Collective, CollectiveError, DeviceGroup, ElementKind, LocalGroup, ReduceOp};
 use crate::ModelError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,16 +149,32 @@ impl TorchTrainer {
         self.step_ddp::<LocalGroup>(batch, None)
     }
 
-    /// One step as one rank of PyTorch DDP: after backward, gradients are weighted by this
-    /// rank's share `weight` of the global batch's labelled tokens and summed across `group`
-    /// (one flat bucket, as DDP's gradient buckets), so every rank applies the gradient of the
-    /// global batch (HF Trainer's `average_tokens_across_devices`).
     /// DDP's bucket capacity in bytes (torch's `bucket_cap_mb`; 25 MiB by default).
     pub fn set_ddp_bucket_bytes(&mut self, bytes: usize) {
         self.bucket_bytes = bytes;
     }
 
+    /// One step as one rank of PyTorch DDP: after backward, gradients are weighted by this
+    /// rank's share `weight` of the global batch's labelled tokens and summed across `group`
+    /// in buckets (as DDP's gradient buckets), so every rank applies the gradient of the
+    /// global batch (HF Trainer's `average_tokens_across_devices`). The buckets go through
+    /// host memory: the CPU's transports.
     pub fn step_ddp<G: Collective>(&mut self, batch: &Batch, ddp: Option<(&G, f32)>) -> Result<StepStats, ModelError> {
+        self.step_with(batch, ddp.map(|(g, w)| (Reducer::Host(g), w)))
+    }
+
+    /// As [`TorchTrainer::step_ddp`] on a GPU, the buckets all-reduced in device memory by NCCL
+    /// (torch DDP's ProcessGroupNCCL): each bucket is one flat device tensor of its gradients,
+    /// reduced in place through its device pointer on libtorch's stream (the legacy default
+    /// stream, which the NCCL call is queued on), and copied back into the gradients.
+    pub fn step_ddp_nccl(&mut self, batch: &Batch, group: &DeviceGroup, weight: f32) -> Result<StepStats, ModelError> {
+        if !matches!(self.device, Device::Cuda(_)) {
+            return Err(ModelError::Training(format!("NCCL DDP needs the model on a GPU, not {:?}", self.device)));
+        }
+        self.step_with::<LocalGroup>(batch, Some((Reducer::Nccl(group), weight)))
+    }
+
+    fn step_with<G: Collective>(&mut self, batch: &Batch, ddp: Option<(Reducer<'_, G>, f32)>) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
         let mut loss = self.forward(batch)?;
@@ -169,19 +185,24 @@ impl TorchTrainer {
             loss.backward();
         }
         let grads: Vec<Tensor> = self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
-        if let Some((group, weight)) = ddp {
+        if let Some((reducer, weight)) = ddp {
             let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
             let local = loss.double_value(&[]) as f32;
             // An empty rank (no labelled token) has a NaN mean loss: it contributes nothing.
             let mut l = [if weight == 0.0 { 0.0 } else { local * weight }];
-            group.all_reduce(&mut l, ReduceOp::Sum).map_err(err)?;
+            match reducer {
+                Reducer::Host(g) => g.all_reduce(&mut l, ReduceOp::Sum),
+                Reducer::Nccl(g) => g.all_reduce(&mut l, ReduceOp::Sum),
+            }
+            .map_err(err)?;
             loss = Tensor::from(f64::from(l[0]));
             // As torch DDP: the gradients in buckets of at most 25 MiB, last parameters first (the
             // order the backward produces them), each bucket all-reduced on its own — no
-            // full-size copy of the gradients. A bucket is one reused buffer; the reduction is
-            // element-wise, so the result is the same bits as one flat all-reduce.
+            // full-size copy of the gradients. The reduction is element-wise, so the result is
+            // the same bits as one flat all-reduce.
             let cap = (self.bucket_bytes / 4).max(1);
             let mut bucket = std::mem::take(&mut self.bucket);
+            let device = self.device;
             let res = tch::no_grad(|| -> Result<(), ModelError> {
                 let mut end = grads.len();
                 while end > 0 {
@@ -192,25 +213,52 @@ impl TorchTrainer {
                         start -= 1;
                         n += grads[start].numel();
                     }
-                    bucket.clear();
-                    for g in &grads[start..end] {
-                        let flat = g.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
-                        let v = Vec::<f32>::try_from(&flat).map_err(|e| ModelError::Training(e.to_string()))?;
-                        bucket.extend_from_slice(&v);
-                    }
-                    if weight == 0.0 {
-                        bucket.fill(0.0);
-                    } else {
-                        bucket.iter_mut().for_each(|g| *g *= weight);
-                    }
-                    group.all_reduce(&mut bucket, ReduceOp::Sum).map_err(err)?;
-                    let mut at = 0;
-                    for g in &grads[start..end] {
-                        let k = g.numel();
-                        let mut g = g.shallow_clone();
-                        let r = Tensor::from_slice(&bucket[at..at + k]).to_device(self.device).to_kind(g.kind());
-                        g.copy_(&r.view_as(&g));
-                        at += k;
+                    let part = &grads[start..end];
+                    match &reducer {
+                        Reducer::Host(group) => {
+                            // A reused host buffer.
+                            bucket.clear();
+                            for g in part {
+                                let flat = g.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
+                                let v = Vec::<f32>::try_from(&flat).map_err(|e| ModelError::Training(e.to_string()))?;
+                                bucket.extend_from_slice(&v);
+                            }
+                            if weight == 0.0 {
+                                bucket.fill(0.0);
+                            } else {
+                                bucket.iter_mut().for_each(|g| *g *= weight);
+                            }
+                            group.all_reduce(&mut bucket, ReduceOp::Sum).map_err(err)?;
+                            let mut at = 0;
+                            for g in part {
+                                let k = g.numel();
+                                let mut g = g.shallow_clone();
+                                let r = Tensor::from_slice(&bucket[at..at + k]).to_device(device).to_kind(g.kind());
+                                g.copy_(&r.view_as(&g));
+                                at += k;
+                            }
+                        }
+                        Reducer::Nccl(group) => {
+                            // A device tensor: the bucket's gradients, flat, f32, weighted.
+                            let flats: Vec<Tensor> = part.iter().map(|g| g.flatten(0, -1).to_kind(Kind::Float)).collect();
+                            let mut b = Tensor::cat(&flats, 0);
+                            if weight == 0.0 {
+                                let _ = b.zero_();
+                            } else {
+                                let _ = b.g_mul_scalar_(f64::from(weight));
+                            }
+                            // SAFETY: `b` is a live contiguous f32 device tensor of b.numel()
+                            // elements, kept alive until the copies below (queued after the
+                            // collective on the same stream) have read it.
+                            unsafe { group.queue_all_reduce(b.data_ptr() as u64, b.numel(), ElementKind::F32, ReduceOp::Sum, std::ptr::null_mut()) }.map_err(err)?;
+                            let mut at = 0i64;
+                            for g in part {
+                                let k = g.numel() as i64;
+                                let mut g = g.shallow_clone();
+                                g.copy_(&b.narrow(0, at, k).view_as(&g).to_kind(g.kind()));
+                                at += k;
+                            }
+                        }
                     }
                     end = start;
                 }
@@ -296,4 +344,11 @@ impl TorchTrainer {
     pub fn optimizer_implementation(&self) -> &'static str {
         self.opt.implementation()
     }
+}
+
+/// Where DDP's buckets are reduced: in host memory by a host transport, or in device memory by
+/// NCCL.
+enum Reducer<'a, G: Collective> {
+    Host(&'a G),
+    Nccl(&'a DeviceGroup),
 }
