@@ -383,7 +383,7 @@ impl ortbench_engine::collective::HostMemory for Simt {}
 /// Data parallelism on the GPU session: `world` ranks as threads, each its own SIMT device,
 /// joined by a LocalGroup through `DeviceCollective` (what NCCL does on GPUs: in place on the
 /// device's flat buffers), against one rank on the global batch, 2 steps with clipping on (the
-second reads the moments and the gathered parameters of the first).
+/// second reads the moments and the gathered parameters of the first).
 /// Labels of rank 0's first row are partly ignored (−100), so the ranks' label counts differ
 /// and the token weighting is exercised. Losses and gradient norms within `rel` per step;
 /// parameters after the steps within `param.0` element-wise and `param.1` of the update in L2;
