@@ -396,6 +396,11 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
     // The same masks on one rank and on N ranks need no dropout (a rank's rows sit elsewhere
     // in its tensors, so their counter-based masks differ).
     cfg.set_dropout(0.0);
+    // 999 tokens: Ψ = 168 128, a multiple of 2·16 but not of 3·16 (the shard alignment), so the
+    // ZeRO-1 buffers of 3 ranks carry padding.
+    if let ortbench_models::Family::Gpt2(c) = &mut cfg.family {
+        c.vocab_size = 999;
+    }
     let (b, t, steps) = (1, 8, 2);
     let weights = Weights::init(&cfg, 3);
     let opts = EngineOptions { lr: 1e-3, weight_decay: 0.01, max_grad_norm: 0.5, schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 }, precision: dtype, seed: 7 };
@@ -430,6 +435,9 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
     });
     let n = want_params.len();
     let sharding = ortbench_engine::collective::Sharding::new(n, world, ortbench_engine::parallel::SHARD_ALIGN);
+    if strategy == ortbench_engine::parallel::Strategy::Zero1 && world == 3 {
+        assert!(sharding.padded() > n, "{label}: no padding to exercise ({n} elements)");
+    }
     let l2 = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
     for (r, (stats, params, opt_bytes)) in got.iter().enumerate() {
         for (s, (a, w)) in stats.iter().zip(&want).enumerate() {
@@ -451,16 +459,17 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
 }
 
 /// Runs on the SIMT device only (each rank its own device; NCCL refuses two ranks on one GPU,
-/// so one GPU cannot host this). ~1 min a case on 2 cores (the harness's launches dominate).
-/// Measured: fp32 losses within 1.4e-7 and parameters within 1.2e-6 of one rank's; bf16 losses
-/// within 2e-5, parameters 2.2e-3 element-wise, 1.1e-2 of the update in L2 (an element whose
-/// gradient is bf16 rounding noise takes Adam's ±lr step its own way on each side, as in the
-/// fp16 session test above).
+/// so one GPU cannot host this). ~70 s a case on 2 cores (the harness's launches dominate).
+/// Measured: fp32 parameters within 9.8e-7 (DDP × 2) and 4.6e-7 (ZeRO-1 × 3, padded) of one
+/// rank's, 3e-6 of the update in L2; bf16 ZeRO-1 × 2 within 1.3e-3 element-wise, 4.2e-3 of the
+/// update (an element whose gradient is bf16 rounding noise takes Adam's ±lr step its own way
+/// on each side, as in the fp16 session test above). Not summing the norm partials over the
+/// ranks (a planted bug) fails ZeRO-1 × 3 at step 0: grad norm 2.31 vs 4.48.
 #[test]
 fn data_parallel_gpu_sessions_reproduce_one_rank() {
     use ortbench_engine::parallel::Strategy::{Ddp, Zero1};
     data_parallel_case(2, Ddp, DType::F32, 1e-5, (1e-5, 1e-4));
-    // Ψ of tiny-gpt2 is not a multiple of 3·16: the ZeRO-1 buffers carry padding.
+    // Padded: 3·16 does not divide Ψ.
     data_parallel_case(3, Zero1, DType::F32, 1e-5, (1e-5, 1e-4));
     // bf16: the compute copy the next forward reads is cast from the gathered fp32 parameters.
     data_parallel_case(2, Zero1, DType::BF16, 1e-3, (2.5e-3, 5e-2));
