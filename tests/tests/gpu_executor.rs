@@ -468,9 +468,42 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
 #[test]
 fn data_parallel_gpu_sessions_reproduce_one_rank() {
     use ortbench_engine::parallel::Strategy::{Ddp, Zero1};
+    if std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() == Ok("cuda") {
+        return nccl_on_one_gpu();
+    }
     data_parallel_case(2, Ddp, DType::F32, 1e-5, (1e-5, 1e-4));
     // Padded: 3·16 does not divide Ψ.
     data_parallel_case(3, Zero1, DType::F32, 1e-5, (1e-5, 1e-4));
     // bf16: the compute copy the next forward reads is cast from the gathered fp32 parameters.
     data_parallel_case(2, Zero1, DType::BF16, 1e-3, (2.5e-3, 5e-2));
+}
+
+/// On a GPU (scripts/gpu-validate): NCCL from the torch wheel on device buffers of the engine's
+/// CUDA device, a group of one (one GPU cannot host two NCCL ranks). Each in-place collective
+/// is then a copy or the identity, but the calls go through the real library on the engine's
+/// stream — symbols, dtypes, chunk offsets, ordering with the engine's copies — which the SIMT
+/// ranks above cannot exercise. Several GPUs: gpu-validate's `nccl` step runs ranks.
+fn nccl_on_one_gpu() {
+    use ortbench_engine::backend::cuda::gpu::CudaGpu;
+    use ortbench_engine::collective::{DeviceCollective, DeviceGroup, ElementKind, ReduceOp, TcpGroup, Vendor};
+    let store = TcpGroup::root(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), 1, std::time::Duration::from_secs(10)).unwrap();
+    let nccl = DeviceGroup::new(Vendor::Nvidia, &store, 0).expect("NCCL from the torch wheel on GPU 0");
+    let gpu = CudaGpu::open(0).unwrap();
+    let n = 1000;
+    let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+    let buf = gpu.alloc_zeroed(n * 4).unwrap();
+    let at = gpu.address(&buf);
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut back = vec![0u8; n * 4];
+    // SAFETY: `buf` holds n f32; every call addresses at most n of them.
+    unsafe {
+        gpu.upload(at, &bytes).unwrap();
+        nccl.all_reduce_on(&gpu, at, n, ElementKind::F32, ReduceOp::Sum).unwrap();
+        nccl.reduce_scatter_on(&gpu, at, n, ElementKind::F32, ReduceOp::Sum).unwrap();
+        nccl.all_gather_on(&gpu, at, n, ElementKind::F32).unwrap();
+        nccl.all_reduce_on(&gpu, at, n, ElementKind::F32, ReduceOp::Avg).unwrap();
+        gpu.download(at, &mut back).unwrap();
+    }
+    assert_eq!(back, bytes, "a group of one must leave the buffer as it was");
+    println!("NCCL on one GPU: all-reduce, reduce-scatter, all-gather on the engine's stream; {n} f32 unchanged");
 }
