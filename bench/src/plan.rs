@@ -126,6 +126,19 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     if !matches!(args.launch.as_str(), "processes" | "threads") {
         bail!("unknown --launch '{}': use processes or threads", args.launch);
     }
+    // GPU ranks: one process per GPU, cuda:0 .. cuda:N-1 (LOCAL_RANK), joined by NCCL.
+    if ranks > 1 && cuda {
+        if args.launch == "threads" {
+            bail!("--launch threads with --device {device}: GPU ranks are processes, one per GPU (NCCL refuses two ranks on one GPU)");
+        }
+        if device != "cuda" {
+            bail!("--ranks {ranks} with --device {device}: ranks take cuda:0 .. cuda:{} by LOCAL_RANK; use --device cuda", ranks - 1);
+        }
+        let n = tch::Cuda::device_count() as usize;
+        if ranks > n {
+            bail!("--ranks {ranks} on --device cuda: {n} CUDA device(s) available, one per rank needed");
+        }
+    }
     let seq_arg = match args.seq_len {
         None => None,
         Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
