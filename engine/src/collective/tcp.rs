@@ -6,6 +6,12 @@
 //! in PyTorch; with NCCL it is the store through which ranks exchange the NCCL unique id.
 //! Reductions happen on rank 0 in rank order 0..N with f64 accumulation, exactly as
 //! [`super::LocalGroup`] does, so both transports give bit-identical results.
+//!
+//! The reductions (all-reduce, in-place reduce-scatter) stream in lockstep chunks of
+//! [`STREAM_CHUNK`] elements: each rank sends a chunk of its buffer, rank 0 reduces it and
+//! answers each rank its part of that chunk, which lands in the rank's own buffer. No rank copies
+//! its buffer, and rank 0 holds N−1 chunks beside its own buffer rather than every rank's whole
+//! buffer — what keeps DDP and ZeRO-1 over TCP from costing rank 0 N gradient-sized buffers.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -89,6 +95,13 @@ fn recv_head(s: &mut TcpStream) -> std::io::Result<(u8, u64)> {
     s.read_exact(&mut head)?;
     Ok((head[0], u64::from_le_bytes(head[1..].try_into().expect("8 bytes"))))
 }
+
+/// Elements per chunk of a streamed reduction (1 MiB of f32; small in the unit tests so that
+/// buffers span several chunks, one partial).
+#[cfg(not(test))]
+const STREAM_CHUNK: usize = 1 << 18;
+#[cfg(test)]
+const STREAM_CHUNK: usize = 7;
 
 /// The longest error text rank 0 may send (a longer one is a broken peer, not read).
 const MAX_ERROR_BYTES: u64 = 64 << 10;
@@ -239,20 +252,7 @@ impl TcpGroup {
         answer: impl Fn(&[Vec<T>], usize, &mut [T]),
     ) -> Result<(), CollectiveError> {
         let Some(inputs) = inputs else {
-            let s = &mut peers[0];
-            let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
-            if status == ERR {
-                if len > MAX_ERROR_BYTES {
-                    return Err(CollectiveError::Io(format!("rank 0 sent an error message of {len} bytes")));
-                }
-                let mut msg = vec![0u8; len as usize];
-                s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
-                return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
-            }
-            if len as usize != output.len() {
-                return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", output.len())));
-            }
-            return s.read_exact(as_bytes_mut(output)).map_err(io("waiting for rank 0"));
+            return read_answer(&mut peers[0], output);
         };
         let mut ans = Vec::new();
         for (i, s) in peers.iter_mut().enumerate() {
@@ -264,6 +264,113 @@ impl TcpGroup {
         answer(&inputs, 0, output);
         Ok(())
     }
+}
+
+impl TcpGroup {
+    /// A reduction in place over `buf`, streamed in lockstep chunks (see the module comment):
+    /// afterwards the part `part(r)` of rank r's `buf` holds the reduction of every rank's
+    /// `buf` there (the whole buffer for an all-reduce, the rank's chunk for an in-place
+    /// reduce-scatter); the rest of its `buf` is left as it was. Every rank passes the same
+    /// `buf.len()` (checked on rank 0 before anything else is read: a mismatch is an error on
+    /// every rank).
+    fn reduce_streamed<T: Element>(&self, code: OpCode, buf: &mut [T], op: ReduceOp, part: impl Fn(usize) -> std::ops::Range<usize>) -> Result<(), CollectiveError> {
+        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        let len = buf.len();
+        if self.rank != 0 {
+            let s = &mut peers[0];
+            let mine = part(self.rank);
+            let head = [code as u8].into_iter().chain((len as u64).to_le_bytes()).collect::<Vec<u8>>();
+            s.write_all(&head).map_err(io("sending to rank 0"))?;
+            let mut at = 0;
+            loop {
+                let end = (at + STREAM_CHUNK).min(len);
+                s.write_all(as_bytes(&buf[at..end])).map_err(io("sending to rank 0"))?;
+                read_answer(s, &mut buf[overlap(&mine, at, end)])?;
+                at = end;
+                if at >= len {
+                    return Ok(());
+                }
+            }
+        }
+        // Every head first: a wrong collective or length from any rank ends it on every rank
+        // before a byte of data is read or anything allocated.
+        for (i, s) in peers.iter_mut().enumerate() {
+            let r = i + 1;
+            let (c, n) = recv_head(s).map_err(|e| CollectiveError::Io(format!("receiving from rank {r}: {e}")))?;
+            if c != code as u8 || n != len as u64 {
+                let msg = if c != code as u8 {
+                    format!("rank {r} called collective {c} while rank 0 called {} ({code:?})", code as u8)
+                } else {
+                    format!("{code:?}: rank {r} sent {n} elements, expected {len}")
+                };
+                for s in peers.iter_mut() {
+                    let _ = send_msg(s, ERR, msg.len() as u64, msg.as_bytes());
+                }
+                return Err(CollectiveError::Remote(msg));
+            }
+        }
+        let world = self.world;
+        let zero = T::from_f64(0.0);
+        let mut theirs: Vec<Vec<T>> = (1..world).map(|_| Vec::with_capacity(STREAM_CHUNK.min(len))).collect();
+        let mine = part(0);
+        let mut at = 0;
+        loop {
+            let end = (at + STREAM_CHUNK).min(len);
+            for (i, (s, x)) in peers.iter_mut().zip(theirs.iter_mut()).enumerate() {
+                x.clear();
+                x.resize(end - at, zero);
+                s.read_exact(as_bytes_mut(x)).map_err(|e| CollectiveError::Io(format!("receiving from rank {}: {e}", i + 1)))?;
+            }
+            // Rank order 0..N, f64 accumulation, one rounding: `reduce_at`'s arithmetic.
+            let mut reduced: Vec<T> = Vec::with_capacity(end - at);
+            for (j, own) in buf[at..end].iter().enumerate() {
+                let mut acc = own.to_f64();
+                for x in &theirs {
+                    let v = x[j].to_f64();
+                    acc = if op == ReduceOp::Max { acc.max(v) } else { acc + v };
+                }
+                reduced.push(T::from_f64(if op == ReduceOp::Avg { acc / world as f64 } else { acc }));
+            }
+            for (i, s) in peers.iter_mut().enumerate() {
+                let o = overlap(&part(i + 1), at, end);
+                send_msg(s, OK, o.len() as u64, as_bytes(&reduced[o.start - at..o.end - at])).map_err(io("answering a rank"))?;
+            }
+            let o = overlap(&mine, at, end);
+            buf[o.clone()].copy_from_slice(&reduced[o.start - at..o.end - at]);
+            at = end;
+            if at >= len {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The part of `p` inside the chunk `at..end` (empty: `at..at`).
+fn overlap(p: &std::ops::Range<usize>, at: usize, end: usize) -> std::ops::Range<usize> {
+    let (lo, hi) = (p.start.max(at), p.end.min(end));
+    if lo < hi {
+        lo..hi
+    } else {
+        at..at
+    }
+}
+
+/// Reads one answer of rank 0 into `out` (its length must be what rank 0 sends), or the error
+/// it sends instead.
+fn read_answer<T: Element>(s: &mut TcpStream, out: &mut [T]) -> Result<(), CollectiveError> {
+    let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
+    if status == ERR {
+        if len > MAX_ERROR_BYTES {
+            return Err(CollectiveError::Io(format!("rank 0 sent an error message of {len} bytes")));
+        }
+        let mut msg = vec![0u8; len as usize];
+        s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
+        return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
+    }
+    if len as usize != out.len() {
+        return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", out.len())));
+    }
+    s.read_exact(as_bytes_mut(out)).map_err(io("waiting for rank 0"))
 }
 
 fn reduce_at<T: Element>(inputs: &[Vec<T>], i: usize, op: ReduceOp) -> T {
@@ -284,12 +391,8 @@ impl Collective for TcpGroup {
     }
 
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
-        let input = buf.to_vec();
-        self.exchange(reduce_code(op, false), &input, None, buf, |ins, _, out| {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = reduce_at(ins, i, op);
-            }
-        })
+        let len = buf.len();
+        self.reduce_streamed(reduce_code(op, false), buf, op, |_| 0..len)
     }
 
     fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
@@ -319,15 +422,8 @@ impl Collective for TcpGroup {
     fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
         let (len, world) = (buf.len(), self.world);
         check_chunks("reduce_scatter_in_place", self.rank, len, k, world)?;
-        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
-        // Rank 0 needs every rank's whole buffer; each rank gets back only its chunk.
-        let inputs = self.collect(&mut peers, in_place_scatter_code(op), buf, |_| len)?;
-        let mine = chunk(len, k, self.rank);
-        self.answer(&mut peers, inputs, &mut buf[mine], |r| chunk(len, k, r).len(), |ins, r, out| {
-            for (o, i) in out.iter_mut().zip(chunk(len, k, r)) {
-                *o = reduce_at(ins, i, op);
-            }
-        })
+        // Every rank streams its whole buffer; each gets back only its chunk.
+        self.reduce_streamed(in_place_scatter_code(op), buf, op, |r| chunk(len, k, r))
     }
 
     fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
