@@ -12,6 +12,8 @@
 //! answers each rank its part of that chunk, which lands in the rank's own buffer. No rank copies
 //! its buffer, and rank 0 holds N−1 chunks beside its own buffer rather than every rank's whole
 //! buffer — what keeps DDP and ZeRO-1 over TCP from costing rank 0 N gradient-sized buffers.
+//! The in-place all-gather reads each rank's chunk straight into its place in rank 0's buffer
+//! and sends that buffer back: nothing beyond the ranks' own buffers either.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -294,20 +296,17 @@ impl TcpGroup {
         }
         // Every head first: a wrong collective or length from any rank ends it on every rank
         // before a byte of data is read or anything allocated.
+        let mut bad = None;
         for (i, s) in peers.iter_mut().enumerate() {
             let r = i + 1;
             let (c, n) = recv_head(s).map_err(|e| CollectiveError::Io(format!("receiving from rank {r}: {e}")))?;
             if c != code as u8 || n != len as u64 {
-                let msg = if c != code as u8 {
-                    format!("rank {r} called collective {c} while rank 0 called {} ({code:?})", code as u8)
-                } else {
-                    format!("{code:?}: rank {r} sent {n} elements, expected {len}")
-                };
-                for s in peers.iter_mut() {
-                    let _ = send_msg(s, ERR, msg.len() as u64, msg.as_bytes());
-                }
-                return Err(CollectiveError::Remote(msg));
+                bad = Some(mismatch(code, r, c, n, len));
+                break;
             }
+        }
+        if let Some(msg) = bad {
+            return Err(refuse(&mut peers, msg));
         }
         let world = self.world;
         let zero = T::from_f64(0.0);
@@ -343,6 +342,25 @@ impl TcpGroup {
             }
         }
     }
+}
+
+/// What rank 0 says when rank `r`'s header (collective `c`, `n` elements) is not the one it
+/// expects (collective `code`, `want` elements).
+fn mismatch(code: OpCode, r: usize, c: u8, n: u64, want: usize) -> String {
+    if c != code as u8 {
+        format!("rank {r} called collective {c} while rank 0 called {} ({code:?})", code as u8)
+    } else {
+        format!("{code:?}: rank {r} sent {n} elements, expected {want}")
+    }
+}
+
+/// Rank 0 ends a collective on every rank with `msg` (their streams, now out of step, are not
+/// read further).
+fn refuse(peers: &mut [TcpStream], msg: String) -> CollectiveError {
+    for s in peers.iter_mut() {
+        let _ = send_msg(s, ERR, msg.len() as u64, msg.as_bytes());
+    }
+    CollectiveError::Remote(msg)
 }
 
 /// The part of `p` inside the chunk `at..end` (empty: `at..at`).
@@ -430,13 +448,29 @@ impl Collective for TcpGroup {
         let (len, world) = (buf.len(), self.world);
         check_chunks("all_gather_in_place", self.rank, len, k, world)?;
         let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
-        // Each rank sends only its chunk; rank r's must be chunk(len, k, r) long.
-        let inputs = self.collect(&mut peers, OpCode::AllGatherInPlace, &buf[chunk(len, k, self.rank)], |r| chunk(len, k, r).len())?;
-        self.answer(&mut peers, inputs, buf, |_| len, |ins, _, out| {
-            for (r, x) in ins.iter().enumerate() {
-                out[chunk(len, k, r)].copy_from_slice(x);
+        let code = OpCode::AllGatherInPlace;
+        // Each rank sends only its chunk and receives the whole buffer in place. Rank 0 reads
+        // each chunk straight into its place in its own buffer, which then is the answer: no
+        // memory beyond the ranks' buffers.
+        if self.rank != 0 {
+            let mine = chunk(len, k, self.rank);
+            send_msg(&mut peers[0], code as u8, mine.len() as u64, as_bytes(&buf[mine])).map_err(io("sending to rank 0"))?;
+            return read_answer(&mut peers[0], buf);
+        }
+        for r in 1..world {
+            let want = chunk(len, k, r);
+            let from = |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
+            let (c, n) = recv_head(&mut peers[r - 1]).map_err(from)?;
+            // Checked before anything is read: rank r's chunk must be chunk(len, k, r) long.
+            if c != code as u8 || n != want.len() as u64 {
+                return Err(refuse(&mut peers, mismatch(code, r, c, n, want.len())));
             }
-        })
+            peers[r - 1].read_exact(as_bytes_mut(&mut buf[want])).map_err(from)?;
+        }
+        for s in peers.iter_mut() {
+            send_msg(s, OK, len as u64, as_bytes(buf)).map_err(io("answering a rank"))?;
+        }
+        Ok(())
     }
 
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {
