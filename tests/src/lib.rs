@@ -1,1 +1,3 @@
 //! End-to-end and parity tests live in `tests/tests/*.rs`.
+
+pub mod counting;

@@ -20,9 +20,6 @@
 //!
 //! `cargo test --release -p ortbench-tests --test zero1_memory -- --nocapture` prints the table.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use ortbench_engine::collective::LocalGroup;
 use ortbench_engine::parallel::Strategy;
 use ortbench_engine::DType;
@@ -30,59 +27,10 @@ use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::{Batch, DataSource, LrSchedule, ModelConfig, Weights};
 
-struct Counting;
-
-thread_local! {
-    /// Bytes this thread allocated minus bytes it freed (negative if it frees others' memory).
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    /// The high-water mark of `LIVE` since the last [`reset_peak`].
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn add(delta: isize) {
-    // try_with: a thread being torn down may still free memory after its TLS is gone.
-    let _ = LIVE.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
-        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
-    });
-}
-
-// SAFETY: forwards to the system allocator; only counts (the thread-locals are const-initialised
-// Cells without destructors, so touching them never allocates).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        add(layout.size() as isize);
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        add(layout.size() as isize);
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        add(new_size as isize - layout.size() as isize);
-        System.realloc(ptr, layout, new_size)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        add(-(layout.size() as isize));
-        System.dealloc(ptr, layout)
-    }
-}
+use ortbench_tests::counting::{live, peak, reset_peak, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.with(Cell::get)
-}
-
-fn peak() -> isize {
-    PEAK.with(Cell::get)
-}
-
-fn reset_peak() {
-    PEAK.with(|p| p.set(live()));
-}
 
 const GLOBAL_BATCH: usize = 4;
 const SEQ: usize = 16;
