@@ -209,8 +209,10 @@ pub struct DeviceGroup {
     staging: Mutex<(*mut c_void, usize)>,
 }
 
-// SAFETY: the communicator and stream are used by one thread at a time (the staging mutex
-// serialises every collective), as NCCL requires per communicator.
+// SAFETY: the communicator and stream are used by one thread at a time, as NCCL requires per
+// communicator: the group is Send but not Sync, so only its owning thread calls it (the
+// staging mutex guards the staging buffer; the `queue_*` calls on the caller's stream need
+// none).
 unsafe impl Send for DeviceGroup {}
 
 impl DeviceGroup {
