@@ -151,13 +151,19 @@ fn a_killed_rank_ends_the_run_quickly_and_names_it() {
     }
 }
 
+/// The spec of a finished one-rank tiny-gpt2 `ort` run in `dir` (what a launcher would hand a
+/// worker).
+fn one_rank_spec(dir: &Path) -> serde_json::Value {
+    let one = dir.join("one");
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--configs", "ort", "--steps", "2", "--warmup", "1", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()], &[], false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    spec_of(&one)
+}
+
 #[test]
 fn a_rank_count_that_disagrees_with_world_size_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--configs", "ort", "--steps", "2", "--warmup", "1", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()], &[], false);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let spec = spec_of(&one); // ranks = 1
+    let spec = one_rank_spec(dir.path()); // ranks = 1
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
         .args(["worker", "--spec", &spec.to_string()])
@@ -183,10 +189,7 @@ fn a_rank_count_that_disagrees_with_world_size_is_refused() {
 #[test]
 fn gpu_ranks_are_nccl_processes_and_say_why_they_cannot_start() {
     let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--configs", "ort", "--steps", "1", "--warmup", "0", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()], &[], false);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let mut spec = spec_of(&one);
+    let mut spec = one_rank_spec(dir.path());
     spec["device"] = "cuda".into();
     spec["ranks"] = 2.into();
     for config in ["ort-zero1", "pytorch"] {

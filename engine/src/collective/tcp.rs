@@ -281,8 +281,8 @@ impl TcpGroup {
         if self.rank != 0 {
             let s = &mut peers[0];
             let mine = part(self.rank);
-            let head = [code as u8].into_iter().chain((len as u64).to_le_bytes()).collect::<Vec<u8>>();
-            s.write_all(&head).map_err(io("sending to rank 0"))?;
+            // The header alone; the data follows chunk by chunk.
+            send_msg(s, code as u8, len as u64, &[]).map_err(io("sending to rank 0"))?;
             let mut at = 0;
             loop {
                 let end = (at + STREAM_CHUNK).min(len);
@@ -311,6 +311,7 @@ impl TcpGroup {
         let world = self.world;
         let zero = T::from_f64(0.0);
         let mut theirs: Vec<Vec<T>> = (1..world).map(|_| Vec::with_capacity(STREAM_CHUNK.min(len))).collect();
+        let mut reduced: Vec<T> = Vec::with_capacity(STREAM_CHUNK.min(len));
         let mine = part(0);
         let mut at = 0;
         loop {
@@ -321,7 +322,7 @@ impl TcpGroup {
                 s.read_exact(as_bytes_mut(x)).map_err(|e| CollectiveError::Io(format!("receiving from rank {}: {e}", i + 1)))?;
             }
             // Rank order 0..N, f64 accumulation, one rounding: `reduce_at`'s arithmetic.
-            let mut reduced: Vec<T> = Vec::with_capacity(end - at);
+            reduced.clear();
             for (j, own) in buf[at..end].iter().enumerate() {
                 let mut acc = own.to_f64();
                 for x in &theirs {
