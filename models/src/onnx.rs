@@ -1046,7 +1046,9 @@ mod tests {
     fn exported_model_declares_hf_inputs_and_dynamic_axes() {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let n = crate::param_count(&cfg);
-        let params: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.01).collect();
+        // The flat buffer holds the alignment pads too; the initializers only the parameters.
+        let (_, flat_len) = ortbench_engine::graph::flat_offsets(crate::param_specs(&cfg).iter().map(|s| s.numel()));
+        let params: Vec<f32> = (0..flat_len).map(|i| (i % 7) as f32 * 0.01).collect();
         let (bytes, report) = onnx_bytes(&cfg, &params).unwrap();
         assert_eq!(report.logits_shape, ["batch", "sequence", "1000"]);
         assert_eq!((report.param_values, report.initializers), (n, crate::param_specs(&cfg).len())); // every parameter is read

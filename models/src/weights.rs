@@ -150,17 +150,19 @@ impl Weights {
         Ok((Weights { tensors }, report))
     }
 
-    /// The engine's flat parameter buffer for `cfg`: the tensors concatenated in `param_specs`
-    /// order (looked up by name; a missing or misshapen one is an error naming it).
+    /// The engine's flat parameter buffer for `cfg`: the tensors in `param_specs` order at the
+    /// engine's aligned offsets (`ortbench_engine::graph::flat_offsets`), zero in the pads
+    /// (looked up by name; a missing or misshapen one is an error naming it).
     pub fn flat(&self, cfg: &ModelConfig) -> Result<Vec<f32>, ModelError> {
         let specs = param_specs(cfg);
-        let mut out = Vec::with_capacity(specs.iter().map(ParamSpec::numel).sum());
-        for spec in &specs {
+        let (offsets, len) = ortbench_engine::graph::flat_offsets(specs.iter().map(ParamSpec::numel));
+        let mut out = vec![0.0; len];
+        for (spec, offset) in specs.iter().zip(offsets) {
             let t = self.get(&spec.name).ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
             if t.shape != spec.shape {
                 return Err(ModelError::Weights(format!("'{}' has shape {:?}, the model needs {:?}", spec.name, t.shape, spec.shape)));
             }
-            out.extend_from_slice(&t.data);
+            out[offset..offset + t.data.len()].copy_from_slice(&t.data);
         }
         Ok(out)
     }

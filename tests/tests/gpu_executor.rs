@@ -269,9 +269,17 @@ fn half_precision_steps_match_the_cpu_engine() {
 /// scaling on both): per-step loss within `loss_rel`, the same steps skipped and loss scales,
 /// parameters after the three steps within `param_abs.0` element-wise and `param_abs.1` of the
 /// update in L2.
+/// With `bert_vocab`, tiny-bert with that vocabulary: an odd one leaves a pad after the MLM
+/// head's bias in the flat buffers, which must stay zero on the device.
 fn train_case(dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
-    let (name, b, t) = MODELS[1];
-    let cfg = builtin_config(name).unwrap();
+    train_case_on(MODELS[1], None, dtype, loss_rel, param_abs)
+}
+
+fn train_case_on((name, b, t): (&str, usize, usize), bert_vocab: Option<usize>, dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
+    let mut cfg = builtin_config(name).unwrap();
+    if let (ortbench_models::Family::Bert(c), Some(v)) = (&mut cfg.family, bert_vocab) {
+        c.vocab_size = v;
+    }
     let model = build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(dtype)).unwrap();
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
     let n = params.len();
@@ -298,6 +306,9 @@ fn train_case(dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
             assert!(((a.loss - c.loss) / c.loss).abs() <= loss_rel, "{label}: step {s} loss {} vs cpu {}", a.loss, c.loss);
             assert_eq!((a.skipped, a.loss_scale), (c.skipped, c.loss_scale), "{label}: step {s} skipped / loss scale");
         }
+        let pads: Vec<_> = model.graph.param_pads().collect();
+        assert!(pads.is_empty() == bert_vocab.is_none(), "{label}: pads {pads:?}");
+        assert!(pads.iter().all(|r| p[r.clone()].iter().all(|v| *v == 0.0)), "{label}: the pads {pads:?} stay zero");
         let worst = p.iter().zip(&cpu.params).fold(0f32, |m, (a, c)| m.max((a - c).abs()));
         let moved = params.iter().zip(&cpu.params).fold(0f32, |m, (a, c)| m.max((a - c).abs()));
         // In a norm: the difference against the update the steps made (robust to the elements
@@ -312,6 +323,13 @@ fn train_case(dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
 #[test]
 fn training_steps_match_the_cpu_session() {
     train_case(DType::F32, 1e-4, (1e-5, 1e-3));
+}
+
+/// Flat buffers with a pad between parameters (tiny-bert with 999 tokens): the fused AdamW
+/// walks the pad (in a decay run) and leaves it zero; the step matches the CPU session's.
+#[test]
+fn training_steps_over_padded_flat_buffers_match_the_cpu_session() {
+    train_case_on(MODELS[0], Some(999), DType::F32, 1e-4, (1e-5, 1e-3));
 }
 
 /// Measured: losses within 9e-6 relative, no step skipped on either side at scale 2^16, the
@@ -376,6 +394,92 @@ fn half_precision_plans_take_less_arena() {
         println!("{name} b{b}×s{t}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)", f as f64 / 1048576.0, h as f64 / 1048576.0, h as f64 / f as f64);
         assert!(h * 10 <= f * 7, "{name}: bf16 arena {h} vs fp32 {f}");
     }
+}
+
+/// cuBLASLt on sm90 refuses (or faults on) operands that are not 16-byte aligned unless told:
+/// every GEMM of bert-base's and gpt2's GPU plans, fp32/fp16/bf16, has its A, B and C/D
+/// pointers (and batch strides) 16-byte aligned — parameters, their compute copy and their
+/// f32 gradients at aligned offsets in the flat buffers, activations at the arena's aligned
+/// offsets — and the alignments cuBLASLt's preferences get ([`GemmAlign::of`]) say so. The
+/// device buffers here are 16-byte aligned (`HostBuf`), as cudaMalloc's (256) at least are.
+/// Before the flat buffers were padded, bert's `cls.predictions.bias` (30 522 elements) put the
+/// next parameter at ≡ 4 mod 16 bytes in half precision.
+#[test]
+fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
+    use ortbench_engine::backend::gpu::GemmAlign;
+    for name in ["bert-base-uncased", "gpt2"] {
+        let cfg = builtin_config(name).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            // A batch and sequence that are not multiples of 8: row offsets into activations
+            // then do not hide a misaligned base.
+            let model = build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype)).unwrap();
+            let exec = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap();
+            let gemms = exec.gemms();
+            assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
+            let (mut lds, mut small_strides) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+            for (s, p) in &gemms {
+                for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
+                    assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
+                }
+                // No epilogue with a bias or aux operand is planned yet; when one is, its
+                // pointers must be checked here too.
+                assert_eq!((s.epilogue, p.bias, p.aux), (Epilogue::None, 0, 0), "{name} {dtype:?}: {s:?}");
+                // The preferences are 16 or more, except where a batch stride is itself under
+                // 16 bytes (a batch of 1-element operands: BERT's LayerNorm-mean products) —
+                // there they must say so, or cuBLASLt would assume every batch aligned.
+                let al = GemmAlign::of(s, p);
+                let es = if matches!(s.dtype, GemmDtype::F32 { .. }) { 4 } else { 2 };
+                let c_es = if s.c_f32 { 4 } else { es };
+                for (what, got, stride, e) in [("A", al.a, s.stride_a, es), ("B", al.b, s.stride_b, es), ("C", al.c, s.stride_c, c_es)] {
+                    let step = (stride.unsigned_abs() * e) as u32;
+                    if s.batch > 1 && step % 16 != 0 {
+                        assert!(got < 16 && step % got == 0, "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
+                        small_strides.insert(format!("{what}: batch {} × {} B", s.batch, step));
+                    } else {
+                        assert!(got >= 16, "{name} {dtype:?}: {what} of {s:?} gets preference {got}");
+                    }
+                }
+                for ld in [s.lda, s.ldb] {
+                    lds.insert((ld.unsigned_abs() * es % 16 == 0, ld));
+                }
+            }
+            // Leading dimensions are in the matrix layouts the heuristic reads; the vocabulary
+            // (30 522, 50 257) is the one that is not a multiple of 16 bytes, as in PyTorch —
+            // and 1, the row stride of the one-element operands above.
+            let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
+            println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}", gemms.len());
+            assert!(odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()), "{name} {dtype:?}: unaligned leading dimensions {odd:?}");
+        }
+    }
+}
+
+#[test]
+fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
+    use ortbench_engine::backend::gpu::{address_alignment, GemmAlign};
+    assert_eq!([address_alignment(0x1000), address_alignment(0x1004), address_alignment(0x1010), address_alignment(0)], [256, 4, 16, 256]);
+    let s = GemmShape {
+        dtype: GemmDtype::BF16,
+        ta: false,
+        tb: true,
+        m: 5,
+        n: 7,
+        k: 3,
+        lda: 3,
+        ldb: 3,
+        ldc: 7,
+        batch: 1,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+        epilogue: Epilogue::None,
+        c_f32: true,
+    };
+    let p = GemmPtrs { a: 0x10_0000 + 2 * 30_522, b: 0x20_0000, c: 0x30_0008, bias: 0, aux: 0 };
+    assert_eq!(GemmAlign::of(&s, &p), GemmAlign { a: 4, b: 256, c: 8 });
+    // A strided batch: every batch's pointer counts (bf16: a stride of 12 elements = 24 bytes).
+    let batched = GemmShape { batch: 4, stride_a: 12, stride_b: 64, stride_c: 35, ..s };
+    let q = GemmPtrs { a: 0x10_0000, ..p };
+    assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
 }
 
 impl ortbench_engine::collective::HostMemory for Simt {}

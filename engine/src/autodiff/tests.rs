@@ -310,8 +310,10 @@ fn unused_parameters_get_zero_gradients() {
     let loss = g.cross_entropy(x, labels).unwrap();
     let train = backward(&g, loss).unwrap();
     assert_eq!(train.param_grad(1), None);
-    let mut grads = vec![f32::NAN; 10];
-    let params = Rng::new(12).vec_f32(10);
+    // x at 0..6, a pad at 6..8, unused at 8..12: the pad is zeroed too.
+    assert_eq!(train.num_param_elems(), 12);
+    let mut grads = vec![f32::NAN; 12];
+    let params = Rng::new(12).vec_f32(12);
     RefExecutor::new(&train)
         .train_step(
             &params,

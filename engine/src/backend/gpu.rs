@@ -140,3 +140,45 @@ pub struct GemmPtrs {
     pub aux: u64,
 }
 
+/// The byte alignment every batch of each operand of one GEMM call is guaranteed — what
+/// cuBLASLt's `MIN_ALIGNMENT_{A,B,C,D}_BYTES` preferences tell its heuristic, which otherwise
+/// assumes 256-byte-aligned operands and may pick a kernel whose vector loads fault (or report
+/// NOT_SUPPORTED) on a pointer ≡ 4 mod 16. As PyTorch's `_getAlignment` (its PR 98975), from
+/// the pointers; for a strided batch also from the batch stride in bytes. The engine's row
+/// strides (leading dimensions) are in the matrix layouts, which the heuristic reads itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmAlign {
+    pub a: u32,
+    pub b: u32,
+    /// C and D (the same buffer: C is read when β ≠ 0).
+    pub c: u32,
+}
+
+/// The largest power of two dividing `addr`, capped at 256 (cuBLASLt's largest requirement).
+pub fn address_alignment(addr: u64) -> u32 {
+    if addr == 0 {
+        256
+    } else {
+        1u32 << addr.trailing_zeros().min(8)
+    }
+}
+
+impl GemmAlign {
+    pub fn of(s: &GemmShape, p: &GemmPtrs) -> GemmAlign {
+        let es = |d: GemmDtype| match d {
+            GemmDtype::F32 { .. } => 4u64,
+            GemmDtype::F16 | GemmDtype::BF16 => 2,
+        };
+        let c_es = if s.c_f32 { 4 } else { es(s.dtype) };
+        let one = |ptr: u64, stride: i64, es: u64| {
+            let a = address_alignment(ptr);
+            if s.batch > 1 {
+                a.min(address_alignment(stride.unsigned_abs() * es))
+            } else {
+                a
+            }
+        };
+        GemmAlign { a: one(p.a, s.stride_a, es(s.dtype)), b: one(p.b, s.stride_b, es(s.dtype)), c: one(p.c, s.stride_c, c_es) }
+    }
+}
+

@@ -199,7 +199,7 @@ impl<'g> RefExecutor<'g> {
 
     /// One training step: runs forward and backward, writes every parameter's gradient into
     /// `grads` at its (offset, len) — overwriting, zero for parameters the loss does not depend
-    /// on — and returns the loss.
+    /// on —, zeroes the pads between parameters, and returns the loss.
     pub fn train_step<T: Real>(
         &self,
         params: &[T],
@@ -218,6 +218,9 @@ impl<'g> RefExecutor<'g> {
             });
         }
         let values = self.run(params, inputs, seed)?;
+        for pad in g.param_pads() {
+            grads[pad].fill(T::ZERO);
+        }
         for (i, p) in g.params().iter().enumerate() {
             let dst = &mut grads[p.offset..p.offset + p.len];
             match g.param_grad(i).and_then(|t| values.get(t)) {

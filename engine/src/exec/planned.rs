@@ -404,7 +404,8 @@ impl PlannedExecutor {
 
     /// One training step: forward and backward; every parameter's gradient is written into
     /// `grads` at its (offset, len) — overwriting, zero where the loss does not depend on it —
-    /// and the loss is returned. Same contract as [`crate::RefExecutor::train_step`].
+    /// the pads between parameters are zeroed, and the loss is returned. Same contract as
+    /// [`crate::RefExecutor::train_step`].
     pub fn train_step(&mut self, params: &[f32], inputs: &Inputs<'_>, seed: u64, grads: &mut [f32]) -> Result<f32, ExecError> {
         let n = self.graph.num_param_elems();
         if params.len() != n {
@@ -416,6 +417,9 @@ impl PlannedExecutor {
         self.bind(inputs)?;
         self.select_rows();
         let g = &self.graph;
+        for pad in g.param_pads() {
+            grads[pad].fill(0.0);
+        }
         let mem = Mem { arena: self.arena.ptr, params: params.as_ptr(), grads: grads.as_mut_ptr(), inputs: &self.bound };
         let prof = profile::enabled();
         for r in &self.steps {

@@ -97,7 +97,8 @@ impl Graph {
         Ok(t)
     }
 
-    /// Registers a parameter: the next `numel(shape)` elements of the flat parameter buffer.
+    /// Registers a parameter: `numel(shape)` elements of the flat parameter buffer, after the
+    /// previous parameter at the next offset aligned to [`super::PARAM_ALIGN_ELEMS`].
     /// To tie weights, register once and use the returned tensor in both places.
     pub fn param(&mut self, name: &str, shape: &[usize]) -> Result<TensorId> {
         if self.param_by_name(name).is_some() {
@@ -119,7 +120,7 @@ impl Graph {
             ElemType::Float(self.dtype),
             TensorKind::Param(self.params.len()),
         );
-        let offset = self.num_param_elems;
+        let offset = self.num_param_elems.next_multiple_of(super::PARAM_ALIGN_ELEMS);
         self.params.push(Param {
             name: name.to_string(),
             shape: shape.to_vec(),
@@ -127,7 +128,7 @@ impl Graph {
             len,
             tensor: t,
         });
-        self.num_param_elems += len;
+        self.num_param_elems = offset + len;
         Ok(t)
     }
 

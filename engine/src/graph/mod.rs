@@ -113,7 +113,33 @@ impl TensorInfo {
     }
 }
 
-/// A parameter: a named slice of the flat parameter buffer (and of the flat gradient buffer).
+/// Every parameter's offset in the flat buffers is a multiple of this many elements: 16 bytes
+/// in the narrowest storage (the f16/bf16 compute copy), 32 in the f32 masters and gradients.
+/// cuBLASLt's kernels load operands with 16-byte vector loads (and TMA on sm90): an operand at
+/// an address ≡ 4 mod 16 makes them unusable (PyTorch's PR 98975 met the same). The pads
+/// between parameters are zero in every flat buffer and stay zero: no gradient is written
+/// there, so AdamW leaves them at 0 and they add nothing to the gradient norm.
+pub const PARAM_ALIGN_ELEMS: usize = 8;
+
+/// Offsets of parameters of lengths `lens` laid out in order with [`PARAM_ALIGN_ELEMS`]
+/// alignment, and the flat buffer's length (pads between parameters included, none after the
+/// last). The one layout rule of the flat buffers: the graph builder and every flat buffer
+/// made outside a graph (`Weights::flat`) use it.
+pub fn flat_offsets(lens: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut end = 0usize;
+    let offsets = lens
+        .into_iter()
+        .map(|len| {
+            let offset = end.next_multiple_of(PARAM_ALIGN_ELEMS);
+            end = offset + len;
+            offset
+        })
+        .collect();
+    (offsets, end)
+}
+
+/// A parameter: a named slice of the flat parameter buffer (and of the flat gradient buffer),
+/// at an offset aligned to [`PARAM_ALIGN_ELEMS`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Param {
     /// The checkpoint name, e.g. `bert.encoder.layer.0.attention.self.query.weight`.
@@ -222,9 +248,20 @@ impl Graph {
         }
     }
 
-    /// Length of the flat parameter (and gradient) buffer.
+    /// Length of the flat parameter (and gradient) buffer, the pads between parameters
+    /// included ([`PARAM_ALIGN_ELEMS`]).
     pub fn num_param_elems(&self) -> usize {
         self.num_param_elems
+    }
+
+    /// The pads of the flat buffers: the ranges between consecutive parameters.
+    pub fn param_pads(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        self.params.windows(2).map(|w| w[0].offset + w[0].len..w[1].offset).filter(|r| !r.is_empty())
+    }
+
+    /// Parameters (Ψ): the elements of every parameter, the pads excluded.
+    pub fn param_count(&self) -> usize {
+        self.params.iter().map(|p| p.len).sum()
     }
 
     pub fn loss(&self) -> Option<TensorId> {

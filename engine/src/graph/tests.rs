@@ -10,14 +10,19 @@ fn shape_error(r: Result<TensorId, GraphError>) -> (String, String) {
 }
 
 #[test]
-fn parameters_get_consecutive_offsets_in_the_flat_buffer() {
+fn parameters_get_aligned_offsets_in_the_flat_buffer() {
     let mut g = Graph::new();
     let a = g.param("a.weight", &[3, 4]).unwrap();
     let b = g.param("a.bias", &[4]).unwrap();
     let c = g.param("b.weight", &[2, 2, 2]).unwrap();
+    let d = g.param("b.bias", &[3]).unwrap();
     let offs: Vec<(usize, usize)> = g.params().iter().map(|p| (p.offset, p.len)).collect();
-    assert_eq!(offs, [(0, 12), (12, 4), (16, 8)]);
-    assert_eq!(g.num_param_elems(), 24);
+    // 12 → padded to 16; 16 + 4 → 24; 24 + 8 = 32 is aligned already.
+    assert_eq!(offs, [(0, 12), (16, 4), (24, 8), (32, 3)]);
+    assert_eq!(g.num_param_elems(), 35);
+    assert_eq!(g.param_count(), 27);
+    assert_eq!(flat_offsets([12, 4, 8, 3]), (vec![0, 16, 24, 32], 35));
+    assert_eq!(g.tensor(d).kind, TensorKind::Param(3));
     assert_eq!(g.param_by_name("a.bias").unwrap().tensor, b);
     assert_eq!(
         (g.tensor(a).kind.clone(), g.tensor(c).kind.clone()),

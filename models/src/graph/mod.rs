@@ -233,15 +233,22 @@ pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<En
 }
 
 impl EngineModel {
-    /// Length of the flat parameter (and gradient) buffer.
-    pub fn num_params(&self) -> usize {
+    /// Length of the flat parameter (and gradient) buffer: Ψ plus the zero pads that align
+    /// every parameter ([`ortbench_engine::graph::PARAM_ALIGN_ELEMS`]).
+    pub fn flat_len(&self) -> usize {
         self.graph.num_param_elems()
     }
 
-    /// The flat parameter buffer of `weights`: their tensors concatenated in `param_specs`
-    /// order (looked up by name, so any order of `weights.tensors` works).
+    /// Parameters (Ψ), the pads excluded.
+    pub fn num_params(&self) -> usize {
+        self.graph.param_count()
+    }
+
+    /// The flat parameter buffer of `weights`: their tensors at the graph's offets in
+    /// `param_specs` order, zero in the pads (looked up by name, so any order of
+    /// `weights.tensors` works).
     pub fn flatten(&self, weights: &Weights) -> Result<Vec<f32>, ModelError> {
-        let mut flat = Vec::with_capacity(self.num_params());
+        let mut flat = vec![0.0; self.flat_len()];
         for (i, slot) in self.params.iter().enumerate() {
             let t = match weights.tensors.get(i) {
                 Some(t) if t.name == slot.name => t,
@@ -258,18 +265,18 @@ impl EngineModel {
                     slot.shape
                 )));
             }
-            flat.extend_from_slice(&t.data);
+            flat[slot.offset..slot.offset + slot.len].copy_from_slice(&t.data);
         }
         Ok(flat)
     }
 
     /// Named tensors (HF names, `param_specs` order) from a flat parameter or gradient buffer.
     pub fn unflatten(&self, flat: &[f32]) -> Result<Weights, ModelError> {
-        if flat.len() != self.num_params() {
+        if flat.len() != self.flat_len() {
             return Err(ModelError::Weights(format!(
-                "the flat buffer has {} values, the model has {}",
+                "the flat buffer has {} values, the model's has {}",
                 flat.len(),
-                self.num_params()
+                self.flat_len()
             )));
         }
         let tensors = self
@@ -692,18 +699,26 @@ mod tests {
 
     #[test]
     fn every_builtin_config_builds_with_the_param_specs_layout() {
+        use ortbench_engine::graph::PARAM_ALIGN_ELEMS;
         for name in crate::spec::BUILTIN_NAMES {
             let cfg = builtin_config(name).unwrap();
             let m = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap();
             let specs = param_specs(&cfg);
             assert_eq!(m.params.len(), specs.len(), "{name}");
-            let mut offset = 0;
+            // In order, each at the first aligned offset after the previous one.
+            let mut end = 0;
             for (slot, spec) in m.params.iter().zip(&specs) {
                 assert_eq!((&slot.name, &slot.shape), (&spec.name, &spec.shape), "{name}");
-                assert_eq!(slot.offset, offset, "{name}: {} is not contiguous", slot.name);
-                offset += slot.len;
+                assert_eq!(slot.offset % PARAM_ALIGN_ELEMS, 0, "{name}: {} is not aligned", slot.name);
+                assert!(slot.offset >= end && slot.offset - end < PARAM_ALIGN_ELEMS, "{name}: {} leaves a gap", slot.name);
+                end = slot.offset + slot.len;
             }
-            assert_eq!(offset, crate::params::param_count(&cfg), "{name}");
+            assert_eq!(end, m.flat_len(), "{name}");
+            assert_eq!(m.num_params(), crate::params::param_count(&cfg), "{name}");
+            // The decay runs tile the flat buffer, pads included, as the optimizer requires.
+            let segs = train::decay_segments(&cfg, &m);
+            assert_eq!((segs[0].start, segs.iter().map(|s| s.len).sum::<usize>()), (0, m.flat_len()), "{name}");
+            assert!(segs.windows(2).all(|w| w[0].start + w[0].len == w[1].start && w[0].decay != w[1].decay), "{name}: {segs:?}");
             // Every parameter gets a gradient (the pooler-less MLM uses all it declares).
             for (i, p) in m.graph.params().iter().enumerate() {
                 assert!(m.graph.param_grad(i).is_some(), "{name}: {} gets no gradient", p.name);
@@ -713,12 +728,23 @@ mod tests {
 
     #[test]
     fn flatten_and_unflatten_round_trip() {
-        let cfg = builtin_config("tiny-gpt2").unwrap();
+        // 999 tokens: the MLM head's bias (999 values) leaves the next parameter unaligned, so
+        // the flat buffer has a pad (the tiny configs' own shapes are all multiples of 8).
+        let mut cfg = builtin_config("tiny-bert").unwrap();
+        if let Family::Bert(c) = &mut cfg.family {
+            c.vocab_size = 999;
+        }
         let m = build_training_graph(&cfg, &GraphOptions::new(1, 4)).unwrap();
         let w = Weights::init(&cfg, 3);
         let flat = m.flatten(&w).unwrap();
-        assert_eq!(flat.len(), m.num_params());
+        assert_eq!(flat.len(), m.flat_len());
+        assert!(m.flat_len() > m.num_params(), "a vocabulary of 999 needs a pad");
         assert_eq!(m.unflatten(&flat).unwrap().tensors, w.tensors);
+        // The pads are zero, and Weights::flat lays the buffer out the same way.
+        for pad in m.graph.param_pads() {
+            assert!(flat[pad].iter().all(|v| *v == 0.0));
+        }
+        assert_eq!(w.flat(&cfg).unwrap(), flat);
         // Order-independent: reversed tensors flatten the same.
         let mut rev = w.clone();
         rev.tensors.reverse();

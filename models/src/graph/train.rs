@@ -66,15 +66,21 @@ fn rank_slice(task: &Task, global: &Batch, rank: usize, world: usize, b: usize) 
     Ok((local, weight))
 }
 
-/// Contiguous runs of parameters with the same decay setting, in flat-buffer order.
+/// Runs of consecutive parameters with the same decay setting, tiling the flat buffer in
+/// order as the optimizer wants: the zero pad before a parameter belongs to the run before it
+/// (decaying a zero leaves it zero).
 pub fn decay_segments(cfg: &ModelConfig, model: &EngineModel) -> Vec<Segment> {
     let mut segs: Vec<Segment> = Vec::new();
     for (spec, slot) in param_specs(cfg).iter().zip(&model.params) {
         debug_assert_eq!(spec.name, slot.name);
-        match segs.last_mut() {
-            Some(s) if s.decay == spec.decay && s.start + s.len == slot.offset => s.len += slot.len,
-            _ => segs.push(Segment { start: slot.offset, len: slot.len, decay: spec.decay }),
+        if let Some(s) = segs.last_mut() {
+            s.len = slot.offset - s.start;
+            if s.decay == spec.decay {
+                s.len += slot.len;
+                continue;
+            }
         }
+        segs.push(Segment { start: slot.offset, len: slot.len, decay: spec.decay });
     }
     segs
 }
@@ -172,9 +178,9 @@ impl EngineTrainer {
 
     /// Continues from `state` (of a trainer of the same model and options).
     pub fn restore(&mut self, state: EngineState) -> Result<(), ModelError> {
-        let n = self.model.num_params();
+        let n = self.model.flat_len();
         if self.dp.group_world() != 1 || [state.params.len(), state.exp_avg.len(), state.exp_avg_sq.len()] != [n, n, n] {
-            return Err(ModelError::Training(format!("the checkpoint holds {} parameters, this model {n} (one rank)", state.params.len())));
+            return Err(ModelError::Training(format!("the checkpoint's flat buffers hold {} values, this model's {n} (one rank)", state.params.len())));
         }
         let s = &mut self.dp.session;
         s.params = state.params;
@@ -225,9 +231,14 @@ impl EngineTrainer {
         self.dp.sharding().map(|s| s.range(self.dp.group_rank()))
     }
 
-    /// Parameters (Ψ) of the model.
+    /// Parameters (Ψ) of the model, the pads of the flat buffers excluded.
     pub fn num_params(&self) -> usize {
         self.model.num_params()
+    }
+
+    /// Length of the flat parameter, gradient and moment buffers (Ψ and the alignment pads).
+    pub fn flat_len(&self) -> usize {
+        self.model.flat_len()
     }
 }
 

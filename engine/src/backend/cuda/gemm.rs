@@ -5,7 +5,10 @@
 //! `DGELU` or `BGRADB` epilogues, and forces one type for A, B and C. Here a [`GemmShape`] (the
 //! planned executor's matmul, its dtype and epilogue) maps to a [`Plan`] — descriptor, layouts
 //! and the heuristic's algorithm — built on first use and cached, as llm.c's `matmul_cublaslt`
-//! and ORT's cuBLASLt path do; per call only the pointers are set.
+//! and ORT's cuBLASLt path do; per call only the pointers are set. A plan is keyed by the shape
+//! *and* the operands' alignments ([`GemmAlign`]), which it passes to the heuristic as the
+//! `MIN_ALIGNMENT_*` preferences: an algorithm chosen for 256-byte-aligned pointers may not run
+//! on 16-byte-aligned ones.
 //!
 //! Precision: bf16/fp16 inputs and outputs with f32 accumulation and f32 α/β
 //! (`CUBLAS_COMPUTE_32F`); f32 with TF32 off (`CUBLAS_COMPUTE_32F`) unless the shape asks for
@@ -23,7 +26,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result, sys};
 
 use super::device::{CudaDevice, DeviceBuffer};
-pub use crate::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape};
+pub use crate::backend::gpu::{Epilogue, GemmAlign, GemmDtype, GemmPtrs, GemmShape};
 use super::CudaError;
 
 /// The same GEMM as cuBLAS (column-major) sees it: D = op(A')·op(B'), A' = the engine's B.
@@ -84,7 +87,7 @@ struct Plan {
 pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
-    plans: HashMap<GemmShape, Plan>,
+    plans: HashMap<(GemmShape, GemmAlign), Plan>,
 }
 
 /// cuBLASLt's recommended workspace on Hopper (32 MiB; 4 MiB suffices before it).
@@ -151,8 +154,9 @@ impl Gemm {
         self.plans.len()
     }
 
-    fn plan(&mut self, s: &GemmShape) -> Result<&Plan, CudaError> {
-        if !self.plans.contains_key(s) {
+    fn plan(&mut self, s: &GemmShape, al: GemmAlign) -> Result<&Plan, CudaError> {
+        let key = (*s, al);
+        if !self.plans.contains_key(&key) {
             let cm = ColMajor::from_row_major(s);
             let desc = result::create_matmul_desc(compute_type(s.dtype), sys::cudaDataType::CUDA_R_32F).map_err(|e| lt_err("matmul desc", e))?;
             // cublasOperation_t as its i32 value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
@@ -177,13 +181,23 @@ impl Gemm {
                 let ws = WORKSPACE_BYTES;
                 result::set_matmul_pref_attribute(pref, sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const usize as *const c_void, 8)
                     .map_err(|e| lt_err("workspace preference", e))?;
+                // Swapped operands (module comment): cuBLAS's A is the engine's B.
+                use sys::cublasLtMatmulPreferenceAttributes_t as P;
+                for (attr, bytes) in [
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.b),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.a),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c),
+                ] {
+                    result::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, 4).map_err(|e| lt_err("alignment preference", e))?;
+                }
                 let h = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
                 let _ = result::destroy_matmul_pref(pref);
-                h.map_err(|e| lt_err(&format!("no algorithm for {s:?}"), e))?
+                h.map_err(|e| lt_err(&format!("no algorithm for {s:?} {al:?}"), e))?
             };
-            self.plans.insert(*s, Plan { desc, a, b, c, algo: heur.algo });
+            self.plans.insert(key, Plan { desc, a, b, c, algo: heur.algo });
         }
-        Ok(&self.plans[s])
+        Ok(&self.plans[&key])
     }
 
     /// Enqueues C = α·op(A)·op(B) + β·C (+ the shape's epilogue) on `stream`.
@@ -194,7 +208,7 @@ impl Gemm {
     pub unsafe fn run(&mut self, stream: sys::cudaStream_t, s: &GemmShape, p: &GemmPtrs, alpha: f32, beta: f32) -> Result<(), CudaError> {
         let handle = self.handle;
         let (ws, ws_bytes) = (self.workspace.ptr(), self.workspace.bytes());
-        let plan = self.plan(s)?;
+        let plan = self.plan(s, GemmAlign::of(s, p))?;
         match s.epilogue {
             Epilogue::Bias | Epilogue::BiasGeluAux | Epilogue::BGradB => {
                 set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias)?;

@@ -217,6 +217,18 @@ impl<D: GpuDevice> GpuExecutor<D> {
         self.dev.address(&self.status)
     }
 
+    /// Every GEMM a step queues, in order, with its pointers (what cuBLASLt is asked to run:
+    /// the alignment test reads them).
+    pub fn gemms(&self) -> Vec<(GemmShape, GemmPtrs)> {
+        let calls = self.steps.iter().flat_map(|(_, c)| c).chain(&self.tail);
+        calls
+            .filter_map(|c| match c {
+                Call::Gemm(s, p) => Some((*s, *p)),
+                Call::Kernel { .. } => None,
+            })
+            .collect()
+    }
+
     /// FLOPs of a step's GEMMs and attention products (2 per multiply-add; causal attention
     /// counted dense): what the GPU executes, as the CPU's `last_step_flops` without row skips.
     pub fn step_flops(&self) -> f64 {
