@@ -1,8 +1,12 @@
-//! Embeds libtorch's library directory as an rpath of this crate's binaries, so they find
-//! libtorch without LD_LIBRARY_PATH (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), and
-//! records it and the compiler's version for `ortbench env`.
+//! Gives this crate's binaries two rpath (RUNPATH) entries to find libtorch without
+//! LD_LIBRARY_PATH: first `$ORIGIN/torch-lib` (literally: the loader expands it to the binary's
+//! folder), so that a binary carried to another machine finds that machine's torch through a
+//! `torch-lib` link beside it (`ln -sfn .../site-packages/torch/lib torch-lib`), then the build
+//! machine's libtorch directory (torch-sys exports it as DEP_TCH_LIBTORCH_LIB). Records that
+//! directory and the compiler's version for `ortbench env`.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/torch-lib");
     if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
         println!("cargo:rustc-env=ORTBENCH_LIBTORCH_LIB={dir}");

@@ -1,10 +1,13 @@
-//! With the `torch` feature: embeds libtorch's library directory as an rpath of this crate's
-//! binaries (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), so they run without
-//! LD_LIBRARY_PATH, and compiles the small ATen shims (autocast, fused AdamW) against libtorch's headers.
+//! With the `torch` feature: gives this crate's binaries the rpath entries `$ORIGIN/torch-lib`
+//! (a link beside a carried binary to the machine's torch/lib) and then libtorch's library
+//! directory on the build machine (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), so they run
+//! without LD_LIBRARY_PATH (as bench/build.rs), and compiles the small ATen shims (autocast,
+//! fused AdamW) against libtorch's headers.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-changed=src/torch/autocast.cpp");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else { return };
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/torch-lib");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     let root = std::path::Path::new(&lib).parent().expect("libtorch/lib has a parent").to_path_buf();
     let mut build = cc::Build::new();

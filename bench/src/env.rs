@@ -38,6 +38,8 @@ pub fn collect() -> Value {
         "torch_cuda": tstr(&torch, "cuda"),
         "torch_hip": tstr(&torch, "hip"),
         "libtorch_path": libtorch_dir().map(|p| p.display().to_string()),
+        // Loaded by CUDA runs only (plan / worker), read from this process's maps.
+        "libtorch_cuda_loaded": ortbench_engine::torch_wheel::is_mapped(ortbench_engine::torch_wheel::LIBTORCH_CUDA).map(|p| p.display().to_string()),
         "tch_version": "0.24",
         "rustc_version": env!("ORTBENCH_RUSTC_VERSION"),
         "cpu_gemm_provider": ortbench_engine::backend::cpu::gemm::provider().ok().map(|p| p.kind().name()),
@@ -199,8 +201,12 @@ pub fn gpu_names() -> Vec<String> {
     nvidia_gpus().or_else(rocm_gpus).unwrap_or_default().into_iter().map(|g| g.name).collect()
 }
 
-/// libtorch's directory (torch/), from $LIBTORCH or the one this binary was built against.
+/// libtorch's directory (torch/): the one mapped into this process, else $LIBTORCH, else the
+/// one this binary was built against.
 fn libtorch_dir() -> Option<PathBuf> {
+    if let Some(w) = ortbench_engine::torch_wheel::from_mapped() {
+        return Some(w.torch_dir);
+    }
     if let Ok(p) = std::env::var("LIBTORCH") {
         if Path::new(&p).join("lib").is_dir() {
             return Some(PathBuf::from(p));

@@ -93,6 +93,13 @@ fn rocm_refusal(device: &str) -> Result<()> {
     bail!("--device {device}: AMD GPU found, but no config runs on ROCm yet (the engine's HIP executor and a ROCm libtorch for the baseline are not built; see README, Devices)")
 }
 
+/// Loads libtorch_cuda beside the libtorch in this process (`torch_wheel::load_libtorch_cuda`)
+/// before any CUDA query of tch: without it libtorch counts 0 CUDA devices. An error is one
+/// line (a CPU-only torch, or why the loader refused it).
+pub fn load_libtorch_cuda(device: &str) -> Result<PathBuf> {
+    ortbench_engine::torch_wheel::load_libtorch_cuda().map_err(|e| anyhow::anyhow!("--device {device}: {e}"))
+}
+
 pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     let device = args.device.trim().to_string();
     if device == "rocm" || device.starts_with("rocm:") {
@@ -100,6 +107,8 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
     }
     let dev = parse_device(&device)?;
     if let tch::Device::Cuda(i) = dev {
+        // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it).
+        load_libtorch_cuda(&device)?;
         let n = tch::Cuda::device_count() as usize;
         if i >= n {
             bail!("--device {device}: {n} CUDA device(s) available");

@@ -10,7 +10,7 @@ use ortbench_engine::DType;
 use ortbench_engine::passes::PassConfig;
 use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
-use ortbench_models::torch::{Precision, TorchTrainer, TrainOptions};
+use ortbench_models::torch::{panic_text, InjectedError, Precision, TorchTrainer, TrainOptions};
 use ortbench_engine::collective::{AnyGroup, Collective, DeviceGroup, LocalGroup, TcpGroup, Vendor};
 use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::parallel::Strategy;
@@ -107,12 +107,17 @@ pub const FAULT_VAR: &str = "ORTBENCH_FAULT";
 ///   failed" (`oom` alone means `oom-at-step:0`);
 /// - `hang`: the step never ends (for `--timeout-s` and interrupt tests);
 /// - `sigkill`: the process sends itself SIGKILL, as the kernel's OOM killer would;
+/// - `torch-error`: the baseline's step N runs a libtorch op on mismatched shapes, which fails
+///   inside libtorch as a real CUDA error would (tch panics on it; the step returns it);
+/// - `cuda-oom`: the baseline's step N gets an error raised by libtorch with the text of
+///   its CUDA out-of-memory (on any device: no GPU needed to see how one is recorded);
 ///
 /// or `grad-scale:F[@CONFIG]`: a broken engine — every gradient an engine config computes
 /// is multiplied by F on every rank and step (what the parity probe must flag).
 ///
-/// `@CONFIG` limits the fault to the runs of that config. Only rank 0 fails, or the rank
-/// named by `ORTBENCH_FAULT_RANK`.
+/// `@CONFIG` limits the fault to the runs of that config (`torch-error` and `cuda-oom` are the
+/// baseline's: `@pytorch`, implied). Only rank 0 fails, or the rank named by
+/// `ORTBENCH_FAULT_RANK`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fault {
     pub kind: FaultKind,
@@ -126,6 +131,8 @@ pub enum FaultKind {
     Oom,
     Hang,
     Sigkill,
+    /// A libtorch error inside the baseline's step.
+    Torch(InjectedError),
     /// Multiply the engine's gradients by this factor (not a step-triggered fault).
     GradScale(f32),
 }
@@ -153,7 +160,14 @@ impl Fault {
             "oom" => FaultKind::Oom,
             "hang" => FaultKind::Hang,
             "sigkill" => FaultKind::Sigkill,
-            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang or sigkill, as KIND-at-step:N[@CONFIG], or grad-scale:F[@CONFIG])"),
+            "torch-error" => FaultKind::Torch(InjectedError::ShapeMismatch),
+            "cuda-oom" => FaultKind::Torch(InjectedError::CudaOom),
+            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang, sigkill, torch-error or cuda-oom, as KIND-at-step:N[@CONFIG], or grad-scale:F[@CONFIG])"),
+        };
+        let config = match (kind, config) {
+            (FaultKind::Torch(_), None) => Some("pytorch".to_string()),
+            (FaultKind::Torch(_), Some(c)) if c != "pytorch" => bail!("{FAULT_VAR}={s}: {} fails inside libtorch; it applies to the pytorch config only", what.split("-at-step:").next().unwrap_or(what)),
+            (_, c) => c,
         };
         Ok(Fault { kind, step, config })
     }
@@ -167,7 +181,8 @@ impl Fault {
         // test sees do not depend on thread timing (a real crash may lose those in flight).
         std::thread::sleep(std::time::Duration::from_millis(200));
         match self.kind {
-            FaultKind::GradScale(_) => {}
+            // Not triggered here: injected into the trainer (`RankTrainer::inject`).
+            FaultKind::GradScale(_) | FaultKind::Torch(_) => {}
             FaultKind::Crash => std::process::abort(),
             FaultKind::Hang => loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -231,6 +246,10 @@ trait RankTrainer {
     fn last_step_flops(&self) -> Option<f64> {
         None
     }
+    /// Makes the next step fail inside libtorch (the baseline only).
+    fn inject(&mut self, e: InjectedError) -> Result<()> {
+        bail!("{FAULT_VAR}: {e:?} is injected into the pytorch baseline only")
+    }
 }
 
 /// A `pytorch` rank: libtorch eager, DDP across ranks (NCCL buckets on GPUs).
@@ -261,6 +280,10 @@ impl RankTrainer for TorchRank {
     fn optimizer_bytes(&self) -> usize {
         // torch.optim.AdamW keeps exp_avg and exp_avg_sq in fp32 for every parameter.
         8 * self.trainer.weights().param_count()
+    }
+    fn inject(&mut self, e: InjectedError) -> Result<()> {
+        self.trainer.inject_error(e);
+        Ok(())
     }
 }
 
@@ -335,6 +358,11 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         other => bail!("unknown --lr-schedule '{other}'"),
     };
     let mut device = parse_device(&spec.device)?;
+    // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it); before any
+    // CUDA query. CPU runs never load it, so their memory is unchanged.
+    if let tch::Device::Cuda(_) = device {
+        crate::plan::load_libtorch_cuda(&spec.device)?;
+    }
     // One GPU per rank process, as torchrun's convention: `--device cuda` means cuda:LOCAL_RANK.
     if let (Some(_), "cuda") = (&tcp, spec.device.as_str()) {
         if let Some(lr) = std::env::var("LOCAL_RANK").ok().and_then(|v| v.parse::<usize>().ok()) {
@@ -444,7 +472,10 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     let mut flops = Some(0.0);
                     for step in 0..spec.steps {
                         if let Some(f) = fault.filter(|f| f.step == step && rank == fault_rank && !matches!(f.kind, FaultKind::GradScale(_))) {
-                            f.trigger();
+                            match f.kind {
+                                FaultKind::Torch(e) => trainer.inject(e)?,
+                                _ => f.trigger(),
+                            }
                         }
                         let batch = data.batch(step);
                         let t0 = Instant::now();
@@ -461,8 +492,12 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         };
                         // The engine's step ends with its status read (a synchronise); libtorch's
                         // queued work is waited for here.
+                        // An asynchronous CUDA error of the step surfaces here (tch panics on it).
                         if let (tch::Device::Cuda(i), "pytorch") = (device, spec.config.as_str()) {
-                            tch::Cuda::synchronize(i as i64);
+                            ortbench_models::torch::catch_torch(&format!("pytorch step {step}: synchronising GPU {i}"), || {
+                                tch::Cuda::synchronize(i as i64);
+                                Ok(())
+                            })?;
                         }
                         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
                         if step >= spec.warmup {
@@ -481,7 +516,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         for e in rx {
             emit(out, &e);
         }
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))).collect()
+        // A panic (e.g. a libtorch error outside the baseline's step) keeps its message, so an
+        // out-of-memory in it is recognised as one.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(anyhow::anyhow!("a rank panicked: {}", panic_text(&*p))))).collect()
     });
     let mut optimizer_bytes = 0;
     let mut flops = Some(0.0);
@@ -531,6 +568,10 @@ mod tests {
         assert_eq!((f.kind, f.config.as_deref()), (FaultKind::GradScale(2.0), Some("ort")));
         assert!(Fault::parse("grad-scale:x").is_err());
         assert!(Fault::parse("grad-scale:2@pytorch").unwrap_err().to_string().contains("does not apply"));
+        let f = Fault::parse("torch-error-at-step:1").unwrap();
+        assert_eq!((f.kind, f.step, f.config.as_deref()), (FaultKind::Torch(InjectedError::ShapeMismatch), 1, Some("pytorch")));
+        assert_eq!(Fault::parse("cuda-oom@pytorch").unwrap().kind, FaultKind::Torch(InjectedError::CudaOom));
+        assert!(Fault::parse("cuda-oom@ort").unwrap_err().to_string().contains("pytorch config only"));
     }
 
     #[test]
@@ -539,5 +580,6 @@ mod tests {
         assert!(is_oom_message("CUDA out of memory. Tried to allocate 2.00 GiB"));
         assert!(is_oom_message("DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes"));
         assert!(!is_oom_message("index out of range"));
+        assert!(is_oom_message(InjectedError::CUDA_OOM_MESSAGE));
     }
 }

@@ -1,6 +1,7 @@
 //! Runs that fail for real — a worker that crashes, runs out of memory, is killed, hangs past
-//! --timeout-s, or a `run` interrupted with SIGINT — are recorded and the others complete.
-//! Failures are injected with ORTBENCH_FAULT (see worker::Fault).
+//! --timeout-s, or a `run` interrupted with SIGINT, a libtorch error or a CUDA out-of-memory in
+//! the baseline's step — are recorded and the others complete. Failures are injected with
+//! ORTBENCH_FAULT (see worker::Fault).
 
 mod common;
 
@@ -119,4 +120,35 @@ fn sigint_keeps_the_finished_runs_and_writes_the_report() {
     // No temporary files are left behind.
     let leftovers: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn a_libtorch_error_in_the_baseline_step_is_an_error_with_libtorch_s_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Step 1 runs a matmul on mismatched shapes inside libtorch: tch panics on libtorch's error,
+    // as it would on a CUDA error; the step returns it instead.
+    let o = run_with_fault(&out, "torch-error-at-step:1", &["--configs", "pytorch,ort"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(cell(&h, &rows, "ort", "status"), "ok");
+    assert_eq!(cell(&h, &rows, "pytorch", "status"), "error");
+    let err = cell(&h, &rows, "pytorch", "error");
+    assert!(err.contains("pytorch step 1: libtorch: ") && err.contains("shapes cannot be multiplied (2x3 and 4x5)"), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Exception raised from") && !err.contains('\n'), "{err}");
+    let (sh, steps) = read_csv(&out.join("steps.csv"));
+    assert_eq!(steps.iter().filter(|r| r[col(&sh, "config")] == "pytorch").count(), 1, "the step before the error");
+}
+
+#[test]
+fn a_cuda_out_of_memory_in_the_baseline_step_is_oom() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // libtorch raises its CUDA out-of-memory text in step 0, through the path a real one takes.
+    let o = run_with_fault(&out, "cuda-oom", &["--configs", "pytorch"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    let err = cell(&h, &rows, "pytorch", "error");
+    assert_eq!(cell(&h, &rows, "pytorch", "status"), "oom", "{err}");
+    assert!(err.contains("libtorch: CUDA out of memory. Tried to allocate 2.00 GiB."), "{err}");
 }

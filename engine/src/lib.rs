@@ -18,6 +18,7 @@ pub mod plan;
 pub mod parallel;
 pub mod passes;
 pub mod session;
+pub mod torch_wheel;
 
 pub use dtype::DType;
 pub use exec::{Inputs, RefExecutor};

@@ -33,11 +33,11 @@ impl Vendor {
         }
     }
 
-    /// Library file names tried in order (`ORTBENCH_NCCL_LIB` / `ORTBENCH_GPU_RUNTIME_LIB`
-    /// override them with a full path).
+    /// Library paths tried in order: `ORTBENCH_NCCL_LIB` / `ORTBENCH_GPU_RUNTIME_LIB` (a full
+    /// path), then the torch wheel's (`nvidia/nccl/lib`; `nvidia/cu13/lib`, or CUDA 12's
+    /// `nvidia/cuda_runtime/lib`) wherever [`crate::torch_wheel`] finds torch, then the
+    /// loader's path by file name.
     fn candidates(self) -> (Vec<PathBuf>, Vec<PathBuf>) {
-        let venv = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from);
-        let site = venv.map(|v| v.join("lib/python3.11/site-packages/nvidia"));
         let mut coll = Vec::new();
         let mut rt = Vec::new();
         if let Some(p) = std::env::var_os("ORTBENCH_NCCL_LIB") {
@@ -48,10 +48,11 @@ impl Vendor {
         }
         match self {
             Vendor::Nvidia => {
-                if let Some(s) = &site {
-                    coll.push(s.join("nccl/lib/libnccl.so.2"));
-                    rt.push(s.join("cu13/lib/libcudart.so.13"));
-                    rt.push(s.join("cuda_runtime/lib/libcudart.so.12"));
+                if let Some(d) = crate::torch_wheel::nccl_lib_dir() {
+                    coll.push(d.join("libnccl.so.2"));
+                }
+                for d in crate::torch_wheel::cuda_lib_dirs() {
+                    rt.extend(["libcudart.so.13", "libcudart.so.12"].iter().map(|f| d.join(f)).filter(|p| p.is_file()));
                 }
                 coll.push("libnccl.so.2".into());
                 rt.extend(["libcudart.so.13", "libcudart.so.12", "libcudart.so"].map(PathBuf::from));

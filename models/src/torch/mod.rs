@@ -12,7 +12,7 @@ mod train;
 
 pub use autocast::{autocast, AutocastDtype};
 pub use optim::{probe_ops, FusedAdamW, OpCall, StepOutcome};
-pub use train::{Precision, StepStats, TorchTrainer, TrainOptions};
+pub use train::{InjectedError, Precision, StepStats, TorchTrainer, TrainOptions};
 
 use std::collections::HashMap;
 
@@ -122,4 +122,95 @@ pub fn export(vars_in_order: &[(String, Tensor)]) -> Weights {
         })
         .collect();
     Weights { tensors }
+}
+
+/// Runs `f`, turning a panic inside it into an error that keeps the panic's text. tch's
+/// methods without the `f_` prefix unwrap libtorch's errors, so an op that fails in libtorch
+/// (a CUDA error, an out-of-memory, mismatched shapes) panics; the baseline returns it as an
+/// error instead, with libtorch's message (`what: libtorch: <message>`).
+pub fn catch_torch<T>(what: &str, f: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => Err(ModelError::Training(format!("{what}: {}", panic_text(&*payload)))),
+    }
+}
+
+/// The text of a panic's payload; for a tch `unwrap()` of a libtorch error
+/// (``called `Result::unwrap()` on an `Err` value: Torch("…")``) libtorch's message itself,
+/// as `libtorch: <message>` (see [`libtorch_message`]).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let raw = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => return "a panic without a message".into(),
+    };
+    match libtorch_message(&raw) {
+        Some(m) => format!("libtorch: {m}"),
+        None => raw,
+    }
+}
+
+/// libtorch's message inside a tch panic (`… Torch("<Debug-escaped message>")`), unescaped and
+/// cut before the C++ backtrace libtorch appends (`Exception raised from …`), on one line.
+pub fn libtorch_message(panic: &str) -> Option<String> {
+    const OPEN: &str = "Torch(\"";
+    let start = panic.find(OPEN)? + OPEN.len();
+    let end = panic.rfind("\")").filter(|&e| e >= start)?;
+    let text = unescape_debug(&panic[start..end]);
+    let text = text.split("Exception raised from").next().unwrap_or(&text);
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    Some(one_line).filter(|s| !s.is_empty())
+}
+
+/// Undoes `str`'s `Debug` escapes (`\n`, `\"`, `\\`, `\u{…}`, …).
+fn unescape_debug(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('0') => out.push('\0'),
+            Some('u') => {
+                let code: String = chars.by_ref().skip_while(|&c| c == '{').take_while(|&c| c != '}').collect();
+                out.extend(u32::from_str_radix(&code, 16).ok().and_then(char::from_u32));
+            }
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tch_panic_gives_libtorch_s_message() {
+        let e: Result<(), tch::TchError> = Err(tch::TchError::Torch(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB\nException raised from malloc at c10/cuda/CUDACachingAllocator.cpp:1\nframe #0: x".into(),
+        ));
+        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.unwrap())).unwrap_err();
+        assert_eq!(panic_text(&*payload), "libtorch: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB");
+        let payload = std::panic::catch_unwind(|| panic!("plain {}", 1)).unwrap_err();
+        assert_eq!(panic_text(&*payload), "plain 1");
+        assert_eq!(unescape_debug(r"a\u{e9}b\\c\'"), "a\u{e9}b\\c'");
+    }
+
+    #[test]
+    fn a_failing_op_is_an_error_with_its_text() {
+        let r = catch_torch("step", || {
+            let a = tch::Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu));
+            let _ = a.matmul(&tch::Tensor::zeros([4, 5], (tch::Kind::Float, tch::Device::Cpu)));
+            Ok(())
+        });
+        let e = r.unwrap_err().to_string();
+        assert!(e.starts_with("step: libtorch: ") && e.contains("2x3") && e.contains("4x5") && !e.contains('\n'), "{e}");
+    }
 }

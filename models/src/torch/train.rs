@@ -7,7 +7,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::autocast::{autocast, AutocastDtype};
 use super::optim::{FusedAdamW, StepOutcome};
-use super::{create_vars, export, TorchModel, Vars};
+use super::{catch_torch, create_vars, export, TorchModel, Vars};
 use crate::config::ModelConfig;
 use crate::data::Batch;
 use crate::params::param_specs;
@@ -66,6 +66,36 @@ pub struct StepStats {
     pub skipped: bool,
 }
 
+/// A libtorch error a test makes the baseline's next step raise (the worker's
+/// `ORTBENCH_FAULT=torch-error` / `cuda-oom`). Both are raised by libtorch itself, after the
+/// forward pass, and reach the caller the way a real one does: a tch op panics on libtorch's
+/// error and the step returns it ([`catch_torch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedError {
+    /// A real op on mismatched shapes: a (2×3)·(4×5) matmul on the model's device.
+    ShapeMismatch,
+    /// libtorch raising the message its CUDA caching allocator gives when a GPU is out of
+    /// memory (through ATen's `_assert_scalar`, so the text comes from a libtorch exception).
+    CudaOom,
+}
+
+impl InjectedError {
+    /// What libtorch's CUDA caching allocator says when an allocation fails (torch 2.x), with a
+    /// note that this one is injected.
+    pub const CUDA_OOM_MESSAGE: &'static str = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Of the allocated memory 76.50 GiB is allocated by PyTorch, and 0.90 GiB is reserved by PyTorch but unallocated. (injected by ORTBENCH_FAULT=cuda-oom)";
+
+    /// Runs the failing op: tch panics with libtorch's error, as it does on a real one.
+    fn raise(self, device: Device) {
+        match self {
+            InjectedError::ShapeMismatch => {
+                let a = Tensor::zeros([2, 3], (Kind::Float, device));
+                let _ = a.matmul(&Tensor::zeros([4, 5], (Kind::Float, device)));
+            }
+            InjectedError::CudaOom => Tensor::internal_assert_scalar(0i64, Self::CUDA_OOM_MESSAGE),
+        }
+    }
+}
+
 /// torch.amp.GradScaler's dynamic loss scale: init 2^16, ×2 after 2000 clean steps, ×0.5
 /// and skip on inf/NaN.
 struct LossScaler {
@@ -87,13 +117,24 @@ pub struct TorchTrainer {
     /// ([`DDP_BUCKET_BYTES`] unless a test sets another).
     bucket: Vec<f32>,
     bucket_bytes: usize,
+    /// Raised by the next step (tests).
+    inject: Option<InjectedError>,
+    /// Set when a step failed: the parameters, gradients and optimizer state may be half
+    /// updated, so no later step runs.
+    failed: Option<String>,
 }
 
 /// torch DDP's default `bucket_cap_mb` = 25.
 pub const DDP_BUCKET_BYTES: usize = 25 << 20;
 
 impl TorchTrainer {
+    /// Builds the model on `device`. A libtorch error (a device out of memory, a CUDA error)
+    /// is returned, not a panic.
     pub fn new(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
+        catch_torch("building the pytorch model", || Self::build(cfg, weights, device, opts))
+    }
+
+    fn build(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
         match (opts.precision, device) {
             (Precision::Fp32, _) => {}
             (Precision::Fp16, Device::Cuda(_)) => {}
@@ -126,7 +167,7 @@ impl TorchTrainer {
         let groups = vec![(decay, opts.weight_decay), (no_decay, 0.0)];
         let opt = FusedAdamW::new(groups, opts.lr * opts.schedule.factor(0), opts.beta1, opts.beta2, opts.eps);
         let scaler = (opts.precision == Precision::Fp16).then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
-        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0, bucket: Vec::new(), bucket_bytes: DDP_BUCKET_BYTES })
+        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0, bucket: Vec::new(), bucket_bytes: DDP_BUCKET_BYTES, inject: None, failed: None })
     }
 
     /// The loss of `batch` without updating anything (dropout off).
@@ -174,10 +215,31 @@ impl TorchTrainer {
         self.step_with::<LocalGroup>(batch, Some((Reducer::Nccl(group), weight)))
     }
 
+    /// Makes the next step raise `e` inside libtorch (tests).
+    pub fn inject_error(&mut self, e: InjectedError) {
+        self.inject = Some(e);
+    }
+
+    /// A step: libtorch's errors (tch panics on them) come back as errors with libtorch's text,
+    /// and a failed step ends the trainer.
     fn step_with<G: Collective>(&mut self, batch: &Batch, ddp: Option<(Reducer<'_, G>, f32)>) -> Result<StepStats, ModelError> {
+        if let Some(e) = &self.failed {
+            return Err(ModelError::Training(format!("an earlier step failed ({e}); the trainer's state is undefined")));
+        }
+        let r = catch_torch(&format!("pytorch step {}", self.steps_taken), || self.step_inner(batch, ddp));
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r
+    }
+
+    fn step_inner<G: Collective>(&mut self, batch: &Batch, ddp: Option<(Reducer<'_, G>, f32)>) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
         let mut loss = self.forward(batch)?;
+        if let Some(e) = self.inject.take() {
+            e.raise(self.device);
+        }
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
         if scale != 1.0 {
             (&loss * scale).backward();

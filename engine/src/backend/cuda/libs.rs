@@ -10,8 +10,10 @@
 //!   loaded object by its SONAME, so no `LD_LIBRARY_PATH` is needed.
 //!
 //! Search order per library: the directories in `ORTBENCH_CUDA_LIB_DIR` (colon-separated),
-//! then `$VIRTUAL_ENV/lib/python3.11/site-packages/nvidia/cu13/lib` (the project's venv, as
-//! `collective::device` does for NCCL), then the loader's default path by file name.
+//! then the torch wheel's CUDA folders (`site-packages/nvidia/cu13/lib`, or CUDA 12's
+//! per-package folders) wherever [`crate::torch_wheel`] finds torch (the libtorch mapped in
+//! the process, a `torch-lib` link beside the executable, `$VIRTUAL_ENV`, `python3`), then the
+//! loader's default path by file name.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -54,9 +56,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var("ORTBENCH_CUDA_LIB_DIR")
         .map(|v| v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect())
         .unwrap_or_default();
-    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-        dirs.push(PathBuf::from(venv).join("lib/python3.11/site-packages/nvidia/cu13/lib"));
-    }
+    dirs.extend(crate::torch_wheel::cuda_lib_dirs());
     dirs
 }
 
