@@ -1,14 +1,24 @@
 // The host side of port.cuh: CUDA's kernel vocabulary (built-in indices, qualifiers, barriers,
 // warp shuffles, half types, intrinsics) as plain C++20, so engine/kernels/*.cu compile with g++
-// and run on CPU threads under the scheduler in runtime.cpp.
+// and run on the CPU under the scheduler in runtime.cpp.
 //
-// How a launch runs (runtime.cpp): blocks one at a time; a block's threads are real host threads,
-// but only one runs at any moment — it runs until it reaches a barrier (`__syncthreads`, a warp
-// collective) or returns, then hands over to the next runnable thread in a schedule order
-// (forward, reverse or shuffled thread ids). This makes every run deterministic and every race
-// visible: a missing `__syncthreads` between a shared-memory write and another thread's read
-// gives a wrong answer under one of the orders, and a barrier or collective that not every
-// thread reaches is reported as a deadlock naming who waits where, instead of hanging.
+// How a launch runs (runtime.cpp): blocks one at a time; a block's threads are fibers (user-space
+// contexts, each with its own stack) on the launching OS thread, and only one runs at any moment
+// — it runs until it reaches a barrier (`__syncthreads`, a warp collective) or returns, then
+// hands over to the next runnable thread in a schedule order (forward, reverse or shuffled thread
+// ids). This makes every run deterministic and every race visible: a missing `__syncthreads`
+// between a shared-memory write and another thread's read gives a wrong answer under one of the
+// orders, and a barrier or collective that not every thread reaches is reported as a deadlock
+// naming who waits where, instead of hanging.
+//
+// Why fibers and not OS threads: the threads take turns anyway, so real threads only added cost
+// — creating up to 1024 of them per launch and a futex wake plus a kernel context switch at every
+// hand-over, which made the kernel tests spend most of their time in the kernel. A fiber switch
+// is a few register moves in user space.
+//
+// `threadIdx` and `blockIdx` are therefore plain globals, not `thread_local`: the scheduler sets
+// `threadIdx` to the resumed thread's before every switch (and `blockIdx` at each block's start).
+// Launches are serialised (runtime.cpp's g_launch), so one launch owns them at a time.
 //
 // `__shared__` is a function-local `static`: one instance per kernel per dtype, which is per
 // block because blocks never overlap. Dynamic shared memory is poisoned with 0xFF bytes (NaN)
@@ -23,11 +33,8 @@
 #include <cstring>
 #include <math.h>
 #include <memory>
-#include <mutex>
 #include <random>
-#include <semaphore>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,8 +51,8 @@
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local dim3 threadIdx;
-inline thread_local dim3 blockIdx;
+inline dim3 threadIdx;  // the running fiber's (see above)
+inline dim3 blockIdx;
 inline dim3 blockDim;
 inline dim3 gridDim;
 inline int warpSize = 32;

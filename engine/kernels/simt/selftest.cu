@@ -1,7 +1,7 @@
 // Kernels that test the SIMT harness itself (engine/kernels/simt/tests/harness.rs): a correct
-// block reduction, the same with its barrier missing, a warp collective in divergent code, and
-// an off-by-one write. Compiled into the host harness only (not GPU kernels: not in the NVRTC
-// gate).
+// block reduction, the same with its barrier missing, a warp collective in divergent code, an
+// early return before a barrier, an off-by-one write, and a schedule trace. Compiled into the
+// host harness only (not GPU kernels: not in the NVRTC gate).
 #include "port.cuh"
 
 // out[blockIdx.x] = Σ x[blockIdx.x·blockDim.x + t] through shared memory, tree-wise. `sync` = 0
@@ -66,3 +66,34 @@ ORT_KERNEL(selftest_two_rows)(const float* x, float* out, int guard) {
     }
 }
 ORT_REGISTER(selftest_two_rows)
+
+// y[i] = x[i] after a barrier that thread 0 of block `bad` never reaches (it returns early): a
+// deadlock in that block on the GPU too. x, y: (G·B)
+ORT_KERNEL(selftest_early_return)(const float* x, float* y, int bad) {
+    if ((int)blockIdx.x == bad && threadIdx.x == 0) return;
+    __syncthreads();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[i];
+}
+ORT_REGISTER(selftest_early_return)
+
+// Records the schedule: each thread appends blockIdx.x·4096 + threadIdx.x to log[1..] before
+// every barrier and collective and once at its end (log[0] counts; one thread runs at a time, so
+// plain increments). Barriers, shuffles and bare warp syncs alternate; then warp w does w more
+// shuffles on its own and leaves, so later warps run on after earlier ones exited. log: (1 + ...)
+ORT_KERNEL(selftest_trace)(int* log, int rounds) {
+    const int me = (int)blockIdx.x * 4096 + (int)threadIdx.x;
+    float v = (float)threadIdx.x;
+    for (int r = 0; r < rounds; ++r) {
+        log[1 + log[0]++] = me;
+        if (r % 3 == 0) __syncthreads();
+        else if (r % 3 == 1) v = warp_sum(v);
+        else port_syncwarp();
+    }
+    for (int k = 0; k < warp_id(); ++k) {
+        log[1 + log[0]++] = me;
+        v = port_shfl_xor(v, 1);
+    }
+    log[1 + log[0]++] = v == v ? me : -1;
+}
+ORT_REGISTER(selftest_trace)

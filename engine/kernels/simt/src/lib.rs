@@ -1,13 +1,15 @@
 //! Host SIMT harness: the engine's GPU kernels (`engine/kernels/*.cu`) compiled as C++ for the
-//! CPU (through `port.cuh`'s host branch, `simt/host.h`) and run on host threads, so the kernel
-//! tests run — and fail — on machines with no GPU, CI included.
+//! CPU (through `port.cuh`'s host branch, `simt/host.h`) and run as fibers on the calling
+//! thread, so the kernel tests run — and fail — on machines with no GPU, CI included.
 //!
-//! A launch runs the blocks one at a time; a block's threads are host threads that take turns in
-//! a schedule [`Order`] with real barriers (`__syncthreads`) and emulated warp collectives at a
-//! chosen warp size (32 as on NVIDIA, 64 as on AMD CDNA). Taking turns makes every race
-//! deterministic (run a test under [`Order::Forward`] and [`Order::Reverse`] and a missing barrier
-//! shows in one of them) and turns a barrier that not every thread reaches into an error rather
-//! than a hang. Arguments go as in `cuLaunchKernel`: each a pointer to its value ([`Arg`]).
+//! A launch runs the blocks one at a time; a block's threads are fibers (user-space contexts,
+//! one stack each) that take turns in a schedule [`Order`] with real barriers (`__syncthreads`)
+//! and emulated warp collectives at a chosen warp size (32 as on NVIDIA, 64 as on AMD CDNA).
+//! Taking turns makes every race deterministic (run a test under [`Order::Forward`] and
+//! [`Order::Reverse`] and a missing barrier shows in one of them) and turns a barrier that not
+//! every thread reaches into an error rather than a hang. Arguments go as in `cuLaunchKernel`:
+//! each a pointer to its value ([`Arg`]). Launches from several threads take turns, each running
+//! on its caller's thread.
 //!
 //! [`Buf`] is a host buffer in a kernel's storage dtype with guard bands on both sides, so an
 //! out-of-bounds write is caught too.

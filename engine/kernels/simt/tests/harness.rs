@@ -1,6 +1,8 @@
 //! The SIMT harness's own checks, on its self-test kernels (engine/kernels/simt/selftest.cu):
 //! barriers and shuffles compute what a GPU computes at warp sizes 32 and 64 and in any thread
-//! order; a missing barrier, a divergent collective and an out-of-bounds write are each caught.
+//! order; a missing barrier, a divergent collective and an out-of-bounds write are each caught;
+//! deadlocks are reported with who waits where; threads take turns in the same order as when
+//! they were OS threads; launches from several threads at once stay whole.
 
 use ortbench_simt::{launch, Buf, Dtype, Order};
 
@@ -87,6 +89,98 @@ fn a_warp_collective_in_divergent_code_is_a_deadlock_error() {
         // SAFETY: both buffers hold 128 elements.
         let err = unsafe { launch("selftest_divergent_shuffle", (1, 1, 1), (128, 1, 1), 0, warp, Order::Forward, &[xb.ptr(), out.ptr()]) }.unwrap_err();
         assert!(err.contains("deadlock") && err.contains("warp collective"), "{err}");
+    }
+}
+
+#[test]
+fn deadlock_messages_name_the_block_and_who_waits_where() {
+    // A barrier one thread of block 1 returns before: block 0 ran to completion, block 1 is
+    // reported, block 2 never ran (blocks run one at a time and the launch stops at the error).
+    let (grid, block) = (3u32, 128u32);
+    let x = data((grid * block) as usize);
+    let mut xb = Buf::from_f32(&x, Dtype::F32);
+    let mut y = Buf::poisoned(x.len(), Dtype::F32);
+    for order in ORDERS {
+        // SAFETY: both buffers hold grid·block elements.
+        let err = unsafe { launch("selftest_early_return", (grid, 1, 1), (block, 1, 1), 0, 32, order, &[xb.ptr(), y.ptr(), ortbench_simt::Arg::I32(1)]) }.unwrap_err();
+        assert_eq!(
+            err,
+            "selftest_early_return: deadlock in block 1: 127 thread(s) wait at __syncthreads, 0 at a warp collective, 1 exited — a barrier or warp collective that not every thread of the block/warp reaches",
+            "{order:?}"
+        );
+        let got = y.to_f32();
+        assert_eq!(got[..block as usize], x[..block as usize], "{order:?}: block 0 ran");
+        assert!(got[block as usize..].iter().all(|v| v.is_nan()), "{order:?}: blocks 1 and 2 wrote nothing");
+    }
+    // The divergent shuffle: half of every warp waits at the collective, the other half exited.
+    let x = data(128);
+    let mut xb = Buf::from_f32(&x, Dtype::F32);
+    let mut out = Buf::poisoned(128, Dtype::F32);
+    // SAFETY: both buffers hold 128 elements.
+    let err = unsafe { launch("selftest_divergent_shuffle", (1, 1, 1), (128, 1, 1), 0, 32, Order::Reverse, &[xb.ptr(), out.ptr()]) }.unwrap_err();
+    assert_eq!(
+        err,
+        "selftest_divergent_shuffle: deadlock in block 0: 0 thread(s) wait at __syncthreads, 64 at a warp collective, 64 exited — a barrier or warp collective that not every thread of the block/warp reaches"
+    );
+    // And the harness runs the next launch normally.
+    let want = block_sums(&data(256), 128);
+    assert_eq!(run_sum("selftest_block_sum", &data(256), 2, 128, 32, Order::Forward, &[]).unwrap(), want);
+}
+
+#[test]
+fn launches_from_several_threads_at_once_each_get_their_own_result() {
+    // cargo runs tests on parallel threads: launches from them take turns, each whole.
+    let handles: Vec<_> = (0..4u32)
+        .map(|k| {
+            std::thread::spawn(move || {
+                for rep in 0..20u32 {
+                    let (block, warp) = ([64u32, 128, 256, 1024][((k + rep) % 4) as usize], [32u32, 64][(rep % 2) as usize]);
+                    let grid = 1 + (k + rep) % 3;
+                    let x: Vec<f32> = data((grid * block) as usize).iter().map(|v| v + k as f32).collect();
+                    let order = ORDERS[((k + rep) % 4) as usize];
+                    let got = run_sum("selftest_tree_sum", &x, grid, block, warp, order, &[ortbench_simt::Arg::I32(1)]).unwrap();
+                    assert_eq!(got, block_sums(&x, block as usize), "thread {k} rep {rep}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// The order in which threads ran, as logged by selftest_trace: FNV-1a of the log.
+fn trace(warp: u32, order: Order) -> (usize, u64) {
+    let (grid, block, rounds) = (2u32, 128u32, 7);
+    let mut log = Buf::from_i32(&vec![0; 8192]);
+    // SAFETY: the kernel logs grid·block·(rounds + 1) + grid·warp·Σ_w w < 8192 entries.
+    unsafe { launch("selftest_trace", (grid, 1, 1), (block, 1, 1), 0, warp, order, &[log.ptr(), ortbench_simt::Arg::I32(rounds)]) }.unwrap();
+    log.check_guards().unwrap();
+    let v = log.to_i64();
+    let n = v[0] as usize;
+    assert!(v[1..=n].iter().all(|&t| t >= 0), "a shuffle gave a NaN");
+    let h = v[1..=n].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
+    (n, h)
+}
+
+#[test]
+fn schedules_are_the_same_as_the_thread_based_harness() {
+    // Recorded with the harness as it was when each block's threads were OS threads handing a
+    // baton through semaphores (before fibers): the fibers take turns in exactly that order.
+    const WANT: [(u32, Order, usize, u64); 10] = [
+        (32, Order::Forward, 2432, 0xa44f617bc989e4a5),
+        (32, Order::Reverse, 2432, 0xf93b0f68e8da6d25),
+        (32, Order::Shuffled(7), 2432, 0x837f100bd687edb9),
+        (32, Order::Shuffled(12345), 2432, 0xed62c4667029e035),
+        (32, Order::Greedy, 2432, 0x63f707ad9d23fca5),
+        (64, Order::Forward, 2176, 0x916166c63682b2a5),
+        (64, Order::Reverse, 2176, 0x37fef7f2c33da225),
+        (64, Order::Shuffled(7), 2176, 0x6e1718f410ca1245),
+        (64, Order::Shuffled(12345), 2176, 0x970e7c439946f341),
+        (64, Order::Greedy, 2176, 0x82181d12ddafd2a5),
+    ];
+    for (warp, order, n, h) in WANT {
+        assert_eq!(trace(warp, order), (n, h), "warp {warp} {order:?}");
     }
 }
 
