@@ -1,5 +1,5 @@
 // ortbench's portability header: one kernel dialect for NVIDIA (NVRTC), AMD (hiprtc/hipcc) and
-// the host SIMT harness (engine/kernels/simt, kernels compiled as C++ and run on CPU threads).
+// the host SIMT harness (engine/kernels/simt, kernels compiled as C++ and a block's threads run as fibers on the CPU).
 //
 // Kernel discipline this header relies on, so that the host harness emulates exactly what a GPU
 // does:

@@ -4,7 +4,7 @@
 //! steps of the GPU session (fused AdamW in three launches, clipping) against the CPU session.
 //!
 //! Where it runs: by default on the host SIMT harness (`engine/kernels/simt`: the same kernel
-//! sources compiled for the CPU, a block's threads as host threads with real barriers) with a
+//! sources compiled for the CPU, a block's threads as fibers with real barriers) with a
 //! host GEMM — so CI, which has no GPU, executes the whole device path: planning for the GPU
 //! kernels, addresses, strides, launch geometry, workspaces, the status block. With
 //! `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) on the GPU, with cuBLASLt.
@@ -30,7 +30,7 @@ use ortbench_models::spec::builtin_config;
 use ortbench_models::{DataSource, Weights};
 use ortbench_simt::Order;
 
-/// The host SIMT harness as a GPU: host memory, kernels on host threads, a plain-loop GEMM.
+/// The host SIMT harness as a GPU: host memory, kernels on the harness's fibers, a plain-loop GEMM.
 struct Simt {
     warp: u32,
     order: Order,
