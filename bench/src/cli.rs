@@ -149,8 +149,9 @@ pub struct RunArgs {
     /// Steps of the parity probe: before the timed runs, every config trains this many steps
     /// with dropout 0 and --parity-lr on the same weights and batches, and its loss and
     /// gradient-norm curves are compared with pytorch's (0: no probe, no parity verdict).
-    #[arg(long, default_value_t = 6)]
-    pub parity_steps: usize,
+    /// [default: 6, 3 with --quick]
+    #[arg(long)]
+    pub parity_steps: Option<usize>,
     /// Learning rate of the parity probe: large enough that the loss moves step by step, so a
     /// wrong update shows in the curve.
     #[arg(long, default_value_t = 1e-3)]
@@ -160,6 +161,39 @@ pub struct RunArgs {
     /// precision: fp32 1e-3, fp16 8·2^-11 ≈ 3.9e-3, bf16 8·2^-8 ≈ 3.1e-2].
     #[arg(long)]
     pub diverge_tol: Option<f64>,
+    /// A first look in a few minutes on the CPU: what is not given defaults to the pytorch and
+    /// ort configs, batch 4 × seq 64, 6 steps (1 warm-up) × 2 repeats and a 3-step parity
+    /// probe. It trades precision for time: two short repeats give wide intervals, and a
+    /// small batch weighs each step's fixed costs more than a training batch does.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl RunArgs {
+    /// Steps of the parity probe.
+    pub fn parity_steps(&self) -> usize {
+        self.parity_steps.unwrap_or(if self.quick { 3 } else { 6 })
+    }
+
+    /// The arguments with --quick's defaults in what the user left unset (given flags win);
+    /// unchanged without --quick.
+    pub fn with_quick_defaults(&self) -> RunArgs {
+        let mut a = self.clone();
+        if a.quick {
+            a.steps = a.steps.or(Some(6));
+            a.warmup = a.warmup.or(Some(1));
+            a.batch_size = a.batch_size.or(Some(4));
+            a.repeat = a.repeat.or(Some(2));
+            if a.data.is_none() && a.dataset.is_none() {
+                a.seq_len = a.seq_len.or(Some(64));
+            }
+            if a.configs.is_empty() {
+                a.configs = vec!["pytorch".into(), "ort".into()];
+            }
+            a.parity_steps = Some(a.parity_steps());
+        }
+        a
+    }
 }
 
 #[derive(Args, Debug, Clone)]

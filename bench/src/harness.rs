@@ -43,11 +43,15 @@ pub const CPU_PEAK_VAR: &str = "ORTBENCH_CPU_PEAK_GFLOPS";
 /// Returns the exit code: 0 when every run is ok, 1 when some failed or diverged, 130 when
 /// interrupted.
 pub fn run(args: &RunArgs) -> Result<i32> {
+    let args = &args.with_quick_defaults();
     let plan = make_plan(args)?;
     let out = prepare_out_dir(args)?;
     install_ctrlc();
     let started = unix_now();
     eprintln!("ortbench: {} run(s): {}", plan.runs.len(), plan.settings);
+    if args.quick {
+        eprintln!("ortbench: --quick: a first look — two short repeats give wide intervals and a small batch weighs per-step costs more; drop --quick for the full measurement");
+    }
     eprintln!("ortbench: writing {}", out.display());
     let device = plan.runs.first().map(|r| r.device.clone()).unwrap_or_else(|| "cpu".into());
     let mut peak = device_peak(&device);
@@ -71,7 +75,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             "peak": peak,
             "flops": "model FLOPs (MFU): training = 3 × forward matmul FLOPs, counted per layer (attention incl. T² terms, MLP, LM head on every position); see metrics::train_flops_per_sample. Hardware FLOPs (HFU): the GEMM and attention products the engine executed (rows a loss ignores skipped: 'row skip'), the model FLOPs for pytorch",
             "repeat": args.repeat.unwrap_or(3),
-            "parity": { "steps": args.parity_steps, "lr": args.parity_lr, "dropout": 0.0, "tolerance": args.diverge_tol.map_or("from the precision (metrics::parity_tol)".to_string(), |t| t.to_string()) },
+            "quick": args.quick,
+            "parity": { "steps": args.parity_steps(), "lr": args.parity_lr, "dropout": 0.0, "tolerance": args.diverge_tol.map_or("from the precision (metrics::parity_tol)".to_string(), |t| t.to_string()) },
             "environment": environment,
             "runs": plan.runs,
         })
@@ -94,7 +99,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         let base = &plan.runs[job.spec];
         let spec = match job.phase {
             Phase::Timed => base.clone(),
-            Phase::Parity => parity_spec(base, args.parity_steps, args.parity_lr),
+            Phase::Parity => parity_spec(base, args.parity_steps(), args.parity_lr),
         };
         let what = match job.phase {
             Phase::Parity => " · parity probe".to_string(),

@@ -286,10 +286,10 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                 });
             }
         }
-        jobs.extend(interleave(first, runs.len() - first, repeat, args.parity_steps > 0));
+        jobs.extend(interleave(first, runs.len() - first, repeat, args.parity_steps() > 0));
     }
-    let probe = if args.parity_steps > 0 {
-        format!("parity probe {} steps at lr {:e}, dropout 0", args.parity_steps, args.parity_lr)
+    let probe = if args.parity_steps() > 0 {
+        format!("parity probe {} steps at lr {:e}, dropout 0", args.parity_steps(), args.parity_lr)
     } else {
         "no parity probe".into()
     };

@@ -351,3 +351,25 @@ fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
     let o = ortbench(&["report", "/nonexistent/run"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no such directory"));
 }
+
+/// `--quick` fills in the first look's defaults (pytorch and ort, batch 4 × seq 64, 6 steps of
+/// which 1 warm-up, 2 repeats, a 3-step parity probe), and a flag given beside it still wins.
+#[test]
+fn quick_sets_the_first_look_defaults_and_given_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = ortbench(&["run", "--models", "tiny-gpt2", "--quick", "--batch-size", "2", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--quick: a first look"));
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    let configs: Vec<&str> = rows.iter().map(|r| r[col(&h, "config")].as_str()).collect();
+    assert_eq!(configs, ["pytorch", "ort"]);
+    for r in &rows {
+        assert_eq!((r[col(&h, "batch_size")].as_str(), r[col(&h, "seq_len")].as_str(), r[col(&h, "status")].as_str()), ("2", "64", "ok"));
+    }
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!((meta["quick"].as_bool(), meta["repeat"].as_i64(), meta["parity"]["steps"].as_u64()), (Some(true), Some(2), Some(3)));
+    let (h, steps) = read_csv(&out.join("steps.csv"));
+    let timed = steps.iter().filter(|r| r[col(&h, "phase")] == "timed" && r[col(&h, "config")] == "ort").count();
+    assert_eq!(timed, 2 * 6, "2 repeats of 6 steps");
+}
