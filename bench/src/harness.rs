@@ -493,7 +493,12 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
 /// Status and message of a worker that did not end well: its own error record, else its
 /// exit (a signal, an exit code), with the OOM signatures recognised.
 fn outcome(wstatus: i32, maxrss_kb: u64, error: Option<(String, bool)>, stderr_text: &str, at: &str) -> (&'static str, String) {
-    let tail = stderr_tail(stderr_text);
+    // The allocator's own line when it failed (a backtrace printed after it would push it out
+    // of the tail), else the last lines.
+    let tail = match stderr_text.lines().find(|l| is_oom_message(l)) {
+        Some(line) => format!(": {}", line.trim()),
+        None => stderr_tail(stderr_text),
+    };
     if let Some((message, oom)) = error {
         return (if oom { "oom" } else { "error" }, message);
     }
@@ -667,6 +672,15 @@ mod tests {
     fn times_are_utc() {
         assert_eq!(iso_time(0.0), "1970-01-01T00:00:00Z");
         assert_eq!(iso_time(1_709_210_096.0), "2024-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn an_allocation_failure_names_the_allocator_line_even_under_a_backtrace() {
+        // What std prints with RUST_BACKTRACE=1 when an allocation fails, then SIGABRT.
+        let stderr = "memory allocation of 1073741824 bytes failed\nstack backtrace:\n   0: std::alloc::rust_oom\n   1: ortbench::worker::inject\n             at ./bench/src/worker.rs:203:25\nnote: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n";
+        let (status, message) = outcome(libc::SIGABRT, 0, None, stderr, "after 1/3 steps");
+        assert_eq!(status, "oom");
+        assert_eq!(message, "worker killed by signal 6 (SIGABRT) after 1/3 steps: memory allocation of 1073741824 bytes failed");
     }
 
     #[test]
