@@ -1,6 +1,6 @@
 //! ortbench-engine — the accelerated training engine behind the `ort` and `ort-zero1` configs.
 //!
-//! Pipeline (see `shared/DESIGN.md`): model builder → forward graph → forward passes
+//! Pipeline (see `docs/ARCHITECTURE.md`): model builder → forward graph → forward passes
 //! (eliminations, fusions) → autodiff → training passes (recompute) → memory plan → executor on
 //! a backend, with a fused AdamW over flat parameter buffers.
 //!

@@ -2,7 +2,7 @@
 //!
 //! Why a module tree rather than one file: each backend brings its own library bindings (MKL on
 //! CPU, cuBLAS/NCCL on CUDA, hipBLAS/RCCL on ROCm), and keeping them apart keeps each one small
-//! enough to read next to its tests. See `shared/DESIGN.md`, "The engine pipeline".
+//! enough to read next to its tests. See `docs/ARCHITECTURE.md`, "The engine pipeline".
 
 pub mod cpu;
 pub mod cuda;

@@ -10,10 +10,7 @@
 //! flat gradient buffer. Rows a cross-entropy ignores cost nothing in the LM head's GEMMs when
 //! the labels are sparse (masked LM: `plan::rows`, off with `ORTBENCH_ROW_SKIP=0`).
 //!
-//! Measured (2-core Sapphire Rapids VM, fp32, b8×s128, `ortbench run --configs pytorch,ort`):
-//! bert-base 2.04 s/step vs PyTorch 3.61 (1.80×), gpt2 2.74 vs 4.50 (1.63×), tiny-bert 3.0×,
-//! tiny-gpt2 2.5×; peak RSS 3.0 vs 3.8 GiB and 3.4 vs 4.6 GiB. GEMMs run at 290–325 GFLOP/s
-//! (MKL, two single-threaded halves on the pool) and are ~85% of the step.
+//! Its measured speed against PyTorch is in README and `docs/measurements.md`.
 //!
 //! The fused ops of `crate::passes` run here too: `linear` as the GEMM followed by one
 //! epilogue pass over its rows (bias, or bias + GELU keeping the pre-activation), and
