@@ -9,7 +9,8 @@ fn main() {
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else { return };
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/torch-lib");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-    let root = std::path::Path::new(&lib).parent().expect("libtorch/lib has a parent").to_path_buf();
+    let root =
+        std::path::Path::new(&lib).parent().expect("libtorch/lib has a parent").to_path_buf();
     let mut build = cc::Build::new();
     build
         .cpp(true)

@@ -19,7 +19,16 @@ use ortbench_models::{param_specs, spec::builtin_config};
 
 /// torch's `_single_tensor_adamw` for one tensor at step `t` (weight decay when `decay`).
 #[allow(clippy::too_many_arguments)]
-fn adamw_tensor(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], cfg: &AdamWConfig, lr: f32, t: i32, decay: bool) {
+fn adamw_tensor(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    cfg: &AdamWConfig,
+    lr: f32,
+    t: i32,
+    decay: bool,
+) {
     let (b1, b2) = (cfg.beta1, cfg.beta2);
     // param.mul_(1 - lr * weight_decay)
     if decay {
@@ -44,7 +53,8 @@ fn adamw_tensor(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], cfg: &Ad
 
 /// `clip_grad_norm_(foreach=False)`: one norm per tensor, the total, then each gradient scaled.
 fn clip_per_tensor(grads: &mut [Vec<f32>], max_norm: f32) {
-    let norms: Vec<f32> = grads.iter().map(|g| g.iter().map(|x| x * x).sum::<f32>().sqrt()).collect();
+    let norms: Vec<f32> =
+        grads.iter().map(|g| g.iter().map(|x| x * x).sum::<f32>().sqrt()).collect();
     let total = norms.iter().map(|n| n * n).sum::<f32>().sqrt();
     let coef = (max_norm / (total + 1e-6)).min(1.0);
     for g in grads.iter_mut() {
@@ -56,7 +66,8 @@ fn adamw(c: &mut Criterion) {
     let specs = param_specs(&builtin_config("bert-base-uncased").expect("bert-base config"));
     let sizes: Vec<usize> = specs.iter().map(|s| s.shape.iter().product()).collect();
     let total: usize = sizes.iter().sum();
-    let cfg = AdamWConfig { lr: 5e-5, weight_decay: 0.01, max_grad_norm: 1.0, ..AdamWConfig::default() };
+    let cfg =
+        AdamWConfig { lr: 5e-5, weight_decay: 0.01, max_grad_norm: 1.0, ..AdamWConfig::default() };
 
     // Fused: flat buffers, one segment per tensor (the engine merges neighbours with the same
     // decay; one per tensor is its worst case).
@@ -73,22 +84,40 @@ fn adamw(c: &mut Criterion) {
     fused_1t.threads = 1;
 
     // Per-tensor: one allocation per parameter, its gradient and both moments.
-    let mut p_t: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| random(n, 100 + i as u64)).collect();
-    let mut g_t: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| random(n, 1000 + i as u64)).collect();
+    let mut p_t: Vec<Vec<f32>> =
+        sizes.iter().enumerate().map(|(i, &n)| random(n, 100 + i as u64)).collect();
+    let mut g_t: Vec<Vec<f32>> =
+        sizes.iter().enumerate().map(|(i, &n)| random(n, 1000 + i as u64)).collect();
     let mut m_t: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0f32; n]).collect();
     let mut v_t: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0f32; n]).collect();
     let mut t = 0;
 
-    let mut g = c.benchmark_group(format!("adamw step (bert-base: {} tensors, {total} params)", sizes.len()));
+    let mut g = c.benchmark_group(format!(
+        "adamw step (bert-base: {} tensors, {total} params)",
+        sizes.len()
+    ));
     flat(&mut g);
-    g.bench_function("fused", |b| b.iter(|| fused.step(&mut params, &grads, 1.0, cfg.lr, ParamMirror::None)));
-    g.bench_function("fused 1 thread", |b| b.iter(|| fused_1t.step(&mut params, &grads, 1.0, cfg.lr, ParamMirror::None)));
+    g.bench_function("fused", |b| {
+        b.iter(|| fused.step(&mut params, &grads, 1.0, cfg.lr, ParamMirror::None))
+    });
+    g.bench_function("fused 1 thread", |b| {
+        b.iter(|| fused_1t.step(&mut params, &grads, 1.0, cfg.lr, ParamMirror::None))
+    });
     g.bench_function("per-tensor 1 thread", |b| {
         b.iter(|| {
             t += 1;
             clip_per_tensor(&mut g_t, cfg.max_grad_norm);
             for (i, s) in specs.iter().enumerate() {
-                adamw_tensor(&mut p_t[i], &g_t[i], &mut m_t[i], &mut v_t[i], &cfg, cfg.lr, t, s.decay);
+                adamw_tensor(
+                    &mut p_t[i],
+                    &g_t[i],
+                    &mut m_t[i],
+                    &mut v_t[i],
+                    &cfg,
+                    cfg.lr,
+                    t,
+                    s.decay,
+                );
             }
         })
     });

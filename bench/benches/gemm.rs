@@ -35,10 +35,44 @@ fn gemm_shapes(c: &mut Criterion) {
         }
         g.bench_function("pool", |b| {
             // SAFETY: x is (M, K), w is (N, K), y is (M, N), all dense; y overlaps neither.
-            b.iter(|| unsafe { blas::sgemm_par(pool, false, true, m, n, k, 1.0, x.as_ptr(), k, w.as_ptr(), k, 0.0, y.as_mut_ptr(), n) })
+            b.iter(|| unsafe {
+                blas::sgemm_par(
+                    pool,
+                    false,
+                    true,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    x.as_ptr(),
+                    k,
+                    w.as_ptr(),
+                    k,
+                    0.0,
+                    y.as_mut_ptr(),
+                    n,
+                )
+            })
         });
         g.bench_function("provider", |b| {
-            b.iter(|| gemm::sgemm(gemm::Transpose::No, gemm::Transpose::Yes, m, n, k, 1.0, &x, k, &w, k, 0.0, &mut y, n).expect("sgemm"))
+            b.iter(|| {
+                gemm::sgemm(
+                    gemm::Transpose::No,
+                    gemm::Transpose::Yes,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    &x,
+                    k,
+                    &w,
+                    k,
+                    0.0,
+                    &mut y,
+                    n,
+                )
+                .expect("sgemm")
+            })
         });
         g.finish();
     }

@@ -10,7 +10,9 @@ mod common;
 
 use common::*;
 use criterion::{criterion_group, criterion_main, Criterion};
-use ortbench_engine::backend::cpu::kernels::{attention, elementwise, embedding, loss, norm, softmax};
+use ortbench_engine::backend::cpu::kernels::{
+    attention, elementwise, embedding, loss, norm, softmax,
+};
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::ops::{self, attention::AttnCfg, attention::AttnDims, gelu::GeluApprox};
 use std::hint::black_box;
@@ -24,12 +26,22 @@ fn gelu(c: &mut Criterion) {
     let (x, dy) = (random(n, 1), random(n, 2));
     let mut out = vec![0f32; n];
     let mut g = c.benchmark_group(format!("gelu_forward ({ROWS}x{I})"));
-    g.bench_function("kernel", |b| b.iter(|| elementwise::map1(pool, &mut out, &x, elementwise::Gelu(GeluApprox::Erf))));
-    g.bench_function("reference", |b| b.iter(|| ops::gelu::gelu_forward(&mut out, &x, GeluApprox::Erf)));
+    g.bench_function("kernel", |b| {
+        b.iter(|| elementwise::map1(pool, &mut out, &x, elementwise::Gelu(GeluApprox::Erf)))
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::gelu::gelu_forward(&mut out, &x, GeluApprox::Erf))
+    });
     g.finish();
     let mut g = c.benchmark_group(format!("gelu_backward ({ROWS}x{I})"));
-    g.bench_function("kernel", |b| b.iter(|| elementwise::map2(pool, &mut out, &x, &dy, elementwise::GeluBackward(GeluApprox::Erf))));
-    g.bench_function("reference", |b| b.iter(|| ops::gelu::gelu_backward(&mut out, &x, &dy, GeluApprox::Erf)));
+    g.bench_function("kernel", |b| {
+        b.iter(|| {
+            elementwise::map2(pool, &mut out, &x, &dy, elementwise::GeluBackward(GeluApprox::Erf))
+        })
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::gelu::gelu_backward(&mut out, &x, &dy, GeluApprox::Erf))
+    });
     g.finish();
 }
 
@@ -39,17 +51,29 @@ fn layernorm(c: &mut Criterion) {
     let (x, dy, w, bias) = (random(n, 3), random(n, 4), random(C, 5), random(C, 6));
     let (mut y, mut mean, mut rstd) = (vec![0f32; n], vec![0f32; ROWS], vec![0f32; ROWS]);
     let mut g = c.benchmark_group(format!("layernorm_forward ({ROWS}x{C})"));
-    g.bench_function("kernel", |b| b.iter(|| norm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12)));
-    g.bench_function("reference", |b| b.iter(|| ops::layernorm::layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12)));
+    g.bench_function("kernel", |b| {
+        b.iter(|| norm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12))
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| {
+            ops::layernorm::layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12)
+        })
+    });
     g.finish();
     let (mut dx, mut dw, mut db) = (vec![0f32; n], vec![0f32; C], vec![0f32; C]);
     let mut ws = vec![0f32; norm::backward_workspace(pool.threads(), C)];
     let mut g = c.benchmark_group(format!("layernorm_backward ({ROWS}x{C})"));
     g.bench_function("kernel", |b| {
-        b.iter(|| norm::layernorm_backward(pool, &mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, &mut ws))
+        b.iter(|| {
+            norm::layernorm_backward(
+                pool, &mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, &mut ws,
+            )
+        })
     });
     g.bench_function("reference", |b| {
-        b.iter(|| ops::layernorm::layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd))
+        b.iter(|| {
+            ops::layernorm::layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd)
+        })
     });
     g.finish();
 }
@@ -61,17 +85,31 @@ fn softmax(c: &mut Criterion) {
     let n = B * H * T * T;
     let full = [B, H, T, T];
     let (x, dy) = (random(n, 7), random(n, 8));
-    let mask: Vec<f32> = random(B * T, 9).iter().map(|m| if *m > 0.8 { -1e4 } else { 0.0 }).collect();
-    let (map, view) = (softmax::MaskMap::new(&[B, 1, 1, T], &full), ops::MaskView::new(&mask, &[B, 1, 1, T], &full));
+    let mask: Vec<f32> =
+        random(B * T, 9).iter().map(|m| if *m > 0.8 { -1e4 } else { 0.0 }).collect();
+    let (map, view) = (
+        softmax::MaskMap::new(&[B, 1, 1, T], &full),
+        ops::MaskView::new(&mask, &[B, 1, 1, T], &full),
+    );
     let scale = 1.0 / (D as f32).sqrt();
     let (mut y, mut dx) = (vec![0f32; n], vec![0f32; n]);
     let mut g = c.benchmark_group(format!("softmax_forward ({B}x{H}x{T}x{T}, scale + mask)"));
-    g.bench_function("kernel", |b| b.iter(|| softmax::softmax_forward(pool, &mut y, &x, T, scale, false, T, Some((&mask, &map)))));
-    g.bench_function("reference", |b| b.iter(|| ops::softmax::softmax_forward(&mut y, &x, T, scale, false, T, Some(&view))));
+    g.bench_function("kernel", |b| {
+        b.iter(|| {
+            softmax::softmax_forward(pool, &mut y, &x, T, scale, false, T, Some((&mask, &map)))
+        })
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::softmax::softmax_forward(&mut y, &x, T, scale, false, T, Some(&view)))
+    });
     g.finish();
     let mut g = c.benchmark_group(format!("softmax_backward ({B}x{H}x{T}x{T})"));
-    g.bench_function("kernel", |b| b.iter(|| softmax::softmax_backward(pool, &mut dx, &y, &dy, T, scale)));
-    g.bench_function("reference", |b| b.iter(|| ops::softmax::softmax_backward(&mut dx, &y, &dy, T, scale)));
+    g.bench_function("kernel", |b| {
+        b.iter(|| softmax::softmax_backward(pool, &mut dx, &y, &dy, T, scale))
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::softmax::softmax_backward(&mut dx, &y, &dy, T, scale))
+    });
     g.finish();
 }
 
@@ -85,23 +123,58 @@ fn attention(c: &mut Criterion) {
     let (scale, p, seed, offset) = (1.0 / (D as f32).sqrt(), 0.1f32, 5u64, 0u64);
     let s = [H * T * D, T * D, D];
     let plan = attention::AttnPlan {
-        b: B, h: H, tq: T, tk: T, d: D, dv: D, scale, causal: false, dropout_p: p, offset,
-        q: s, k: s, v: s, o: s, dq: s, dk: s, dvs: s, mask: None,
+        b: B,
+        h: H,
+        tq: T,
+        tk: T,
+        d: D,
+        dv: D,
+        scale,
+        causal: false,
+        dropout_p: p,
+        offset,
+        q: s,
+        k: s,
+        v: s,
+        o: s,
+        dq: s,
+        dk: s,
+        dvs: s,
+        mask: None,
     };
     let dims = AttnDims { bh: B * H, tq: T, tk: T, d: D, dv: D };
     let cfg = AttnCfg { scale, causal: false, dropout_p: p, seed, offset };
     let (mut out, mut probs) = (vec![0f32; n], vec![0f32; B * H * T * T]);
-    let mut ws = vec![0f32; plan.backward_workspace(pool.threads()).max(plan.forward_workspace(pool.threads()))];
+    let mut ws = vec![
+        0f32;
+        plan.backward_workspace(pool.threads())
+            .max(plan.forward_workspace(pool.threads()))
+    ];
     let mut g = c.benchmark_group(format!("attention_forward ({B}x{H}x{T}x{D}, dropout 0.1)"));
     flat(&mut g);
     g.bench_function("kernel", |b| {
         // SAFETY: every buffer has the plan's (B, H, T, D) or (B·H, T, T) extent and the outputs
         // overlap nothing.
         b.iter(|| unsafe {
-            attention::attention_forward(pool, &plan, out.as_mut_ptr(), &mut probs, q.as_ptr(), k.as_ptr(), v.as_ptr(), None, seed, &mut ws)
+            attention::attention_forward(
+                pool,
+                &plan,
+                out.as_mut_ptr(),
+                &mut probs,
+                q.as_ptr(),
+                k.as_ptr(),
+                v.as_ptr(),
+                None,
+                seed,
+                &mut ws,
+            )
         })
     });
-    g.bench_function("reference", |b| b.iter(|| ops::attention::attention_forward(&mut out, &mut probs, &q, &k, &v, &dims, &cfg, None)));
+    g.bench_function("reference", |b| {
+        b.iter(|| {
+            ops::attention::attention_forward(&mut out, &mut probs, &q, &k, &v, &dims, &cfg, None)
+        })
+    });
     g.finish();
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     let mut g = c.benchmark_group(format!("attention_backward ({B}x{H}x{T}x{D}, dropout 0.1)"));
@@ -110,12 +183,27 @@ fn attention(c: &mut Criterion) {
         // SAFETY: as for the forward.
         b.iter(|| unsafe {
             attention::attention_backward(
-                pool, &plan, dq.as_mut_ptr(), dk.as_mut_ptr(), dv.as_mut_ptr(), dout.as_ptr(), q.as_ptr(), k.as_ptr(), v.as_ptr(), &probs, seed, &mut ws,
+                pool,
+                &plan,
+                dq.as_mut_ptr(),
+                dk.as_mut_ptr(),
+                dv.as_mut_ptr(),
+                dout.as_ptr(),
+                q.as_ptr(),
+                k.as_ptr(),
+                v.as_ptr(),
+                &probs,
+                seed,
+                &mut ws,
             )
         })
     });
     g.bench_function("reference", |b| {
-        b.iter(|| ops::attention::attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg))
+        b.iter(|| {
+            ops::attention::attention_backward(
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg,
+            )
+        })
     });
     g.finish();
 }
@@ -124,19 +212,50 @@ fn cross_entropy(c: &mut Criterion) {
     // The MLM loss over the vocabulary: (B·T, V) logits, 15 % of rows labelled (HF's collator).
     let pool = Pool::global();
     let logits = random(ROWS * V, 14);
-    let labels: Vec<i64> = ids(ROWS, V, 15).iter().enumerate().map(|(i, &l)| if i % 20 < 3 { l } else { IGNORE }).collect();
+    let labels: Vec<i64> = ids(ROWS, V, 15)
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| if i % 20 < 3 { l } else { IGNORE })
+        .collect();
     let mut ws = vec![0f32; ROWS];
     let mut dlogits = vec![0f32; ROWS * V];
     let mut g = c.benchmark_group(format!("cross_entropy_forward ({ROWS}x{V})"));
     flat(&mut g);
-    g.bench_function("kernel", |b| b.iter(|| black_box(loss::cross_entropy_forward(pool, &logits, &labels, V, IGNORE, &mut ws).unwrap())));
-    g.bench_function("reference", |b| b.iter(|| black_box(ops::cross_entropy::cross_entropy_forward(&logits, &labels, V, IGNORE).unwrap())));
+    g.bench_function("kernel", |b| {
+        b.iter(|| {
+            black_box(
+                loss::cross_entropy_forward(pool, &logits, &labels, V, IGNORE, &mut ws).unwrap(),
+            )
+        })
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| {
+            black_box(
+                ops::cross_entropy::cross_entropy_forward(&logits, &labels, V, IGNORE).unwrap(),
+            )
+        })
+    });
     g.finish();
     let mut g = c.benchmark_group(format!("cross_entropy_backward ({ROWS}x{V})"));
     flat(&mut g);
-    g.bench_function("kernel", |b| b.iter(|| loss::cross_entropy_backward(pool, &mut dlogits, 1.0, Some(&logits), &labels, V, IGNORE).unwrap()));
+    g.bench_function("kernel", |b| {
+        b.iter(|| {
+            loss::cross_entropy_backward(pool, &mut dlogits, 1.0, Some(&logits), &labels, V, IGNORE)
+                .unwrap()
+        })
+    });
     g.bench_function("reference", |b| {
-        b.iter(|| ops::cross_entropy::cross_entropy_backward(&mut dlogits, 1.0, &logits, &labels, V, IGNORE).unwrap())
+        b.iter(|| {
+            ops::cross_entropy::cross_entropy_backward(
+                &mut dlogits,
+                1.0,
+                &logits,
+                &labels,
+                V,
+                IGNORE,
+            )
+            .unwrap()
+        })
     });
     g.finish();
 }
@@ -149,12 +268,20 @@ fn embedding(c: &mut Criterion) {
     let dy = random(ROWS * C, 18);
     let (mut out, mut dtable) = (vec![0f32; ROWS * C], vec![0f32; V * C]);
     let mut g = c.benchmark_group(format!("embedding_forward ({ROWS} of {V}x{C})"));
-    g.bench_function("kernel", |b| b.iter(|| embedding::embedding_forward(pool, &mut out, &tokens, &table, C).unwrap()));
-    g.bench_function("reference", |b| b.iter(|| ops::embedding::embedding_forward(&mut out, &tokens, &table, C).unwrap()));
+    g.bench_function("kernel", |b| {
+        b.iter(|| embedding::embedding_forward(pool, &mut out, &tokens, &table, C).unwrap())
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::embedding::embedding_forward(&mut out, &tokens, &table, C).unwrap())
+    });
     g.finish();
     let mut g = c.benchmark_group(format!("embedding_backward ({ROWS} into {V}x{C})"));
-    g.bench_function("kernel", |b| b.iter(|| embedding::embedding_backward(pool, &mut dtable, &tokens, &dy, C).unwrap()));
-    g.bench_function("reference", |b| b.iter(|| ops::embedding::embedding_backward(&mut dtable, &tokens, &dy, C).unwrap()));
+    g.bench_function("kernel", |b| {
+        b.iter(|| embedding::embedding_backward(pool, &mut dtable, &tokens, &dy, C).unwrap())
+    });
+    g.bench_function("reference", |b| {
+        b.iter(|| ops::embedding::embedding_backward(&mut dtable, &tokens, &dy, C).unwrap())
+    });
     g.finish();
 }
 
@@ -167,9 +294,25 @@ fn fused(c: &mut Criterion) {
     let pool = Pool::global();
     let n = ROWS * C;
     let (a, r, w, bias) = (random(n, 21), random(n, 22), random(C, 23), random(C, 24));
-    let (mut sum, mut y, mut mean, mut rstd) = (vec![0f32; n], vec![0f32; n], vec![0f32; ROWS], vec![0f32; ROWS]);
+    let (mut sum, mut y, mut mean, mut rstd) =
+        (vec![0f32; n], vec![0f32; n], vec![0f32; ROWS], vec![0f32; ROWS]);
     let mut g = c.benchmark_group(format!("add_layernorm_forward ({ROWS}x{C})"));
-    g.bench_function("fused", |b| b.iter(|| norm::add_layernorm_forward(pool, &mut sum, &mut y, &mut mean, &mut rstd, Some(&a), &r, &w, &bias, 1e-12)));
+    g.bench_function("fused", |b| {
+        b.iter(|| {
+            norm::add_layernorm_forward(
+                pool,
+                &mut sum,
+                &mut y,
+                &mut mean,
+                &mut rstd,
+                Some(&a),
+                &r,
+                &w,
+                &bias,
+                1e-12,
+            )
+        })
+    });
     g.bench_function("unfused", |b| {
         b.iter(|| {
             elementwise::map2(pool, &mut sum, &a, &r, elementwise::Add);

@@ -40,7 +40,8 @@ fn step(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("train step {model} (b{BATCH} x s{SEQ}, fp32)"));
         flat(&mut g);
         let mut k = 0;
-        let mut pytorch = TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, torch).expect("pytorch trainer");
+        let mut pytorch =
+            TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, torch).expect("pytorch trainer");
         g.bench_function("pytorch", |b| {
             b.iter(|| {
                 k += 1;
@@ -48,7 +49,8 @@ fn step(c: &mut Criterion) {
             })
         });
         drop(pytorch);
-        let mut ort = EngineTrainer::new(&cfg, &weights, BATCH, SEQ, engine.clone()).expect("ort trainer");
+        let mut ort =
+            EngineTrainer::new(&cfg, &weights, BATCH, SEQ, engine.clone()).expect("ort trainer");
         g.bench_function("ort", |b| {
             b.iter(|| {
                 k += 1;
@@ -57,7 +59,9 @@ fn step(c: &mut Criterion) {
         });
         drop(ort);
         let group = LocalGroup::new(1).pop().expect("one rank");
-        let mut zero1 = EngineTrainer::with_group(&cfg, &weights, BATCH, SEQ, engine, group, Strategy::Zero1).expect("ort-zero1 trainer");
+        let mut zero1 =
+            EngineTrainer::with_group(&cfg, &weights, BATCH, SEQ, engine, group, Strategy::Zero1)
+                .expect("ort-zero1 trainer");
         g.bench_function("ort-zero1", |b| {
             b.iter(|| {
                 k += 1;

@@ -29,28 +29,20 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        providers: Vec::new(),
-        threads: 0,
-        reps: 7,
-    };
+    let mut args = Args { providers: Vec::new(), threads: 0, reps: 7 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
-            "--provider" => args
-                .providers
-                .push(value()?.parse().map_err(|e| format!("{e}"))?),
+            "--provider" => args.providers.push(value()?.parse().map_err(|e| format!("{e}"))?),
             "--threads" => {
                 args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
             }
             "--reps" => args.reps = value()?.parse().map_err(|e| format!("--reps: {e}"))?,
             "-h" | "--help" => {
-                return Err(
-                    "usage: gemm_peak [--provider mkl|gemm|reference]... [--threads N] \
+                return Err("usage: gemm_peak [--provider mkl|gemm|reference]... [--threads N] \
                             [--reps R]"
-                        .into(),
-                )
+                    .into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -77,27 +69,20 @@ fn run() -> Result<(), String> {
             .map_err(|e| e.to_string())?
     };
     gemm::set_num_threads(args.threads);
-    println!(
-        "threads: {} (available: {})",
-        gemm::num_threads(),
-        available()
-    );
+    println!("threads: {} (available: {})", gemm::num_threads(), available());
     for p in &providers {
         println!("provider {}: {p}", p.kind());
     }
     println!();
-    println!(
-        "{:<34} {:<10} {:>8} {:>8} {:>8}",
-        "shape MxNxK", "provider", "median", "min", "max"
-    );
+    println!("{:<34} {:<10} {:>8} {:>8} {:>8}", "shape MxNxK", "provider", "median", "min", "max");
     for (m, n, k, label) in SHAPES {
         for p in &providers {
             // The reference loop would take minutes on these shapes.
             if p.kind() == ProviderKind::Reference && m * n * k > 1 << 28 {
                 continue;
             }
-            let mut rates =
-                ortbench::cpu_peak::time_sgemm(*p, m, n, k, 2, args.reps).map_err(|e| e.to_string())?;
+            let mut rates = ortbench::cpu_peak::time_sgemm(*p, m, n, k, 2, args.reps)
+                .map_err(|e| e.to_string())?;
             rates.sort_by(f64::total_cmp);
             let shape = format!("{m}x{n}x{k} ({label})");
             println!(
@@ -114,7 +99,8 @@ fn run() -> Result<(), String> {
     print_thread_cpu();
     match gemm::provider() {
         Ok(active) => {
-            let peak = ortbench::cpu_peak::measure_peak_gflops(args.threads).map_err(|e| e.to_string())?;
+            let peak =
+                ortbench::cpu_peak::measure_peak_gflops(args.threads).map_err(|e| e.to_string())?;
             println!("measure_peak_gflops (active provider {active}): {peak:.1} GFLOP/s");
         }
         Err(e) => println!("no active provider for measure_peak_gflops: {e}"),
@@ -164,11 +150,7 @@ fn print_thread_cpu() {
         .collect();
     busy.sort_by(|a, b| b.total_cmp(a));
     let shown: Vec<String> = busy.iter().map(|s| format!("{s:.1}")).collect();
-    println!(
-        "threads that did work: {} (CPU s each: {})",
-        busy.len(),
-        shown.join(", ")
-    );
+    println!("threads that did work: {} (CPU s each: {})", busy.len(), shown.join(", "));
 }
 
 fn main() -> ExitCode {

@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::spec::{CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
 
 #[derive(Parser, Debug)]
-#[command(name = "ortbench", version, about = "Train HF transformer models under pytorch / ort / ort-zero1 and compare them")]
+#[command(
+    name = "ortbench",
+    version,
+    about = "Train HF transformer models under pytorch / ort / ort-zero1 and compare them"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

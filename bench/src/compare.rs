@@ -43,7 +43,10 @@ pub fn changes(a: &[ResultRow], b: &[ResultRow], threshold: f64) -> Vec<Change> 
                 (Some(x), Some(y)) if x > 0.0 => Some(y / x),
                 _ => None,
             };
-            let tr = ratio(ra.as_ref().and_then(|r| r.samples_per_s), rb.as_ref().and_then(|r| r.samples_per_s));
+            let tr = ratio(
+                ra.as_ref().and_then(|r| r.samples_per_s),
+                rb.as_ref().and_then(|r| r.samples_per_s),
+            );
             let mr = ratio(
                 ra.as_ref().and_then(|r| r.peak_mem_bytes.map(|v| v as f64)),
                 rb.as_ref().and_then(|r| r.peak_mem_bytes.map(|v| v as f64)),
@@ -63,7 +66,14 @@ pub fn changes(a: &[ResultRow], b: &[ResultRow], threshold: f64) -> Vec<Change> 
             if ra.is_some() && rb.is_none() {
                 why.push("missing in B".into());
             }
-            Change { key: k, a: ra, b: rb, throughput_ratio: tr, memory_ratio: mr, regressions: why }
+            Change {
+                key: k,
+                a: ra,
+                b: rb,
+                throughput_ratio: tr,
+                memory_ratio: mr,
+                regressions: why,
+            }
         })
         .collect()
 }
@@ -89,18 +99,20 @@ pub fn run(args: &CompareArgs) -> Result<i32> {
 
 fn table(list: &[Change]) -> Table {
     let mut t = Table::new();
-    t.load_preset(presets::UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic).set_header(vec![
-        "model".to_string(),
-        "config".into(),
-        "prec".into(),
-        "ranks".into(),
-        "samples/s A → B".into(),
-        "ratio".into(),
-        "peak MiB A → B".into(),
-        "loss rel. diff A → B".into(),
-        "status A → B".into(),
-        "verdict".into(),
-    ]);
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(vec![
+            "model".to_string(),
+            "config".into(),
+            "prec".into(),
+            "ranks".into(),
+            "samples/s A → B".into(),
+            "ratio".into(),
+            "peak MiB A → B".into(),
+            "loss rel. diff A → B".into(),
+            "status A → B".into(),
+            "verdict".into(),
+        ]);
     for c in list {
         let (ra, rb) = (c.a.as_ref(), c.b.as_ref());
         let get = |r: Option<&ResultRow>, g: fn(&ResultRow) -> String| r.map_or("-".to_string(), g);
@@ -118,11 +130,31 @@ fn table(list: &[Change]) -> Table {
             Cell::new(&c.key.1),
             Cell::new(&c.key.2),
             Cell::new(c.key.3),
-            Cell::new(format!("{} → {}", get(ra, |r| f(r.samples_per_s, 2)), get(rb, |r| f(r.samples_per_s, 2)))),
-            if c.throughput_ratio.is_some_and(|r| r < 1.0) && bad { ratio.fg(Color::Red) } else { ratio },
-            Cell::new(format!("{} → {}", get(ra, |r| mib(r.peak_mem_bytes, 0)), get(rb, |r| mib(r.peak_mem_bytes, 0)))),
-            Cell::new(format!("{} → {}", get(ra, |r| rel(r.max_loss_rel_diff)), get(rb, |r| rel(r.max_loss_rel_diff)))),
-            Cell::new(format!("{} → {}", get(ra, |r| r.status.clone()), get(rb, |r| r.status.clone()))),
+            Cell::new(format!(
+                "{} → {}",
+                get(ra, |r| f(r.samples_per_s, 2)),
+                get(rb, |r| f(r.samples_per_s, 2))
+            )),
+            if c.throughput_ratio.is_some_and(|r| r < 1.0) && bad {
+                ratio.fg(Color::Red)
+            } else {
+                ratio
+            },
+            Cell::new(format!(
+                "{} → {}",
+                get(ra, |r| mib(r.peak_mem_bytes, 0)),
+                get(rb, |r| mib(r.peak_mem_bytes, 0))
+            )),
+            Cell::new(format!(
+                "{} → {}",
+                get(ra, |r| rel(r.max_loss_rel_diff)),
+                get(rb, |r| rel(r.max_loss_rel_diff))
+            )),
+            Cell::new(format!(
+                "{} → {}",
+                get(ra, |r| r.status.clone()),
+                get(rb, |r| r.status.clone())
+            )),
             verdict,
         ]);
     }
@@ -148,8 +180,16 @@ mod tests {
 
     #[test]
     fn regressions_are_found() {
-        let a = vec![row("pytorch", 10.0, 100, "ok"), row("ort", 20.0, 100, "ok"), row("ort-zero1", 20.0, 100, "ok")];
-        let b = vec![row("pytorch", 10.2, 100, "ok"), row("ort", 17.0, 120, "ok"), row("ort-zero1", 20.0, 100, "error")];
+        let a = vec![
+            row("pytorch", 10.0, 100, "ok"),
+            row("ort", 20.0, 100, "ok"),
+            row("ort-zero1", 20.0, 100, "ok"),
+        ];
+        let b = vec![
+            row("pytorch", 10.2, 100, "ok"),
+            row("ort", 17.0, 120, "ok"),
+            row("ort-zero1", 20.0, 100, "error"),
+        ];
         let c = changes(&a, &b, 0.05);
         assert!(c[0].regressions.is_empty());
         assert_eq!(c[1].regressions.len(), 2, "{:?}", c[1].regressions);

@@ -64,7 +64,13 @@ pub fn peak_tflops(cores: usize, ghz: f64, lanes: usize) -> f64 {
 
 /// The nominal clock in GHz from /proc/cpuinfo: "cpu MHz", else the model name's "@ 2.10GHz".
 pub fn nominal_ghz(cpuinfo: &str) -> Option<f64> {
-    let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string());
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
     let mhz = field("cpu MHz").and_then(|v| v.parse::<f64>().ok()).map(|m| m / 1e3);
     let named = field("model name").and_then(|n| {
         let at = n.rsplit_once('@')?.1.trim().to_ascii_lowercase();
@@ -113,7 +119,14 @@ pub fn measure_ghz() -> Option<f64> {
 /// This machine's peak for `cores` threads.
 pub fn cpu_peak(cores: usize) -> CpuPeak {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
     let vendor = field("vendor_id");
     let family = field("cpu family").parse::<u32>().unwrap_or(0);
     let flags_line = field("flags");
@@ -131,16 +144,28 @@ pub fn cpu_peak(cores: usize) -> CpuPeak {
         measured.map_or("?".into(), |g| format!("{g:.2}")),
         fp32
     );
-    CpuPeak { cores, nominal_ghz: nominal, measured_ghz: measured, ghz, fma_lanes_per_cycle: lanes, isa, fp32, bf16, fp16, formula }
+    CpuPeak {
+        cores,
+        nominal_ghz: nominal,
+        measured_ghz: measured,
+        ghz,
+        fma_lanes_per_cycle: lanes,
+        isa,
+        fp32,
+        bf16,
+        fp16,
+        formula,
+    }
 }
-
 
 // ---------------------------------------------------------------- measured GEMM peak
 // The best fp32 GEMM the engine's provider reaches here: a column of its own in results (never
 // the MFU denominator, which is the theoretical peak above). Measuring belongs to the harness;
 // the engine only provides the GEMM.
 
-use ortbench_engine::backend::cpu::gemm::{self, provider, set_num_threads, GemmError, Provider, Transpose};
+use ortbench_engine::backend::cpu::gemm::{
+    self, provider, set_num_threads, GemmError, Provider, Transpose,
+};
 use std::time::Instant;
 
 /// Time `reps` fp32 `m x n x k` GEMMs (`C = A·B`, no transposes) on `provider` after `warmup`
@@ -154,9 +179,7 @@ pub fn time_sgemm(
     reps: usize,
 ) -> Result<Vec<f64>, GemmError> {
     let fill = |len: usize, seed: usize| -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i * 7 + seed) % 13) as f32 - 6.5) / 8.0)
-            .collect()
+        (0..len).map(|i| (((i * 7 + seed) % 13) as f32 - 6.5) / 8.0).collect()
     };
     let (a, b) = (fill(m * k, 1), fill(k * n, 5)); // A: (M, K), B: (K, N)
     let mut c = vec![0.0f32; m * n]; // C: (M, N)
@@ -164,21 +187,7 @@ pub fn time_sgemm(
     let mut gflops = Vec::with_capacity(reps);
     for i in 0..warmup + reps {
         let t = Instant::now();
-        provider.sgemm(
-            Transpose::No,
-            Transpose::No,
-            m,
-            n,
-            k,
-            1.0,
-            &a,
-            k,
-            &b,
-            n,
-            0.0,
-            &mut c,
-            n,
-        )?;
+        provider.sgemm(Transpose::No, Transpose::No, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)?;
         let s = t.elapsed().as_secs_f64();
         if i >= warmup {
             gflops.push(flops / s.max(1e-9) / 1e9);
@@ -232,7 +241,12 @@ mod tests {
 
     #[test]
     fn nominal_clock_from_cpuinfo() {
-        assert_eq!(nominal_ghz("model name\t: Intel(R) Xeon(R) Platinum 8480C @ 2.00GHz\ncpu MHz\t\t: 1999.998\n"), Some(2.0));
+        assert_eq!(
+            nominal_ghz(
+                "model name\t: Intel(R) Xeon(R) Platinum 8480C @ 2.00GHz\ncpu MHz\t\t: 1999.998\n"
+            ),
+            Some(2.0)
+        );
         assert_eq!(nominal_ghz("model name\t: AMD EPYC\ncpu MHz\t\t: 2596.132\n"), Some(2.596132));
         assert_eq!(nominal_ghz("nothing"), None);
     }
@@ -243,8 +257,16 @@ mod tests {
         // GEMM big enough to reach the provider's best (~0.5 s).
         let peak = cpu_peak(1);
         let gemm = measure_peak_gflops(1).expect("a GEMM runs") / 1e3;
-        assert!(gemm <= peak.fp32 * 1.02, "measured GEMM {gemm:.3} TFLOP/s above the theoretical peak {}", peak.formula);
-        assert!(gemm >= 0.05 * peak.fp32, "GEMM {gemm:.3} vs peak {}: the peak is implausibly high", peak.formula);
+        assert!(
+            gemm <= peak.fp32 * 1.02,
+            "measured GEMM {gemm:.3} TFLOP/s above the theoretical peak {}",
+            peak.formula
+        );
+        assert!(
+            gemm >= 0.05 * peak.fp32,
+            "GEMM {gemm:.3} vs peak {}: the peak is implausibly high",
+            peak.formula
+        );
     }
 
     #[test]

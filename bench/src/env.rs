@@ -63,7 +63,9 @@ fn read_trim(path: &str) -> Option<String> {
 fn cpu_model(cpuinfo: &str) -> Option<String> {
     cpuinfo
         .lines()
-        .find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model"))
+        .find(|l| {
+            l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model")
+        })
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
 }
@@ -137,7 +139,10 @@ pub struct Gpu {
 }
 
 fn nvidia_gpus() -> Option<Vec<Gpu>> {
-    let text = run_tool("nvidia-smi", &["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"])?;
+    let text = run_tool(
+        "nvidia-smi",
+        &["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+    )?;
     let gpus = parse_nvidia_query(&text);
     (!gpus.is_empty()).then_some(gpus)
 }
@@ -168,7 +173,10 @@ fn parse_cuda_version(text: &str) -> Option<String> {
 }
 
 fn rocm_gpus() -> Option<Vec<Gpu>> {
-    let text = run_tool("rocm-smi", &["--showproductname", "--showmeminfo", "vram", "--showdriverversion", "--json"])?;
+    let text = run_tool(
+        "rocm-smi",
+        &["--showproductname", "--showmeminfo", "vram", "--showdriverversion", "--json"],
+    )?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let map = v.as_object()?;
     let driver = map
@@ -219,12 +227,20 @@ fn libtorch_dir() -> Option<PathBuf> {
 /// `torch/version.py` of the wheel that ships libtorch: `__version__`, `cuda`, `hip`.
 fn torch_version_info() -> Map<String, Value> {
     let mut m = Map::new();
-    let Some(text) = libtorch_dir().and_then(|d| std::fs::read_to_string(d.join("version.py")).ok()) else { return m };
+    let Some(text) =
+        libtorch_dir().and_then(|d| std::fs::read_to_string(d.join("version.py")).ok())
+    else {
+        return m;
+    };
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         let k = k.split(':').next().unwrap_or("").trim();
         let v = v.trim();
-        let value = if v == "None" { Value::Null } else { Value::String(v.trim_matches(|c| c == '\'' || c == '"').to_string()) };
+        let value = if v == "None" {
+            Value::Null
+        } else {
+            Value::String(v.trim_matches(|c| c == '\'' || c == '"').to_string())
+        };
         if ["__version__", "cuda", "hip"].contains(&k) {
             m.insert(k.to_string(), value);
         }
@@ -243,7 +259,9 @@ fn git_info() -> (Option<String>, Option<bool>) {
     for dir in root.into_iter().chain(std::env::current_dir().ok()) {
         let dir_s = dir.display().to_string();
         if let Some(commit) = run_tool("git", &["-C", &dir_s, "rev-parse", "HEAD"]) {
-            let dirty = run_tool("git", &["-C", &dir_s, "status", "--porcelain", "--untracked-files=no"]).map(|s| !s.trim().is_empty());
+            let dirty =
+                run_tool("git", &["-C", &dir_s, "status", "--porcelain", "--untracked-files=no"])
+                    .map(|s| !s.trim().is_empty());
             return (Some(commit.trim().to_string()), dirty);
         }
     }
@@ -265,18 +283,32 @@ mod tests {
 
     #[test]
     fn nvidia_smi_output_is_parsed() {
-        let gpus = parse_nvidia_query("NVIDIA H200, 143771, 570.124.06\nNVIDIA H200, 143771, 570.124.06\n");
+        let gpus = parse_nvidia_query(
+            "NVIDIA H200, 143771, 570.124.06\nNVIDIA H200, 143771, 570.124.06\n",
+        );
         assert_eq!(gpus.len(), 2);
-        assert_eq!((gpus[0].name.as_str(), gpus[0].memory_mb, gpus[0].driver.as_deref()), ("NVIDIA H200", Some(143771), Some("570.124.06")));
+        assert_eq!(
+            (gpus[0].name.as_str(), gpus[0].memory_mb, gpus[0].driver.as_deref()),
+            ("NVIDIA H200", Some(143771), Some("570.124.06"))
+        );
         assert!(crate::metrics::gpu_peak(&gpus[0].name).is_some());
-        let banner = "| NVIDIA-SMI 570.124.06   Driver Version: 570.124.06   CUDA Version: 12.8     |";
+        let banner =
+            "| NVIDIA-SMI 570.124.06   Driver Version: 570.124.06   CUDA Version: 12.8     |";
         assert_eq!(parse_cuda_version(banner).as_deref(), Some("12.8"));
     }
 
     #[test]
     fn the_environment_has_the_essentials() {
         let env = collect();
-        for key in ["cpu", "cpu_count", "cpu_ram_mb", "os", "ortbench_version", "torch_version", "rustc_version"] {
+        for key in [
+            "cpu",
+            "cpu_count",
+            "cpu_ram_mb",
+            "os",
+            "ortbench_version",
+            "torch_version",
+            "rustc_version",
+        ] {
             assert!(!env[key].is_null(), "{key} is null in {env:#}");
         }
         assert!(format(&env).contains("ortbench_version"));

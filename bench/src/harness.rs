@@ -57,7 +57,10 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let mut peak = device_peak(&device);
     eprintln!("ortbench: MFU against {}", describe_peak(&peak));
     let environment = crate::env::collect();
-    let meta = |peak: &DevicePeak, finished: Option<f64>, interrupted: bool, results: &[ResultRow]| {
+    let meta = |peak: &DevicePeak,
+                finished: Option<f64>,
+                interrupted: bool,
+                results: &[ResultRow]| {
         json!({
             "ortbench_version": env!("CARGO_PKG_VERSION"),
             "command": std::env::args().collect::<Vec<_>>(),
@@ -83,7 +86,10 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     };
     let mut steps: Vec<StepRow> = Vec::new();
     let mut results: Vec<ResultRow> = Vec::new();
-    write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, None, false, &results))?)?;
+    write_text(
+        &out.join(RUN_JSON),
+        &serde_json::to_string_pretty(&meta(&peak, None, false, &results))?,
+    )?;
     write_tables(&out, &results, &steps)?;
 
     // Per spec: its finished runs (repeat, per-run row) and its parity probe.
@@ -106,7 +112,13 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             Phase::Timed if args.repeat.unwrap_or(3) > 1 => format!(" · run {}", job.repeat + 1),
             Phase::Timed => String::new(),
         };
-        let label = format!("{} · {} · {}{}{what}", spec.model, spec.config, spec.precision, if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() });
+        let label = format!(
+            "{} · {} · {}{}{what}",
+            spec.model,
+            spec.config,
+            spec.precision,
+            if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() }
+        );
         progress.start_run(i, &label, spec.steps);
         let timeout = args.timeout_s.map(Duration::from_secs_f64);
         let (mut run_steps, row) = execute(&spec, timeout, &progress, &label)?;
@@ -123,7 +135,16 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         }
         results = (0..plan.runs.len())
             .filter(|&k| !timed[k].is_empty() || probes[k].is_some())
-            .map(|k| aggregate(&plan.runs[k], &timed[k], probes[k].as_ref(), &steps, plan.train_flops_per_sample.get(k).copied(), &peak))
+            .map(|k| {
+                aggregate(
+                    &plan.runs[k],
+                    &timed[k],
+                    probes[k].as_ref(),
+                    &steps,
+                    plan.train_flops_per_sample.get(k).copied(),
+                    &peak,
+                )
+            })
             .collect();
         compare_with_baseline(&mut results, &steps, args.diverge_tol);
         write_tables(&out, &results, &steps)?;
@@ -133,7 +154,10 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     }
     progress.finish();
     if interrupted {
-        eprintln!("ortbench: interrupted: kept the {} run(s) recorded; writing the report", results.len());
+        eprintln!(
+            "ortbench: interrupted: kept the {} run(s) recorded; writing the report",
+            results.len()
+        );
     } else if let Some(again) = remeasure_cpu_peak(&peak) {
         // A machine shared with other work measures low; noise only ever slows a GEMM down,
         // so the best of the two measurements is the better figure.
@@ -148,7 +172,10 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         // The peak is an upper bound by construction; past it, one of its inputs is wrong.
         eprintln!("ortbench: warning: {} {} reaches {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * top(r), peak.source);
     }
-    write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta(&peak, Some(unix_now()), interrupted, &results))?)?;
+    write_text(
+        &out.join(RUN_JSON),
+        &serde_json::to_string_pretty(&meta(&peak, Some(unix_now()), interrupted, &results))?,
+    )?;
     let index = crate::report::write_report(&out)?;
     println!("{}", crate::report::table::summary_table(&results));
     eprintln!("ortbench: results in {}, report {}", out.display(), index.display());
@@ -164,7 +191,14 @@ pub fn run(args: &RunArgs) -> Result<i32> {
 /// One row of results.csv from a spec's runs: the first failure's status and message (a
 /// failed parity probe is an `error` naming it), step times pooled over the runs that
 /// finished, the largest peak memory, the engine's executed FLOPs averaged over the runs.
-fn aggregate(spec: &RunSpec, timed: &[ResultRow], probe: Option<&ResultRow>, steps: &[StepRow], flops: Option<f64>, peak: &DevicePeak) -> ResultRow {
+fn aggregate(
+    spec: &RunSpec,
+    timed: &[ResultRow],
+    probe: Option<&ResultRow>,
+    steps: &[StepRow],
+    flops: Option<f64>,
+    peak: &DevicePeak,
+) -> ResultRow {
     let mut row = base_row(spec);
     row.repeats = timed.len();
     row.train_flops_per_sample = flops;
@@ -192,7 +226,11 @@ fn aggregate(spec: &RunSpec, timed: &[ResultRow], probe: Option<&ResultRow>, ste
     row.wall_s = Some(timed.iter().chain(probe).filter_map(|r| r.wall_s).sum());
     // The baseline computes every row of every product: its hardware FLOPs are the model's.
     let hw: Vec<f64> = ok.iter().filter_map(|r| r.hw_flops_per_sample).collect();
-    row.hw_flops_per_sample = if spec.config == "pytorch" { flops } else { (!hw.is_empty()).then(|| hw.iter().sum::<f64>() / hw.len() as f64) };
+    row.hw_flops_per_sample = if spec.config == "pytorch" {
+        flops
+    } else {
+        (!hw.is_empty()).then(|| hw.iter().sum::<f64>() / hw.len() as f64)
+    };
     if !ok.is_empty() {
         let pooled: Vec<f64> = crate::metrics::timed_runs(steps, &row).concat();
         fill_throughput(&mut row, &pooled, peak.for_precision(&spec.precision));
@@ -217,13 +255,18 @@ fn device_peak(device: &str) -> DevicePeak {
     if device == "cpu" {
         let threads = ortbench_engine::backend::cpu::gemm::num_threads();
         let theory = crate::cpu_peak::cpu_peak(threads);
-        let (gemm, gemm_source) = match std::env::var(CPU_PEAK_VAR).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
+        let (gemm, gemm_source) = match std::env::var(CPU_PEAK_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
             Some(g) => (Some(g / 1e3), format!("given: {CPU_PEAK_VAR}={g}")),
             None => {
                 eprintln!("ortbench: measuring the CPU's best fp32 GEMM ({threads} threads, ~2 s)");
                 match crate::cpu_peak::measure_peak_gflops(0) {
                     Ok(g) => {
-                        let provider = ortbench_engine::backend::cpu::gemm::provider().map(|p| p.kind().name()).unwrap_or("?");
+                        let provider = ortbench_engine::backend::cpu::gemm::provider()
+                            .map(|p| p.kind().name())
+                            .unwrap_or("?");
                         (Some(g / 1e3), format!("measured: best fp32 sgemm 8192×768×3072 on {threads} threads ({provider})"))
                     }
                     Err(e) => (None, format!("not measured: {e}")),
@@ -243,10 +286,23 @@ fn device_peak(device: &str) -> DevicePeak {
     } else {
         let index = device.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()).unwrap_or(0);
         let names = crate::env::gpu_names();
-        let none = |device: String, source: String| DevicePeak { device, fp32: None, fp16: None, bf16: None, source, gemm_fp32: None, gemm_source: None, inputs: None };
+        let none = |device: String, source: String| DevicePeak {
+            device,
+            fp32: None,
+            fp16: None,
+            bf16: None,
+            source,
+            gemm_fp32: None,
+            gemm_source: None,
+            inputs: None,
+        };
         match names.get(index) {
-            Some(name) => gpu_peak(name).unwrap_or_else(|| none(name.clone(), format!("'{name}' is not in the table of known GPUs: no MFU"))),
-            None => none(device.into(), "no GPU name (nvidia-smi / rocm-smi not found): no MFU".into()),
+            Some(name) => gpu_peak(name).unwrap_or_else(|| {
+                none(name.clone(), format!("'{name}' is not in the table of known GPUs: no MFU"))
+            }),
+            None => {
+                none(device.into(), "no GPU name (nvidia-smi / rocm-smi not found): no MFU".into())
+            }
         }
     }
 }
@@ -254,7 +310,9 @@ fn device_peak(device: &str) -> DevicePeak {
 /// On the CPU (unless the GEMM figure was given), measures the best GEMM again after the
 /// runs; Some when it came out higher than before.
 fn remeasure_cpu_peak(first: &DevicePeak) -> Option<DevicePeak> {
-    if first.device != "cpu" || !first.gemm_source.as_deref().is_some_and(|s| s.starts_with("measured")) {
+    if first.device != "cpu"
+        || !first.gemm_source.as_deref().is_some_and(|s| s.starts_with("measured"))
+    {
         return None;
     }
     let g = crate::cpu_peak::measure_peak_gflops(0).ok()? / 1e3;
@@ -264,15 +322,26 @@ fn remeasure_cpu_peak(first: &DevicePeak) -> Option<DevicePeak> {
     eprintln!("ortbench: the best GEMM measured after the runs is higher ({g:.3} TFLOP/s)");
     Some(DevicePeak {
         gemm_fp32: Some(g),
-        gemm_source: first.gemm_source.as_ref().map(|s| format!("{s} (best of a measurement before and one after the runs)")),
+        gemm_source: first
+            .gemm_source
+            .as_ref()
+            .map(|s| format!("{s} (best of a measurement before and one after the runs)")),
         ..first.clone()
     })
 }
 
 fn describe_peak(p: &DevicePeak) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |t| format!("{t:.2}"));
-    let gemm = p.gemm_fp32.map_or(String::new(), |g| format!("; best measured fp32 GEMM {g:.3} TFLOP/s"));
-    format!("{} peak fp32 {} / fp16 {} / bf16 {} TFLOP/s ({}){gemm}", p.device, f(p.fp32), f(p.fp16), f(p.bf16), p.source)
+    let gemm =
+        p.gemm_fp32.map_or(String::new(), |g| format!("; best measured fp32 GEMM {g:.3} TFLOP/s"));
+    format!(
+        "{} peak fp32 {} / fp16 {} / bf16 {} TFLOP/s ({}){gemm}",
+        p.device,
+        f(p.fp32),
+        f(p.fp16),
+        f(p.bf16),
+        p.source
+    )
 }
 
 /// Why the harness killed a worker.
@@ -303,14 +372,20 @@ const PEER_GRACE: Duration = Duration::from_secs(5);
 
 /// A free TCP port on the loopback interface for a run's rendezvous.
 fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for the ranks' rendezvous")?;
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .context("finding a free port for the ranks' rendezvous")?;
     Ok(l.local_addr()?.port())
 }
 
 /// Runs one spec in its worker process(es) and turns their records into rows. Ranks > 1 with
 /// `launch = processes` are one worker each, joined over TCP with torchrun's variables on a
 /// free loopback port; their peak memory is each process's own.
-fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label: &str) -> Result<(Vec<StepRow>, ResultRow)> {
+fn execute(
+    spec: &RunSpec,
+    timeout: Option<Duration>,
+    progress: &Progress,
+    label: &str,
+) -> Result<(Vec<StepRow>, ResultRow)> {
     let exe = std::env::current_exe().context("cannot find the ortbench executable")?;
     let start = Instant::now();
     let n = if spec.ranks > 1 && spec.launch == "processes" { spec.ranks } else { 1 };
@@ -320,7 +395,12 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
     let mut procs: Vec<Proc> = Vec::with_capacity(n);
     for r in 0..n {
         let mut cmd = Command::new(&exe);
-        cmd.arg("worker").arg("--spec").arg(&spec_json).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.arg("worker")
+            .arg("--spec")
+            .arg(&spec_json)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if n > 1 {
             cmd.env("RANK", r.to_string())
                 .env("WORLD_SIZE", n.to_string())
@@ -330,7 +410,14 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                 .env("MASTER_PORT", port.to_string());
         } else {
             // A harness started by a launcher must not hand its rank to a one-process worker.
-            for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            for v in [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            ] {
                 cmd.env_remove(v);
             }
         }
@@ -384,7 +471,11 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
         } else {
             None
         };
-        let peer_failed = procs.iter().filter(|p| p.failed()).filter_map(|p| p.exit).any(|(.., at)| at.elapsed() >= PEER_GRACE);
+        let peer_failed = procs
+            .iter()
+            .filter(|p| p.failed())
+            .filter_map(|p| p.exit)
+            .any(|(.., at)| at.elapsed() >= PEER_GRACE);
         if why.is_some() || peer_failed {
             if killed.is_none() {
                 *killed = why;
@@ -399,7 +490,16 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok((r, line)) => match serde_json::from_str::<Event>(&line) {
-                Ok(Event::Step { rank, step, loss, step_ms, device_ms, grad_norm, loss_scale, skipped }) => {
+                Ok(Event::Step {
+                    rank,
+                    step,
+                    loss,
+                    step_ms,
+                    device_ms,
+                    grad_norm,
+                    loss_scale,
+                    skipped,
+                }) => {
                     if rank == 0 {
                         progress.step(label, step, spec.steps, loss, step_ms);
                     }
@@ -419,11 +519,24 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                         skipped,
                     });
                 }
-                Ok(Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample }) => {
-                    summaries[r] = Some((param_count, peak_mem_bytes, optimizer_bytes_per_rank, hw_flops_per_sample))
+                Ok(Event::Summary {
+                    param_count,
+                    peak_mem_bytes,
+                    optimizer_bytes_per_rank,
+                    hw_flops_per_sample,
+                }) => {
+                    summaries[r] = Some((
+                        param_count,
+                        peak_mem_bytes,
+                        optimizer_bytes_per_rank,
+                        hw_flops_per_sample,
+                    ))
                 }
                 Ok(Event::Error { message, oom }) => errors[r] = Some((message, oom)),
-                Err(_) => progress.println(&format!("  worker{}: {line}", if n > 1 { format!(" rank {r}") } else { String::new() })),
+                Err(_) => progress.println(&format!(
+                    "  worker{}: {line}",
+                    if n > 1 { format!(" rank {r}") } else { String::new() }
+                )),
             },
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
@@ -437,7 +550,10 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
         std::thread::sleep(Duration::from_millis(20));
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let stderr_texts: Vec<String> = procs.iter_mut().map(|p| p.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default()).collect();
+    let stderr_texts: Vec<String> = procs
+        .iter_mut()
+        .map(|p| p.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default())
+        .collect();
     // ORTBENCH_PROFILE=1: the worker prints its per-op profile on stderr, which is otherwise
     // only read for error messages; pass it through.
     if ortbench_engine::exec::profile::enabled() {
@@ -456,12 +572,17 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
         // Peak RSS of the worker (of the largest rank process), also for runs that failed.
         row.peak_mem_bytes = Some(max_rss_kb * 1024);
     }
-    let all_ok = procs.iter().all(|p| !p.failed()) && summaries.iter().all(Option::is_some) && errors.iter().all(Option::is_none);
+    let all_ok = procs.iter().all(|p| !p.failed())
+        && summaries.iter().all(Option::is_some)
+        && errors.iter().all(Option::is_none);
     let (status, message) = match killed {
         Some(Kill::Interrupt) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
         Some(Kill::Timeout) => (
             "timeout",
-            format!("no result within --timeout-s {} s: worker killed {at}", timeout.map_or(0.0, |t| t.as_secs_f64())),
+            format!(
+                "no result within --timeout-s {} s: worker killed {at}",
+                timeout.map_or(0.0, |t| t.as_secs_f64())
+            ),
         ),
         None if all_ok => {
             let sums: Vec<_> = summaries.iter().flatten().collect();
@@ -480,7 +601,8 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
                 .unwrap_or(0);
             let p = &procs[culprit];
             let (wstatus, rss_kb, _) = p.exit.expect("every worker was reaped");
-            let (status, message) = outcome(wstatus, rss_kb, errors[culprit].clone(), &stderr_texts[culprit], &at);
+            let (status, message) =
+                outcome(wstatus, rss_kb, errors[culprit].clone(), &stderr_texts[culprit], &at);
             let message = if n > 1 { format!("rank {culprit} of {n}: {message}") } else { message };
             (status, message)
         }
@@ -492,7 +614,13 @@ fn execute(spec: &RunSpec, timeout: Option<Duration>, progress: &Progress, label
 
 /// Status and message of a worker that did not end well: its own error record, else its
 /// exit (a signal, an exit code), with the OOM signatures recognised.
-fn outcome(wstatus: i32, maxrss_kb: u64, error: Option<(String, bool)>, stderr_text: &str, at: &str) -> (&'static str, String) {
+fn outcome(
+    wstatus: i32,
+    maxrss_kb: u64,
+    error: Option<(String, bool)>,
+    stderr_text: &str,
+    at: &str,
+) -> (&'static str, String) {
     // The allocator's own line when it failed (a backtrace printed after it would push it out
     // of the tail), else the last lines.
     let tail = match stderr_text.lines().find(|l| is_oom_message(l)) {
@@ -606,7 +734,8 @@ fn prepare_out_dir(args: &RunArgs) -> Result<PathBuf> {
             bail!("--out {}: directory is not empty (use --force to write into it)", out.display());
         }
     }
-    std::fs::create_dir_all(&out).with_context(|| format!("--out {}: cannot create", out.display()))?;
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("--out {}: cannot create", out.display()))?;
     // Probe writability now rather than after the first run; leave nothing behind.
     let probe = out.join(".ortbench-write-test");
     if let Err(e) = std::fs::write(&probe, b"") {
@@ -623,7 +752,9 @@ fn prepare_out_dir(args: &RunArgs) -> Result<PathBuf> {
 fn command_line() -> String {
     std::env::args()
         .map(|a| {
-            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+%".contains(c)) {
+            if !a.is_empty()
+                && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+%".contains(c))
+            {
                 a
             } else {
                 format!("'{}'", a.replace('\'', r"'\''"))
@@ -634,7 +765,10 @@ fn command_line() -> String {
 }
 
 fn unix_now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// (year, month, day, hour, minute, second) in UTC of a Unix time (H. Hinnant's algorithm).

@@ -117,7 +117,12 @@ pub const BOOTSTRAP_RESAMPLES: usize = 2000;
 /// has, with replacement, then each drawn run's steps with replacement — a two-level bootstrap,
 /// so run-to-run drift on a shared machine widens the interval as it should, which resampling
 /// pooled steps alone would hide. None when a side has no step.
-pub fn speedup_interval(base: &[Vec<f64>], other: &[Vec<f64>], resamples: usize, seed: u64) -> Option<(f64, f64)> {
+pub fn speedup_interval(
+    base: &[Vec<f64>],
+    other: &[Vec<f64>],
+    resamples: usize,
+    seed: u64,
+) -> Option<(f64, f64)> {
     let base: Vec<&Vec<f64>> = base.iter().filter(|r| !r.is_empty()).collect();
     let other: Vec<&Vec<f64>> = other.iter().filter(|r| !r.is_empty()).collect();
     if base.is_empty() || other.is_empty() || resamples == 0 {
@@ -133,7 +138,8 @@ pub fn speedup_interval(base: &[Vec<f64>], other: &[Vec<f64>], resamples: usize,
         }
         median(&mut pool)
     };
-    let mut ratios: Vec<f64> = (0..resamples).map(|_| draw(&base, &mut rng) / draw(&other, &mut rng)).collect();
+    let mut ratios: Vec<f64> =
+        (0..resamples).map(|_| draw(&base, &mut rng) / draw(&other, &mut rng)).collect();
     ratios.sort_by(f64::total_cmp);
     Some((percentile(&ratios, 0.025), percentile(&ratios, 0.975)))
 }
@@ -164,7 +170,9 @@ pub fn train_flops_per_sample(cfg: &ModelConfig, seq: usize) -> f64 {
     let head = match cfg.arch {
         Architecture::BertForMaskedLM => 2.0 * t * h * h + 2.0 * t * h * v,
         Architecture::Gpt2LMHeadModel => 2.0 * t * h * v,
-        Architecture::BertForSequenceClassification => 2.0 * h * h + 2.0 * h * cfg.num_labels() as f64,
+        Architecture::BertForSequenceClassification => {
+            2.0 * h * h + 2.0 * h * cfg.num_labels() as f64
+        }
         Architecture::BertForTokenClassification => 2.0 * t * h * cfg.num_labels() as f64,
         // The score over the pooled (last non-pad) token only.
         Architecture::Gpt2ForSequenceClassification => 2.0 * h * cfg.num_labels() as f64,
@@ -222,16 +230,18 @@ pub const GPU_PEAKS: &[(&str, f64, Option<f64>, Option<f64>)] = &[
 /// Looks a GPU up in [`GPU_PEAKS`] by its name (as nvidia-smi or rocm-smi print it).
 pub fn gpu_peak(name: &str) -> Option<DevicePeak> {
     let upper = name.to_ascii_uppercase();
-    GPU_PEAKS.iter().find(|(frag, ..)| upper.contains(&frag.to_ascii_uppercase())).map(|&(frag, fp32, fp16, bf16)| DevicePeak {
-        device: name.to_string(),
-        fp32: Some(fp32),
-        fp16,
-        bf16,
-        source: format!("table: {frag} data-sheet peak (dense; fp32 without TF32)"),
-        gemm_fp32: None,
-        gemm_source: None,
-        inputs: None,
-    })
+    GPU_PEAKS.iter().find(|(frag, ..)| upper.contains(&frag.to_ascii_uppercase())).map(
+        |&(frag, fp32, fp16, bf16)| DevicePeak {
+            device: name.to_string(),
+            fp32: Some(fp32),
+            fp16,
+            bf16,
+            source: format!("table: {frag} data-sheet peak (dense; fp32 without TF32)"),
+            gemm_fp32: None,
+            gemm_source: None,
+            inputs: None,
+        },
+    )
 }
 
 /// The parity probe's tolerance for a precision: the largest relative difference of the loss
@@ -270,18 +280,31 @@ pub fn parity_tol(precision: &str) -> f64 {
 /// stay within 3e-5. A wrongly scaled or unscaled gradient shows from the first step.
 pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: Option<f64>) {
     let key = |r: &ResultRow| (r.model.clone(), r.precision.clone(), r.ranks);
-    let baselines: Vec<ResultRow> = results.iter().filter(|r| r.config == "pytorch").cloned().collect();
+    let baselines: Vec<ResultRow> =
+        results.iter().filter(|r| r.config == "pytorch").cloned().collect();
     for row in results.iter_mut() {
         let base = baselines.iter().find(|b| key(b) == key(row));
-        let (b_runs, runs) = (base.map(|b| timed_runs(steps, b)).unwrap_or_default(), timed_runs(steps, row));
+        let (b_runs, runs) =
+            (base.map(|b| timed_runs(steps, b)).unwrap_or_default(), timed_runs(steps, row));
         let measured = |r: &ResultRow| r.step_ms_median.is_some();
         (row.speedup, row.speedup_lo, row.speedup_hi, row.speedup_significant) = match base {
-            Some(b) if measured(b) && measured(row) && b_runs.iter().any(|r| !r.is_empty()) && runs.iter().any(|r| !r.is_empty()) => {
+            Some(b)
+                if measured(b)
+                    && measured(row)
+                    && b_runs.iter().any(|r| !r.is_empty())
+                    && runs.iter().any(|r| !r.is_empty()) =>
+            {
                 let pooled = |runs: &[Vec<f64>]| median(&mut runs.concat());
                 let x = pooled(&b_runs) / pooled(&runs);
-                let seed = row.model.bytes().chain(row.config.bytes()).fold(42u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64));
+                let seed = row
+                    .model
+                    .bytes()
+                    .chain(row.config.bytes())
+                    .fold(42u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64));
                 match speedup_interval(&b_runs, &runs, BOOTSTRAP_RESAMPLES, seed) {
-                    Some((lo, hi)) => (Some(x), Some(lo), Some(hi), Some(!(lo <= 1.0 && 1.0 <= hi))),
+                    Some((lo, hi)) => {
+                        (Some(x), Some(lo), Some(hi), Some(!(lo <= 1.0 && 1.0 <= hi)))
+                    }
                     None => (Some(x), None, None, None),
                 }
             }
@@ -290,13 +313,23 @@ pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: 
         let curve = |r: &ResultRow, f: fn(&StepRow) -> f64| parity_curve(steps, r, f);
         (row.max_loss_rel_diff, row.grad_norm_rel_diff_step0) = match base {
             Some(b) => {
-                let first = |c: BTreeMap<(usize, usize), f64>| c.into_iter().filter(|((_, step), _)| *step == 0).collect::<BTreeMap<_, _>>();
-                (max_rel_diff(&curve(b, |s| s.loss), &curve(row, |s| s.loss)), max_rel_diff(&first(curve(b, |s| s.grad_norm)), &first(curve(row, |s| s.grad_norm))))
+                let first = |c: BTreeMap<(usize, usize), f64>| {
+                    c.into_iter().filter(|((_, step), _)| *step == 0).collect::<BTreeMap<_, _>>()
+                };
+                (
+                    max_rel_diff(&curve(b, |s| s.loss), &curve(row, |s| s.loss)),
+                    max_rel_diff(
+                        &first(curve(b, |s| s.grad_norm)),
+                        &first(curve(row, |s| s.grad_norm)),
+                    ),
+                )
             }
             None => (None, None),
         };
         let tol = tol.unwrap_or_else(|| parity_tol(&row.precision));
-        row.parity_tol = (row.max_loss_rel_diff.is_some() || row.grad_norm_rel_diff_step0.is_some()).then_some(tol);
+        row.parity_tol = (row.max_loss_rel_diff.is_some()
+            || row.grad_norm_rel_diff_step0.is_some())
+        .then_some(tol);
         if row.status == "ok" || row.status == "diverged" {
             let over = |d: Option<f64>| d.is_some_and(|d| d > tol || d.is_nan());
             let diverged = over(row.max_loss_rel_diff) || over(row.grad_norm_rel_diff_step0);
@@ -317,17 +350,32 @@ pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: 
 /// Each timed run's measured step times (slowest rank per step, steps ≥ the row's warm-up).
 pub fn timed_runs(steps: &[StepRow], run: &ResultRow) -> Vec<Vec<f64>> {
     let mut by_repeat: BTreeMap<usize, Vec<StepRow>> = BTreeMap::new();
-    for s in steps.iter().filter(|s| s.phase == "timed" && s.model == run.model && s.config == run.config && s.precision == run.precision && s.rank < run.ranks) {
+    for s in steps.iter().filter(|s| {
+        s.phase == "timed"
+            && s.model == run.model
+            && s.config == run.config
+            && s.precision == run.precision
+            && s.rank < run.ranks
+    }) {
         by_repeat.entry(s.repeat).or_default().push(s.clone());
     }
     by_repeat.values().map(|v| step_times(v, run.warmup)).collect()
 }
 
 /// A value per (rank, step) of the run's parity probe.
-fn parity_curve(steps: &[StepRow], run: &ResultRow, f: fn(&StepRow) -> f64) -> BTreeMap<(usize, usize), f64> {
+fn parity_curve(
+    steps: &[StepRow],
+    run: &ResultRow,
+    f: fn(&StepRow) -> f64,
+) -> BTreeMap<(usize, usize), f64> {
     steps
         .iter()
-        .filter(|s| s.phase == "parity" && s.model == run.model && s.config == run.config && s.precision == run.precision)
+        .filter(|s| {
+            s.phase == "parity"
+                && s.model == run.model
+                && s.config == run.config
+                && s.precision == run.precision
+        })
         .filter(|s| s.rank < run.ranks)
         .map(|s| ((s.rank, s.step), f(s)))
         .collect()
@@ -335,7 +383,10 @@ fn parity_curve(steps: &[StepRow], run: &ResultRow, f: fn(&StepRow) -> f64) -> B
 
 /// Largest |b − a| / |a| over the keys both curves have; None when they share none. A
 /// non-finite loss on one side only counts as NaN (diverged).
-pub fn max_rel_diff(base: &BTreeMap<(usize, usize), f64>, other: &BTreeMap<(usize, usize), f64>) -> Option<f64> {
+pub fn max_rel_diff(
+    base: &BTreeMap<(usize, usize), f64>,
+    other: &BTreeMap<(usize, usize), f64>,
+) -> Option<f64> {
     let mut max: Option<f64> = None;
     for (k, a) in base {
         let Some(b) = other.get(k) else { continue };
@@ -392,9 +443,20 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (20.0, 12.0, 30.0));
         assert!((s.p90 - 28.0).abs() < 1e-12);
         let mean = 62.0 / 3.0;
-        let std = (((12.0f64 - mean).powi(2) + (20.0f64 - mean).powi(2) + (30.0f64 - mean).powi(2)) / 3.0).sqrt();
+        let std =
+            (((12.0f64 - mean).powi(2) + (20.0f64 - mean).powi(2) + (30.0f64 - mean).powi(2))
+                / 3.0)
+                .sqrt();
         assert!((s.std - std).abs() < 1e-12);
-        let mut row = ResultRow { batch_size: 4, ranks: 2, seq_len: 8, warmup: 1, train_flops_per_sample: Some(1e12), hw_flops_per_sample: Some(0.5e12), ..Default::default() };
+        let mut row = ResultRow {
+            batch_size: 4,
+            ranks: 2,
+            seq_len: 8,
+            warmup: 1,
+            train_flops_per_sample: Some(1e12),
+            hw_flops_per_sample: Some(0.5e12),
+            ..Default::default()
+        };
         fill_throughput(&mut row, &t, Some(10.0));
         // At the median step time (20 ms): 8 samples per 0.02 s.
         let sps = 4.0 * 2.0 / 0.020;
@@ -407,7 +469,9 @@ mod tests {
 
     #[test]
     fn flops_of_bert_base_are_about_six_n_per_token() {
-        let cfg = ortbench_models::resolve("bert", &ortbench_models::HubOptions::from_env()).unwrap().config;
+        let cfg = ortbench_models::resolve("bert", &ortbench_models::HubOptions::from_env())
+            .unwrap()
+            .config;
         let per_token = train_flops_per_sample(&cfg, 128) / 128.0;
         // 6·N with N = 109.5 M parameters, of which 23.8 M are embeddings that a look-up does
         // not multiply, and the tied decoder adds them back: the count lands near 6·N.
@@ -416,7 +480,11 @@ mod tests {
     }
 
     fn timed(config: &str, repeat: usize, times: &[f64]) -> Vec<StepRow> {
-        times.iter().enumerate().map(|(k, &ms)| StepRow { repeat, ..step(config, 0, k + 1, 1.0, ms) }).collect()
+        times
+            .iter()
+            .enumerate()
+            .map(|(k, &ms)| StepRow { repeat, ..step(config, 0, k + 1, 1.0, ms) })
+            .collect()
     }
 
     fn parity(config: &str, losses: &[f64], norms: &[f64]) -> Vec<StepRow> {
@@ -424,7 +492,11 @@ mod tests {
             .iter()
             .zip(norms)
             .enumerate()
-            .map(|(k, (&l, &g))| StepRow { phase: "parity".into(), grad_norm: g, ..step(config, 0, k, l, 1.0) })
+            .map(|(k, (&l, &g))| StepRow {
+                phase: "parity".into(),
+                grad_norm: g,
+                ..step(config, 0, k, l, 1.0)
+            })
             .collect()
     }
 
@@ -458,12 +530,29 @@ mod tests {
         assert!(lo <= 1.5 && 1.5 <= hi && lo > 1.4 && hi < 1.6, "{lo} {hi}");
         assert_eq!(ort.speedup_significant, Some(true));
         let z = &results[2];
-        assert!(z.speedup_lo.unwrap() < 1.0 && z.speedup_hi.unwrap() > 1.0, "{:?}", (z.speedup_lo, z.speedup_hi));
+        assert!(
+            z.speedup_lo.unwrap() < 1.0 && z.speedup_hi.unwrap() > 1.0,
+            "{:?}",
+            (z.speedup_lo, z.speedup_hi)
+        );
         assert_eq!(z.speedup_significant, Some(false));
         assert_eq!(results[0].speedup, Some(1.0));
         // The same input gives the same interval (seeded bootstrap).
-        let again = speedup_interval(&timed_runs(&steps, &results[0]), &timed_runs(&steps, &results[1]), BOOTSTRAP_RESAMPLES, 7);
-        assert_eq!(again, speedup_interval(&timed_runs(&steps, &results[0]), &timed_runs(&steps, &results[1]), BOOTSTRAP_RESAMPLES, 7));
+        let again = speedup_interval(
+            &timed_runs(&steps, &results[0]),
+            &timed_runs(&steps, &results[1]),
+            BOOTSTRAP_RESAMPLES,
+            7,
+        );
+        assert_eq!(
+            again,
+            speedup_interval(
+                &timed_runs(&steps, &results[0]),
+                &timed_runs(&steps, &results[1]),
+                BOOTSTRAP_RESAMPLES,
+                7
+            )
+        );
     }
 
     #[test]

@@ -58,7 +58,11 @@ pub fn interleave(first: usize, n: usize, repeat: usize, probe: bool) -> Vec<Job
         jobs.extend((first..first + n).map(|spec| Job { spec, phase: Phase::Parity, repeat: 0 }));
     }
     for r in 0..repeat {
-        jobs.extend((0..n).map(|i| Job { spec: first + (i + r) % n, phase: Phase::Timed, repeat: r }));
+        jobs.extend((0..n).map(|i| Job {
+            spec: first + (i + r) % n,
+            phase: Phase::Timed,
+            repeat: r,
+        }));
     }
     jobs
 }
@@ -66,7 +70,15 @@ pub fn interleave(first: usize, n: usize, repeat: usize, probe: bool) -> Vec<Job
 /// The spec a parity probe runs: `spec` with dropout 0, `steps` steps, no warm-up, and a
 /// constant learning rate `lr`.
 pub fn parity_spec(spec: &RunSpec, steps: usize, lr: f64) -> RunSpec {
-    RunSpec { steps, warmup: 0, dropout: Some(0.0), lr, lr_schedule: "constant".into(), lr_warmup_steps: 0, ..spec.clone() }
+    RunSpec {
+        steps,
+        warmup: 0,
+        dropout: Some(0.0),
+        lr,
+        lr_schedule: "constant".into(),
+        lr_warmup_steps: 0,
+        ..spec.clone()
+    }
 }
 
 fn positive(name: &str, v: Option<i64>, default: usize) -> Result<usize> {
@@ -84,9 +96,12 @@ fn positive(name: &str, v: Option<i64>, default: usize) -> Result<usize> {
 fn rocm_refusal(device: &str) -> Result<()> {
     let index = match device.strip_prefix("rocm:") {
         None => 0,
-        Some(i) => i.parse::<usize>().map_err(|_| anyhow::anyhow!("unknown device '{device}': use cpu, cuda, cuda:N, rocm or rocm:N"))?,
+        Some(i) => i.parse::<usize>().map_err(|_| {
+            anyhow::anyhow!("unknown device '{device}': use cpu, cuda, cuda:N, rocm or rocm:N")
+        })?,
     };
-    let n = ortbench_engine::backend::hip::device_count().map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
+    let n = ortbench_engine::backend::hip::device_count()
+        .map_err(|e| anyhow::anyhow!("--device {device}: {e}"))?;
     if index >= n {
         bail!("--device {device}: the HIP runtime sees {n} AMD GPU(s)");
     }
@@ -97,7 +112,8 @@ fn rocm_refusal(device: &str) -> Result<()> {
 /// before any CUDA query of tch: without it libtorch counts 0 CUDA devices. An error is one
 /// line (a CPU-only torch, or why the loader refused it).
 pub fn load_libtorch_cuda(device: &str) -> Result<PathBuf> {
-    ortbench_engine::torch_wheel::load_libtorch_cuda().map_err(|e| anyhow::anyhow!("--device {device}: {e}"))
+    ortbench_engine::torch_wheel::load_libtorch_cuda()
+        .map_err(|e| anyhow::anyhow!("--device {device}: {e}"))
 }
 
 pub fn make_plan(args: &RunArgs) -> Result<Plan> {
@@ -152,7 +168,11 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         None => None,
         Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
     };
-    for (name, v) in [("--lr", args.lr), ("--weight-decay", args.weight_decay), ("--max-grad-norm", args.max_grad_norm)] {
+    for (name, v) in [
+        ("--lr", args.lr),
+        ("--weight-decay", args.weight_decay),
+        ("--max-grad-norm", args.max_grad_norm),
+    ] {
         if !v.is_finite() || v < 0.0 {
             bail!("{name} must be a finite non-negative number, got {v}");
         }
@@ -189,7 +209,10 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             bail!("unknown config '{c}': known configs are {}", CONFIGS.join(", "));
         }
         if !IMPLEMENTED_CONFIGS.contains(&c.as_str()) {
-            bail!("config '{c}' is not implemented in this build yet; available: {}", IMPLEMENTED_CONFIGS.join(", "));
+            bail!(
+                "config '{c}' is not implemented in this build yet; available: {}",
+                IMPLEMENTED_CONFIGS.join(", ")
+            );
         }
     }
     for p in &precisions {
@@ -217,7 +240,8 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
             // Load once here so that an unreadable or mismatched file fails before any run, and
             // say what HF would warn about: weights initialised because the file lacks them
             // (a new head), tensors of the file that the model does not use (the old one).
-            let (_, report) = Weights::load(&resolved.config, path, args.seed).with_context(|| format!("model '{model}'"))?;
+            let (_, report) = Weights::load(&resolved.config, path, args.seed)
+                .with_context(|| format!("model '{model}'"))?;
             let list = |v: &[String]| {
                 let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
                 if v.len() > 4 {
@@ -226,17 +250,32 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                 s
             };
             if !report.missing.is_empty() {
-                eprintln!("model '{model}': {} weights are not in {} and are newly initialised: {}", report.missing.len(), path.display(), list(&report.missing));
+                eprintln!(
+                    "model '{model}': {} weights are not in {} and are newly initialised: {}",
+                    report.missing.len(),
+                    path.display(),
+                    list(&report.missing)
+                );
             }
             if !report.unexpected.is_empty() {
-                eprintln!("model '{model}': {} tensors of {} are not used by {}: {}", report.unexpected.len(), path.display(), resolved.config.arch.hf_name(), list(&report.unexpected));
+                eprintln!(
+                    "model '{model}': {} tensors of {} are not used by {}: {}",
+                    report.unexpected.len(),
+                    path.display(),
+                    resolved.config.arch.hf_name(),
+                    list(&report.unexpected)
+                );
             }
         }
         // --dataset: tokenised (or found in the cache) once here; the workers read the file.
         let data = match &args.dataset {
             Some(ds) => {
-                let cols = ortbench_models::text::Columns { text: args.text_column.clone(), label: args.label_column.clone() };
-                let max = seq_arg.unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
+                let cols = ortbench_models::text::Columns {
+                    text: args.text_column.clone(),
+                    label: args.label_column.clone(),
+                };
+                let max = seq_arg
+                    .unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
                 Some(crate::dataset::prepare(&resolved, &resolved.config, ds, &cols, max)?)
             }
             None => args.data.clone(),
@@ -244,13 +283,23 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         // A tokenised dataset sets its own length (its longest row); --seq-len was its cap.
         let seq_for_file = if args.dataset.is_some() { None } else { seq_arg };
         let seq_len = match &data {
-            Some(path) => DataSource::from_file(&resolved.config, path, batch_size * ranks, seq_for_file, args.seed)
+            Some(path) => {
+                DataSource::from_file(
+                    &resolved.config,
+                    path,
+                    batch_size * ranks,
+                    seq_for_file,
+                    args.seed,
+                )
                 .with_context(|| format!("model '{model}'"))?
-                .seq_len,
+                .seq_len
+            }
             None => {
                 // Default 128 (512 on a GPU), or the model's positions when it has fewer.
-                let s = seq_arg.unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
-                DataSource::synthetic(&resolved.config, batch_size, s, args.seed).with_context(|| format!("model '{model}'"))?;
+                let s = seq_arg
+                    .unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
+                DataSource::synthetic(&resolved.config, batch_size, s, args.seed)
+                    .with_context(|| format!("model '{model}'"))?;
                 s
             }
         };
@@ -281,7 +330,9 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
                     dropout: args.dropout,
                     data: data.clone(),
                     task: args.task.clone(),
-                    task_name: ortbench_models::data::Task::for_config(&resolved.config).name().to_string(),
+                    task_name: ortbench_models::data::Task::for_config(&resolved.config)
+                        .name()
+                        .to_string(),
                     weights: weights.clone(),
                 });
             }
@@ -320,8 +371,16 @@ fn weights_source(arg: &str, model: &ResolvedModel, hub: &HubOptions) -> Result<
                 WeightsSource::File(f)
             } else if p.is_file() {
                 WeightsSource::File(PathBuf::from(p))
-            } else if other.contains('/') && !p.exists() && !other.starts_with('.') && !other.starts_with('/') {
-                WeightsSource::File(ortbench_models::spec::fetch_hub_file(other, "model.safetensors", hub)?)
+            } else if other.contains('/')
+                && !p.exists()
+                && !other.starts_with('.')
+                && !other.starts_with('/')
+            {
+                WeightsSource::File(ortbench_models::spec::fetch_hub_file(
+                    other,
+                    "model.safetensors",
+                    hub,
+                )?)
             } else {
                 bail!("--weights {other}: no such file or directory (use auto, random, a directory, a .safetensors file or a hub id)");
             }
@@ -336,14 +395,23 @@ mod tests {
     #[test]
     fn runs_interleave_with_the_order_rotated() {
         let jobs = interleave(3, 3, 3, true);
-        let order: Vec<(usize, &str, usize)> = jobs.iter().map(|j| (j.spec, j.phase.name(), j.repeat)).collect();
+        let order: Vec<(usize, &str, usize)> =
+            jobs.iter().map(|j| (j.spec, j.phase.name(), j.repeat)).collect();
         assert_eq!(
             order,
             vec![
-                (3, "parity", 0), (4, "parity", 0), (5, "parity", 0),
-                (3, "timed", 0), (4, "timed", 0), (5, "timed", 0),
-                (4, "timed", 1), (5, "timed", 1), (3, "timed", 1),
-                (5, "timed", 2), (3, "timed", 2), (4, "timed", 2),
+                (3, "parity", 0),
+                (4, "parity", 0),
+                (5, "parity", 0),
+                (3, "timed", 0),
+                (4, "timed", 0),
+                (5, "timed", 0),
+                (4, "timed", 1),
+                (5, "timed", 1),
+                (3, "timed", 1),
+                (5, "timed", 2),
+                (3, "timed", 2),
+                (4, "timed", 2),
             ]
         );
         assert_eq!(interleave(0, 2, 1, false).len(), 2);

@@ -21,7 +21,8 @@ struct Bars {
 impl Progress {
     /// Bars when stderr is a terminal and `ORTBENCH_NO_PROGRESS` is unset.
     pub fn new(total_runs: usize) -> Progress {
-        let tty = std::io::stderr().is_terminal() && std::env::var_os("ORTBENCH_NO_PROGRESS").is_none();
+        let tty =
+            std::io::stderr().is_terminal() && std::env::var_os("ORTBENCH_NO_PROGRESS").is_none();
         let bars = tty.then(|| {
             let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8));
             let runs = multi.add(ProgressBar::new(total_runs as u64));

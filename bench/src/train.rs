@@ -27,7 +27,10 @@ use ortbench_models::graph::train::{EngineOptions, EngineState, EngineTrainer};
 use ortbench_models::graph::{GraphOptions, InferenceModel};
 use ortbench_models::rng::Rng;
 use ortbench_models::torch::{TorchTrainer, TrainOptions};
-use ortbench_models::{resolve, with_task, Batch, DataSource, HubOptions, LrSchedule, ModelConfig, Weights, IGNORE_INDEX};
+use ortbench_models::{
+    resolve, with_task, Batch, DataSource, HubOptions, LrSchedule, ModelConfig, Weights,
+    IGNORE_INDEX,
+};
 use ortbench_report::output::StepRow;
 use ortbench_report::polars::prelude::{Column, DataFrame, NamedFrom, Series};
 use serde_json::json;
@@ -36,7 +39,14 @@ use crate::cli::{ExportArgs, TrainArgs};
 
 /// Files a model directory may carry besides config.json and the weights: copied into every
 /// saved directory, so that AutoTokenizer loads from it too.
-const TOKENIZER_FILES: &[&str] = &["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"];
+const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+];
 
 enum Trainer {
     Engine(Box<EngineTrainer>),
@@ -55,11 +65,21 @@ impl Trainer {
         Ok(match self {
             Trainer::Engine(t) => {
                 let s = t.step(batch)?;
-                StepOut { loss: s.loss as f64, grad_norm: s.grad_norm as f64, loss_scale: s.loss_scale as f64, skipped: s.skipped }
+                StepOut {
+                    loss: s.loss as f64,
+                    grad_norm: s.grad_norm as f64,
+                    loss_scale: s.loss_scale as f64,
+                    skipped: s.skipped,
+                }
             }
             Trainer::Torch(t) => {
                 let s = t.step(batch)?;
-                StepOut { loss: s.loss, grad_norm: s.grad_norm, loss_scale: s.loss_scale, skipped: s.skipped }
+                StepOut {
+                    loss: s.loss,
+                    grad_norm: s.grad_norm,
+                    loss_scale: s.loss_scale,
+                    skipped: s.skipped,
+                }
             }
         })
     }
@@ -102,7 +122,9 @@ fn evaluate(cfg: &ModelConfig, params: &[f32], data: &DataSource) -> Result<(f64
     let n = data.n_rows().context("evaluation needs rows from a file")?;
     let task = Task::for_config(cfg);
     let b = data.batch_size.min(n);
-    let opts = |rows: usize| GraphOptions::new(rows, data.seq_len).with_attention_mask(data.has_attention_mask());
+    let opts = |rows: usize| {
+        GraphOptions::new(rows, data.seq_len).with_attention_mask(data.has_attention_mask())
+    };
     let full = InferenceModel::new(cfg, &opts(b))?;
     let rest = (n % b != 0).then(|| InferenceModel::new(cfg, &opts(n % b))).transpose()?;
     let (mut loss_sum, mut count, mut hits, mut judged) = (0.0f64, 0usize, 0usize, 0usize);
@@ -122,19 +144,37 @@ fn evaluate(cfg: &ModelConfig, params: &[f32], data: &DataSource) -> Result<(f64
 
 /// Adds one batch's loss terms (f64) and accuracy counts.
 #[allow(clippy::too_many_arguments)]
-fn score(task: Task, logits: &[f32], width: usize, batch: &Batch, loss: &mut f64, count: &mut usize, hits: &mut usize, judged: &mut usize) {
+fn score(
+    task: Task,
+    logits: &[f32],
+    width: usize,
+    batch: &Batch,
+    loss: &mut f64,
+    count: &mut usize,
+    hits: &mut usize,
+    judged: &mut usize,
+) {
     let ce = |row: &[f32], label: usize| {
         let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() - row[label] as f64
     };
-    let argmax = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &v)| if v > a.1 { (i, v) } else { a }).0;
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |a, (i, &v)| if v > a.1 { (i, v) } else { a })
+            .0
+    };
     match task {
         Task::MaskedLm | Task::CausalLm | Task::TokenClassification { .. } => {
             let t = batch.seq_len;
             for (i, row) in logits.chunks_exact(width).enumerate() {
                 // Causal LM: position t predicts token t+1 (HF's shift).
                 let label = if task == Task::CausalLm {
-                    if i % t == t - 1 { IGNORE_INDEX } else { batch.labels[i + 1] }
+                    if i % t == t - 1 {
+                        IGNORE_INDEX
+                    } else {
+                        batch.labels[i + 1]
+                    }
                 } else {
                     batch.labels[i]
                 };
@@ -176,17 +216,26 @@ fn score(task: Task, logits: &[f32], width: usize, batch: &Batch, loss: &mut f64
 
 /// Saves `weights` as an HF model directory: config.json (the model's, with its architecture),
 /// model.safetensors (HF names, tied weights once) and the source's tokenizer files.
-fn save_hf_dir(dir: &Path, cfg: &ModelConfig, weights: &Weights, source_dir: Option<&Path>) -> Result<()> {
+fn save_hf_dir(
+    dir: &Path,
+    cfg: &ModelConfig,
+    weights: &Weights,
+    source_dir: Option<&Path>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut raw = cfg.raw.clone();
     raw["architectures"] = json!([cfg.arch.hf_name()]);
-    ortbench_report::output::write_text(&dir.join("config.json"), &serde_json::to_string_pretty(&raw)?)?;
+    ortbench_report::output::write_text(
+        &dir.join("config.json"),
+        &serde_json::to_string_pretty(&raw)?,
+    )?;
     weights.save(&dir.join("model.safetensors"))?;
     if let Some(src) = source_dir {
         for f in TOKENIZER_FILES {
             let p = src.join(f);
             if p.is_file() {
-                std::fs::copy(&p, dir.join(f)).with_context(|| format!("cannot copy {}", p.display()))?;
+                std::fs::copy(&p, dir.join(f))
+                    .with_context(|| format!("cannot copy {}", p.display()))?;
             }
         }
     }
@@ -206,7 +255,8 @@ fn save_state(dir: &Path, s: &EngineState) -> Result<()> {
     ];
     let path = dir.join("optimizer.safetensors");
     let tmp = dir.join(".optimizer.safetensors.tmp");
-    safetensors::serialize_to_file(views, None, &tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    safetensors::serialize_to_file(views, None, &tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
@@ -214,10 +264,14 @@ fn save_state(dir: &Path, s: &EngineState) -> Result<()> {
 fn load_state(dir: &Path, state: &serde_json::Value) -> Result<EngineState> {
     let path = dir.join("optimizer.safetensors");
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
     let get = |name: &str| -> Result<Vec<f32>> {
         let t = st.tensor(name).with_context(|| format!("{} has no '{name}'", path.display()))?;
-        Ok(t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+        Ok(t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
     };
     let u = |k: &str| state[k].as_u64().with_context(|| format!("trainer_state.json has no '{k}'"));
     Ok(EngineState {
@@ -226,7 +280,9 @@ fn load_state(dir: &Path, state: &serde_json::Value) -> Result<EngineState> {
         exp_avg_sq: get("exp_avg_sq")?,
         adam_step: u("adam_step")?,
         steps_taken: u("global_step")? as usize,
-        loss_scaler: state["loss_scale"].as_f64().map(|s| (s as f32, state["loss_scale_clean_steps"].as_u64().unwrap_or(0) as u32)),
+        loss_scaler: state["loss_scale"]
+            .as_f64()
+            .map(|s| (s as f32, state["loss_scale_clean_steps"].as_u64().unwrap_or(0) as u32)),
     })
 }
 
@@ -243,15 +299,31 @@ fn latest_checkpoint(out: &Path) -> Option<(usize, PathBuf)> {
         .max_by_key(|(s, _)| *s)
 }
 
-fn write_logs(out: &Path, steps: &[StepRow], evals: &[(usize, f64, f64, Option<f64>)]) -> Result<()> {
+fn write_logs(
+    out: &Path,
+    steps: &[StepRow],
+    evals: &[(usize, f64, f64, Option<f64>)],
+) -> Result<()> {
     ortbench_report::results::write_steps(out, steps)?;
     let mut df = DataFrame::new(
         evals.len(),
         vec![
-            Column::from(Series::new("step".into(), evals.iter().map(|e| e.0 as u64).collect::<Vec<u64>>())),
-            Column::from(Series::new("epoch".into(), evals.iter().map(|e| e.1).collect::<Vec<f64>>())),
-            Column::from(Series::new("eval_loss".into(), evals.iter().map(|e| e.2).collect::<Vec<f64>>())),
-            Column::from(Series::new("eval_accuracy".into(), evals.iter().map(|e| e.3).collect::<Vec<Option<f64>>>())),
+            Column::from(Series::new(
+                "step".into(),
+                evals.iter().map(|e| e.0 as u64).collect::<Vec<u64>>(),
+            )),
+            Column::from(Series::new(
+                "epoch".into(),
+                evals.iter().map(|e| e.1).collect::<Vec<f64>>(),
+            )),
+            Column::from(Series::new(
+                "eval_loss".into(),
+                evals.iter().map(|e| e.2).collect::<Vec<f64>>(),
+            )),
+            Column::from(Series::new(
+                "eval_accuracy".into(),
+                evals.iter().map(|e| e.3).collect::<Vec<Option<f64>>>(),
+            )),
         ],
     )?;
     ortbench_report::results::write_frame(&mut df, &out.join("eval.parquet"), &out.join("eval.csv"))
@@ -259,7 +331,10 @@ fn write_logs(out: &Path, steps: &[StepRow], evals: &[(usize, f64, f64, Option<f
 
 pub fn run(args: &TrainArgs) -> Result<i32> {
     if !["ort", "pytorch"].contains(&args.config.as_str()) {
-        bail!("--config {}: train runs one rank, as ort or pytorch (ort-zero1 is ort on one rank)", args.config);
+        bail!(
+            "--config {}: train runs one rank, as ort or pytorch (ort-zero1 is ort on one rank)",
+            args.config
+        );
     }
     if !["linear", "constant"].contains(&args.lr_schedule.as_str()) {
         bail!("unknown --lr-schedule '{}': use linear or constant", args.lr_schedule);
@@ -275,9 +350,19 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     }
     let precision: DType = args.precision.parse()?;
     let out = &args.output_dir;
-    let resume_from = if args.resume { Some(latest_checkpoint(out).with_context(|| format!("--resume: {} has no checkpoint-N/", out.display()))?) } else { None };
+    let resume_from = if args.resume {
+        Some(
+            latest_checkpoint(out)
+                .with_context(|| format!("--resume: {} has no checkpoint-N/", out.display()))?,
+        )
+    } else {
+        None
+    };
     if !args.resume && out.exists() && std::fs::read_dir(out)?.next().is_some() && !args.overwrite {
-        bail!("--output-dir {} is not empty (use --resume to continue it, or --overwrite)", out.display());
+        bail!(
+            "--output-dir {} is not empty (use --resume to continue it, or --overwrite)",
+            out.display()
+        );
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
 
@@ -292,10 +377,21 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         Some(f) => {
             let (w, report) = Weights::load(&cfg, f, args.seed)?;
             if !report.missing.is_empty() {
-                eprintln!("{} weights are not in {} and are newly initialised: {}", report.missing.len(), f.display(), report.missing.join(", "));
+                eprintln!(
+                    "{} weights are not in {} and are newly initialised: {}",
+                    report.missing.len(),
+                    f.display(),
+                    report.missing.join(", ")
+                );
             }
             if !report.unexpected.is_empty() {
-                eprintln!("{} tensors of {} are not used by {}: {}", report.unexpected.len(), f.display(), cfg.arch.hf_name(), report.unexpected.join(", "));
+                eprintln!(
+                    "{} tensors of {} are not used by {}: {}",
+                    report.unexpected.len(),
+                    f.display(),
+                    cfg.arch.hf_name(),
+                    report.unexpected.join(", ")
+                );
             }
             w
         }
@@ -303,7 +399,10 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     };
 
     // Data: the training rows and an evaluation set.
-    let cols = ortbench_models::text::Columns { text: args.text_column.clone(), label: args.label_column.clone() };
+    let cols = ortbench_models::text::Columns {
+        text: args.text_column.clone(),
+        label: args.label_column.clone(),
+    };
     let cap = args.seq_len.unwrap_or(128).min(cfg.max_positions());
     let file_for = |ds: &Path| crate::dataset::prepare(&model, &cfg, ds, &cols, cap);
     let train_file = match (&args.dataset, &args.data) {
@@ -314,10 +413,13 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     let mut train = DataSource::from_file(&cfg, &train_file, args.batch_size, None, args.seed)?;
     let eval_batch = args.eval_batch_size.unwrap_or(args.batch_size);
     let eval = match (&args.eval_dataset, args.eval_split) {
-        (Some(ds), None) => Some(DataSource::from_file(&cfg, &file_for(ds)?, eval_batch, None, args.seed)?),
+        (Some(ds), None) => {
+            Some(DataSource::from_file(&cfg, &file_for(ds)?, eval_batch, None, args.seed)?)
+        }
         (None, Some(frac)) => {
             let n = train.n_rows().expect("file rows");
-            let (t, e) = train.split_off(((n as f64 * frac).round() as usize).max(1), eval_batch)?;
+            let (t, e) =
+                train.split_off(((n as f64 * frac).round() as usize).max(1), eval_batch)?;
             train = t;
             Some(e)
         }
@@ -335,18 +437,42 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     let schedule = schedule(args, total);
     let mut trainer = match args.config.as_str() {
         "ort" => {
-            let opts = EngineOptions { lr: args.lr, weight_decay: args.weight_decay, max_grad_norm: args.max_grad_norm, schedule, precision, seed: args.seed };
-            let graph = GraphOptions::new(args.batch_size, train.seq_len).with_attention_mask(train.has_attention_mask());
+            let opts = EngineOptions {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                max_grad_norm: args.max_grad_norm,
+                schedule,
+                precision,
+                seed: args.seed,
+            };
+            let graph = GraphOptions::new(args.batch_size, train.seq_len)
+                .with_attention_mask(train.has_attention_mask());
             let group = ortbench_engine::collective::LocalGroup::new(1).pop().expect("one rank");
-            Trainer::Engine(Box::new(EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, ortbench_engine::parallel::Strategy::Ddp)?))
+            Trainer::Engine(Box::new(EngineTrainer::with_graph_options(
+                &cfg,
+                &weights,
+                &graph,
+                opts,
+                group,
+                ortbench_engine::parallel::Strategy::Ddp,
+            )?))
         }
         _ => {
             let p = match args.precision.as_str() {
                 "fp32" => ortbench_models::torch::Precision::Fp32,
                 "bf16" => ortbench_models::torch::Precision::Bf16,
-                other => bail!("--precision {other}: the pytorch config trains fp32 or bf16 on the CPU"),
+                other => {
+                    bail!("--precision {other}: the pytorch config trains fp32 or bf16 on the CPU")
+                }
             };
-            let opts = TrainOptions { lr: args.lr, weight_decay: args.weight_decay, max_grad_norm: args.max_grad_norm, schedule, precision: p, ..TrainOptions::default() };
+            let opts = TrainOptions {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                max_grad_norm: args.max_grad_norm,
+                schedule,
+                precision: p,
+                ..TrainOptions::default()
+            };
             Trainer::Torch(Box::new(TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, opts)?))
         }
     };
@@ -354,11 +480,14 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     let mut evals: Vec<(usize, f64, f64, Option<f64>)> = Vec::new();
     let mut start = 0;
     if let Some((step, dir)) = &resume_from {
-        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json"))?)?;
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json"))?)?;
         if state["total_steps"].as_u64() != Some(total as u64) {
             bail!("--resume: {} was written for {} steps, this run has {total}: give the same --epochs/--max-steps and data", dir.display(), state["total_steps"]);
         }
-        let Trainer::Engine(t) = &mut trainer else { unreachable!("checked: --resume is ort only") };
+        let Trainer::Engine(t) = &mut trainer else {
+            unreachable!("checked: --resume is ort only")
+        };
         t.restore(load_state(dir, &state)?)?;
         // The logs up to the checkpoint, so the curve goes on in one table.
         steps = serde_json::from_value(state["log_history"].clone()).unwrap_or_default();
@@ -375,7 +504,8 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         args.config,
         args.batch_size,
         train.seq_len,
-        eval.as_ref().map_or(String::new(), |e| format!(", evaluating on {} rows", e.n_rows().unwrap_or(0)))
+        eval.as_ref()
+            .map_or(String::new(), |e| format!(", evaluating on {} rows", e.n_rows().unwrap_or(0)))
     );
     let eval_every = args.eval_steps.unwrap_or(per_epoch);
     let mut order = epoch_order(n, args.seed, start / per_epoch);
@@ -389,7 +519,8 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         if k == 0 && step != start {
             order = epoch_order(n, args.seed, epoch);
         }
-        let batch = train.batch_of_rows(&order[k * args.batch_size..(k + 1) * args.batch_size], step);
+        let batch =
+            train.batch_of_rows(&order[k * args.batch_size..(k + 1) * args.batch_size], step);
         let t0 = Instant::now();
         let s = trainer.step(&batch)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -425,7 +556,10 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
             if done % eval_every == 0 || done == total {
                 let params = trainer.weights()?.flat(&cfg)?;
                 let (loss, acc) = evaluate(&cfg, &params, e)?;
-                println!("eval at step {done}: eval_loss {loss:.4}{}", acc.map_or(String::new(), |a| format!(", eval_accuracy {a:.4}")));
+                println!(
+                    "eval at step {done}: eval_loss {loss:.4}{}",
+                    acc.map_or(String::new(), |a| format!(", eval_accuracy {a:.4}"))
+                );
                 evals.push((done, epoch_f, loss, acc));
             }
         }
@@ -440,7 +574,10 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
                     "loss_scale": st.loss_scaler.map(|l| l.0), "loss_scale_clean_steps": st.loss_scaler.map(|l| l.1),
                     "log_history": steps, "eval_history": evals,
                 });
-                ortbench_report::output::write_text(&dir.join("trainer_state.json"), &serde_json::to_string_pretty(&state)?)?;
+                ortbench_report::output::write_text(
+                    &dir.join("trainer_state.json"),
+                    &serde_json::to_string_pretty(&state)?,
+                )?;
             }
             eprintln!("saved {}", dir.display());
         }
@@ -448,7 +585,11 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     }
     save_hf_dir(out, &cfg, &trainer.weights()?, source_dir.as_deref())?;
     write_logs(out, &steps, &evals)?;
-    println!("saved the model to {} (config.json, model.safetensors{})", out.display(), if source_dir.is_some() { ", tokenizer files" } else { "" });
+    println!(
+        "saved the model to {} (config.json, model.safetensors{})",
+        out.display(),
+        if source_dir.is_some() { ", tokenizer files" } else { "" }
+    );
     Ok(0)
 }
 
@@ -460,7 +601,12 @@ pub fn export(args: &ExportArgs) -> Result<i32> {
         Some(f) => {
             let (w, report) = Weights::load(&cfg, f, 0)?;
             if !report.missing.is_empty() {
-                bail!("{} lacks {} weights ({}…): export a trained model directory", f.display(), report.missing.len(), report.missing[0]);
+                bail!(
+                    "{} lacks {} weights ({}…): export a trained model directory",
+                    f.display(),
+                    report.missing.len(),
+                    report.missing[0]
+                );
             }
             w
         }

@@ -6,14 +6,16 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use ortbench_engine::DType;
+use ortbench_engine::collective::{
+    AnyGroup, Collective, DeviceGroup, LocalGroup, TcpGroup, Vendor,
+};
+use ortbench_engine::exec::gpu::session::RankLayout;
+use ortbench_engine::parallel::Strategy;
 use ortbench_engine::passes::PassConfig;
+use ortbench_engine::DType;
 use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{panic_text, InjectedError, Precision, TorchTrainer, TrainOptions};
-use ortbench_engine::collective::{AnyGroup, Collective, DeviceGroup, LocalGroup, TcpGroup, Vendor};
-use ortbench_engine::exec::gpu::session::RankLayout;
-use ortbench_engine::parallel::Strategy;
 use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +47,10 @@ pub enum Event {
         #[serde(default)]
         hw_flops_per_sample: Option<f64>,
     },
-    Error { message: String, oom: bool },
+    Error {
+        message: String,
+        oom: bool,
+    },
 }
 
 fn emit(out: &mut impl Write, e: &Event) {
@@ -90,9 +95,15 @@ pub fn main(spec_json: &str) -> i32 {
 /// "not enough memory"; CUDA "out of memory").
 pub fn is_oom_message(m: &str) -> bool {
     let m = m.to_ascii_lowercase();
-    ["out of memory", "cannot allocate memory", "failed to allocate", "not enough memory", "memory allocation of"]
-        .iter()
-        .any(|p| m.contains(p))
+    [
+        "out of memory",
+        "cannot allocate memory",
+        "failed to allocate",
+        "not enough memory",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
 }
 
 /// The environment variable through which tests make a worker fail on purpose.
@@ -145,14 +156,21 @@ impl Fault {
             None => (s, None),
         };
         if let Some(f) = what.strip_prefix("grad-scale:") {
-            let factor = f.parse::<f32>().ok().filter(|x| x.is_finite()).with_context(|| format!("{FAULT_VAR}={s}: bad factor '{f}'"))?;
+            let factor = f
+                .parse::<f32>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .with_context(|| format!("{FAULT_VAR}={s}: bad factor '{f}'"))?;
             if config.as_deref() == Some("pytorch") {
                 bail!("{FAULT_VAR}={s}: grad-scale breaks the engine; it does not apply to the pytorch config");
             }
             return Ok(Fault { kind: FaultKind::GradScale(factor), step: 0, config });
         }
         let (kind, step) = match what.split_once("-at-step:") {
-            Some((k, n)) => (k, n.parse::<usize>().with_context(|| format!("{FAULT_VAR}={s}: bad step '{n}'"))?),
+            Some((k, n)) => (
+                k,
+                n.parse::<usize>().with_context(|| format!("{FAULT_VAR}={s}: bad step '{n}'"))?,
+            ),
             None => (what, 0),
         };
         let kind = match kind {
@@ -166,7 +184,10 @@ impl Fault {
         };
         let config = match (kind, config) {
             (FaultKind::Torch(_), None) => Some("pytorch".to_string()),
-            (FaultKind::Torch(_), Some(c)) if c != "pytorch" => bail!("{FAULT_VAR}={s}: {} fails inside libtorch; it applies to the pytorch config only", what.split("-at-step:").next().unwrap_or(what)),
+            (FaultKind::Torch(_), Some(c)) if c != "pytorch" => bail!(
+                "{FAULT_VAR}={s}: {} fails inside libtorch; it applies to the pytorch config only",
+                what.split("-at-step:").next().unwrap_or(what)
+            ),
             (_, c) => c,
         };
         Ok(Fault { kind, step, config })
@@ -194,7 +215,11 @@ impl Fault {
             FaultKind::Oom => {
                 let vm = std::fs::read_to_string("/proc/self/status")
                     .ok()
-                    .and_then(|s| s.lines().find(|l| l.starts_with("VmSize:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmSize:"))
+                            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    })
                     .unwrap_or(0)
                     * 1024;
                 let limit = libc::rlimit { rlim_cur: vm + (256 << 20), rlim_max: vm + (256 << 20) };
@@ -269,13 +294,22 @@ impl RankTrainer for TorchRank {
         } else {
             let local = global.rows(r * self.rows..(r + 1) * self.rows);
             let total = self.task.label_count(global);
-            let weight = if total == 0 { 1.0 / n as f32 } else { self.task.label_count(&local) as f32 / total as f32 };
+            let weight = if total == 0 {
+                1.0 / n as f32
+            } else {
+                self.task.label_count(&local) as f32 / total as f32
+            };
             match &self.nccl {
                 Some(g) => self.trainer.step_ddp_nccl(&local, g, weight)?,
                 None => self.trainer.step_ddp(&local, Some((&self.group, weight)))?,
             }
         };
-        Ok(RankStep { loss: s.loss, grad_norm: s.grad_norm, loss_scale: s.loss_scale, skipped: s.skipped })
+        Ok(RankStep {
+            loss: s.loss,
+            grad_norm: s.grad_norm,
+            loss_scale: s.loss_scale,
+            skipped: s.skipped,
+        })
     }
     fn optimizer_bytes(&self) -> usize {
         // torch.optim.AdamW keeps exp_avg and exp_avg_sq in fp32 for every parameter.
@@ -290,7 +324,12 @@ impl RankTrainer for TorchRank {
 impl RankTrainer for EngineTrainer {
     fn step(&mut self, global: &Batch) -> Result<RankStep> {
         let s = EngineTrainer::step(self, global)?;
-        Ok(RankStep { loss: f64::from(s.loss), grad_norm: f64::from(s.grad_norm), loss_scale: f64::from(s.loss_scale), skipped: s.skipped })
+        Ok(RankStep {
+            loss: f64::from(s.loss),
+            grad_norm: f64::from(s.grad_norm),
+            loss_scale: f64::from(s.loss_scale),
+            skipped: s.skipped,
+        })
     }
     fn optimizer_bytes(&self) -> usize {
         EngineTrainer::optimizer_bytes(self)
@@ -312,7 +351,12 @@ impl RankTrainer for GpuRank {
             Some(g) => self.trainer.step_ranked(g, global)?,
             None => self.trainer.step(global)?,
         };
-        Ok(RankStep { loss: f64::from(s.loss), grad_norm: f64::from(s.grad_norm), loss_scale: f64::from(s.loss_scale), skipped: s.skipped })
+        Ok(RankStep {
+            loss: f64::from(s.loss),
+            grad_norm: f64::from(s.grad_norm),
+            loss_scale: f64::from(s.loss_scale),
+            skipped: s.skipped,
+        })
     }
     fn optimizer_bytes(&self) -> usize {
         self.trainer.optimizer_bytes()
@@ -349,12 +393,16 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     // The global batch is --batch-size × --ranks; rank r takes rows r·b .. (r+1)·b.
     let global_batch = spec.batch_size * ranks;
     let data = match &spec.data {
-        Some(path) => DataSource::from_file(&cfg, path, global_batch, Some(spec.seq_len), spec.seed)?,
+        Some(path) => {
+            DataSource::from_file(&cfg, path, global_batch, Some(spec.seq_len), spec.seed)?
+        }
         None => DataSource::synthetic(&cfg, global_batch, spec.seq_len, spec.seed)?,
     };
     let schedule = match spec.lr_schedule.as_str() {
         "constant" => LrSchedule::Constant { warmup_steps: spec.lr_warmup_steps },
-        "linear" => LrSchedule::Linear { warmup_steps: spec.lr_warmup_steps, total_steps: spec.steps },
+        "linear" => {
+            LrSchedule::Linear { warmup_steps: spec.lr_warmup_steps, total_steps: spec.steps }
+        }
         other => bail!("unknown --lr-schedule '{other}'"),
     };
     let mut device = parse_device(&spec.device)?;
@@ -377,7 +425,8 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
         }
         (tch::Device::Cuda(i), Some(g)) => {
-            let d = DeviceGroup::new(Vendor::Nvidia, g, i).map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
+            let d = DeviceGroup::new(Vendor::Nvidia, g, i)
+                .map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
             Some(d)
         }
         _ => None,
@@ -386,14 +435,20 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
     // same way for every config (engine::backend::cuda::watch).
     let watch = match device {
-        tch::Device::Cuda(i) => Some(ortbench_engine::backend::cuda::watch::DeviceWatch::start(i).map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?),
+        tch::Device::Cuda(i) => Some(
+            ortbench_engine::backend::cuda::watch::DeviceWatch::start(i)
+                .map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?,
+        ),
         _ => None,
     };
     // On the CPU, the ranks on this machine split its cores (LOCAL_WORLD_SIZE of them when a
     // launcher says so).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let local = match &tcp {
-        Some(_) => std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(ranks),
+        Some(_) => std::env::var("LOCAL_WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(ranks),
         None => ranks,
     };
     let threads = (cores / local.max(1)).max(1);
@@ -434,14 +489,25 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     .with_attention_mask(data.has_attention_mask());
                 if let tch::Device::Cuda(i) = device {
                     if matches!(fault, Some(Fault { kind: FaultKind::GradScale(_), .. })) {
-                        bail!("ORTBENCH_FAULT=grad-scale is not implemented for the engine on a GPU");
+                        bail!(
+                            "ORTBENCH_FAULT=grad-scale is not implemented for the engine on a GPU"
+                        );
                     }
-                    let gpu = ortbench_engine::backend::cuda::gpu::CudaGpu::open(i).map_err(|e| anyhow::anyhow!("opening GPU {i} for the engine: {e}"))?;
-                    let layout = RankLayout { rank: group.rank(), world: group.world_size(), strategy };
+                    let gpu = ortbench_engine::backend::cuda::gpu::CudaGpu::open(i)
+                        .map_err(|e| anyhow::anyhow!("opening GPU {i} for the engine: {e}"))?;
+                    let layout =
+                        RankLayout { rank: group.rank(), world: group.world_size(), strategy };
                     let nccl = nccl.lock().map_err(|_| anyhow::anyhow!("NCCL group lock"))?.take();
-                    return Ok(Box::new(GpuRank { trainer: GpuEngineTrainer::ranked(&cfg, &weights, &graph, opts, gpu, layout)?, nccl }));
+                    return Ok(Box::new(GpuRank {
+                        trainer: GpuEngineTrainer::ranked(
+                            &cfg, &weights, &graph, opts, gpu, layout,
+                        )?,
+                        nccl,
+                    }));
                 }
-                let mut t = EngineTrainer::with_graph_options(&cfg, &weights, &graph, opts, group, strategy)?;
+                let mut t = EngineTrainer::with_graph_options(
+                    &cfg, &weights, &graph, opts, group, strategy,
+                )?;
                 if let Some(Fault { kind: FaultKind::GradScale(f), .. }) = fault {
                     t.inject_grad_scale(*f);
                 }
@@ -453,7 +519,8 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
 
     let in_process = if tcp.is_some() { 1 } else { ranks };
     let watch_ref = watch.as_ref();
-    let fault_rank: usize = std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let fault_rank: usize =
+        std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // Ranks are threads of this worker; their records go through one channel to stdout.
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
     let results: Vec<Result<(usize, Option<f64>)>> = std::thread::scope(|s| {
@@ -471,7 +538,11 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                     // This rank's executed FLOPs over the measured steps (None: not counted).
                     let mut flops = Some(0.0);
                     for step in 0..spec.steps {
-                        if let Some(f) = fault.filter(|f| f.step == step && rank == fault_rank && !matches!(f.kind, FaultKind::GradScale(_))) {
+                        if let Some(f) = fault.filter(|f| {
+                            f.step == step
+                                && rank == fault_rank
+                                && !matches!(f.kind, FaultKind::GradScale(_))
+                        }) {
                             match f.kind {
                                 FaultKind::Torch(e) => trainer.inject(e)?,
                                 _ => f.trigger(),
@@ -494,10 +565,13 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         // queued work is waited for here.
                         // An asynchronous CUDA error of the step surfaces here (tch panics on it).
                         if let (tch::Device::Cuda(i), "pytorch") = (device, spec.config.as_str()) {
-                            ortbench_models::torch::catch_torch(&format!("pytorch step {step}: synchronising GPU {i}"), || {
-                                tch::Cuda::synchronize(i as i64);
-                                Ok(())
-                            })?;
+                            ortbench_models::torch::catch_torch(
+                                &format!("pytorch step {step}: synchronising GPU {i}"),
+                                || {
+                                    tch::Cuda::synchronize(i as i64);
+                                    Ok(())
+                                },
+                            )?;
                         }
                         let step_ms = t0.elapsed().as_secs_f64() * 1e3;
                         if step >= spec.warmup {
@@ -506,7 +580,16 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         if !st.loss.is_finite() && !st.skipped {
                             bail!("loss is {} at step {step}", st.loss);
                         }
-                        let _ = tx.send(Event::Step { rank, step, loss: st.loss, step_ms, device_ms, grad_norm: st.grad_norm, loss_scale: st.loss_scale, skipped: st.skipped });
+                        let _ = tx.send(Event::Step {
+                            rank,
+                            step,
+                            loss: st.loss,
+                            step_ms,
+                            device_ms,
+                            grad_norm: st.grad_norm,
+                            loss_scale: st.loss_scale,
+                            skipped: st.skipped,
+                        });
                     }
                     Ok((trainer.optimizer_bytes(), flops))
                 })
@@ -518,7 +601,14 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         }
         // A panic (e.g. a libtorch error outside the baseline's step) keeps its message, so an
         // out-of-memory in it is recognised as one.
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(anyhow::anyhow!("a rank panicked: {}", panic_text(&*p))))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(anyhow::anyhow!("a rank panicked: {}", panic_text(&*p)))
+                })
+            })
+            .collect()
     });
     let mut optimizer_bytes = 0;
     let mut flops = Some(0.0);
@@ -532,21 +622,37 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     let measured = (spec.steps - spec.warmup.min(spec.steps)) * spec.batch_size * in_process;
     let hw_flops_per_sample = flops.filter(|_| measured > 0).map(|f| f / measured as f64);
     if ortbench_engine::exec::profile::enabled() {
-        eprintln!("per-op profile of {} ({} steps):\n{}", spec.config, spec.steps, ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take()));
+        eprintln!(
+            "per-op profile of {} ({} steps):\n{}",
+            spec.config,
+            spec.steps,
+            ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take())
+        );
     }
     // The CPU's peak is the process's RSS; a GPU run's is its peak device memory.
     let peak_mem_bytes = match &watch {
         Some(w) => w.peak_bytes(),
         None => peak_rss_bytes().context("reading peak memory")?,
     };
-    emit(out, &Event::Summary { param_count, peak_mem_bytes, optimizer_bytes_per_rank: optimizer_bytes, hw_flops_per_sample });
+    emit(
+        out,
+        &Event::Summary {
+            param_count,
+            peak_mem_bytes,
+            optimizer_bytes_per_rank: optimizer_bytes,
+            hw_flops_per_sample,
+        },
+    );
     Ok(())
 }
 
 /// Peak resident set size of this process (VmHWM), the CPU run's peak memory.
 pub fn peak_rss_bytes() -> Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM in /proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .context("no VmHWM in /proc/self/status")?;
     let kb: u64 = line.split_whitespace().nth(1).context("VmHWM value")?.parse()?;
     Ok(kb * 1024)
 }
@@ -557,28 +663,51 @@ mod tests {
 
     #[test]
     fn faults_parse() {
-        assert_eq!(Fault::parse("crash-at-step:3").unwrap(), Fault { kind: FaultKind::Crash, step: 3, config: None });
-        assert_eq!(Fault::parse("oom").unwrap(), Fault { kind: FaultKind::Oom, step: 0, config: None });
+        assert_eq!(
+            Fault::parse("crash-at-step:3").unwrap(),
+            Fault { kind: FaultKind::Crash, step: 3, config: None }
+        );
+        assert_eq!(
+            Fault::parse("oom").unwrap(),
+            Fault { kind: FaultKind::Oom, step: 0, config: None }
+        );
         let f = Fault::parse("hang-at-step:1@ort").unwrap();
         assert_eq!((f.kind, f.step, f.config.as_deref()), (FaultKind::Hang, 1, Some("ort")));
         assert!(f.applies_to("ort") && !f.applies_to("ort-zero1"));
-        assert!(Fault::parse("explode").unwrap_err().to_string().contains("unknown fault 'explode'"));
+        assert!(Fault::parse("explode")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown fault 'explode'"));
         assert!(Fault::parse("crash-at-step:x").is_err());
         let f = Fault::parse("grad-scale:2@ort").unwrap();
         assert_eq!((f.kind, f.config.as_deref()), (FaultKind::GradScale(2.0), Some("ort")));
         assert!(Fault::parse("grad-scale:x").is_err());
-        assert!(Fault::parse("grad-scale:2@pytorch").unwrap_err().to_string().contains("does not apply"));
+        assert!(Fault::parse("grad-scale:2@pytorch")
+            .unwrap_err()
+            .to_string()
+            .contains("does not apply"));
         let f = Fault::parse("torch-error-at-step:1").unwrap();
-        assert_eq!((f.kind, f.step, f.config.as_deref()), (FaultKind::Torch(InjectedError::ShapeMismatch), 1, Some("pytorch")));
-        assert_eq!(Fault::parse("cuda-oom@pytorch").unwrap().kind, FaultKind::Torch(InjectedError::CudaOom));
-        assert!(Fault::parse("cuda-oom@ort").unwrap_err().to_string().contains("pytorch config only"));
+        assert_eq!(
+            (f.kind, f.step, f.config.as_deref()),
+            (FaultKind::Torch(InjectedError::ShapeMismatch), 1, Some("pytorch"))
+        );
+        assert_eq!(
+            Fault::parse("cuda-oom@pytorch").unwrap().kind,
+            FaultKind::Torch(InjectedError::CudaOom)
+        );
+        assert!(Fault::parse("cuda-oom@ort")
+            .unwrap_err()
+            .to_string()
+            .contains("pytorch config only"));
     }
 
     #[test]
     fn oom_messages_are_recognised() {
         assert!(is_oom_message("memory allocation of 1073741824 bytes failed"));
         assert!(is_oom_message("CUDA out of memory. Tried to allocate 2.00 GiB"));
-        assert!(is_oom_message("DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes"));
+        assert!(is_oom_message(
+            "DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes"
+        ));
         assert!(!is_oom_message("index out of range"));
         assert!(is_oom_message(InjectedError::CUDA_OOM_MESSAGE));
     }

@@ -21,7 +21,10 @@ fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
 }
 
 fn col(header: &[String], name: &str) -> usize {
-    header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name} in {header:?}"))
+    header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"))
 }
 
 #[test]
@@ -29,8 +32,25 @@ fn run_writes_steps_and_results() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = ortbench(&[
-        "run", "--models", "tiny-bert,tiny-gpt2", "--configs", "pytorch", "--steps", "4", "--warmup", "1",
-        "--batch-size", "2", "--seq-len", "16", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
+        "run",
+        "--models",
+        "tiny-bert,tiny-gpt2",
+        "--configs",
+        "pytorch",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (h, rows) = read_csv(&out.join("steps.csv"));
@@ -42,8 +62,19 @@ fn run_writes_steps_and_results() {
     assert_eq!(steps, ["0", "1", "2", "3"]);
     let (h, rows) = read_csv(&out.join("results.csv"));
     for c in [
-        "model", "config", "precision", "device", "batch_size", "seq_len", "status", "samples_per_s", "tokens_per_s",
-        "step_ms_median", "peak_mem_bytes", "param_count", "final_loss",
+        "model",
+        "config",
+        "precision",
+        "device",
+        "batch_size",
+        "seq_len",
+        "status",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_ms_median",
+        "peak_mem_bytes",
+        "param_count",
+        "final_loss",
     ] {
         col(&h, c);
     }
@@ -67,8 +98,23 @@ fn a_failing_run_is_recorded_and_the_others_go_on() {
     let out = dir.path().join("run");
     // fp16 needs CUDA for the pytorch config: that run fails in its worker, fp32 completes.
     let o = ortbench(&[
-        "run", "--models", "tiny-gpt2", "--configs", "pytorch", "--precision", "fp16,fp32", "--steps", "2", "--warmup", "1",
-        "--batch-size", "1", "--seq-len", "8", "--out", out.to_str().unwrap(),
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--configs",
+        "pytorch",
+        "--precision",
+        "fp16,fp32",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1));
     let (h, rows) = read_csv(&out.join("results.csv"));
@@ -97,58 +143,107 @@ fn rejects(args: &[&str], expect: &str) {
 fn bad_input_is_a_one_line_error_with_nothing_written() {
     let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];
     rejects(&["run", "--models", "bret"], "unknown model 'bret'");
-    rejects(&["run", "--models", "tiny-bert", "--configs", "tensorflow"], "unknown config 'tensorflow'");
+    rejects(
+        &["run", "--models", "tiny-bert", "--configs", "tensorflow"],
+        "unknown config 'tensorflow'",
+    );
     rejects(&["run", "--models", "tiny-bert", "--precision", "fp8"], "unknown precision 'fp8'");
     rejects(&[&tiny[..], &["--seq-len", "65"]].concat(), "beyond the model's 64 positions");
-    rejects(&[&tiny[..], &["--batch-size", "0"]].concat(), "--batch-size must be a positive integer");
+    rejects(
+        &[&tiny[..], &["--batch-size", "0"]].concat(),
+        "--batch-size must be a positive integer",
+    );
     rejects(&[&tiny[..], &["--batch-size=-3"]].concat(), "--batch-size must be a positive integer");
-    rejects(&["run", "--models", "tiny-gpt2", "--steps", "0"], "--steps must be a positive integer");
+    rejects(
+        &["run", "--models", "tiny-gpt2", "--steps", "0"],
+        "--steps must be a positive integer",
+    );
     rejects(&[&tiny[..], &["--ranks", "0"]].concat(), "--ranks must be a positive integer");
-    rejects(&["run", "--models", "tiny-gpt2", "--steps", "3", "--warmup", "3"], "must be less than --steps");
+    rejects(
+        &["run", "--models", "tiny-gpt2", "--steps", "3", "--warmup", "3"],
+        "must be less than --steps",
+    );
     rejects(&[&tiny[..], &["--seq-len=-1"]].concat(), "--seq-len must be a positive integer");
     rejects(&[&tiny[..], &["--device", "tpu"]].concat(), "unknown device 'tpu'");
     rejects(&[&tiny[..], &["--device", "rocm:x"]].concat(), "unknown device 'rocm:x'");
     // No AMD GPU anywhere this runs: whether the HIP runtime is installed or not, a clear refusal.
     rejects(&[&tiny[..], &["--device", "rocm"]].concat(), "--device rocm: ");
-    let err = String::from_utf8_lossy(&ortbench(&[&tiny[..], &["--device", "rocm:1"]].concat()).stderr).into_owned();
+    let err =
+        String::from_utf8_lossy(&ortbench(&[&tiny[..], &["--device", "rocm:1"]].concat()).stderr)
+            .into_owned();
     assert!(err.contains("AMD GPU(s)") || err.contains("libamdhip64 not found"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
     // An unsupported architecture.
     let llama = dir.path().join("llama");
     std::fs::create_dir(&llama).unwrap();
-    std::fs::write(llama.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#).unwrap();
-    rejects(&["run", "--models", llama.to_str().unwrap()], "unsupported architecture 'LlamaForCausalLM'");
+    std::fs::write(
+        llama.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#,
+    )
+    .unwrap();
+    rejects(
+        &["run", "--models", llama.to_str().unwrap()],
+        "unsupported architecture 'LlamaForCausalLM'",
+    );
     // An unreadable weights file.
     let bad = dir.path().join("bad.safetensors");
     std::fs::write(&bad, b"garbage").unwrap();
-    rejects(&[&tiny[..], &["--weights", bad.to_str().unwrap()]].concat(), "not a valid safetensors file");
+    rejects(
+        &[&tiny[..], &["--weights", bad.to_str().unwrap()]].concat(),
+        "not a valid safetensors file",
+    );
     // --data with the wrong dtype, and the wrong shape.
     let f32_data = dir.path().join("f32.safetensors");
     let bytes = vec![0u8; 4 * 2 * 8];
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 8], &bytes).unwrap();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 8], &bytes).unwrap();
     safetensors::serialize_to_file(vec![("input_ids".to_string(), view)], None, &f32_data).unwrap();
-    rejects(&[&tiny[..], &["--data", f32_data.to_str().unwrap()]].concat(), "'input_ids' must be int64");
+    rejects(
+        &[&tiny[..], &["--data", f32_data.to_str().unwrap()]].concat(),
+        "'input_ids' must be int64",
+    );
     let flat = dir.path().join("flat.safetensors");
     let bytes = vec![0u8; 8 * 16];
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![16], &bytes).unwrap();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![16], &bytes).unwrap();
     safetensors::serialize_to_file(vec![("input_ids".to_string(), view)], None, &flat).unwrap();
     rejects(&[&tiny[..], &["--data", flat.to_str().unwrap()]].concat(), "must have shape [N, T]");
     rejects(&[&tiny[..], &["--data", "/nonexistent.safetensors"]].concat(), "no such file");
     // A tensor the run would not use (segment ids) is refused, not ignored.
     let extra = dir.path().join("extra.safetensors");
     let ids = vec![0u8; 8 * 2 * 8];
-    let v_ids = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
-    let v_types = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
-    safetensors::serialize_to_file(vec![("input_ids".to_string(), v_ids), ("token_type_ids".to_string(), v_types)], None, &extra).unwrap();
-    rejects(&[&tiny[..], &["--data", extra.to_str().unwrap(), "--seq-len", "8"]].concat(), "tensor 'token_type_ids' would be ignored");
+    let v_ids =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
+    let v_types =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![2, 8], &ids).unwrap();
+    safetensors::serialize_to_file(
+        vec![("input_ids".to_string(), v_ids), ("token_type_ids".to_string(), v_types)],
+        None,
+        &extra,
+    )
+    .unwrap();
+    rejects(
+        &[&tiny[..], &["--data", extra.to_str().unwrap(), "--seq-len", "8"]].concat(),
+        "tensor 'token_type_ids' would be ignored",
+    );
 }
 
 #[test]
 fn a_non_empty_out_dir_needs_force() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("keep.txt"), "x").unwrap();
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", dir.path().to_str().unwrap()]);
+    let o = ortbench(&[
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty (use --force"));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
@@ -159,18 +254,42 @@ fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = ortbench(&[
-        "run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--steps", "3", "--warmup", "1", "--batch-size", "2",
-        "--seq-len", "16", "--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
+        "run",
+        "--models",
+        "tiny-bert,tiny-gpt2",
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--dropout",
+        "0",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (h, rows) = read_csv(&out.join("steps.csv"));
     assert_eq!(rows.len(), 2 * 3 * 3 * 2, "models × configs × steps × ranks");
     let loss = |model: &str, config: &str, step: &str| -> f64 {
         rows.iter()
-            .find(|r| r[col(&h, "model")] == model && r[col(&h, "config")] == config && r[col(&h, "step")] == step && r[col(&h, "rank")] == "1")
+            .find(|r| {
+                r[col(&h, "model")] == model
+                    && r[col(&h, "config")] == config
+                    && r[col(&h, "step")] == step
+                    && r[col(&h, "rank")] == "1"
+            })
             .unwrap()[col(&h, "loss")]
-            .parse()
-            .unwrap()
+        .parse()
+        .unwrap()
     };
     for model in ["tiny-bert", "tiny-gpt2"] {
         for step in ["0", "2"] {
@@ -189,7 +308,8 @@ fn all_three_configs_on_two_ranks_agree_and_report_per_rank_memory() {
         let params: f64 = r[col(&h, "param_count")].parse().unwrap();
         let opt: f64 = r[col(&h, "optimizer_bytes_per_rank")].parse().unwrap();
         // Adam moments (8 bytes per parameter); ZeRO-1 holds its shard's only (the parameter shard is the fp32 master).
-        let want = if r[col(&h, "config")] == "ort-zero1" { 8.0 * params / 2.0 } else { 8.0 * params };
+        let want =
+            if r[col(&h, "config")] == "ort-zero1" { 8.0 * params / 2.0 } else { 8.0 * params };
         assert!(opt >= want && opt < want + 1024.0, "{:?}: {opt} vs {want}", r);
     }
 }
@@ -203,17 +323,40 @@ fn a_padded_data_file_trains_every_config_alike() {
     let out = dir.path().join("run");
     let data = fixture.join("batches.safetensors");
     let o = ortbench(&[
-        "run", "--models", fixture.to_str().unwrap(), "--data", data.to_str().unwrap(), "--ranks", "2", "--steps", "3",
-        "--warmup", "1", "--batch-size", "2", "--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap(),
+        "run",
+        "--models",
+        fixture.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--dropout",
+        "0",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (h, rows) = read_csv(&out.join("steps.csv"));
     let loss = |config: &str, step: &str| -> f64 {
         rows.iter()
-            .find(|r| r[col(&h, "config")] == config && r[col(&h, "step")] == step && r[col(&h, "rank")] == "0")
+            .find(|r| {
+                r[col(&h, "config")] == config
+                    && r[col(&h, "step")] == step
+                    && r[col(&h, "rank")] == "0"
+            })
             .unwrap()[col(&h, "loss")]
-            .parse()
-            .unwrap()
+        .parse()
+        .unwrap()
     };
     for step in ["0", "2"] {
         let base = loss("pytorch", step);
@@ -233,22 +376,53 @@ fn task_switches_the_head_and_is_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = ortbench(&[
-        "run", "--models", fixture.to_str().unwrap(), "--task", "sequence-classification", "--configs", "pytorch,ort",
-        "--steps", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--repeat", "1", "--parity-steps", "0",
-        "--out", out.to_str().unwrap(),
+        "run",
+        "--models",
+        fixture.to_str().unwrap(),
+        "--task",
+        "sequence-classification",
+        "--configs",
+        "pytorch,ort",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    assert!(stderr.contains("4 weights are not in") && stderr.contains("bert.pooler.dense.weight"), "{stderr}");
-    assert!(stderr.contains("not used by BertForSequenceClassification") && stderr.contains("cls.predictions"), "{stderr}");
+    assert!(
+        stderr.contains("4 weights are not in") && stderr.contains("bert.pooler.dense.weight"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("not used by BertForSequenceClassification")
+            && stderr.contains("cls.predictions"),
+        "{stderr}"
+    );
     let (h, rows) = read_csv(&out.join("results.csv"));
     assert_eq!(rows.len(), 2);
     for r in &rows {
         assert_eq!(r[col(&h, "task")], "sequence-classification");
         assert_eq!(r[col(&h, "status")], "ok", "{r:?}");
     }
-    rejects(&["run", "--models", "tiny-bert", "--task", "causal-lm"], "--task causal-lm: a BERT model (tiny-bert) trains masked-lm, sequence-classification");
-    rejects(&["run", "--models", "tiny-bert", "--task", "translation"], "unknown --task 'translation'");
+    rejects(
+        &["run", "--models", "tiny-bert", "--task", "causal-lm"],
+        "--task causal-lm: a BERT model (tiny-bert) trains masked-lm, sequence-classification",
+    );
+    rejects(
+        &["run", "--models", "tiny-bert", "--task", "translation"],
+        "unknown --task 'translation'",
+    );
 }
 
 /// `run --dataset` with a parquet file (read with Polars): the text is tokenised with the
@@ -259,7 +433,12 @@ fn a_parquet_text_dataset_runs_through_the_harness() {
     let dir = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
     let mut r = csv::Reader::from_path(src.join("text/train.csv")).unwrap();
-    let rows: Vec<(String, String)> = r.records().take(64).map(|x| x.unwrap()).map(|x| (x[0].to_string(), x[1].to_string())).collect();
+    let rows: Vec<(String, String)> = r
+        .records()
+        .take(64)
+        .map(|x| x.unwrap())
+        .map(|x| (x[0].to_string(), x[1].to_string()))
+        .collect();
     let mut df = DataFrame::new(
         rows.len(),
         vec![
@@ -273,9 +452,29 @@ fn a_parquet_text_dataset_runs_through_the_harness() {
     let out = dir.path().join("run");
     let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
         .args([
-            "run", "--models", src.join("tiny-bert-sentiment").to_str().unwrap(), "--dataset", pq.to_str().unwrap(), "--text-column", "sentence",
-            "--configs", "pytorch,ort", "--steps", "3", "--warmup", "1", "--batch-size", "4", "--dropout", "0", "--repeat", "1",
-            "--parity-steps", "0", "--out", out.to_str().unwrap(),
+            "run",
+            "--models",
+            src.join("tiny-bert-sentiment").to_str().unwrap(),
+            "--dataset",
+            pq.to_str().unwrap(),
+            "--text-column",
+            "sentence",
+            "--configs",
+            "pytorch,ort",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "4",
+            "--dropout",
+            "0",
+            "--repeat",
+            "1",
+            "--parity-steps",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
         ])
         .env("ORTBENCH_CACHE_DIR", dir.path())
         .output()
@@ -285,22 +484,33 @@ fn a_parquet_text_dataset_runs_through_the_harness() {
     assert!(stderr.contains("tokenised into"), "{stderr}");
     let (h, rows) = read_csv(&out.join("steps.csv"));
     let loss = |config: &str, step: &str| -> f64 {
-        rows.iter().find(|r| r[col(&h, "config")] == config && r[col(&h, "step")] == step).unwrap()[col(&h, "loss")].parse().unwrap()
+        rows.iter().find(|r| r[col(&h, "config")] == config && r[col(&h, "step")] == step).unwrap()
+            [col(&h, "loss")]
+        .parse()
+        .unwrap()
     };
     for step in ["0", "2"] {
         let rel = (loss("ort", step) - loss("pytorch", step)).abs() / loss("pytorch", step);
         assert!(rel < 1e-5, "step {step}: {rel:e}");
     }
     let (h, res) = read_csv(&out.join("results.csv"));
-    assert!(res.iter().all(|r| r[col(&h, "task")] == "sequence-classification" && r[col(&h, "status")] == "ok"));
+    assert!(res
+        .iter()
+        .all(|r| r[col(&h, "task")] == "sequence-classification" && r[col(&h, "status")] == "ok"));
 }
 
 #[test]
 fn bad_harness_options_are_rejected_before_anything_is_written() {
     let tiny = ["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1"];
     rejects(&[&tiny[..], &["--timeout-s", "0"]].concat(), "--timeout-s must be a positive number");
-    rejects(&[&tiny[..], &["--diverge-tol=-1"]].concat(), "--diverge-tol must be a finite non-negative number");
-    rejects(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "5"], "must be less than --steps");
+    rejects(
+        &[&tiny[..], &["--diverge-tol=-1"]].concat(),
+        "--diverge-tol must be a finite non-negative number",
+    );
+    rejects(
+        &["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "5"],
+        "must be less than --steps",
+    );
 }
 
 #[test]
@@ -310,13 +520,33 @@ fn an_output_directory_that_cannot_be_written_is_a_one_line_error() {
     std::fs::write(&file, "x").unwrap();
     // Below a regular file: cannot be created (whoever runs the test, root included).
     let under = file.join("out");
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", under.to_str().unwrap()]);
+    let o = ortbench(&[
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        under.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("cannot create"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     // A regular file as --out.
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", file.to_str().unwrap()]);
+    let o = ortbench(&[
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("exists and is not a directory"));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
     // A read-only directory (root may write anyway: then only the other cases apply).
@@ -326,7 +556,17 @@ fn an_output_directory_that_cannot_be_written_is_a_one_line_error() {
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
-        let o = ortbench(&["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "1", "--out", ro.to_str().unwrap()]);
+        let o = ortbench(&[
+            "run",
+            "--models",
+            "tiny-gpt2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            ro.to_str().unwrap(),
+        ]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains("not writable"), "{err}");
         assert_eq!(err.trim().lines().count(), 1);
@@ -339,7 +579,10 @@ fn an_output_directory_that_cannot_be_written_is_a_one_line_error() {
 fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
-    for args in [vec!["report", dir.path().to_str().unwrap()], vec!["compare", dir.path().to_str().unwrap(), dir.path().to_str().unwrap()]] {
+    for args in [
+        vec!["report", dir.path().to_str().unwrap()],
+        vec!["compare", dir.path().to_str().unwrap(), dir.path().to_str().unwrap()],
+    ] {
         let o = ortbench(&args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{args:?}");
@@ -349,7 +592,9 @@ fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
     let o = ortbench(&["report", "/nonexistent/run"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no such directory"));
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no such directory")
+    );
 }
 
 /// `--quick` fills in the first look's defaults (pytorch and ort, batch 4 × seq 64, 6 steps of
@@ -358,18 +603,41 @@ fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
 fn quick_sets_the_first_look_defaults_and_given_flags_win() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--quick", "--batch-size", "2", "--out", out.to_str().unwrap()]);
+    let o = ortbench(&[
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--quick",
+        "--batch-size",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--quick: a first look"));
     let (h, rows) = read_csv(&out.join("results.csv"));
     let configs: Vec<&str> = rows.iter().map(|r| r[col(&h, "config")].as_str()).collect();
     assert_eq!(configs, ["pytorch", "ort"]);
     for r in &rows {
-        assert_eq!((r[col(&h, "batch_size")].as_str(), r[col(&h, "seq_len")].as_str(), r[col(&h, "status")].as_str()), ("2", "64", "ok"));
+        assert_eq!(
+            (
+                r[col(&h, "batch_size")].as_str(),
+                r[col(&h, "seq_len")].as_str(),
+                r[col(&h, "status")].as_str()
+            ),
+            ("2", "64", "ok")
+        );
     }
-    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
-    assert_eq!((meta["quick"].as_bool(), meta["repeat"].as_i64(), meta["parity"]["steps"].as_u64()), (Some(true), Some(2), Some(3)));
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        (meta["quick"].as_bool(), meta["repeat"].as_i64(), meta["parity"]["steps"].as_u64()),
+        (Some(true), Some(2), Some(3))
+    );
     let (h, steps) = read_csv(&out.join("steps.csv"));
-    let timed = steps.iter().filter(|r| r[col(&h, "phase")] == "timed" && r[col(&h, "config")] == "ort").count();
+    let timed = steps
+        .iter()
+        .filter(|r| r[col(&h, "phase")] == "timed" && r[col(&h, "config")] == "ort")
+        .count();
     assert_eq!(timed, 2 * 6, "2 repeats of 6 steps");
 }

@@ -25,44 +25,89 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
     assert_eq!(h, RESULT_COLUMNS, "results.csv columns");
     assert_eq!(rows.len(), runs, "one row per (model, config)");
     for model in models {
-        let mine: Vec<Vec<String>> = rows.iter().filter(|r| r[col(&h, "model")] == *model).cloned().collect();
+        let mine: Vec<Vec<String>> =
+            rows.iter().filter(|r| r[col(&h, "model")] == *model).cloned().collect();
         assert_eq!(mine.len(), CONFIGS.len());
         for config in CONFIGS {
             let v = |c: &str| cell(&h, &mine, config, c).to_string();
-            let num = |c: &str| v(c).parse::<f64>().unwrap_or_else(|_| panic!("{model} {config} {c} = {:?}", v(c)));
+            let num = |c: &str| {
+                v(c).parse::<f64>().unwrap_or_else(|_| panic!("{model} {config} {c} = {:?}", v(c)))
+            };
             assert_eq!(v("status"), "ok", "{model} {config}: {}", v("error"));
             assert_eq!(v("ranks"), ranks.to_string());
             assert_eq!(v("repeats"), REPEAT.to_string());
             assert!(num("samples_per_s") > 0.0);
-            assert!((num("tokens_per_s") - 16.0 * num("samples_per_s")).abs() <= 1e-6 * num("tokens_per_s"));
+            assert!(
+                (num("tokens_per_s") - 16.0 * num("samples_per_s")).abs()
+                    <= 1e-6 * num("tokens_per_s")
+            );
             // samples/s at the median step time.
-            assert!((num("samples_per_s") - (2 * ranks) as f64 / (num("step_ms_median") / 1e3)).abs() < 1e-6 * num("samples_per_s"));
-            for c in ["step_ms_median", "step_ms_p90", "step_ms_min", "step_ms_max", "train_flops_per_sample", "hw_flops_per_sample", "tflops", "mfu", "hfu", "peak_tflops", "gemm_peak_tflops"] {
+            assert!(
+                (num("samples_per_s") - (2 * ranks) as f64 / (num("step_ms_median") / 1e3)).abs()
+                    < 1e-6 * num("samples_per_s")
+            );
+            for c in [
+                "step_ms_median",
+                "step_ms_p90",
+                "step_ms_min",
+                "step_ms_max",
+                "train_flops_per_sample",
+                "hw_flops_per_sample",
+                "tflops",
+                "mfu",
+                "hfu",
+                "peak_tflops",
+                "gemm_peak_tflops",
+            ] {
                 assert!(num(c) > 0.0, "{model} {config} {c}");
             }
             // Against the theoretical peak nothing reaches 100 %; the engine executes at most
             // the model's FLOPs (it skips ignored rows and causal blocks, adds nothing).
-            assert!(num("mfu") <= 1.0 && num("hfu") <= 1.0, "{model} {config}: MFU {} HFU {}", num("mfu"), num("hfu"));
-            assert!(num("hfu") <= num("mfu") * (1.0 + 1e-9), "{model} {config}: HFU {} above MFU {}", num("hfu"), num("mfu"));
-            assert!(num("step_ms_min") <= num("step_ms_median") && num("step_ms_median") <= num("step_ms_p90"));
+            assert!(
+                num("mfu") <= 1.0 && num("hfu") <= 1.0,
+                "{model} {config}: MFU {} HFU {}",
+                num("mfu"),
+                num("hfu")
+            );
+            assert!(
+                num("hfu") <= num("mfu") * (1.0 + 1e-9),
+                "{model} {config}: HFU {} above MFU {}",
+                num("hfu"),
+                num("mfu")
+            );
+            assert!(
+                num("step_ms_min") <= num("step_ms_median")
+                    && num("step_ms_median") <= num("step_ms_p90")
+            );
             assert!(num("step_ms_p90") <= num("step_ms_max") && num("step_ms_std") >= 0.0);
-            assert!((num("tflops") - num("train_flops_per_sample") * num("samples_per_s") / 1e12).abs() < 1e-9 * num("tflops").max(1e-12) + 1e-15);
+            assert!(
+                (num("tflops") - num("train_flops_per_sample") * num("samples_per_s") / 1e12).abs()
+                    < 1e-9 * num("tflops").max(1e-12) + 1e-15
+            );
             assert!(num("peak_mem_bytes") > (1 << 20) as f64);
             assert!(num("wall_s") > 0.0);
             // The parity probe: both curves within the fp32 tolerance.
-            let (rel, gn, tol) = (num("max_loss_rel_diff"), num("grad_norm_rel_diff_step0"), num("parity_tol"));
+            let (rel, gn, tol) =
+                (num("max_loss_rel_diff"), num("grad_norm_rel_diff_step0"), num("parity_tol"));
             assert_eq!(tol, 1e-3);
             assert!(rel < tol && gn < tol, "{model} {config}: parity loss {rel} grad norm {gn}");
             let speedup = num("speedup");
             let (lo, hi) = (num("speedup_lo"), num("speedup_hi"));
-            assert!(lo <= speedup && speedup <= hi, "{model} {config}: {speedup} outside [{lo}, {hi}]");
+            assert!(
+                lo <= speedup && speedup <= hi,
+                "{model} {config}: {speedup} outside [{lo}, {hi}]"
+            );
             assert!(["true", "false"].contains(&v("speedup_significant").as_str()));
             if config == "pytorch" {
                 assert_eq!(speedup, 1.0);
                 assert_eq!((rel, gn), (0.0, 0.0));
             } else {
-                let want = cell(&h, &mine, "pytorch", "step_ms_median").parse::<f64>().unwrap() / num("step_ms_median");
-                assert!((speedup - want).abs() < 1e-9 * want, "speedup = ratio of median step times");
+                let want = cell(&h, &mine, "pytorch", "step_ms_median").parse::<f64>().unwrap()
+                    / num("step_ms_median");
+                assert!(
+                    (speedup - want).abs() < 1e-9 * want,
+                    "speedup = ratio of median step times"
+                );
             }
         }
     }
@@ -72,7 +117,10 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
     assert_eq!(h, STEP_COLUMNS, "steps.csv columns");
     let per_run = (REPEAT * steps + PARITY_STEPS) * ranks;
     assert_eq!(srows.len(), runs * per_run, "models × configs × (repeats × steps + probe) × ranks");
-    assert_eq!(srows.iter().filter(|r| r[col(&h, "phase")] == "parity").count(), runs * PARITY_STEPS * ranks);
+    assert_eq!(
+        srows.iter().filter(|r| r[col(&h, "phase")] == "parity").count(),
+        runs * PARITY_STEPS * ranks
+    );
     assert_eq!(srows.iter().filter(|r| r[col(&h, "repeat")] == "1").count(), runs * steps * ranks);
     for r in &srows {
         assert!(r[col(&h, "loss")].parse::<f64>().unwrap() > 0.0);
@@ -94,14 +142,35 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
     assert_eq!(env["runs_recorded"], runs);
     assert_eq!(env["interrupted"], false);
     assert!(env["finished_at"].is_string());
-    for key in ["cpu", "cpu_count", "cpu_ram_mb", "system", "machine", "os", "kernel", "ortbench_version", "torch_version", "libtorch_path", "rustc_version", "cpu_gemm_provider"] {
-        assert!(!env["environment"][key].is_null(), "run.json environment.{key} is null: {:#}", env["environment"]);
+    for key in [
+        "cpu",
+        "cpu_count",
+        "cpu_ram_mb",
+        "system",
+        "machine",
+        "os",
+        "kernel",
+        "ortbench_version",
+        "torch_version",
+        "libtorch_path",
+        "rustc_version",
+        "cpu_gemm_provider",
+    ] {
+        assert!(
+            !env["environment"][key].is_null(),
+            "run.json environment.{key} is null: {:#}",
+            env["environment"]
+        );
     }
     assert!(env["environment"]["gpu"].is_array());
     assert!(env["peak"]["fp32"].as_f64().unwrap() > 0.0);
     let source = env["peak"]["source"].as_str().unwrap();
     assert!(source.starts_with("theoretical") && source.contains("GHz"), "{source}");
-    assert!(env["peak"]["inputs"]["fma_lanes_per_cycle"].as_u64().unwrap() >= 8, "{:#}", env["peak"]);
+    assert!(
+        env["peak"]["inputs"]["fma_lanes_per_cycle"].as_u64().unwrap() >= 8,
+        "{:#}",
+        env["peak"]
+    );
     let gemm = env["peak"]["gemm_source"].as_str().unwrap();
     assert!(gemm.starts_with(if peak_measured { "measured" } else { "given" }), "{gemm}");
     // The report.
@@ -118,7 +187,16 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
 fn all_configs_on_one_rank_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()], QUICK_SHAPE, PROBE].concat(), &[], true);
+    let o = ortbench(
+        &[
+            &["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()],
+            QUICK_SHAPE,
+            PROBE,
+        ]
+        .concat(),
+        &[],
+        true,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     // The summary table on stdout names every run.
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -147,7 +225,11 @@ fn all_configs_on_one_rank_end_to_end() {
     }
     ortbench::results::write_tables(&slow, &rows, &run.step_rows().unwrap()).unwrap();
     std::fs::copy(out.join("run.json"), slow.join("run.json")).unwrap();
-    let o = ortbench(&["compare", "--fail-on-regression", out.to_str().unwrap(), slow.to_str().unwrap()], &[], false);
+    let o = ortbench(
+        &["compare", "--fail-on-regression", out.to_str().unwrap(), slow.to_str().unwrap()],
+        &[],
+        false,
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(text.matches("REGRESSION").count(), 2, "{text}");
@@ -160,7 +242,24 @@ fn all_configs_on_one_rank_end_to_end() {
 fn all_configs_on_two_ranks_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--ranks", "2", "--out", out.to_str().unwrap()], QUICK_SHAPE, PROBE].concat(), &[], false);
+    let o = ortbench(
+        &[
+            &[
+                "run",
+                "--models",
+                "tiny-bert,tiny-gpt2",
+                "--ranks",
+                "2",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            QUICK_SHAPE,
+            PROBE,
+        ]
+        .concat(),
+        &[],
+        false,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     check_run_dir(&out, &["tiny-bert", "tiny-gpt2"], 2, 3, false);
 }
@@ -172,7 +271,19 @@ fn all_configs_on_two_ranks_end_to_end() {
 fn a_broken_engine_is_flagged_diverged_at_default_settings() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let args = ["run", "--models", "tiny-bert", "--steps", "3", "--warmup", "1", "--repeat", "1", "--out", out.to_str().unwrap()];
+    let args = [
+        "run",
+        "--models",
+        "tiny-bert",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeat",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     let o = ortbench(&args, &[("ORTBENCH_FAULT", "grad-scale:2@ort")], false);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let (h, rows) = read_csv(&out.join("results.csv"));
@@ -181,7 +292,12 @@ fn a_broken_engine_is_flagged_diverged_at_default_settings() {
     let gn: f64 = cell(&h, &rows, "ort", "grad_norm_rel_diff_step0").parse().unwrap();
     assert!((gn - 1.0).abs() < 1e-3, "doubled gradients: relative difference 1, got {gn}");
     // The untouched engine config passes the same check.
-    assert_eq!(cell(&h, &rows, "ort-zero1", "status"), "ok", "{}", cell(&h, &rows, "ort-zero1", "error"));
+    assert_eq!(
+        cell(&h, &rows, "ort-zero1", "status"),
+        "ok",
+        "{}",
+        cell(&h, &rows, "ort-zero1", "error")
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("diverged"));
 }
 
@@ -190,12 +306,35 @@ fn a_broken_engine_is_flagged_diverged_at_default_settings() {
 fn bert_trains_at_batch_1_seq_16() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let args = ["run", "--models", "bert", "--batch-size", "1", "--seq-len", "16", "--steps", "3", "--warmup", "1", "--repeat", "1", "--parity-steps", "2", "--out", out.to_str().unwrap()];
+    let args = [
+        "run",
+        "--models",
+        "bert",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     let o = ortbench(&args, &[], false);
     assert!(o.status.success(), "{}", stderr(&o));
     let (h, rows) = read_csv(&out.join("results.csv"));
     for config in CONFIGS {
-        assert_eq!(cell(&h, &rows, config, "status"), "ok", "{config}: {}", cell(&h, &rows, config, "error"));
+        assert_eq!(
+            cell(&h, &rows, config, "status"),
+            "ok",
+            "{config}: {}",
+            cell(&h, &rows, config, "error")
+        );
     }
 }
 

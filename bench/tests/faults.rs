@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn run_with_fault(out: &Path, fault: &str, extra: &[&str]) -> std::process::Output {
-    let args = [&["run", "--models", "tiny-gpt2", "--out", out.to_str().unwrap()], QUICK, extra].concat();
+    let args =
+        [&["run", "--models", "tiny-gpt2", "--out", out.to_str().unwrap()], QUICK, extra].concat();
     ortbench(&args, &[("ORTBENCH_FAULT", fault)], false)
 }
 
@@ -49,7 +50,12 @@ fn an_out_of_memory_worker_is_reported_as_oom() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let (h, rows) = read_csv(&out.join("results.csv"));
     assert_eq!(cell(&h, &rows, "pytorch", "status"), "ok");
-    assert_eq!(cell(&h, &rows, "ort-zero1", "status"), "oom", "{}", cell(&h, &rows, "ort-zero1", "error"));
+    assert_eq!(
+        cell(&h, &rows, "ort-zero1", "status"),
+        "oom",
+        "{}",
+        cell(&h, &rows, "ort-zero1", "error")
+    );
     assert!(cell(&h, &rows, "ort-zero1", "error").contains("memory allocation of"));
 }
 
@@ -103,7 +109,7 @@ fn sigint_keeps_the_finished_runs_and_writes_the_report() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500)); // the ort worker is now hanging
-    // SAFETY: signalling our own child process.
+                                                    // SAFETY: signalling our own child process.
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
@@ -118,7 +124,11 @@ fn sigint_keeps_the_finished_runs_and_writes_the_report() {
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
     assert!(html.contains("interrupted"));
     // No temporary files are left behind.
-    let leftovers: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
@@ -134,10 +144,21 @@ fn a_libtorch_error_in_the_baseline_step_is_an_error_with_libtorch_s_text() {
     assert_eq!(cell(&h, &rows, "ort", "status"), "ok");
     assert_eq!(cell(&h, &rows, "pytorch", "status"), "error");
     let err = cell(&h, &rows, "pytorch", "error");
-    assert!(err.contains("pytorch step 1: libtorch: ") && err.contains("shapes cannot be multiplied (2x3 and 4x5)"), "{err}");
-    assert!(!err.contains("panicked") && !err.contains("Exception raised from") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("pytorch step 1: libtorch: ")
+            && err.contains("shapes cannot be multiplied (2x3 and 4x5)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("Exception raised from") && !err.contains('\n'),
+        "{err}"
+    );
     let (sh, steps) = read_csv(&out.join("steps.csv"));
-    assert_eq!(steps.iter().filter(|r| r[col(&sh, "config")] == "pytorch").count(), 1, "the step before the error");
+    assert_eq!(
+        steps.iter().filter(|r| r[col(&sh, "config")] == "pytorch").count(),
+        1,
+        "the step before the error"
+    );
 }
 
 #[test]

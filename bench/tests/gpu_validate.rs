@@ -51,7 +51,11 @@ fn files(dir: &Path) -> Vec<String> {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.is_dir() {
-            v.extend(files(&p).into_iter().map(|f| format!("{}/{f}", p.file_name().unwrap().to_string_lossy())));
+            v.extend(
+                files(&p)
+                    .into_iter()
+                    .map(|f| format!("{}/{f}", p.file_name().unwrap().to_string_lossy())),
+            );
         } else {
             v.push(p.file_name().unwrap().to_string_lossy().into_owned());
         }
@@ -73,7 +77,11 @@ fn verdict(summary: &str, step: &str) -> String {
 }
 
 fn text(o: &Output) -> String {
-    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// The files the device tool would return: at most 8, no deeper than 2 folders, the summary
@@ -82,11 +90,18 @@ fn check_out_folder(out: &Path, o: &Output) -> String {
     let fs = files(out);
     assert!(fs.len() <= 8, "{} files in the out folder: {fs:?}", fs.len());
     assert!(fs.iter().all(|f| f.matches('/').count() <= 2), "{fs:?}");
-    assert!(fs.contains(&"summary.txt".to_string()) && fs.contains(&"logs.tar.gz".to_string()), "{fs:?}\n{}", text(o));
+    assert!(
+        fs.contains(&"summary.txt".to_string()) && fs.contains(&"logs.tar.gz".to_string()),
+        "{fs:?}\n{}",
+        text(o)
+    );
     assert_eq!(fs.iter().filter(|f| f.ends_with(".tar.gz")).count(), 1, "{fs:?}");
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
     // The summary is also printed.
-    let row = summary.lines().find(|l| l.starts_with("| preflight |")).unwrap_or_else(|| panic!("{summary}"));
+    let row = summary
+        .lines()
+        .find(|l| l.starts_with("| preflight |"))
+        .unwrap_or_else(|| panic!("{summary}"));
     assert!(String::from_utf8_lossy(&o.stdout).contains(row), "{}", text(o));
     let tar = Command::new("tar").arg("-tzf").arg(out.join("logs.tar.gz")).output().unwrap();
     assert!(tar.status.success());
@@ -104,7 +119,12 @@ fn the_rehearsal_ends_within_its_budget_with_a_step_cut_by_its_slice() {
     let o = rehearsal(&out).output().unwrap();
     let wall = t.elapsed();
     println!("rehearsal: {:.1} s\n{}", wall.as_secs_f64(), String::from_utf8_lossy(&o.stdout));
-    assert!(wall <= Duration::from_secs(BUDGET_S + SLACK_S), "{:.1} s for a {BUDGET_S} s budget\n{}", wall.as_secs_f64(), text(&o));
+    assert!(
+        wall <= Duration::from_secs(BUDGET_S + SLACK_S),
+        "{:.1} s for a {BUDGET_S} s budget\n{}",
+        wall.as_secs_f64(),
+        text(&o)
+    );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let summary = check_out_folder(&out, &o);
 
@@ -118,12 +138,16 @@ fn the_rehearsal_ends_within_its_budget_with_a_step_cut_by_its_slice() {
     let cpu = ["nvrtc-gate", "kernels", "executor", "parity"];
     for step in cpu {
         let v = verdict(&summary, step);
-        assert!(v == "passed" || v.starts_with("cut by its time slice") || v.starts_with("not reached"), "{step}: {v}\n{summary}");
+        assert!(
+            v == "passed" || v.starts_with("cut by its time slice") || v.starts_with("not reached"),
+            "{step}: {v}\n{summary}"
+        );
     }
     assert!(!summary.contains("| failed"), "{summary}");
     // The parity step (bert and gpt2 under pytorch and ort on the CPU) takes minutes here: its
     // slice cuts it (the kernel and executor tests on the SIMT fibers finish in seconds).
-    let cut: Vec<_> = cpu.iter().filter(|s| verdict(&summary, s).starts_with("cut by its time slice")).collect();
+    let cut: Vec<_> =
+        cpu.iter().filter(|s| verdict(&summary, s).starts_with("cut by its time slice")).collect();
     assert!(!cut.is_empty(), "no step was cut by its time slice:\n{summary}");
     // ... and the summary says how far the kernel tests got.
     let kernels = summary.lines().find(|l| l.starts_with("| kernels |")).unwrap();
@@ -153,8 +177,17 @@ fn a_sigterm_mid_step_still_leaves_the_summary_and_the_archive() {
     assert!(st.success());
     let killed = Instant::now();
     let o = child.wait_with_output().unwrap();
-    println!("after SIGTERM: {:.1} s\n{}", killed.elapsed().as_secs_f64(), String::from_utf8_lossy(&o.stdout));
-    assert!(killed.elapsed() < Duration::from_secs(10), "{:.1} s after SIGTERM\n{}", killed.elapsed().as_secs_f64(), text(&o));
+    println!(
+        "after SIGTERM: {:.1} s\n{}",
+        killed.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "{:.1} s after SIGTERM\n{}",
+        killed.elapsed().as_secs_f64(),
+        text(&o)
+    );
     assert_eq!(o.status.code(), Some(143), "{}", text(&o));
     let summary = check_out_folder(&out, &o);
     assert!(summary.contains("cut (script killed by SIGTERM)"), "{summary}");

@@ -16,7 +16,11 @@ fn losses(out: &Path, config: &str) -> Vec<f64> {
     let (h, rows) = read_csv(&out.join("steps.csv"));
     let mut v: Vec<(usize, f64)> = rows
         .iter()
-        .filter(|r| r[col(&h, "config")] == config && r[col(&h, "rank")] == "0" && r[col(&h, "phase")] == "timed")
+        .filter(|r| {
+            r[col(&h, "config")] == config
+                && r[col(&h, "rank")] == "0"
+                && r[col(&h, "phase")] == "timed"
+        })
         .map(|r| (r[col(&h, "step")].parse().unwrap(), r[col(&h, "loss")].parse().unwrap()))
         .collect();
     v.sort_by_key(|x| x.0);
@@ -25,8 +29,33 @@ fn losses(out: &Path, config: &str) -> Vec<f64> {
 
 fn run(out: &Path, ranks: usize, global: usize, extra: &[&str]) {
     let (r, b) = (ranks.to_string(), (global / ranks).to_string());
-    let mut args: Vec<&str> = vec!["run", "--models", "tiny-gpt2", "--configs", "pytorch,ort,ort-zero1", "--ranks", &r, "--batch-size", &b, "--seq-len", "16", "--steps", "3", "--warmup", "1"];
-    args.extend(["--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", out.to_str().unwrap()]);
+    let mut args: Vec<&str> = vec![
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--configs",
+        "pytorch,ort,ort-zero1",
+        "--ranks",
+        &r,
+        "--batch-size",
+        &b,
+        "--seq-len",
+        "16",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+    ];
+    args.extend([
+        "--dropout",
+        "0",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     args.extend(extra);
     let o = ortbench(&args, &[], false);
     assert!(o.status.success(), "{ranks} ranks: {}", stderr(&o));
@@ -67,13 +96,18 @@ fn threads_still_run_ranks_when_asked() {
     run(&p, 2, 4, &[]);
     run(&t, 2, 4, &["--launch", "threads"]);
     for config in ["pytorch", "ort", "ort-zero1"] {
-        assert_eq!(losses(&p, config), losses(&t, config), "{config}: the same collectives, bit for bit");
+        assert_eq!(
+            losses(&p, config),
+            losses(&t, config),
+            "{config}: the same collectives, bit for bit"
+        );
     }
 }
 
 /// The spec a finished run gave its first worker, as JSON.
 fn spec_of(out: &Path) -> serde_json::Value {
-    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     meta["runs"][0].clone()
 }
 
@@ -82,7 +116,29 @@ fn workers_started_by_hand_with_launcher_variables_join() {
     let dir = tempfile::tempdir().unwrap();
     let one = dir.path().join("one");
     let o = ortbench(
-        &["run", "--models", "tiny-gpt2", "--configs", "ort", "--batch-size", "4", "--seq-len", "16", "--steps", "3", "--warmup", "1", "--dropout", "0", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()],
+        &[
+            "run",
+            "--models",
+            "tiny-gpt2",
+            "--configs",
+            "ort",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--dropout",
+            "0",
+            "--repeat",
+            "1",
+            "--parity-steps",
+            "0",
+            "--out",
+            one.to_str().unwrap(),
+        ],
         &[],
         false,
     );
@@ -96,7 +152,13 @@ fn workers_started_by_hand_with_launcher_variables_join() {
         .map(|r| {
             ortbench_cmd()
                 .args(["worker", "--spec", &spec.to_string()])
-                .envs([("RANK", r.to_string()), ("WORLD_SIZE", "2".into()), ("LOCAL_RANK", r.to_string()), ("MASTER_ADDR", "127.0.0.1".into()), ("MASTER_PORT", port.to_string())])
+                .envs([
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("LOCAL_RANK", r.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.to_string()),
+                ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -107,9 +169,19 @@ fn workers_started_by_hand_with_launcher_variables_join() {
     let want = losses(&one, "ort");
     for (r, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {r}: {}", stderr(o));
-        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        let got: Vec<f64> = events.iter().filter(|e| e["event"] == "step").map(|e| e["loss"].as_f64().unwrap()).collect();
-        assert!(events.iter().all(|e| e["event"] != "step" || e["rank"] == r), "rank {r} reports as itself");
+        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let got: Vec<f64> = events
+            .iter()
+            .filter(|e| e["event"] == "step")
+            .map(|e| e["loss"].as_f64().unwrap())
+            .collect();
+        assert!(
+            events.iter().all(|e| e["event"] != "step" || e["rank"] == r),
+            "rank {r} reports as itself"
+        );
         assert!(events.iter().any(|e| e["event"] == "summary"), "rank {r}: no summary");
         for (s, (x, y)) in want.iter().zip(&got).enumerate() {
             assert!(((x - y) / x).abs() <= 1e-5, "rank {r} step {s}: {y} vs one rank {x}");
@@ -135,7 +207,32 @@ fn a_killed_rank_ends_the_run_quickly_and_names_it() {
     for config in ["ort", "pytorch"] {
         let t0 = Instant::now();
         let o = ortbench(
-            &["run", "--models", "tiny-gpt2", "--configs", config, "--ranks", "2", "--batch-size", "2", "--seq-len", "16", "--steps", "6", "--warmup", "1", "--repeat", "1", "--parity-steps", "0", "--seed", seed, "--out", out.to_str().unwrap(), "--force"],
+            &[
+                "run",
+                "--models",
+                "tiny-gpt2",
+                "--configs",
+                config,
+                "--ranks",
+                "2",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "16",
+                "--steps",
+                "6",
+                "--warmup",
+                "1",
+                "--repeat",
+                "1",
+                "--parity-steps",
+                "0",
+                "--seed",
+                seed,
+                "--out",
+                out.to_str().unwrap(),
+                "--force",
+            ],
             &[("ORTBENCH_FAULT", "sigkill-at-step:2"), ("ORTBENCH_FAULT_RANK", "1")],
             false,
         );
@@ -155,7 +252,27 @@ fn a_killed_rank_ends_the_run_quickly_and_names_it() {
 /// worker).
 fn one_rank_spec(dir: &Path) -> serde_json::Value {
     let one = dir.join("one");
-    let o = ortbench(&["run", "--models", "tiny-gpt2", "--configs", "ort", "--steps", "2", "--warmup", "1", "--repeat", "1", "--parity-steps", "0", "--out", one.to_str().unwrap()], &[], false);
+    let o = ortbench(
+        &[
+            "run",
+            "--models",
+            "tiny-gpt2",
+            "--configs",
+            "ort",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--repeat",
+            "1",
+            "--parity-steps",
+            "0",
+            "--out",
+            one.to_str().unwrap(),
+        ],
+        &[],
+        false,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     spec_of(&one)
 }
@@ -167,14 +284,24 @@ fn a_rank_count_that_disagrees_with_world_size_is_refused() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
         .args(["worker", "--spec", &spec.to_string()])
-        .envs([("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", &port.to_string())])
+        .envs([
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port.to_string()),
+        ])
         .output()
         .unwrap();
     // WORLD_SIZE 1 = --ranks 1: a one-rank group is fine.
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
         .args(["worker", "--spec", &spec.to_string()])
-        .envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", &port.to_string())])
+        .envs([
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port.to_string()),
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success());
@@ -194,7 +321,11 @@ fn gpu_ranks_are_nccl_processes_and_say_why_they_cannot_start() {
     spec["ranks"] = 2.into();
     for config in ["ort-zero1", "pytorch"] {
         spec["config"] = config.into();
-        let o = Command::new(env!("CARGO_BIN_EXE_ortbench")).args(["worker", "--spec", &spec.to_string()]).env_remove("RANK").output().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
+            .args(["worker", "--spec", &spec.to_string()])
+            .env_remove("RANK")
+            .output()
+            .unwrap();
         assert!(!o.status.success());
         let text = String::from_utf8_lossy(&o.stdout);
         assert!(text.contains("GPU ranks are processes, one per GPU"), "{config}: {text}");
@@ -203,13 +334,24 @@ fn gpu_ranks_are_nccl_processes_and_say_why_they_cannot_start() {
         println!("a GPU is here: the NCCL join is scripts/gpu-validate's to check");
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
     let workers: Vec<_> = (0..2)
         .map(|r| {
             let r = r.to_string();
             Command::new(env!("CARGO_BIN_EXE_ortbench"))
                 .args(["worker", "--spec", &spec.to_string()])
-                .envs([("RANK", r.as_str()), ("LOCAL_RANK", r.as_str()), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+                .envs([
+                    ("RANK", r.as_str()),
+                    ("LOCAL_RANK", r.as_str()),
+                    ("WORLD_SIZE", "2"),
+                    ("MASTER_ADDR", "127.0.0.1"),
+                    ("MASTER_PORT", port.as_str()),
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()

@@ -15,7 +15,8 @@ use common::*;
 fn chromium() -> PathBuf {
     let find = || -> Option<PathBuf> {
         ["chromium", "chromium-browser"].iter().find_map(|name| {
-            let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().ok()?;
+            let out =
+                Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().ok()?;
             let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
             (out.status.success() && !p.is_empty()).then(|| PathBuf::from(p))
         })
@@ -39,7 +40,8 @@ fn chromium() -> PathBuf {
 /// stderr); they go through files, not pipes, so a large DOM cannot fill a pipe and stall it.
 fn headless(chromium: &Path, args: &[String], url: &str) -> (String, String) {
     let profile = tempfile::tempdir().unwrap();
-    let (out_path, err_path) = (profile.path().join("stdout.txt"), profile.path().join("stderr.txt"));
+    let (out_path, err_path) =
+        (profile.path().join("stdout.txt"), profile.path().join("stderr.txt"));
     let mut child = Command::new(chromium)
         .args([
             "--headless",
@@ -69,7 +71,8 @@ fn headless(chromium: &Path, args: &[String], url: &str) -> (String, String) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
     (read(&out_path), read(&err_path))
 }
 
@@ -95,7 +98,12 @@ fn the_report_renders_in_headless_chromium() {
     let chromium = chromium();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = ortbench(&[&["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()], QUICK].concat(), &[], false);
+    let o = ortbench(
+        &[&["run", "--models", "tiny-bert,tiny-gpt2", "--out", out.to_str().unwrap()], QUICK]
+            .concat(),
+        &[],
+        false,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let index = out.join("index.html").canonicalize().unwrap();
     let url = format!("file://{}", index.display());
@@ -112,12 +120,23 @@ fn the_report_renders_in_headless_chromium() {
     }
     let (&bg, &bg_count) = counts.iter().max_by_key(|(_, n)| **n).unwrap();
     let content = 1.0 - bg_count as f64 / px.len() as f64;
-    assert!(content > 0.05, "only {:.1}% of the page differs from the background {bg:?}", content * 100.0);
+    assert!(
+        content > 0.05,
+        "only {:.1}% of the page differs from the background {bg:?}",
+        content * 100.0
+    );
     let distinct = counts.iter().filter(|(_, n)| **n >= 20).count();
     assert!(distinct >= 16, "only {distinct} distinct colours: a blank page?");
     // Every config's bar colour (charts::config_color) is on screen.
-    for (config, rgb) in [("pytorch", [0xEE, 0x4C, 0x2C]), ("ort", [0x1F, 0x77, 0xB4]), ("ort-zero1", [0x2C, 0xA0, 0x2C])] {
-        let near = px.iter().filter(|p| p.iter().zip(rgb).all(|(a, b)| (*a as i32 - b as i32).abs() <= 6)).count();
+    for (config, rgb) in [
+        ("pytorch", [0xEE, 0x4C, 0x2C]),
+        ("ort", [0x1F, 0x77, 0xB4]),
+        ("ort-zero1", [0x2C, 0xA0, 0x2C]),
+    ] {
+        let near = px
+            .iter()
+            .filter(|p| p.iter().zip(rgb).all(|(a, b)| (*a as i32 - b as i32).abs() <= 6))
+            .count();
         assert!(near >= 200, "{config}'s colour {rgb:?} covers only {near} pixels");
     }
 

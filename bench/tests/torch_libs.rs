@@ -62,9 +62,29 @@ fn a_cuda_run_loads_libtorch_cuda_beside_the_mapped_libtorch() {
     std::fs::create_dir(&ld).unwrap();
     let out = dir.path().join("run");
     let mut c = ortbench_cmd();
-    c.args([&["run", "--models", "tiny-gpt2", "--configs", "pytorch", "--device", "cuda", "--out", out.to_str().unwrap()], QUICK].concat());
+    c.args(
+        [
+            &[
+                "run",
+                "--models",
+                "tiny-gpt2",
+                "--configs",
+                "pytorch",
+                "--device",
+                "cuda",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            QUICK,
+        ]
+        .concat(),
+    );
     with_trace(&mut c, &ld, "files");
-    let child = c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
     let err = stderr(&o);
@@ -72,7 +92,11 @@ fn a_cuda_run_loads_libtorch_cuda_beside_the_mapped_libtorch() {
     let (_, harness) = traces.iter().find(|(p, _)| *p == pid).expect("the harness's trace");
     // Loaded by path from the real folder of the libtorch_cpu this process mapped.
     let expect = format!("file={}", wheel().lib_dir().join(LIBTORCH_CUDA).display());
-    assert!(harness.lines().any(|l| l.contains(&expect)), "no '{expect}' in the harness's trace:\n{}", harness.lines().filter(|l| l.contains("libtorch")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        harness.lines().any(|l| l.contains(&expect)),
+        "no '{expect}' in the harness's trace:\n{}",
+        harness.lines().filter(|l| l.contains("libtorch")).collect::<Vec<_>>().join("\n")
+    );
     if err.contains(NO_GPU) {
         // No GPU: one line, the device check's, and no worker started.
         assert_eq!(o.status.code(), Some(2), "{err}");
@@ -102,8 +126,15 @@ fn a_cuda_worker_loads_libtorch_cuda_itself() {
     let o = c.output().unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     let traces = traces(&ld);
-    let worker = traces.iter().find(|(_, t)| loaded(t, LIBTORCH_CPU)).map(|(_, t)| t).expect("the worker's trace");
-    assert!(loaded(worker, LIBTORCH_CUDA), "the cuda worker did not load {LIBTORCH_CUDA}; stdout: {stdout}");
+    let worker = traces
+        .iter()
+        .find(|(_, t)| loaded(t, LIBTORCH_CPU))
+        .map(|(_, t)| t)
+        .expect("the worker's trace");
+    assert!(
+        loaded(worker, LIBTORCH_CUDA),
+        "the cuda worker did not load {LIBTORCH_CUDA}; stdout: {stdout}"
+    );
     if !o.status.success() {
         // One error event, not a crash: e.g. "measuring GPU 0: libcuda not found".
         let last = stdout.lines().last().unwrap_or_default();
@@ -118,19 +149,46 @@ fn a_cpu_run_loads_libtorch_cuda_in_no_process() {
     std::fs::create_dir(&ld).unwrap();
     let out = dir.path().join("run");
     let mut c = ortbench_cmd();
-    c.args([&["run", "--models", "tiny-gpt2", "--configs", "pytorch,ort", "--device", "cpu", "--out", out.to_str().unwrap()], QUICK].concat());
+    c.args(
+        [
+            &[
+                "run",
+                "--models",
+                "tiny-gpt2",
+                "--configs",
+                "pytorch,ort",
+                "--device",
+                "cpu",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            QUICK,
+        ]
+        .concat(),
+    );
     c.env("ORTBENCH_CPU_PEAK_GFLOPS", "100");
     with_trace(&mut c, &ld, "files");
-    let child = c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let (h, rows) = read_csv(&out.join("results.csv"));
-    assert_eq!((cell(&h, &rows, "pytorch", "status"), cell(&h, &rows, "ort", "status")), ("ok", "ok"));
+    assert_eq!(
+        (cell(&h, &rows, "pytorch", "status"), cell(&h, &rows, "ort", "status")),
+        ("ok", "ok")
+    );
     let traces = traces(&ld);
     // The harness and its two workers (other children, e.g. git, map no libtorch).
-    let ortbench: Vec<u32> = traces.iter().filter(|(_, t)| loaded(t, LIBTORCH_CPU)).map(|(p, _)| *p).collect();
-    assert!(ortbench.contains(&pid) && ortbench.len() >= 3, "harness {pid}, processes with libtorch {ortbench:?}");
+    let ortbench: Vec<u32> =
+        traces.iter().filter(|(_, t)| loaded(t, LIBTORCH_CPU)).map(|(p, _)| *p).collect();
+    assert!(
+        ortbench.contains(&pid) && ortbench.len() >= 3,
+        "harness {pid}, processes with libtorch {ortbench:?}"
+    );
     for (p, t) in &traces {
         assert!(!loaded(t, LIBTORCH_CUDA), "process {p} of a CPU run loaded {LIBTORCH_CUDA}");
     }
@@ -143,14 +201,23 @@ fn the_wheel_is_found_from_the_mapped_libtorch() {
     assert_eq!(torch_wheel::find().as_ref(), Some(&w), "the mapped libtorch comes first");
     // The same torch as the venv's (the one this binary was built against).
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-        assert_eq!(torch_wheel::from_virtual_env(Path::new(&venv)).map(|v| v.torch_dir), Some(w.torch_dir.clone()));
+        assert_eq!(
+            torch_wheel::from_virtual_env(Path::new(&venv)).map(|v| v.torch_dir),
+            Some(w.torch_dir.clone())
+        );
         let py = Path::new(&venv).join("bin/python3");
-        assert_eq!(torch_wheel::from_python(py.to_str().unwrap()).map(|v| v.torch_dir), Some(w.torch_dir.clone()));
+        assert_eq!(
+            torch_wheel::from_python(py.to_str().unwrap()).map(|v| v.torch_dir),
+            Some(w.torch_dir.clone())
+        );
     }
     let site = w.site_packages();
     assert_eq!(w.cuda_lib_dirs(), vec![site.join("nvidia/cu13/lib")]);
     assert!(w.nccl_lib_dir().is_some_and(|d| d.join("libnccl.so.2").is_file()));
-    assert!(w.lib_dir().join(LIBTORCH_CUDA).is_file(), "the test machine's torch is the CUDA wheel");
+    assert!(
+        w.lib_dir().join(LIBTORCH_CUDA).is_file(),
+        "the test machine's torch is the CUDA wheel"
+    );
 }
 
 /// A copy of the ortbench binary in a folder of its own with `torch-lib` → this machine's
@@ -173,12 +240,16 @@ fn clean(exe: &Path) -> Command {
 
 #[test]
 fn the_binary_s_first_runpath_entry_is_the_torch_lib_link_beside_it() {
-    let Ok(o) = Command::new("readelf").args(["-d", env!("CARGO_BIN_EXE_ortbench")]).output() else {
+    let Ok(o) = Command::new("readelf").args(["-d", env!("CARGO_BIN_EXE_ortbench")]).output()
+    else {
         eprintln!("no readelf: skipped");
         return;
     };
     let text = String::from_utf8_lossy(&o.stdout);
-    let line = text.lines().find(|l| l.contains("(RUNPATH)")).unwrap_or_else(|| panic!("no RUNPATH:\n{text}"));
+    let line = text
+        .lines()
+        .find(|l| l.contains("(RUNPATH)"))
+        .unwrap_or_else(|| panic!("no RUNPATH:\n{text}"));
     assert!(line.contains("[$ORIGIN/torch-lib:"), "{line}");
     // libtorch_cuda is not among the needed libraries (rustc's --as-needed drops it): it is loaded.
     assert!(text.contains(LIBTORCH_CPU) && !text.contains(LIBTORCH_CUDA), "{text}");
@@ -192,7 +263,10 @@ fn a_packed_binary_finds_torch_through_the_link_beside_it() {
     let w = wheel();
     // The loader resolves `torch-lib/..` physically (the link's target's parent), so libtorch's
     // own `$ORIGIN/../../nvidia/...` runpaths hold when it is loaded through the link.
-    assert_eq!(pack.join("torch-lib/../../nvidia/cu13/lib").canonicalize().unwrap(), w.site_packages().join("nvidia/cu13/lib"));
+    assert_eq!(
+        pack.join("torch-lib/../../nvidia/cu13/lib").canonicalize().unwrap(),
+        w.site_packages().join("nvidia/cu13/lib")
+    );
 
     let ld = dir.path().join("ld-list");
     std::fs::create_dir(&ld).unwrap();
@@ -203,8 +277,13 @@ fn a_packed_binary_finds_torch_through_the_link_beside_it() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("tiny-gpt2"));
     let (_, trace) = &traces(&ld)[0];
-    let through_link = format!("calling init: {}", pack.join("torch-lib").join(LIBTORCH_CPU).display());
-    assert!(trace.contains(&through_link), "libtorch_cpu not loaded through the link:\n{}", trace.lines().filter(|l| l.contains("libtorch_cpu")).collect::<Vec<_>>().join("\n"));
+    let through_link =
+        format!("calling init: {}", pack.join("torch-lib").join(LIBTORCH_CPU).display());
+    assert!(
+        trace.contains(&through_link),
+        "libtorch_cpu not loaded through the link:\n{}",
+        trace.lines().filter(|l| l.contains("libtorch_cpu")).collect::<Vec<_>>().join("\n")
+    );
 
     // `env` reports the torch it runs on, found from the mapped libtorch.
     let o = clean(&exe).args(["env", "--json"]).output().unwrap();
@@ -218,12 +297,32 @@ fn a_packed_binary_finds_torch_through_the_link_beside_it() {
     let ld = dir.path().join("ld-cuda");
     std::fs::create_dir(&ld).unwrap();
     let mut c = clean(&exe);
-    c.args([&["run", "--models", "tiny-gpt2", "--configs", "pytorch", "--device", "cuda", "--out", dir.path().join("run").to_str().unwrap()], QUICK].concat());
+    c.args(
+        [
+            &[
+                "run",
+                "--models",
+                "tiny-gpt2",
+                "--configs",
+                "pytorch",
+                "--device",
+                "cuda",
+                "--out",
+                dir.path().join("run").to_str().unwrap(),
+            ],
+            QUICK,
+        ]
+        .concat(),
+    );
     with_trace(&mut c, &ld, "files");
     let o = c.output().unwrap();
     let traces = traces(&ld);
     let expect = format!("file={}", w.lib_dir().join(LIBTORCH_CUDA).display());
-    assert!(traces.iter().any(|(_, t)| t.contains(&expect)), "no '{expect}' in the packed binary's traces; stderr: {}", stderr(&o));
+    assert!(
+        traces.iter().any(|(_, t)| t.contains(&expect)),
+        "no '{expect}' in the packed binary's traces; stderr: {}",
+        stderr(&o)
+    );
     if stderr(&o).contains(NO_GPU) {
         assert_eq!(o.status.code(), Some(2));
     }

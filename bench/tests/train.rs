@@ -25,12 +25,21 @@ fn fixture(p: &str) -> PathBuf {
 }
 
 fn ortbench(args: &[&str], cache: &Path) -> (bool, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_ortbench")).args(args).env("ORTBENCH_CACHE_DIR", cache).output().unwrap();
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
+        .args(args)
+        .env("ORTBENCH_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn python() -> String {
-    std::env::var("ORTBENCH_PYTHON").unwrap_or_else(|_| root().join(".venv/bin/python").to_string_lossy().into_owned())
+    std::env::var("ORTBENCH_PYTHON")
+        .unwrap_or_else(|_| root().join(".venv/bin/python").to_string_lossy().into_owned())
 }
 
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
@@ -44,14 +53,27 @@ fn inputs(model_dir: &Path, task_rows: &str) -> (ModelConfig, Batch) {
     let model = resolve(model_dir.to_str().unwrap(), &HubOptions::from_env()).unwrap();
     let mut cfg = model.config.clone();
     cfg.set_dropout(0.0);
-    let tok = tokenizers::Tokenizer::from_file(model.tokenizer_file(&HubOptions::from_env()).unwrap()).unwrap();
+    let tok =
+        tokenizers::Tokenizer::from_file(model.tokenizer_file(&HubOptions::from_env()).unwrap())
+            .unwrap();
     let rows = read_text_rows(&fixture(task_rows), &Columns::default()).unwrap();
     // Tokenised as a classifier's rows (one text each, padded), whatever the head; the labels
     // are not used.
-    let rows = ortbench_models::text::TextRows { texts: rows.texts[..8].to_vec(), labels: Some(vec![ortbench_models::text::LabelValue::Int(0); 8]) };
-    let as_cls = ortbench_models::with_task(cfg.clone(), Some("sequence-classification"), "x").unwrap();
+    let rows = ortbench_models::text::TextRows {
+        texts: rows.texts[..8].to_vec(),
+        labels: Some(vec![ortbench_models::text::LabelValue::Int(0); 8]),
+    };
+    let as_cls =
+        ortbench_models::with_task(cfg.clone(), Some("sequence-classification"), "x").unwrap();
     let t = tokenize(&as_cls, &tok, &rows, 32, &mut |_, _| {}).unwrap();
-    let batch = Batch { batch_size: 8, seq_len: t.seq_len, input_ids: t.input_ids, labels: Vec::new(), targets: None, attention_mask: t.attention_mask };
+    let batch = Batch {
+        batch_size: 8,
+        seq_len: t.seq_len,
+        input_ids: t.input_ids,
+        labels: Vec::new(),
+        targets: None,
+        attention_mask: t.attention_mask,
+    };
     (cfg, batch)
 }
 
@@ -72,14 +94,21 @@ fn read_logits(path: &Path) -> (Vec<f32>, Option<std::collections::HashMap<Strin
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
-    (t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(), meta.metadata().clone())
+    (
+        t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        meta.metadata().clone(),
+    )
 }
 
 /// The engine's logits of the saved model for `batch`.
 fn engine_logits(dir: &Path, cfg: &ModelConfig, batch: &Batch) -> Vec<f32> {
     let (w, report) = Weights::load(cfg, &dir.join("model.safetensors"), 0).unwrap();
     assert!(report.missing.is_empty() && report.unexpected.is_empty(), "{report:?}");
-    let inf = InferenceModel::new(cfg, &GraphOptions::new(batch.batch_size, batch.seq_len).with_attention_mask(true)).unwrap();
+    let inf = InferenceModel::new(
+        cfg,
+        &GraphOptions::new(batch.batch_size, batch.seq_len).with_attention_mask(true),
+    )
+    .unwrap();
     inf.logits(&w.flat(cfg).unwrap(), batch).unwrap()
 }
 
@@ -97,11 +126,19 @@ fn hf_agrees(dir: &Path, label: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let (inp, out) = (tmp.path().join("in.safetensors"), tmp.path().join("out.safetensors"));
     write_inputs(&inp, &batch);
-    let o = Command::new(python()).arg(root().join("scripts/hf-logits.py")).args([dir, &inp, &out]).output().unwrap();
+    let o = Command::new(python())
+        .arg(root().join("scripts/hf-logits.py"))
+        .args([dir, &inp, &out])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{label}: hf-logits.py: {}", String::from_utf8_lossy(&o.stderr));
     let (hf, meta) = read_logits(&out);
     let meta = meta.unwrap();
-    assert_eq!((meta["missing_keys"].as_str(), meta["unexpected_keys"].as_str()), ("[]", "[]"), "{label}: HF's loading report");
+    assert_eq!(
+        (meta["missing_keys"].as_str(), meta["unexpected_keys"].as_str()),
+        ("[]", "[]"),
+        "{label}: HF's loading report"
+    );
     let ours = engine_logits(dir, &cfg, &batch);
     let d = rel_diff(&ours, &hf);
     println!("{label}: HF Transformers loads the saved directory; logits max |engine − HF| / max|HF| = {d:.2e} ({} values)", hf.len());
@@ -114,9 +151,23 @@ fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
     let out = tmp.path().join("sentiment");
     let (ok, stdout, stderr) = ortbench(
         &[
-            "train", "--model", fixture("tiny-bert-sentiment").to_str().unwrap(), "--dataset", fixture("text/train.csv").to_str().unwrap(),
-            "--eval-dataset", fixture("text/eval.csv").to_str().unwrap(), "--epochs", "3", "--batch-size", "16", "--lr", "1e-3",
-            "--eval-steps", "8", "--output-dir", out.to_str().unwrap(),
+            "train",
+            "--model",
+            fixture("tiny-bert-sentiment").to_str().unwrap(),
+            "--dataset",
+            fixture("text/train.csv").to_str().unwrap(),
+            "--eval-dataset",
+            fixture("text/eval.csv").to_str().unwrap(),
+            "--epochs",
+            "3",
+            "--batch-size",
+            "16",
+            "--lr",
+            "1e-3",
+            "--eval-steps",
+            "8",
+            "--output-dir",
+            out.to_str().unwrap(),
         ],
         tmp.path(),
     );
@@ -131,20 +182,34 @@ fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
     assert!(*accs.last().unwrap() >= 0.9, "final eval accuracy {:?}", accs.last());
     let (_, steps) = read_csv(&out.join("steps.csv"));
     assert_eq!(steps.len(), 96);
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "steps.parquet", "eval.parquet"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "steps.parquet",
+        "eval.parquet",
+    ] {
         assert!(out.join(f).is_file(), "{f}");
     }
     hf_agrees(&out, "BertForSequenceClassification (trained)");
 
     // Export the trained model and run it under onnxruntime.
     let onnx = tmp.path().join("sentiment.onnx");
-    let (ok, stdout, stderr) = ortbench(&["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()], tmp.path());
+    let (ok, stdout, stderr) = ortbench(
+        &["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()],
+        tmp.path(),
+    );
     assert!(ok, "{stderr}");
     println!("{stdout}");
     let (cfg, batch) = inputs(&out, "text/eval.csv");
     let (inp, res) = (tmp.path().join("in.safetensors"), tmp.path().join("ort.safetensors"));
     write_inputs(&inp, &batch);
-    let o = Command::new(python()).arg(root().join("scripts/onnx-check.py")).args([&onnx, &inp, &res]).output().unwrap();
+    let o = Command::new(python())
+        .arg(root().join("scripts/onnx-check.py"))
+        .args([&onnx, &inp, &res])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "onnx-check.py: {}", String::from_utf8_lossy(&o.stderr));
     let d = rel_diff(&engine_logits(&out, &cfg, &batch), &read_logits(&res).0);
     println!("exported ONNX under onnxruntime: logits max |engine − ort| / max|ort| = {d:.2e}");
@@ -156,12 +221,30 @@ fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
 #[test]
 fn saved_language_models_load_in_hf() {
     let tmp = tempfile::tempdir().unwrap();
-    for (model, task, label) in [("tiny-bert-sentiment", "masked-lm", "BertForMaskedLM"), ("tiny-gpt2-text", "causal-lm", "GPT2LMHeadModel")] {
+    for (model, task, label) in [
+        ("tiny-bert-sentiment", "masked-lm", "BertForMaskedLM"),
+        ("tiny-gpt2-text", "causal-lm", "GPT2LMHeadModel"),
+    ] {
         let out = tmp.path().join(task);
         let (ok, _, stderr) = ortbench(
             &[
-                "train", "--model", fixture(model).to_str().unwrap(), "--task", task, "--dataset", fixture("text/corpus.txt").to_str().unwrap(),
-                "--max-steps", "3", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-3", "--output-dir", out.to_str().unwrap(),
+                "train",
+                "--model",
+                fixture(model).to_str().unwrap(),
+                "--task",
+                task,
+                "--dataset",
+                fixture("text/corpus.txt").to_str().unwrap(),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--lr",
+                "1e-3",
+                "--output-dir",
+                out.to_str().unwrap(),
             ],
             tmp.path(),
         );
@@ -178,9 +261,25 @@ fn resume_continues_the_loss_curve_exactly() {
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     let base = |dir: &Path| -> Vec<String> {
         [
-            "train", "--model", fixture("tiny-bert-sentiment").to_str().unwrap(), "--dataset", fixture("text/train.csv").to_str().unwrap(),
-            "--eval-split", "0.25", "--max-steps", "20", "--batch-size", "8", "--lr", "1e-3", "--save-steps", "10", "--dropout", "0.1",
-            "--output-dir", dir.to_str().unwrap(),
+            "train",
+            "--model",
+            fixture("tiny-bert-sentiment").to_str().unwrap(),
+            "--dataset",
+            fixture("text/train.csv").to_str().unwrap(),
+            "--eval-split",
+            "0.25",
+            "--max-steps",
+            "20",
+            "--batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--save-steps",
+            "10",
+            "--dropout",
+            "0.1",
+            "--output-dir",
+            dir.to_str().unwrap(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -205,15 +304,38 @@ fn resume_continues_the_loss_curve_exactly() {
     assert!(stderr.contains("resuming from") && stderr.contains("at step 10 of 20"), "{stderr}");
     let (h, ra) = read_csv(&a.join("steps.csv"));
     let (_, rb) = read_csv(&b.join("steps.csv"));
-    let (l, g) = (h.iter().position(|c| c == "loss").unwrap(), h.iter().position(|c| c == "grad_norm").unwrap());
+    let (l, g) = (
+        h.iter().position(|c| c == "loss").unwrap(),
+        h.iter().position(|c| c == "grad_norm").unwrap(),
+    );
     assert_eq!(ra.len(), 20);
     assert_eq!(rb.len(), 20);
     for (x, y) in ra.iter().zip(&rb) {
-        assert_eq!((&x[l], &x[g]), (&y[l], &y[g]), "step {}", x[h.iter().position(|c| c == "step").unwrap()]);
+        assert_eq!(
+            (&x[l], &x[g]),
+            (&y[l], &y[g]),
+            "step {}",
+            x[h.iter().position(|c| c == "step").unwrap()]
+        );
     }
-    assert_eq!(std::fs::read(a.join("model.safetensors")).unwrap(), std::fs::read(b.join("model.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(a.join("model.safetensors")).unwrap(),
+        std::fs::read(b.join("model.safetensors")).unwrap()
+    );
     // --resume without a checkpoint, or with other steps: one-line errors.
-    let e = run_err(&tmp, &["train", "--model", fixture("tiny-bert-sentiment").to_str().unwrap(), "--data", "x", "--output-dir", tmp.path().join("none").to_str().unwrap(), "--resume"]);
+    let e = run_err(
+        &tmp,
+        &[
+            "train",
+            "--model",
+            fixture("tiny-bert-sentiment").to_str().unwrap(),
+            "--data",
+            "x",
+            "--output-dir",
+            tmp.path().join("none").to_str().unwrap(),
+            "--resume",
+        ],
+    );
     assert!(e.contains("has no checkpoint-N/"), "{e}");
 }
 

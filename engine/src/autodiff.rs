@@ -15,9 +15,7 @@ use std::collections::HashMap;
 /// Returns the training graph: `forward` with the backward appended and `loss` set.
 pub fn backward(forward: &Graph, loss: TensorId) -> Result<Graph, GraphError> {
     if forward.is_training() {
-        return Err(GraphError::Autodiff(
-            "the graph already has a backward".into(),
-        ));
+        return Err(GraphError::Autodiff("the graph already has a backward".into()));
     }
     let mut g = forward.clone();
     g.set_loss(loss)?;
@@ -122,30 +120,19 @@ fn rule(
         Op::Fill { .. } => vec![],
         Op::Embedding => {
             let vocab = g.shape(ins[0])[0];
-            vec![
-                need[0]
-                    .then(|| g.embedding_backward(ins[1], gy()?, vocab))
-                    .transpose()?,
-                None,
-            ]
+            vec![need[0].then(|| g.embedding_backward(ins[1], gy()?, vocab)).transpose()?, None]
         }
         Op::MatMul { ta, tb } => matmul_rule(g, ins[0], ins[1], gy()?, *ta, *tb, need)?,
         Op::BiasAdd => {
             let c = shape(g, ins[1]);
             let dy = gy()?;
-            vec![
-                Some(dy),
-                need[1].then(|| g.reduce_sum_leading(dy, &c)).transpose()?,
-            ]
+            vec![Some(dy), need[1].then(|| g.reduce_sum_leading(dy, &c)).transpose()?]
         }
         Op::Add => {
             let dy = gy()?;
             let (sa, sb) = (shape(g, ins[0]), shape(g, ins[1]));
-            let db = if sa == sb || !need[1] {
-                Some(dy)
-            } else {
-                Some(g.reduce_sum_leading(dy, &sb)?)
-            };
+            let db =
+                if sa == sb || !need[1] { Some(dy) } else { Some(g.reduce_sum_leading(dy, &sb)?) };
             vec![Some(dy), db]
         }
         Op::Scale { s } => vec![Some(g.scale(gy()?, *s)?)],
@@ -186,12 +173,7 @@ fn rule(
                 .collect();
             g.split(gy()?, &sizes)?.into_iter().map(Some).collect()
         }
-        Op::Attention {
-            scale,
-            causal,
-            dropout_p,
-            offset,
-        } => {
+        Op::Attention { scale, causal, dropout_p, offset } => {
             no_mask_grad(node, need, 3)?;
             let attrs = Op::AttentionBackward {
                 scale: *scale,
@@ -199,14 +181,20 @@ fn rule(
                 dropout_p: *dropout_p,
                 offset: *offset,
             };
-            let d = g.attention_backward(attrs, gy()?, ins[0], ins[1], ins[2], outs[1], outs[0], ins.get(3).copied())?;
+            let d = g.attention_backward(
+                attrs,
+                gy()?,
+                ins[0],
+                ins[1],
+                ins[2],
+                outs[1],
+                outs[0],
+                ins.get(3).copied(),
+            )?;
             d.into_iter().map(Some).chain([None]).collect()
         }
         Op::CrossEntropy { ignore_index } => {
-            vec![
-                Some(g.cross_entropy_backward(gy()?, ins[0], ins[1], *ignore_index)?),
-                None,
-            ]
+            vec![Some(g.cross_entropy_backward(gy()?, ins[0], ins[1], *ignore_index)?), None]
         }
         Op::Linear { tb, gelu } => {
             // GELU's backward from the saved pre-activation, then what MatMul and BiasAdd

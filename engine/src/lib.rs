@@ -7,16 +7,16 @@
 //! This crate depends on neither tch/libtorch nor polars/plotters: it is our own engine.
 
 pub mod autodiff;
-pub mod collective;
 pub mod backend;
+pub mod collective;
 pub mod dtype;
 pub mod exec;
 pub mod graph;
 pub mod ops;
 pub mod optim;
-pub mod plan;
 pub mod parallel;
 pub mod passes;
+pub mod plan;
 pub mod session;
 pub mod torch_wheel;
 

@@ -63,7 +63,10 @@ impl Zero1State {
         let own = sharding.real_range(rank);
         let full = &mut session.opt;
         // Shrunk where they lie (copy_within + realloc): never the full and the shard moments at once.
-        let (m, v) = (shard_of(std::mem::take(&mut full.m), &own), shard_of(std::mem::take(&mut full.v), &own));
+        let (m, v) = (
+            shard_of(std::mem::take(&mut full.m), &own),
+            shard_of(std::mem::take(&mut full.v), &own),
+        );
         let mut opt = AdamW::new(full.cfg, shard_segments(full.segments(), own.clone()), own.len());
         (opt.m, opt.v, opt.step, opt.threads) = (m, v, full.step, full.threads);
         Zero1State { sharding, own, opt }
@@ -116,7 +119,8 @@ impl<C: Collective> DataParallel<C> {
     /// of them; one rank runs exactly as DDP (no shard state, no collectives).
     pub fn new(mut session: TrainSession, group: C, strategy: Strategy) -> Self {
         let world = group.world_size();
-        let zero = (strategy == Strategy::Zero1 && world > 1).then(|| Zero1State::take_shard(&mut session, group.rank(), world));
+        let zero = (strategy == Strategy::Zero1 && world > 1)
+            .then(|| Zero1State::take_shard(&mut session, group.rank(), world));
         DataParallel { session, group, strategy, zero, scaler: None, fault: None, grad_fault: None }
     }
 
@@ -168,7 +172,13 @@ impl<C: Collective> DataParallel<C> {
 
     /// One step on this rank's slice of the global batch. `weight` is this rank's share of
     /// the global batch's labelled tokens (1 on a single rank); every rank must call it.
-    pub fn step(&mut self, inputs: &Inputs<'_>, weight: f32, lr: f32, seed: u64) -> Result<StepStats, ParallelError> {
+    pub fn step(
+        &mut self,
+        inputs: &Inputs<'_>,
+        weight: f32,
+        lr: f32,
+        seed: u64,
+    ) -> Result<StepStats, ParallelError> {
         let scale = self.loss_scale();
         // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
         // where a GPU's would, which is what the all-reduced overflow check below catches.
@@ -229,12 +239,24 @@ impl<C: Collective> DataParallel<C> {
 /// DDP's update of weighted local gradients: sum them over the ranks (unless `single`), then
 /// the session's full AdamW (norm, clipping, overflow skip, mirror write). Returns (global
 /// gradient norm, finite).
-fn ddp_update<C: Collective>(group: &C, s: &mut TrainSession, single: bool, inv_scale: f32, lr: f32) -> Result<(f32, bool), ParallelError> {
+fn ddp_update<C: Collective>(
+    group: &C,
+    s: &mut TrainSession,
+    single: bool,
+    inv_scale: f32,
+    lr: f32,
+) -> Result<(f32, bool), ParallelError> {
     if !single {
         group.all_reduce(&mut s.grads, ReduceOp::Sum)?;
     }
     let prec = s.precision();
-    let stats = s.opt.step(&mut s.params, &s.grads, inv_scale, lr, TrainSession::mirror(&mut s.compute, prec));
+    let stats = s.opt.step(
+        &mut s.params,
+        &s.grads,
+        inv_scale,
+        lr,
+        TrainSession::mirror(&mut s.compute, prec),
+    );
     Ok((stats.norm, stats.finite))
 }
 
@@ -242,7 +264,13 @@ fn ddp_update<C: Collective>(group: &C, s: &mut TrainSession, single: bool, inv_
 /// reduce-scatter into `grads[own]`, global norm and overflow flag all-reduced (every rank
 /// clips and skips identically), AdamW on `params[own]`, all-gather of `params`, refresh of
 /// the compute copy. Returns (global gradient norm, finite).
-fn zero1_update<C: Collective>(group: &C, s: &mut TrainSession, z: &mut Zero1State, inv_scale: f32, lr: f32) -> Result<(f32, bool), ParallelError> {
+fn zero1_update<C: Collective>(
+    group: &C,
+    s: &mut TrainSession,
+    z: &mut Zero1State,
+    inv_scale: f32,
+    lr: f32,
+) -> Result<(f32, bool), ParallelError> {
     let k = z.sharding.shard;
     // grads (Ψ,): chunk r (= own on rank r) becomes Σ_ranks; the other chunks keep this
     // rank's local gradients, which nothing reads.
@@ -280,7 +308,10 @@ mod tests {
         let sh = Sharding::new(21, 2, 4); // padded to 24, shards of 12
         assert_eq!(
             shard_segments(&full, sh.range(0)),
-            vec![Segment { start: 0, len: 10, decay: true }, Segment { start: 10, len: 2, decay: false }]
+            vec![
+                Segment { start: 0, len: 10, decay: true },
+                Segment { start: 10, len: 2, decay: false }
+            ]
         );
         assert_eq!(
             shard_segments(&full, sh.range(1)),

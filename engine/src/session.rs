@@ -8,8 +8,8 @@
 use crate::exec::planned::PlannedExecutor;
 use crate::exec::{ExecError, Inputs, RefExecutor};
 use crate::graph::Graph;
-use crate::plan::{Plan, PlanError};
 use crate::optim::{AdamW, AdamWConfig, LossScaler, ParamMirror, Segment};
+use crate::plan::{Plan, PlanError};
 use crate::DType;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,12 @@ pub enum ExecutorKind {
 impl ExecutorKind {
     /// From `ORTBENCH_EXECUTOR` (`ref` | `planned`, unset = planned).
     pub fn from_env() -> Result<Self, SessionError> {
-        match std::env::var("ORTBENCH_EXECUTOR").unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+        match std::env::var("ORTBENCH_EXECUTOR")
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str()
+        {
             "" | "planned" | "plan" => Ok(ExecutorKind::Planned),
             "ref" | "reference" => Ok(ExecutorKind::Reference),
             other => Err(SessionError::Executor(other.to_string())),
@@ -91,12 +96,25 @@ pub struct TrainSession {
 impl TrainSession {
     /// `params` in the graph's flat layout; `segments` say which ranges get weight decay. The
     /// executor comes from `ORTBENCH_EXECUTOR` ([`ExecutorKind::from_env`]).
-    pub fn new(graph: Graph, params: Vec<f32>, segments: Vec<Segment>, cfg: AdamWConfig, precision: DType) -> Result<Self, SessionError> {
+    pub fn new(
+        graph: Graph,
+        params: Vec<f32>,
+        segments: Vec<Segment>,
+        cfg: AdamWConfig,
+        precision: DType,
+    ) -> Result<Self, SessionError> {
         Self::with_executor(graph, params, segments, cfg, precision, ExecutorKind::from_env()?)
     }
 
     /// As [`TrainSession::new`] with an explicit executor.
-    pub fn with_executor(graph: Graph, params: Vec<f32>, segments: Vec<Segment>, cfg: AdamWConfig, precision: DType, kind: ExecutorKind) -> Result<Self, SessionError> {
+    pub fn with_executor(
+        graph: Graph,
+        params: Vec<f32>,
+        segments: Vec<Segment>,
+        cfg: AdamWConfig,
+        precision: DType,
+        kind: ExecutorKind,
+    ) -> Result<Self, SessionError> {
         if !graph.is_training() || graph.loss().is_none() {
             return Err(SessionError::NotTraining);
         }
@@ -114,7 +132,16 @@ impl TrainSession {
             ExecutorKind::Reference => Executor::Reference,
             ExecutorKind::Planned => Executor::Planned(Box::new(PlannedExecutor::new(&graph)?)),
         };
-        let mut s = TrainSession { graph, precision, grads: vec![0.0; n], compute: Vec::new(), params, opt: AdamW::new(cfg, segments, n), scaler: None, exec };
+        let mut s = TrainSession {
+            graph,
+            precision,
+            grads: vec![0.0; n],
+            compute: Vec::new(),
+            params,
+            opt: AdamW::new(cfg, segments, n),
+            scaler: None,
+            exec,
+        };
         s.refresh_compute();
         Ok(s)
     }
@@ -178,7 +205,11 @@ impl TrainSession {
     }
 
     /// Forward + backward only: fills `grads`, returns the loss (no update).
-    pub fn forward_backward(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<f32, SessionError> {
+    pub fn forward_backward(
+        &mut self,
+        inputs: &Inputs<'_>,
+        seed: u64,
+    ) -> Result<f32, SessionError> {
         self.forward_backward_scaled(inputs, seed, 1.0)
     }
 
@@ -187,11 +218,21 @@ impl TrainSession {
     /// in f16 every intermediate gradient is scaled and can overflow as on a GPU; the
     /// reference executor (f32 only) multiplies afterwards, which is exact for the powers of
     /// two a loss scaler uses.
-    pub fn forward_backward_scaled(&mut self, inputs: &Inputs<'_>, seed: u64, loss_scale: f32) -> Result<f32, SessionError> {
+    pub fn forward_backward_scaled(
+        &mut self,
+        inputs: &Inputs<'_>,
+        seed: u64,
+        loss_scale: f32,
+    ) -> Result<f32, SessionError> {
         let params = if self.compute.is_empty() { &self.params } else { &self.compute };
         match &mut self.exec {
             Executor::Reference => {
-                let loss = RefExecutor::new(&self.graph).train_step(params, inputs, seed, &mut self.grads)?;
+                let loss = RefExecutor::new(&self.graph).train_step(
+                    params,
+                    inputs,
+                    seed,
+                    &mut self.grads,
+                )?;
                 if loss_scale != 1.0 {
                     self.grads.iter_mut().for_each(|g| *g *= loss_scale);
                 }
@@ -205,7 +246,12 @@ impl TrainSession {
     }
 
     /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.
-    pub fn step(&mut self, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+    pub fn step(
+        &mut self,
+        inputs: &Inputs<'_>,
+        lr: f32,
+        seed: u64,
+    ) -> Result<StepStats, SessionError> {
         let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
         let loss = self.forward_backward_scaled(inputs, seed, scale)?;
         let mirror = Self::mirror(&mut self.compute, self.precision);

@@ -79,7 +79,11 @@ pub struct TorchWheel {
 impl TorchWheel {
     fn at(torch_dir: &Path, source: Source) -> Option<TorchWheel> {
         let torch_dir = torch_dir.canonicalize().ok()?;
-        torch_dir.join("lib").join(LIBTORCH_CPU).is_file().then_some(TorchWheel { torch_dir, source })
+        torch_dir
+            .join("lib")
+            .join(LIBTORCH_CPU)
+            .is_file()
+            .then_some(TorchWheel { torch_dir, source })
     }
 
     /// `torch/lib`: libtorch itself.
@@ -96,7 +100,11 @@ impl TorchWheel {
     /// NVRTC, cuBLAS(Lt) in one folder), then CUDA 12's per-package folders.
     pub fn cuda_lib_dirs(&self) -> Vec<PathBuf> {
         let nvidia = self.site_packages().join("nvidia");
-        ["cu13/lib", "cuda_runtime/lib", "cuda_nvrtc/lib", "cublas/lib"].iter().map(|d| nvidia.join(d)).filter(|d| d.is_dir()).collect()
+        ["cu13/lib", "cuda_runtime/lib", "cuda_nvrtc/lib", "cublas/lib"]
+            .iter()
+            .map(|d| nvidia.join(d))
+            .filter(|d| d.is_dir())
+            .collect()
     }
 
     /// The wheel's NCCL folder (`nvidia/nccl/lib`), when it exists.
@@ -136,7 +144,10 @@ pub fn is_mapped(name: &str) -> Option<PathBuf> {
 
 /// torch's `lib/` of the libtorch mapped into a process, from its maps.
 pub fn torch_lib_in(maps: &[PathBuf]) -> Option<PathBuf> {
-    maps.iter().find(|p| p.file_name().is_some_and(|f| f == LIBTORCH_CPU)).and_then(|p| p.parent()).map(Path::to_path_buf)
+    maps.iter()
+        .find(|p| p.file_name().is_some_and(|f| f == LIBTORCH_CPU))
+        .and_then(|p| p.parent())
+        .map(Path::to_path_buf)
 }
 
 /// The wheel of the libtorch mapped into this process.
@@ -166,14 +177,21 @@ pub fn from_virtual_env(venv: &Path) -> Option<TorchWheel> {
         })
         .collect();
     pythons.sort_by(|a, b| b.0.cmp(&a.0));
-    pythons.iter().find_map(|(_, p)| TorchWheel::at(&p.join("site-packages/torch"), Source::VirtualEnv))
+    pythons
+        .iter()
+        .find_map(|(_, p)| TorchWheel::at(&p.join("site-packages/torch"), Source::VirtualEnv))
 }
 
 /// Asks `python` where its `torch` package is (`importlib.util.find_spec`, which does not
 /// import torch: a few tens of milliseconds).
 pub fn from_python(python: &str) -> Option<TorchWheel> {
     let code = "import importlib.util,os\ns=importlib.util.find_spec('torch')\nprint(os.path.dirname(s.origin) if s and s.origin else '')";
-    let out = Command::new(python).args(["-c", code]).stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+    let out = Command::new(python)
+        .args(["-c", code])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || dir.is_empty() {
         return None;
@@ -217,7 +235,11 @@ pub fn load_libtorch_cuda() -> Result<PathBuf, String> {
 }
 
 fn load_cuda_beside(maps: &[PathBuf]) -> Result<PathBuf, String> {
-    let lib = torch_lib_in(maps).ok_or_else(|| format!("{LIBTORCH_CPU} is not loaded in this process, so there is no libtorch to add CUDA to"))?;
+    let lib = torch_lib_in(maps).ok_or_else(|| {
+        format!(
+            "{LIBTORCH_CPU} is not loaded in this process, so there is no libtorch to add CUDA to"
+        )
+    })?;
     let path = lib.join(LIBTORCH_CUDA);
     if !path.is_file() {
         return Err(format!(
@@ -244,7 +266,8 @@ mod tests {
 
     /// A fresh folder under the system's temporary one (the engine has no tempfile crate).
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("ortbench-torch-wheel-{}-{name}", std::process::id()));
+        let d = std::env::temp_dir()
+            .join(format!("ortbench-torch-wheel-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -261,7 +284,13 @@ mod tests {
 7ffd00000000-7ffd00001000 rw-p 00000000 00:00 0     [stack]
 ";
         let files = parse_maps(maps);
-        assert_eq!(files, vec![PathBuf::from("/opt/t/site-packages/torch/lib/libtorch_cpu.so"), PathBuf::from("/tmp/with space/lib x.so")]);
+        assert_eq!(
+            files,
+            vec![
+                PathBuf::from("/opt/t/site-packages/torch/lib/libtorch_cpu.so"),
+                PathBuf::from("/tmp/with space/lib x.so")
+            ]
+        );
         assert_eq!(torch_lib_in(&files), Some(PathBuf::from("/opt/t/site-packages/torch/lib")));
         assert_eq!(torch_lib_in(&files[1..]), None);
     }
@@ -273,7 +302,10 @@ mod tests {
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join(LIBTORCH_CPU), b"").unwrap();
         let e = load_cuda_beside(&[lib.join(LIBTORCH_CPU)]).unwrap_err();
-        assert!(e.contains("CPU-only") && e.contains(&lib.display().to_string()) && !e.contains('\n'), "{e}");
+        assert!(
+            e.contains("CPU-only") && e.contains(&lib.display().to_string()) && !e.contains('\n'),
+            "{e}"
+        );
         let e = load_cuda_beside(&[]).unwrap_err();
         assert!(e.contains("not loaded"), "{e}");
         let _ = std::fs::remove_dir_all(dir);
@@ -293,7 +325,10 @@ mod tests {
         std::fs::write(site.join("torch/lib").join(LIBTORCH_CPU), b"").unwrap();
         let w = from_virtual_env(venv).expect("found");
         let site = site.canonicalize().unwrap();
-        assert_eq!((w.source, w.torch_dir.clone(), w.site_packages()), (Source::VirtualEnv, site.join("torch"), site.clone()));
+        assert_eq!(
+            (w.source, w.torch_dir.clone(), w.site_packages()),
+            (Source::VirtualEnv, site.join("torch"), site.clone())
+        );
         assert_eq!(w.cuda_lib_dirs(), vec![site.join("nvidia/cu13/lib")]);
         assert_eq!(w.nccl_lib_dir(), Some(site.join("nvidia/nccl/lib")));
         let _ = std::fs::remove_dir_all(dir);

@@ -20,21 +20,32 @@ fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
         eprintln!("hiprtc_gate skipped: {e}");
         return;
     }
-    let registered: Vec<String> = ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
+    let registered: Vec<String> =
+        ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
     let mut found = std::collections::BTreeSet::new();
     for arch in ARCHS {
         for (file, _) in kernels::SOURCES {
             let t = std::time::Instant::now();
             let code = hip::compile(file, arch).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(&code[..4], b"\x7fELF", "{file} for {arch}: not an ELF code object");
-            let names: Vec<&String> = registered.iter().filter(|n| kernels::code_object_has_kernel(&code, n)).collect();
-            assert!(!names.is_empty(), "{file} for {arch}: none of the registered kernels is in the code object");
-            eprintln!("{file:>18} {arch:>7}: {:>3} kernels, {:>7} bytes, {:.1} s", names.len(), code.len(), t.elapsed().as_secs_f64());
+            let names: Vec<&String> =
+                registered.iter().filter(|n| kernels::code_object_has_kernel(&code, n)).collect();
+            assert!(
+                !names.is_empty(),
+                "{file} for {arch}: none of the registered kernels is in the code object"
+            );
+            eprintln!(
+                "{file:>18} {arch:>7}: {:>3} kernels, {:>7} bytes, {:.1} s",
+                names.len(),
+                code.len(),
+                t.elapsed().as_secs_f64()
+            );
             found.extend(names.into_iter().cloned().map(|n| (arch, n)));
         }
     }
     for arch in ARCHS {
-        let missing: Vec<&String> = registered.iter().filter(|n| !found.contains(&(arch, (*n).clone()))).collect();
+        let missing: Vec<&String> =
+            registered.iter().filter(|n| !found.contains(&(arch, (*n).clone()))).collect();
         assert!(missing.is_empty(), "{arch}: registered kernels in no code object (a file missing from kernels::SOURCES?): {missing:?}");
     }
 }

@@ -91,7 +91,14 @@ fn gpt() -> Graph {
             let r = g.reshape(part, &[B, T, H, C / H]).unwrap();
             hs.push(g.permute(r, &[0, 2, 1, 3]).unwrap());
         }
-        let a = g.attention(hs[0], hs[1], hs[2], AttentionOpts { causal: true, scale: None, dropout_p: 0.1, mask: None }).unwrap();
+        let a = g
+            .attention(
+                hs[0],
+                hs[1],
+                hs[2],
+                AttentionOpts { causal: true, scale: None, dropout_p: 0.1, mask: None },
+            )
+            .unwrap();
         let a = g.permute(a, &[0, 2, 1, 3]).unwrap();
         let a = g.reshape(a, &[B, T, C]).unwrap();
         let pw = g.param(&format!("{l}.proj.w"), &[C, C]).unwrap();
@@ -119,13 +126,16 @@ fn no_heap_allocation_inside_a_step_after_the_first() {
     let mut ex = PlannedExecutor::new(&g).unwrap();
     assert!(ex.row_restricted_steps() > 0);
     let n = g.num_param_elems();
-    let params: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.1 + 1e-3).collect();
+    let params: Vec<f32> =
+        (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.1 + 1e-3).collect();
     let mut grads = vec![0.0f32; n];
     let ids: Vec<i64> = (0..B * T).map(|i| (i * 31 % V) as i64).collect();
     // One token in 7 labelled (masked-LM style): the head's row-restricted kernels run too.
-    let labels: Vec<i64> = (0..B * T).map(|i| if i % 7 != 0 { -100 } else { (i * 17 % V) as i64 }).collect();
+    let labels: Vec<i64> =
+        (0..B * T).map(|i| if i % 7 != 0 { -100 } else { (i * 17 % V) as i64 }).collect();
     let pos: Vec<i64> = (0..T as i64).collect();
-    let inputs = Inputs::new().ids("input_ids", &ids).ids("position_ids", &pos).ids("labels", &labels);
+    let inputs =
+        Inputs::new().ids("input_ids", &ids).ids("position_ids", &pos).ids("labels", &labels);
     let first = ex.train_step(&params, &inputs, 1, &mut grads).unwrap();
     assert!(first.is_finite());
     ALLOCS.store(0, Ordering::SeqCst);
@@ -140,7 +150,10 @@ fn no_heap_allocation_inside_a_step_after_the_first() {
     let provider = ortbench_engine::backend::cpu::gemm::provider().unwrap();
     let in_crate = GEMM_CRATE_ALLOCS.load(Ordering::SeqCst);
     eprintln!("GEMM provider {provider}: {count} heap allocations in 3 steps outside the GEMM library, {in_crate} inside the gemm crate's calls");
-    assert_eq!(count, 0, "{count} heap allocations in 3 steps outside the GEMM library (GEMM provider {provider})");
+    assert_eq!(
+        count, 0,
+        "{count} heap allocations in 3 steps outside the GEMM library (GEMM provider {provider})"
+    );
     if provider.kind() != ortbench_engine::backend::cpu::gemm::ProviderKind::Gemm {
         assert_eq!(in_crate, 0);
     }

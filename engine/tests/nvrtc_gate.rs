@@ -32,7 +32,11 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
             let ptx = device::compiled_ptx(file, arch).unwrap_or_else(|e| panic!("{e}"));
             let names = kernels::ptx_entries(&ptx.to_src());
             assert!(!names.is_empty(), "{file} for {arch}: no kernel entry in the PTX");
-            eprintln!("{file:>18} {arch}: {:>3} kernels, {:.1} s", names.len(), t.elapsed().as_secs_f64());
+            eprintln!(
+                "{file:>18} {arch}: {:>3} kernels, {:.1} s",
+                names.len(),
+                t.elapsed().as_secs_f64()
+            );
             this_arch.extend(names);
         }
         if !entries.is_empty() {
@@ -41,11 +45,16 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
         entries = this_arch;
     }
     let _ = std::fs::remove_dir_all(&cache);
-    let simt: BTreeSet<String> = ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
+    let simt: BTreeSet<String> =
+        ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
     let only_gpu: Vec<_> = entries.difference(&simt).collect();
     let only_host: Vec<_> = simt.difference(&entries).collect();
     assert!(only_gpu.is_empty() && only_host.is_empty(), "kernels NVRTC built but the SIMT harness did not register (ORT_REGISTER missing?): {only_gpu:?}; registered on the host only (not in kernels::SOURCES?): {only_host:?}");
-    eprintln!("{} kernels in {} files compiled for {ARCHS:?}", entries.len(), kernels::SOURCES.len());
+    eprintln!(
+        "{} kernels in {} files compiled for {ARCHS:?}",
+        entries.len(),
+        kernels::SOURCES.len()
+    );
 }
 
 #[test]

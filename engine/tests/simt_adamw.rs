@@ -22,19 +22,53 @@ const PARTS: usize = 7;
 fn segments() -> Vec<Segment> {
     // Decaying matrices and non-decaying biases/norms, of uneven lengths, tiling 0..N.
     let cuts = [0usize, 700, 713, 2048, 2111, N];
-    cuts.windows(2).enumerate().map(|(i, w)| Segment { start: w[0], len: w[1] - w[0], decay: i % 2 == 0 }).collect()
+    cuts.windows(2)
+        .enumerate()
+        .map(|(i, w)| Segment { start: w[0], len: w[1] - w[0], decay: i % 2 == 0 })
+        .collect()
 }
 
 /// Launches the three kernels of one step; returns the stats buffer (norm, finite, coef).
 #[allow(clippy::too_many_arguments)]
-fn gpu_step(dev: &Dev, cfg: &AdamWConfig, t: u64, lr: f32, inv_scale: f32, p: &mut Buf, g: &mut Buf, m: &mut Buf, v: &mut Buf, mirror: Option<&mut Buf>, dt: D) -> Vec<f32> {
+fn gpu_step(
+    dev: &Dev,
+    cfg: &AdamWConfig,
+    t: u64,
+    lr: f32,
+    inv_scale: f32,
+    p: &mut Buf,
+    g: &mut Buf,
+    m: &mut Buf,
+    v: &mut Buf,
+    mirror: Option<&mut Buf>,
+    dt: D,
+) -> Vec<f32> {
     let segs = segments();
     let mut starts = Buf::from_i64(&segs.iter().map(|s| s.start as i64).collect::<Vec<_>>());
     let mut decay = Buf::from_i32(&segs.iter().map(|s| s.decay as i32).collect::<Vec<_>>());
     let mut partials = Buf::poisoned(PARTS, D::F32);
     let mut stats = Buf::poisoned(3, D::F32);
-    dev.launch("grad_sumsq_partial", PARTS as u32, BLOCK, 0, &mut [A::B(&mut partials), A::B(g), A::I64(N as i64), A::F32(inv_scale)]).unwrap();
-    dev.launch("grad_stats_finish", 1, 64, 0, &mut [A::B(&mut stats), A::B(&mut partials), A::I32(PARTS as i32), A::F32(cfg.max_grad_norm)]).unwrap();
+    dev.launch(
+        "grad_sumsq_partial",
+        PARTS as u32,
+        BLOCK,
+        0,
+        &mut [A::B(&mut partials), A::B(g), A::I64(N as i64), A::F32(inv_scale)],
+    )
+    .unwrap();
+    dev.launch(
+        "grad_stats_finish",
+        1,
+        64,
+        0,
+        &mut [
+            A::B(&mut stats),
+            A::B(&mut partials),
+            A::I32(PARTS as i32),
+            A::F32(cfg.max_grad_norm),
+        ],
+    )
+    .unwrap();
     let sc = cfg.step_scalars(t, lr);
     let mir = match mirror {
         Some(b) => A::B(b),
@@ -45,7 +79,25 @@ fn gpu_step(dev: &Dev, cfg: &AdamWConfig, t: u64, lr: f32, inv_scale: f32, p: &m
         blocks_for(N, BLOCK),
         BLOCK,
         0,
-        &mut [A::B(p), A::B(g), A::B(m), A::B(v), mir, A::I64(N as i64), A::B(&mut starts), A::B(&mut decay), A::I32(segs.len() as i32), A::B(&mut stats), A::F32(inv_scale), A::F32(cfg.beta1), A::F32(cfg.beta2), A::F32(cfg.eps), A::F32(sc.step_size), A::F32(sc.inv_bc2_sqrt), A::F32(sc.decay_mul)],
+        &mut [
+            A::B(p),
+            A::B(g),
+            A::B(m),
+            A::B(v),
+            mir,
+            A::I64(N as i64),
+            A::B(&mut starts),
+            A::B(&mut decay),
+            A::I32(segs.len() as i32),
+            A::B(&mut stats),
+            A::F32(inv_scale),
+            A::F32(cfg.beta1),
+            A::F32(cfg.beta2),
+            A::F32(cfg.eps),
+            A::F32(sc.step_size),
+            A::F32(sc.inv_bc2_sqrt),
+            A::F32(sc.decay_mul),
+        ],
     )
     .unwrap();
     stats.to_f32()
@@ -55,12 +107,14 @@ fn gpu_step(dev: &Dev, cfg: &AdamWConfig, t: u64, lr: f32, inv_scale: f32, p: &m
 fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
     for dt in FLOATS {
         for max_grad_norm in [0.0f32, 1.0, 1e3] {
-            let cfg = AdamWConfig { lr: 1e-3, weight_decay: 0.01, max_grad_norm, ..Default::default() };
+            let cfg =
+                AdamWConfig { lr: 1e-3, weight_decay: 0.01, max_grad_norm, ..Default::default() };
             let mut rng = Rng::new(5);
             let p0 = rng.vec(N, -1.0, 1.0, D::F32);
             let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(N, -1.0, 1.0, D::F32)).collect();
             let inv_scale = 1.0 / 1024.0;
-            let scaled: Vec<Vec<f32>> = grads.iter().map(|g| g.iter().map(|x| x * 1024.0).collect()).collect();
+            let scaled: Vec<Vec<f32>> =
+                grads.iter().map(|g| g.iter().map(|x| x * 1024.0).collect()).collect();
             // CPU: the reference optimizer.
             let mut cpu = AdamW::new(cfg, segments(), N);
             let mut cp = p0.clone();
@@ -77,19 +131,50 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                 norms.push(st.norm);
             }
             for dev in devices() {
-                let (mut p, mut m, mut v) = (Buf::from_f32(&p0, D::F32), Buf::from_f32(&vec![0.0; N], D::F32), Buf::from_f32(&vec![0.0; N], D::F32));
+                let (mut p, mut m, mut v) = (
+                    Buf::from_f32(&p0, D::F32),
+                    Buf::from_f32(&vec![0.0; N], D::F32),
+                    Buf::from_f32(&vec![0.0; N], D::F32),
+                );
                 let mut mirror = Buf::poisoned(N, dt);
                 for (t, g) in scaled.iter().enumerate() {
                     let mut gb = Buf::from_f32(g, D::F32);
                     let mir = if dt == D::F32 { None } else { Some(&mut mirror) };
-                    let stats = gpu_step(&dev, &cfg, t as u64 + 1, cfg.lr, inv_scale, &mut p, &mut gb, &mut m, &mut v, mir, dt);
+                    let stats = gpu_step(
+                        &dev,
+                        &cfg,
+                        t as u64 + 1,
+                        cfg.lr,
+                        inv_scale,
+                        &mut p,
+                        &mut gb,
+                        &mut m,
+                        &mut v,
+                        mir,
+                        dt,
+                    );
                     let what = format!("adamw {dt:?} clip {max_grad_norm} step {t} on {dev}");
-                    assert!((stats[0] - norms[t]).abs() <= 1e-6 * norms[t], "{what}: norm {} vs CPU {}", stats[0], norms[t]);
+                    assert!(
+                        (stats[0] - norms[t]).abs() <= 1e-6 * norms[t],
+                        "{what}: norm {} vs CPU {}",
+                        stats[0],
+                        norms[t]
+                    );
                     assert_eq!(stats[1], 1.0, "{what}: finite flag");
-                    assert_eq!(stats[2].to_bits(), cpu.clip_coef(stats[0]).to_bits(), "{what}: clip coefficient");
+                    assert_eq!(
+                        stats[2].to_bits(),
+                        cpu.clip_coef(stats[0]).to_bits(),
+                        "{what}: clip coefficient"
+                    );
                 }
                 let what = format!("adamw {dt:?} clip {max_grad_norm} on {dev}");
-                check(&format!("{what} params"), &p.to_f32(), &cp, D::F32, Tol { rel: 1e-6, abs: 1e-6 });
+                check(
+                    &format!("{what} params"),
+                    &p.to_f32(),
+                    &cp,
+                    D::F32,
+                    Tol { rel: 1e-6, abs: 1e-6 },
+                );
                 if dt != D::F32 {
                     check(&format!("{what} mirror"), &mirror.to_f32(), &cmirror, dt, tol(dt, 1e-6));
                 }
@@ -109,16 +194,25 @@ fn an_inf_gradient_skips_the_step_and_touches_nothing() {
     let v0: Vec<f32> = rng.vec(N, 0.0, 0.1, D::F32).iter().map(|x| x.abs()).collect();
     for dt in [D::F32, D::BF16] {
         for dev in devices() {
-            let (mut p, mut m, mut v, mut gb) = (Buf::from_f32(&p0, D::F32), Buf::from_f32(&m0, D::F32), Buf::from_f32(&v0, D::F32), Buf::from_f32(&g, D::F32));
+            let (mut p, mut m, mut v, mut gb) = (
+                Buf::from_f32(&p0, D::F32),
+                Buf::from_f32(&m0, D::F32),
+                Buf::from_f32(&v0, D::F32),
+                Buf::from_f32(&g, D::F32),
+            );
             let mut mirror = Buf::poisoned(N, dt);
             let mir = if dt == D::F32 { None } else { Some(&mut mirror) };
-            let stats = gpu_step(&dev, &cfg, 1, cfg.lr, 1.0, &mut p, &mut gb, &mut m, &mut v, mir, dt);
+            let stats =
+                gpu_step(&dev, &cfg, 1, cfg.lr, 1.0, &mut p, &mut gb, &mut m, &mut v, mir, dt);
             assert_eq!(stats[1], 0.0, "finite flag on {dev}");
             assert_eq!(p.to_f32(), p0, "params on {dev}");
             assert_eq!(m.to_f32(), m0, "exp_avg on {dev}");
             assert_eq!(v.to_f32(), v0, "exp_avg_sq on {dev}");
             if dt != D::F32 {
-                assert!(mirror.to_f32().iter().all(|x| x.is_nan()), "the mirror was written on {dev}");
+                assert!(
+                    mirror.to_f32().iter().all(|x| x.is_nan()),
+                    "the mirror was written on {dev}"
+                );
             }
         }
     }

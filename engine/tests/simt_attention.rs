@@ -67,7 +67,20 @@ struct Case {
 }
 
 #[allow(clippy::too_many_arguments)]
-const fn case(b: usize, h: usize, tq: usize, tk: usize, d: usize, dv: usize, causal: bool, mask: Mask, p: f32, bq: usize, bk: usize, block: u32) -> Case {
+const fn case(
+    b: usize,
+    h: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+    causal: bool,
+    mask: Mask,
+    p: f32,
+    bq: usize,
+    bk: usize,
+    block: u32,
+) -> Case {
     Case { b, h, tq, tk, d, dv, causal, mask, p, bq, bk, block }
 }
 
@@ -124,7 +137,12 @@ struct Prob {
 impl Prob {
     fn new(c: Case, dt: Dtype, seed: u64) -> Prob {
         let mut rng = Rng::new(seed);
-        let (nq, nk, nv, no) = (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv, c.b * c.h * c.tq * c.dv);
+        let (nq, nk, nv, no) = (
+            c.b * c.h * c.tq * c.d,
+            c.b * c.h * c.tk * c.d,
+            c.b * c.h * c.tk * c.dv,
+            c.b * c.h * c.tq * c.dv,
+        );
         // q, k in [-2, 2): scores of a few units, so the softmax is far from uniform.
         let q = rng.vec(nq, -2.0, 2.0, dt);
         let k = rng.vec(nk, -2.0, 2.0, dt);
@@ -182,7 +200,20 @@ impl Prob {
         let mut ws = vec![0f32; plan.forward_workspace(pool.threads())];
         // SAFETY: buffers sized for the plan's shapes and strides (each a permutation of a
         // dense (B, H, T, X) block).
-        unsafe { cpu::attention_forward(&pool, &plan, p.out.as_mut_ptr(), &mut p.probs, p.q.as_ptr(), p.k.as_ptr(), p.v.as_ptr(), p.mask.as_deref(), SEED, &mut ws) };
+        unsafe {
+            cpu::attention_forward(
+                &pool,
+                &plan,
+                p.out.as_mut_ptr(),
+                &mut p.probs,
+                p.q.as_ptr(),
+                p.k.as_ptr(),
+                p.v.as_ptr(),
+                p.mask.as_deref(),
+                SEED,
+                &mut ws,
+            )
+        };
         p.lse = p.lse_f64();
         p
     }
@@ -207,7 +238,10 @@ impl Prob {
             dq: self.dqs,
             dk: self.dks,
             dvs: self.dvs,
-            mask: self.mask.as_ref().map(|_| MaskMap::new(&self.mask_shape, &[c.b, c.h, c.tq, c.tk])),
+            mask: self
+                .mask
+                .as_ref()
+                .map(|_| MaskMap::new(&self.mask_shape, &[c.b, c.h, c.tq, c.tk])),
         }
     }
 
@@ -242,13 +276,19 @@ impl Prob {
                         .filter(|&j| !(c.causal && j > i))
                         .map(|j| {
                             let (qo, ko) = (at(&self.qs, b, h, i), at(&self.ks, b, h, j));
-                            let dot: f64 = (0..c.d).map(|e| self.q[qo + e] as f64 * self.k[ko + e] as f64).sum();
+                            let dot: f64 = (0..c.d)
+                                .map(|e| self.q[qo + e] as f64 * self.k[ko + e] as f64)
+                                .sum();
                             dot * self.scale as f64 + self.mask_at(b, h, i, j) as f64
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     // No visible key: +∞, so that the backward's exp(s − LSE) is 0.
-                    out.push(if m == f64::NEG_INFINITY { f32::INFINITY } else { (m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32 });
+                    out.push(if m == f64::NEG_INFINITY {
+                        f32::INFINITY
+                    } else {
+                        (m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32
+                    });
                 }
             }
         }
@@ -261,7 +301,14 @@ impl Prob {
     }
     fn smem_dkdv(&self) -> u32 {
         let Case { bq, bk, d, dv, .. } = self.c;
-        (4 * (bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq)) as u32
+        (4 * (bk * (d + 1)
+            + bk * (dv + 1)
+            + bk * d
+            + bk * dv
+            + bq * d
+            + bq * dv
+            + 2 * bq * bk
+            + 2 * bq)) as u32
     }
     fn smem_dq(&self) -> u32 {
         let Case { bq, bk, d, dv, .. } = self.c;
@@ -299,17 +346,33 @@ fn forward_matches_the_cpu_kernel_and_lse() {
             let p = Prob::new(c, dt, 10 + n as u64);
             let grid = (c.b * c.h * c.tq.div_ceil(c.bq)) as u32;
             for dev in devices() {
-                let (mut out, mut lse) = (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
-                let (mut q, mut k, mut v) = (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
+                let (mut out, mut lse) =
+                    (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
+                let (mut q, mut k, mut v) =
+                    (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
                 let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
-                let mut args = vec![A::B(&mut out), A::B(&mut lse), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B)];
+                let mut args = vec![
+                    A::B(&mut out),
+                    A::B(&mut lse),
+                    A::B(&mut q),
+                    A::B(&mut k),
+                    A::B(&mut v),
+                    mask.as_mut().map_or(A::Null, A::B),
+                ];
                 args.extend(p.scalars());
                 for s in [p.qs, p.ks, p.vs, p.os] {
                     args.extend(i64s(s));
                 }
                 args.extend(p.mask_strides());
                 args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(&kname("attention_forward", dt), grid, c.block, p.smem_forward(), &mut args).unwrap();
+                dev.launch(
+                    &kname("attention_forward", dt),
+                    grid,
+                    c.block,
+                    p.smem_forward(),
+                    &mut args,
+                )
+                .unwrap();
                 let what = format!("{} forward on {dev}", p.name(dt));
                 check(&format!("{what}: out"), &out.to_f32(), &p.out, dt, tol(dt, 1e-5));
                 check(&format!("{what}: lse"), &lse.to_f32(), &p.lse, D::F32, tol(D::F32, 1e-5));
@@ -323,46 +386,100 @@ fn backward_matches_the_cpu_kernel() {
     for dt in FLOATS {
         for (n, &c) in CASES.iter().enumerate() {
             let p = Prob::new(c, dt, 20 + n as u64);
-            let (nq, nk, nv) = (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv);
+            let (nq, nk, nv) =
+                (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv);
             // The backward plan's `o` strides are dout's.
             let plan = AttnPlan { o: p.gs, ..p.plan() };
             let pool = Pool::new(2);
             let mut ws = vec![0f32; plan.backward_workspace(pool.threads())];
-            let (mut dq0, mut dk0, mut dv0) = (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nv]);
+            let (mut dq0, mut dk0, mut dv0) =
+                (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nv]);
             // SAFETY: as in Prob::new.
             unsafe {
-                cpu::attention_backward(&pool, &plan, dq0.as_mut_ptr(), dk0.as_mut_ptr(), dv0.as_mut_ptr(), p.dout.as_ptr(), p.q.as_ptr(), p.k.as_ptr(), p.v.as_ptr(), &p.probs, SEED, &mut ws)
+                cpu::attention_backward(
+                    &pool,
+                    &plan,
+                    dq0.as_mut_ptr(),
+                    dk0.as_mut_ptr(),
+                    dv0.as_mut_ptr(),
+                    p.dout.as_ptr(),
+                    p.q.as_ptr(),
+                    p.k.as_ptr(),
+                    p.v.as_ptr(),
+                    &p.probs,
+                    SEED,
+                    &mut ws,
+                )
             };
             // Half dtypes: see the module comment (delta reads the stored, rounded O).
             let t = tol(dt, if dt == D::F32 { 1e-5 } else { 1e-5 + tol(dt, 0.0).rel });
             for dev in devices() {
                 let what = format!("{} backward on {dev}", p.name(dt));
-                let (mut q, mut k, mut v) = (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
+                let (mut q, mut k, mut v) =
+                    (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
                 // The forward's outputs as the engine keeps them: o in the dtype, lse in f32.
-                let (mut out, mut g, mut lse) = (Buf::from_f32(&p.out, dt), Buf::from_f32(&p.dout, dt), Buf::from_f32(&p.lse, D::F32));
+                let (mut out, mut g, mut lse) = (
+                    Buf::from_f32(&p.out, dt),
+                    Buf::from_f32(&p.dout, dt),
+                    Buf::from_f32(&p.lse, D::F32),
+                );
                 let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
                 // dq first: it writes delta, which dkdv reads.
                 let mut delta = Buf::poisoned(c.b * c.h * c.tq, D::F32);
                 let mut dq = Buf::poisoned(nq, dt);
-                let mut args = vec![A::B(&mut dq), A::B(&mut delta), A::B(&mut g), A::B(&mut out), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B), A::B(&mut lse)];
+                let mut args = vec![
+                    A::B(&mut dq),
+                    A::B(&mut delta),
+                    A::B(&mut g),
+                    A::B(&mut out),
+                    A::B(&mut q),
+                    A::B(&mut k),
+                    A::B(&mut v),
+                    mask.as_mut().map_or(A::Null, A::B),
+                    A::B(&mut lse),
+                ];
                 args.extend(p.scalars());
                 for s in [p.qs, p.ks, p.vs, p.gs, p.os, p.dqs] {
                     args.extend(i64s(s));
                 }
                 args.extend(p.mask_strides());
                 args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(&kname("attention_backward_dq", dt), (c.b * c.h * c.tq.div_ceil(c.bq)) as u32, c.block, p.smem_dq(), &mut args).unwrap();
+                dev.launch(
+                    &kname("attention_backward_dq", dt),
+                    (c.b * c.h * c.tq.div_ceil(c.bq)) as u32,
+                    c.block,
+                    p.smem_dq(),
+                    &mut args,
+                )
+                .unwrap();
                 check(&format!("{what}: dq"), &dq.to_f32(), &dq0, dt, t);
 
                 let (mut dk, mut dv) = (Buf::poisoned(nk, dt), Buf::poisoned(nv, dt));
-                let mut args = vec![A::B(&mut dk), A::B(&mut dv), A::B(&mut g), A::B(&mut q), A::B(&mut k), A::B(&mut v), mask.as_mut().map_or(A::Null, A::B), A::B(&mut lse), A::B(&mut delta)];
+                let mut args = vec![
+                    A::B(&mut dk),
+                    A::B(&mut dv),
+                    A::B(&mut g),
+                    A::B(&mut q),
+                    A::B(&mut k),
+                    A::B(&mut v),
+                    mask.as_mut().map_or(A::Null, A::B),
+                    A::B(&mut lse),
+                    A::B(&mut delta),
+                ];
                 args.extend(p.scalars());
                 for s in [p.qs, p.ks, p.vs, p.gs, p.dks, p.dvs] {
                     args.extend(i64s(s));
                 }
                 args.extend(p.mask_strides());
                 args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(&kname("attention_backward_dkdv", dt), (c.b * c.h * c.tk.div_ceil(c.bk)) as u32, c.block, p.smem_dkdv(), &mut args).unwrap();
+                dev.launch(
+                    &kname("attention_backward_dkdv", dt),
+                    (c.b * c.h * c.tk.div_ceil(c.bk)) as u32,
+                    c.block,
+                    p.smem_dkdv(),
+                    &mut args,
+                )
+                .unwrap();
                 check(&format!("{what}: dk"), &dk.to_f32(), &dk0, dt, t);
                 check(&format!("{what}: dv"), &dv.to_f32(), &dv0, dt, t);
             }

@@ -34,17 +34,38 @@ fn permutes_and_splits_copy_what_the_cpu_copies() {
     let split_strides = [29usize, 1];
     for dt in FLOATS {
         let mut rng = Rng::new(21);
-        for (shape, strides, src_len, base) in [(&perm_shape[..], &perm_strides[..], 2 * 5 * 3 * 7, 0usize), (&split_shape[..], &split_strides[..], 13 * 29, 9)] {
+        for (shape, strides, src_len, base) in [
+            (&perm_shape[..], &perm_strides[..], 2 * 5 * 3 * 7, 0usize),
+            (&split_shape[..], &split_strides[..], 13 * 29, 9),
+        ] {
             let x = rng.vec(src_len, -1.0, 1.0, dt);
             let n: usize = shape.iter().product();
             let dst_strides = contiguous(shape);
             let mut want = vec![0f32; n];
             // SAFETY: both views stay inside their buffers (base + max offset < src_len).
-            unsafe { copy::copy_strided(&pool, x.as_ptr().add(base), shape, strides, want.as_mut_ptr(), shape, &dst_strides) };
+            unsafe {
+                copy::copy_strided(
+                    &pool,
+                    x.as_ptr().add(base),
+                    shape,
+                    strides,
+                    want.as_mut_ptr(),
+                    shape,
+                    &dst_strides,
+                )
+            };
             let m = meta(&[&[shape.len(), shape.len()], shape, strides, shape, &dst_strides]);
             for dev in devices() {
-                let (mut out, mut src, mut mb) = (Buf::poisoned(n, dt), Buf::from_f32(&x[base..], dt), Buf::from_i64(&m));
-                dev.launch(&kname("copy_strided", dt), blocks_for(n, 128), 128, 0, &mut [A::B(&mut out), A::B(&mut src), A::I64(n as i64), A::B(&mut mb)]).unwrap();
+                let (mut out, mut src, mut mb) =
+                    (Buf::poisoned(n, dt), Buf::from_f32(&x[base..], dt), Buf::from_i64(&m));
+                dev.launch(
+                    &kname("copy_strided", dt),
+                    blocks_for(n, 128),
+                    128,
+                    0,
+                    &mut [A::B(&mut out), A::B(&mut src), A::I64(n as i64), A::B(&mut mb)],
+                )
+                .unwrap();
                 assert_eq!(out.to_f32(), want, "copy {shape:?}/{strides:?} {dt:?} on {dev}");
             }
         }
@@ -52,15 +73,28 @@ fn permutes_and_splits_copy_what_the_cpu_copies() {
         let x = rng.vec(13 * 29, -1.0, 1.0, dt);
         let mut want = x.clone();
         // SAFETY: the piece lies inside `want`.
-        unsafe { copy::fill_strided(&pool, want.as_mut_ptr().add(9), &split_shape, &split_strides, 0.5) };
+        unsafe {
+            copy::fill_strided(&pool, want.as_mut_ptr().add(9), &split_shape, &split_strides, 0.5)
+        };
         let m = meta(&[&[2], &split_shape, &split_strides]);
         for dev in devices() {
             let mut mb = Buf::from_i64(&m);
             // The piece starts at element 9: the kernel gets the buffer from there on.
             let mut piece = Buf::from_f32(&x[9..], dt);
-            dev.launch(&kname("fill_strided", dt), 2, 64, 0, &mut [A::B(&mut piece), A::I64(13 * 11), A::B(&mut mb), A::F32(0.5)]).unwrap();
+            dev.launch(
+                &kname("fill_strided", dt),
+                2,
+                64,
+                0,
+                &mut [A::B(&mut piece), A::I64(13 * 11), A::B(&mut mb), A::F32(0.5)],
+            )
+            .unwrap();
             let got: Vec<f32> = x[..9].iter().copied().chain(piece.to_f32()).collect();
-            assert_eq!(got, want.iter().map(|&v| dt.round(v)).collect::<Vec<_>>(), "fill_strided {dt:?} on {dev}");
+            assert_eq!(
+                got,
+                want.iter().map(|&v| dt.round(v)).collect::<Vec<_>>(),
+                "fill_strided {dt:?} on {dev}"
+            );
         }
     }
 }

@@ -49,28 +49,89 @@ fn labels_for(rows: usize, v: usize, rng: &mut Rng) -> Vec<i64> {
 /// Per-row losses (f32), the mean (f32) and the error flag from the forward kernels.
 fn forward(dev: &Dev, dt: Dtype, logits: &[f32], labels: &[i64], v: usize) -> (Vec<f32>, f32, i64) {
     let rows = labels.len();
-    let (mut losses, mut err, mut lb, mut yb) = (Buf::poisoned(rows, D::F32), Buf::from_i32(&[0]), Buf::from_f32(logits, dt), Buf::from_i64(labels));
+    let (mut losses, mut err, mut lb, mut yb) = (
+        Buf::poisoned(rows, D::F32),
+        Buf::from_i32(&[0]),
+        Buf::from_f32(logits, dt),
+        Buf::from_i64(labels),
+    );
     // Fewer blocks than rows: the grid-stride loop over rows is exercised too.
     let grid = (rows as u32).min(16);
-    dev.launch(&kname("cross_entropy_forward", dt), grid, BLOCK, 0, &mut [A::B(&mut losses), A::B(&mut err), A::B(&mut lb), A::B(&mut yb), A::I64(rows as i64), A::I32(v as i32), A::I64(IGNORE)]).unwrap();
+    dev.launch(
+        &kname("cross_entropy_forward", dt),
+        grid,
+        BLOCK,
+        0,
+        &mut [
+            A::B(&mut losses),
+            A::B(&mut err),
+            A::B(&mut lb),
+            A::B(&mut yb),
+            A::I64(rows as i64),
+            A::I32(v as i32),
+            A::I64(IGNORE),
+        ],
+    )
+    .unwrap();
     let mut mean = Buf::poisoned(1, D::F32);
-    dev.launch("cross_entropy_mean", 1, BLOCK, 0, &mut [A::B(&mut mean), A::B(&mut losses), A::B(&mut yb), A::I64(rows as i64), A::I64(IGNORE)]).unwrap();
+    dev.launch(
+        "cross_entropy_mean",
+        1,
+        BLOCK,
+        0,
+        &mut [
+            A::B(&mut mean),
+            A::B(&mut losses),
+            A::B(&mut yb),
+            A::I64(rows as i64),
+            A::I64(IGNORE),
+        ],
+    )
+    .unwrap();
     (losses.to_f32(), mean.to_f32()[0], err.to_i64()[0])
 }
 
 /// dlogits, the count and the error flag from the backward kernels (out of place).
-fn backward(dev: &Dev, dt: Dtype, logits: &[f32], labels: &[i64], v: usize) -> (Vec<f32>, f32, i64) {
+fn backward(
+    dev: &Dev,
+    dt: Dtype,
+    logits: &[f32],
+    labels: &[i64],
+    v: usize,
+) -> (Vec<f32>, f32, i64) {
     let rows = labels.len();
     let (mut count, mut yb) = (Buf::poisoned(1, D::F32), Buf::from_i64(labels));
-    dev.launch("cross_entropy_count", 1, BLOCK, 0, &mut [A::B(&mut count), A::B(&mut yb), A::I64(rows as i64), A::I64(IGNORE)]).unwrap();
-    let (mut d, mut err, mut lb, mut g) = (Buf::poisoned(rows * v, dt), Buf::from_i32(&[0]), Buf::from_f32(logits, dt), Buf::from_f32(&[DLOSS], D::F32));
+    dev.launch(
+        "cross_entropy_count",
+        1,
+        BLOCK,
+        0,
+        &mut [A::B(&mut count), A::B(&mut yb), A::I64(rows as i64), A::I64(IGNORE)],
+    )
+    .unwrap();
+    let (mut d, mut err, mut lb, mut g) = (
+        Buf::poisoned(rows * v, dt),
+        Buf::from_i32(&[0]),
+        Buf::from_f32(logits, dt),
+        Buf::from_f32(&[DLOSS], D::F32),
+    );
     let grid = (rows as u32).min(16);
     dev.launch(
         &kname("cross_entropy_backward", dt),
         grid,
         BLOCK,
         0,
-        &mut [A::B(&mut d), A::B(&mut err), A::B(&mut lb), A::B(&mut yb), A::B(&mut g), A::B(&mut count), A::I64(rows as i64), A::I32(v as i32), A::I64(IGNORE)],
+        &mut [
+            A::B(&mut d),
+            A::B(&mut err),
+            A::B(&mut lb),
+            A::B(&mut yb),
+            A::B(&mut g),
+            A::B(&mut count),
+            A::I64(rows as i64),
+            A::I32(v as i32),
+            A::I64(IGNORE),
+        ],
     )
     .unwrap();
     (d.to_f32(), count.to_f32()[0], err.to_i64()[0])
@@ -85,10 +146,20 @@ fn forward_and_backward_match() {
             let logits = rng.vec(rows * v, -8.0, 8.0, dt);
             let labels = labels_for(rows, v, &mut rng);
             let mut ws = vec![0f32; rows];
-            let want_mean = cpu::cross_entropy_forward(&pool, &logits, &labels, v, IGNORE, &mut ws).unwrap();
+            let want_mean =
+                cpu::cross_entropy_forward(&pool, &logits, &labels, v, IGNORE, &mut ws).unwrap();
             let want_count = cpu::check_labels(&labels, v, IGNORE).unwrap() as f32;
             let mut want_d = vec![0f32; rows * v];
-            cpu::cross_entropy_backward(&pool, &mut want_d, DLOSS, Some(&logits), &labels, v, IGNORE).unwrap();
+            cpu::cross_entropy_backward(
+                &pool,
+                &mut want_d,
+                DLOSS,
+                Some(&logits),
+                &labels,
+                v,
+                IGNORE,
+            )
+            .unwrap();
             for dev in devices() {
                 let what = format!("cross_entropy {dt:?} {rows}x{v} on {dev}");
                 let (losses, mean, err) = forward(&dev, dt, &logits, &labels, v);
@@ -101,13 +172,46 @@ fn forward_and_backward_match() {
                 check(&format!("{what} dlogits"), &d, &want_d, dt, tol(dt, F32_REL));
                 // In place: dlogits is the logits buffer.
                 if let Dev::Simt { warp, order } = dev {
-                    let (mut io, mut err, mut yb, mut g, mut cb) = (Buf::from_f32(&logits, dt), Buf::from_i32(&[0]), Buf::from_i64(&labels), Buf::from_f32(&[DLOSS], D::F32), Buf::from_f32(&[count], D::F32));
+                    let (mut io, mut err, mut yb, mut g, mut cb) = (
+                        Buf::from_f32(&logits, dt),
+                        Buf::from_i32(&[0]),
+                        Buf::from_i64(&labels),
+                        Buf::from_f32(&[DLOSS], D::F32),
+                        Buf::from_f32(&[count], D::F32),
+                    );
                     let p = io.ptr();
-                    let args = [p, err.ptr(), p, yb.ptr(), g.ptr(), cb.ptr(), Arg::I64(rows as i64), Arg::I32(v as i32), Arg::I64(IGNORE)];
+                    let args = [
+                        p,
+                        err.ptr(),
+                        p,
+                        yb.ptr(),
+                        g.ptr(),
+                        cb.ptr(),
+                        Arg::I64(rows as i64),
+                        Arg::I32(v as i32),
+                        Arg::I64(IGNORE),
+                    ];
                     // SAFETY: io holds rows·v elements, the other buffers what the kernel reads.
-                    unsafe { ortbench_simt::launch(&kname("cross_entropy_backward", dt), ((rows as u32).min(16), 1, 1), (BLOCK, 1, 1), 0, warp, order, &args) }.unwrap();
+                    unsafe {
+                        ortbench_simt::launch(
+                            &kname("cross_entropy_backward", dt),
+                            ((rows as u32).min(16), 1, 1),
+                            (BLOCK, 1, 1),
+                            0,
+                            warp,
+                            order,
+                            &args,
+                        )
+                    }
+                    .unwrap();
                     io.check_guards().unwrap();
-                    check(&format!("{what} dlogits in place"), &io.to_f32(), &want_d, dt, tol(dt, F32_REL));
+                    check(
+                        &format!("{what} dlogits in place"),
+                        &io.to_f32(),
+                        &want_d,
+                        dt,
+                        tol(dt, F32_REL),
+                    );
                 }
             }
         }
@@ -122,9 +226,12 @@ fn every_row_ignored_gives_nan_mean_and_zero_gradient() {
     let logits = Rng::new(1).vec(rows * v, -2.0, 2.0, dt);
     let labels = vec![IGNORE; rows];
     let mut ws = vec![0f32; rows];
-    assert!(cpu::cross_entropy_forward(&pool, &logits, &labels, v, IGNORE, &mut ws).unwrap().is_nan());
+    assert!(cpu::cross_entropy_forward(&pool, &logits, &labels, v, IGNORE, &mut ws)
+        .unwrap()
+        .is_nan());
     let mut want_d = vec![1f32; rows * v];
-    cpu::cross_entropy_backward(&pool, &mut want_d, DLOSS, Some(&logits), &labels, v, IGNORE).unwrap();
+    cpu::cross_entropy_backward(&pool, &mut want_d, DLOSS, Some(&logits), &labels, v, IGNORE)
+        .unwrap();
     for dev in devices() {
         let (losses, mean, err) = forward(&dev, dt, &logits, &labels, v);
         assert_eq!((err, losses), (0, vec![0f32; rows]), "on {dev}");
@@ -147,7 +254,8 @@ fn labels_out_of_range_set_the_error_flag_without_out_of_bounds_access() {
         let mut ws = vec![0f32; rows];
         cpu::cross_entropy_forward(&pool, &logits, &good, v, IGNORE, &mut ws).unwrap();
         let mut want_d = vec![0f32; rows * v];
-        cpu::cross_entropy_backward(&pool, &mut want_d, DLOSS, Some(&logits), &good, v, IGNORE).unwrap();
+        cpu::cross_entropy_backward(&pool, &mut want_d, DLOSS, Some(&logits), &good, v, IGNORE)
+            .unwrap();
         // Bad labels at rows 2 (= V), 4 (negative, not the ignore index) and 6 (2^40).
         let bad_rows = [2usize, 4, 6];
         let mut labels = good.clone();
@@ -163,7 +271,13 @@ fn labels_out_of_range_set_the_error_flag_without_out_of_bounds_access() {
                 if bad_rows.contains(&r) {
                     assert!(l.is_nan(), "{what}: loss of bad row {r} = {l}");
                 } else {
-                    check(&format!("{what} loss row {r}"), &[l], &[w], D::F32, tol(D::F32, F32_REL));
+                    check(
+                        &format!("{what} loss row {r}"),
+                        &[l],
+                        &[w],
+                        D::F32,
+                        tol(D::F32, F32_REL),
+                    );
                 }
             }
             let (d, _, err) = backward(&dev, dt, &logits, &labels, v);
@@ -172,10 +286,19 @@ fn labels_out_of_range_set_the_error_flag_without_out_of_bounds_access() {
             // the count (and g) is the same.
             let mut got = d.clone();
             for &row in &bad_rows {
-                assert!(d[row * v..(row + 1) * v].iter().all(|x| x.is_nan()), "{what}: dlogits of bad row {row}");
+                assert!(
+                    d[row * v..(row + 1) * v].iter().all(|x| x.is_nan()),
+                    "{what}: dlogits of bad row {row}"
+                );
                 got[row * v..(row + 1) * v].copy_from_slice(&want_d[row * v..(row + 1) * v]);
             }
-            check(&format!("{what} dlogits of the other rows"), &got, &want_d, dt, tol(dt, F32_REL));
+            check(
+                &format!("{what} dlogits of the other rows"),
+                &got,
+                &want_d,
+                dt,
+                tol(dt, F32_REL),
+            );
         }
     }
 }

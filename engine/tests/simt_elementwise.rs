@@ -31,10 +31,40 @@ fn bias_gelu_matches_the_cpu_epilogue() {
             let (mut y0, mut p0) = (vec![0f32; ROWS * C], pre.clone());
             ew::bias_gelu(&pool, &mut y0, &mut p0, &bias, approx);
             for dev in devices() {
-                let (mut y, mut p, mut b) = (Buf::poisoned(ROWS * C, dt), Buf::from_f32(&pre, dt), Buf::from_f32(&bias, dt));
-                dev.launch(&kname("bias_gelu", dt), blocks_for(ROWS * C, BLOCK), BLOCK, 0, &mut [A::B(&mut y), A::B(&mut p), A::B(&mut b), A::I64(ROWS as i64), A::I32(C as i32), A::I32(ai as i32)]).unwrap();
-                check(&format!("bias_gelu {dt:?} {approx:?} y on {dev}"), &y.to_f32(), &y0, dt, tol(dt, 1e-5));
-                check(&format!("bias_gelu {dt:?} {approx:?} pre on {dev}"), &p.to_f32(), &p0, dt, tol(dt, 1e-6));
+                let (mut y, mut p, mut b) = (
+                    Buf::poisoned(ROWS * C, dt),
+                    Buf::from_f32(&pre, dt),
+                    Buf::from_f32(&bias, dt),
+                );
+                dev.launch(
+                    &kname("bias_gelu", dt),
+                    blocks_for(ROWS * C, BLOCK),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut y),
+                        A::B(&mut p),
+                        A::B(&mut b),
+                        A::I64(ROWS as i64),
+                        A::I32(C as i32),
+                        A::I32(ai as i32),
+                    ],
+                )
+                .unwrap();
+                check(
+                    &format!("bias_gelu {dt:?} {approx:?} y on {dev}"),
+                    &y.to_f32(),
+                    &y0,
+                    dt,
+                    tol(dt, 1e-5),
+                );
+                check(
+                    &format!("bias_gelu {dt:?} {approx:?} pre on {dev}"),
+                    &p.to_f32(),
+                    &p0,
+                    dt,
+                    tol(dt, 1e-6),
+                );
             }
         }
     }
@@ -53,9 +83,29 @@ fn gelu_and_tanh_backward_and_forward_match() {
             let mut want = vec![0f32; n];
             ew::map2(&pool, &mut want, &x, &dy, ew::GeluBackward(approx));
             for dev in devices() {
-                let (mut dx, mut xb, mut dyb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
-                dev.launch(&kname("gelu_backward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut xb), A::B(&mut dyb), A::I64(n as i64), A::I32(ai as i32)]).unwrap();
-                check(&format!("gelu_backward {dt:?} {approx:?} on {dev}"), &dx.to_f32(), &want, dt, tol(dt, 1e-5));
+                let (mut dx, mut xb, mut dyb) =
+                    (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
+                dev.launch(
+                    &kname("gelu_backward", dt),
+                    blocks_for(n, BLOCK),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut dx),
+                        A::B(&mut xb),
+                        A::B(&mut dyb),
+                        A::I64(n as i64),
+                        A::I32(ai as i32),
+                    ],
+                )
+                .unwrap();
+                check(
+                    &format!("gelu_backward {dt:?} {approx:?} on {dev}"),
+                    &dx.to_f32(),
+                    &want,
+                    dt,
+                    tol(dt, 1e-5),
+                );
             }
         }
         let mut tanh_want = vec![0f32; n];
@@ -64,11 +114,32 @@ fn gelu_and_tanh_backward_and_forward_match() {
         ew::map2(&pool, &mut tanh_bwd_want, &yt, &dy, ew::TanhBackward);
         for dev in devices() {
             let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
-            dev.launch(&kname("tanh_forward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut y), A::B(&mut xb), A::I64(n as i64)]).unwrap();
+            dev.launch(
+                &kname("tanh_forward", dt),
+                blocks_for(n, BLOCK),
+                BLOCK,
+                0,
+                &mut [A::B(&mut y), A::B(&mut xb), A::I64(n as i64)],
+            )
+            .unwrap();
             check(&format!("tanh {dt:?} on {dev}"), &y.to_f32(), &tanh_want, dt, tol(dt, 1e-5));
-            let (mut dx, mut yb, mut dyb) = (Buf::poisoned(n, dt), Buf::from_f32(&yt, dt), Buf::from_f32(&dy, dt));
-            dev.launch(&kname("tanh_backward", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut yb), A::B(&mut dyb), A::I64(n as i64)]).unwrap();
-            check(&format!("tanh_backward {dt:?} on {dev}"), &dx.to_f32(), &tanh_bwd_want, dt, tol(dt, 1e-6));
+            let (mut dx, mut yb, mut dyb) =
+                (Buf::poisoned(n, dt), Buf::from_f32(&yt, dt), Buf::from_f32(&dy, dt));
+            dev.launch(
+                &kname("tanh_backward", dt),
+                blocks_for(n, BLOCK),
+                BLOCK,
+                0,
+                &mut [A::B(&mut dx), A::B(&mut yb), A::B(&mut dyb), A::I64(n as i64)],
+            )
+            .unwrap();
+            check(
+                &format!("tanh_backward {dt:?} on {dev}"),
+                &dx.to_f32(),
+                &tanh_bwd_want,
+                dt,
+                tol(dt, 1e-6),
+            );
         }
     }
 }
@@ -90,22 +161,76 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
         ew::map1(&pool, &mut scaled, &a, ew::Scale(0.37));
         for dev in devices() {
             for (nb, want, what) in [(n, &plain, "add"), (C, &bcast, "bias add")] {
-                let (mut out, mut ab, mut bb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
-                dev.launch(&kname("add", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut ab), A::B(&mut bb), A::I64(n as i64), A::I64(nb as i64)]).unwrap();
+                let (mut out, mut ab, mut bb) =
+                    (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
+                dev.launch(
+                    &kname("add", dt),
+                    blocks_for(n, BLOCK),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut out),
+                        A::B(&mut ab),
+                        A::B(&mut bb),
+                        A::I64(n as i64),
+                        A::I64(nb as i64),
+                    ],
+                )
+                .unwrap();
                 check(&format!("{what} {dt:?} on {dev}"), &out.to_f32(), want, dt, tol(dt, 1e-6));
             }
             if dt != D::F32 {
                 // Half operands, f32 sum (not rounded to the half dtype).
-                let (mut out, mut ab, mut bb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&a, dt), Buf::from_f32(&b, dt));
-                dev.launch(&kname("add_to_f32", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut ab), A::B(&mut bb), A::I64(n as i64), A::I64(n as i64)]).unwrap();
-                check(&format!("add_to_f32 {dt:?} on {dev}"), &out.to_f32(), &plain, D::F32, tol(D::F32, 1e-6));
+                let (mut out, mut ab, mut bb) =
+                    (Buf::poisoned(n, D::F32), Buf::from_f32(&a, dt), Buf::from_f32(&b, dt));
+                dev.launch(
+                    &kname("add_to_f32", dt),
+                    blocks_for(n, BLOCK),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut out),
+                        A::B(&mut ab),
+                        A::B(&mut bb),
+                        A::I64(n as i64),
+                        A::I64(n as i64),
+                    ],
+                )
+                .unwrap();
+                check(
+                    &format!("add_to_f32 {dt:?} on {dev}"),
+                    &out.to_f32(),
+                    &plain,
+                    D::F32,
+                    tol(D::F32, 1e-6),
+                );
             }
             let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
-            dev.launch(&kname("scale", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(0.37)]).unwrap();
+            dev.launch(
+                &kname("scale", dt),
+                blocks_for(n, BLOCK),
+                BLOCK,
+                0,
+                &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(0.37)],
+            )
+            .unwrap();
             check(&format!("scale {dt:?} on {dev}"), &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
             let mut out = Buf::poisoned(n, dt);
-            dev.launch(&kname("fill", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::I64(n as i64), A::F32(-0.3)]).unwrap();
-            check(&format!("fill {dt:?} on {dev}"), &out.to_f32(), &vec![-0.3; n], dt, tol(dt, 0.0));
+            dev.launch(
+                &kname("fill", dt),
+                blocks_for(n, BLOCK),
+                BLOCK,
+                0,
+                &mut [A::B(&mut out), A::I64(n as i64), A::F32(-0.3)],
+            )
+            .unwrap();
+            check(
+                &format!("fill {dt:?} on {dev}"),
+                &out.to_f32(),
+                &vec![-0.3; n],
+                dt,
+                tol(dt, 0.0),
+            );
         }
     }
 }
@@ -117,15 +242,35 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
     for dt in FLOATS {
         let mut rng = Rng::new(13);
         let x = rng.vec(n, -2.0, 2.0, dt);
-        for (p, seed, offset) in [(0.1f32, 42u64, 0u64), (0.5, 7, 123_456_789_012), (0.0, 1, 5), (1.0, 3, 0)] {
+        for (p, seed, offset) in
+            [(0.1f32, 42u64, 0u64), (0.5, 7, 123_456_789_012), (0.0, 1, 5), (1.0, 3, 0)]
+        {
             let mut want = vec![0f32; n];
             ew::dropout(&pool, &mut want, &x, p, seed, offset);
             for dev in devices() {
                 let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
-                dev.launch(&kname("dropout", dt), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(p), A::U64(seed), A::U64(offset)]).unwrap();
+                dev.launch(
+                    &kname("dropout", dt),
+                    blocks_for(n, BLOCK),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut out),
+                        A::B(&mut xb),
+                        A::I64(n as i64),
+                        A::F32(p),
+                        A::U64(seed),
+                        A::U64(offset),
+                    ],
+                )
+                .unwrap();
                 let got = out.to_f32();
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(*g == 0.0, *w == 0.0, "dropout {dt:?} p {p}: element {i} kept differently on {dev}");
+                    assert_eq!(
+                        *g == 0.0,
+                        *w == 0.0,
+                        "dropout {dt:?} p {p}: element {i} kept differently on {dev}"
+                    );
                 }
                 check(&format!("dropout {dt:?} p {p} on {dev}"), &got, &want, dt, tol(dt, 1e-6));
             }
@@ -141,7 +286,14 @@ fn casts_widen_exactly() {
         let x = rng.vec(n, -100.0, 100.0, dt);
         for dev in devices() {
             let (mut out, mut xb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&x, dt));
-            dev.launch(&format!("cast_{}_f32", dt.suffix()), blocks_for(n, BLOCK), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64)]).unwrap();
+            dev.launch(
+                &format!("cast_{}_f32", dt.suffix()),
+                blocks_for(n, BLOCK),
+                BLOCK,
+                0,
+                &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64)],
+            )
+            .unwrap();
             assert_eq!(out.to_f32(), x, "cast {dt:?} → f32 on {dev}");
         }
     }
@@ -159,11 +311,41 @@ fn column_sums_match_reduce_sum_leading() {
             let chunks = rows.div_ceil(rows_per_chunk);
             let col_blocks = c.div_ceil(64);
             for dev in devices() {
-                let (mut ws, mut xb, mut out) = (Buf::poisoned(chunks * c, D::F32), Buf::from_f32(&x, dt), Buf::poisoned(c, dt));
-                dev.launch(&kname("column_sum_partial", dt), (chunks * col_blocks) as u32, 64, 0, &mut [A::B(&mut ws), A::B(&mut xb), A::I64(rows as i64), A::I32(c as i32), A::I32(rows_per_chunk as i32)]).unwrap();
-                dev.launch(&kname("column_sum_finish", dt), blocks_for(c, 64), 64, 0, &mut [A::B(&mut out), A::B(&mut ws), A::I32(chunks as i32), A::I32(c as i32)]).unwrap();
+                let (mut ws, mut xb, mut out) = (
+                    Buf::poisoned(chunks * c, D::F32),
+                    Buf::from_f32(&x, dt),
+                    Buf::poisoned(c, dt),
+                );
+                dev.launch(
+                    &kname("column_sum_partial", dt),
+                    (chunks * col_blocks) as u32,
+                    64,
+                    0,
+                    &mut [
+                        A::B(&mut ws),
+                        A::B(&mut xb),
+                        A::I64(rows as i64),
+                        A::I32(c as i32),
+                        A::I32(rows_per_chunk as i32),
+                    ],
+                )
+                .unwrap();
+                dev.launch(
+                    &kname("column_sum_finish", dt),
+                    blocks_for(c, 64),
+                    64,
+                    0,
+                    &mut [A::B(&mut out), A::B(&mut ws), A::I32(chunks as i32), A::I32(c as i32)],
+                )
+                .unwrap();
                 // Sums of up to 200 terms in another order: 1e-5 of the largest sum.
-                check(&format!("column sums {dt:?} {rows}x{c} on {dev}"), &out.to_f32(), &want, dt, tol(dt, 1e-5));
+                check(
+                    &format!("column sums {dt:?} {rows}x{c} on {dev}"),
+                    &out.to_f32(),
+                    &want,
+                    dt,
+                    tol(dt, 1e-5),
+                );
             }
         }
     }

@@ -30,18 +30,66 @@ fn ids_for(n: usize, v: usize, rng: &mut Rng) -> Vec<i64> {
 /// The gathered rows and the error flag.
 fn gather(dev: &Dev, dt: Dtype, table: &[f32], ids: &[i64], c: usize) -> (Vec<f32>, i64) {
     let n = ids.len();
-    let (mut out, mut err, mut ib, mut tb) = (Buf::poisoned(n * c, dt), Buf::from_i32(&[0]), Buf::from_i64(ids), Buf::from_f32(table, dt));
+    let (mut out, mut err, mut ib, mut tb) = (
+        Buf::poisoned(n * c, dt),
+        Buf::from_i32(&[0]),
+        Buf::from_i64(ids),
+        Buf::from_f32(table, dt),
+    );
     // Fewer blocks than rows: the grid-stride loop is exercised too.
-    dev.launch(&kname("embedding_forward", dt), (n as u32).min(8), BLOCK, 0, &mut [A::B(&mut out), A::B(&mut err), A::B(&mut ib), A::B(&mut tb), A::I64(n as i64), A::I32(c as i32), A::I64((table.len() / c) as i64)]).unwrap();
+    dev.launch(
+        &kname("embedding_forward", dt),
+        (n as u32).min(8),
+        BLOCK,
+        0,
+        &mut [
+            A::B(&mut out),
+            A::B(&mut err),
+            A::B(&mut ib),
+            A::B(&mut tb),
+            A::I64(n as i64),
+            A::I32(c as i32),
+            A::I64((table.len() / c) as i64),
+        ],
+    )
+    .unwrap();
     (out.to_f32(), err.to_i64()[0])
 }
 
 /// The f32 table gradient (over a poisoned buffer: every element must be written) and the flag.
-fn scatter(dev: &Dev, dt: Dtype, dout: &[f32], ids: &[i64], v: usize, c: usize, parts: u32) -> (Vec<f32>, i64) {
+fn scatter(
+    dev: &Dev,
+    dt: Dtype,
+    dout: &[f32],
+    ids: &[i64],
+    v: usize,
+    c: usize,
+    parts: u32,
+) -> (Vec<f32>, i64) {
     let n = ids.len();
-    let (mut dtab, mut err, mut ib, mut db) = (Buf::poisoned(v * c, D::F32), Buf::from_i32(&[0]), Buf::from_i64(ids), Buf::from_f32(dout, dt));
+    let (mut dtab, mut err, mut ib, mut db) = (
+        Buf::poisoned(v * c, D::F32),
+        Buf::from_i32(&[0]),
+        Buf::from_i64(ids),
+        Buf::from_f32(dout, dt),
+    );
     let grid = c.div_ceil(BLOCK as usize) as u32 * parts;
-    dev.launch(&kname("embedding_backward", dt), grid, BLOCK, 0, &mut [A::B(&mut dtab), A::B(&mut err), A::B(&mut ib), A::B(&mut db), A::I64(n as i64), A::I32(c as i32), A::I64(v as i64)]).unwrap();
+    dev.launch(
+        &kname("embedding_backward", dt),
+        grid,
+        BLOCK,
+        0,
+        &mut [
+            A::B(&mut dtab),
+            A::B(&mut err),
+            A::B(&mut ib),
+            A::B(&mut db),
+            A::I64(n as i64),
+            A::I32(c as i32),
+            A::I64(v as i64),
+        ],
+    )
+    .unwrap();
     (dtab.to_f32(), err.to_i64()[0])
 }
 
@@ -71,7 +119,11 @@ fn forward_and_backward_are_bit_identical_to_the_cpu() {
                 for parts in [1, 3, 8] {
                     let (d, err) = scatter(&dev, dt, &dout, &ids, v, c, parts);
                     assert_eq!(err, 0, "{what}: backward error flag");
-                    assert_eq!(bits(&d), bits(&want_d), "{what}: backward with {parts} id residues");
+                    assert_eq!(
+                        bits(&d),
+                        bits(&want_d),
+                        "{what}: backward with {parts} id residues"
+                    );
                 }
             }
         }
@@ -98,7 +150,8 @@ fn ids_out_of_range_set_the_error_flag_without_out_of_bounds_access() {
         // The gradient of the valid rows only: what the kernel sums when it skips the bad ones.
         let keep: Vec<usize> = (0..n).filter(|r| !bad_rows.contains(r)).collect();
         let kept_ids: Vec<i64> = keep.iter().map(|&r| ids[r]).collect();
-        let kept_dout: Vec<f32> = keep.iter().flat_map(|&r| dout[r * c..(r + 1) * c].iter().copied()).collect();
+        let kept_dout: Vec<f32> =
+            keep.iter().flat_map(|&r| dout[r * c..(r + 1) * c].iter().copied()).collect();
         let mut want_d = vec![0f32; v * c];
         cpu::embedding_backward(&pool, &mut want_d, &kept_ids, &kept_dout, c).unwrap();
         for dev in devices() {

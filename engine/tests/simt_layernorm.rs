@@ -39,23 +39,82 @@ fn forward_and_add_forward_match() {
             let b = rng.vec(rows * c, -1.0, 2.0, dt);
             let w = rng.vec(c, 0.5, 1.5, dt);
             let bias = rng.vec(c, -0.5, 0.5, dt);
-            let (mut y0, mut m0, mut r0) = (vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
+            let (mut y0, mut m0, mut r0) =
+                (vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
             norm::layernorm_forward(&pool, &mut y0, &mut m0, &mut r0, &b, &w, &bias, EPS);
-            let (mut s1, mut y1, mut m1, mut r1) = (vec![0f32; rows * c], vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
-            norm::add_layernorm_forward(&pool, &mut s1, &mut y1, &mut m1, &mut r1, Some(&a), &b, &w, &bias, EPS);
+            let (mut s1, mut y1, mut m1, mut r1) =
+                (vec![0f32; rows * c], vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
+            norm::add_layernorm_forward(
+                &pool,
+                &mut s1,
+                &mut y1,
+                &mut m1,
+                &mut r1,
+                Some(&a),
+                &b,
+                &w,
+                &bias,
+                EPS,
+            );
             for dev in devices() {
                 let g = blocks(rows, warp_of(&dev));
-                let (mut y, mut m, mut r) = (Buf::poisoned(rows * c, dt), Buf::poisoned(rows, D::F32), Buf::poisoned(rows, D::F32));
-                let (mut xb, mut wb, mut bb) = (Buf::from_f32(&b, dt), Buf::from_f32(&w, dt), Buf::from_f32(&bias, dt));
-                dev.launch(&kname("layernorm_forward", dt), g, BLOCK, 0, &mut [A::B(&mut y), A::B(&mut m), A::B(&mut r), A::B(&mut xb), A::B(&mut wb), A::B(&mut bb), A::I64(rows as i64), A::I32(c as i32), A::F32(EPS)]).unwrap();
+                let (mut y, mut m, mut r) = (
+                    Buf::poisoned(rows * c, dt),
+                    Buf::poisoned(rows, D::F32),
+                    Buf::poisoned(rows, D::F32),
+                );
+                let (mut xb, mut wb, mut bb) =
+                    (Buf::from_f32(&b, dt), Buf::from_f32(&w, dt), Buf::from_f32(&bias, dt));
+                dev.launch(
+                    &kname("layernorm_forward", dt),
+                    g,
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut y),
+                        A::B(&mut m),
+                        A::B(&mut r),
+                        A::B(&mut xb),
+                        A::B(&mut wb),
+                        A::B(&mut bb),
+                        A::I64(rows as i64),
+                        A::I32(c as i32),
+                        A::F32(EPS),
+                    ],
+                )
+                .unwrap();
                 let what = format!("layernorm {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} y"), &y.to_f32(), &y0, dt, tol(dt, 2e-5));
                 check(&format!("{what} mean"), &m.to_f32(), &m0, D::F32, tol(D::F32, 2e-5));
                 check(&format!("{what} rstd"), &r.to_f32(), &r0, D::F32, tol(D::F32, 2e-5));
 
-                let (mut s, mut y, mut m, mut r) = (Buf::poisoned(rows * c, dt), Buf::poisoned(rows * c, dt), Buf::poisoned(rows, D::F32), Buf::poisoned(rows, D::F32));
+                let (mut s, mut y, mut m, mut r) = (
+                    Buf::poisoned(rows * c, dt),
+                    Buf::poisoned(rows * c, dt),
+                    Buf::poisoned(rows, D::F32),
+                    Buf::poisoned(rows, D::F32),
+                );
                 let mut ab = Buf::from_f32(&a, dt);
-                dev.launch(&kname("add_layernorm_forward", dt), g, BLOCK, 0, &mut [A::B(&mut s), A::B(&mut y), A::B(&mut m), A::B(&mut r), A::B(&mut ab), A::B(&mut xb), A::B(&mut wb), A::B(&mut bb), A::I64(rows as i64), A::I32(c as i32), A::F32(EPS)]).unwrap();
+                dev.launch(
+                    &kname("add_layernorm_forward", dt),
+                    g,
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut s),
+                        A::B(&mut y),
+                        A::B(&mut m),
+                        A::B(&mut r),
+                        A::B(&mut ab),
+                        A::B(&mut xb),
+                        A::B(&mut wb),
+                        A::B(&mut bb),
+                        A::I64(rows as i64),
+                        A::I32(c as i32),
+                        A::F32(EPS),
+                    ],
+                )
+                .unwrap();
                 let what = format!("add_layernorm {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} sum"), &s.to_f32(), &s1, dt, tol(dt, 1e-6));
                 check(&format!("{what} y"), &y.to_f32(), &y1, dt, tol(dt, 2e-5));
@@ -76,30 +135,90 @@ fn backward_matches_dx_dw_db() {
             let dy = rng.vec(rows * c, -1.0, 1.0, dt);
             let w = rng.vec(c, 0.5, 1.5, dt);
             let bias = rng.vec(c, -0.5, 0.5, dt);
-            let (mut y0, mut m0, mut r0) = (vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
+            let (mut y0, mut m0, mut r0) =
+                (vec![0f32; rows * c], vec![0f32; rows], vec![0f32; rows]);
             norm::layernorm_forward(&pool, &mut y0, &mut m0, &mut r0, &x, &w, &bias, EPS);
             let (mut dx0, mut dw0, mut db0) = (vec![0f32; rows * c], vec![0f32; c], vec![0f32; c]);
             let mut ws = vec![0f32; norm::backward_workspace(pool.threads(), c)];
-            norm::layernorm_backward(&pool, &mut dx0, &mut dw0, &mut db0, &dy, &x, &w, &m0, &r0, &mut ws);
+            norm::layernorm_backward(
+                &pool, &mut dx0, &mut dw0, &mut db0, &dy, &x, &w, &m0, &r0, &mut ws,
+            );
             let rows_per_chunk = 8;
             let chunks = rows.div_ceil(rows_per_chunk);
             for dev in devices() {
-                let (mut dx, mut dyb, mut xb, mut wb) = (Buf::poisoned(rows * c, dt), Buf::from_f32(&dy, dt), Buf::from_f32(&x, dt), Buf::from_f32(&w, dt));
+                let (mut dx, mut dyb, mut xb, mut wb) = (
+                    Buf::poisoned(rows * c, dt),
+                    Buf::from_f32(&dy, dt),
+                    Buf::from_f32(&x, dt),
+                    Buf::from_f32(&w, dt),
+                );
                 let (mut mb, mut rb) = (Buf::from_f32(&m0, D::F32), Buf::from_f32(&r0, D::F32));
-                dev.launch(&kname("layernorm_backward_dx", dt), blocks(rows, warp_of(&dev)), BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut dyb), A::B(&mut xb), A::B(&mut wb), A::B(&mut mb), A::B(&mut rb), A::I64(rows as i64), A::I32(c as i32)]).unwrap();
+                dev.launch(
+                    &kname("layernorm_backward_dx", dt),
+                    blocks(rows, warp_of(&dev)),
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut dx),
+                        A::B(&mut dyb),
+                        A::B(&mut xb),
+                        A::B(&mut wb),
+                        A::B(&mut mb),
+                        A::B(&mut rb),
+                        A::I64(rows as i64),
+                        A::I32(c as i32),
+                    ],
+                )
+                .unwrap();
                 let what = format!("layernorm backward {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} dx"), &dx.to_f32(), &dx0, dt, tol(dt, 2e-5));
 
                 let mut part = Buf::poisoned(2 * chunks * c, D::F32);
                 let col_blocks = c.div_ceil(64);
-                dev.launch(&kname("layernorm_backward_dwdb", dt), (chunks * col_blocks) as u32, 64, 0, &mut [A::B(&mut part), A::B(&mut dyb), A::B(&mut xb), A::B(&mut mb), A::B(&mut rb), A::I64(rows as i64), A::I32(c as i32), A::I32(rows_per_chunk as i32), A::I32(chunks as i32)]).unwrap();
+                dev.launch(
+                    &kname("layernorm_backward_dwdb", dt),
+                    (chunks * col_blocks) as u32,
+                    64,
+                    0,
+                    &mut [
+                        A::B(&mut part),
+                        A::B(&mut dyb),
+                        A::B(&mut xb),
+                        A::B(&mut mb),
+                        A::B(&mut rb),
+                        A::I64(rows as i64),
+                        A::I32(c as i32),
+                        A::I32(rows_per_chunk as i32),
+                        A::I32(chunks as i32),
+                    ],
+                )
+                .unwrap();
                 // dw, db are parameter gradients: f32 in every precision.
                 let all = part.to_f32();
                 for (k, want, name) in [(0usize, &dw0, "dw"), (1, &db0, "db")] {
-                    let mut half = Buf::from_f32(&all[k * chunks * c..(k + 1) * chunks * c], D::F32);
+                    let mut half =
+                        Buf::from_f32(&all[k * chunks * c..(k + 1) * chunks * c], D::F32);
                     let mut out = Buf::poisoned(c, D::F32);
-                    dev.launch("column_sum_finish_f32", blocks_for(c, 64), 64, 0, &mut [A::B(&mut out), A::B(&mut half), A::I32(chunks as i32), A::I32(c as i32)]).unwrap();
-                    check(&format!("{what} {name}"), &out.to_f32(), want, D::F32, tol(D::F32, 2e-5));
+                    dev.launch(
+                        "column_sum_finish_f32",
+                        blocks_for(c, 64),
+                        64,
+                        0,
+                        &mut [
+                            A::B(&mut out),
+                            A::B(&mut half),
+                            A::I32(chunks as i32),
+                            A::I32(c as i32),
+                        ],
+                    )
+                    .unwrap();
+                    check(
+                        &format!("{what} {name}"),
+                        &out.to_f32(),
+                        want,
+                        D::F32,
+                        tol(D::F32, 2e-5),
+                    );
                 }
             }
         }

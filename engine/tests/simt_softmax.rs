@@ -124,10 +124,22 @@ fn forward_matches_with_scale_causal_and_mask() {
             let full = [c.b, c.h, c.tq, c.n];
             let mm = mask.as_ref().map(|(s, _)| MaskMap::new(s, &full));
             let mut want = vec![0f32; rows * c.n];
-            cpu::softmax_forward(&pool, &mut want, &x, c.n, scale, c.causal, c.tq, mask.as_ref().map(|(_, d)| &d[..]).zip(mm.as_ref()));
+            cpu::softmax_forward(
+                &pool,
+                &mut want,
+                &x,
+                c.n,
+                scale,
+                c.causal,
+                c.tq,
+                mask.as_ref().map(|(_, d)| &d[..]).zip(mm.as_ref()),
+            );
             if matches!(c.mask, Mask::KeyPad) {
                 let per_b = c.h * c.tq * c.n;
-                assert!(want[per_b..2 * per_b].iter().all(|&v| v == 0.0), "case {ci}: the fully masked batch gives zero rows");
+                assert!(
+                    want[per_b..2 * per_b].iter().all(|&v| v == 0.0),
+                    "case {ci}: the fully masked batch gives zero rows"
+                );
                 assert!(want.iter().all(|v| v.is_finite()), "case {ci}: no NaN");
             }
             let ms = mask_strides(mask.as_ref().map_or([1; 4], |(s, _)| *s));
@@ -144,10 +156,30 @@ fn forward_matches_with_scale_causal_and_mask() {
                     blocks(rows, warp_of(&dev)),
                     BLOCK,
                     0,
-                    &mut [A::B(&mut y), A::B(&mut xb), margs, A::I64(rows as i64), A::I32(c.n as i32), A::F32(scale), A::I32(c.causal as i32), A::I32(c.h as i32), A::I32(c.tq as i32), A::I64(ms[0]), A::I64(ms[1]), A::I64(ms[2]), A::I64(ms[3])],
+                    &mut [
+                        A::B(&mut y),
+                        A::B(&mut xb),
+                        margs,
+                        A::I64(rows as i64),
+                        A::I32(c.n as i32),
+                        A::F32(scale),
+                        A::I32(c.causal as i32),
+                        A::I32(c.h as i32),
+                        A::I32(c.tq as i32),
+                        A::I64(ms[0]),
+                        A::I64(ms[1]),
+                        A::I64(ms[2]),
+                        A::I64(ms[3]),
+                    ],
                 )
                 .unwrap();
-                check(&format!("softmax forward {dt:?} case {ci} {c:?} on {dev}"), &y.to_f32(), &want, dt, tol(dt, F32_REL));
+                check(
+                    &format!("softmax forward {dt:?} case {ci} {c:?} on {dev}"),
+                    &y.to_f32(),
+                    &want,
+                    dt,
+                    tol(dt, F32_REL),
+                );
             }
         }
     }
@@ -170,17 +202,50 @@ fn backward_matches_out_of_place_and_in_place() {
             cpu::softmax_backward(&pool, &mut want, &y, &dy, n, scale);
             for dev in devices() {
                 let what = format!("softmax backward {dt:?} {rows}x{n} on {dev}");
-                let (mut dx, mut yb, mut dyb) = (Buf::poisoned(rows * n, dt), Buf::from_f32(&y, dt), Buf::from_f32(&dy, dt));
+                let (mut dx, mut yb, mut dyb) =
+                    (Buf::poisoned(rows * n, dt), Buf::from_f32(&y, dt), Buf::from_f32(&dy, dt));
                 let g = blocks(rows, warp_of(&dev));
-                dev.launch(&kname("softmax_backward", dt), g, BLOCK, 0, &mut [A::B(&mut dx), A::B(&mut yb), A::B(&mut dyb), A::I64(rows as i64), A::I32(n as i32), A::F32(scale)]).unwrap();
+                dev.launch(
+                    &kname("softmax_backward", dt),
+                    g,
+                    BLOCK,
+                    0,
+                    &mut [
+                        A::B(&mut dx),
+                        A::B(&mut yb),
+                        A::B(&mut dyb),
+                        A::I64(rows as i64),
+                        A::I32(n as i32),
+                        A::F32(scale),
+                    ],
+                )
+                .unwrap();
                 check(&what, &dx.to_f32(), &want, dt, tol(dt, F32_REL));
                 // In place: dx is dy (the harness's safe launch takes each buffer once).
                 if let Dev::Simt { warp, order } = dev {
                     let mut io = Buf::from_f32(&dy, dt);
                     let p = io.ptr();
-                    let args = [p, yb.ptr(), p, Arg::I64(rows as i64), Arg::I32(n as i32), Arg::F32(scale)];
+                    let args = [
+                        p,
+                        yb.ptr(),
+                        p,
+                        Arg::I64(rows as i64),
+                        Arg::I32(n as i32),
+                        Arg::F32(scale),
+                    ];
                     // SAFETY: the buffers hold rows·n elements, as the kernel touches.
-                    unsafe { ortbench_simt::launch(&kname("softmax_backward", dt), (g, 1, 1), (BLOCK, 1, 1), 0, warp, order, &args) }.unwrap();
+                    unsafe {
+                        ortbench_simt::launch(
+                            &kname("softmax_backward", dt),
+                            (g, 1, 1),
+                            (BLOCK, 1, 1),
+                            0,
+                            warp,
+                            order,
+                            &args,
+                        )
+                    }
+                    .unwrap();
                     io.check_guards().unwrap();
                     check(&format!("{what} in place"), &io.to_f32(), &want, dt, tol(dt, F32_REL));
                 }

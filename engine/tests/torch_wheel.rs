@@ -11,21 +11,27 @@ use std::path::{Path, PathBuf};
 use ortbench_engine::torch_wheel::{self, Source};
 
 fn venv() -> PathBuf {
-    PathBuf::from(std::env::var_os("VIRTUAL_ENV").expect("VIRTUAL_ENV is set (source scripts/env.sh)"))
+    PathBuf::from(
+        std::env::var_os("VIRTUAL_ENV").expect("VIRTUAL_ENV is set (source scripts/env.sh)"),
+    )
 }
 
 #[test]
 fn python_alone_finds_the_wheel_and_its_cuda_folders() {
     assert_eq!(torch_wheel::from_mapped(), None, "the engine's test binary does not link libtorch");
     let python = venv().join("bin/python3");
-    let w = torch_wheel::from_python(python.to_str().unwrap()).expect("the venv's python has torch");
+    let w =
+        torch_wheel::from_python(python.to_str().unwrap()).expect("the venv's python has torch");
     assert_eq!(w.source, Source::Python);
     assert!(w.lib_dir().join(torch_wheel::LIBTORCH_CPU).is_file());
     let site = w.site_packages();
     assert_eq!(site.file_name().unwrap(), "site-packages", "{}", site.display());
     // The same folder through $VIRTUAL_ENV (any python3.* under lib/), and through `find`,
     // which has no libtorch mapped and no torch-lib link beside this binary to go by.
-    assert_eq!(torch_wheel::from_virtual_env(&venv()).map(|v| v.torch_dir), Some(w.torch_dir.clone()));
+    assert_eq!(
+        torch_wheel::from_virtual_env(&venv()).map(|v| v.torch_dir),
+        Some(w.torch_dir.clone())
+    );
     let found = torch_wheel::find().expect("found");
     assert_eq!((found.source, &found.torch_dir), (Source::VirtualEnv, &w.torch_dir));
     // The torch 2.11 (cu130) wheel's layout: CUDA 13 in nvidia/cu13, NCCL in nvidia/nccl.
@@ -44,11 +50,16 @@ fn the_cuda_backend_searches_the_wheel_found_at_run_time() {
     let site = torch_wheel::torch_wheel().expect("found").site_packages();
     let dirs = ortbench_engine::backend::cuda::libs::search_dirs();
     assert!(dirs.contains(&site.join("nvidia/cu13/lib")), "{dirs:?}");
-    let nvrtc = ortbench_engine::backend::cuda::libs::candidates(ortbench_engine::backend::cuda::libs::CudaLib::Nvrtc);
+    let nvrtc = ortbench_engine::backend::cuda::libs::candidates(
+        ortbench_engine::backend::cuda::libs::CudaLib::Nvrtc,
+    );
     assert!(nvrtc.contains(&site.join("nvidia/cu13/lib/libnvrtc.so.13")), "{nvrtc:?}");
     // NVRTC's headers: nvidia/cu13/include beside the library folder.
     if std::env::var_os("ORTBENCH_CUDA_INCLUDE_DIR").is_none() {
-        assert_eq!(ortbench_engine::backend::kernels::include_dir(&dirs), Some(site.join("nvidia/cu13/include")));
+        assert_eq!(
+            ortbench_engine::backend::kernels::include_dir(&dirs),
+            Some(site.join("nvidia/cu13/include"))
+        );
     }
 }
 
@@ -86,5 +97,8 @@ fn no_source_names_a_python_version_folder() {
         .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(&needle)))
         .map(|p| p.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "{needle} in {offenders:?}: find torch with ortbench_engine::torch_wheel instead");
+    assert!(
+        offenders.is_empty(),
+        "{needle} in {offenders:?}: find torch with ortbench_engine::torch_wheel instead"
+    );
 }

@@ -17,8 +17,13 @@ pub enum Architecture {
 }
 
 impl Architecture {
-    pub const SUPPORTED: &'static [&'static str] =
-        &["BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "GPT2LMHeadModel", "GPT2ForSequenceClassification"];
+    pub const SUPPORTED: &'static [&'static str] = &[
+        "BertForMaskedLM",
+        "BertForSequenceClassification",
+        "BertForTokenClassification",
+        "GPT2LMHeadModel",
+        "GPT2ForSequenceClassification",
+    ];
 
     pub fn hf_name(self) -> &'static str {
         match self {
@@ -32,7 +37,11 @@ impl Architecture {
 
     /// A sequence classifier (one label, or `num_labels` targets, per row).
     pub fn is_classifier(self) -> bool {
-        matches!(self, Architecture::BertForSequenceClassification | Architecture::Gpt2ForSequenceClassification)
+        matches!(
+            self,
+            Architecture::BertForSequenceClassification
+                | Architecture::Gpt2ForSequenceClassification
+        )
     }
 
     /// The architecture of `family` for `task` (`--task`): what HF's AutoModelFor… builds.
@@ -61,8 +70,12 @@ impl Architecture {
     /// The prefix HF gives the base model's parameters (`base_model_prefix`).
     pub fn base_prefix(self) -> &'static str {
         match self {
-            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification | Architecture::BertForTokenClassification => "bert",
-            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "transformer",
+            Architecture::BertForMaskedLM
+            | Architecture::BertForSequenceClassification
+            | Architecture::BertForTokenClassification => "bert",
+            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
+                "transformer"
+            }
         }
     }
 }
@@ -225,7 +238,9 @@ impl ModelConfig {
             },
         };
         let family = match arch {
-            Architecture::BertForMaskedLM | Architecture::BertForSequenceClassification | Architecture::BertForTokenClassification => {
+            Architecture::BertForMaskedLM
+            | Architecture::BertForSequenceClassification
+            | Architecture::BertForTokenClassification => {
                 let c: BertConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
                 activation(&c.hidden_act)?;
                 if c.position_embedding_type != "absolute" {
@@ -239,7 +254,10 @@ impl ModelConfig {
             Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
                 let c: Gpt2Config = serde_json::from_value(raw.clone()).map_err(bad)?;
                 activation(&c.activation_function)?;
-                if c.scale_attn_by_inverse_layer_idx || c.reorder_and_upcast_attn || !c.scale_attn_weights {
+                if c.scale_attn_by_inverse_layer_idx
+                    || c.reorder_and_upcast_attn
+                    || !c.scale_attn_weights
+                {
                     return Err(ModelError::Unsupported(
                         "GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, scale_attn_weights=false)".into(),
                     ));
@@ -253,7 +271,9 @@ impl ModelConfig {
             cfg.problem_type().map_err(|e| ModelError::BadConfig(format!("{origin}: {e}")))?;
         }
         if arch == Architecture::BertForTokenClassification && cfg.num_labels() < 2 {
-            return Err(ModelError::BadConfig(format!("{origin}: BertForTokenClassification needs num_labels >= 2")));
+            return Err(ModelError::BadConfig(format!(
+                "{origin}: BertForTokenClassification needs num_labels >= 2"
+            )));
         }
         Ok(cfg)
     }
@@ -301,7 +321,11 @@ impl ModelConfig {
 
     /// The same checkpoint with another head (`--task`), as HF's AutoModelFor… loads it: the
     /// head's weights are then newly initialised, the base model's are kept.
-    pub fn with_architecture(&self, arch: Architecture, origin: &str) -> Result<ModelConfig, ModelError> {
+    pub fn with_architecture(
+        &self,
+        arch: Architecture,
+        origin: &str,
+    ) -> Result<ModelConfig, ModelError> {
         let mut raw = self.raw.clone();
         raw["architectures"] = serde_json::json!([arch.hf_name()]);
         ModelConfig::from_value(raw, origin)
@@ -309,7 +333,12 @@ impl ModelConfig {
 
     fn validate(&self, origin: &str) -> Result<(), ModelError> {
         let (h, heads) = (self.hidden_size(), self.num_heads());
-        if h == 0 || heads == 0 || self.num_layers() == 0 || self.vocab_size() == 0 || self.max_positions() == 0 {
+        if h == 0
+            || heads == 0
+            || self.num_layers() == 0
+            || self.vocab_size() == 0
+            || self.max_positions() == 0
+        {
             return Err(ModelError::BadConfig(format!("{origin}: sizes must be positive")));
         }
         if h % heads != 0 {
@@ -437,9 +466,12 @@ mod tests {
 
     #[test]
     fn unsupported_architecture_lists_supported() {
-        let e = ModelConfig::from_json_str(r#"{"architectures":["LlamaForCausalLM"]}"#, "x/config.json")
-            .unwrap_err()
-            .to_string();
+        let e = ModelConfig::from_json_str(
+            r#"{"architectures":["LlamaForCausalLM"]}"#,
+            "x/config.json",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("LlamaForCausalLM") && e.contains("GPT2LMHeadModel"), "{e}");
         let e = ModelConfig::from_json_str(r#"{"model_type":"t5"}"#, "c").unwrap_err().to_string();
         assert!(e.contains("t5") && e.contains("BertForMaskedLM"), "{e}");

@@ -41,8 +41,11 @@ impl Task {
         match cfg.arch {
             Architecture::BertForMaskedLM => Task::MaskedLm,
             Architecture::Gpt2LMHeadModel => Task::CausalLm,
-            Architecture::BertForTokenClassification => Task::TokenClassification { num_labels: cfg.num_labels() },
-            Architecture::BertForSequenceClassification | Architecture::Gpt2ForSequenceClassification => Task::SequenceClassification {
+            Architecture::BertForTokenClassification => {
+                Task::TokenClassification { num_labels: cfg.num_labels() }
+            }
+            Architecture::BertForSequenceClassification
+            | Architecture::Gpt2ForSequenceClassification => Task::SequenceClassification {
                 num_labels: cfg.num_labels(),
                 problem: cfg.problem_type().expect("checked when the config was parsed"),
             },
@@ -55,8 +58,12 @@ impl Task {
             Task::MaskedLm => "masked-lm",
             Task::CausalLm => "causal-lm",
             Task::TokenClassification { .. } => "token-classification",
-            Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => "sequence-classification",
-            Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => "multi-label-classification",
+            Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => {
+                "sequence-classification"
+            }
+            Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => {
+                "multi-label-classification"
+            }
             Task::SequenceClassification { problem: ProblemType::Regression, .. } => "regression",
         }
     }
@@ -67,7 +74,9 @@ impl Task {
         match *self {
             Task::MaskedLm | Task::CausalLm | Task::TokenClassification { .. } => seq_len,
             Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } => 1,
-            Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels } => num_labels,
+            Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels } => {
+                num_labels
+            }
             Task::SequenceClassification { problem: ProblemType::Regression, .. } => 0,
         }
     }
@@ -100,7 +109,10 @@ impl Batch {
             input_ids: self.input_ids[rows.start * t..rows.end * t].to_vec(),
             labels: self.labels[rows.start * per_label..rows.end * per_label].to_vec(),
             targets: self.targets.as_ref().map(|v| v[rows.clone()].to_vec()),
-            attention_mask: self.attention_mask.as_ref().map(|m| m[rows.start * t..rows.end * t].to_vec()),
+            attention_mask: self
+                .attention_mask
+                .as_ref()
+                .map(|m| m[rows.start * t..rows.end * t].to_vec()),
         }
     }
 
@@ -115,13 +127,17 @@ impl Task {
     /// LM labels ≠ −100 after the shift (positions 1..T), one per row for classification.
     pub fn label_count(&self, batch: &Batch) -> usize {
         match self {
-            Task::MaskedLm | Task::TokenClassification { .. } => batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count(),
+            Task::MaskedLm | Task::TokenClassification { .. } => {
+                batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
+            }
             Task::CausalLm => batch
                 .labels
                 .chunks(batch.seq_len)
                 .map(|row| row[1..].iter().filter(|&&l| l != IGNORE_INDEX).count())
                 .sum(),
-            Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => batch.batch_size * num_labels,
+            Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => {
+                batch.batch_size * num_labels
+            }
             Task::SequenceClassification { .. } => batch.batch_size,
         }
     }
@@ -129,8 +145,17 @@ impl Task {
 
 #[derive(Clone, Debug)]
 enum Rows {
-    Synthetic { seed: u64 },
-    File { ids: Vec<i64>, labels: Option<Vec<i64>>, targets: Option<Vec<f32>>, mask: Option<Vec<i64>>, special: Option<Vec<i64>>, n_rows: usize },
+    Synthetic {
+        seed: u64,
+    },
+    File {
+        ids: Vec<i64>,
+        labels: Option<Vec<i64>>,
+        targets: Option<Vec<f32>>,
+        mask: Option<Vec<i64>>,
+        special: Option<Vec<i64>>,
+        n_rows: usize,
+    },
 }
 
 /// A source of batches for one model.
@@ -150,9 +175,22 @@ pub struct DataSource {
 
 impl DataSource {
     /// Synthetic batches from `seed`.
-    pub fn synthetic(cfg: &ModelConfig, batch_size: usize, seq_len: usize, seed: u64) -> Result<Self, ModelError> {
+    pub fn synthetic(
+        cfg: &ModelConfig,
+        batch_size: usize,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self, ModelError> {
         check_sizes(cfg, batch_size, seq_len)?;
-        Ok(DataSource { rows: Rows::Synthetic { seed }, task: Task::for_config(cfg), vocab: cfg.vocab_size(), batch_size, seq_len, seed, mask_id: None })
+        Ok(DataSource {
+            rows: Rows::Synthetic { seed },
+            task: Task::for_config(cfg),
+            vocab: cfg.vocab_size(),
+            batch_size,
+            seq_len,
+            seed,
+            mask_id: None,
+        })
     }
 
     /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64 [N, T] for
@@ -161,19 +199,31 @@ impl DataSource {
     /// mask; every row needs a token). Batches take rows in order, cycling to row 0. `T` must
     /// equal `seq_len` when given; otherwise it sets it. Any other tensor is an error: what a
     /// user puts in the file is used or refused, never silently dropped.
-    pub fn from_file(cfg: &ModelConfig, path: &Path, batch_size: usize, seq_len: Option<usize>, seed: u64) -> Result<Self, ModelError> {
+    pub fn from_file(
+        cfg: &ModelConfig,
+        path: &Path,
+        batch_size: usize,
+        seq_len: Option<usize>,
+        seed: u64,
+    ) -> Result<Self, ModelError> {
         let err = |m: String| ModelError::Data(format!("--data {}: {m}", path.display()));
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| err(format!("not a safetensors file: {e}")))?;
         let read_i64 = |name: &str| -> Result<Option<(Vec<usize>, Vec<i64>)>, ModelError> {
             let Ok(view) = st.tensor(name) else { return Ok(None) };
             if view.dtype() != Dtype::I64 {
                 return Err(err(format!("'{name}' must be int64, found {:?}", view.dtype())));
             }
-            let data = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+            let data = view
+                .data()
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
             Ok(Some((view.shape().to_vec(), data)))
         };
-        let (shape, ids) = read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
+        let (shape, ids) =
+            read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
         // Every tensor in the file must be one the run uses: `token_type_ids` (or anything
         // else) silently dropped would train on something else than the user's data.
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
@@ -181,7 +231,11 @@ impl DataSource {
         // `special_tokens_mask` (what the MLM collator never selects, as HF's) is read by
         // masked-lm only.
         let mlm = Task::for_config(cfg) == Task::MaskedLm;
-        let read: &[&str] = if mlm { &["input_ids", "labels", "attention_mask", "special_tokens_mask"] } else { &["input_ids", "labels", "attention_mask"] };
+        let read: &[&str] = if mlm {
+            &["input_ids", "labels", "attention_mask", "special_tokens_mask"]
+        } else {
+            &["input_ids", "labels", "attention_mask"]
+        };
         if let Some(extra) = names.iter().find(|n| !read.contains(&n.as_str())) {
             return Err(err(format!(
                 "tensor '{extra}' would be ignored: {} reads only {}; remove it from the file",
@@ -190,12 +244,16 @@ impl DataSource {
             )));
         }
         if shape.len() != 2 || shape[0] == 0 || shape[1] == 0 {
-            return Err(err(format!("'input_ids' must have shape [N, T] with N, T > 0, found {shape:?}")));
+            return Err(err(format!(
+                "'input_ids' must have shape [N, T] with N, T > 0, found {shape:?}"
+            )));
         }
         let (n_rows, t) = (shape[0], shape[1]);
         if let Some(s) = seq_len {
             if s != t {
-                return Err(err(format!("rows have length T = {t} but --seq-len is {s} (omit --seq-len to use {t})")));
+                return Err(err(format!(
+                    "rows have length T = {t} but --seq-len is {s} (omit --seq-len to use {t})"
+                )));
             }
         }
         check_sizes(cfg, batch_size, t)?;
@@ -210,10 +268,14 @@ impl DataSource {
                     return Err(err(format!("'attention_mask' must have the shape of 'input_ids' {shape:?}, found {mshape:?}")));
                 }
                 if let Some(bad) = mask.iter().find(|&&m| m != 0 && m != 1) {
-                    return Err(err(format!("'attention_mask' must hold 0 (padding) or 1 (token), found {bad}")));
+                    return Err(err(format!(
+                        "'attention_mask' must hold 0 (padding) or 1 (token), found {bad}"
+                    )));
                 }
                 if let Some(row) = mask.chunks_exact(t).position(|r| !r.contains(&1)) {
-                    return Err(err(format!("row {row} is all padding (its attention_mask has no 1)")));
+                    return Err(err(format!(
+                        "row {row} is all padding (its attention_mask has no 1)"
+                    )));
                 }
                 Some(mask)
             }
@@ -221,13 +283,19 @@ impl DataSource {
         let special = match read_i64("special_tokens_mask")? {
             None => None,
             Some((sshape, s)) if sshape == shape && s.iter().all(|&v| v == 0 || v == 1) => Some(s),
-            Some(_) => return Err(err(format!("'special_tokens_mask' must be 0/1 with the shape of 'input_ids' {shape:?}"))),
+            Some(_) => {
+                return Err(err(format!(
+                    "'special_tokens_mask' must be 0/1 with the shape of 'input_ids' {shape:?}"
+                )))
+            }
         };
         let task = Task::for_config(cfg);
         let (mut labels, mut targets) = (None, None);
         if let Ok(view) = st.tensor("labels") {
             let want: Vec<usize> = match task {
-                Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => vec![n_rows, num_labels],
+                Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => {
+                    vec![n_rows, num_labels]
+                }
                 Task::SequenceClassification { .. } => vec![n_rows],
                 _ => vec![n_rows, t],
             };
@@ -238,55 +306,109 @@ impl DataSource {
                     }
                     _ => "",
                 };
-                return Err(err(format!("'labels' must have shape {want:?} for {}, found {:?}{hint}", task.name(), view.shape())));
+                return Err(err(format!(
+                    "'labels' must have shape {want:?} for {}, found {:?}{hint}",
+                    task.name(),
+                    view.shape()
+                )));
             }
             let floats: Option<Vec<f64>> = match view.dtype() {
-                Dtype::F32 => Some(view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64).collect()),
-                Dtype::F64 => Some(view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+                Dtype::F32 => Some(
+                    view.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                        .collect(),
+                ),
+                Dtype::F64 => Some(
+                    view.data()
+                        .chunks_exact(8)
+                        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect(),
+                ),
                 _ => None,
             };
             match (task, floats) {
-                (Task::SequenceClassification { problem: ProblemType::Regression, .. }, Some(v)) => {
+                (
+                    Task::SequenceClassification { problem: ProblemType::Regression, .. },
+                    Some(v),
+                ) => {
                     if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
                         return Err(err(format!("regression target {bad} is not finite")));
                     }
                     targets = Some(v.iter().map(|&x| x as f32).collect());
                 }
                 (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
-                    return Err(err(format!("regression 'labels' must be float32 or float64, found {:?}", view.dtype())));
+                    return Err(err(format!(
+                        "regression 'labels' must be float32 or float64, found {:?}",
+                        view.dtype()
+                    )));
                 }
                 // Multi-label: HF's float 0/1 targets (soft targets are not supported).
-                (Task::SequenceClassification { problem: ProblemType::MultiLabel, .. }, Some(v)) => {
+                (
+                    Task::SequenceClassification { problem: ProblemType::MultiLabel, .. },
+                    Some(v),
+                ) => {
                     if let Some(bad) = v.iter().find(|&&x| x != 0.0 && x != 1.0) {
-                        return Err(err(format!("multi-label targets must be 0 or 1, found {bad}")));
+                        return Err(err(format!(
+                            "multi-label targets must be 0 or 1, found {bad}"
+                        )));
                     }
                     labels = Some(v.iter().map(|&x| x as i64).collect());
                 }
-                (_, Some(_)) => return Err(err(format!("'labels' must be int64 for {}, found {:?}", task.name(), view.dtype()))),
+                (_, Some(_)) => {
+                    return Err(err(format!(
+                        "'labels' must be int64 for {}, found {:?}",
+                        task.name(),
+                        view.dtype()
+                    )))
+                }
                 (_, None) => {
                     let (_, v) = read_i64("labels")?.expect("the tensor exists");
                     let ok = |l: i64| match task {
-                        Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => l == 0 || l == 1,
-                        Task::SequenceClassification { num_labels, .. } => (0..num_labels as i64).contains(&l),
-                        Task::TokenClassification { num_labels } => l == IGNORE_INDEX || (0..num_labels as i64).contains(&l),
+                        Task::SequenceClassification {
+                            problem: ProblemType::MultiLabel, ..
+                        } => l == 0 || l == 1,
+                        Task::SequenceClassification { num_labels, .. } => {
+                            (0..num_labels as i64).contains(&l)
+                        }
+                        Task::TokenClassification { num_labels } => {
+                            l == IGNORE_INDEX || (0..num_labels as i64).contains(&l)
+                        }
                         _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
                     };
                     if let Some(bad) = v.iter().find(|&&l| !ok(l)) {
-                        return Err(err(format!("label {bad} is out of range for {} ({})", cfg.arch.hf_name(), task.name())));
+                        return Err(err(format!(
+                            "label {bad} is out of range for {} ({})",
+                            cfg.arch.hf_name(),
+                            task.name()
+                        )));
                     }
                     labels = Some(v);
                 }
             }
         }
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| err(format!("not a safetensors file: {e}")))?;
         let mask_id = match meta.metadata().as_ref().and_then(|m| m.get("mask_token_id")) {
             None => None,
             Some(v) => match v.parse::<i64>() {
                 Ok(id) if (0..vocab).contains(&id) => Some(id),
-                _ => return Err(err(format!("metadata mask_token_id '{v}' is not an id of the vocabulary"))),
+                _ => {
+                    return Err(err(format!(
+                        "metadata mask_token_id '{v}' is not an id of the vocabulary"
+                    )))
+                }
             },
         };
-        Ok(DataSource { rows: Rows::File { ids, labels, targets, mask, special, n_rows }, task, vocab: cfg.vocab_size(), batch_size, seq_len: t, seed, mask_id })
+        Ok(DataSource {
+            rows: Rows::File { ids, labels, targets, mask, special, n_rows },
+            task,
+            vocab: cfg.vocab_size(),
+            batch_size,
+            seq_len: t,
+            seed,
+            mask_id,
+        })
     }
 
     pub fn task(&self) -> Task {
@@ -308,12 +430,18 @@ impl DataSource {
 
     /// The file's last `eval_rows` rows as a second source (an evaluation split, batches of
     /// `eval_batch`), and this source without them.
-    pub fn split_off(&self, eval_rows: usize, eval_batch: usize) -> Result<(DataSource, DataSource), ModelError> {
+    pub fn split_off(
+        &self,
+        eval_rows: usize,
+        eval_batch: usize,
+    ) -> Result<(DataSource, DataSource), ModelError> {
         let Rows::File { ids, labels, targets, mask, special, n_rows } = &self.rows else {
             return Err(ModelError::Data("an evaluation split needs rows from a file".into()));
         };
         if eval_rows == 0 || eval_rows >= *n_rows {
-            return Err(ModelError::Data(format!("cannot split {eval_rows} evaluation rows off {n_rows}")));
+            return Err(ModelError::Data(format!(
+                "cannot split {eval_rows} evaluation rows off {n_rows}"
+            )));
         }
         let t = self.seq_len;
         let keep = n_rows - eval_rows;
@@ -346,14 +474,19 @@ impl DataSource {
     /// seeds what is drawn per batch (MLM masking, synthetic labels). Synthetic sources ignore
     /// `rows` and make step `step`'s batch.
     pub fn batch_of_rows(&self, rows: &[usize], step: usize) -> Batch {
-        let (b, t) = (if self.n_rows().is_some() { rows.len() } else { self.batch_size }, self.seq_len);
+        let (b, t) =
+            (if self.n_rows().is_some() { rows.len() } else { self.batch_size }, self.seq_len);
         let mut rng = Rng::for_stream(self.seed, &format!("batch-{step}"));
         let mut given_targets: Option<Vec<f32>> = None;
         let mut special_mask: Option<Vec<i64>> = None;
         let (input_ids, given_labels, attention_mask) = match &self.rows {
             Rows::Synthetic { seed } => {
                 let mut r = Rng::for_stream(*seed, &format!("tokens-{step}"));
-                let lo = if self.vocab as i64 > FIRST_WORD + 100 && self.task != Task::CausalLm { FIRST_WORD } else { 0 };
+                let lo = if self.vocab as i64 > FIRST_WORD + 100 && self.task != Task::CausalLm {
+                    FIRST_WORD
+                } else {
+                    0
+                };
                 let ids: Vec<i64> = (0..b * t).map(|_| r.range(lo, self.vocab as i64)).collect();
                 (ids, None, None)
             }
@@ -361,11 +494,17 @@ impl DataSource {
                 let per_label = self.task.labels_per_row(t);
                 let row = |i: usize| rows[i];
                 let take = |all: &Vec<i64>, per: usize| -> Vec<i64> {
-                    (0..b).flat_map(|i| all[row(i) * per..(row(i) + 1) * per].iter().copied()).collect()
+                    (0..b)
+                        .flat_map(|i| all[row(i) * per..(row(i) + 1) * per].iter().copied())
+                        .collect()
                 };
                 given_targets = targets.as_ref().map(|v| (0..b).map(|i| v[row(i)]).collect());
                 special_mask = special.as_ref().map(|s| take(s, t));
-                (take(ids, t), labels.as_ref().map(|l| take(l, per_label)), mask.as_ref().map(|m| take(m, t)))
+                (
+                    take(ids, t),
+                    labels.as_ref().map(|l| take(l, per_label)),
+                    mask.as_ref().map(|m| take(m, t)),
+                )
             }
         };
         let synthetic = matches!(self.rows, Rows::Synthetic { .. });
@@ -373,34 +512,70 @@ impl DataSource {
         let labels = match (self.task, given_labels) {
             (_, Some(labels)) => labels,
             (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
-                targets = Some(given_targets.unwrap_or_else(|| (0..b).map(|_| rng.normal() as f32).collect()));
+                targets = Some(
+                    given_targets.unwrap_or_else(|| (0..b).map(|_| rng.normal() as f32).collect()),
+                );
                 Vec::new()
             }
-            (Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels }, None) => {
-                (0..b * num_labels).map(|_| rng.range(0, 2)).collect()
-            }
+            (
+                Task::SequenceClassification { problem: ProblemType::MultiLabel, num_labels },
+                None,
+            ) => (0..b * num_labels).map(|_| rng.range(0, 2)).collect(),
             // HF's DataCollatorForLanguageModeling(mlm=False): labels are the inputs, padding
             // −100 (it goes by pad_token_id; the mask says the same without one).
             (Task::CausalLm, None) => match &attention_mask {
-                Some(m) => input_ids.iter().zip(m).map(|(&i, &m)| if m == 0 { IGNORE_INDEX } else { i }).collect(),
+                Some(m) => input_ids
+                    .iter()
+                    .zip(m)
+                    .map(|(&i, &m)| if m == 0 { IGNORE_INDEX } else { i })
+                    .collect(),
                 None => input_ids.clone(),
             },
-            (Task::SequenceClassification { num_labels, .. }, None) => (0..b).map(|_| rng.range(0, num_labels as i64)).collect(),
+            (Task::SequenceClassification { num_labels, .. }, None) => {
+                (0..b).map(|_| rng.range(0, num_labels as i64)).collect()
+            }
             // Random tags, −100 at padding (synthetic batches have none).
             (Task::TokenClassification { num_labels }, None) => (0..b * t)
                 .map(|i| {
                     let tag = rng.range(0, num_labels as i64);
-                    if attention_mask.as_ref().is_some_and(|m| m[i] == 0) { IGNORE_INDEX } else { tag }
+                    if attention_mask.as_ref().is_some_and(|m| m[i] == 0) {
+                        IGNORE_INDEX
+                    } else {
+                        tag
+                    }
                 })
                 .collect(),
             (Task::MaskedLm, None) => {
                 // Never selected: padding and, when the file says, special tokens.
                 let never: Option<Vec<i64>> = match (&attention_mask, &special_mask) {
-                    (m, Some(s)) => Some(s.iter().zip(0..).map(|(&s, i)| i64::from(s == 0 && m.as_ref().is_none_or(|m| m[i] == 1))).collect()),
+                    (m, Some(s)) => Some(
+                        s.iter()
+                            .zip(0..)
+                            .map(|(&s, i)| {
+                                i64::from(s == 0 && m.as_ref().is_none_or(|m| m[i] == 1))
+                            })
+                            .collect(),
+                    ),
                     (m, None) => m.clone(),
                 };
-                let (ids, labels) = mask_tokens(input_ids, never.as_deref(), b, t, self.vocab, self.mask_id, synthetic, &mut rng);
-                return Batch { batch_size: b, seq_len: t, input_ids: ids, labels, targets: None, attention_mask };
+                let (ids, labels) = mask_tokens(
+                    input_ids,
+                    never.as_deref(),
+                    b,
+                    t,
+                    self.vocab,
+                    self.mask_id,
+                    synthetic,
+                    &mut rng,
+                );
+                return Batch {
+                    batch_size: b,
+                    seq_len: t,
+                    input_ids: ids,
+                    labels,
+                    targets: None,
+                    attention_mask,
+                };
             }
         };
         Batch { batch_size: b, seq_len: t, input_ids, labels, targets, attention_mask }
@@ -413,7 +588,16 @@ impl DataSource {
 /// nor is any position where `mask` is 0 (padding, and special tokens when the data marks them:
 /// HF's collator excludes both through `special_tokens_mask`).
 #[allow(clippy::too_many_arguments)]
-fn mask_tokens(mut ids: Vec<i64>, mask: Option<&[i64]>, b: usize, t: usize, vocab: usize, mask_id: Option<i64>, add_special: bool, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
+fn mask_tokens(
+    mut ids: Vec<i64>,
+    mask: Option<&[i64]>,
+    b: usize,
+    t: usize,
+    vocab: usize,
+    mask_id: Option<i64>,
+    add_special: bool,
+    rng: &mut Rng,
+) -> (Vec<i64>, Vec<i64>) {
     let is_pad = |i: usize| mask.is_some_and(|m| m[i] == 0);
     let special = add_special && vocab as i64 > MASK && t >= 3;
     let mask_id = mask_id.unwrap_or(if vocab as i64 > MASK { MASK } else { vocab as i64 - 1 });
@@ -444,7 +628,14 @@ fn mask_tokens(mut ids: Vec<i64>, mask: Option<&[i64]>, b: usize, t: usize, voca
 
 /// Selects token `i` for the MLM loss: its label is the original, and the input becomes
 /// [MASK] (80 %), a random token (10 %) or stays (10 %).
-fn select(ids: &mut [i64], labels: &mut [i64], i: usize, mask_id: i64, vocab: usize, rng: &mut Rng) {
+fn select(
+    ids: &mut [i64],
+    labels: &mut [i64],
+    i: usize,
+    mask_id: i64,
+    vocab: usize,
+    rng: &mut Rng,
+) {
     labels[i] = ids[i];
     let u = rng.uniform();
     if u < 0.8 {
@@ -507,13 +698,21 @@ mod tests {
             let b = d.batch(step);
             let n = b.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
             assert!(n >= 1, "step {step}: no selected token");
-            assert_eq!((b.labels[0], b.labels[15]), (IGNORE_INDEX, IGNORE_INDEX), "[CLS]/[SEP] never selected");
+            assert_eq!(
+                (b.labels[0], b.labels[15]),
+                (IGNORE_INDEX, IGNORE_INDEX),
+                "[CLS]/[SEP] never selected"
+            );
         }
         let d = DataSource::synthetic(&cfg, 4, 3, 3).unwrap();
         for step in 0..50 {
             let b = d.batch(step);
             for row in 0..4 {
-                assert_ne!(b.labels[row * 3 + 1], IGNORE_INDEX, "the one ordinary position is selected");
+                assert_ne!(
+                    b.labels[row * 3 + 1],
+                    IGNORE_INDEX,
+                    "the one ordinary position is selected"
+                );
             }
         }
     }
@@ -550,11 +749,16 @@ mod tests {
     }
 
     fn write_tensors(path: &Path, tensors: &[(&str, &[usize], &[i64])]) {
-        let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, d)| d.iter().flat_map(|v| v.to_le_bytes()).collect())
+            .collect();
         let views: Vec<(String, TensorView)> = tensors
             .iter()
             .zip(&bytes)
-            .map(|((n, shape, _), b)| (n.to_string(), TensorView::new(Dtype::I64, shape.to_vec(), b).unwrap()))
+            .map(|((n, shape, _), b)| {
+                (n.to_string(), TensorView::new(Dtype::I64, shape.to_vec(), b).unwrap())
+            })
             .collect();
         safetensors::serialize_to_file(views, None, path).unwrap();
     }
@@ -586,7 +790,10 @@ mod tests {
                 assert!(m == 1 || l == IGNORE_INDEX, "step {step}: padding position {i} selected");
             }
             for row in 0..3 {
-                assert!(b.labels[row * 6..(row + 1) * 6].iter().any(|&l| l != IGNORE_INDEX), "row {row} has a label");
+                assert!(
+                    b.labels[row * 6..(row + 1) * 6].iter().any(|&l| l != IGNORE_INDEX),
+                    "row {row} has a label"
+                );
             }
         }
 
@@ -596,14 +803,23 @@ mod tests {
             assert!(e.contains(want), "{e}");
         };
         let types = vec![0i64; 18];
-        refuse(&[("input_ids", &[3, 6], &ids), ("token_type_ids", &[3, 6], &types)], "tensor 'token_type_ids' would be ignored");
-        refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 5], &mask[..15])], "shape of 'input_ids'");
+        refuse(
+            &[("input_ids", &[3, 6], &ids), ("token_type_ids", &[3, 6], &types)],
+            "tensor 'token_type_ids' would be ignored",
+        );
+        refuse(
+            &[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 5], &mask[..15])],
+            "shape of 'input_ids'",
+        );
         let mut two = mask.clone();
         two[4] = 2;
         refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &two)], "found 2");
         let mut empty = mask.clone();
         empty[12..14].copy_from_slice(&[0, 0]);
-        refuse(&[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &empty)], "row 2 is all padding");
+        refuse(
+            &[("input_ids", &[3, 6], &ids), ("attention_mask", &[3, 6], &empty)],
+            "row 2 is all padding",
+        );
     }
 
     #[test]

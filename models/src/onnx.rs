@@ -41,14 +41,15 @@ use prost::Message;
 
 use crate::config::{Family, ModelConfig};
 use crate::graph::{
-    bert, GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK, POSITION_IDS,
-    TOKEN_TYPE_IDS,
+    bert, GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK,
+    PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
 };
 use crate::ModelError;
 use proto::tensor_shape_proto::{dimension, Dimension};
 use proto::{
-    type_proto, AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    type_proto, AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 
 /// The ai.onnx operator set the export targets.
@@ -111,11 +112,17 @@ impl fmt::Display for OnnxReport {
 /// `param_specs` layout, e.g. `EngineModel::flatten`) to `path` as an ONNX model; see the
 /// module docs for its inputs and output. Dropout is off whatever `cfg` says (the export is
 /// the model in eval mode). The file is written to a temporary name and renamed.
-pub fn export_onnx(cfg: &ModelConfig, params: &[f32], path: &Path) -> Result<OnnxReport, ModelError> {
+pub fn export_onnx(
+    cfg: &ModelConfig,
+    params: &[f32],
+    path: &Path,
+) -> Result<OnnxReport, ModelError> {
     let (bytes, mut report) = onnx_bytes(cfg, params)?;
     let tmp = path.with_extension("onnx.tmp");
-    std::fs::write(&tmp, &bytes).map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", path.display())))?;
+    std::fs::write(&tmp, &bytes)
+        .map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", path.display())))?;
     report.path = path.to_path_buf();
     Ok(report)
 }
@@ -139,7 +146,8 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
     let mut cfg = cfg.clone();
     cfg.set_dropout(0.0);
     let arch = cfg.arch.hf_name();
-    let unsupported = |msg: String| ModelError::Unsupported(format!("ONNX export of {arch}: {msg}"));
+    let unsupported =
+        |msg: String| ModelError::Unsupported(format!("ONNX export of {arch}: {msg}"));
     let probes = Probes::build(&cfg)?;
     probes.check_structure().map_err(unsupported)?;
     let g = probes.graph();
@@ -165,15 +173,20 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
         initializer.push(tensor_f32(&p.name, &p.shape, &params[p.offset..p.offset + p.len]));
     }
 
-    let logits_dims = probes.dims(probes.logits).map_err(|e| unsupported(format!("logits: {e}")))?;
+    let logits_dims =
+        probes.dims(probes.logits).map_err(|e| unsupported(format!("logits: {e}")))?;
     let logits_shape: Vec<Dimension> = logits_dims
         .iter()
         .map(|d| match *d {
             d if d == Dim::BATCH => Ok(dim_param(BATCH)),
             d if d == Dim::SEQUENCE => Ok(dim_param(SEQUENCE)),
             d => match d.as_const() {
-                Some(n) => Ok(Dimension { value: Some(dimension::Value::DimValue(n)), denotation: None }),
-                None => Err(unsupported(format!("the logits have an axis of size {d}, neither fixed nor {BATCH} nor {SEQUENCE}"))),
+                Some(n) => {
+                    Ok(Dimension { value: Some(dimension::Value::DimValue(n)), denotation: None })
+                }
+                None => Err(unsupported(format!(
+                    "the logits have an axis of size {d}, neither fixed nor {BATCH} nor {SEQUENCE}"
+                ))),
             },
         })
         .collect::<Result<_, _>>()?;
@@ -194,26 +207,35 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
             })
             .collect(),
     };
-    let user_input = |name: &str| value_info(name, proto::INT64, vec![dim_param(BATCH), dim_param(SEQUENCE)]);
+    let user_input =
+        |name: &str| value_info(name, proto::INT64, vec![dim_param(BATCH), dim_param(SEQUENCE)]);
     let graph = GraphProto {
         node: out.nodes,
         name: Some(arch.to_string()),
         initializer,
-        doc_string: Some(format!("{arch}: the ortbench engine's inference graph (HF eager forward, eval mode)")),
+        doc_string: Some(format!(
+            "{arch}: the ortbench engine's inference graph (HF eager forward, eval mode)"
+        )),
         input: vec![user_input(INPUT_IDS), user_input(ATTENTION_MASK_INPUT)],
         output: vec![value_info(LOGITS, proto::FLOAT, logits_shape)],
         value_info: vec![],
     };
     let model = ModelProto {
         ir_version: Some(IR_VERSION),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(OPSET) }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(OPSET),
+        }],
         producer_name: Some("ortbench".into()),
         producer_version: Some(env!("CARGO_PKG_VERSION").into()),
         domain: None,
         model_version: None,
         doc_string: None,
         graph: Some(graph),
-        metadata_props: vec![StringStringEntryProto { key: Some("architecture".into()), value: Some(arch.into()) }],
+        metadata_props: vec![StringStringEntryProto {
+            key: Some("architecture".into()),
+            value: Some(arch.into()),
+        }],
     };
     Ok((model, report))
 }
@@ -278,7 +300,8 @@ impl Dim {
 impl fmt::Display for Dim {
     /// `64·sequence − 64`
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let terms = [(self.bt, "batch·sequence"), (self.b, BATCH), (self.t, SEQUENCE), (self.k, "")];
+        let terms =
+            [(self.bt, "batch·sequence"), (self.b, BATCH), (self.t, SEQUENCE), (self.k, "")];
         let mut first = true;
         for (c, v) in terms.into_iter().filter(|(c, _)| *c != 0) {
             let sign = match (first, c < 0) {
@@ -320,7 +343,9 @@ impl Probes {
         }
         let models = PROBES
             .iter()
-            .map(|&(b, t)| InferenceModel::new(cfg, &GraphOptions::new(b, t).with_attention_mask(true)))
+            .map(|&(b, t)| {
+                InferenceModel::new(cfg, &GraphOptions::new(b, t).with_attention_mask(true))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let logits = models[0].logits;
         if models.iter().any(|m| m.logits != logits) {
@@ -341,7 +366,8 @@ impl Probes {
     fn check_structure(&self) -> Result<(), String> {
         let g0 = self.graph();
         for (g, &(b, t)) in self.graphs.iter().zip(&PROBES).skip(1) {
-            let at = format!("the graphs built at {}×{} and {b}×{t} differ", PROBES[0].0, PROBES[0].1);
+            let at =
+                format!("the graphs built at {}×{} and {b}×{t} differ", PROBES[0].0, PROBES[0].1);
             if g.nodes().len() != g0.nodes().len() || g.tensors().len() != g0.tensors().len() {
                 return Err(format!("{at} in their node or tensor count"));
             }
@@ -359,7 +385,13 @@ impl Probes {
                     (a, b) => a == b,
                 };
                 if !same_op || x.inputs != y.inputs || x.outputs != y.outputs {
-                    return Err(format!("{at} at node {i} ({} {} vs {} {})", x.op.name(), x.op.attrs(), y.op.name(), y.op.attrs()));
+                    return Err(format!(
+                        "{at} at node {i} ({} {} vs {} {})",
+                        x.op.name(),
+                        x.op.attrs(),
+                        y.op.name(),
+                        y.op.attrs()
+                    ));
                 }
             }
         }
@@ -370,14 +402,20 @@ impl Probes {
     fn fit(&self, what: &str, at: impl Fn(&Graph) -> usize) -> Result<Dim, String> {
         let v: Vec<i64> = self.graphs.iter().map(|g| at(g) as i64).collect();
         Dim::fit(&v).ok_or_else(|| {
-            let seen: Vec<String> = PROBES.iter().zip(&v).map(|((b, t), x)| format!("{x} at {b}×{t}")).collect();
-            format!("{what} is not k + b·{BATCH} + t·{SEQUENCE} + bt·{BATCH}·{SEQUENCE} ({})", seen.join(", "))
+            let seen: Vec<String> =
+                PROBES.iter().zip(&v).map(|((b, t), x)| format!("{x} at {b}×{t}")).collect();
+            format!(
+                "{what} is not k + b·{BATCH} + t·{SEQUENCE} + bt·{BATCH}·{SEQUENCE} ({})",
+                seen.join(", ")
+            )
         })
     }
 
     /// The shape of `t` in terms of the dynamic axes.
     fn dims(&self, t: TensorId) -> Result<Vec<Dim>, String> {
-        (0..self.graph().shape(t).len()).map(|i| self.fit(&format!("axis {i} of {t}"), |g| g.shape(t)[i])).collect()
+        (0..self.graph().shape(t).len())
+            .map(|i| self.fit(&format!("axis {i} of {t}"), |g| g.shape(t)[i]))
+            .collect()
     }
 }
 
@@ -388,16 +426,26 @@ fn dim_param(name: &str) -> Dimension {
 }
 
 fn value_info(name: &str, elem_type: i32, dim: Vec<Dimension>) -> ValueInfoProto {
-    let tensor = type_proto::Tensor { elem_type: Some(elem_type), shape: Some(TensorShapeProto { dim }) };
+    let tensor =
+        type_proto::Tensor { elem_type: Some(elem_type), shape: Some(TensorShapeProto { dim }) };
     ValueInfoProto {
         name: Some(name.into()),
-        r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), denotation: None }),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(tensor)),
+            denotation: None,
+        }),
         doc_string: None,
     }
 }
 
 fn tensor_raw(name: &str, data_type: i32, dims: &[i64], raw: Vec<u8>) -> TensorProto {
-    TensorProto { dims: dims.to_vec(), data_type: Some(data_type), name: Some(name.into()), doc_string: None, raw_data: Some(raw) }
+    TensorProto {
+        dims: dims.to_vec(),
+        data_type: Some(data_type),
+        name: Some(name.into()),
+        doc_string: None,
+        raw_data: Some(raw),
+    }
 }
 
 fn tensor_f32(name: &str, shape: &[usize], data: &[f32]) -> TensorProto {
@@ -443,7 +491,14 @@ struct Out {
 
 impl Out {
     /// Appends `op_type(inputs) -> outputs`, named `name`.
-    fn node(&mut self, op_type: &str, name: &str, inputs: &[&str], outputs: &[&str], attribute: Vec<AttributeProto>) {
+    fn node(
+        &mut self,
+        op_type: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attribute: Vec<AttributeProto>,
+    ) {
         self.used.extend(inputs.iter().map(|s| s.to_string()));
         self.nodes.push(NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
@@ -457,7 +512,13 @@ impl Out {
     }
 
     /// A one-output node whose output gets a fresh name `{hint}_{n}`; returns that name.
-    fn op(&mut self, op_type: &str, hint: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
+    fn op(
+        &mut self,
+        op_type: &str,
+        hint: &str,
+        inputs: &[&str],
+        attribute: Vec<AttributeProto>,
+    ) -> String {
         self.fresh += 1;
         let y = format!("{hint}_{}", self.fresh);
         self.node(op_type, &y, inputs, &[&y], attribute);
@@ -515,7 +576,9 @@ impl<'a> Exporter<'a> {
                 }
                 match &g.tensor(t).kind {
                     TensorKind::Param(p) => g.params()[*p].name.clone(),
-                    TensorKind::Input { name } if name == ATTENTION_MASK => "attention_mask_additive".into(),
+                    TensorKind::Input { name } if name == ATTENTION_MASK => {
+                        "attention_mask_additive".into()
+                    }
                     TensorKind::Input { name } => name.clone(),
                     _ => match producers[i] {
                         Some(n) => format!("{}_{i}", g.nodes()[n].op.name()),
@@ -548,7 +611,9 @@ impl<'a> Exporter<'a> {
         for (i, node) in g.nodes().iter().enumerate() {
             if node.outputs.iter().any(|o| live[o.index()]) {
                 *self.engine_ops.entry(node.op.name()).or_default() += 1;
-                self.node(i, &live).map_err(|e| format!("node {i} ({} → {}): {e}", node.op.name(), node.outputs[0]))?;
+                self.node(i, &live).map_err(|e| {
+                    format!("node {i} ({} → {}): {e}", node.op.name(), node.outputs[0])
+                })?;
             }
         }
         Ok(())
@@ -589,7 +654,9 @@ impl<'a> Exporter<'a> {
             self.out.op("Mul", "batch_x_sequence", &[&b, &t], vec![])
         } else {
             let mut acc: Option<String> = None;
-            for (c, unit) in [(d.b, Dim::BATCH), (d.t, Dim::SEQUENCE), (d.bt, Dim { k: 0, b: 0, t: 0, bt: 1 })] {
+            for (c, unit) in
+                [(d.b, Dim::BATCH), (d.t, Dim::SEQUENCE), (d.bt, Dim { k: 0, b: 0, t: 0, bt: 1 })]
+            {
                 if c == 0 {
                     continue;
                 }
@@ -672,14 +739,26 @@ impl<'a> Exporter<'a> {
                 // zeros (B, T) int64, HF's default token_type_ids: ConstantOfShape(Shape(ids)).
                 let shape = self.ids_shape();
                 let value = tensor_i64("value", &[1], &[0]);
-                self.out.node("ConstantOfShape", &y, &[&shape], &[&y], vec![attr_t("value", value)]);
+                self.out.node(
+                    "ConstantOfShape",
+                    &y,
+                    &[&shape],
+                    &[&y],
+                    vec![attr_t("value", value)],
+                );
             }
             NOT_PAD_MASK | PAD_MASK => {
                 // 1.0 where the id is (not) the pad id, (B, T) → (B, T, 1, 1) f32.
-                let pad = pads.bert.ok_or("the graph takes pad masks but the config has no pad_token_id")?;
+                let pad = pads
+                    .bert
+                    .ok_or("the graph takes pad masks but the config has no pad_token_id")?;
                 let pad = o.i64s(&[pad], true);
                 let is_pad = o.op("Equal", "is_pad", &[INPUT_IDS, &pad], vec![]); // (B, T) bool
-                let m = if engine_name == NOT_PAD_MASK { o.op("Not", "not_pad", &[&is_pad], vec![]) } else { is_pad };
+                let m = if engine_name == NOT_PAD_MASK {
+                    o.op("Not", "not_pad", &[&is_pad], vec![])
+                } else {
+                    is_pad
+                };
                 let f = o.op("Cast", "pad_mask", &[&m], vec![attr_i("to", proto::FLOAT as i64)]);
                 let axes = o.i64s(&[2, 3], false);
                 o.node("Unsqueeze", &y, &[&f, &axes], &[&y], vec![]);
@@ -706,22 +785,43 @@ impl<'a> Exporter<'a> {
                         let pad = o.i64s(&[pad], true);
                         let is_pad = o.op("Equal", "is_pad", &[INPUT_IDS, &pad], vec![]);
                         let not_pad = o.op("Not", "not_pad", &[&is_pad], vec![]);
-                        let not_pad = o.op("Cast", "not_pad", &[&not_pad], vec![attr_i("to", proto::INT64 as i64)]);
-                        o.op("Mul", "position_if_token", &[&not_pad, &positions], vec![]) // (B, T)
+                        let not_pad = o.op(
+                            "Cast",
+                            "not_pad",
+                            &[&not_pad],
+                            vec![attr_i("to", proto::INT64 as i64)],
+                        );
+                        o.op("Mul", "position_if_token", &[&not_pad, &positions], vec![])
+                        // (B, T)
                     }
                     None => {
                         let shape = self.ids_shape();
-                        self.out.op("Expand", "position_if_token", &[&positions, &shape], vec![]) // (B, T)
+                        self.out.op("Expand", "position_if_token", &[&positions, &shape], vec![])
+                        // (B, T)
                     }
                 };
                 let o = &mut self.out;
-                let last = o.op("ArgMax", "last_token", &[&weighted], vec![attr_i("axis", 1), attr_i("keepdims", 1)]); // (B, 1)
+                let last = o.op(
+                    "ArgMax",
+                    "last_token",
+                    &[&weighted],
+                    vec![attr_i("axis", 1), attr_i("keepdims", 1)],
+                ); // (B, 1)
                 let hit = o.op("Equal", "last_token_hit", &[&positions, &last], vec![]); // (B, T) bool
-                let f = o.op("Cast", "last_token_selector", &[&hit], vec![attr_i("to", proto::FLOAT as i64)]);
+                let f = o.op(
+                    "Cast",
+                    "last_token_selector",
+                    &[&hit],
+                    vec![attr_i("to", proto::FLOAT as i64)],
+                );
                 let axes = o.i64s(&[1], false);
                 o.node("Unsqueeze", &y, &[&f, &axes], &[&y], vec![]); // (B, 1, T)
             }
-            other => return Err(format!("the graph takes an input '{other}' that the ONNX export cannot compute")),
+            other => {
+                return Err(format!(
+                    "the graph takes an input '{other}' that the ONNX export cannot compute"
+                ))
+            }
         }
         Ok(())
     }
@@ -906,7 +1006,15 @@ impl<'a> Exporter<'a> {
     /// NaN: Where(ReduceMax(z) = −∞, 0, Softmax(z))
     /// (https://onnx.ai/onnx/operators/onnx__Softmax.html, onnx__ReduceMax.html, opset 13+).
     // x: (…, Tq, Tk), mask broadcastable to x -> (…, Tq, Tk)
-    fn softmax(&mut self, nm: &str, x: &str, mask: Option<&str>, y: &str, scale: f32, causal: Option<(Dim, Dim)>) {
+    fn softmax(
+        &mut self,
+        nm: &str,
+        x: &str,
+        mask: Option<&str>,
+        y: &str,
+        scale: f32,
+        causal: Option<(Dim, Dim)>,
+    ) {
         let mut z = x.to_string();
         if scale != 1.0 {
             let s = self.out.f32(scale);
@@ -923,7 +1031,12 @@ impl<'a> Exporter<'a> {
         }
         let o = &mut self.out;
         let p = o.op("Softmax", &format!("{nm}_probs"), &[&z], vec![attr_i("axis", -1)]);
-        let max = o.op("ReduceMax", &format!("{nm}_max"), &[&z], vec![attr_ints("axes", &[-1]), attr_i("keepdims", 1)]);
+        let max = o.op(
+            "ReduceMax",
+            &format!("{nm}_max"),
+            &[&z],
+            vec![attr_ints("axes", &[-1]), attr_i("keepdims", 1)],
+        );
         let ninf = o.f32(f32::NEG_INFINITY);
         let dead = o.op("Equal", &format!("{nm}_all_masked"), &[&max, &ninf], vec![]); // (…, Tq, 1)
         let zero = o.f32(0.0);
@@ -975,7 +1088,9 @@ mod tests {
 
     #[test]
     fn dims_are_fitted_exactly_or_refused() {
-        let at = |f: &dyn Fn(i64, i64) -> i64| PROBES.iter().map(|&(b, t)| f(b as i64, t as i64)).collect::<Vec<_>>();
+        let at = |f: &dyn Fn(i64, i64) -> i64| {
+            PROBES.iter().map(|&(b, t)| f(b as i64, t as i64)).collect::<Vec<_>>()
+        };
         assert_eq!(Dim::fit(&at(&|_, _| 64)), Some(Dim { k: 64, b: 0, t: 0, bt: 0 }));
         assert_eq!(Dim::fit(&at(&|b, _| b)), Some(Dim::BATCH));
         assert_eq!(Dim::fit(&at(&|_, t| t)), Some(Dim::SEQUENCE));
@@ -1036,7 +1151,8 @@ mod tests {
         let e = export_err(&square);
         assert!(e.contains("node 1 (fill") && e.contains("axis 0 of %3 is not k + b·batch"), "{e}");
         // A different graph per size (here a reshape only at some sizes) is refused before.
-        let varying = probes_of(|g, x, b, t| if b == 2 { g.reshape(x, &[b * t * 4]).unwrap() } else { x });
+        let varying =
+            probes_of(|g, x, b, t| if b == 2 { g.reshape(x, &[b * t * 4]).unwrap() } else { x });
         assert!(varying.check_structure().unwrap_err().contains("differ"));
     }
 
@@ -1047,7 +1163,9 @@ mod tests {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let n = crate::param_count(&cfg);
         // The flat buffer holds the alignment pads too; the initializers only the parameters.
-        let (_, flat_len) = ortbench_engine::graph::flat_offsets(crate::param_specs(&cfg).iter().map(|s| s.numel()));
+        let (_, flat_len) = ortbench_engine::graph::flat_offsets(
+            crate::param_specs(&cfg).iter().map(|s| s.numel()),
+        );
         let params: Vec<f32> = (0..flat_len).map(|i| (i % 7) as f32 * 0.01).collect();
         let (bytes, report) = onnx_bytes(&cfg, &params).unwrap();
         assert_eq!(report.logits_shape, ["batch", "sequence", "1000"]);

@@ -8,9 +8,14 @@ use crate::config::{Architecture, Family, ModelConfig};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
     /// normal(0, std) — Linear/Conv1D weights and embeddings.
-    Normal { std: f64 },
+    Normal {
+        std: f64,
+    },
     /// normal(0, std) with one row zeroed — embeddings with a `padding_idx`.
-    NormalPadRow { std: f64, row: usize },
+    NormalPadRow {
+        std: f64,
+        row: usize,
+    },
     Zeros,
     Ones,
 }
@@ -62,7 +67,9 @@ impl Layout {
 /// The name of the untied output projection when `tie_word_embeddings` is false.
 pub fn untied_head_name(arch: Architecture) -> &'static str {
     match arch {
-        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "lm_head.weight",
+        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
+            "lm_head.weight"
+        }
         _ => "cls.predictions.decoder.weight",
     }
 }
@@ -70,7 +77,9 @@ pub fn untied_head_name(arch: Architecture) -> &'static str {
 /// The input embedding that the LM head reuses when weights are tied.
 pub fn word_embedding_name(arch: Architecture) -> &'static str {
     match arch {
-        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => "transformer.wte.weight",
+        Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
+            "transformer.wte.weight"
+        }
         _ => "bert.embeddings.word_embeddings.weight",
     }
 }
@@ -87,9 +96,20 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 Some(row) => Init::NormalPadRow { std, row: row as usize },
                 None => Init::Normal { std },
             };
-            l.push("bert.embeddings.word_embeddings.weight".into(), &[c.vocab_size, h], word_init, true);
-            l.weight("bert.embeddings.position_embeddings.weight".into(), &[c.max_position_embeddings, h]);
-            l.weight("bert.embeddings.token_type_embeddings.weight".into(), &[c.type_vocab_size, h]);
+            l.push(
+                "bert.embeddings.word_embeddings.weight".into(),
+                &[c.vocab_size, h],
+                word_init,
+                true,
+            );
+            l.weight(
+                "bert.embeddings.position_embeddings.weight".into(),
+                &[c.max_position_embeddings, h],
+            );
+            l.weight(
+                "bert.embeddings.token_type_embeddings.weight".into(),
+                &[c.type_vocab_size, h],
+            );
             l.layer_norm("bert.embeddings.LayerNorm", h);
             for i in 0..c.num_hidden_layers {
                 let p = format!("bert.encoder.layer.{i}");
@@ -112,12 +132,16 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                     }
                 }
                 // BertForTokenClassification: BertModel(add_pooling_layer=False) + classifier.
-                Architecture::BertForTokenClassification => l.linear("classifier", cfg.num_labels(), h),
+                Architecture::BertForTokenClassification => {
+                    l.linear("classifier", cfg.num_labels(), h)
+                }
                 Architecture::BertForSequenceClassification => {
                     l.linear("bert.pooler.dense", h, h);
                     l.linear("classifier", cfg.num_labels(), h);
                 }
-                Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => unreachable!("bert family"),
+                Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
+                    unreachable!("bert family")
+                }
             }
         }
         Family::Gpt2(c) => {

@@ -14,8 +14,12 @@ pub const BUILTIN_NAMES: &[&str] =
     &["bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", "tiny-bert", "tiny-gpt2"];
 
 /// Short names users type.
-pub const ALIASES: &[(&str, &str)] =
-    &[("bert", "bert-base-uncased"), ("bert-large", "bert-large-uncased"), ("gpt2", "gpt2"), ("gpt2-medium", "gpt2-medium")];
+pub const ALIASES: &[(&str, &str)] = &[
+    ("bert", "bert-base-uncased"),
+    ("bert-large", "bert-large-uncased"),
+    ("gpt2", "gpt2"),
+    ("gpt2-medium", "gpt2-medium"),
+];
 
 fn builtin_json(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -83,7 +87,9 @@ pub struct HubOptions {
 impl HubOptions {
     /// The user's HF cache (`HF_HOME`, default `~/.cache/huggingface`) and `HF_HUB_OFFLINE`.
     pub fn from_env() -> Self {
-        let offline = std::env::var("HF_HUB_OFFLINE").map(|v| v == "1" || v.eq_ignore_ascii_case("true")).unwrap_or(false);
+        let offline = std::env::var("HF_HUB_OFFLINE")
+            .map(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+            .unwrap_or(false);
         HubOptions { cache: Cache::from_env(), offline }
     }
 }
@@ -95,7 +101,12 @@ pub fn resolve(spec: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelError
         return Err(ModelError::UnknownModel("empty model name in --models".into()));
     }
     if canonical_builtin(spec).is_some() {
-        return Ok(ResolvedModel { name: spec.to_string(), config: builtin_config(spec)?, source: Source::Builtin, weights_file: None });
+        return Ok(ResolvedModel {
+            name: spec.to_string(),
+            config: builtin_config(spec)?,
+            source: Source::Builtin,
+            weights_file: None,
+        });
     }
     let path = Path::new(spec);
     if path.is_dir() {
@@ -110,7 +121,10 @@ pub fn resolve(spec: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelError
 fn resolve_dir(name: &str, dir: &Path) -> Result<ResolvedModel, ModelError> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
-        ModelError::BadConfig(format!("{}: cannot read ({e}); an HF model directory needs config.json", cfg_path.display()))
+        ModelError::BadConfig(format!(
+            "{}: cannot read ({e}); an HF model directory needs config.json",
+            cfg_path.display()
+        ))
     })?;
     let config = ModelConfig::from_json_str(&text, &cfg_path.display().to_string())?;
     let weights = dir.join("model.safetensors");
@@ -126,7 +140,9 @@ fn looks_like_hub_id(s: &str) -> bool {
     let parts: Vec<&str> = s.split('/').collect();
     parts.len() == 2
         && parts.iter().all(|p| {
-            !p.is_empty() && !p.starts_with('.') && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            !p.is_empty()
+                && !p.starts_with('.')
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         })
 }
 
@@ -139,7 +155,12 @@ fn resolve_hub(repo_id: &str, hub: &HubOptions) -> Result<ResolvedModel, ModelEr
         .map_err(|e| ModelError::Hub(format!("{}: cannot read: {e}", config_path.display())))?;
     let config = ModelConfig::from_json_str(&text, &format!("{repo_id}/config.json"))?;
     let weights_file = fetch_hub_file(repo_id, "model.safetensors", hub).ok();
-    Ok(ResolvedModel { name: repo_id.to_string(), config, source: Source::Hub { repo_id: repo_id.into(), snapshot }, weights_file })
+    Ok(ResolvedModel {
+        name: repo_id.to_string(),
+        config,
+        source: Source::Hub { repo_id: repo_id.into(), snapshot },
+        weights_file,
+    })
 }
 
 impl ResolvedModel {
@@ -168,21 +189,35 @@ impl ResolvedModel {
 
 /// One file of a hub repo: the cache first, then a download unless offline.
 /// The tasks `--task` names (HF's AutoModelFor… of each family).
-pub const TASKS: &[&str] = &["masked-lm", "causal-lm", "sequence-classification", "token-classification"];
+pub const TASKS: &[&str] =
+    &["masked-lm", "causal-lm", "sequence-classification", "token-classification"];
 
 /// `cfg` with the head of `task` (`--task`), or unchanged for None or its own task. A BERT
 /// checkpoint does masked-lm or sequence-classification, a GPT-2 one causal-lm or
 /// sequence-classification; the new head's weights are then initialised (the loader reports
 /// them as missing, the old head's as unused).
-pub fn with_task(cfg: ModelConfig, task: Option<&str>, origin: &str) -> Result<ModelConfig, ModelError> {
+pub fn with_task(
+    cfg: ModelConfig,
+    task: Option<&str>,
+    origin: &str,
+) -> Result<ModelConfig, ModelError> {
     let Some(task) = task else { return Ok(cfg) };
     let gpt2 = matches!(cfg.family, crate::Family::Gpt2(_));
     let arch = crate::config::Architecture::for_task(gpt2, task).ok_or_else(|| {
-        let (family, ok) = if gpt2 { ("GPT-2", "causal-lm, sequence-classification") } else { ("BERT", "masked-lm, sequence-classification, token-classification") };
-        if TASKS.contains(&task) {
-            ModelError::Unsupported(format!("--task {task}: a {family} model ({origin}) trains {ok}"))
+        let (family, ok) = if gpt2 {
+            ("GPT-2", "causal-lm, sequence-classification")
         } else {
-            ModelError::Unsupported(format!("unknown --task '{task}': known tasks are {}", TASKS.join(", ")))
+            ("BERT", "masked-lm, sequence-classification, token-classification")
+        };
+        if TASKS.contains(&task) {
+            ModelError::Unsupported(format!(
+                "--task {task}: a {family} model ({origin}) trains {ok}"
+            ))
+        } else {
+            ModelError::Unsupported(format!(
+                "unknown --task '{task}': known tasks are {}",
+                TASKS.join(", ")
+            ))
         }
     })?;
     if arch == cfg.arch {
@@ -200,15 +235,19 @@ pub fn fetch_hub_file(repo_id: &str, file: &str, hub: &HubOptions) -> Result<Pat
         hub.cache.path().display()
     );
     if hub.offline {
-        return Err(ModelError::Hub(format!("'{repo_id}': {file} is not in the HF cache and HF_HUB_OFFLINE is set; {how}")));
+        return Err(ModelError::Hub(format!(
+            "'{repo_id}': {file} is not in the HF cache and HF_HUB_OFFLINE is set; {how}"
+        )));
     }
     let api = hf_hub::api::sync::ApiBuilder::from_cache(hub.cache.clone())
         .with_progress(false)
         .build()
         .map_err(|e| ModelError::Hub(format!("'{repo_id}': cannot start the hub client: {e}")))?;
-    api.model(repo_id.to_string())
-        .get(file)
-        .map_err(|e| ModelError::Hub(format!("'{repo_id}': {file} is not in the HF cache and could not be downloaded ({e}); {how}")))
+    api.model(repo_id.to_string()).get(file).map_err(|e| {
+        ModelError::Hub(format!(
+            "'{repo_id}': {file} is not in the HF cache and could not be downloaded ({e}); {how}"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -240,14 +279,17 @@ mod tests {
     fn local_directory_in_hf_format() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = builtin_config("tiny-gpt2").unwrap();
-        std::fs::write(dir.path().join("config.json"), serde_json::to_string(&cfg.raw).unwrap()).unwrap();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_string(&cfg.raw).unwrap())
+            .unwrap();
         Weights::init(&cfg, 0).save(&dir.path().join("model.safetensors")).unwrap();
         let r = resolve(dir.path().to_str().unwrap(), &offline(Path::new("/nonexistent"))).unwrap();
         assert_eq!(r.config.arch, crate::Architecture::Gpt2LMHeadModel);
         assert_eq!(r.weights_file.unwrap(), dir.path().join("model.safetensors"));
         // A directory without config.json is a clear error.
         let empty = tempfile::tempdir().unwrap();
-        let e = resolve(empty.path().to_str().unwrap(), &offline(Path::new("/x"))).unwrap_err().to_string();
+        let e = resolve(empty.path().to_str().unwrap(), &offline(Path::new("/x")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("config.json"), "{e}");
     }
 
@@ -270,6 +312,9 @@ mod tests {
         assert_eq!(w.tensors, Weights::init(&cfg, 3).tensors);
         // Not cached and offline: says how to get the files.
         let e = resolve("acme/absent", &offline(cache.path())).unwrap_err().to_string();
-        assert!(e.contains("not in the HF cache") && e.contains("huggingface-cli download acme/absent"), "{e}");
+        assert!(
+            e.contains("not in the HF cache") && e.contains("huggingface-cli download acme/absent"),
+            "{e}"
+        );
     }
 }

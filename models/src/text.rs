@@ -67,13 +67,32 @@ fn data_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
 /// empty text) is an error, never skipped.
 pub fn read_text_rows(path: &Path, cols: &Columns) -> Result<TextRows, ModelError> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    let text = std::fs::read_to_string(path).map_err(|e| data_err(path, format!("cannot read: {e}")))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| data_err(path, format!("cannot read: {e}")))?;
     let rows = match ext.as_str() {
-        "txt" => TextRows { texts: text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(), labels: None },
+        "txt" => TextRows {
+            texts: text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect(),
+            labels: None,
+        },
         "jsonl" | "json" => read_jsonl(path, &text, cols)?,
         "csv" | "tsv" => read_csv(path, &text, cols, if ext == "tsv" { b'\t' } else { b',' })?,
-        "parquet" => return Err(data_err(path, "parquet is read by the ortbench binary (ortbench run/train --dataset)")),
-        other => return Err(data_err(path, format!("unknown format '.{other}': use .txt, .jsonl, .csv or .parquet"))),
+        "parquet" => {
+            return Err(data_err(
+                path,
+                "parquet is read by the ortbench binary (ortbench run/train --dataset)",
+            ))
+        }
+        other => {
+            return Err(data_err(
+                path,
+                format!("unknown format '.{other}': use .txt, .jsonl, .csv or .parquet"),
+            ))
+        }
     };
     if rows.texts.is_empty() {
         return Err(data_err(path, "no rows"));
@@ -85,12 +104,21 @@ fn read_jsonl(path: &Path, text: &str, cols: &Columns) -> Result<TextRows, Model
     let mut rows = TextRows::default();
     let mut labels = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(line).map_err(|e| data_err(path, format!("line {}: not JSON: {e}", i + 1)))?;
-        let t = v.get(&cols.text).and_then(Value::as_str).ok_or_else(|| data_err(path, format!("line {}: no string '{}'", i + 1, cols.text)))?;
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| data_err(path, format!("line {}: not JSON: {e}", i + 1)))?;
+        let t = v
+            .get(&cols.text)
+            .and_then(Value::as_str)
+            .ok_or_else(|| data_err(path, format!("line {}: no string '{}'", i + 1, cols.text)))?;
         rows.texts.push(t.to_string());
         match v.get(&cols.label) {
             None | Some(Value::Null) => labels.push(None),
-            Some(l) => labels.push(Some(json_label(l).ok_or_else(|| data_err(path, format!("line {}: label {l} is not a number, string or list of numbers", i + 1)))?)),
+            Some(l) => labels.push(Some(json_label(l).ok_or_else(|| {
+                data_err(
+                    path,
+                    format!("line {}: label {l} is not a number, string or list of numbers", i + 1),
+                )
+            })?)),
         }
     }
     rows.labels = all_or_none(path, labels, &cols.label)?;
@@ -103,7 +131,9 @@ fn json_label(v: &Value) -> Option<LabelValue> {
         Value::Number(n) => LabelValue::Float(n.as_f64()?),
         Value::String(s) => LabelValue::Str(s.clone()),
         Value::Bool(b) => LabelValue::Int(*b as i64),
-        Value::Array(a) => LabelValue::List(a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>()?),
+        Value::Array(a) => {
+            LabelValue::List(a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>()?)
+        }
         _ => return None,
     })
 }
@@ -112,7 +142,16 @@ fn read_csv(path: &Path, text: &str, cols: &Columns, delim: u8) -> Result<TextRo
     let mut r = csv::ReaderBuilder::new().delimiter(delim).from_reader(text.as_bytes());
     let header = r.headers().map_err(|e| data_err(path, e))?.clone();
     let find = |name: &str| header.iter().position(|h| h == name);
-    let ti = find(&cols.text).ok_or_else(|| data_err(path, format!("no column '{}' (columns: {})", cols.text, header.iter().collect::<Vec<_>>().join(", "))))?;
+    let ti = find(&cols.text).ok_or_else(|| {
+        data_err(
+            path,
+            format!(
+                "no column '{}' (columns: {})",
+                cols.text,
+                header.iter().collect::<Vec<_>>().join(", ")
+            ),
+        )
+    })?;
     let li = find(&cols.label);
     let mut rows = TextRows::default();
     let mut labels = Vec::new();
@@ -134,9 +173,15 @@ fn read_csv(path: &Path, text: &str, cols: &Columns, delim: u8) -> Result<TextRo
 }
 
 /// Labels for every row or none: a dataset with some rows unlabelled is an error naming one.
-pub fn all_or_none(path: &Path, labels: Vec<Option<LabelValue>>, col: &str) -> Result<Option<Vec<LabelValue>>, ModelError> {
+pub fn all_or_none(
+    path: &Path,
+    labels: Vec<Option<LabelValue>>,
+    col: &str,
+) -> Result<Option<Vec<LabelValue>>, ModelError> {
     match labels.iter().position(Option::is_none) {
-        None if !labels.is_empty() => Ok(Some(labels.into_iter().map(|l| l.expect("checked")).collect())),
+        None if !labels.is_empty() => {
+            Ok(Some(labels.into_iter().map(|l| l.expect("checked")).collect()))
+        }
         Some(_) if labels.iter().all(Option::is_none) => Ok(None),
         Some(i) => Err(data_err(path, format!("row {} has no '{col}' while others do", i + 1))),
         None => Ok(None),
@@ -163,10 +208,16 @@ pub struct Tokenized {
 impl Tokenized {
     /// Writes the tensors as a `--data` safetensors file; `mask_token_id` (masked-lm: the
     /// tokenizer's [MASK]) goes into its metadata.
-    pub fn save(&self, path: &Path, num_labels: usize, mask_token_id: Option<u32>) -> Result<(), ModelError> {
+    pub fn save(
+        &self,
+        path: &Path,
+        num_labels: usize,
+        mask_token_id: Option<u32>,
+    ) -> Result<(), ModelError> {
         let (n, t) = (self.n_rows, self.seq_len);
         let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![("input_ids".into(), Dtype::I64, vec![n, t], le(&self.input_ids))];
+        let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
+            vec![("input_ids".into(), Dtype::I64, vec![n, t], le(&self.input_ids))];
         if let Some(m) = &self.attention_mask {
             owned.push(("attention_mask".into(), Dtype::I64, vec![n, t], le(m)));
         }
@@ -178,16 +229,27 @@ impl Tokenized {
             owned.push(("labels".into(), Dtype::I64, shape, le(l)));
         }
         if let Some(y) = &self.targets {
-            owned.push(("labels".into(), Dtype::F32, vec![n], y.iter().flat_map(|x| x.to_le_bytes()).collect()));
+            owned.push((
+                "labels".into(),
+                Dtype::F32,
+                vec![n],
+                y.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ));
         }
         let views: Vec<(String, TensorView<'_>)> = owned
             .iter()
-            .map(|(name, dt, shape, b)| (name.clone(), TensorView::new(*dt, shape.clone(), b).expect("sizes match")))
+            .map(|(name, dt, shape, b)| {
+                (name.clone(), TensorView::new(*dt, shape.clone(), b).expect("sizes match"))
+            })
             .collect();
         let tmp = path.with_extension("tmp");
-        let meta = mask_token_id.map(|id| std::collections::HashMap::from([("mask_token_id".to_string(), id.to_string())]));
-        safetensors::serialize_to_file(views, meta, &tmp).map_err(|e| ModelError::Data(format!("cannot write {}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, path).map_err(|e| ModelError::Data(format!("cannot write {}: {e}", path.display())))
+        let meta = mask_token_id.map(|id| {
+            std::collections::HashMap::from([("mask_token_id".to_string(), id.to_string())])
+        });
+        safetensors::serialize_to_file(views, meta, &tmp)
+            .map_err(|e| ModelError::Data(format!("cannot write {}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, path)
+            .map_err(|e| ModelError::Data(format!("cannot write {}: {e}", path.display())))
     }
 }
 
@@ -212,8 +274,11 @@ pub fn tokenize(
     // the post-processor's [CLS]/[SEP] fit within seq_len. Padding is done below, to one length.
     let mut tok = tok.clone();
     if task != Task::CausalLm {
-        tok.with_truncation(Some(tokenizers::TruncationParams { max_length: seq_len, ..Default::default() }))
-            .map_err(|e| bad(format!("truncation to {seq_len}: {e}")))?;
+        tok.with_truncation(Some(tokenizers::TruncationParams {
+            max_length: seq_len,
+            ..Default::default()
+        }))
+        .map_err(|e| bad(format!("truncation to {seq_len}: {e}")))?;
     }
     tok.with_padding(None);
     let mut encoded: Vec<(Vec<u32>, Vec<u32>)> = Vec::with_capacity(total);
@@ -223,7 +288,9 @@ pub fn tokenize(
         let encs = tok
             .encode_batch(chunk.iter().map(String::as_str).collect::<Vec<_>>(), add_special)
             .map_err(|e| bad(format!("tokenising: {e}")))?;
-        encoded.extend(encs.into_iter().map(|e| (e.get_ids().to_vec(), e.get_special_tokens_mask().to_vec())));
+        encoded.extend(
+            encs.into_iter().map(|e| (e.get_ids().to_vec(), e.get_special_tokens_mask().to_vec())),
+        );
         progress((c * 1024 + chunk.len()).min(total), total);
     }
     let vocab = cfg.vocab_size() as u32;
@@ -232,10 +299,14 @@ pub fn tokenize(
     }
     if task == Task::CausalLm {
         // group_texts: concatenate, drop the remainder, blocks of seq_len.
-        let all: Vec<i64> = encoded.iter().flat_map(|(ids, _)| ids.iter().map(|&i| i as i64)).collect();
+        let all: Vec<i64> =
+            encoded.iter().flat_map(|(ids, _)| ids.iter().map(|&i| i as i64)).collect();
         let n = all.len() / seq_len;
         if n == 0 {
-            return Err(bad(format!("{} tokens in all: fewer than one block of --seq-len {seq_len}", all.len())));
+            return Err(bad(format!(
+                "{} tokens in all: fewer than one block of --seq-len {seq_len}",
+                all.len()
+            )));
         }
         return Ok(Tokenized {
             n_rows: n,
@@ -251,7 +322,8 @@ pub fn tokenize(
     let t = longest.div_ceil(8).saturating_mul(8).min(seq_len).max(2);
     let pad = pad_id(cfg, &tok)?;
     let n = encoded.len();
-    let (mut input_ids, mut mask, mut special) = (vec![pad; n * t], vec![0i64; n * t], vec![1i64; n * t]);
+    let (mut input_ids, mut mask, mut special) =
+        (vec![pad; n * t], vec![0i64; n * t], vec![1i64; n * t]);
     for (r, (ids, sp)) in encoded.iter().enumerate() {
         if ids.is_empty() {
             return Err(bad(format!("row {} tokenises to nothing", r + 1)));
@@ -265,7 +337,10 @@ pub fn tokenize(
     let (labels, targets) = match task {
         Task::MaskedLm => (None, None),
         Task::SequenceClassification { num_labels, problem } => {
-            let given = rows.labels.as_ref().ok_or_else(|| bad("a classifier needs a label column (--label-column)".into()))?;
+            let given = rows
+                .labels
+                .as_ref()
+                .ok_or_else(|| bad("a classifier needs a label column (--label-column)".into()))?;
             convert_labels(cfg, given, num_labels, problem).map_err(bad)?
         }
         Task::CausalLm | Task::TokenClassification { .. } => unreachable!("handled above"),
@@ -301,7 +376,12 @@ fn pad_id(cfg: &ModelConfig, tok: &tokenizers::Tokenizer) -> Result<i64, ModelEr
 
 /// Labels as the task takes them: class ids (by `label2id` for strings), multi-hot 0/1 lists
 /// of `num_labels`, or float targets.
-fn convert_labels(cfg: &ModelConfig, given: &[LabelValue], num_labels: usize, problem: ProblemType) -> Result<(Option<Vec<i64>>, Option<Vec<f32>>), String> {
+fn convert_labels(
+    cfg: &ModelConfig,
+    given: &[LabelValue],
+    num_labels: usize,
+    problem: ProblemType,
+) -> Result<(Option<Vec<i64>>, Option<Vec<f32>>), String> {
     let label2id = cfg.raw.get("label2id").and_then(Value::as_object);
     match problem {
         ProblemType::Regression => {
@@ -311,7 +391,10 @@ fn convert_labels(cfg: &ModelConfig, given: &[LabelValue], num_labels: usize, pr
                 .map(|(i, l)| match l {
                     LabelValue::Int(v) => Ok(*v as f32),
                     LabelValue::Float(v) if v.is_finite() => Ok(*v as f32),
-                    other => Err(format!("row {}: regression label {other:?} is not a finite number", i + 1)),
+                    other => Err(format!(
+                        "row {}: regression label {other:?} is not a finite number",
+                        i + 1
+                    )),
                 })
                 .collect::<Result<Vec<f32>, String>>()?;
             Ok((None, Some(ys)))
@@ -326,8 +409,18 @@ fn convert_labels(cfg: &ModelConfig, given: &[LabelValue], num_labels: usize, pr
                         LabelValue::Str(s) => label2id
                             .and_then(|m| m.get(s))
                             .and_then(Value::as_i64)
-                            .ok_or_else(|| format!("row {}: label '{s}' is not in config.json's label2id", i + 1))?,
-                        other => return Err(format!("row {}: label {other:?} is not a class (an int or a label2id name)", i + 1)),
+                            .ok_or_else(|| {
+                                format!(
+                                    "row {}: label '{s}' is not in config.json's label2id",
+                                    i + 1
+                                )
+                            })?,
+                        other => {
+                            return Err(format!(
+                            "row {}: label {other:?} is not a class (an int or a label2id name)",
+                            i + 1
+                        ))
+                        }
                     };
                     if (0..num_labels as i64).contains(&id) {
                         Ok(id)
@@ -367,14 +460,17 @@ pub fn prepare(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(PathBuf, bool), ModelError> {
     let dir = cache_dir();
-    let file = dir.join(format!("{}.safetensors", cache_key(dataset, tokenizer_json, cfg, cols, seq_len)?));
+    let file = dir
+        .join(format!("{}.safetensors", cache_key(dataset, tokenizer_json, cfg, cols, seq_len)?));
     if file.is_file() {
         return Ok((file, true));
     }
-    let tok = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|e| ModelError::Data(format!("{}: {e}", tokenizer_json.display())))?;
+    let tok = tokenizers::Tokenizer::from_file(tokenizer_json)
+        .map_err(|e| ModelError::Data(format!("{}: {e}", tokenizer_json.display())))?;
     let rows = read_rows()?;
     let t = tokenize(cfg, &tok, &rows, seq_len, progress)?;
-    std::fs::create_dir_all(&dir).map_err(|e| ModelError::Data(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ModelError::Data(format!("cannot create {}: {e}", dir.display())))?;
     let mask = (Task::for_config(cfg) == Task::MaskedLm).then(|| mask_token_id(&tok)).flatten();
     t.save(&file, cfg.num_labels(), mask)?;
     Ok((file, false))
@@ -386,19 +482,29 @@ pub fn cache_dir() -> PathBuf {
     let base = std::env::var_os("ORTBENCH_CACHE_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ortbench")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ortbench")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ortbench"))
+        })
         .unwrap_or_else(|| std::env::temp_dir().join("ortbench-cache"));
     base.join("tokenized")
 }
 
 /// The cache file of (dataset bytes, tokenizer.json bytes, config.json, columns, seq_len): a
 /// change to any of them is a new key.
-pub fn cache_key(dataset: &Path, tokenizer_json: &Path, cfg: &ModelConfig, cols: &Columns, seq_len: usize) -> Result<String, ModelError> {
+pub fn cache_key(
+    dataset: &Path,
+    tokenizer_json: &Path,
+    cfg: &ModelConfig,
+    cols: &Columns,
+    seq_len: usize,
+) -> Result<String, ModelError> {
     let mut h = DefaultHasher::new();
     // Bump when the layout of the cached tensors changes.
     1u32.hash(&mut h);
     for p in [dataset, tokenizer_json] {
-        std::fs::read(p).map_err(|e| ModelError::Data(format!("cannot read {}: {e}", p.display())))?.hash(&mut h);
+        std::fs::read(p)
+            .map_err(|e| ModelError::Data(format!("cannot read {}: {e}", p.display())))?
+            .hash(&mut h);
     }
     cfg.raw.to_string().hash(&mut h);
     cfg.arch.hf_name().hash(&mut h);
@@ -419,20 +525,30 @@ mod tests {
         assert_eq!(r.texts, vec!["good, very", "bad"]);
         assert_eq!(r.labels.unwrap(), vec![LabelValue::Str("positive".into()), LabelValue::Int(0)]);
         let jsonl = dir.path().join("a.jsonl");
-        std::fs::write(&jsonl, "{\"sentence\": \"x\", \"y\": [0, 1]}\n\n{\"sentence\": \"z\", \"y\": [1, 1]}\n").unwrap();
+        std::fs::write(
+            &jsonl,
+            "{\"sentence\": \"x\", \"y\": [0, 1]}\n\n{\"sentence\": \"z\", \"y\": [1, 1]}\n",
+        )
+        .unwrap();
         let cols = Columns { text: "sentence".into(), label: "y".into() };
         let r = read_text_rows(&jsonl, &cols).unwrap();
         assert_eq!(r.labels.unwrap()[1], LabelValue::List(vec![1.0, 1.0]));
         let txt = dir.path().join("a.txt");
         std::fs::write(&txt, "one\n\n two \n").unwrap();
-        assert_eq!(read_text_rows(&txt, &cols).unwrap(), TextRows { texts: vec!["one".into(), "two".into()], labels: None });
+        assert_eq!(
+            read_text_rows(&txt, &cols).unwrap(),
+            TextRows { texts: vec!["one".into(), "two".into()], labels: None }
+        );
         // A missing column, a partly labelled file, an unknown format: errors naming them.
-        let e = read_text_rows(&csv, &Columns { text: "body".into(), label: "label".into() }).unwrap_err().to_string();
+        let e = read_text_rows(&csv, &Columns { text: "body".into(), label: "label".into() })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no column 'body'"), "{e}");
         std::fs::write(&jsonl, "{\"text\": \"x\", \"label\": 1}\n{\"text\": \"z\"}\n").unwrap();
         let e = read_text_rows(&jsonl, &Columns::default()).unwrap_err().to_string();
         assert!(e.contains("row 2 has no 'label'"), "{e}");
-        let e = read_text_rows(&dir.path().join("a.xml"), &Columns::default()).unwrap_err().to_string();
+        let e =
+            read_text_rows(&dir.path().join("a.xml"), &Columns::default()).unwrap_err().to_string();
         assert!(e.contains("cannot read") || e.contains("unknown format"), "{e}");
     }
 }
@@ -453,29 +569,58 @@ mod hf_tests {
     fn tokenisation_matches_hf() {
         for name in ["tiny-bert-sentiment", "tiny-gpt2-text"] {
             let dir = fixture(name);
-            let want: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-            let texts: Vec<String> = want["texts"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+            let want: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap())
+                    .unwrap();
+            let texts: Vec<String> = want["texts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
             let model = resolve(dir.to_str().unwrap(), &HubOptions::from_env()).unwrap();
             // Classification for both (GPT-2 via --task), so rows stay one text each.
-            let cfg = crate::spec::with_task(model.config.clone(), Some("sequence-classification"), name).unwrap();
-            let tok = tokenizers::Tokenizer::from_file(model.tokenizer_file(&HubOptions::from_env()).unwrap()).unwrap();
+            let cfg =
+                crate::spec::with_task(model.config.clone(), Some("sequence-classification"), name)
+                    .unwrap();
+            let tok = tokenizers::Tokenizer::from_file(
+                model.tokenizer_file(&HubOptions::from_env()).unwrap(),
+            )
+            .unwrap();
             let labels = Some(vec![LabelValue::Int(0); texts.len()]);
-            let t = tokenize(&cfg, &tok, &TextRows { texts: texts.clone(), labels }, 16, &mut |_, _| {}).unwrap();
+            let t = tokenize(
+                &cfg,
+                &tok,
+                &TextRows { texts: texts.clone(), labels },
+                16,
+                &mut |_, _| {},
+            )
+            .unwrap();
             let hf_ids = want["input_ids"].as_array().unwrap();
             let hf_mask = want["attention_mask"].as_array().unwrap();
             let hf_t = hf_ids[0].as_array().unwrap().len();
             assert_eq!(t.seq_len, hf_t.div_ceil(8) * 8, "{name}");
             let mask = t.attention_mask.as_ref().unwrap();
             for (r, (ids, m)) in hf_ids.iter().zip(hf_mask).enumerate() {
-                let ids: Vec<i64> = ids.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
-                let m: Vec<i64> = m.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+                let ids: Vec<i64> =
+                    ids.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+                let m: Vec<i64> =
+                    m.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
                 let row = &t.input_ids[r * t.seq_len..(r + 1) * t.seq_len];
                 let row_mask = &mask[r * t.seq_len..(r + 1) * t.seq_len];
                 assert_eq!(&row[..hf_t], &ids[..], "{name} row {r}: '{}'", texts[r]);
                 assert_eq!(&row_mask[..hf_t], &m[..], "{name} row {r}");
-                assert!(row_mask[hf_t..].iter().all(|&v| v == 0), "{name} row {r}: extra columns are padding");
+                assert!(
+                    row_mask[hf_t..].iter().all(|&v| v == 0),
+                    "{name} row {r}: extra columns are padding"
+                );
             }
-            println!("{name}: {} rows tokenised as HF did (T {} → {})", texts.len(), hf_t, t.seq_len);
+            println!(
+                "{name}: {} rows tokenised as HF did (T {} → {})",
+                texts.len(),
+                hf_t,
+                t.seq_len
+            );
         }
     }
 
@@ -492,24 +637,57 @@ mod hf_tests {
         let csv = fixture("text/train.csv");
         let cols = Columns::default();
         let mut calls = 0;
-        let (file, hit) = prepare(&model.config, &tok_json, &csv, || read_text_rows(&csv, &cols), &cols, 64, &mut |_, _| calls += 1).unwrap();
+        let (file, hit) = prepare(
+            &model.config,
+            &tok_json,
+            &csv,
+            || read_text_rows(&csv, &cols),
+            &cols,
+            64,
+            &mut |_, _| calls += 1,
+        )
+        .unwrap();
         assert!(!hit && calls >= 1);
-        let (again, hit) = prepare(&model.config, &tok_json, &csv, || panic!("a cache hit reads nothing"), &cols, 64, &mut |_, _| {}).unwrap();
+        let (again, hit) = prepare(
+            &model.config,
+            &tok_json,
+            &csv,
+            || panic!("a cache hit reads nothing"),
+            &cols,
+            64,
+            &mut |_, _| {},
+        )
+        .unwrap();
         assert!(hit && again == file);
         let data = crate::DataSource::from_file(&model.config, &file, 8, None, 0).unwrap();
         let b = data.batch(0);
         let rows = read_text_rows(&csv, &cols).unwrap();
-        let want: Vec<i64> = rows.labels.unwrap()[..8].iter().map(|l| if *l == LabelValue::Str("positive".into()) { 1 } else { 0 }).collect();
+        let want: Vec<i64> = rows.labels.unwrap()[..8]
+            .iter()
+            .map(|l| if *l == LabelValue::Str("positive".into()) { 1 } else { 0 })
+            .collect();
         assert_eq!(b.labels, want);
         assert!(b.has_padding() && data.seq_len % 8 == 0 && data.seq_len <= 64);
 
         // Masked LM on the corpus: [CLS]/[SEP]/padding never selected; [MASK] is the tokenizer's.
         let mlm = crate::spec::with_task(model.config.clone(), Some("masked-lm"), "x").unwrap();
         let txt = fixture("text/corpus.txt");
-        let (file, _) = prepare(&mlm, &tok_json, &txt, || read_text_rows(&txt, &cols), &cols, 32, &mut |_, _| {}).unwrap();
+        let (file, _) = prepare(
+            &mlm,
+            &tok_json,
+            &txt,
+            || read_text_rows(&txt, &cols),
+            &cols,
+            32,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let data = crate::DataSource::from_file(&mlm, &file, 16, None, 0).unwrap();
         let tok = tokenizers::Tokenizer::from_file(&tok_json).unwrap();
-        let special: Vec<i64> = ["[CLS]", "[SEP]", "[PAD]"].iter().map(|s| tok.token_to_id(s).unwrap() as i64).collect();
+        let special: Vec<i64> = ["[CLS]", "[SEP]", "[PAD]"]
+            .iter()
+            .map(|s| tok.token_to_id(s).unwrap() as i64)
+            .collect();
         let mask_id = tok.token_to_id("[MASK]").unwrap() as i64;
         let mut masked = 0;
         for step in 0..20 {

@@ -57,7 +57,11 @@ impl Weights {
     pub fn init(cfg: &ModelConfig, seed: u64) -> Self {
         let tensors = param_specs(cfg)
             .iter()
-            .map(|s| NamedTensor { name: s.name.clone(), shape: s.shape.clone(), data: init_tensor(s, seed) })
+            .map(|s| NamedTensor {
+                name: s.name.clone(),
+                shape: s.shape.clone(),
+                data: init_tensor(s, seed),
+            })
             .collect();
         Weights { tensors }
     }
@@ -75,12 +79,19 @@ impl Weights {
     /// (the hub's `gpt2` has `h.0…` rather than `transformer.h.0…`), tied weights saved under
     /// either name, and f32/f16/bf16/f64 storage. Missing parameters get HF initialisation
     /// from `seed` (as a classifier head does when fine-tuning) and are reported.
-    pub fn load(cfg: &ModelConfig, path: &Path, seed: u64) -> Result<(Self, LoadReport), ModelError> {
-        let bytes = std::fs::read(path).map_err(|e| ModelError::Weights(format!("cannot read {}: {e}", path.display())))?;
-        let st = SafeTensors::deserialize(&bytes)
-            .map_err(|e| ModelError::Weights(format!("{} is not a valid safetensors file: {e}", path.display())))?;
+    pub fn load(
+        cfg: &ModelConfig,
+        path: &Path,
+        seed: u64,
+    ) -> Result<(Self, LoadReport), ModelError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| ModelError::Weights(format!("cannot read {}: {e}", path.display())))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+            ModelError::Weights(format!("{} is not a valid safetensors file: {e}", path.display()))
+        })?;
         let specs = param_specs(cfg);
-        let expected: HashMap<&str, &ParamSpec> = specs.iter().map(|s| (s.name.as_str(), s)).collect();
+        let expected: HashMap<&str, &ParamSpec> =
+            specs.iter().map(|s| (s.name.as_str(), s)).collect();
         let prefix = cfg.arch.base_prefix();
 
         // Map every file key onto our canonical name.
@@ -100,7 +111,9 @@ impl Weights {
                 }
             }
             // Tied weights may be saved under the head's name.
-            if cfg.tie_word_embeddings() && (name == untied_head_name(cfg.arch) || name == "lm_head.weight") {
+            if cfg.tie_word_embeddings()
+                && (name == untied_head_name(cfg.arch) || name == "lm_head.weight")
+            {
                 name = word_embedding_name(cfg.arch).to_string();
             }
             if name == "cls.predictions.decoder.bias" {
@@ -117,7 +130,9 @@ impl Weights {
         for spec in &specs {
             match by_name.get(&spec.name) {
                 Some(key) => {
-                    let view = st.tensor(key).map_err(|e| ModelError::Weights(format!("{}: {key}: {e}", path.display())))?;
+                    let view = st.tensor(key).map_err(|e| {
+                        ModelError::Weights(format!("{}: {key}: {e}", path.display()))
+                    })?;
                     if view.shape() != spec.shape.as_slice() {
                         return Err(ModelError::Weights(format!(
                             "{}: '{key}' has shape {:?}, the config expects {:?} for {}",
@@ -127,13 +142,23 @@ impl Weights {
                             spec.name
                         )));
                     }
-                    let data = to_f32(&view).map_err(|e| ModelError::Weights(format!("{}: '{key}': {e}", path.display())))?;
-                    tensors.push(NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data });
+                    let data = to_f32(&view).map_err(|e| {
+                        ModelError::Weights(format!("{}: '{key}': {e}", path.display()))
+                    })?;
+                    tensors.push(NamedTensor {
+                        name: spec.name.clone(),
+                        shape: spec.shape.clone(),
+                        data,
+                    });
                     report.loaded += 1;
                 }
                 None => {
                     report.missing.push(spec.name.clone());
-                    tensors.push(NamedTensor { name: spec.name.clone(), shape: spec.shape.clone(), data: init_tensor(spec, seed) });
+                    tensors.push(NamedTensor {
+                        name: spec.name.clone(),
+                        shape: spec.shape.clone(),
+                        data: init_tensor(spec, seed),
+                    });
                 }
             }
         }
@@ -155,12 +180,18 @@ impl Weights {
     /// (looked up by name; a missing or misshapen one is an error naming it).
     pub fn flat(&self, cfg: &ModelConfig) -> Result<Vec<f32>, ModelError> {
         let specs = param_specs(cfg);
-        let (offsets, len) = ortbench_engine::graph::flat_offsets(specs.iter().map(ParamSpec::numel));
+        let (offsets, len) =
+            ortbench_engine::graph::flat_offsets(specs.iter().map(ParamSpec::numel));
         let mut out = vec![0.0; len];
         for (spec, offset) in specs.iter().zip(offsets) {
-            let t = self.get(&spec.name).ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
+            let t = self
+                .get(&spec.name)
+                .ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
             if t.shape != spec.shape {
-                return Err(ModelError::Weights(format!("'{}' has shape {:?}, the model needs {:?}", spec.name, t.shape, spec.shape)));
+                return Err(ModelError::Weights(format!(
+                    "'{}' has shape {:?}, the model needs {:?}",
+                    spec.name, t.shape, spec.shape
+                )));
             }
             out[offset..offset + t.data.len()].copy_from_slice(&t.data);
         }
@@ -173,7 +204,13 @@ impl Weights {
         let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = self
             .tensors
             .iter()
-            .map(|t| (t.name.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect(), t.shape.clone()))
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    t.shape.clone(),
+                )
+            })
             .collect();
         let views: Vec<(String, TensorView<'_>)> = bytes
             .iter()
@@ -184,16 +221,23 @@ impl Weights {
         let tmp = path.with_extension("safetensors.tmp");
         safetensors::serialize_to_file(views, Some(meta), &tmp)
             .map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, path).map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", path.display())))
+        std::fs::rename(&tmp, path)
+            .map_err(|e| ModelError::Weights(format!("cannot write {}: {e}", path.display())))
     }
 }
 
 fn to_f32(view: &TensorView<'_>) -> Result<Vec<f32>, String> {
     let b = view.data();
     Ok(match view.dtype() {
-        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F32 => {
+            b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        }
+        Dtype::F16 => {
+            b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+        }
+        Dtype::BF16 => {
+            b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+        }
         Dtype::F64 => b
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
@@ -242,7 +286,9 @@ mod tests {
             let mut want: Vec<_> = w.tensors.iter().map(|t| t.name.clone()).collect();
             want.sort();
             assert_eq!(keys, want);
-            assert!(!keys.iter().any(|k| k == "lm_head.weight" || k == "cls.predictions.decoder.weight"));
+            assert!(!keys
+                .iter()
+                .any(|k| k == "lm_head.weight" || k == "cls.predictions.decoder.weight"));
             let (back, report) = Weights::load(&cfg, &path, 0).unwrap();
             assert!(report.missing.is_empty() && report.unexpected.is_empty());
             assert_eq!(back.tensors, w.tensors);
@@ -260,7 +306,8 @@ mod tests {
                 continue; // missing: must be initialised and reported
             }
             let key = t.name.strip_prefix("transformer.").unwrap().to_string();
-            let b: Vec<u8> = t.data.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+            let b: Vec<u8> =
+                t.data.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
             owned.push((key, b, t.shape.clone()));
         }
         owned.push(("h.0.attn.bias".into(), vec![0; 4], vec![2]));
@@ -289,7 +336,8 @@ mod tests {
         std::fs::write(&garbage, b"not safetensors").unwrap();
         let e = Weights::load(&cfg, &garbage, 0).unwrap_err().to_string();
         assert!(e.contains("not a valid safetensors"), "{e}");
-        let e = Weights::load(&cfg, &dir.path().join("absent.safetensors"), 0).unwrap_err().to_string();
+        let e =
+            Weights::load(&cfg, &dir.path().join("absent.safetensors"), 0).unwrap_err().to_string();
         assert!(e.contains("cannot read"), "{e}");
         // GPT-2 weights for a BERT config: nothing matches.
         let other = dir.path().join("gpt2.safetensors");

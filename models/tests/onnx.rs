@@ -16,8 +16,8 @@ use std::process::Command;
 
 use ortbench_models::graph::{build_training_graph, GraphOptions, InferenceModel};
 use ortbench_models::onnx::export_onnx;
-use ortbench_models::spec::builtin_config;
 use ortbench_models::rng::Rng;
+use ortbench_models::spec::builtin_config;
 use ortbench_models::{Batch, DataSource, ModelConfig, Weights};
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 
@@ -40,7 +40,11 @@ fn config(base: &str, arch: Option<&str>) -> ModelConfig {
 fn python() -> Result<(String, bool), String> {
     let py = std::env::var("ORTBENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let has = |module: &str| {
-        Command::new(&py).args(["-c", &format!("import {module}")]).output().map(|o| o.status.success()).unwrap_or(false)
+        Command::new(&py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     };
     if !has("onnxruntime, numpy, safetensors") {
         return Err(format!(
@@ -59,7 +63,11 @@ fn padded(mut batch: Batch, pads: &[(usize, bool, usize)]) -> Batch {
     let mut mask = vec![1i64; batch.batch_size * t];
     for &(row, left, n) in pads {
         let r = &mut mask[row * t..(row + 1) * t];
-        if left { r[..n].fill(0) } else { r[t - n..].fill(0) }
+        if left {
+            r[..n].fill(0)
+        } else {
+            r[t - n..].fill(0)
+        }
     }
     for (id, &m) in batch.input_ids.iter_mut().zip(&mask) {
         if m == 0 {
@@ -81,7 +89,13 @@ fn write_inputs(batch: &Batch, path: &Path) {
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
-fn run_onnxruntime(py: &str, check: bool, model: &Path, inputs: &Path, out: &Path) -> (Vec<usize>, Vec<f32>) {
+fn run_onnxruntime(
+    py: &str,
+    check: bool,
+    model: &Path,
+    inputs: &Path,
+    out: &Path,
+) -> (Vec<usize>, Vec<f32>) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx-check.py");
     let mut cmd = Command::new(py);
     cmd.arg(&script).arg(model).arg(inputs).arg(out);
@@ -89,12 +103,18 @@ fn run_onnxruntime(py: &str, check: bool, model: &Path, inputs: &Path, out: &Pat
         cmd.arg("--check");
     }
     let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{} failed:\n{}", script.display(), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{} failed:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let bytes = std::fs::read(out).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
     assert_eq!(t.dtype(), Dtype::F32);
-    let data = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let data =
+        t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     (t.shape().to_vec(), data)
 }
 
@@ -104,7 +124,10 @@ fn onnxruntime_computes_the_engine_logits() {
         Ok(p) => p,
         Err(why) => {
             // CI (scripts/test) installs onnxruntime and requires this test to run.
-            assert!(std::env::var_os("ORTBENCH_REQUIRE_ONNXRUNTIME").is_none(), "ORTBENCH_REQUIRE_ONNXRUNTIME is set but {why}");
+            assert!(
+                std::env::var_os("ORTBENCH_REQUIRE_ONNXRUNTIME").is_none(),
+                "ORTBENCH_REQUIRE_ONNXRUNTIME is set but {why}"
+            );
             println!("skipped: {why}");
             return;
         }
@@ -119,7 +142,8 @@ fn onnxruntime_computes_the_engine_logits() {
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
     // row at the models' 64 positions.
-    let shapes: [(usize, usize, PadRows); 3] = [(2, 9, &[(1, false, 4)]), (3, 16, &[(0, false, 5), (2, true, 7)]), (1, 64, &[])];
+    let shapes: [(usize, usize, PadRows); 3] =
+        [(2, 9, &[(1, false, 4)]), (3, 16, &[(0, false, 5), (2, true, 7)]), (1, 64, &[])];
     for (seed, (base, arch)) in cases.into_iter().enumerate() {
         let cfg = config(base, arch);
         let name = cfg.arch.hf_name();
@@ -136,9 +160,12 @@ fn onnxruntime_computes_the_engine_logits() {
         println!("{report}");
         for &(b, t, pads) in &shapes {
             let batch = padded(DataSource::synthetic(&cfg, b, t, 7).unwrap().batch(0), pads);
-            let engine = InferenceModel::new(&cfg, &GraphOptions::new(b, t).with_attention_mask(true)).unwrap();
+            let engine =
+                InferenceModel::new(&cfg, &GraphOptions::new(b, t).with_attention_mask(true))
+                    .unwrap();
             let want = engine.logits(&params, &batch).unwrap();
-            let (inputs, out) = (dir.path().join("inputs.safetensors"), dir.path().join("logits.safetensors"));
+            let (inputs, out) =
+                (dir.path().join("inputs.safetensors"), dir.path().join("logits.safetensors"));
             write_inputs(&batch, &inputs);
             let (shape, got) = run_onnxruntime(&py, check, &model, &inputs, &out);
             assert_eq!(shape, engine.graph.shape(engine.logits), "{name} {b}×{t}");
@@ -149,16 +176,33 @@ fn onnxruntime_computes_the_engine_logits() {
             let mask = batch.attention_mask.as_ref().unwrap();
             let (mut at_tokens, mut at_pads) = (0f32, 0f32);
             for (row, (g, w)) in got.chunks_exact(n).zip(want.chunks_exact(n)).enumerate() {
-                let d = g.iter().zip(w).fold(0f32, |m, (x, y)| if (x - y).is_nan() { f32::INFINITY } else { m.max((x - y).abs()) });
+                let d = g.iter().zip(w).fold(0f32, |m, (x, y)| {
+                    if (x - y).is_nan() {
+                        f32::INFINITY
+                    } else {
+                        m.max((x - y).abs())
+                    }
+                });
                 let is_pad = shape.len() == 3 && mask[row] == 0;
-                if is_pad { at_pads = at_pads.max(d) } else { at_tokens = at_tokens.max(d) }
+                if is_pad {
+                    at_pads = at_pads.max(d)
+                } else {
+                    at_tokens = at_tokens.max(d)
+                }
             }
-            let pads = if shape.len() == 3 && mask.contains(&0) { format!(", {at_pads:.3e} at padded positions") } else { String::new() };
+            let pads = if shape.len() == 3 && mask.contains(&0) {
+                format!(", {at_pads:.3e} at padded positions")
+            } else {
+                String::new()
+            };
             println!(
                 "  {name} {b}×{t}: max |onnxruntime − engine| = {at_tokens:.3e}{pads} (largest |logit| {big:.3e}, relative {:.3e})",
                 at_tokens.max(at_pads) / big
             );
-            assert!(at_tokens <= TOL * big, "{name} {b}×{t}: logits differ by {at_tokens:e} (largest {big:e})");
+            assert!(
+                at_tokens <= TOL * big,
+                "{name} {b}×{t}: logits differ by {at_tokens:e} (largest {big:e})"
+            );
             assert!(at_pads <= TOL * big, "{name} {b}×{t}: logits at padded positions differ by {at_pads:e} (largest {big:e})");
         }
     }

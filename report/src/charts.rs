@@ -76,7 +76,9 @@ impl Group {
 /// they vary.
 pub fn groups(results: &[ResultRow]) -> Vec<Group> {
     let mut out: Vec<Group> = Vec::new();
-    let varies = |f: fn(&ResultRow) -> String| results.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() > 1;
+    let varies = |f: fn(&ResultRow) -> String| {
+        results.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() > 1
+    };
     let (p, k) = (varies(|r| r.precision.clone()), varies(|r| r.ranks.to_string()));
     for r in results {
         if out.iter().any(|g| g.contains(r)) {
@@ -89,14 +91,23 @@ pub fn groups(results: &[ResultRow]) -> Vec<Group> {
         if k {
             label.push_str(&format!(" · {} rank{}", r.ranks, if r.ranks == 1 { "" } else { "s" }));
         }
-        out.push(Group { model: r.model.clone(), precision: r.precision.clone(), ranks: r.ranks, label });
+        out.push(Group {
+            model: r.model.clone(),
+            precision: r.precision.clone(),
+            ranks: r.ranks,
+            label,
+        });
     }
     out
 }
 
 /// The configs present, in CONFIGS order.
 pub fn configs(results: &[ResultRow]) -> Vec<String> {
-    let mut out: Vec<String> = CONFIGS.iter().filter(|c| results.iter().any(|r| r.config == **c)).map(|c| c.to_string()).collect();
+    let mut out: Vec<String> = CONFIGS
+        .iter()
+        .filter(|c| results.iter().any(|r| r.config == **c))
+        .map(|c| c.to_string())
+        .collect();
     for r in results {
         if !out.contains(&r.config) {
             out.push(r.config.clone());
@@ -113,12 +124,30 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
         Chart {
             id: "speedup".into(),
             title: "Speedup over pytorch (ratio of median step times)".into(),
-            svg: bar_chart("Speedup over pytorch", "× pytorch (median step time)", &groups, &configs, results, |r| r.speedup, Some(1.0), 2)?,
+            svg: bar_chart(
+                "Speedup over pytorch",
+                "× pytorch (median step time)",
+                &groups,
+                &configs,
+                results,
+                |r| r.speedup,
+                Some(1.0),
+                2,
+            )?,
         },
         Chart {
             id: "throughput".into(),
             title: "Throughput (samples/s)".into(),
-            svg: bar_chart("Throughput", "samples/s", &groups, &configs, results, |r| r.samples_per_s, None, 2)?,
+            svg: bar_chart(
+                "Throughput",
+                "samples/s",
+                &groups,
+                &configs,
+                results,
+                |r| r.samples_per_s,
+                None,
+                2,
+            )?,
         },
         Chart {
             id: "memory".into(),
@@ -138,16 +167,29 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
     for (i, g) in groups.iter().enumerate() {
         let runs: Vec<&ResultRow> = results.iter().filter(|r| g.contains(r)).collect();
         let of = |r: &ResultRow| -> Vec<&StepRow> {
-            steps.iter().filter(|s| s.model == r.model && s.config == r.config && s.precision == r.precision && s.rank < r.ranks).collect()
+            steps
+                .iter()
+                .filter(|s| {
+                    s.model == r.model
+                        && s.config == r.config
+                        && s.precision == r.precision
+                        && s.rank < r.ranks
+                })
+                .collect()
         };
         // The loss curves that decide parity: the parity probe's when the run had one (dropout
         // 0, so the configs must agree), else the first timed run's.
-        let probed = steps.iter().any(|s| s.phase == "parity" && runs.iter().any(|r| s.model == r.model && s.precision == r.precision));
+        let probed = steps.iter().any(|s| {
+            s.phase == "parity"
+                && runs.iter().any(|r| s.model == r.model && s.precision == r.precision)
+        });
         let loss_phase = if probed { "parity" } else { "timed" };
         let loss: Vec<(String, Vec<(f64, f64)>)> = runs
             .iter()
             .map(|r| {
-                let pts = of(r).into_iter().filter(|s| s.rank == 0 && s.repeat == 0 && s.phase == loss_phase && s.loss.is_finite());
+                let pts = of(r).into_iter().filter(|s| {
+                    s.rank == 0 && s.repeat == 0 && s.phase == loss_phase && s.loss.is_finite()
+                });
                 (r.config.clone(), pts.map(|s| (s.step as f64, s.loss)).collect())
             })
             .collect();
@@ -162,28 +204,42 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
         let times: Vec<(String, Vec<(f64, f64)>)> = runs
             .iter()
             .map(|r| {
-                let mut per: std::collections::BTreeMap<(usize, usize), f64> = std::collections::BTreeMap::new();
+                let mut per: std::collections::BTreeMap<(usize, usize), f64> =
+                    std::collections::BTreeMap::new();
                 for s in of(r).into_iter().filter(|s| s.phase == "timed") {
                     let e = per.entry((s.step, s.repeat)).or_insert(0.0);
                     *e = e.max(s.step_ms);
                 }
-                let mut by_step: std::collections::BTreeMap<usize, Vec<f64>> = std::collections::BTreeMap::new();
+                let mut by_step: std::collections::BTreeMap<usize, Vec<f64>> =
+                    std::collections::BTreeMap::new();
                 for ((step, _), v) in per {
                     by_step.entry(step).or_default().push(v);
                 }
                 let median = |mut v: Vec<f64>| {
                     v.sort_by(f64::total_cmp);
                     let n = v.len();
-                    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+                    if n % 2 == 1 {
+                        v[n / 2]
+                    } else {
+                        0.5 * (v[n / 2 - 1] + v[n / 2])
+                    }
                 };
-                (r.config.clone(), by_step.into_iter().map(|(k, v)| (k as f64, median(v))).collect())
+                (
+                    r.config.clone(),
+                    by_step.into_iter().map(|(k, v)| (k as f64, median(v))).collect(),
+                )
             })
             .collect();
         let warmup = runs.first().map(|r| r.warmup as f64 - 0.5);
         charts.push(Chart {
             id: format!("steptime-{i}"),
             title: format!("Step time: {}", g.label),
-            svg: line_chart(&format!("Step time · {} (median of the repeats; dashed: end of warm-up)", g.label), "ms per step (slowest rank)", &times, warmup)?,
+            svg: line_chart(
+                &format!("Step time · {} (median of the repeats; dashed: end of warm-up)", g.label),
+                "ms per step (slowest rank)",
+                &times,
+                warmup,
+            )?,
         });
     }
     Ok(charts)
@@ -206,7 +262,11 @@ fn bar_chart(
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let n = groups.len().max(1);
-        let max = results.iter().filter_map(&value).filter(|v| v.is_finite()).fold(reference.unwrap_or(0.0), f64::max);
+        let max = results
+            .iter()
+            .filter_map(&value)
+            .filter(|v| v.is_finite())
+            .fold(reference.unwrap_or(0.0), f64::max);
         let top = if max > 0.0 { max * 1.25 } else { 1.0 };
         let mut chart = ChartBuilder::on(&root)
             .caption(title, (FONT, 22))
@@ -242,22 +302,39 @@ fn bar_chart(
                 .enumerate()
                 .filter_map(|(i, g)| {
                     let r = results.iter().find(|r| g.contains(r) && &r.config == config)?;
-                    value(r).filter(|v| v.is_finite()).map(|v| (i as f64 - 0.4 + j as f64 * width, v))
+                    value(r)
+                        .filter(|v| v.is_finite())
+                        .map(|v| (i as f64 - 0.4 + j as f64 * width, v))
                 })
                 .collect();
             chart
-                .draw_series(bars.iter().map(|&(x0, v)| Rectangle::new([(x0 + 0.05 * width, 0.0), (x0 + 0.95 * width, v)], color.filled())))
+                .draw_series(bars.iter().map(|&(x0, v)| {
+                    Rectangle::new(
+                        [(x0 + 0.05 * width, 0.0), (x0 + 0.95 * width, v)],
+                        color.filled(),
+                    )
+                }))
                 .map_err(err)?
                 .label(config.as_str())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
-            let text = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
+                });
+            let text =
+                TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
             chart
-                .draw_series(bars.iter().map(|&(x0, v)| Text::new(format!("{v:.decimals$}"), (x0 + 0.5 * width, v), text.clone())))
+                .draw_series(bars.iter().map(|&(x0, v)| {
+                    Text::new(format!("{v:.decimals$}"), (x0 + 0.5 * width, v), text.clone())
+                }))
                 .map_err(err)?;
         }
         if let Some(y) = reference {
             chart
-                .draw_series(DashedLineSeries::new(vec![(-0.5, y), (n as f64 - 0.5, y)], 6, 4, BLACK.mix(0.5).stroke_width(1)))
+                .draw_series(DashedLineSeries::new(
+                    vec![(-0.5, y), (n as f64 - 0.5, y)],
+                    6,
+                    4,
+                    BLACK.mix(0.5).stroke_width(1),
+                ))
                 .map_err(err)?;
         }
         chart
@@ -274,7 +351,12 @@ fn bar_chart(
 }
 
 /// One line per config over the steps; `vline`: a dashed vertical marker (end of warm-up).
-fn line_chart(title: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], vline: Option<f64>) -> Result<String> {
+fn line_chart(
+    title: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    vline: Option<f64>,
+) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
@@ -316,14 +398,24 @@ fn line_chart(title: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], v
             let color = config_color(config);
             let width = 5u32.saturating_sub(2 * j as u32).max(1);
             chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(width)).point_size(width + 1))
+                .draw_series(
+                    LineSeries::new(pts.iter().copied(), color.stroke_width(width))
+                        .point_size(width + 1),
+                )
                 .map_err(err)?
                 .label(config.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         if let Some(x) = vline.filter(|x| *x > 0.0) {
             chart
-                .draw_series(DashedLineSeries::new(vec![(x, ymin - pad), (x, ymax + pad)], 5, 4, BLACK.mix(0.4).stroke_width(1)))
+                .draw_series(DashedLineSeries::new(
+                    vec![(x, ymin - pad), (x, ymax + pad)],
+                    5,
+                    4,
+                    BLACK.mix(0.4).stroke_width(1),
+                ))
                 .map_err(err)?;
         }
         chart
@@ -354,7 +446,12 @@ pub struct PlanBlock {
 /// A memory plan drawn: time (node position in the graph, `steps` of them) across, arena offset (MiB) up, one rectangle
 /// per buffer; buffers that share bytes never overlap in time. A dashed line marks the arena's
 /// size. Takes plain blocks so that this crate needs no engine.
-pub fn memory_plan_chart(title: &str, blocks: &[PlanBlock], steps: usize, arena_bytes: usize) -> Result<String> {
+pub fn memory_plan_chart(
+    title: &str,
+    blocks: &[PlanBlock],
+    steps: usize,
+    arena_bytes: usize,
+) -> Result<String> {
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     let tensor = RGBColor(0x1F, 0x77, 0xB4);
     let scratch = RGBColor(0xFF, 0x7F, 0x0E);
@@ -362,7 +459,9 @@ pub fn memory_plan_chart(title: &str, blocks: &[PlanBlock], steps: usize, arena_
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT + 100)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let top = blocks.iter().map(|b| mib(b.offset + b.len)).fold(mib(arena_bytes), f64::max).max(1e-6) * 1.05;
+        let top =
+            blocks.iter().map(|b| mib(b.offset + b.len)).fold(mib(arena_bytes), f64::max).max(1e-6)
+                * 1.05;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, (FONT, 20))
             .margin(12)
@@ -382,21 +481,34 @@ pub fn memory_plan_chart(title: &str, blocks: &[PlanBlock], steps: usize, arena_
             .label_style((FONT, 13))
             .draw()
             .map_err(err)?;
-        for (workspace, color, label) in [(false, tensor, "tensors"), (true, scratch, "kernel workspace")] {
+        for (workspace, color, label) in
+            [(false, tensor, "tensors"), (true, scratch, "kernel workspace")]
+        {
             let rects: Vec<[(f64, f64); 2]> = blocks
                 .iter()
                 .filter(|b| b.workspace == workspace)
-                .map(|b| [(b.first as f64, mib(b.offset)), ((b.last + 1) as f64, mib(b.offset + b.len))])
+                .map(|b| {
+                    [(b.first as f64, mib(b.offset)), ((b.last + 1) as f64, mib(b.offset + b.len))]
+                })
                 .collect();
             chart
                 .draw_series(rects.iter().map(|r| Rectangle::new(*r, color.mix(0.45).filled())))
                 .map_err(err)?
                 .label(label)
-                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.mix(0.45).filled()));
-            chart.draw_series(rects.iter().map(|r| Rectangle::new(*r, color.stroke_width(1)))).map_err(err)?;
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.mix(0.45).filled())
+                });
+            chart
+                .draw_series(rects.iter().map(|r| Rectangle::new(*r, color.stroke_width(1))))
+                .map_err(err)?;
         }
         chart
-            .draw_series(DashedLineSeries::new(vec![(0.0, mib(arena_bytes)), (steps.max(1) as f64, mib(arena_bytes))], 6, 4, BLACK.mix(0.6).stroke_width(1)))
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, mib(arena_bytes)), (steps.max(1) as f64, mib(arena_bytes))],
+                6,
+                4,
+                BLACK.mix(0.6).stroke_width(1),
+            ))
             .map_err(err)?;
         chart
             .configure_series_labels()
@@ -435,7 +547,8 @@ mod tests {
         // A loss curve that barely moves (the chart that read "10.6, 10.6, 10.6").
         let (lo, hi) = (10.5991, 10.6012);
         let d = axis_decimals(lo, hi);
-        let labels: Vec<String> = (0..=10).map(|i| axis_number(lo + (hi - lo) * i as f64 / 10.0, d)).collect();
+        let labels: Vec<String> =
+            (0..=10).map(|i| axis_number(lo + (hi - lo) * i as f64 / 10.0, d)).collect();
         let mut uniq = labels.clone();
         uniq.dedup();
         assert_eq!(uniq.len(), labels.len(), "{labels:?}");
@@ -459,7 +572,11 @@ mod tests {
 
     #[test]
     fn charts_are_svg_with_escaped_text() {
-        let results = vec![row("<b>m</b>", "pytorch", 10.0), row("<b>m</b>", "ort", 15.0), row("n", "pytorch", 5.0)];
+        let results = vec![
+            row("<b>m</b>", "pytorch", 10.0),
+            row("<b>m</b>", "ort", 15.0),
+            row("n", "pytorch", 5.0),
+        ];
         let steps: Vec<StepRow> = (0..4)
             .map(|s| StepRow {
                 model: "<b>m</b>".into(),

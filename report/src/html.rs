@@ -7,9 +7,9 @@ use minijinja::{context, Environment, Value};
 use serde::Serialize;
 
 use crate::charts::{config_color, configs, Chart};
-use crate::table::{summary_rows, SUMMARY_HEADER};
 use crate::display_value;
 use crate::output::ResultRow;
+use crate::table::{summary_rows, SUMMARY_HEADER};
 
 const TEMPLATE: &str = include_str!("templates/report.html");
 
@@ -30,7 +30,10 @@ struct RunError {
 pub fn render(results: &[ResultRow], charts: &[Chart], meta: &serde_json::Value) -> Result<String> {
     let mut env = Environment::new();
     env.add_template("report.html", TEMPLATE).context("the report template")?;
-    let rows: Vec<Row> = summary_rows(results).into_iter().map(|(cells, r)| Row { cells, ok: r.status == "ok" }).collect();
+    let rows: Vec<Row> = summary_rows(results)
+        .into_iter()
+        .map(|(cells, r)| Row { cells, ok: r.status == "ok" })
+        .collect();
     let errors: Vec<RunError> = results
         .iter()
         .filter(|r| r.status != "ok")
@@ -111,7 +114,8 @@ mod tests {
             "command_line": "ortbench run --models '<x>'",
             "environment": {"cpu": "A & B <cpu>"},
         });
-        let chart = Chart { id: "c".into(), title: "<t>".into(), svg: "<svg><text>ok</text></svg>".into() };
+        let chart =
+            Chart { id: "c".into(), title: "<t>".into(), svg: "<svg><text>ok</text></svg>".into() };
         let html = render(&[r], &[chart], &meta).unwrap();
         assert!(!html.contains("<script>"), "{html}");
         assert!(!html.contains("<img"));

@@ -92,7 +92,12 @@ pub const MAX_ROWS: usize = 40;
 pub fn frame_html(df: &DataFrame, max_rows: usize) -> String {
     let mut h = String::from("<table class=\"dataframe\">\n<thead><tr>");
     for c in df.columns() {
-        let _ = write!(h, "<th>{}<br><small>{}</small></th>", escape(c.name()), escape(&c.dtype().to_string()));
+        let _ = write!(
+            h,
+            "<th>{}<br><small>{}</small></th>",
+            escape(c.name()),
+            escape(&c.dtype().to_string())
+        );
     }
     h.push_str("</tr></thead>\n<tbody>\n");
     let shown = df.height().min(max_rows);
@@ -100,7 +105,8 @@ pub fn frame_html(df: &DataFrame, max_rows: usize) -> String {
         h.push_str("<tr>");
         for c in df.columns() {
             let cell = c.get(i).map(|v| cell_text(&v)).unwrap_or_default();
-            let align = if c.dtype().is_primitive_numeric() { " style=\"text-align:right\"" } else { "" };
+            let align =
+                if c.dtype().is_primitive_numeric() { " style=\"text-align:right\"" } else { "" };
             let _ = write!(h, "<td{align}>{}</td>", escape(&cell));
         }
         h.push_str("</tr>\n");
@@ -178,7 +184,8 @@ mod tests {
 
     #[test]
     fn frames_become_escaped_html_tables() {
-        let df = df!("model" => ["<b>", "gpt2"], "samples_per_s" => [Some(2.345678), None]).unwrap();
+        let df =
+            df!("model" => ["<b>", "gpt2"], "samples_per_s" => [Some(2.345678), None]).unwrap();
         let h = frame_html(&df, 1);
         assert!(h.contains("<th>model<br><small>str</small></th>"), "{h}");
         assert!(h.contains("<td>&lt;b&gt;</td>"), "{h}");
@@ -191,7 +198,12 @@ mod tests {
 
     #[test]
     fn summary_has_a_row_per_run() {
-        let r = ResultRow { model: "m".into(), config: "ort".into(), status: "ok".into(), ..Default::default() };
+        let r = ResultRow {
+            model: "m".into(),
+            config: "ort".into(),
+            status: "ok".into(),
+            ..Default::default()
+        };
         let Html(h) = summary_table(&[r.clone(), ResultRow { config: "pytorch".into(), ..r }]);
         assert_eq!(h.matches("<tr>").count(), 3);
         assert!(h.contains("<th>samples/s</th>"));

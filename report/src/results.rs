@@ -47,17 +47,25 @@ pub fn load_run(dir: impl AsRef<Path>) -> Result<Run> {
     }
     for f in [RESULTS_PARQUET, STEPS_PARQUET, RUN_JSON] {
         if !dir.join(f).is_file() {
-            bail!("{}: not an ortbench run directory (no {f}; `ortbench run --out DIR` makes one)", dir.display());
+            bail!(
+                "{}: not an ortbench run directory (no {f}; `ortbench run --out DIR` makes one)",
+                dir.display()
+            );
         }
     }
     let read = |name: &str| -> Result<DataFrame> {
         let path = dir.join(name);
         let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-        ParquetReader::new(file).finish().map_err(anyhow::Error::from).with_context(|| format!("{}: not a valid Parquet file", path.display()))
+        ParquetReader::new(file)
+            .finish()
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("{}: not a valid Parquet file", path.display()))
     };
     let env_path = dir.join(RUN_JSON);
-    let env_text = std::fs::read_to_string(&env_path).with_context(|| format!("cannot read {}", env_path.display()))?;
-    let env = serde_json::from_str(&env_text).with_context(|| format!("{}: not valid JSON", env_path.display()))?;
+    let env_text = std::fs::read_to_string(&env_path)
+        .with_context(|| format!("cannot read {}", env_path.display()))?;
+    let env = serde_json::from_str(&env_text)
+        .with_context(|| format!("{}: not valid JSON", env_path.display()))?;
     Ok(Run { results: read(RESULTS_PARQUET)?, steps: read(STEPS_PARQUET)?, env })
 }
 
@@ -80,13 +88,21 @@ pub fn write_frame(df: &mut DataFrame, parquet: &Path, csv: &Path) -> Result<()>
     let tmp = tmp_path(parquet);
     {
         let f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-        ParquetWriter::new(f).finish(df).map_err(anyhow::Error::from).with_context(|| format!("cannot write {}", tmp.display()))?;
+        ParquetWriter::new(f)
+            .finish(df)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
     }
-    std::fs::rename(&tmp, parquet).with_context(|| format!("cannot write {}", parquet.display()))?;
+    std::fs::rename(&tmp, parquet)
+        .with_context(|| format!("cannot write {}", parquet.display()))?;
     let tmp = tmp_path(csv);
     {
-        let mut f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-        CsvWriter::new(&mut f).finish(df).map_err(anyhow::Error::from).with_context(|| format!("cannot write {}", tmp.display()))?;
+        let mut f =
+            File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+        CsvWriter::new(&mut f)
+            .finish(df)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
     }
     std::fs::rename(&tmp, csv).with_context(|| format!("cannot write {}", csv.display()))
 }
@@ -99,7 +115,8 @@ where
 }
 
 pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
-    let s = |f: fn(&ResultRow) -> &String| rows.iter().map(|r| f(r).clone()).collect::<Vec<String>>();
+    let s =
+        |f: fn(&ResultRow) -> &String| rows.iter().map(|r| f(r).clone()).collect::<Vec<String>>();
     let u = |f: fn(&ResultRow) -> usize| rows.iter().map(|r| f(r) as u64).collect::<Vec<u64>>();
     let f = |f: fn(&ResultRow) -> Option<f64>| rows.iter().map(f).collect::<Vec<Option<f64>>>();
     let ou = |f: fn(&ResultRow) -> Option<u64>| rows.iter().map(f).collect::<Vec<Option<u64>>>();
@@ -121,7 +138,10 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
         col("speedup", f(|r| r.speedup)),
         col("speedup_lo", f(|r| r.speedup_lo)),
         col("speedup_hi", f(|r| r.speedup_hi)),
-        col("speedup_significant", rows.iter().map(|r| r.speedup_significant).collect::<Vec<Option<bool>>>()),
+        col(
+            "speedup_significant",
+            rows.iter().map(|r| r.speedup_significant).collect::<Vec<Option<bool>>>(),
+        ),
         col("step_ms_median", f(|r| r.step_ms_median)),
         col("step_ms_p90", f(|r| r.step_ms_p90)),
         col("step_ms_min", f(|r| r.step_ms_min)),
@@ -192,7 +212,14 @@ impl Cols<'_> {
         }
     }
     fn req_usizes(&self, name: &str) -> Result<Vec<usize>> {
-        Ok(self.0.column(name)?.cast(&DataType::UInt64)?.u64()?.iter().map(|v| v.unwrap_or(0) as usize).collect())
+        Ok(self
+            .0
+            .column(name)?
+            .cast(&DataType::UInt64)?
+            .u64()?
+            .iter()
+            .map(|v| v.unwrap_or(0) as usize)
+            .collect())
     }
     fn bools(&self, name: &str) -> Result<Vec<Option<bool>>> {
         match self.0.column(name) {
@@ -210,12 +237,23 @@ impl Cols<'_> {
 
 pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
     let c = Cols(df);
-    let (model, config, precision, device, status, error) =
-        (c.req_strs("model")?, c.req_strs("config")?, c.req_strs("precision")?, c.strs("device")?, c.req_strs("status")?, c.strs("error")?);
+    let (model, config, precision, device, status, error) = (
+        c.req_strs("model")?,
+        c.req_strs("config")?,
+        c.req_strs("precision")?,
+        c.strs("device")?,
+        c.req_strs("status")?,
+        c.strs("error")?,
+    );
     // Runs written before the task column: empty.
     let task = c.strs("task")?;
-    let (batch, seq, ranks, steps, warmup) =
-        (c.req_usizes("batch_size")?, c.req_usizes("seq_len")?, c.req_usizes("ranks")?, c.req_usizes("steps")?, c.req_usizes("warmup")?);
+    let (batch, seq, ranks, steps, warmup) = (
+        c.req_usizes("batch_size")?,
+        c.req_usizes("seq_len")?,
+        c.req_usizes("ranks")?,
+        c.req_usizes("steps")?,
+        c.req_usizes("warmup")?,
+    );
     let f = |n: &str| c.f64s(n);
     let (sps, tps, speedup, med, p90, min, max, std) = (
         f("samples_per_s")?,
@@ -236,7 +274,8 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
         f("max_loss_rel_diff")?,
         f("wall_s")?,
     );
-    let (mem, params, opt) = (c.u64s("peak_mem_bytes")?, c.u64s("param_count")?, c.u64s("optimizer_bytes_per_rank")?);
+    let (mem, params, opt) =
+        (c.u64s("peak_mem_bytes")?, c.u64s("param_count")?, c.u64s("optimizer_bytes_per_rank")?);
     let (lo, hi, sig, hw, hfu, gemm, gn_rel, tol) = (
         f("speedup_lo")?,
         f("speedup_hi")?,
@@ -296,12 +335,14 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
 
 pub fn step_rows(df: &DataFrame) -> Result<Vec<StepRow>> {
     let c = Cols(df);
-    let (model, config, precision) = (c.req_strs("model")?, c.req_strs("config")?, c.req_strs("precision")?);
+    let (model, config, precision) =
+        (c.req_strs("model")?, c.req_strs("config")?, c.req_strs("precision")?);
     let (rank, step) = (c.req_usizes("rank")?, c.req_usizes("step")?);
     // Runs written before --repeat and the parity probe existed: one timed run.
     let repeat = c.u64s("repeat")?;
     let phase = c.strs("phase")?;
-    let (loss, ms, gn, ls) = (c.f64s("loss")?, c.f64s("step_ms")?, c.f64s("grad_norm")?, c.f64s("loss_scale")?);
+    let (loss, ms, gn, ls) =
+        (c.f64s("loss")?, c.f64s("step_ms")?, c.f64s("grad_norm")?, c.f64s("loss_scale")?);
     let device_ms = c.f64s("device_ms")?;
     let skipped: Vec<bool> = match df.column("skipped") {
         Ok(col) => col.bool()?.iter().map(|v| v.unwrap_or(false)).collect(),

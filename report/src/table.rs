@@ -64,7 +64,9 @@ pub fn speedup_cell(r: &ResultRow) -> String {
 
 /// The cells of one row; the model is named on the first row of its group only.
 pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
-    let pct = |v: Option<f64>| v.filter(|x| x.is_finite()).map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0));
+    let pct = |v: Option<f64>| {
+        v.filter(|x| x.is_finite()).map_or("-".to_string(), |x| format!("{:.1}%", x * 100.0))
+    };
     vec![
         if show_model { r.model.clone() } else { String::new() },
         r.config.clone(),
@@ -101,7 +103,9 @@ pub fn summary_rows(results: &[ResultRow]) -> Vec<(Vec<String>, &ResultRow)> {
 /// The terminal table (colours only when stdout is a terminal).
 pub fn summary_table(results: &[ResultRow]) -> Table {
     let mut t = Table::new();
-    t.load_preset(presets::UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic).set_header(SUMMARY_HEADER);
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(SUMMARY_HEADER);
     for (cells, r) in summary_rows(results) {
         let n = cells.len();
         t.add_row(cells.into_iter().enumerate().map(|(i, c)| {

@@ -78,7 +78,10 @@ fn bf16_autocast_on_cpu_tracks_fp32() {
         let data = DataSource::synthetic(&cfg, 4, 32, 9).unwrap();
         let mut max_rel: f64 = 0.0;
         for step in 0..8 {
-            let (a, b) = (fp32.step(&data.batch(step)).unwrap().loss, bf16.step(&data.batch(step)).unwrap().loss);
+            let (a, b) = (
+                fp32.step(&data.batch(step)).unwrap().loss,
+                bf16.step(&data.batch(step)).unwrap().loss,
+            );
             max_rel = max_rel.max((a - b).abs() / a);
         }
         // bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.2% per matmul input); the
@@ -111,7 +114,8 @@ fn ddp_buckets_reproduce_one_rank() {
                 .map(|g| {
                     let (weights, data, opts, cfg) = (&weights, &data, opts.clone(), &cfg);
                     sc.spawn(move || {
-                        let mut t = TorchTrainer::new(cfg, weights, tch::Device::Cpu, opts).unwrap();
+                        let mut t =
+                            TorchTrainer::new(cfg, weights, tch::Device::Cpu, opts).unwrap();
                         if let Some(b) = bucket {
                             t.set_ddp_bucket_bytes(b);
                         }
@@ -121,7 +125,8 @@ fn ddp_buckets_reproduce_one_rank() {
                                 let b = data.batch(s);
                                 let local = b.rows(r * 2..(r + 1) * 2);
                                 let task = ortbench_models::Task::for_config(cfg);
-                                let w = task.label_count(&local) as f32 / task.label_count(&b) as f32;
+                                let w =
+                                    task.label_count(&local) as f32 / task.label_count(&b) as f32;
                                 t.step_ddp(&local, Some((&g, w))).unwrap().loss
                             })
                             .collect::<Vec<f64>>()

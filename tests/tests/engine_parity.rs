@@ -44,14 +44,23 @@ fn check_parity_planned(label: &str, cfg: &ModelConfig, batch: &Batch) -> Worst 
 }
 
 /// With `passes`: `PassConfig::none()` checks the builders' unfused eager graphs.
-fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool, passes: PassConfig) -> Worst {
+fn check_parity_on(
+    label: &str,
+    cfg: &ModelConfig,
+    batch: &Batch,
+    planned: bool,
+    passes: PassConfig,
+) -> Worst {
     let weights = Weights::init(cfg, 0);
 
-    let mut torch = TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
+    let mut torch =
+        TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
     let torch_loss = torch.eval_loss(batch);
     let torch_grads = torch.gradients_of(batch);
 
-    let gopts = GraphOptions::new(batch.batch_size, batch.seq_len).with_passes(passes).with_attention_mask(batch.attention_mask.is_some());
+    let gopts = GraphOptions::new(batch.batch_size, batch.seq_len)
+        .with_passes(passes)
+        .with_attention_mask(batch.attention_mask.is_some());
     let model = build_training_graph(cfg, &gopts).unwrap();
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
@@ -66,16 +75,29 @@ fn check_parity_on(label: &str, cfg: &ModelConfig, batch: &Batch, planned: bool,
 
     let rel = (engine_loss - torch_loss).abs() / torch_loss.abs();
     println!("{label}: loss engine {engine_loss:.8} torch {torch_loss:.8} (rel diff {rel:.2e})");
-    assert!(rel <= LOSS_RTOL, "{label}: loss engine {engine_loss} vs torch {torch_loss} (rel {rel:.3e})");
+    assert!(
+        rel <= LOSS_RTOL,
+        "{label}: loss engine {engine_loss} vs torch {torch_loss} (rel {rel:.3e})"
+    );
 
     assert_eq!(engine_grads.tensors.len(), torch_grads.tensors.len(), "{label}: parameter count");
     let mut worst = Worst { name: String::new(), max_diff: 0.0, max_abs: 0.0, ratio: -1.0 };
     for e in &engine_grads.tensors {
-        let g = torch_grads.get(&e.name).unwrap_or_else(|| panic!("{label}: torch has no gradient for {}", e.name));
+        let g = torch_grads
+            .get(&e.name)
+            .unwrap_or_else(|| panic!("{label}: torch has no gradient for {}", e.name));
         assert_eq!(e.shape, g.shape, "{label}: {}", e.name);
         let max_abs = g.data.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
-        let max_diff = e.data.iter().zip(&g.data).fold(0.0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
-        assert!(e.data.iter().all(|v| v.is_finite()), "{label}: {} has a non-finite gradient", e.name);
+        let max_diff = e
+            .data
+            .iter()
+            .zip(&g.data)
+            .fold(0.0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+        assert!(
+            e.data.iter().all(|v| v.is_finite()),
+            "{label}: {} has a non-finite gradient",
+            e.name
+        );
         let tol = ATOL + RTOL * max_abs;
         let ratio = max_diff / tol;
         assert!(
@@ -143,7 +165,8 @@ fn bert_sequence_classification_engine_matches_torch() {
     let mut raw = builtin_config("tiny-bert").unwrap().raw;
     raw["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
     raw["num_labels"] = serde_json::json!(3);
-    let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
+    let cfg =
+        fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
     let (b, t) = (4, 16);
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, b, t, 13).unwrap().batch(0), &cfg);
     assert_eq!(batch.labels.len(), b);
@@ -169,7 +192,8 @@ fn bert_sequence_classification_planned_engine_matches_torch() {
     let mut raw = builtin_config("tiny-bert").unwrap().raw;
     raw["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
     raw["num_labels"] = serde_json::json!(3);
-    let cfg = fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
+    let cfg =
+        fp32_no_dropout(ModelConfig::from_value(raw, "tiny-bert + classification head").unwrap());
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 16, 13).unwrap().batch(0), &cfg);
     check_parity_planned("tiny BertForSequenceClassification (3 labels)", &cfg, &batch);
 }
@@ -191,7 +215,11 @@ fn padded(mut batch: Batch, pad: i64) -> Batch {
     let mut mask = vec![1i64; batch.batch_size * t];
     for row in 0..batch.batch_size {
         let r = &mut mask[row * t..(row + 1) * t];
-        if row % 2 == 0 { r[t - 5..].fill(0) } else { r[..7].fill(0) }
+        if row % 2 == 0 {
+            r[t - 5..].fill(0)
+        } else {
+            r[..7].fill(0)
+        }
     }
     for (id, &m) in batch.input_ids.iter_mut().zip(&mask) {
         if m == 0 {
@@ -208,10 +236,22 @@ fn padded(mut batch: Batch, pad: i64) -> Batch {
 #[test]
 fn classification_heads_planned_engine_match_torch() {
     let cases = [
-        ("tiny-gpt2", "GPT2ForSequenceClassification", serde_json::json!({"num_labels": 3, "pad_token_id": 0})),
-        ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 4, "problem_type": "multi_label_classification"})),
+        (
+            "tiny-gpt2",
+            "GPT2ForSequenceClassification",
+            serde_json::json!({"num_labels": 3, "pad_token_id": 0}),
+        ),
+        (
+            "tiny-bert",
+            "BertForSequenceClassification",
+            serde_json::json!({"num_labels": 4, "problem_type": "multi_label_classification"}),
+        ),
         ("tiny-bert", "BertForSequenceClassification", serde_json::json!({"num_labels": 1})),
-        ("tiny-gpt2", "GPT2ForSequenceClassification", serde_json::json!({"num_labels": 1, "pad_token_id": 0})),
+        (
+            "tiny-gpt2",
+            "GPT2ForSequenceClassification",
+            serde_json::json!({"num_labels": 1, "pad_token_id": 0}),
+        ),
         ("tiny-bert", "BertForTokenClassification", serde_json::json!({"num_labels": 5})),
     ];
     for (base, arch, extra) in cases {
@@ -227,10 +267,22 @@ fn classification_heads_planned_engine_match_torch() {
 fn unfused_graphs_planned_engine_match_torch() {
     let cfg = fp32_no_dropout(builtin_config("tiny-bert").unwrap());
     let batch = with_padding_tokens(DataSource::synthetic(&cfg, 4, 32, 11).unwrap().batch(0), &cfg);
-    check_parity_on("tiny-bert (BertForMaskedLM) [planned, no passes]", &cfg, &batch, true, PassConfig::none());
+    check_parity_on(
+        "tiny-bert (BertForMaskedLM) [planned, no passes]",
+        &cfg,
+        &batch,
+        true,
+        PassConfig::none(),
+    );
     let cfg = fp32_no_dropout(builtin_config("tiny-gpt2").unwrap());
     let batch = DataSource::synthetic(&cfg, 4, 32, 12).unwrap().batch(0);
-    check_parity_on("tiny-gpt2 (GPT2LMHeadModel) [planned, no passes]", &cfg, &batch, true, PassConfig::none());
+    check_parity_on(
+        "tiny-gpt2 (GPT2LMHeadModel) [planned, no passes]",
+        &cfg,
+        &batch,
+        true,
+        PassConfig::none(),
+    );
 }
 
 /// The `ort` config's training loop against the `pytorch` config's: same weights, same
@@ -244,17 +296,38 @@ fn check_training_curve(name: &str) {
     let w = Weights::init(&cfg, 11);
     let (lr, wd, clip) = (1e-3, 0.01, 1.0);
     let schedule = LrSchedule::Linear { warmup_steps: 2, total_steps: 10 };
-    let topts = TrainOptions { lr, weight_decay: wd, max_grad_norm: clip, schedule, ..TrainOptions::default() };
+    let topts = TrainOptions {
+        lr,
+        weight_decay: wd,
+        max_grad_norm: clip,
+        schedule,
+        ..TrainOptions::default()
+    };
     let mut torch = TorchTrainer::new(&cfg, &w, tch::Device::Cpu, topts).unwrap();
-    let eopts = EngineOptions { lr, weight_decay: wd, max_grad_norm: clip, schedule, precision: DType::F32, seed: 0 };
+    let eopts = EngineOptions {
+        lr,
+        weight_decay: wd,
+        max_grad_norm: clip,
+        schedule,
+        precision: DType::F32,
+        seed: 0,
+    };
     let mut engine = EngineTrainer::new(&cfg, &w, 4, 32, eopts).unwrap();
     let data = DataSource::synthetic(&cfg, 4, 32, 5).unwrap();
     for step in 0..10 {
         let b = data.batch(step);
         let (t, e) = (torch.step(&b).unwrap(), engine.step(&b).unwrap());
         let rel = (t.loss - f64::from(e.loss)).abs() / t.loss;
-        println!("{name} step {step}: torch {:.6} engine {:.6} rel {rel:.1e} | norm {:.5} vs {:.5}", t.loss, e.loss, t.grad_norm, e.grad_norm);
-        assert!(rel < 1e-4, "{name} step {step}: torch {} engine {} (rel {rel:.1e})", t.loss, e.loss);
+        println!(
+            "{name} step {step}: torch {:.6} engine {:.6} rel {rel:.1e} | norm {:.5} vs {:.5}",
+            t.loss, e.loss, t.grad_norm, e.grad_norm
+        );
+        assert!(
+            rel < 1e-4,
+            "{name} step {step}: torch {} engine {} (rel {rel:.1e})",
+            t.loss,
+            e.loss
+        );
         assert!((t.grad_norm - f64::from(e.grad_norm)).abs() < 1e-3 * t.grad_norm);
     }
     // After 10 updates of size ~lr the weights agree to a small fraction of lr.

@@ -18,10 +18,12 @@
 //! 1e-5 absolute (lr 1e-3: an update moves a weight by ~lr, so a wrong update is ~100× that)
 //! and 1e-3 of the update in L2 (measured 2.9e-6 and 1.0e-5). f16/bf16: see the tests.
 
-use ortbench_engine::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
-use ortbench_engine::exec::planned::PlannedExecutor;
+use ortbench_engine::backend::gpu::{
+    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
+};
 use ortbench_engine::exec::gpu::session::GpuSession;
 use ortbench_engine::exec::gpu::GpuExecutor;
+use ortbench_engine::exec::planned::PlannedExecutor;
 use ortbench_engine::optim::{AdamWConfig, LossScaler, Segment};
 use ortbench_engine::session::{ExecutorKind, StepStats, TrainSession};
 use ortbench_engine::DType;
@@ -69,7 +71,14 @@ impl GpuDevice for Simt {
         std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
         Ok(())
     }
-    unsafe fn launch(&self, name: &str, grid: u32, block: u32, smem: u32, args: &[KernelArg]) -> Result<(), GpuError> {
+    unsafe fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
         let raw: Vec<ortbench_simt::Arg> = args
             .iter()
             .map(|a| match *a {
@@ -81,7 +90,8 @@ impl GpuDevice for Simt {
                 KernelArg::F32(v) => ortbench_simt::Arg::F32(v),
             })
             .collect();
-        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw).map_err(|e| GpuError(format!("{name}: {e}")))
+        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
+            .map_err(|e| GpuError(format!("{name}: {e}")))
     }
     unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
         if s.epilogue != Epilogue::None {
@@ -94,14 +104,22 @@ impl GpuDevice for Simt {
         let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
             match d {
                 GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
-                GemmDtype::F16 => half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32(),
-                GemmDtype::BF16 => half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32(),
+                GemmDtype::F16 => {
+                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
+                GemmDtype::BF16 => {
+                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
             }
         };
         let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
             GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
-            GemmDtype::F16 => *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits(),
-            GemmDtype::BF16 => *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits(),
+            GemmDtype::F16 => {
+                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
+            }
+            GemmDtype::BF16 => {
+                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
+            }
         };
         for bi in 0..s.batch as i64 {
             let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
@@ -141,32 +159,64 @@ fn on_simt(simt: &[(u32, Order)], f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn D
 
 fn cuda(f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>)) {
     use ortbench_engine::backend::cuda::gpu::CudaGpu;
-    f("cuda", &mut || Box::new(CudaGpu::open(0).unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}"))));
+    f("cuda", &mut || {
+        Box::new(CudaGpu::open(0).unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}")))
+    });
 }
 
 /// What the tests do with a device, object-safe (the executor is generic over it).
 trait DeviceBox {
     /// One forward + backward on the GPU executor: (loss, gradients).
-    fn step(self: Box<Self>, g: &ortbench_engine::Graph, params: &[f32], inputs: &ortbench_engine::Inputs<'_>, seed: u64) -> (f32, Vec<f32>, String);
+    fn step(
+        self: Box<Self>,
+        g: &ortbench_engine::Graph,
+        params: &[f32],
+        inputs: &ortbench_engine::Inputs<'_>,
+        seed: u64,
+    ) -> (f32, Vec<f32>, String);
     /// `steps` training steps of the GPU session: (losses, final parameters).
-    fn train(self: Box<Self>, g: ortbench_engine::Graph, params: &[f32], segs: Vec<Segment>, cfg: AdamWConfig, feeds: &[ortbench_engine::Inputs<'_>]) -> (Vec<StepStats>, Vec<f32>);
+    fn train(
+        self: Box<Self>,
+        g: ortbench_engine::Graph,
+        params: &[f32],
+        segs: Vec<Segment>,
+        cfg: AdamWConfig,
+        feeds: &[ortbench_engine::Inputs<'_>],
+    ) -> (Vec<StepStats>, Vec<f32>);
 }
 
 impl<D: GpuDevice + 'static> DeviceBox for D {
-    fn step(self: Box<Self>, g: &ortbench_engine::Graph, params: &[f32], inputs: &ortbench_engine::Inputs<'_>, seed: u64) -> (f32, Vec<f32>, String) {
+    fn step(
+        self: Box<Self>,
+        g: &ortbench_engine::Graph,
+        params: &[f32],
+        inputs: &ortbench_engine::Inputs<'_>,
+        seed: u64,
+    ) -> (f32, Vec<f32>, String) {
         let mut ex = GpuExecutor::new(g, *self).unwrap();
         ex.plan().check(g).unwrap();
         ex.upload_params(params).unwrap();
         let loss = ex.train_step(inputs, seed).unwrap();
         (loss, ex.download_grads().unwrap(), ex.plan().summary(g))
     }
-    fn train(self: Box<Self>, g: ortbench_engine::Graph, params: &[f32], segs: Vec<Segment>, cfg: AdamWConfig, feeds: &[ortbench_engine::Inputs<'_>]) -> (Vec<StepStats>, Vec<f32>) {
+    fn train(
+        self: Box<Self>,
+        g: ortbench_engine::Graph,
+        params: &[f32],
+        segs: Vec<Segment>,
+        cfg: AdamWConfig,
+        feeds: &[ortbench_engine::Inputs<'_>],
+    ) -> (Vec<StepStats>, Vec<f32>) {
         let dtype = g.dtype();
         let mut s = GpuSession::new(g, *self, params, segs, cfg, dtype).unwrap();
         if dtype == DType::F16 {
             s.set_loss_scaler(Some(LossScaler::default()));
         }
-        let stats = feeds.iter().enumerate().map(|(i, f)| s.step(f, cfg.lr, 100 + i as u64).unwrap()).collect();
+        let stats = feeds
+            .iter()
+            .enumerate()
+            .map(|(i, f)| s.step(f, cfg.lr, 100 + i as u64).unwrap())
+            .collect();
         (stats, s.params().unwrap())
     }
 }
@@ -179,7 +229,15 @@ const MODELS: [(&str, usize, usize); 2] = [("tiny-bert", 1, 40), ("tiny-gpt2", 2
 /// One forward + backward of `name` in `dtype` on the GPU executor against the CPU planned
 /// executor in the same dtype: loss within `loss_rel`, each gradient within
 /// `grad_rel`·max|g| + `grad_rel`/100·G.
-fn one_step(name: &str, b: usize, t: usize, dtype: DType, simt: &[(u32, Order)], loss_rel: f32, grad_rel: f32) {
+fn one_step(
+    name: &str,
+    b: usize,
+    t: usize,
+    dtype: DType,
+    simt: &[(u32, Order)],
+    loss_rel: f32,
+    grad_rel: f32,
+) {
     one_step_with(name, b, t, dtype, simt, loss_rel, grad_rel, false)
 }
 
@@ -187,9 +245,22 @@ fn one_step(name: &str, b: usize, t: usize, dtype: DType, simt: &[(u32, Order)],
 /// right (its last 7 positions), row 1 on the left (its first 13: under GPT-2's causal mask
 /// those queries see no key at all, the kernels' zero-output path), labels −100 at padding.
 #[allow(clippy::too_many_arguments)]
-fn one_step_with(name: &str, b: usize, t: usize, dtype: DType, simt: &[(u32, Order)], loss_rel: f32, grad_rel: f32, padded: bool) {
+fn one_step_with(
+    name: &str,
+    b: usize,
+    t: usize,
+    dtype: DType,
+    simt: &[(u32, Order)],
+    loss_rel: f32,
+    grad_rel: f32,
+    padded: bool,
+) {
     let cfg = builtin_config(name).unwrap();
-    let model = build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(padded)).unwrap();
+    let model = build_training_graph(
+        &cfg,
+        &GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(padded),
+    )
+    .unwrap();
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
     let mut batch = DataSource::synthetic(&cfg, b, t, 17).unwrap().batch(0);
     if padded {
@@ -209,14 +280,20 @@ fn one_step_with(name: &str, b: usize, t: usize, dtype: DType, simt: &[(u32, Ord
     let inputs = feed.inputs();
     let mut g_cpu = vec![f32::NAN; params.len()];
     let compute: Vec<f32> = params.iter().map(|&x| dtype.round(x)).collect();
-    let l_cpu = PlannedExecutor::new(&model.graph).unwrap().train_step(&compute, &inputs, 5, &mut g_cpu).unwrap();
+    let l_cpu = PlannedExecutor::new(&model.graph)
+        .unwrap()
+        .train_step(&compute, &inputs, 5, &mut g_cpu)
+        .unwrap();
     let big = g_cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
     on_simt(simt, &|dev, make| {
         let label = format!("{name} {dtype:?} on {dev}");
         let t0 = std::time::Instant::now();
         let (l, g, summary) = make().step(&model.graph, &params, &inputs, 5);
         let rel = ((l - l_cpu) / l_cpu).abs();
-        println!("{label}: loss gpu {l:.7} cpu {l_cpu:.7} (rel {rel:.1e}) in {:.1} s; {summary}", t0.elapsed().as_secs_f64());
+        println!(
+            "{label}: loss gpu {l:.7} cpu {l_cpu:.7} (rel {rel:.1e}) in {:.1} s; {summary}",
+            t0.elapsed().as_secs_f64()
+        );
         assert!(rel <= loss_rel, "{label}: loss {l} vs cpu {l_cpu}");
         let mut worst = (String::new(), 0f32);
         for p in &model.params {
@@ -224,12 +301,21 @@ fn one_step_with(name: &str, b: usize, t: usize, dtype: DType, simt: &[(u32, Ord
             let max_g = r.iter().fold(0f32, |m, v| m.max(v.abs()));
             let max_d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
             let tol = grad_rel * max_g + grad_rel / 100.0 * big;
-            assert!(max_d <= tol, "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})", p.name);
+            assert!(
+                max_d <= tol,
+                "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})",
+                p.name
+            );
             if max_d / tol > worst.1 {
                 worst = (p.name.clone(), max_d / tol);
             }
         }
-        println!("{label}: {} gradients match; worst {} at {:.1}% of tolerance", model.params.len(), worst.0, 100.0 * worst.1);
+        println!(
+            "{label}: {} gradients match; worst {} at {:.1}% of tolerance",
+            model.params.len(),
+            worst.0,
+            100.0 * worst.1
+        );
     });
 }
 
@@ -275,7 +361,13 @@ fn train_case(dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
     train_case_on(MODELS[1], None, dtype, loss_rel, param_abs)
 }
 
-fn train_case_on((name, b, t): (&str, usize, usize), bert_vocab: Option<usize>, dtype: DType, loss_rel: f32, param_abs: (f32, f64)) {
+fn train_case_on(
+    (name, b, t): (&str, usize, usize),
+    bert_vocab: Option<usize>,
+    dtype: DType,
+    loss_rel: f32,
+    param_abs: (f32, f64),
+) {
     let mut cfg = builtin_config(name).unwrap();
     if let (ortbench_models::Family::Bert(c), Some(v)) = (&mut cfg.family, bert_vocab) {
         c.vocab_size = v;
@@ -284,39 +376,78 @@ fn train_case_on((name, b, t): (&str, usize, usize), bert_vocab: Option<usize>, 
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
     let n = params.len();
     // Decay on the first half only: the kernel's segment lookup is exercised.
-    let segs = vec![Segment { start: 0, len: n / 2, decay: true }, Segment { start: n / 2, len: n - n / 2, decay: false }];
+    let segs = vec![
+        Segment { start: 0, len: n / 2, decay: true },
+        Segment { start: n / 2, len: n - n / 2, decay: false },
+    ];
     // Clipping on (max norm 0.5 < the gradient norm): the coefficient computed on the device.
-    let opt = AdamWConfig { lr: 1e-3, weight_decay: 0.01, max_grad_norm: 0.5, ..AdamWConfig::default() };
+    let opt =
+        AdamWConfig { lr: 1e-3, weight_decay: 0.01, max_grad_norm: 0.5, ..AdamWConfig::default() };
     let data = DataSource::synthetic(&cfg, b, t, 17).unwrap();
     let batches: Vec<_> = (0..3).map(|i| data.batch(i)).collect();
     let feeds: Vec<_> = batches.iter().map(|b| model.feed(b).unwrap()).collect();
     let inputs: Vec<_> = feeds.iter().map(|f| f.inputs()).collect();
-    let mut cpu = TrainSession::with_executor(model.graph.clone(), params.clone(), segs.clone(), opt, dtype, ExecutorKind::Planned).unwrap();
+    let mut cpu = TrainSession::with_executor(
+        model.graph.clone(),
+        params.clone(),
+        segs.clone(),
+        opt,
+        dtype,
+        ExecutorKind::Planned,
+    )
+    .unwrap();
     if dtype == DType::F16 {
         cpu.set_loss_scaler(Some(LossScaler::default()));
     }
-    let cpu_stats: Vec<StepStats> = inputs.iter().enumerate().map(|(i, f)| cpu.step(f, opt.lr, 100 + i as u64).unwrap()).collect();
+    let cpu_stats: Vec<StepStats> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| cpu.step(f, opt.lr, 100 + i as u64).unwrap())
+        .collect();
     // Warp 32 only: the step's kernels ran at both warp sizes above; this checks the optimizer.
     on_simt(&[(32, Order::Forward)], &|dev, make| {
         let label = format!("{name} {dtype:?} on {dev}");
         let (stats, p) = make().train(model.graph.clone(), &params, segs.clone(), opt, &inputs);
-        let show = |v: &[StepStats]| v.iter().map(|s| format!("{:.6}{}", s.loss, if s.skipped { " (skipped)" } else { "" })).collect::<Vec<_>>().join(", ");
+        let show = |v: &[StepStats]| {
+            v.iter()
+                .map(|s| format!("{:.6}{}", s.loss, if s.skipped { " (skipped)" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!("{label}: losses gpu [{}] cpu [{}]", show(&stats), show(&cpu_stats));
         for (s, (a, c)) in stats.iter().zip(&cpu_stats).enumerate() {
-            assert!(((a.loss - c.loss) / c.loss).abs() <= loss_rel, "{label}: step {s} loss {} vs cpu {}", a.loss, c.loss);
-            assert_eq!((a.skipped, a.loss_scale), (c.skipped, c.loss_scale), "{label}: step {s} skipped / loss scale");
+            assert!(
+                ((a.loss - c.loss) / c.loss).abs() <= loss_rel,
+                "{label}: step {s} loss {} vs cpu {}",
+                a.loss,
+                c.loss
+            );
+            assert_eq!(
+                (a.skipped, a.loss_scale),
+                (c.skipped, c.loss_scale),
+                "{label}: step {s} skipped / loss scale"
+            );
         }
         let pads: Vec<_> = model.graph.param_pads().collect();
         assert!(pads.is_empty() == bert_vocab.is_none(), "{label}: pads {pads:?}");
-        assert!(pads.iter().all(|r| p[r.clone()].iter().all(|v| *v == 0.0)), "{label}: the pads {pads:?} stay zero");
+        assert!(
+            pads.iter().all(|r| p[r.clone()].iter().all(|v| *v == 0.0)),
+            "{label}: the pads {pads:?} stay zero"
+        );
         let worst = p.iter().zip(&cpu.params).fold(0f32, |m, (a, c)| m.max((a - c).abs()));
         let moved = params.iter().zip(&cpu.params).fold(0f32, |m, (a, c)| m.max((a - c).abs()));
         // In a norm: the difference against the update the steps made (robust to the elements
         // whose gradient is rounding noise, which Adam's g/√v turns into a full ±lr step).
-        let norm = |it: &mut dyn Iterator<Item = (f32, f32)>| it.map(|(a, c)| ((a - c) as f64).powi(2)).sum::<f64>().sqrt();
-        let rel = norm(&mut p.iter().copied().zip(cpu.params.iter().copied())) / norm(&mut params.iter().copied().zip(cpu.params.iter().copied()));
+        let norm = |it: &mut dyn Iterator<Item = (f32, f32)>| {
+            it.map(|(a, c)| ((a - c) as f64).powi(2)).sum::<f64>().sqrt()
+        };
+        let rel = norm(&mut p.iter().copied().zip(cpu.params.iter().copied()))
+            / norm(&mut params.iter().copied().zip(cpu.params.iter().copied()));
         println!("{label}: parameters after 3 steps within {worst:.1e} of the cpu's (the steps moved them by up to {moved:.1e}); |Δ|/|update| = {rel:.1e}");
-        assert!(worst <= param_abs.0 && rel <= param_abs.1, "{label}: parameters differ by {worst:e} (|Δ|/|update| {rel:.1e}) after 3 steps");
+        assert!(
+            worst <= param_abs.0 && rel <= param_abs.1,
+            "{label}: parameters differ by {worst:e} (|Δ|/|update| {rel:.1e}) after 3 steps"
+        );
     });
 }
 
@@ -346,8 +477,14 @@ fn an_op_without_a_gpu_kernel_is_refused_at_build() {
     // Without the passes, GELU is its own node: there is no standalone GELU kernel, and the
     // executor says so instead of falling back to anything.
     let cfg = builtin_config("tiny-gpt2").unwrap();
-    let model = build_training_graph(&cfg, &GraphOptions::new(1, 8).with_passes(ortbench_engine::passes::PassConfig::none())).unwrap();
-    let e = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap_err().to_string();
+    let model = build_training_graph(
+        &cfg,
+        &GraphOptions::new(1, 8).with_passes(ortbench_engine::passes::PassConfig::none()),
+    )
+    .unwrap();
+    let e = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward })
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("gelu") && e.contains("gpu"), "{e}");
 }
 
@@ -365,7 +502,9 @@ fn an_out_of_range_id_is_named() {
     let mut inputs = ortbench_engine::Inputs::new();
     for name in good.names() {
         inputs = match good.get(name).unwrap() {
-            ortbench_engine::exec::InputData::Ids(d) if d == &batch.input_ids[..] => inputs.ids(name, &ids),
+            ortbench_engine::exec::InputData::Ids(d) if d == &batch.input_ids[..] => {
+                inputs.ids(name, &ids)
+            }
             ortbench_engine::exec::InputData::Ids(d) => inputs.ids(name, d),
             ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
         };
@@ -382,16 +521,27 @@ fn an_out_of_range_id_is_named() {
 #[test]
 fn half_precision_plans_take_less_arena() {
     use ortbench_engine::exec::gpu::kernels::GpuKernels;
-    for (name, b, t) in [("tiny-gpt2", 2, 40), ("tiny-bert", 2, 40), ("bert-base-uncased", 8, 128), ("gpt2", 8, 128)] {
+    for (name, b, t) in [
+        ("tiny-gpt2", 2, 40),
+        ("tiny-bert", 2, 40),
+        ("bert-base-uncased", 8, 128),
+        ("gpt2", 8, 128),
+    ] {
         let cfg = builtin_config(name).unwrap();
         let peak = |d: DType| {
-            let g = build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(d)).unwrap().graph;
+            let g =
+                build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(d)).unwrap().graph;
             let p = ortbench_engine::plan::build(&g, &GpuKernels::for_graph(&g)).unwrap();
             p.check(&g).unwrap();
             p.peak_bytes()
         };
         let (f, h) = (peak(DType::F32), peak(DType::BF16));
-        println!("{name} b{b}×s{t}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)", f as f64 / 1048576.0, h as f64 / 1048576.0, h as f64 / f as f64);
+        println!(
+            "{name} b{b}×s{t}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)",
+            f as f64 / 1048576.0,
+            h as f64 / 1048576.0,
+            h as f64 / f as f64
+        );
         assert!(h * 10 <= f * 7, "{name}: bf16 arena {h} vs fp32 {f}");
     }
 }
@@ -412,31 +562,45 @@ fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             // A batch and sequence that are not multiples of 8: row offsets into activations
             // then do not hide a misaligned base.
-            let model = build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype)).unwrap();
-            let exec = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap();
+            let model =
+                build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype)).unwrap();
+            let exec =
+                GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap();
             let gemms = exec.gemms();
             assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
-            let (mut lds, mut small_strides) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+            let (mut lds, mut small_strides) =
+                (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
             for (s, p) in &gemms {
                 for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
                     assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
                 }
                 // No epilogue with a bias or aux operand is planned yet; when one is, its
                 // pointers must be checked here too.
-                assert_eq!((s.epilogue, p.bias, p.aux), (Epilogue::None, 0, 0), "{name} {dtype:?}: {s:?}");
+                assert_eq!(
+                    (s.epilogue, p.bias, p.aux),
+                    (Epilogue::None, 0, 0),
+                    "{name} {dtype:?}: {s:?}"
+                );
                 // The preferences are 16 or more, except where a batch stride is itself under
                 // 16 bytes (a batch of 1-element operands: BERT's LayerNorm-mean products) —
                 // there they must say so, or cuBLASLt would assume every batch aligned.
                 let al = GemmAlign::of(s, p);
                 let es = if matches!(s.dtype, GemmDtype::F32 { .. }) { 4 } else { 2 };
                 let c_es = if s.c_f32 { 4 } else { es };
-                for (what, got, stride, e) in [("A", al.a, s.stride_a, es), ("B", al.b, s.stride_b, es), ("C", al.c, s.stride_c, c_es)] {
+                for (what, got, stride, e) in [
+                    ("A", al.a, s.stride_a, es),
+                    ("B", al.b, s.stride_b, es),
+                    ("C", al.c, s.stride_c, c_es),
+                ] {
                     let step = (stride.unsigned_abs() * e) as u32;
                     if s.batch > 1 && step % 16 != 0 {
                         assert!(got < 16 && step % got == 0, "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
                         small_strides.insert(format!("{what}: batch {} × {} B", s.batch, step));
                     } else {
-                        assert!(got >= 16, "{name} {dtype:?}: {what} of {s:?} gets preference {got}");
+                        assert!(
+                            got >= 16,
+                            "{name} {dtype:?}: {what} of {s:?} gets preference {got}"
+                        );
                     }
                 }
                 for ld in [s.lda, s.ldb] {
@@ -448,7 +612,10 @@ fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
             // and 1, the row stride of the one-element operands above.
             let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
             println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}", gemms.len());
-            assert!(odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()), "{name} {dtype:?}: unaligned leading dimensions {odd:?}");
+            assert!(
+                odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()),
+                "{name} {dtype:?}: unaligned leading dimensions {odd:?}"
+            );
         }
     }
 }
@@ -456,7 +623,15 @@ fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
 #[test]
 fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
     use ortbench_engine::backend::gpu::{address_alignment, GemmAlign};
-    assert_eq!([address_alignment(0x1000), address_alignment(0x1004), address_alignment(0x1010), address_alignment(0)], [256, 4, 16, 256]);
+    assert_eq!(
+        [
+            address_alignment(0x1000),
+            address_alignment(0x1004),
+            address_alignment(0x1010),
+            address_alignment(0)
+        ],
+        [256, 4, 16, 256]
+    );
     let s = GemmShape {
         dtype: GemmDtype::BF16,
         ta: false,
@@ -492,7 +667,13 @@ impl ortbench_engine::collective::HostMemory for Simt {}
 /// and the token weighting is exercised. Losses and gradient norms within `rel` per step;
 /// parameters after the steps within `param.0` element-wise and `param.1` of the update in L2;
 /// the optimizer bytes are 8Ψ (DDP) or 8·(the rank's chunk) (ZeRO-1).
-fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strategy, dtype: DType, rel: f32, param: (f32, f64)) {
+fn data_parallel_case(
+    world: usize,
+    strategy: ortbench_engine::parallel::Strategy,
+    dtype: DType,
+    rel: f32,
+    param: (f32, f64),
+) {
     use ortbench_engine::exec::gpu::session::RankLayout;
     use ortbench_models::graph::train::{EngineOptions, GpuEngineTrainer};
     let t0 = std::time::Instant::now();
@@ -507,7 +688,14 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
     }
     let (b, t, steps) = (1, 8, 2);
     let weights = Weights::init(&cfg, 3);
-    let opts = EngineOptions { lr: 1e-3, weight_decay: 0.01, max_grad_norm: 0.5, schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 }, precision: dtype, seed: 7 };
+    let opts = EngineOptions {
+        lr: 1e-3,
+        weight_decay: 0.01,
+        max_grad_norm: 0.5,
+        schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
+        precision: dtype,
+        seed: 7,
+    };
     let data = DataSource::synthetic(&cfg, b * world, t, 17).unwrap();
     let batches: Vec<_> = (0..steps)
         .map(|i| {
@@ -517,7 +705,14 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
         })
         .collect();
     let simt = || Simt { warp: 32, order: Order::Forward };
-    let mut one = GpuEngineTrainer::new(&cfg, &weights, &GraphOptions::new(b * world, t), opts.clone(), simt()).unwrap();
+    let mut one = GpuEngineTrainer::new(
+        &cfg,
+        &weights,
+        &GraphOptions::new(b * world, t),
+        opts.clone(),
+        simt(),
+    )
+    .unwrap();
     let want: Vec<StepStats> = batches.iter().map(|g| one.step(g).unwrap()).collect();
     let want_params = one.weights().unwrap().flat(&cfg).unwrap();
     let start = weights.flat(&cfg).unwrap();
@@ -528,8 +723,20 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
             .map(|g| {
                 let (cfg, weights, opts, batches) = (&cfg, &weights, &opts, &batches);
                 s.spawn(move || {
-                    let layout = RankLayout { rank: ortbench_engine::collective::Collective::rank(&g), world, strategy };
-                    let mut tr = GpuEngineTrainer::ranked(cfg, weights, &GraphOptions::new(b, t), opts.clone(), simt(), layout).unwrap();
+                    let layout = RankLayout {
+                        rank: ortbench_engine::collective::Collective::rank(&g),
+                        world,
+                        strategy,
+                    };
+                    let mut tr = GpuEngineTrainer::ranked(
+                        cfg,
+                        weights,
+                        &GraphOptions::new(b, t),
+                        opts.clone(),
+                        simt(),
+                        layout,
+                    )
+                    .unwrap();
                     let stats = batches.iter().map(|gb| tr.step_ranked(&g, gb).unwrap()).collect();
                     (stats, tr.weights().unwrap().flat(cfg).unwrap(), tr.optimizer_bytes())
                 })
@@ -538,21 +745,36 @@ fn data_parallel_case(world: usize, strategy: ortbench_engine::parallel::Strateg
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let n = want_params.len();
-    let sharding = ortbench_engine::collective::Sharding::new(n, world, ortbench_engine::parallel::SHARD_ALIGN);
+    let sharding = ortbench_engine::collective::Sharding::new(
+        n,
+        world,
+        ortbench_engine::parallel::SHARD_ALIGN,
+    );
     if strategy == ortbench_engine::parallel::Strategy::Zero1 && world == 3 {
         assert!(sharding.padded() > n, "{label}: no padding to exercise ({n} elements)");
     }
-    let l2 = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let l2 = |a: &[f32], b: &[f32]| {
+        a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
+    };
     for (r, (stats, params, opt_bytes)) in got.iter().enumerate() {
         for (s, (a, w)) in stats.iter().zip(&want).enumerate() {
-            let (dl, dn) = (((a.loss - w.loss) / w.loss).abs(), ((a.grad_norm - w.grad_norm) / w.grad_norm).abs());
+            let (dl, dn) = (
+                ((a.loss - w.loss) / w.loss).abs(),
+                ((a.grad_norm - w.grad_norm) / w.grad_norm).abs(),
+            );
             println!("{label} rank {r} step {s}: loss {:.7} vs {:.7} (rel {dl:.1e}), grad norm {:.6} vs {:.6} (rel {dn:.1e})", a.loss, w.loss, a.grad_norm, w.grad_norm);
-            assert!(dl <= rel && dn <= rel && a.skipped == w.skipped, "{label} rank {r} step {s}: {a:?} vs one rank {w:?}");
+            assert!(
+                dl <= rel && dn <= rel && a.skipped == w.skipped,
+                "{label} rank {r} step {s}: {a:?} vs one rank {w:?}"
+            );
         }
         let worst = params.iter().zip(&want_params).fold(0f32, |m, (a, w)| m.max((a - w).abs()));
         let of_update = l2(params, &want_params) / l2(&start, &want_params);
         println!("{label} rank {r}: parameters within {worst:.1e} of one rank's after {steps} steps (|Δ|/|update| {of_update:.1e}); optimizer {opt_bytes} bytes");
-        assert!(worst <= param.0 && of_update <= param.1, "{label} rank {r}: parameters differ by {worst:e} (|Δ|/|update| {of_update:.1e})");
+        assert!(
+            worst <= param.0 && of_update <= param.1,
+            "{label} rank {r}: parameters differ by {worst:e} (|Δ|/|update| {of_update:.1e})"
+        );
         let expect = match strategy {
             ortbench_engine::parallel::Strategy::Zero1 => 8 * sharding.real_range(r).len(),
             ortbench_engine::parallel::Strategy::Ddp => 8 * n,
@@ -589,9 +811,17 @@ fn data_parallel_gpu_sessions_reproduce_one_rank() {
 /// ranks above cannot exercise. Several GPUs: gpu-validate's `nccl` step runs ranks.
 fn nccl_on_one_gpu() {
     use ortbench_engine::backend::cuda::gpu::CudaGpu;
-    use ortbench_engine::collective::{DeviceCollective, DeviceGroup, ElementKind, ReduceOp, TcpGroup, Vendor};
-    let store = TcpGroup::root(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), 1, std::time::Duration::from_secs(10)).unwrap();
-    let nccl = DeviceGroup::new(Vendor::Nvidia, &store, 0).expect("NCCL from the torch wheel on GPU 0");
+    use ortbench_engine::collective::{
+        DeviceCollective, DeviceGroup, ElementKind, ReduceOp, TcpGroup, Vendor,
+    };
+    let store = TcpGroup::root(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        1,
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    let nccl =
+        DeviceGroup::new(Vendor::Nvidia, &store, 0).expect("NCCL from the torch wheel on GPU 0");
     let gpu = CudaGpu::open(0).unwrap();
     let n = 1000;
     let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();

@@ -38,8 +38,12 @@ fn check(name: &str) {
     };
     let mut trainer = TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, opts).unwrap();
     // The decay groups are HF Trainer's.
-    let decay: Vec<String> =
-        expected["decay_params"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    let decay: Vec<String> = expected["decay_params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
     for spec in ortbench_models::param_specs(&cfg) {
         assert_eq!(spec.decay, decay.contains(&spec.name), "decay group of {}", spec.name);
     }
@@ -52,9 +56,16 @@ fn check(name: &str) {
         let fused = ops.iter().filter(|o| o.name == FusedAdamW::ATEN_OP).count();
         assert_eq!(fused, 2, "{name} step {step}: {fused} _fused_adamw_ calls");
         let rel = (s.loss - w).abs() / w.abs();
-        println!("{name} step {step}: ours {:.6} hf {w:.6} rel {rel:.2e}  norm {:.5} vs {n:.5}", s.loss, s.grad_norm);
+        println!(
+            "{name} step {step}: ours {:.6} hf {w:.6} rel {rel:.2e}  norm {:.5} vs {n:.5}",
+            s.loss, s.grad_norm
+        );
         assert!(rel < 1e-4, "{name} step {step}: loss {} vs HF {w} (rel {rel:.2e})", s.loss);
-        assert!((s.grad_norm - n).abs() / n < 1e-3, "{name} step {step}: grad norm {} vs HF {n}", s.grad_norm);
+        assert!(
+            (s.grad_norm - n).abs() / n < 1e-3,
+            "{name} step {step}: grad norm {} vs HF {n}",
+            s.grad_norm
+        );
     }
 }
 
@@ -88,8 +99,11 @@ fn load(name: &str) -> Fixture {
     let (weights, report) = Weights::load(&cfg, model.weights_file.as_ref().unwrap(), 0).unwrap();
     assert!(report.missing.is_empty(), "missing {:?}", report.missing);
     let batch = expected["batch_size"].as_u64().unwrap() as usize;
-    let data = DataSource::from_file(&cfg, &dir.join("batches.safetensors"), batch, None, 0).unwrap();
-    let floats = |k: &str| -> Vec<f64> { expected[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
+    let data =
+        DataSource::from_file(&cfg, &dir.join("batches.safetensors"), batch, None, 0).unwrap();
+    let floats = |k: &str| -> Vec<f64> {
+        expected[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+    };
     let (losses, norms) = (floats("losses"), floats("grad_norms"));
     assert!(losses.len() >= 8);
     Fixture { cfg, weights, data, expected, losses, norms }
@@ -103,7 +117,10 @@ fn check_steps(label: &str, f: &Fixture, mut step: impl FnMut(usize) -> (f64, f6
         let rel = (loss - want).abs() / want.abs();
         println!("{label} step {i}: ours {loss:.6} hf {want:.6} rel {rel:.2e}  norm {grad_norm:.5} vs {norm:.5}");
         assert!(rel < 1e-4, "{label} step {i}: loss {loss} vs HF {want} (rel {rel:.2e})");
-        assert!((grad_norm - norm).abs() / norm < 1e-3, "{label} step {i}: grad norm {grad_norm} vs HF {norm}");
+        assert!(
+            (grad_norm - norm).abs() / norm < 1e-3,
+            "{label} step {i}: grad norm {grad_norm} vs HF {norm}"
+        );
     }
 }
 
@@ -116,18 +133,32 @@ fn check_padded(name: &str) {
     let max_grad_norm = f.expected["max_grad_norm"].as_f64().unwrap();
     let schedule = LrSchedule::Constant { warmup_steps: 0 };
 
-    let opts = TrainOptions { lr, weight_decay, max_grad_norm, schedule: schedule.clone(), ..TrainOptions::default() };
+    let opts = TrainOptions {
+        lr,
+        weight_decay,
+        max_grad_norm,
+        schedule: schedule.clone(),
+        ..TrainOptions::default()
+    };
     let mut torch = TorchTrainer::new(&f.cfg, &f.weights, tch::Device::Cpu, opts).unwrap();
     check_steps(&format!("{name} pytorch"), &f, |i| {
         let s = torch.step(&f.data.batch(i)).unwrap();
         (s.loss, s.grad_norm)
     });
 
-    let opts = EngineOptions { lr, weight_decay, max_grad_norm, schedule, precision: DType::F32, seed: 0 };
+    let opts =
+        EngineOptions { lr, weight_decay, max_grad_norm, schedule, precision: DType::F32, seed: 0 };
     let graph = GraphOptions::new(f.data.batch_size, f.data.seq_len).with_attention_mask(true);
     let group = ortbench_engine::collective::LocalGroup::new(1).pop().unwrap();
-    let mut engine =
-        EngineTrainer::with_graph_options(&f.cfg, &f.weights, &graph, opts, group, ortbench_engine::parallel::Strategy::Ddp).unwrap();
+    let mut engine = EngineTrainer::with_graph_options(
+        &f.cfg,
+        &f.weights,
+        &graph,
+        opts,
+        group,
+        ortbench_engine::parallel::Strategy::Ddp,
+    )
+    .unwrap();
     check_steps(&format!("{name} ort"), &f, |i| {
         let s = engine.step(&f.data.batch(i)).unwrap();
         (s.loss as f64, s.grad_norm as f64)

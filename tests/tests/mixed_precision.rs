@@ -73,13 +73,19 @@ fn fp16_and_bf16_track_the_fp32_curve() {
                 assert!(!skipped, "{name} {precision}: step {k} skipped (scale {scale})");
                 assert!(b.is_finite(), "{name} {precision}: step {k} loss {b}");
                 let rel = (a - b).abs() / a.abs();
-                assert!(rel < tol, "{name} {precision}: step {k}: fp32 {a} vs {b} (rel {rel:.2e} ≥ {tol:.0e})");
+                assert!(
+                    rel < tol,
+                    "{name} {precision}: step {k}: fp32 {a} vs {b} (rel {rel:.2e} ≥ {tol:.0e})"
+                );
                 let rel_norm = (na - nb).abs() / na.abs();
                 assert!(rel_norm < tol, "{name} {precision}: step {k}: gradient norm fp32 {na} vs {nb} (rel {rel_norm:.2e} ≥ {tol:.0e})");
                 worst = worst.max(rel);
                 worst_norm = worst_norm.max(rel_norm);
             }
-            assert!(worst > 1e-6, "{name} {precision}: identical to fp32 — the storage rounding is not engaged");
+            assert!(
+                worst > 1e-6,
+                "{name} {precision}: identical to fp32 — the storage rounding is not engaged"
+            );
             // Training still trains: the last loss is below the first.
             assert!(c[STEPS - 1].0 < c[0].0, "{name} {precision}: {:?}", c);
             println!("{name} {precision}: max relative difference to fp32 over {STEPS} steps: loss {worst:.2e}, gradient norm {worst_norm:.2e} (tolerance {tol:.0e})");
@@ -120,8 +126,16 @@ fn an_fp16_overflow_skips_the_step_and_halves_the_scale() {
     let skipped = f16.len() - 1;
     assert!(skipped >= 1, "a 2^40 loss scale must overflow f16 gradients: {f16:?}");
     for (k, &(s, scale, changed)) in f16.iter().enumerate() {
-        assert_eq!(scale, huge / 2f32.powi(k as i32), "step {k}: the scale halves on every overflow");
-        assert_eq!((s, changed), (k < skipped, k == skipped), "step {k}: skipped steps change nothing");
+        assert_eq!(
+            scale,
+            huge / 2f32.powi(k as i32),
+            "step {k}: the scale halves on every overflow"
+        );
+        assert_eq!(
+            (s, changed),
+            (k < skipped, k == skipped),
+            "step {k}: skipped steps change nothing"
+        );
     }
     println!("fp16 with an initial loss scale of 2^40: {skipped} overflowing steps skipped, then scale 2^{}", 40 - skipped);
     let f32_run = run(DType::F32);

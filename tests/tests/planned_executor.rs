@@ -31,13 +31,17 @@ fn compare_with(label: &str, cfg: &ModelConfig, b: usize, t: usize, seed: u64, p
     let inputs = feed.inputs();
     let n = params.len();
     let mut g_ref = vec![0.0f32; n];
-    let l_ref = RefExecutor::new(&model.graph).train_step(&params, &inputs, seed, &mut g_ref).unwrap();
+    let l_ref =
+        RefExecutor::new(&model.graph).train_step(&params, &inputs, seed, &mut g_ref).unwrap();
     let mut ex = PlannedExecutor::new(&model.graph).unwrap();
     ex.plan().check(&model.graph).unwrap();
     let mut g = vec![f32::NAN; n];
     let l = ex.train_step(&params, &inputs, seed, &mut g).unwrap();
     let rel = ((l - l_ref) / l_ref).abs();
-    println!("{label}: loss planned {l:.7} reference {l_ref:.7} (rel {rel:.1e}); {}", ex.plan().summary(&model.graph));
+    println!(
+        "{label}: loss planned {l:.7} reference {l_ref:.7} (rel {rel:.1e}); {}",
+        ex.plan().summary(&model.graph)
+    );
     assert!(rel <= 1e-5, "{label}: loss {l} vs {l_ref}");
     let big = g_ref.iter().fold(0f32, |m, v| m.max(v.abs()));
     let mut worst = (String::new(), 0f32);
@@ -46,12 +50,21 @@ fn compare_with(label: &str, cfg: &ModelConfig, b: usize, t: usize, seed: u64, p
         let max_g = r.iter().fold(0f32, |m, v| m.max(v.abs()));
         let max_d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         let tol = 1e-5 * max_g + 1e-7 * big;
-        assert!(max_d <= tol, "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})", p.name);
+        assert!(
+            max_d <= tol,
+            "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})",
+            p.name
+        );
         if max_d / tol > worst.1 {
             worst = (p.name.clone(), max_d / tol);
         }
     }
-    println!("{label}: {} gradients match; worst {} at {:.1}% of tolerance", model.params.len(), worst.0, 100.0 * worst.1);
+    println!(
+        "{label}: {} gradients match; worst {} at {:.1}% of tolerance",
+        model.params.len(),
+        worst.0,
+        100.0 * worst.1
+    );
 }
 
 #[test]
@@ -108,7 +121,13 @@ fn bench_step() {
         let cfg = builtin_config(name).unwrap();
         let gopts = GraphOptions::new(8, 128).with_passes(passes);
         let model = build_training_graph(&cfg, &gopts).unwrap();
-        println!("{name}: passes {passes}: {}\n{}", model.pass_report, ortbench_engine::plan::build(&model.graph, &CpuKernels::new(2)).unwrap().summary(&model.graph));
+        println!(
+            "{name}: passes {passes}: {}\n{}",
+            model.pass_report,
+            ortbench_engine::plan::build(&model.graph, &CpuKernels::new(2))
+                .unwrap()
+                .summary(&model.graph)
+        );
         let w = Weights::init(&cfg, 3);
         let params = model.flatten(&w).unwrap();
         let data = DataSource::synthetic(&cfg, 8, 128, 17).unwrap();
@@ -121,9 +140,18 @@ fn bench_step() {
             println!("{name}: executor step {step}: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
         }
         drop(ex);
-        let opts = EngineOptions { lr: 5e-5, weight_decay: 0.01, max_grad_norm: 1.0, schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 }, precision: ortbench_engine::DType::F32, seed: 0 };
+        let opts = EngineOptions {
+            lr: 5e-5,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
+            precision: ortbench_engine::DType::F32,
+            seed: 0,
+        };
         let group = LocalGroup::new(1).pop().unwrap();
-        let mut tr = EngineTrainer::with_graph_options(&cfg, &w, &gopts, opts, group, Strategy::Ddp).unwrap();
+        let mut tr =
+            EngineTrainer::with_graph_options(&cfg, &w, &gopts, opts, group, Strategy::Ddp)
+                .unwrap();
         for step in 0..4 {
             let b = data.batch(step);
             let t = std::time::Instant::now();

@@ -26,17 +26,22 @@ fn tcp_collectives_hold_no_copy_of_the_buffers() {
         let t = Duration::from_secs(30);
         let extra: Vec<(isize, f32)> = std::thread::scope(|s| {
             let root = s.spawn(move || TcpGroup::root(listener, world, t).unwrap());
-            let others: Vec<_> = (1..world).map(|r| {
-                let addr = addr.clone();
-                s.spawn(move || TcpGroup::connect(r, world, &addr, t).unwrap())
-            }).collect();
-            let groups: Vec<TcpGroup> = std::iter::once(root.join().unwrap()).chain(others.into_iter().map(|h| h.join().unwrap())).collect();
+            let others: Vec<_> = (1..world)
+                .map(|r| {
+                    let addr = addr.clone();
+                    s.spawn(move || TcpGroup::connect(r, world, &addr, t).unwrap())
+                })
+                .collect();
+            let groups: Vec<TcpGroup> = std::iter::once(root.join().unwrap())
+                .chain(others.into_iter().map(|h| h.join().unwrap()))
+                .collect();
             let hs: Vec<_> = groups
                 .into_iter()
                 .map(|g| {
                     s.spawn(move || {
                         let r = g.rank();
-                        let mut buf: Vec<f32> = (0..N).map(|i| ((i * 7 + r * 13) % 29) as f32 - 14.0).collect();
+                        let mut buf: Vec<f32> =
+                            (0..N).map(|i| ((i * 7 + r * 13) % 29) as f32 - 14.0).collect();
                         let k = Sharding::new(N, world, 16).shard;
                         let before = live();
                         reset_peak();
@@ -47,7 +52,8 @@ fn tcp_collectives_hold_no_copy_of_the_buffers() {
                         // Element 5 after: all-reduce sums the ranks' values (exact in f32:
                         // small integers); the reduce-scatter sums the world identical sums; the
                         // all-gather leaves them.
-                        let first: f32 = (0..world).map(|q| ((5 * 7 + q * 13) % 29) as f32 - 14.0).sum();
+                        let first: f32 =
+                            (0..world).map(|q| ((5 * 7 + q * 13) % 29) as f32 - 14.0).sum();
                         assert_eq!(buf[5], first * world as f32, "rank {r}: wrong result");
                         assert!(chunk(N, k, r).len() <= k);
                         (used, buf[5])
@@ -57,10 +63,17 @@ fn tcp_collectives_hold_no_copy_of_the_buffers() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for (r, (used, _)) in extra.iter().enumerate() {
-            println!("{world} ranks, rank {r}: {:.2} MiB beyond its {:.0} MiB buffer", *used as f64 / MIB, (N * 4) as f64 / MIB);
+            println!(
+                "{world} ranks, rank {r}: {:.2} MiB beyond its {:.0} MiB buffer",
+                *used as f64 / MIB,
+                (N * 4) as f64 / MIB
+            );
             // Rank 0: N−1 streamed chunks and one reduced chunk of 1 MiB, plus small change.
             let bound = if r == 0 { world as isize * (1 << 20) + (64 << 10) } else { 64 << 10 };
-            assert!(*used <= bound, "{world} ranks, rank {r}: {used} bytes beyond its buffer (bound {bound})");
+            assert!(
+                *used <= bound,
+                "{world} ranks, rank {r}: {used} bytes beyond its buffer (bound {bound})"
+            );
         }
     }
 }

@@ -16,29 +16,57 @@ fn root() -> PathBuf {
 }
 
 fn python() -> String {
-    std::env::var("ORTBENCH_PYTHON").unwrap_or_else(|_| root().join(".venv/bin/python").to_string_lossy().into_owned())
+    std::env::var("ORTBENCH_PYTHON")
+        .unwrap_or_else(|_| root().join(".venv/bin/python").to_string_lossy().into_owned())
 }
 
 /// Runs the script on a fixture with its expected.json's settings; returns the per-step losses.
 fn losses(fixture: &str, compile: bool, out: &Path) -> Vec<f64> {
     let dir = root().join("tests/fixtures").join(fixture);
-    let exp: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let num = |k: &str| exp[k].as_f64().unwrap().to_string();
     let (data, model) = (dir.join("batches.safetensors"), dir.to_string_lossy().into_owned());
     let mut args = vec![
         root().join("scripts/torch-compile.py").to_string_lossy().into_owned(),
-        "--model".into(), model, "--data".into(), data.to_string_lossy().into_owned(), "--out".into(), out.to_string_lossy().into_owned(),
-        "--batch-size".into(), num("batch_size"), "--steps".into(), num("steps"), "--warmup".into(), "1".into(),
-        "--lr".into(), num("lr"), "--weight-decay".into(), num("weight_decay"), "--max-grad-norm".into(), num("max_grad_norm"),
-        "--precision".into(), "fp32".into(), "--device".into(), "cpu".into(), "--dropout".into(), "0".into(),
+        "--model".into(),
+        model,
+        "--data".into(),
+        data.to_string_lossy().into_owned(),
+        "--out".into(),
+        out.to_string_lossy().into_owned(),
+        "--batch-size".into(),
+        num("batch_size"),
+        "--steps".into(),
+        num("steps"),
+        "--warmup".into(),
+        "1".into(),
+        "--lr".into(),
+        num("lr"),
+        "--weight-decay".into(),
+        num("weight_decay"),
+        "--max-grad-norm".into(),
+        num("max_grad_norm"),
+        "--precision".into(),
+        "fp32".into(),
+        "--device".into(),
+        "cpu".into(),
+        "--dropout".into(),
+        "0".into(),
     ];
     if !compile {
         args.push("--no-compile".into());
     }
     let o = Command::new(python()).args(&args).output().unwrap();
     assert!(o.status.success(), "{fixture}: {}", String::from_utf8_lossy(&o.stderr));
-    let summary: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
-    println!("{fixture} ({}): {:.1} ms median step, compile/first step {:.1} s", summary["config"], summary["step_ms_median"].as_f64().unwrap(), summary["compile_s"].as_f64().unwrap());
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    println!(
+        "{fixture} ({}): {:.1} ms median step, compile/first step {:.1} s",
+        summary["config"],
+        summary["step_ms_median"].as_f64().unwrap(),
+        summary["compile_s"].as_f64().unwrap()
+    );
     // Plain CSV (no quoted fields: the model column is a path without commas).
     let text = std::fs::read_to_string(out.join("steps.csv")).unwrap();
     let mut lines = text.lines();
@@ -47,7 +75,11 @@ fn losses(fixture: &str, compile: bool, out: &Path) -> Vec<f64> {
 }
 
 fn expected(fixture: &str) -> Vec<f64> {
-    let exp: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures").join(fixture).join("expected.json")).unwrap()).unwrap();
+    let exp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures").join(fixture).join("expected.json"))
+            .unwrap(),
+    )
+    .unwrap();
     exp["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
 }
 
@@ -82,7 +114,19 @@ fn a_data_file_with_an_unused_tensor_is_refused() {
     );
     assert!(Command::new(python()).args(["-c", &code]).status().unwrap().success());
     let o = Command::new(python())
-        .args([root().join("scripts/torch-compile.py").to_str().unwrap(), "--model", root().join("tests/fixtures/tiny-gpt2").to_str().unwrap(), "--data", data.to_str().unwrap(), "--out", dir.path().join("o").to_str().unwrap(), "--device", "cpu", "--precision", "fp32"])
+        .args([
+            root().join("scripts/torch-compile.py").to_str().unwrap(),
+            "--model",
+            root().join("tests/fixtures/tiny-gpt2").to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            dir.path().join("o").to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

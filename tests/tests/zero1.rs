@@ -56,8 +56,18 @@ fn train_with(name: &str, world: usize, strategy: Strategy, precision: DType) ->
                 let (cfg, w, data) = (&cfg, &w, &data);
                 s.spawn(move || {
                     let opts = EngineOptions { precision, ..opts() };
-                    let mut t = EngineTrainer::with_group(cfg, w, GLOBAL_BATCH / world, SEQ, opts, g, strategy).unwrap();
-                    let losses: Vec<f32> = (0..STEPS).map(|k| t.step(&data.batch(k)).unwrap().loss).collect();
+                    let mut t = EngineTrainer::with_group(
+                        cfg,
+                        w,
+                        GLOBAL_BATCH / world,
+                        SEQ,
+                        opts,
+                        g,
+                        strategy,
+                    )
+                    .unwrap();
+                    let losses: Vec<f32> =
+                        (0..STEPS).map(|k| t.step(&data.batch(k)).unwrap().loss).collect();
                     (losses, t.weights().unwrap(), t.optimizer_bytes(), t.flat_len())
                 })
             })
@@ -112,7 +122,12 @@ fn n_ranks_match_one_rank_on_the_global_batch() {
             // Other rank counts sum gradients in another order (and the executor's kernels block
             // differently for other batch sizes); Adam's m/√v amplifies that rounding where a
             // gradient is near zero. Updates are ~lr = 1e-3 per step: allow 5% of one update.
-            assert_close(&one, &train(name, world, Strategy::Ddp), &format!("{name} 1 vs {world} ranks"), 5e-5);
+            assert_close(
+                &one,
+                &train(name, world, Strategy::Ddp),
+                &format!("{name} 1 vs {world} ranks"),
+                5e-5,
+            );
         }
     }
 }
@@ -131,18 +146,38 @@ fn zero1_optimizer_state_is_8_psi_over_n() {
             // The flat buffer: Ψ and the zero pads that align each parameter (fewer than
             // PARAM_ALIGN_ELEMS per parameter); the moments cover it whole.
             let psi = run.num_params;
-            let (real, n_params) = (ortbench_models::param_count(&cfg("tiny-gpt2")), ortbench_models::param_specs(&cfg("tiny-gpt2")).len());
-            assert!(psi >= real && psi < real + n_params * ortbench_engine::graph::PARAM_ALIGN_ELEMS, "{psi} vs Ψ = {real}");
+            let (real, n_params) = (
+                ortbench_models::param_count(&cfg("tiny-gpt2")),
+                ortbench_models::param_specs(&cfg("tiny-gpt2")).len(),
+            );
+            assert!(
+                psi >= real && psi < real + n_params * ortbench_engine::graph::PARAM_ALIGN_ELEMS,
+                "{psi} vs Ψ = {real}"
+            );
             let shard = psi.div_ceil(16 * world) * 16;
             for (rank, &bytes) in run.optimizer_bytes.iter().enumerate() {
                 let stored = (psi.min((rank + 1) * shard)).saturating_sub(rank * shard);
-                assert_eq!(bytes, 8 * stored, "{precision} rank {rank}/{world}: {bytes} vs 8 × {stored} elements");
-                assert!((bytes as f64) < 8.0 * psi as f64 / world as f64 + 8.0 * 16.0, "{precision} rank {rank}/{world}: {bytes} vs 8Ψ/N");
+                assert_eq!(
+                    bytes,
+                    8 * stored,
+                    "{precision} rank {rank}/{world}: {bytes} vs 8 × {stored} elements"
+                );
+                assert!(
+                    (bytes as f64) < 8.0 * psi as f64 / world as f64 + 8.0 * 16.0,
+                    "{precision} rank {rank}/{world}: {bytes} vs 8Ψ/N"
+                );
             }
-            assert_eq!(run.optimizer_bytes.iter().sum::<usize>(), 8 * psi, "{precision} {world} ranks: the shards tile Ψ");
+            assert_eq!(
+                run.optimizer_bytes.iter().sum::<usize>(),
+                8 * psi,
+                "{precision} {world} ranks: the shards tile Ψ"
+            );
         }
         let ddp = train_with("tiny-gpt2", 2, Strategy::Ddp, precision);
-        assert!(ddp.optimizer_bytes.iter().all(|&b| b == 8 * ddp.num_params), "{precision}: DDP keeps both full fp32 moments");
+        assert!(
+            ddp.optimizer_bytes.iter().all(|&b| b == 8 * ddp.num_params),
+            "{precision}: DDP keeps both full fp32 moments"
+        );
     }
 }
 
@@ -165,8 +200,14 @@ fn a_rank_without_labels_contributes_nothing() {
             b
         })
         .collect();
-    let empty = batches.iter().filter(|b| (0..2).any(|r| Task::MaskedLm.label_count(&b.rows(r * 2..r * 2 + 2)) == 0)).count();
-    assert!(empty > 0 && empty < STEPS, "the scenario this test is about must occur: {empty} of {STEPS} steps");
+    let empty = batches
+        .iter()
+        .filter(|b| (0..2).any(|r| Task::MaskedLm.label_count(&b.rows(r * 2..r * 2 + 2)) == 0))
+        .count();
+    assert!(
+        empty > 0 && empty < STEPS,
+        "the scenario this test is about must occur: {empty} of {STEPS} steps"
+    );
     let w = Weights::init(&cfg, 3);
     let run = |world: usize| {
         let groups = LocalGroup::new(world);
@@ -176,7 +217,16 @@ fn a_rank_without_labels_contributes_nothing() {
                 .map(|g| {
                     let (cfg, w, batches) = (&cfg, &w, &batches);
                     s.spawn(move || {
-                        let mut t = EngineTrainer::with_group(cfg, w, 4 / world, SEQ, opts(), g, Strategy::Zero1).unwrap();
+                        let mut t = EngineTrainer::with_group(
+                            cfg,
+                            w,
+                            4 / world,
+                            SEQ,
+                            opts(),
+                            g,
+                            Strategy::Zero1,
+                        )
+                        .unwrap();
                         batches.iter().map(|b| t.step(b).unwrap().loss).collect::<Vec<f32>>()
                     })
                 })
@@ -215,7 +265,8 @@ fn overflow_on_one_ranks_shard(precision: DType) {
                 s.spawn(move || {
                     let rank = ortbench_engine::collective::Collective::rank(&g);
                     let opts = EngineOptions { precision, ..opts() };
-                    let mut t = EngineTrainer::with_group(cfg, w, 2, SEQ, opts, g, Strategy::Zero1).unwrap();
+                    let mut t = EngineTrainer::with_group(cfg, w, 2, SEQ, opts, g, Strategy::Zero1)
+                        .unwrap();
                     t.set_loss_scaler(Some(LossScaler::default()));
                     let target = t.shard_range().unwrap();
                     let mut out = Vec::new();
@@ -238,7 +289,15 @@ fn overflow_on_one_ranks_shard(precision: DType) {
     for (rank, steps) in per_rank.iter().enumerate() {
         assert_eq!(steps[0], (false, 65536.0, true), "{precision} rank {rank}");
         assert_eq!(steps[1], (false, 65536.0, true), "{precision} rank {rank}");
-        assert_eq!(steps[2], (true, 65536.0, false), "{precision} rank {rank}: step 2 skipped, weights untouched");
-        assert_eq!(steps[3], (false, 32768.0, true), "{precision} rank {rank}: scale halved after the overflow");
+        assert_eq!(
+            steps[2],
+            (true, 65536.0, false),
+            "{precision} rank {rank}: step 2 skipped, weights untouched"
+        );
+        assert_eq!(
+            steps[3],
+            (false, 32768.0, true),
+            "{precision} rank {rank}: scale halved after the overflow"
+        );
     }
 }

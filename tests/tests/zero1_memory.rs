@@ -74,7 +74,14 @@ struct RankMemory {
 }
 
 /// Builds and trains `STEPS` steps on `world` rank threads; each rank's measured memory.
-fn measure(cfg: &ModelConfig, w: &Weights, batches: &[Batch], world: usize, strategy: Strategy, precision: DType) -> Vec<RankMemory> {
+fn measure(
+    cfg: &ModelConfig,
+    w: &Weights,
+    batches: &[Batch],
+    world: usize,
+    strategy: Strategy,
+    precision: DType,
+) -> Vec<RankMemory> {
     std::thread::scope(|s| {
         let hs: Vec<_> = LocalGroup::new(world)
             .into_iter()
@@ -82,7 +89,16 @@ fn measure(cfg: &ModelConfig, w: &Weights, batches: &[Batch], world: usize, stra
                 s.spawn(move || {
                     let start = live();
                     reset_peak();
-                    let mut t = EngineTrainer::with_group(cfg, w, GLOBAL_BATCH / world, SEQ, opts(precision), g, strategy).unwrap();
+                    let mut t = EngineTrainer::with_group(
+                        cfg,
+                        w,
+                        GLOBAL_BATCH / world,
+                        SEQ,
+                        opts(precision),
+                        g,
+                        strategy,
+                    )
+                    .unwrap();
                     let setup = peak() - start;
                     reset_peak();
                     for b in batches {
@@ -105,7 +121,17 @@ fn zero1_per_rank_peak_is_below_ddp_by_the_moments_it_does_not_hold() {
     let mut failures = Vec::new();
     println!(
         "{:<10} {:>5} {:>5} {:>8} | {:>8} {:>8} | {:>9} {:>9} {:>6} | {:>9} {:>9}",
-        "model", "ranks", "prec", "Ψ", "DDP MiB", "Z1 MiB", "pred MiB", "meas MiB", "meas%", "setup DDP", "setup Z1"
+        "model",
+        "ranks",
+        "prec",
+        "Ψ",
+        "DDP MiB",
+        "Z1 MiB",
+        "pred MiB",
+        "meas MiB",
+        "meas%",
+        "setup DDP",
+        "setup Z1"
     );
     for name in ["tiny-gpt2", "tiny-bert"] {
         let cfg = wide(name);

@@ -47,12 +47,19 @@ pub fn random(n: usize, seed: u64) -> Vec<f32> {
             s ^= s >> 27;
             let u = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
             let x = 2.0 * u - 1.0;
-            if x == 0.0 { 1e-3 } else { x }
+            if x == 0.0 {
+                1e-3
+            } else {
+                x
+            }
         })
         .collect()
 }
 
 /// Integer ids in 0..v.
 pub fn ids(n: usize, v: usize, seed: u64) -> Vec<i64> {
-    random(n, seed).iter().map(|x| (((x + 1.0) * 0.5 * v as f32) as usize).min(v - 1) as i64).collect()
+    random(n, seed)
+        .iter()
+        .map(|x| (((x + 1.0) * 0.5 * v as f32) as usize).min(v - 1) as i64)
+        .collect()
 }

@@ -38,17 +38,39 @@ pub fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
 }
 
 pub fn col(header: &[String], name: &str) -> usize {
-    header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name} in {header:?}"))
+    header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"))
 }
 
 /// The value of `column` in the row where `config` is the config.
 pub fn cell<'a>(header: &[String], rows: &'a [Vec<String>], config: &str, column: &str) -> &'a str {
-    let row = rows.iter().find(|r| r[col(header, "config")] == config).unwrap_or_else(|| panic!("no {config} row"));
+    let row = rows
+        .iter()
+        .find(|r| r[col(header, "config")] == config)
+        .unwrap_or_else(|| panic!("no {config} row"));
     &row[col(header, column)]
 }
 
 /// The tiny models' quick settings, without a word on repeats and the parity probe.
-pub const QUICK_SHAPE: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0"];
+pub const QUICK_SHAPE: &[&str] =
+    &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0"];
 
 /// A short plan: QUICK_SHAPE with one timed run per config and no parity probe.
-pub const QUICK: &[&str] = &["--steps", "3", "--warmup", "1", "--batch-size", "2", "--seq-len", "16", "--dropout", "0", "--repeat", "1", "--parity-steps", "0"];
+pub const QUICK: &[&str] = &[
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "16",
+    "--dropout",
+    "0",
+    "--repeat",
+    "1",
+    "--parity-steps",
+    "0",
+];

@@ -42,45 +42,25 @@ fn check(seed: u64, feeds: Feeds, build: impl FnOnce(&mut Graph) -> Result<Tenso
 
     let mut rng = Rng::new(seed);
     let n_rows: usize = rows.iter().product();
-    let labels: Vec<i64> = (0..n_rows)
-        .map(|r| {
-            if r % 3 == 1 {
-                -100
-            } else {
-                rng.below(classes) as i64
-            }
-        })
-        .collect();
+    let labels: Vec<i64> =
+        (0..n_rows).map(|r| if r % 3 == 1 { -100 } else { rng.below(classes) as i64 }).collect();
     let params = rng.vec(g.num_param_elems());
     let inputs = feeds.inputs(&labels);
     let step_seed = 77;
 
     let mut grads = vec![0.0f64; params.len()];
-    let loss_v = RefExecutor::new(&train)
-        .train_step(&params, &inputs, step_seed, &mut grads)
-        .unwrap();
+    let loss_v =
+        RefExecutor::new(&train).train_step(&params, &inputs, step_seed, &mut grads).unwrap();
     let fwd = RefExecutor::new(&g);
-    let loss_fwd = fwd
-        .run(&params, &inputs, step_seed)
-        .unwrap()
-        .loss()
-        .unwrap();
-    assert_eq!(
-        loss_v, loss_fwd,
-        "the training graph computes the forward's loss"
-    );
-    let fd = fd_grad(&params, FD_STEP, |p| {
-        fwd.run(p, &inputs, step_seed).unwrap().loss().unwrap()
-    });
+    let loss_fwd = fwd.run(&params, &inputs, step_seed).unwrap().loss().unwrap();
+    assert_eq!(loss_v, loss_fwd, "the training graph computes the forward's loss");
+    let fd = fd_grad(&params, FD_STEP, |p| fwd.run(p, &inputs, step_seed).unwrap().loss().unwrap());
     assert_close(&grads, &fd, FD_TOL, &format!("gradient of\n{train}"));
 }
 
 #[test]
 fn embedding() {
-    let feeds = Feeds {
-        ids: vec![("ids", vec![3, 0, 3, 6, 1, 3])],
-        ..Default::default()
-    };
+    let feeds = Feeds { ids: vec![("ids", vec![3, 0, 3, 6, 1, 3])], ..Default::default() };
     check(1, feeds, |g| {
         let table = g.param("table", &[7, 5])?;
         let ids = g.input_ids("ids", &[2, 3])?;
@@ -97,11 +77,8 @@ fn matmul_all_flags_batched_and_shared() {
                 // ta with a shared b needs a 2-D a (the builder rejects the batched case).
                 let batch: &[usize] = if ta && shared_b { &[] } else { &[2, 2] };
                 check(2, Feeds::default(), |g| {
-                    let a_shape: Vec<usize> = batch
-                        .iter()
-                        .copied()
-                        .chain(if ta { [k, m] } else { [m, k] })
-                        .collect();
+                    let a_shape: Vec<usize> =
+                        batch.iter().copied().chain(if ta { [k, m] } else { [m, k] }).collect();
                     let b_mat = if tb { [n, k] } else { [k, n] };
                     let b_shape: Vec<usize> = if shared_b {
                         b_mat.to_vec()
@@ -130,7 +107,8 @@ fn bias_add_and_linear() {
 /// The fused linear of `passes::fuse_matmul_bias`, both weight layouts, with and without GELU.
 #[test]
 fn fused_linear() {
-    for (tb, gelu) in [(true, None), (false, Some(GeluApprox::Erf)), (true, Some(GeluApprox::Tanh))] {
+    for (tb, gelu) in [(true, None), (false, Some(GeluApprox::Erf)), (true, Some(GeluApprox::Tanh))]
+    {
         check(13, Feeds::default(), |g| {
             let x = g.param("x", &[2, 3, 4])?;
             let w = g.param("w", if tb { &[6, 4] } else { &[4, 6] })?;
@@ -230,10 +208,7 @@ fn attention_with_causal_mask_and_dropout() {
         ..Default::default()
     };
     for (causal, p) in [(false, 0.0), (true, 0.25)] {
-        let feeds = Feeds {
-            floats: feeds.floats.clone(),
-            ..Default::default()
-        };
+        let feeds = Feeds { floats: feeds.floats.clone(), ..Default::default() };
         check(10, feeds, |g| {
             let q = g.param("q", &[2, 2, 4, 3])?;
             let k = g.param("k", &[2, 2, 4, 3])?;
@@ -243,12 +218,7 @@ fn attention_with_causal_mask_and_dropout() {
                 q,
                 k,
                 v,
-                AttentionOpts {
-                    causal,
-                    scale: Some(0.7),
-                    dropout_p: p,
-                    mask: Some(mask),
-                },
+                AttentionOpts { causal, scale: Some(0.7), dropout_p: p, mask: Some(mask) },
             )
         });
     }
@@ -264,11 +234,7 @@ fn tied_parameter_gradient_is_the_sum_of_both_uses() {
         let ids = g.input_ids("ids", &[5]).unwrap();
         let labels = g.input_ids("labels", &[5]).unwrap();
         let w1 = g.param("w1", &[v, c]).unwrap();
-        let w2 = if tied {
-            w1
-        } else {
-            g.param("w2", &[v, c]).unwrap()
-        };
+        let w2 = if tied { w1 } else { g.param("w2", &[v, c]).unwrap() };
         let x = g.embedding(w1, ids).unwrap();
         let logits = g.matmul(x, w2, false, true).unwrap();
         let loss = g.cross_entropy(logits, labels).unwrap();
@@ -281,19 +247,13 @@ fn tied_parameter_gradient_is_the_sum_of_both_uses() {
 
     let tied = build(true);
     let mut g_tied = vec![0.0; v * c];
-    RefExecutor::new(&tied)
-        .train_step(&w, &inputs, 0, &mut g_tied)
-        .unwrap();
+    RefExecutor::new(&tied).train_step(&w, &inputs, 0, &mut g_tied).unwrap();
 
     let untied = build(false);
     let ww: Vec<f64> = w.iter().chain(&w).copied().collect();
     let mut g_untied = vec![0.0; 2 * v * c];
-    RefExecutor::new(&untied)
-        .train_step(&ww, &inputs, 0, &mut g_untied)
-        .unwrap();
-    let sum: Vec<f64> = (0..v * c)
-        .map(|i| g_untied[i] + g_untied[v * c + i])
-        .collect();
+    RefExecutor::new(&untied).train_step(&ww, &inputs, 0, &mut g_untied).unwrap();
+    let sum: Vec<f64> = (0..v * c).map(|i| g_untied[i] + g_untied[v * c + i]).collect();
     assert_close(&g_tied, &sum, 1e-14, "tied gradient");
     assert!(
         g_untied[..v * c].iter().any(|&x| x != 0.0) && g_untied[v * c..].iter().any(|&x| x != 0.0)
@@ -315,12 +275,7 @@ fn unused_parameters_get_zero_gradients() {
     let mut grads = vec![f32::NAN; 12];
     let params = Rng::new(12).vec_f32(12);
     RefExecutor::new(&train)
-        .train_step(
-            &params,
-            &Inputs::new().ids("labels", &[0, 2]),
-            0,
-            &mut grads,
-        )
+        .train_step(&params, &Inputs::new().ids("labels", &[0, 2]), 0, &mut grads)
         .unwrap();
     assert!(grads[6..].iter().all(|&v| v == 0.0) && grads[..6].iter().all(|v| v.is_finite()));
 }
@@ -341,15 +296,9 @@ fn masks_that_depend_on_parameters_and_double_backward_are_errors() {
     let labels = g.input_ids("labels", &[2]).unwrap();
     let loss = g.cross_entropy(x, labels).unwrap();
     let train = backward(&g, loss).unwrap();
-    assert!(matches!(
-        backward(&train, loss),
-        Err(GraphError::Autodiff(_))
-    ));
+    assert!(matches!(backward(&train, loss), Err(GraphError::Autodiff(_))));
     let not_scalar = backward(&g, x).unwrap_err();
-    assert!(
-        matches!(not_scalar, GraphError::Shape { op: "loss", .. }),
-        "{not_scalar}"
-    );
+    assert!(matches!(not_scalar, GraphError::Shape { op: "loss", .. }), "{not_scalar}");
 }
 
 #[test]
@@ -369,9 +318,6 @@ fn training_graph_prints_its_backward() {
         "loss = %4",
         "grad \"w\" = %8",
     ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing line {line:?} in\n{text}"
-        );
+        assert!(text.lines().any(|l| l == line), "missing line {line:?} in\n{text}");
     }
 }

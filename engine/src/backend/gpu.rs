@@ -49,7 +49,14 @@ pub trait GpuDevice {
     /// # Safety
     /// `args` match the kernel's C signature; every pointer addresses live device memory as
     /// large as the kernel touches at this grid.
-    unsafe fn launch(&self, name: &str, grid: u32, block: u32, shared_bytes: u32, args: &[KernelArg]) -> Result<(), GpuError>;
+    unsafe fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError>;
     /// Queues C = op(A)·op(B) (+ the shape's epilogue), row-major (see [`GemmShape`]).
     ///
     /// # Safety
@@ -178,7 +185,10 @@ impl GemmAlign {
                 a
             }
         };
-        GemmAlign { a: one(p.a, s.stride_a, es(s.dtype)), b: one(p.b, s.stride_b, es(s.dtype)), c: one(p.c, s.stride_c, c_es) }
+        GemmAlign {
+            a: one(p.a, s.stride_a, es(s.dtype)),
+            b: one(p.b, s.stride_b, es(s.dtype)),
+            c: one(p.c, s.stride_c, c_es),
+        }
     }
 }
-

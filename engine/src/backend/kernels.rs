@@ -31,14 +31,19 @@ pub fn full_source(file: &str) -> Option<String> {
 /// NVRTC options for `arch` (`sm_80`, `sm_90`, ...): C++17, the CUDA headers' folder (for
 /// cuda_fp16.h / cuda_bf16.h), line info for compute-sanitizer reports.
 pub fn nvrtc_options(include_dir: &Path) -> Vec<String> {
-    vec!["--std=c++17".into(), format!("--include-path={}", include_dir.display()), "--generate-line-info".into()]
+    vec![
+        "--std=c++17".into(),
+        format!("--include-path={}", include_dir.display()),
+        "--generate-line-info".into(),
+    ]
 }
 
 /// Where the CUDA headers NVRTC needs are: `ORTBENCH_CUDA_INCLUDE_DIR`, else an `include/`
 /// beside one of the library folders searched for libnvrtc (the torch wheel's
 /// `nvidia/cu13/include`), else /usr/local/cuda/include. None if no folder has cuda_fp16.h.
 pub fn include_dir(lib_dirs: &[PathBuf]) -> Option<PathBuf> {
-    let mut cands: Vec<PathBuf> = std::env::var_os("ORTBENCH_CUDA_INCLUDE_DIR").map(PathBuf::from).into_iter().collect();
+    let mut cands: Vec<PathBuf> =
+        std::env::var_os("ORTBENCH_CUDA_INCLUDE_DIR").map(PathBuf::from).into_iter().collect();
     cands.extend(lib_dirs.iter().filter_map(|d| d.parent().map(|p| p.join("include"))));
     cands.push(PathBuf::from("/usr/local/cuda/include"));
     cands.into_iter().find(|d| d.join("cuda_fp16.h").is_file())
@@ -62,7 +67,11 @@ pub fn ptx_entries(ptx: &str) -> Vec<String> {
     let mut v: Vec<String> = ptx
         .lines()
         .filter_map(|l| {
-            let rest = l.trim_start().trim_start_matches(".visible").trim_start().strip_prefix(".entry")?;
+            let rest = l
+                .trim_start()
+                .trim_start_matches(".visible")
+                .trim_start()
+                .strip_prefix(".entry")?;
             Some(rest.trim().split(['(', ' ']).next()?.to_string())
         })
         .filter(|s| !s.is_empty())

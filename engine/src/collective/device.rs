@@ -14,7 +14,9 @@ use std::sync::Mutex;
 
 use libloading::Library;
 
-use super::{check_chunks, chunk, Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup};
+use super::{
+    check_chunks, chunk, Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup,
+};
 
 /// Which vendor's libraries to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,14 +54,23 @@ impl Vendor {
                     coll.push(d.join("libnccl.so.2"));
                 }
                 for d in crate::torch_wheel::cuda_lib_dirs() {
-                    rt.extend(["libcudart.so.13", "libcudart.so.12"].iter().map(|f| d.join(f)).filter(|p| p.is_file()));
+                    rt.extend(
+                        ["libcudart.so.13", "libcudart.so.12"]
+                            .iter()
+                            .map(|f| d.join(f))
+                            .filter(|p| p.is_file()),
+                    );
                 }
                 coll.push("libnccl.so.2".into());
-                rt.extend(["libcudart.so.13", "libcudart.so.12", "libcudart.so"].map(PathBuf::from));
+                rt.extend(
+                    ["libcudart.so.13", "libcudart.so.12", "libcudart.so"].map(PathBuf::from),
+                );
             }
             Vendor::Amd => {
                 coll.extend(["librccl.so.1", "librccl.so"].map(PathBuf::from));
-                rt.extend(["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"].map(PathBuf::from));
+                rt.extend(
+                    ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"].map(PathBuf::from),
+                );
             }
         }
         (coll, rt)
@@ -81,10 +92,35 @@ struct Api {
     comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int) -> c_int,
     comm_destroy: unsafe extern "C" fn(NcclComm) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
-    reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
-    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, Stream) -> c_int,
-    broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, Stream) -> c_int,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        NcclComm,
+        Stream,
+    ) -> c_int,
+    reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        NcclComm,
+        Stream,
+    ) -> c_int,
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, Stream) -> c_int,
+    broadcast: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        NcclComm,
+        Stream,
+    ) -> c_int,
     // CUDA / HIP runtime (identical signatures).
     set_device: unsafe extern "C" fn(c_int) -> c_int,
     get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
@@ -116,14 +152,24 @@ impl Api {
         let (coll_paths, rt_paths) = vendor.candidates();
         let name = if vendor == Vendor::Nvidia { "NCCL" } else { "RCCL" };
         // The runtime first: NCCL may need it resolved already.
-        let rt = open_first(&rt_paths).map_err(|t| CollectiveError::Unavailable(format!("{} runtime not found; tried: {t}", vendor.prefix())))?;
-        let coll = open_first(&coll_paths).map_err(|t| CollectiveError::Unavailable(format!("{name} not found; tried: {t}")))?;
+        let rt = open_first(&rt_paths).map_err(|t| {
+            CollectiveError::Unavailable(format!(
+                "{} runtime not found; tried: {t}",
+                vendor.prefix()
+            ))
+        })?;
+        let coll = open_first(&coll_paths)
+            .map_err(|t| CollectiveError::Unavailable(format!("{name} not found; tried: {t}")))?;
         macro_rules! sym {
             ($lib:expr, $name:expr) => {{
                 // SAFETY: the symbol has the C signature of the field it is stored in (from
                 // nccl.h / cuda_runtime_api.h / hip_runtime_api.h).
-                let s = unsafe { $lib.get($name) }
-                    .map_err(|e| CollectiveError::Unavailable(format!("{}: {e}", String::from_utf8_lossy(&$name[..$name.len() - 1]))))?;
+                let s = unsafe { $lib.get($name) }.map_err(|e| {
+                    CollectiveError::Unavailable(format!(
+                        "{}: {e}",
+                        String::from_utf8_lossy(&$name[..$name.len() - 1])
+                    ))
+                })?;
                 *s
             }};
         }
@@ -219,14 +265,20 @@ unsafe impl Send for DeviceGroup {}
 impl DeviceGroup {
     /// Joins a communicator of `world` ranks on device `local_rank`; ranks exchange the
     /// unique id through `store` (rank 0 creates it).
-    pub fn new(vendor: Vendor, store: &TcpGroup, local_rank: usize) -> Result<Self, CollectiveError> {
+    pub fn new(
+        vendor: Vendor,
+        store: &TcpGroup,
+        local_rank: usize,
+    ) -> Result<Self, CollectiveError> {
         let api = Api::load(vendor)?;
         let mut n: c_int = 0;
         // SAFETY: plain runtime calls with valid out-pointers.
         unsafe {
             api.rt((api.get_device_count)(&mut n), "counting GPUs")?;
             if local_rank >= n as usize {
-                return Err(CollectiveError::Device(format!("LOCAL_RANK {local_rank} but {n} GPU(s) visible")));
+                return Err(CollectiveError::Device(format!(
+                    "LOCAL_RANK {local_rank} but {n} GPU(s) visible"
+                )));
             }
             api.rt((api.set_device)(local_rank as c_int), "selecting the GPU")?;
         }
@@ -236,16 +288,28 @@ impl DeviceGroup {
             api.nccl(unsafe { (api.get_unique_id)(&mut id) }, "ncclGetUniqueId")?;
         }
         // SAFETY: c_char and u8 have the same layout.
-        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(id.0.as_mut_ptr().cast(), 128) };
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(id.0.as_mut_ptr().cast(), 128) };
         store.broadcast(bytes, 0)?;
-        let (mut comm, mut stream): (NcclComm, Stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let (mut comm, mut stream): (NcclComm, Stream) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
         let (rank, world) = (store.rank(), store.world_size());
         // SAFETY: valid out-pointers; every rank passes the same id and world size.
         unsafe {
-            api.nccl((api.comm_init_rank)(&mut comm, world as c_int, id, rank as c_int), "ncclCommInitRank")?;
+            api.nccl(
+                (api.comm_init_rank)(&mut comm, world as c_int, id, rank as c_int),
+                "ncclCommInitRank",
+            )?;
             api.rt((api.stream_create)(&mut stream), "creating a stream")?;
         }
-        Ok(DeviceGroup { api, comm, stream, rank, world, staging: Mutex::new((std::ptr::null_mut(), 0)) })
+        Ok(DeviceGroup {
+            api,
+            comm,
+            stream,
+            rank,
+            world,
+            staging: Mutex::new((std::ptr::null_mut(), 0)),
+        })
     }
 
     /// Queues an in-place all-reduce of `count` elements of `kind` at device address `buf` on
@@ -254,9 +318,19 @@ impl DeviceGroup {
     /// # Safety
     /// `buf` addresses `count` elements of `kind` in this rank's device memory, live until the
     /// stream has run the collective.
-    pub unsafe fn queue_all_reduce(&self, buf: u64, count: usize, kind: ElementKind, op: ReduceOp, stream: Stream) -> Result<(), CollectiveError> {
+    pub unsafe fn queue_all_reduce(
+        &self,
+        buf: u64,
+        count: usize,
+        kind: ElementKind,
+        op: ReduceOp,
+        stream: Stream,
+    ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
-        a.nccl((a.all_reduce)(p, p, count, nccl_dtype(kind), nccl_op(op), self.comm, stream), "ncclAllReduce")
+        a.nccl(
+            (a.all_reduce)(p, p, count, nccl_dtype(kind), nccl_op(op), self.comm, stream),
+            "ncclAllReduce",
+        )
     }
 
     /// Queues NCCL's in-place reduce-scatter over world·`k` elements at `buf`: chunk r of rank
@@ -264,10 +338,20 @@ impl DeviceGroup {
     ///
     /// # Safety
     /// `buf` addresses world·k elements of `kind` in this rank's device memory.
-    pub unsafe fn queue_reduce_scatter(&self, buf: u64, k: usize, kind: ElementKind, op: ReduceOp, stream: Stream) -> Result<(), CollectiveError> {
+    pub unsafe fn queue_reduce_scatter(
+        &self,
+        buf: u64,
+        k: usize,
+        kind: ElementKind,
+        op: ReduceOp,
+        stream: Stream,
+    ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
         let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
-        a.nccl((a.reduce_scatter)(p, mine, k, nccl_dtype(kind), nccl_op(op), self.comm, stream), "ncclReduceScatter")
+        a.nccl(
+            (a.reduce_scatter)(p, mine, k, nccl_dtype(kind), nccl_op(op), self.comm, stream),
+            "ncclReduceScatter",
+        )
     }
 
     /// Queues NCCL's in-place all-gather over world·`k` elements at `buf` (chunk q from rank q:
@@ -275,7 +359,13 @@ impl DeviceGroup {
     ///
     /// # Safety
     /// As [`DeviceGroup::queue_reduce_scatter`].
-    pub unsafe fn queue_all_gather(&self, buf: u64, k: usize, kind: ElementKind, stream: Stream) -> Result<(), CollectiveError> {
+    pub unsafe fn queue_all_gather(
+        &self,
+        buf: u64,
+        k: usize,
+        kind: ElementKind,
+        stream: Stream,
+    ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
         let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
         a.nccl((a.all_gather)(mine, p, k, nccl_dtype(kind), self.comm, stream), "ncclAllGather")
@@ -283,7 +373,14 @@ impl DeviceGroup {
 
     /// Stages `bytes` of host data on the device, runs `op(device ptr)`, copies `back` bytes
     /// of the result to `out`.
-    fn staged(&self, input: &[u8], size: usize, out: &mut [u8], out_offset: usize, op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>) -> Result<(), CollectiveError> {
+    fn staged(
+        &self,
+        input: &[u8],
+        size: usize,
+        out: &mut [u8],
+        out_offset: usize,
+        op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
         let st = self.staging(size)?;
         self.upload(st.0, 0, input)?;
         op(st.0)?;
@@ -292,9 +389,13 @@ impl DeviceGroup {
     }
 
     /// The device staging buffer, grown to at least `size` bytes, locked for one collective.
-    fn staging(&self, size: usize) -> Result<std::sync::MutexGuard<'_, (*mut c_void, usize)>, CollectiveError> {
+    fn staging(
+        &self,
+        size: usize,
+    ) -> Result<std::sync::MutexGuard<'_, (*mut c_void, usize)>, CollectiveError> {
         let a = &self.api;
-        let mut st = self.staging.lock().map_err(|_| CollectiveError::Poisoned("device collective"))?;
+        let mut st =
+            self.staging.lock().map_err(|_| CollectiveError::Poisoned("device collective"))?;
         if st.1 < size {
             // SAFETY: runtime calls on our own allocation.
             unsafe {
@@ -315,14 +416,34 @@ impl DeviceGroup {
     fn upload(&self, dev: *mut c_void, at: usize, host: &[u8]) -> Result<(), CollectiveError> {
         let a = &self.api;
         // SAFETY: `dev` is the staging allocation, at least `at + host.len()` bytes.
-        a.rt(unsafe { (a.memcpy)(dev.cast::<u8>().add(at).cast(), host.as_ptr().cast(), host.len(), H2D) }, "copying to the GPU")
+        a.rt(
+            unsafe {
+                (a.memcpy)(dev.cast::<u8>().add(at).cast(), host.as_ptr().cast(), host.len(), H2D)
+            },
+            "copying to the GPU",
+        )
     }
 
     /// Copies bytes `at..at + host.len()` of the staging buffer `dev` to `host`.
-    fn download(&self, host: &mut [u8], dev: *mut c_void, at: usize) -> Result<(), CollectiveError> {
+    fn download(
+        &self,
+        host: &mut [u8],
+        dev: *mut c_void,
+        at: usize,
+    ) -> Result<(), CollectiveError> {
         let a = &self.api;
         // SAFETY: as in `upload`.
-        a.rt(unsafe { (a.memcpy)(host.as_mut_ptr().cast(), dev.cast::<u8>().add(at).cast(), host.len(), D2H) }, "copying from the GPU")
+        a.rt(
+            unsafe {
+                (a.memcpy)(
+                    host.as_mut_ptr().cast(),
+                    dev.cast::<u8>().add(at).cast(),
+                    host.len(),
+                    D2H,
+                )
+            },
+            "copying from the GPU",
+        )
     }
 
     /// Zeroes bytes `range` of the staging buffer `dev`.
@@ -332,7 +453,10 @@ impl DeviceGroup {
             return Ok(());
         }
         // SAFETY: as in `upload`.
-        a.rt(unsafe { (a.memset)(dev.cast::<u8>().add(range.start).cast(), 0, range.len()) }, "zeroing staging memory")
+        a.rt(
+            unsafe { (a.memset)(dev.cast::<u8>().add(range.start).cast(), 0, range.len()) },
+            "zeroing staging memory",
+        )
     }
 
     /// Waits for the collective queued on our stream.
@@ -345,7 +469,12 @@ impl DeviceGroup {
     /// Runs an in-place collective over the host buffer `buf` through a staging buffer that
     /// holds the padded N·k elements, laid out by `layout` (so NCCL's in-place form applies
     /// as on a device-resident padded buffer); `op(staging)` queues the NCCL call.
-    fn staged_in_place<T: Element>(&self, buf: &mut [T], layout: &InPlaceLayout, op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>) -> Result<(), CollectiveError> {
+    fn staged_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        layout: &InPlaceLayout,
+        op: impl FnOnce(*mut c_void) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
         let esz = std::mem::size_of::<T>();
         let b = |r: &std::ops::Range<usize>| r.start * esz..r.end * esz;
         let st = self.staging(layout.padded * esz)?;
@@ -379,14 +508,24 @@ impl InPlaceLayout {
     /// Reduce-scatter: every rank's whole buffer goes up, the padded tail is zero, rank r's
     /// chunk comes back.
     fn reduce_scatter(len: usize, k: usize, world: usize, rank: usize) -> Self {
-        InPlaceLayout { padded: world * k, upload: 0..len, zero: len..world * k, download: chunk(len, k, rank) }
+        InPlaceLayout {
+            padded: world * k,
+            upload: 0..len,
+            zero: len..world * k,
+            download: chunk(len, k, rank),
+        }
     }
 
     /// All-gather: rank r's chunk goes up (its padded part zeroed), the stored `len` elements
     /// come back.
     fn all_gather(len: usize, k: usize, world: usize, rank: usize) -> Self {
         let mine = chunk(len, k, rank);
-        InPlaceLayout { padded: world * k, zero: mine.end.max(rank * k)..(rank + 1) * k, upload: mine, download: 0..len }
+        InPlaceLayout {
+            padded: world * k,
+            zero: mine.end.max(rank * k)..(rank + 1) * k,
+            upload: mine,
+            download: 0..len,
+        }
     }
 }
 
@@ -427,14 +566,27 @@ impl Collective for DeviceGroup {
         let a = &self.api;
         self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
             // SAFETY: p holds n elements of T on the device.
-            a.nccl(unsafe { (a.all_reduce)(p, p, n, dt, nccl_op(op), self.comm, self.stream) }, "ncclAllReduce")
+            a.nccl(
+                unsafe { (a.all_reduce)(p, p, n, dt, nccl_op(op), self.comm, self.stream) },
+                "ncclAllReduce",
+            )
         })
     }
 
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let k = recv.len();
         if send.len() != self.world * k {
-            return Err(CollectiveError::Size { op: "reduce_scatter", rank: self.rank, expected: self.world * k, got: send.len() });
+            return Err(CollectiveError::Size {
+                op: "reduce_scatter",
+                rank: self.rank,
+                expected: self.world * k,
+                got: send.len(),
+            });
         }
         let (dt, esz) = (nccl_dtype(T::KIND), std::mem::size_of::<T>());
         let a = &self.api;
@@ -442,41 +594,105 @@ impl Collective for DeviceGroup {
         let total = (send.len() + k) * esz;
         self.staged(bytes(send), total, bytes_mut(recv), send.len() * esz, |p| {
             // SAFETY: p holds N·k + k elements; recv starts after send.
-            a.nccl(unsafe { (a.reduce_scatter)(p, p.cast::<u8>().add(send.len() * esz).cast(), k, dt, nccl_op(op), self.comm, self.stream) }, "ncclReduceScatter")
+            a.nccl(
+                unsafe {
+                    (a.reduce_scatter)(
+                        p,
+                        p.cast::<u8>().add(send.len() * esz).cast(),
+                        k,
+                        dt,
+                        nccl_op(op),
+                        self.comm,
+                        self.stream,
+                    )
+                },
+                "ncclReduceScatter",
+            )
         })
     }
 
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
         let k = send.len();
         if recv.len() != self.world * k {
-            return Err(CollectiveError::Size { op: "all_gather", rank: self.rank, expected: self.world * k, got: recv.len() });
+            return Err(CollectiveError::Size {
+                op: "all_gather",
+                rank: self.rank,
+                expected: self.world * k,
+                got: recv.len(),
+            });
         }
         let (dt, esz) = (nccl_dtype(T::KIND), std::mem::size_of::<T>());
         let a = &self.api;
         // Layout on the device: [send (k) | recv (N·k)].
         self.staged(bytes(send), (k + recv.len()) * esz, bytes_mut(recv), k * esz, |p| {
             // SAFETY: p holds k + N·k elements; recv starts after send.
-            a.nccl(unsafe { (a.all_gather)(p, p.cast::<u8>().add(k * esz).cast(), k, dt, self.comm, self.stream) }, "ncclAllGather")
+            a.nccl(
+                unsafe {
+                    (a.all_gather)(
+                        p,
+                        p.cast::<u8>().add(k * esz).cast(),
+                        k,
+                        dt,
+                        self.comm,
+                        self.stream,
+                    )
+                },
+                "ncclAllGather",
+            )
         })
     }
 
-    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         check_chunks("reduce_scatter_in_place", self.rank, buf.len(), k, self.world)?;
         let layout = InPlaceLayout::reduce_scatter(buf.len(), k, self.world, self.rank);
         let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
         self.staged_in_place(buf, &layout, |p| {
             // SAFETY: p holds N·k elements; recv = p + r·k (NCCL's in-place reduce-scatter).
-            a.nccl(unsafe { (a.reduce_scatter)(p, p.cast::<u8>().add(self.rank * k * esz).cast(), k, dt, nccl_op(op), self.comm, self.stream) }, "ncclReduceScatter")
+            a.nccl(
+                unsafe {
+                    (a.reduce_scatter)(
+                        p,
+                        p.cast::<u8>().add(self.rank * k * esz).cast(),
+                        k,
+                        dt,
+                        nccl_op(op),
+                        self.comm,
+                        self.stream,
+                    )
+                },
+                "ncclReduceScatter",
+            )
         })
     }
 
-    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+    fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+    ) -> Result<(), CollectiveError> {
         check_chunks("all_gather_in_place", self.rank, buf.len(), k, self.world)?;
         let layout = InPlaceLayout::all_gather(buf.len(), k, self.world, self.rank);
         let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
         self.staged_in_place(buf, &layout, |p| {
             // SAFETY: p holds N·k elements; send = p + r·k (NCCL's in-place all-gather).
-            a.nccl(unsafe { (a.all_gather)(p.cast::<u8>().add(self.rank * k * esz).cast(), p, k, dt, self.comm, self.stream) }, "ncclAllGather")
+            a.nccl(
+                unsafe {
+                    (a.all_gather)(
+                        p.cast::<u8>().add(self.rank * k * esz).cast(),
+                        p,
+                        k,
+                        dt,
+                        self.comm,
+                        self.stream,
+                    )
+                },
+                "ncclAllGather",
+            )
         })
     }
 
@@ -489,7 +705,10 @@ impl Collective for DeviceGroup {
         let a = &self.api;
         self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
             // SAFETY: p holds n elements.
-            a.nccl(unsafe { (a.broadcast)(p, p, n, dt, root as c_int, self.comm, self.stream) }, "ncclBroadcast")
+            a.nccl(
+                unsafe { (a.broadcast)(p, p, n, dt, root as c_int, self.comm, self.stream) },
+                "ncclBroadcast",
+            )
         })
     }
 
@@ -523,7 +742,10 @@ mod tests {
         // symbol; joining then fails cleanly where there is no GPU (CI), or works on one GPU.
         let api = match Api::load(Vendor::Nvidia) {
             Ok(a) => a,
-            Err(e) => panic!("NCCL from the torch wheel should load (VIRTUAL_ENV={:?}): {e}", std::env::var("VIRTUAL_ENV")),
+            Err(e) => panic!(
+                "NCCL from the torch wheel should load (VIRTUAL_ENV={:?}): {e}",
+                std::env::var("VIRTUAL_ENV")
+            ),
         };
         let mut n: c_int = -1;
         // SAFETY: valid out-pointer.
@@ -552,7 +774,12 @@ mod tests {
 
     /// NCCL's in-place semantics over each rank's staging buffer (padded N·k elements), the
     /// GPU part of `staged_in_place`, simulated on the host for all ranks at once.
-    fn simulate(layouts: &[InPlaceLayout], hosts: &mut [Vec<f32>], k: usize, scatter: bool) -> Vec<Vec<f32>> {
+    fn simulate(
+        layouts: &[InPlaceLayout],
+        hosts: &mut [Vec<f32>],
+        k: usize,
+        scatter: bool,
+    ) -> Vec<Vec<f32>> {
         // Stale staging memory: whatever the collective reads without it being uploaded or
         // zeroed shows up as NaN.
         let mut dev: Vec<Vec<f32>> = layouts.iter().map(|l| vec![f32::NAN; l.padded]).collect();
@@ -589,17 +816,29 @@ mod tests {
                 if len > world * k {
                     continue;
                 }
-                let data = |r: usize| (0..len).map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.1 - 0.77).collect::<Vec<f32>>();
+                let data = |r: usize| {
+                    (0..len)
+                        .map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.1 - 0.77)
+                        .collect::<Vec<f32>>()
+                };
                 let mut hosts: Vec<Vec<f32>> = (0..world).map(data).collect();
-                let rs: Vec<_> = (0..world).map(|r| InPlaceLayout::reduce_scatter(len, k, world, r)).collect();
+                let rs: Vec<_> =
+                    (0..world).map(|r| InPlaceLayout::reduce_scatter(len, k, world, r)).collect();
                 let dev = simulate(&rs, &mut hosts, k, true);
                 for (r, d) in dev.iter().enumerate() {
-                    assert!(d[r * k..(r + 1) * k].iter().all(|x| x.is_finite()), "world {world} len {len}: reduce-scatter read stale memory");
+                    assert!(
+                        d[r * k..(r + 1) * k].iter().all(|x| x.is_finite()),
+                        "world {world} len {len}: reduce-scatter read stale memory"
+                    );
                 }
                 let scattered = hosts.clone();
-                let ag: Vec<_> = (0..world).map(|r| InPlaceLayout::all_gather(len, k, world, r)).collect();
+                let ag: Vec<_> =
+                    (0..world).map(|r| InPlaceLayout::all_gather(len, k, world, r)).collect();
                 let dev = simulate(&ag, &mut hosts, k, false);
-                assert!(dev.iter().all(|d| d.iter().all(|x| x.is_finite())), "world {world} len {len}: all-gather read stale memory");
+                assert!(
+                    dev.iter().all(|d| d.iter().all(|x| x.is_finite())),
+                    "world {world} len {len}: all-gather read stale memory"
+                );
                 // The same program on in-process ranks.
                 let local: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
                     let hs: Vec<_> = super::super::LocalGroup::new(world)
@@ -620,10 +859,16 @@ mod tests {
                     let mine = chunk(len, k, r);
                     // LocalGroup sums in f64 and rounds once; the simulation sums in f32.
                     for (a, b) in scattered[r][mine.clone()].iter().zip(&ls[mine.clone()]) {
-                        assert!((a - b).abs() <= 1e-6, "world {world} len {len} rank {r}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() <= 1e-6,
+                            "world {world} len {len} rank {r}: {a} vs {b}"
+                        );
                     }
                     for (a, b) in hosts[r].iter().zip(lg) {
-                        assert!((a - b).abs() <= 1e-6, "world {world} len {len} rank {r}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() <= 1e-6,
+                            "world {world} len {len} rank {r}: {a} vs {b}"
+                        );
                     }
                 }
             }

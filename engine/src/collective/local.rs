@@ -28,11 +28,22 @@ impl LocalGroup {
     /// A group of `world` ranks; element r is rank r.
     pub fn new(world: usize) -> Vec<LocalGroup> {
         assert!(world > 0, "a group needs at least one rank");
-        let shared = Arc::new(Shared { world, barrier: Barrier::new(world), slots: Mutex::new(vec![(0, 0, 0, 0); world]) });
+        let shared = Arc::new(Shared {
+            world,
+            barrier: Barrier::new(world),
+            slots: Mutex::new(vec![(0, 0, 0, 0); world]),
+        });
         (0..world).map(|rank| LocalGroup { rank, shared: shared.clone() }).collect()
     }
 
-    fn publish(&self, send: usize, send_len: usize, recv: usize, recv_len: usize, op: &'static str) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
+    fn publish(
+        &self,
+        send: usize,
+        send_len: usize,
+        recv: usize,
+        recv_len: usize,
+        op: &'static str,
+    ) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
         {
             let mut s = self.shared.slots.lock().map_err(|_| CollectiveError::Poisoned(op))?;
             s[self.rank] = (send, send_len, recv, recv_len);
@@ -42,7 +53,13 @@ impl LocalGroup {
         Ok(s)
     }
 
-    fn check_equal(&self, slots: &[(usize, usize, usize, usize)], pick: impl Fn(&(usize, usize, usize, usize)) -> usize, expected: usize, op: &'static str) -> Result<(), CollectiveError> {
+    fn check_equal(
+        &self,
+        slots: &[(usize, usize, usize, usize)],
+        pick: impl Fn(&(usize, usize, usize, usize)) -> usize,
+        expected: usize,
+        op: &'static str,
+    ) -> Result<(), CollectiveError> {
         for (rank, s) in slots.iter().enumerate() {
             if pick(s) != expected {
                 // Every rank sees the same slots, so every rank returns this error; the
@@ -56,7 +73,13 @@ impl LocalGroup {
 
     /// Publishes an in-place collective's buffer (address, `len`, chunk size `k`) and checks
     /// that every rank passed the same `len` and `k` and that the chunks hold the buffer.
-    fn publish_in_place<T>(&self, base: *mut T, len: usize, k: usize, op: &'static str) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
+    fn publish_in_place<T>(
+        &self,
+        base: *mut T,
+        len: usize,
+        k: usize,
+        op: &'static str,
+    ) -> Result<Vec<(usize, usize, usize, usize)>, CollectiveError> {
         let slots = self.publish(base as usize, len, 0, k, op)?;
         self.check_equal(&slots, |s| s.1, len, op)?;
         self.check_equal(&slots, |s| s.3, k, op)?;
@@ -116,10 +139,21 @@ impl Collective for LocalGroup {
         Ok(())
     }
 
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let n = self.shared.world;
         let k = recv.len();
-        let slots = self.publish(send.as_ptr() as usize, send.len(), recv.as_mut_ptr() as usize, k, "reduce_scatter")?;
+        let slots = self.publish(
+            send.as_ptr() as usize,
+            send.len(),
+            recv.as_mut_ptr() as usize,
+            k,
+            "reduce_scatter",
+        )?;
         self.check_equal(&slots, |s| s.3, k, "reduce_scatter")?;
         self.check_equal(&slots, |s| s.1, n * k, "reduce_scatter")?;
         let base = self.rank * k;
@@ -134,7 +168,13 @@ impl Collective for LocalGroup {
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
         let n = self.shared.world;
         let k = send.len();
-        let slots = self.publish(send.as_ptr() as usize, k, recv.as_mut_ptr() as usize, recv.len(), "all_gather")?;
+        let slots = self.publish(
+            send.as_ptr() as usize,
+            k,
+            recv.as_mut_ptr() as usize,
+            recv.len(),
+            "all_gather",
+        )?;
         self.check_equal(&slots, |s| s.1, k, "all_gather")?;
         self.check_equal(&slots, |s| s.3, n * k, "all_gather")?;
         for (r, s) in slots.iter().enumerate() {
@@ -147,7 +187,12 @@ impl Collective for LocalGroup {
         Ok(())
     }
 
-    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let n = self.shared.world;
         // Every access below goes through `base` (and the other ranks' published bases).
         let (base, len) = (buf.as_mut_ptr(), buf.len());
@@ -157,13 +202,19 @@ impl Collective for LocalGroup {
         for j in chunk(len, k, self.rank) {
             // SAFETY: every buffer has `len` elements (checked) and stays borrowed by its rank
             // until the barrier below; element j is in our chunk (see above).
-            unsafe { *base.add(j) = reduce(slots.iter().map(|s| *(s.0 as *const T).add(j)), op, n) };
+            unsafe {
+                *base.add(j) = reduce(slots.iter().map(|s| *(s.0 as *const T).add(j)), op, n)
+            };
         }
         self.shared.barrier.wait();
         Ok(())
     }
 
-    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+    fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+    ) -> Result<(), CollectiveError> {
         let (base, len) = (buf.as_mut_ptr(), buf.len());
         let slots = self.publish_in_place(base, len, k, "all_gather_in_place")?;
         for (r, s) in slots.iter().enumerate().filter(|(r, _)| *r != self.rank) {
@@ -171,7 +222,13 @@ impl Collective for LocalGroup {
             // SAFETY: rank r's buffer has `len` elements (checked); its chunk r is only read in
             // this phase (every rank writes only the other ranks' chunks of its own buffer), and
             // we write chunk r of ours, which nobody else reads.
-            unsafe { std::ptr::copy_nonoverlapping((s.0 as *const T).add(c.start), base.add(c.start), c.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (s.0 as *const T).add(c.start),
+                    base.add(c.start),
+                    c.len(),
+                )
+            };
         }
         self.shared.barrier.wait();
         Ok(())
@@ -240,7 +297,8 @@ mod tests {
                         b
                     });
                     for i in 0..len {
-                        let vals: Vec<f64> = (0..world).map(|r| f64::from(data(r, len, 1)[i])).collect();
+                        let vals: Vec<f64> =
+                            (0..world).map(|r| f64::from(data(r, len, 1)[i])).collect();
                         let want = match op {
                             ReduceOp::Sum => vals.iter().sum::<f64>(),
                             ReduceOp::Avg => vals.iter().sum::<f64>() / world as f64,
@@ -299,7 +357,11 @@ mod tests {
                 });
                 for (r, (scattered, gathered, reduced)) in out.iter().enumerate() {
                     let mine = chunk(total, k, r);
-                    assert_eq!(&scattered[mine.clone()], &reduced[mine.clone()], "world {world} total {total} rank {r}");
+                    assert_eq!(
+                        &scattered[mine.clone()],
+                        &reduced[mine.clone()],
+                        "world {world} total {total} rank {r}"
+                    );
                     let local = data(r, total, 4);
                     for i in (0..total).filter(|i| !mine.contains(i)) {
                         assert_eq!(scattered[i], local[i], "other chunks are left as they were");
@@ -316,18 +378,34 @@ mod tests {
             let mut b = vec![1.0f32; 30 + g.rank()];
             g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum)
         });
-        assert!(out.iter().all(|r| matches!(r, Err(CollectiveError::Size { op: "reduce_scatter_in_place", .. }))), "{out:?}");
+        assert!(
+            out.iter().all(|r| matches!(
+                r,
+                Err(CollectiveError::Size { op: "reduce_scatter_in_place", .. })
+            )),
+            "{out:?}"
+        );
         let out = on_ranks(3, |g| {
             let mut b = vec![1.0f32; 30];
             g.all_gather_in_place(&mut b, 8 + g.rank())
         });
-        assert!(out.iter().all(|r| matches!(r, Err(CollectiveError::Size { op: "all_gather_in_place", .. }))), "{out:?}");
+        assert!(
+            out.iter()
+                .all(|r| matches!(r, Err(CollectiveError::Size { op: "all_gather_in_place", .. }))),
+            "{out:?}"
+        );
         let out = on_ranks(2, |g| {
             let mut b = vec![1.0f32; 33];
-            (g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum), g.all_gather_in_place(&mut b, 16))
+            (
+                g.reduce_scatter_in_place(&mut b, 16, ReduceOp::Sum),
+                g.all_gather_in_place(&mut b, 16),
+            )
         });
         for (a, b) in &out {
-            assert!(matches!(a, Err(CollectiveError::Chunks { len: 33, k: 16, world: 2, .. })), "{a:?}");
+            assert!(
+                matches!(a, Err(CollectiveError::Chunks { len: 33, k: 16, world: 2, .. })),
+                "{a:?}"
+            );
             assert!(matches!(b, Err(CollectiveError::Chunks { .. })), "{b:?}");
         }
     }
@@ -336,14 +414,16 @@ mod tests {
     fn broadcast_barrier_and_half_types() {
         for world in 1..=4 {
             let out = on_ranks(world, |g| {
-                let mut b: Vec<half::bf16> = data(g.rank(), 33, 3).into_iter().map(half::bf16::from_f32).collect();
+                let mut b: Vec<half::bf16> =
+                    data(g.rank(), 33, 3).into_iter().map(half::bf16::from_f32).collect();
                 g.broadcast(&mut b, world - 1).unwrap();
                 g.barrier().unwrap();
                 let mut h: Vec<half::f16> = vec![half::f16::from_f32(0.5); 9];
                 g.all_reduce(&mut h, ReduceOp::Sum).unwrap();
                 (b, h)
             });
-            let root: Vec<half::bf16> = data(world - 1, 33, 3).into_iter().map(half::bf16::from_f32).collect();
+            let root: Vec<half::bf16> =
+                data(world - 1, 33, 3).into_iter().map(half::bf16::from_f32).collect();
             for (b, h) in &out {
                 assert_eq!(b, &root);
                 assert!(h.iter().all(|x| x.to_f32() == 0.5 * world as f32));

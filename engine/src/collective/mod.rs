@@ -124,7 +124,12 @@ pub trait Collective: Send {
 
     /// `send` (length N·k on every rank) is reduced element-wise across ranks, and rank r
     /// receives elements r·k..(r+1)·k of the result in `recv` (length k).
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError>;
+    fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
 
     /// Every rank's `recv` (length N·k) becomes the concatenation of all ranks' `send` (k each),
     /// in rank order.
@@ -136,13 +141,22 @@ pub trait Collective: Send {
     /// `buf` may be shorter than N·k — a flat buffer whose padding to a multiple of the ranks is
     /// never stored: the missing tail counts as zeros, so the last chunks are short or empty.
     /// Every rank passes the same `buf.len()` (at most N·k) and `k`.
-    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError>;
+    fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
 
     /// In place (NCCL's `ncclAllGather(buf + r·k, buf, k)`): rank r's chunk of `buf` (as in
     /// [`Collective::reduce_scatter_in_place`]) is its contribution; afterwards every rank's
     /// `buf` holds every rank's chunk. `buf` may be shorter than N·k (the padded tail is
     /// dropped). Every rank passes the same `buf.len()` (at most N·k) and `k`.
-    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError>;
+    fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+    ) -> Result<(), CollectiveError>;
 
     /// Every rank's `buf` becomes `root`'s.
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError>;
@@ -159,7 +173,13 @@ pub fn chunk(len: usize, k: usize, rank: usize) -> std::ops::Range<usize> {
 
 /// The in-place collectives' argument check, the same on every rank that passes the same
 /// `len` and `k`: the chunks must hold the buffer.
-fn check_chunks(op: &'static str, rank: usize, len: usize, k: usize, world: usize) -> Result<(), CollectiveError> {
+fn check_chunks(
+    op: &'static str,
+    rank: usize,
+    len: usize,
+    k: usize,
+    world: usize,
+) -> Result<(), CollectiveError> {
     if len > world * k {
         return Err(CollectiveError::Chunks { op, rank, len, k, world });
     }
@@ -236,16 +256,30 @@ impl Collective for AnyGroup {
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
         any_group!(self, g => g.all_reduce(buf, op))
     }
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         any_group!(self, g => g.reduce_scatter(send, recv, op))
     }
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
         any_group!(self, g => g.all_gather(send, recv))
     }
-    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         any_group!(self, g => g.reduce_scatter_in_place(buf, k, op))
     }
-    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+    fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+    ) -> Result<(), CollectiveError> {
         any_group!(self, g => g.all_gather_in_place(buf, k))
     }
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CollectiveError> {

@@ -27,7 +27,14 @@ pub trait DeviceCollective<D: GpuDevice>: Collective {
     ///
     /// # Safety
     /// `addr .. addr + len·size(kind)` lies inside one live buffer of `dev`.
-    unsafe fn all_reduce_on(&self, dev: &D, addr: u64, len: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError>;
+    unsafe fn all_reduce_on(
+        &self,
+        dev: &D,
+        addr: u64,
+        len: usize,
+        kind: ElementKind,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
 
     /// NCCL's in-place reduce-scatter (`ncclReduceScatter(buf, buf + r·k, k)`): the buffer at
     /// `addr` holds world·k elements; rank r's chunk r becomes the reduction of every rank's
@@ -35,14 +42,27 @@ pub trait DeviceCollective<D: GpuDevice>: Collective {
     ///
     /// # Safety
     /// `addr .. addr + world·k·size(kind)` lies inside one live buffer of `dev`.
-    unsafe fn reduce_scatter_on(&self, dev: &D, addr: u64, k: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError>;
+    unsafe fn reduce_scatter_on(
+        &self,
+        dev: &D,
+        addr: u64,
+        k: usize,
+        kind: ElementKind,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
 
     /// NCCL's in-place all-gather (`ncclAllGather(buf + r·k, buf, k)`): every rank's buffer of
     /// world·k elements gets chunk q from rank q.
     ///
     /// # Safety
     /// As [`DeviceCollective::reduce_scatter_on`].
-    unsafe fn all_gather_on(&self, dev: &D, addr: u64, k: usize, kind: ElementKind) -> Result<(), CollectiveError>;
+    unsafe fn all_gather_on(
+        &self,
+        dev: &D,
+        addr: u64,
+        k: usize,
+        kind: ElementKind,
+    ) -> Result<(), CollectiveError>;
 }
 
 /// Runs `$body` with `$s` bound to the `$len` elements of `$kind` at host address `$addr`.
@@ -81,17 +101,37 @@ fn settled<D: GpuDevice>(dev: &D) -> Result<(), CollectiveError> {
 macro_rules! host_device_collective {
     ($group:ty) => {
         impl<D: HostMemory> DeviceCollective<D> for $group {
-            unsafe fn all_reduce_on(&self, dev: &D, addr: u64, len: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
+            unsafe fn all_reduce_on(
+                &self,
+                dev: &D,
+                addr: u64,
+                len: usize,
+                kind: ElementKind,
+                op: ReduceOp,
+            ) -> Result<(), CollectiveError> {
                 settled(dev)?;
                 // SAFETY: the caller's contract; a HostMemory device's addresses are host pointers.
                 typed_slice!(kind, addr, len, |s| self.all_reduce(s, op))
             }
-            unsafe fn reduce_scatter_on(&self, dev: &D, addr: u64, k: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
+            unsafe fn reduce_scatter_on(
+                &self,
+                dev: &D,
+                addr: u64,
+                k: usize,
+                kind: ElementKind,
+                op: ReduceOp,
+            ) -> Result<(), CollectiveError> {
                 settled(dev)?;
                 let len = self.world_size() * k;
                 typed_slice!(kind, addr, len, |s| self.reduce_scatter_in_place(s, k, op))
             }
-            unsafe fn all_gather_on(&self, dev: &D, addr: u64, k: usize, kind: ElementKind) -> Result<(), CollectiveError> {
+            unsafe fn all_gather_on(
+                &self,
+                dev: &D,
+                addr: u64,
+                k: usize,
+                kind: ElementKind,
+            ) -> Result<(), CollectiveError> {
                 settled(dev)?;
                 let len = self.world_size() * k;
                 typed_slice!(kind, addr, len, |s| self.all_gather_in_place(s, k))
@@ -113,13 +153,33 @@ mod nccl {
     /// NCCL on the engine's stream: queued after the backward's kernels and before the
     /// optimizer's, nothing waited for on the host.
     impl DeviceCollective<CudaGpu> for DeviceGroup {
-        unsafe fn all_reduce_on(&self, dev: &CudaGpu, addr: u64, len: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
+        unsafe fn all_reduce_on(
+            &self,
+            dev: &CudaGpu,
+            addr: u64,
+            len: usize,
+            kind: ElementKind,
+            op: ReduceOp,
+        ) -> Result<(), CollectiveError> {
             self.queue_all_reduce(addr, len, kind, op, dev.device().cu_stream() as _)
         }
-        unsafe fn reduce_scatter_on(&self, dev: &CudaGpu, addr: u64, k: usize, kind: ElementKind, op: ReduceOp) -> Result<(), CollectiveError> {
+        unsafe fn reduce_scatter_on(
+            &self,
+            dev: &CudaGpu,
+            addr: u64,
+            k: usize,
+            kind: ElementKind,
+            op: ReduceOp,
+        ) -> Result<(), CollectiveError> {
             self.queue_reduce_scatter(addr, k, kind, op, dev.device().cu_stream() as _)
         }
-        unsafe fn all_gather_on(&self, dev: &CudaGpu, addr: u64, k: usize, kind: ElementKind) -> Result<(), CollectiveError> {
+        unsafe fn all_gather_on(
+            &self,
+            dev: &CudaGpu,
+            addr: u64,
+            k: usize,
+            kind: ElementKind,
+        ) -> Result<(), CollectiveError> {
             self.queue_all_gather(addr, k, kind, dev.device().cu_stream() as _)
         }
     }

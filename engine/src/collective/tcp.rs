@@ -115,9 +115,13 @@ const ERR: u8 = 1;
 impl TcpGroup {
     /// Joins the group described by torchrun's variables.
     pub fn from_env() -> Result<Self, CollectiveError> {
-        let var = |k: &str| std::env::var(k).map_err(|_| CollectiveError::Env(format!("{k} is not set (launch with torchrun or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")));
+        let var = |k: &str| {
+            std::env::var(k).map_err(|_| CollectiveError::Env(format!("{k} is not set (launch with torchrun or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")))
+        };
         let num = |k: &str| -> Result<usize, CollectiveError> {
-            var(k)?.parse().map_err(|_| CollectiveError::Env(format!("{k} must be a non-negative integer")))
+            var(k)?
+                .parse()
+                .map_err(|_| CollectiveError::Env(format!("{k} must be a non-negative integer")))
         };
         let (rank, world) = (num("RANK")?, num("WORLD_SIZE")?);
         let addr = format!("{}:{}", var("MASTER_ADDR")?, num("MASTER_PORT")?);
@@ -126,12 +130,20 @@ impl TcpGroup {
 
     /// Rank 0 binds `addr` and waits for the others; rank r > 0 connects to it (retrying until
     /// `timeout`, since rank 0 may start later).
-    pub fn connect(rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Self, CollectiveError> {
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
         if world == 0 || rank >= world {
-            return Err(CollectiveError::Env(format!("RANK {rank} is not below WORLD_SIZE {world}")));
+            return Err(CollectiveError::Env(format!(
+                "RANK {rank} is not below WORLD_SIZE {world}"
+            )));
         }
         if rank == 0 {
-            let listener = TcpListener::bind(addr).map_err(io("binding MASTER_ADDR:MASTER_PORT"))?;
+            let listener =
+                TcpListener::bind(addr).map_err(io("binding MASTER_ADDR:MASTER_PORT"))?;
             return Self::root(listener, world, timeout);
         }
         let target: SocketAddr = addr
@@ -147,17 +159,26 @@ impl TcpGroup {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(e) => return Err(CollectiveError::Io(format!("rank {rank}: cannot reach rank 0 at {addr}: {e}"))),
+                Err(e) => {
+                    return Err(CollectiveError::Io(format!(
+                        "rank {rank}: cannot reach rank 0 at {addr}: {e}"
+                    )))
+                }
             }
         };
         stream.set_nodelay(true).map_err(io("socket"))?;
         stream.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
-        send_msg(&mut stream, 0, rank as u64, &(world as u64).to_le_bytes()).map_err(io("handshake"))?;
+        send_msg(&mut stream, 0, rank as u64, &(world as u64).to_le_bytes())
+            .map_err(io("handshake"))?;
         Ok(TcpGroup { rank, world, peers: Mutex::new(vec![stream]) })
     }
 
     /// Rank 0 of a group whose other ranks connect to `listener`.
-    pub fn root(listener: TcpListener, world: usize, timeout: Duration) -> Result<Self, CollectiveError> {
+    pub fn root(
+        listener: TcpListener,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
         let mut slots: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
         listener.set_nonblocking(true).map_err(io("listener"))?;
         let start = Instant::now();
@@ -178,15 +199,26 @@ impl TcpGroup {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if start.elapsed() > timeout {
-                        let missing: Vec<usize> = slots.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i + 1).collect();
-                        return Err(CollectiveError::Io(format!("rank 0: ranks {missing:?} did not connect within {timeout:?}")));
+                        let missing: Vec<usize> = slots
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| s.is_none())
+                            .map(|(i, _)| i + 1)
+                            .collect();
+                        return Err(CollectiveError::Io(format!(
+                            "rank 0: ranks {missing:?} did not connect within {timeout:?}"
+                        )));
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => return Err(CollectiveError::Io(format!("rank 0: accept: {e}"))),
             }
         }
-        Ok(TcpGroup { rank: 0, world, peers: Mutex::new(slots.into_iter().map(|s| s.expect("all connected")).collect()) })
+        Ok(TcpGroup {
+            rank: 0,
+            world,
+            peers: Mutex::new(slots.into_iter().map(|s| s.expect("all connected")).collect()),
+        })
     }
 
     /// The generic exchange: every rank sends (code, its buffer) to rank 0; rank 0 validates
@@ -210,15 +242,23 @@ impl TcpGroup {
     /// every rank's input, in rank order, and checks rank r's length against `expect_len(r)`
     /// (on a mismatch every rank gets the error). Split from [`TcpGroup::answer`] so that an
     /// in-place collective can send from and then receive into the same buffer.
-    fn collect<T: Element>(&self, peers: &mut [TcpStream], code: OpCode, input: &[T], expect_len: impl Fn(usize) -> usize) -> Result<Option<Vec<Vec<T>>>, CollectiveError> {
+    fn collect<T: Element>(
+        &self,
+        peers: &mut [TcpStream],
+        code: OpCode,
+        input: &[T],
+        expect_len: impl Fn(usize) -> usize,
+    ) -> Result<Option<Vec<Vec<T>>>, CollectiveError> {
         if self.rank != 0 {
-            send_msg(&mut peers[0], code as u8, input.len() as u64, as_bytes(input)).map_err(io("sending to rank 0"))?;
+            send_msg(&mut peers[0], code as u8, input.len() as u64, as_bytes(input))
+                .map_err(io("sending to rank 0"))?;
             return Ok(None);
         }
         let mut inputs: Vec<Vec<T>> = vec![input.to_vec()];
         for (i, s) in peers.iter_mut().enumerate() {
             let r = i + 1;
-            let from = |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
+            let from =
+                |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
             let (c, len) = recv_head(s).map_err(from)?;
             let want = expect_len(r);
             // The length is checked before anything is allocated or read: a peer that sends a
@@ -226,7 +266,10 @@ impl TcpGroup {
             // (now out of step) is not read further.
             if c != code as u8 || len != want as u64 {
                 let msg = if c != code as u8 {
-                    format!("rank {r} called collective {c} while rank 0 called {} ({code:?})", code as u8)
+                    format!(
+                        "rank {r} called collective {c} while rank 0 called {} ({code:?})",
+                        code as u8
+                    )
                 } else {
                     format!("{code:?}: rank {r} sent {len} elements, expected {want}")
                 };
@@ -275,7 +318,13 @@ impl TcpGroup {
     /// reduce-scatter); the rest of its `buf` is left as it was. Every rank passes the same
     /// `buf.len()` (checked on rank 0 before anything else is read: a mismatch is an error on
     /// every rank).
-    fn reduce_streamed<T: Element>(&self, code: OpCode, buf: &mut [T], op: ReduceOp, part: impl Fn(usize) -> std::ops::Range<usize>) -> Result<(), CollectiveError> {
+    fn reduce_streamed<T: Element>(
+        &self,
+        code: OpCode,
+        buf: &mut [T],
+        op: ReduceOp,
+        part: impl Fn(usize) -> std::ops::Range<usize>,
+    ) -> Result<(), CollectiveError> {
         let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
         let len = buf.len();
         if self.rank != 0 {
@@ -299,7 +348,8 @@ impl TcpGroup {
         let mut bad = None;
         for (i, s) in peers.iter_mut().enumerate() {
             let r = i + 1;
-            let (c, n) = recv_head(s).map_err(|e| CollectiveError::Io(format!("receiving from rank {r}: {e}")))?;
+            let (c, n) = recv_head(s)
+                .map_err(|e| CollectiveError::Io(format!("receiving from rank {r}: {e}")))?;
             if c != code as u8 || n != len as u64 {
                 bad = Some(mismatch(code, r, c, n, len));
                 break;
@@ -310,7 +360,8 @@ impl TcpGroup {
         }
         let world = self.world;
         let zero = T::from_f64(0.0);
-        let mut theirs: Vec<Vec<T>> = (1..world).map(|_| Vec::with_capacity(STREAM_CHUNK.min(len))).collect();
+        let mut theirs: Vec<Vec<T>> =
+            (1..world).map(|_| Vec::with_capacity(STREAM_CHUNK.min(len))).collect();
         let mut reduced: Vec<T> = Vec::with_capacity(STREAM_CHUNK.min(len));
         let mine = part(0);
         let mut at = 0;
@@ -319,7 +370,9 @@ impl TcpGroup {
             for (i, (s, x)) in peers.iter_mut().zip(theirs.iter_mut()).enumerate() {
                 x.clear();
                 x.resize(end - at, zero);
-                s.read_exact(as_bytes_mut(x)).map_err(|e| CollectiveError::Io(format!("receiving from rank {}: {e}", i + 1)))?;
+                s.read_exact(as_bytes_mut(x)).map_err(|e| {
+                    CollectiveError::Io(format!("receiving from rank {}: {e}", i + 1))
+                })?;
             }
             // Rank order 0..N, f64 accumulation, one rounding: `reduce_at`'s arithmetic.
             reduced.clear();
@@ -329,11 +382,16 @@ impl TcpGroup {
                     let v = x[j].to_f64();
                     acc = if op == ReduceOp::Max { acc.max(v) } else { acc + v };
                 }
-                reduced.push(T::from_f64(if op == ReduceOp::Avg { acc / world as f64 } else { acc }));
+                reduced.push(T::from_f64(if op == ReduceOp::Avg {
+                    acc / world as f64
+                } else {
+                    acc
+                }));
             }
             for (i, s) in peers.iter_mut().enumerate() {
                 let o = overlap(&part(i + 1), at, end);
-                send_msg(s, OK, o.len() as u64, as_bytes(&reduced[o.start - at..o.end - at])).map_err(io("answering a rank"))?;
+                send_msg(s, OK, o.len() as u64, as_bytes(&reduced[o.start - at..o.end - at]))
+                    .map_err(io("answering a rank"))?;
             }
             let o = overlap(&mine, at, end);
             buf[o.clone()].copy_from_slice(&reduced[o.start - at..o.end - at]);
@@ -380,14 +438,19 @@ fn read_answer<T: Element>(s: &mut TcpStream, out: &mut [T]) -> Result<(), Colle
     let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
     if status == ERR {
         if len > MAX_ERROR_BYTES {
-            return Err(CollectiveError::Io(format!("rank 0 sent an error message of {len} bytes")));
+            return Err(CollectiveError::Io(format!(
+                "rank 0 sent an error message of {len} bytes"
+            )));
         }
         let mut msg = vec![0u8; len as usize];
         s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
         return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
     }
     if len as usize != out.len() {
-        return Err(CollectiveError::Io(format!("rank 0 answered {len} elements, expected {}", out.len())));
+        return Err(CollectiveError::Io(format!(
+            "rank 0 answered {len} elements, expected {}",
+            out.len()
+        )));
     }
     s.read_exact(as_bytes_mut(out)).map_err(io("waiting for rank 0"))
 }
@@ -414,10 +477,20 @@ impl Collective for TcpGroup {
         self.reduce_streamed(reduce_code(op, false), buf, op, |_| 0..len)
     }
 
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let k = recv.len();
         if send.len() != self.world * k {
-            return Err(CollectiveError::Size { op: "reduce_scatter", rank: self.rank, expected: self.world * k, got: send.len() });
+            return Err(CollectiveError::Size {
+                op: "reduce_scatter",
+                rank: self.rank,
+                expected: self.world * k,
+                got: send.len(),
+            });
         }
         self.exchange(reduce_code(op, true), send, Some(send.len()), recv, |ins, r, out| {
             for (j, o) in out.iter_mut().enumerate() {
@@ -429,7 +502,12 @@ impl Collective for TcpGroup {
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
         let k = send.len();
         if recv.len() != self.world * k {
-            return Err(CollectiveError::Size { op: "all_gather", rank: self.rank, expected: self.world * k, got: recv.len() });
+            return Err(CollectiveError::Size {
+                op: "all_gather",
+                rank: self.rank,
+                expected: self.world * k,
+                got: recv.len(),
+            });
         }
         self.exchange(OpCode::AllGather, send, Some(k), recv, |ins, _, out| {
             for (r, x) in ins.iter().enumerate() {
@@ -438,14 +516,23 @@ impl Collective for TcpGroup {
         })
     }
 
-    fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], k: usize, op: ReduceOp) -> Result<(), CollectiveError> {
+    fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let (len, world) = (buf.len(), self.world);
         check_chunks("reduce_scatter_in_place", self.rank, len, k, world)?;
         // Every rank streams its whole buffer; each gets back only its chunk.
         self.reduce_streamed(in_place_scatter_code(op), buf, op, |r| chunk(len, k, r))
     }
 
-    fn all_gather_in_place<T: Element>(&self, buf: &mut [T], k: usize) -> Result<(), CollectiveError> {
+    fn all_gather_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        k: usize,
+    ) -> Result<(), CollectiveError> {
         let (len, world) = (buf.len(), self.world);
         check_chunks("all_gather_in_place", self.rank, len, k, world)?;
         let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
@@ -455,12 +542,14 @@ impl Collective for TcpGroup {
         // memory beyond the ranks' buffers.
         if self.rank != 0 {
             let mine = chunk(len, k, self.rank);
-            send_msg(&mut peers[0], code as u8, mine.len() as u64, as_bytes(&buf[mine])).map_err(io("sending to rank 0"))?;
+            send_msg(&mut peers[0], code as u8, mine.len() as u64, as_bytes(&buf[mine]))
+                .map_err(io("sending to rank 0"))?;
             return read_answer(&mut peers[0], buf);
         }
         for r in 1..world {
             let want = chunk(len, k, r);
-            let from = |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
+            let from =
+                |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
             let (c, n) = recv_head(&mut peers[r - 1]).map_err(from)?;
             // Checked before anything is read: rank r's chunk must be chunk(len, k, r) long.
             if c != code as u8 || n != want.len() as u64 {
@@ -479,7 +568,9 @@ impl Collective for TcpGroup {
             return Err(CollectiveError::Root { root, world: self.world });
         }
         let input = buf.to_vec();
-        self.exchange(OpCode::Broadcast, &input, None, buf, |ins, _, out| out.copy_from_slice(&ins[root]))
+        self.exchange(OpCode::Broadcast, &input, None, buf, |ins, _, out| {
+            out.copy_from_slice(&ins[root])
+        })
     }
 
     fn barrier(&self) -> Result<(), CollectiveError> {
@@ -539,7 +630,8 @@ mod tests {
         let mut gathered = vec![0.0; 4 * n];
         g.all_gather(&shard, &mut gathered).unwrap();
         g.barrier().unwrap();
-        let mut b: Vec<half::bf16> = data(g.rank(), 9).into_iter().map(half::bf16::from_f32).collect();
+        let mut b: Vec<half::bf16> =
+            data(g.rank(), 9).into_iter().map(half::bf16::from_f32).collect();
         g.broadcast(&mut b, n - 1).unwrap();
         // In place on an unpadded buffer: 37 elements in ZeRO-1's shards (on 4 ranks: 16, 16,
         // 5 and an empty chunk).
@@ -597,9 +689,17 @@ mod tests {
     fn a_peer_sending_garbage_is_an_error_naming_it() {
         for garbage in [
             // A header claiming 2^60 elements (an allocation of 4 EiB if trusted).
-            { let mut h = vec![OpCode::AllReduceSum as u8]; h.extend((1u64 << 60).to_le_bytes()); h },
+            {
+                let mut h = vec![OpCode::AllReduceSum as u8];
+                h.extend((1u64 << 60).to_le_bytes());
+                h
+            },
             // The wrong collective.
-            { let mut h = vec![OpCode::Barrier as u8]; h.extend(4u64.to_le_bytes()); h },
+            {
+                let mut h = vec![OpCode::Barrier as u8];
+                h.extend(4u64.to_le_bytes());
+                h
+            },
             // A truncated header, then the connection closes.
             vec![OpCode::AllReduceSum as u8, 1, 2],
         ] {
@@ -631,9 +731,15 @@ mod tests {
 
     #[test]
     fn env_errors_are_clear() {
-        let e = TcpGroup::connect(3, 2, "127.0.0.1:1", Duration::from_millis(10)).err().unwrap().to_string();
+        let e = TcpGroup::connect(3, 2, "127.0.0.1:1", Duration::from_millis(10))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("RANK 3 is not below WORLD_SIZE 2"), "{e}");
-        let e = TcpGroup::connect(1, 2, "127.0.0.1:1", Duration::from_millis(100)).err().unwrap().to_string();
+        let e = TcpGroup::connect(1, 2, "127.0.0.1:1", Duration::from_millis(100))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("cannot reach rank 0"), "{e}");
     }
 }

@@ -8,7 +8,9 @@
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
-use crate::ops::{add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, softmax, tanh};
+use crate::ops::{
+    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, softmax, tanh,
+};
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
 
@@ -47,17 +49,13 @@ impl<'a> Inputs<'a> {
 
     /// A float input (e.g. an additive attention mask).
     pub fn floats(mut self, name: &str, data: &'a [f32]) -> Self {
-        self.entries
-            .push((name.to_string(), InputData::Floats(data)));
+        self.entries.push((name.to_string(), InputData::Floats(data)));
         self
     }
 
     /// The data given under `name`.
     pub fn get(&self, name: &str) -> Option<InputData<'a>> {
-        self.entries
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, d)| *d)
+        self.entries.iter().find(|(n, _)| n == name).map(|(_, d)| *d)
     }
 }
 
@@ -68,21 +66,13 @@ pub enum ExecError {
     #[error("unknown input '{name}': the graph declares only {declared}")]
     UnknownInput { name: String, declared: String },
     #[error("input '{name}': expected {expected}, got {got}")]
-    BadInput {
-        name: String,
-        expected: String,
-        got: String,
-    },
+    BadInput { name: String, expected: String, got: String },
     #[error("the parameter buffer has {got} elements but the graph's parameters need {expected}")]
     ParamLen { expected: usize, got: usize },
     #[error("the gradient buffer has {got} elements but the graph's parameters need {expected}")]
     GradLen { expected: usize, got: usize },
     #[error("node {node} ({op}): {source}")]
-    Op {
-        node: usize,
-        op: &'static str,
-        source: OpError,
-    },
+    Op { node: usize, op: &'static str, source: OpError },
     #[error("GPU: {0}")]
     Device(String),
     #[error("train_step needs a training graph with a loss: run autodiff::backward on the forward graph")]
@@ -90,11 +80,7 @@ pub enum ExecError {
     #[error(
         "node {node} ({op}) reads {tensor} before any node computes it: the graph is out of order"
     )]
-    NotComputed {
-        node: usize,
-        op: &'static str,
-        tensor: TensorId,
-    },
+    NotComputed { node: usize, op: &'static str, tensor: TensorId },
 }
 
 /// A tensor's data during a run: borrowed parameters and inputs, owned results.
@@ -147,26 +133,18 @@ impl<'g> RefExecutor<'g> {
     ) -> Result<Values<'a, T>, ExecError> {
         let g = self.graph;
         if params.len() != g.num_param_elems() {
-            return Err(ExecError::ParamLen {
-                expected: g.num_param_elems(),
-                got: params.len(),
-            });
+            return Err(ExecError::ParamLen { expected: g.num_param_elems(), got: params.len() });
         }
         let mut vals: Vec<Option<Value<'a, T>>> = vec![None; g.tensors().len()];
         for p in g.params() {
-            vals[p.tensor.index()] = Some(Value::Float(Cow::Borrowed(
-                &params[p.offset..p.offset + p.len],
-            )));
+            vals[p.tensor.index()] =
+                Some(Value::Float(Cow::Borrowed(&params[p.offset..p.offset + p.len])));
         }
         self.bind_inputs(inputs, &mut vals)?;
         for (i, node) in g.nodes().iter().enumerate() {
             // A pass that breaks the execution order is reported, not a panic.
             if let Some(&t) = node.inputs.iter().find(|t| vals[t.index()].is_none()) {
-                return Err(ExecError::NotComputed {
-                    node: i,
-                    op: node.op.name(),
-                    tensor: t,
-                });
+                return Err(ExecError::NotComputed { node: i, op: node.op.name(), tensor: t });
             }
             let t0 = profile::enabled().then(std::time::Instant::now);
             let outs = eval(g, node, &vals, seed).map_err(|source| ExecError::Op {
@@ -182,19 +160,11 @@ impl<'g> RefExecutor<'g> {
                 profile::record(key, t0.elapsed());
             }
             for (&t, data) in node.outputs.iter().zip(outs) {
-                debug_assert_eq!(
-                    data.len(),
-                    g.tensor(t).numel(),
-                    "{} output size",
-                    node.op.name()
-                );
+                debug_assert_eq!(data.len(), g.tensor(t).numel(), "{} output size", node.op.name());
                 vals[t.index()] = Some(Value::Float(Cow::Owned(data)));
             }
         }
-        Ok(Values {
-            vals,
-            loss: g.loss(),
-        })
+        Ok(Values { vals, loss: g.loss() })
     }
 
     /// One training step: runs forward and backward, writes every parameter's gradient into
@@ -212,10 +182,7 @@ impl<'g> RefExecutor<'g> {
             return Err(ExecError::NotTraining);
         }
         if grads.len() != g.num_param_elems() {
-            return Err(ExecError::GradLen {
-                expected: g.num_param_elems(),
-                got: grads.len(),
-            });
+            return Err(ExecError::GradLen { expected: g.num_param_elems(), got: grads.len() });
         }
         let values = self.run(params, inputs, seed)?;
         for pad in g.param_pads() {
@@ -238,10 +205,8 @@ impl<'g> RefExecutor<'g> {
     ) -> Result<(), ExecError> {
         let g = self.graph;
         let declared: Vec<&str> = g.inputs().iter().filter_map(|&t| g.input_name(t)).collect();
-        if let Some((name, _)) = inputs
-            .entries
-            .iter()
-            .find(|(n, _)| !declared.contains(&n.as_str()))
+        if let Some((name, _)) =
+            inputs.entries.iter().find(|(n, _)| !declared.contains(&n.as_str()))
         {
             return Err(ExecError::UnknownInput {
                 name: name.clone(),
@@ -253,9 +218,7 @@ impl<'g> RefExecutor<'g> {
             let TensorKind::Input { name } = &info.kind else {
                 unreachable!("graph inputs are Input tensors")
             };
-            let data = inputs
-                .get(name)
-                .ok_or_else(|| ExecError::MissingInput(name.clone()))?;
+            let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
             let expected = format!(
                 "{} {} ({} elements)",
                 crate::graph::fmt_shape(&info.shape),
@@ -305,10 +268,7 @@ fn eval<T: Real>(
     let f = |i: usize| -> &[T] {
         match &vals[node.inputs[i].index()] {
             Some(Value::Float(v)) => v,
-            _ => unreachable!(
-                "{}: input {i} is not a computed float tensor",
-                node.op.name()
-            ),
+            _ => unreachable!("{}: input {i} is not a computed float tensor", node.op.name()),
         }
     };
     let ids = |i: usize| -> &[i64] {
@@ -319,11 +279,8 @@ fn eval<T: Real>(
     };
     let shape = |i: usize| g.shape(node.inputs[i]);
     let last = |i: usize| *shape(i).last().unwrap_or(&1);
-    let mut outs: Vec<Vec<T>> = node
-        .outputs
-        .iter()
-        .map(|&t| vec![T::ZERO; g.tensor(t).numel()])
-        .collect();
+    let mut outs: Vec<Vec<T>> =
+        node.outputs.iter().map(|&t| vec![T::ZERO; g.tensor(t).numel()]).collect();
     let t = |x: f32| T::from_f64(x as f64);
     let mask = |i: usize, full: &[usize]| {
         (node.inputs.len() > i).then(|| MaskView::new(f(i), shape(i), full))
@@ -335,26 +292,10 @@ fn eval<T: Real>(
         Op::MatMul { ta, tb } => {
             let (sa, sb) = (shape(0), shape(1));
             let r = sa.len();
-            let (m, k) = if *ta {
-                (sa[r - 1], sa[r - 2])
-            } else {
-                (sa[r - 2], sa[r - 1])
-            };
-            let n = if *tb {
-                sb[sb.len() - 2]
-            } else {
-                sb[sb.len() - 1]
-            };
+            let (m, k) = if *ta { (sa[r - 1], sa[r - 2]) } else { (sa[r - 2], sa[r - 1]) };
+            let n = if *tb { sb[sb.len() - 2] } else { sb[sb.len() - 1] };
             let batch = sa[..r - 2].iter().product();
-            let dims = MatMulDims {
-                batch,
-                m,
-                n,
-                k,
-                ta: *ta,
-                tb: *tb,
-                b_batched: sb.len() > 2,
-            };
+            let dims = MatMulDims { batch, m, n, k, ta: *ta, tb: *tb, b_batched: sb.len() > 2 };
             matmul_forward(&mut outs[0], f(0), f(1), &dims);
         }
         Op::BiasAdd | Op::Add => add::add_forward(&mut outs[0], f(0), f(1)),
@@ -362,9 +303,7 @@ fn eval<T: Real>(
         Op::Gelu { approx } => gelu::gelu_forward(&mut outs[0], f(0), *approx),
         Op::Tanh => tanh::tanh_forward(&mut outs[0], f(0)),
         Op::LayerNorm { eps } => {
-            let [y, mean, rstd] = &mut outs[..] else {
-                unreachable!("layernorm has 3 outputs")
-            };
+            let [y, mean, rstd] = &mut outs[..] else { unreachable!("layernorm has 3 outputs") };
             layernorm::layernorm_forward(y, mean, rstd, f(0), f(1), f(2), t(*eps));
         }
         Op::Softmax { scale, causal } => {
@@ -395,12 +334,7 @@ fn eval<T: Real>(
             let sizes: Vec<usize> = (0..node.inputs.len()).map(last).collect();
             layout::concat_forward(&mut outs[0], &xs, &sizes);
         }
-        Op::Attention {
-            scale,
-            causal,
-            dropout_p,
-            offset,
-        } => {
+        Op::Attention { scale, causal, dropout_p, offset } => {
             let dims = attn_dims(shape(0), shape(1), shape(2));
             let cfg = AttnCfg {
                 scale: *scale,
@@ -411,9 +345,7 @@ fn eval<T: Real>(
             };
             let full = g.shape(node.outputs[1]);
             let m = mask(3, full);
-            let [out, probs] = &mut outs[..] else {
-                unreachable!("attention has 2 outputs")
-            };
+            let [out, probs] = &mut outs[..] else { unreachable!("attention has 2 outputs") };
             attention_forward(out, probs, f(0), f(1), f(2), &dims, &cfg, m.as_ref());
         }
         Op::CrossEntropy { ignore_index } => {
@@ -451,12 +383,7 @@ fn eval<T: Real>(
         Op::SoftmaxBackward { scale } => {
             softmax::softmax_backward(&mut outs[0], f(0), f(1), last(0), t(*scale))
         }
-        Op::AttentionBackward {
-            scale,
-            causal,
-            dropout_p,
-            offset,
-        } => {
+        Op::AttentionBackward { scale, causal, dropout_p, offset } => {
             let dims = attn_dims(shape(1), shape(2), shape(3));
             let cfg = AttnCfg {
                 scale: *scale,
@@ -486,13 +413,7 @@ fn eval<T: Real>(
 
 /// q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) → the kernel's sizes.
 fn attn_dims(q: &[usize], k: &[usize], v: &[usize]) -> AttnDims {
-    AttnDims {
-        bh: q[0] * q[1],
-        tq: q[2],
-        tk: k[2],
-        d: q[3],
-        dv: v[3],
-    }
+    AttnDims { bh: q[0] * q[1], tq: q[2], tk: k[2], d: q[3], dv: v[3] }
 }
 
 #[cfg(test)]

@@ -25,17 +25,19 @@
 //! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
 
 use crate::backend::cpu::kernels::attention::{self, AttnPlan};
-use crate::backend::cpu::kernels::elementwise::{self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward};
+use crate::backend::cpu::kernels::elementwise::{
+    self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward,
+};
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
 use crate::backend::cpu::kernels::softmax::MaskMap;
 use crate::backend::cpu::kernels::{copy, embedding, loss, norm, reduce, softmax};
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
-use crate::DType;
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
 use crate::plan::{self, Kernels, Place, Plan, PlanError, Req, Root};
+use crate::DType;
 
 /// What the CPU kernels accept (see [`Kernels`]).
 #[derive(Debug, Clone)]
@@ -128,7 +130,9 @@ impl Kernels for CpuKernels {
         match g.nodes()[node].op {
             Op::MatMul { .. } | Op::AttentionBackward { .. } => Req::Rows,
             Op::Attention { .. } if slot == 0 => Req::Rows,
-            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => {
+                Req::Any
+            }
             _ => Req::Contig,
         }
     }
@@ -136,8 +140,13 @@ impl Kernels for CpuKernels {
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
         match g.nodes()[node].op {
             Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
-            Op::BiasAdd | Op::Scale { .. } | Op::Gelu { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
-            Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
+            Op::BiasAdd | Op::Scale { .. } | Op::Gelu { .. } | Op::Tanh | Op::Dropout { .. } => {
+                vec![0]
+            }
+            Op::GeluBackward { .. }
+            | Op::TanhBackward
+            | Op::SoftmaxBackward { .. }
+            | Op::CrossEntropyBackward { .. } => vec![1],
             _ => vec![],
         }
     }
@@ -154,7 +163,9 @@ impl Kernels for CpuKernels {
             return matmul::rows_workspace(u, if u == RowUse::SparseK { m } else { rows }, nn, k);
         }
         match n.op {
-            Op::LayerNormBackward => norm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1)),
+            Op::LayerNormBackward => {
+                norm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
+            }
             Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
             Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
                 let p = g.shape(n.outputs[1]);
@@ -209,7 +220,8 @@ impl Arena {
         if len == 0 {
             return Arena { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0 };
         }
-        let layout = std::alloc::Layout::from_size_align(len * 4, 64).expect("arena size overflows");
+        let layout =
+            std::alloc::Layout::from_size_align(len * 4, 64).expect("arena size overflows");
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
         if ptr.is_null() {
@@ -223,7 +235,12 @@ impl Drop for Arena {
     fn drop(&mut self) {
         if self.len > 0 {
             // SAFETY: allocated in `new` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr as *mut u8, std::alloc::Layout::from_size_align(self.len * 4, 64).expect("layout")) };
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr as *mut u8,
+                    std::alloc::Layout::from_size_align(self.len * 4, 64).expect("layout"),
+                )
+            };
         }
     }
 }
@@ -290,11 +307,16 @@ impl PlannedExecutor {
         // Parameters' gradients stay f32 (the flat fp32 gradient buffer, as PyTorch autocast's
         // fp32 .grad and ORT's fp32 gradient buffers): a GEMM computing dW accumulates in f32
         // and writes it without a round trip through the half dtype.
-        let param_grads: std::collections::HashSet<TensorId> = (0..graph.params().len()).filter_map(|i| graph.param_grad(i)).collect();
+        let param_grads: std::collections::HashSet<TensorId> =
+            (0..graph.params().len()).filter_map(|i| graph.param_grad(i)).collect();
         // Autodiff's seed: the fill whose output is the gradient of the loss itself. It holds
         // the loss scale (2^16 does not fit in f16) and is f32 like the loss.
         let seed_node = graph.loss().and_then(|l| {
-            graph.nodes().iter().position(|n| matches!(n.op, Op::Fill { .. }) && n.outputs.len() == 1 && graph.tensor(n.outputs[0]).kind == TensorKind::Grad(l))
+            graph.nodes().iter().position(|n| {
+                matches!(n.op, Op::Fill { .. })
+                    && n.outputs.len() == 1
+                    && graph.tensor(n.outputs[0]).kind == TensorKind::Grad(l)
+            })
         });
         let mut steps = Vec::with_capacity(plan.steps.len());
         for s in &plan.steps {
@@ -302,8 +324,16 @@ impl PlannedExecutor {
             let mut aux = resolve(graph, &plan, s.node, node)?;
             // Row restrictions the resolved kernel supports (and whose workspace is planned).
             match (&mut aux, kernels.row_use(s.node)) {
-                (Aux::MatMul(m, r), Some((set, u))) if s.workspace.is_some() && m.supports_rows(u, kernels.rows.sets[set].rows) => *r = Some((set, u)),
-                (Aux::None, Some((set, RowUse::Skip))) if matches!(node.op, Op::ReduceSumLeading) => aux = Aux::RowSum(set),
+                (Aux::MatMul(m, r), Some((set, u)))
+                    if s.workspace.is_some() && m.supports_rows(u, kernels.rows.sets[set].rows) =>
+                {
+                    *r = Some((set, u))
+                }
+                (Aux::None, Some((set, RowUse::Skip)))
+                    if matches!(node.op, Op::ReduceSumLeading) =>
+                {
+                    aux = Aux::RowSum(set)
+                }
                 _ => {}
             }
             let key = match &node.op {
@@ -311,22 +341,42 @@ impl PlannedExecutor {
                 Op::MatMul { .. } if profile_shapes() => {
                     let Aux::MatMul(m, r) = &aux else { unreachable!("matmuls resolve to a plan") };
                     let rows = r.map_or(String::new(), |(_, u)| format!(" rows:{u:?}"));
-                    format!("matmul {} {}x{}x{} b{}{rows}", node.op.attrs(), m.m, m.n, m.k, m.offs.len())
+                    format!(
+                        "matmul {} {}x{}x{} b{}{rows}",
+                        node.op.attrs(),
+                        m.m,
+                        m.n,
+                        m.k,
+                        m.offs.len()
+                    )
                 }
                 Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
                 op => op.name().to_string(),
             };
-            let round = if seed_node == Some(s.node) { Vec::new() } else { node
-                .outputs
-                .iter()
-                .filter(|&&o| matches!(graph.tensor(o).elem, ElemType::Float(d) if d != DType::F32) && !param_grads.contains(&o))
-                .map(|&o| {
-                    let p = &plan.places[o.index()];
-                    let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
-                    (o, crate::plan::layout::extent(graph.shape(o), &strides) as usize)
-                })
-                .collect() };
-            steps.push(Resolved { node: s.node, inplace: s.inplace, ws: s.workspace, aux, key, round });
+            let round = if seed_node == Some(s.node) {
+                Vec::new()
+            } else {
+                node.outputs
+                    .iter()
+                    .filter(|&&o| {
+                        matches!(graph.tensor(o).elem, ElemType::Float(d) if d != DType::F32)
+                            && !param_grads.contains(&o)
+                    })
+                    .map(|&o| {
+                        let p = &plan.places[o.index()];
+                        let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
+                        (o, crate::plan::layout::extent(graph.shape(o), &strides) as usize)
+                    })
+                    .collect()
+            };
+            steps.push(Resolved {
+                node: s.node,
+                inplace: s.inplace,
+                ws: s.workspace,
+                aux,
+                key,
+                round,
+            });
         }
 
         let arena = Arena::new(plan.arena_len);
@@ -363,7 +413,10 @@ impl PlannedExecutor {
 
     /// Steps that may run restricted to a row set (`plan::rows`).
     pub fn row_restricted_steps(&self) -> usize {
-        self.steps.iter().filter(|r| matches!(r.aux, Aux::MatMul(_, Some(_)) | Aux::RowSum(_))).count()
+        self.steps
+            .iter()
+            .filter(|r| matches!(r.aux, Aux::MatMul(_, Some(_)) | Aux::RowSum(_)))
+            .count()
     }
 
     pub fn graph(&self) -> &Graph {
@@ -382,7 +435,10 @@ impl PlannedExecutor {
                 (Op::MatMul { .. } | Op::Linear { .. }, Aux::MatMul(m, rows)) => {
                     let dense = 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
                     match rows {
-                        Some((set, u)) if self.sel[*set].len() <= matmul::row_cap(self.row_sets[*set].rows) => {
+                        Some((set, u))
+                            if self.sel[*set].len()
+                                <= matmul::row_cap(self.row_sets[*set].rows) =>
+                        {
                             let sel = self.sel[*set].len() as f64;
                             match u {
                                 RowUse::SparseK => 2.0 * (m.m * m.n) as f64 * sel,
@@ -403,7 +459,13 @@ impl PlannedExecutor {
     /// `grads` at its (offset, len) — overwriting, zero where the loss does not depend on it —
     /// the pads between parameters are zeroed, and the loss is returned. Same contract as
     /// [`crate::RefExecutor::train_step`].
-    pub fn train_step(&mut self, params: &[f32], inputs: &Inputs<'_>, seed: u64, grads: &mut [f32]) -> Result<f32, ExecError> {
+    pub fn train_step(
+        &mut self,
+        params: &[f32],
+        inputs: &Inputs<'_>,
+        seed: u64,
+        grads: &mut [f32],
+    ) -> Result<f32, ExecError> {
         let n = self.graph.num_param_elems();
         if params.len() != n {
             return Err(ExecError::ParamLen { expected: n, got: params.len() });
@@ -417,13 +479,22 @@ impl PlannedExecutor {
         for pad in g.param_pads() {
             grads[pad].fill(0.0);
         }
-        let mem = Mem { arena: self.arena.ptr, params: params.as_ptr(), grads: grads.as_mut_ptr(), inputs: &self.bound };
+        let mem = Mem {
+            arena: self.arena.ptr,
+            params: params.as_ptr(),
+            grads: grads.as_mut_ptr(),
+            inputs: &self.bound,
+        };
         let prof = profile::enabled();
         for r in &self.steps {
             let t0 = prof.then(std::time::Instant::now);
             // SAFETY: the plan gives every tensor a place inside its buffer, kernels write only
             // their outputs, and outputs overlap inputs only where the plan made them in place.
-            unsafe { self.exec(r, mem, seed) }.map_err(|source| ExecError::Op { node: r.node, op: g.nodes()[r.node].op.name(), source })?;
+            unsafe { self.exec(r, mem, seed) }.map_err(|source| ExecError::Op {
+                node: r.node,
+                op: g.nodes()[r.node].op.name(),
+                source,
+            })?;
             for &(t, len) in &r.round {
                 let d = match g.tensor(t).elem {
                     ElemType::Float(d) => d,
@@ -433,7 +504,11 @@ impl PlannedExecutor {
                 // the extent that belong to other f16/bf16 tensors are already rounded (rounding
                 // is idempotent) or not yet written.
                 let base = SyncPtr(mem_ptr(mem, &self.plan.places[t.index()]));
-                self.pool.for_ranges(len, 1 << 14, 16, &|rg| d.round_slice(unsafe { std::slice::from_raw_parts_mut(base.get().add(rg.start), rg.len()) }));
+                self.pool.for_ranges(len, 1 << 14, 16, &|rg| {
+                    d.round_slice(unsafe {
+                        std::slice::from_raw_parts_mut(base.get().add(rg.start), rg.len())
+                    })
+                });
             }
             if let Some(t0) = t0 {
                 profile::record(r.key.clone(), t0.elapsed());
@@ -449,7 +524,17 @@ impl PlannedExecutor {
             let dst_strides = contiguous(shape);
             debug_assert_eq!(len, g.tensor(t).numel());
             // SAFETY: the source is a planned tensor; the destination is the parameter's slot.
-            unsafe { copy::copy_strided(self.pool, mem_ptr(mem, p), shape, &p.strides, mem.grads.add(off), shape, &dst_strides) };
+            unsafe {
+                copy::copy_strided(
+                    self.pool,
+                    mem_ptr(mem, p),
+                    shape,
+                    &p.strides,
+                    mem.grads.add(off),
+                    shape,
+                    &dst_strides,
+                )
+            };
         }
         let lp = &self.plan.places[self.plan.loss.index()];
         // SAFETY: the loss is a planned scalar, live to the end.
@@ -464,30 +549,68 @@ impl PlannedExecutor {
             let In::Ids(p, n) = self.bound[k] else { continue };
             // SAFETY: bound from the caller's slice for this step.
             let labels = unsafe { std::slice::from_raw_parts(p, n) };
-            sel.extend(labels.iter().enumerate().filter(|(_, &l)| l != set.ignore_index).map(|(r, _)| r as u32));
+            sel.extend(
+                labels
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &l)| l != set.ignore_index)
+                    .map(|(r, _)| r as u32),
+            );
         }
     }
 
     fn bind(&mut self, inputs: &Inputs<'_>) -> Result<(), ExecError> {
         let g = &self.graph;
-        if let Some(name) = inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n))) {
+        if let Some(name) =
+            inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n)))
+        {
             let declared: Vec<&str> = g.inputs().iter().filter_map(|&t| g.input_name(t)).collect();
-            return Err(ExecError::UnknownInput { name: name.to_string(), declared: declared.join(", ") });
+            return Err(ExecError::UnknownInput {
+                name: name.to_string(),
+                declared: declared.join(", "),
+            });
         }
         self.bound.clear();
         for &t in g.inputs() {
             let info = g.tensor(t);
-            let TensorKind::Input { name } = &info.kind else { unreachable!("graph inputs are Input tensors") };
+            let TensorKind::Input { name } = &info.kind else {
+                unreachable!("graph inputs are Input tensors")
+            };
             let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
-            let expected = || format!("{} {} ({} elements)", crate::graph::fmt_shape(&info.shape), info.elem, info.numel());
+            let expected = || {
+                format!(
+                    "{} {} ({} elements)",
+                    crate::graph::fmt_shape(&info.shape),
+                    info.elem,
+                    info.numel()
+                )
+            };
             let (b, got) = match data {
-                InputData::Ids(d) if !info.elem.is_float() => (In::Ids(d.as_ptr(), d.len()), d.len()),
+                InputData::Ids(d) if !info.elem.is_float() => {
+                    (In::Ids(d.as_ptr(), d.len()), d.len())
+                }
                 InputData::Floats(d) if info.elem.is_float() => (In::Floats(d.as_ptr()), d.len()),
-                InputData::Ids(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} i64 ids", d.len()) }),
-                InputData::Floats(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} floats", d.len()) }),
+                InputData::Ids(d) => {
+                    return Err(ExecError::BadInput {
+                        name: name.clone(),
+                        expected: expected(),
+                        got: format!("{} i64 ids", d.len()),
+                    })
+                }
+                InputData::Floats(d) => {
+                    return Err(ExecError::BadInput {
+                        name: name.clone(),
+                        expected: expected(),
+                        got: format!("{} floats", d.len()),
+                    })
+                }
             };
             if got != info.numel() {
-                return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{got} elements") });
+                return Err(ExecError::BadInput {
+                    name: name.clone(),
+                    expected: expected(),
+                    got: format!("{got} elements"),
+                });
             }
             self.bound.push(b);
         }
@@ -507,10 +630,16 @@ impl PlannedExecutor {
         let numel = |t: TensorId| g.tensor(t).numel();
         let ptr = |t: TensorId| mem_ptr(mem, pl(t));
         // Contiguous views (the plan guarantees Contig where the kernel needs it).
-        let rd = |i: usize| -> &[f32] { std::slice::from_raw_parts(ptr(node.inputs[i]), numel(node.inputs[i])) };
-        let wr = |i: usize| -> &mut [f32] { std::slice::from_raw_parts_mut(ptr(node.outputs[i]), numel(node.outputs[i])) };
+        let rd = |i: usize| -> &[f32] {
+            std::slice::from_raw_parts(ptr(node.inputs[i]), numel(node.inputs[i]))
+        };
+        let wr = |i: usize| -> &mut [f32] {
+            std::slice::from_raw_parts_mut(ptr(node.outputs[i]), numel(node.outputs[i]))
+        };
         // The input an in-place output overwrites, as the output.
-        let rw = |i: usize| -> &mut [f32] { std::slice::from_raw_parts_mut(ptr(node.inputs[i]), numel(node.inputs[i])) };
+        let rw = |i: usize| -> &mut [f32] {
+            std::slice::from_raw_parts_mut(ptr(node.inputs[i]), numel(node.inputs[i]))
+        };
         let ids = |i: usize| -> &[i64] {
             match pl(node.inputs[i]).root {
                 Root::Input(k) => match mem.inputs[k] {
@@ -534,7 +663,8 @@ impl PlannedExecutor {
         #[allow(unreachable_patterns)]
         match &node.op {
             Op::Fill { value } => {
-                let value = &if self.seed_node == Some(r.node) { value * self.loss_scale } else { *value };
+                let value =
+                    &if self.seed_node == Some(r.node) { value * self.loss_scale } else { *value };
                 let o = node.outputs[0];
                 let p = pl(o);
                 if is_contig(g.shape(o), &p.strides) {
@@ -543,12 +673,22 @@ impl PlannedExecutor {
                     copy::fill_strided(pool, ptr(o), g.shape(o), &p.strides, *value);
                 }
             }
-            Op::Embedding => embedding::embedding_forward(pool, wr(0), ids(1), rd(0), g.shape(node.inputs[0])[1])?,
+            Op::Embedding => embedding::embedding_forward(
+                pool,
+                wr(0),
+                ids(1),
+                rd(0),
+                g.shape(node.inputs[0])[1],
+            )?,
             Op::MatMul { .. } => {
                 let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
                 let (a, b, c) = (ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.outputs[0]));
                 match rows {
-                    Some((set, u)) if self.sel[*set].len() <= matmul::row_cap(self.row_sets[*set].rows) => m.run_rows(pool, a, b, c, &self.sel[*set], *u, ws()),
+                    Some((set, u))
+                        if self.sel[*set].len() <= matmul::row_cap(self.row_sets[*set].rows) =>
+                    {
+                        m.run_rows(pool, a, b, c, &self.sel[*set], *u, ws())
+                    }
                     _ => m.run(pool, a, b, c),
                 }
             }
@@ -570,8 +710,30 @@ impl PlannedExecutor {
                 let (y, mean, rstd) = (wr(1), wr(2), wr(3));
                 match r.inplace {
                     // The sum overwrites a dying operand; addition commutes, so add the other.
-                    Some(k) => norm::add_layernorm_forward(pool, rw(k), y, mean, rstd, None, rd(1 - k), rd(2), rd(3), *eps),
-                    None => norm::add_layernorm_forward(pool, wr(0), y, mean, rstd, Some(rd(0)), rd(1), rd(2), rd(3), *eps),
+                    Some(k) => norm::add_layernorm_forward(
+                        pool,
+                        rw(k),
+                        y,
+                        mean,
+                        rstd,
+                        None,
+                        rd(1 - k),
+                        rd(2),
+                        rd(3),
+                        *eps,
+                    ),
+                    None => norm::add_layernorm_forward(
+                        pool,
+                        wr(0),
+                        y,
+                        mean,
+                        rstd,
+                        Some(rd(0)),
+                        rd(1),
+                        rd(2),
+                        rd(3),
+                        *eps,
+                    ),
                 }
             }
             Op::BiasAdd | Op::Add => match r.inplace {
@@ -588,26 +750,72 @@ impl PlannedExecutor {
                 Some(_) => ew::dropout_inplace(pool, rw(0), *p, seed, *offset),
                 None => ew::dropout(pool, wr(0), rd(0), *p, seed, *offset),
             },
-            Op::LayerNorm { eps } => norm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps),
-            Op::LayerNormBackward => norm::layernorm_backward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), rd(3), rd(4), ws()),
+            Op::LayerNorm { eps } => {
+                norm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps)
+            }
+            Op::LayerNormBackward => norm::layernorm_backward(
+                pool,
+                wr(0),
+                wr(1),
+                wr(2),
+                rd(0),
+                rd(1),
+                rd(2),
+                rd(3),
+                rd(4),
+                ws(),
+            ),
             Op::Softmax { scale, causal } => {
                 let s = g.shape(node.inputs[0]);
                 let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
-                softmax::softmax_forward(pool, wr(0), rd(0), last(node.inputs[0]), *scale, *causal, tq, mask(1));
+                softmax::softmax_forward(
+                    pool,
+                    wr(0),
+                    rd(0),
+                    last(node.inputs[0]),
+                    *scale,
+                    *causal,
+                    tq,
+                    mask(1),
+                );
             }
             Op::SoftmaxBackward { scale } => match r.inplace {
-                Some(_) => softmax::softmax_backward_inplace(pool, rd(0), rw(1), last(node.inputs[0]), *scale),
-                None => softmax::softmax_backward(pool, wr(0), rd(0), rd(1), last(node.inputs[0]), *scale),
+                Some(_) => softmax::softmax_backward_inplace(
+                    pool,
+                    rd(0),
+                    rw(1),
+                    last(node.inputs[0]),
+                    *scale,
+                ),
+                None => softmax::softmax_backward(
+                    pool,
+                    wr(0),
+                    rd(0),
+                    rd(1),
+                    last(node.inputs[0]),
+                    *scale,
+                ),
             },
             Op::Reshape | Op::Permute { .. } => {
                 // Materialised (the plan could not fold it): a strided copy.
                 let (x, o) = (node.inputs[0], node.outputs[0]);
                 let (xs, os) = (g.shape(x).to_vec(), g.shape(o));
                 let (src_shape, src_strides) = match &node.op {
-                    Op::Permute { perm } => (perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(), perm.iter().map(|&p| pl(x).strides[p]).collect::<Vec<_>>()),
+                    Op::Permute { perm } => (
+                        perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                        perm.iter().map(|&p| pl(x).strides[p]).collect::<Vec<_>>(),
+                    ),
                     _ => (xs, pl(x).strides.clone()),
                 };
-                copy::copy_strided(pool, ptr(x), &src_shape, &src_strides, ptr(o), os, &pl(o).strides);
+                copy::copy_strided(
+                    pool,
+                    ptr(x),
+                    &src_shape,
+                    &src_strides,
+                    ptr(o),
+                    os,
+                    &pl(o).strides,
+                );
             }
             Op::Split { sizes } => {
                 let x = node.inputs[0];
@@ -616,7 +824,15 @@ impl PlannedExecutor {
                 let mut start = 0;
                 for (&o, &sz) in node.outputs.iter().zip(sizes) {
                     let os = g.shape(o);
-                    copy::copy_strided(pool, ptr(x).add(start * ls), os, &xp.strides, ptr(o), os, &pl(o).strides);
+                    copy::copy_strided(
+                        pool,
+                        ptr(x).add(start * ls),
+                        os,
+                        &xp.strides,
+                        ptr(o),
+                        os,
+                        &pl(o).strides,
+                    );
                     start += sz;
                 }
             }
@@ -627,7 +843,15 @@ impl PlannedExecutor {
                 let mut start = 0;
                 for &x in &node.inputs {
                     let xs = g.shape(x);
-                    copy::copy_strided(pool, ptr(x), xs, &pl(x).strides, ptr(o).add(start * ls), xs, &op.strides);
+                    copy::copy_strided(
+                        pool,
+                        ptr(x),
+                        xs,
+                        &pl(x).strides,
+                        ptr(o).add(start * ls),
+                        xs,
+                        &op.strides,
+                    );
                     start += last(x);
                 }
             }
@@ -638,7 +862,18 @@ impl PlannedExecutor {
                     None => &mut [],
                 };
                 let m = node.inputs.get(3).map(|_| rd(3));
-                attention::attention_forward(pool, a, ptr(node.outputs[0]), wr(1), ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.inputs[2]), m, seed, w);
+                attention::attention_forward(
+                    pool,
+                    a,
+                    ptr(node.outputs[0]),
+                    wr(1),
+                    ptr(node.inputs[0]),
+                    ptr(node.inputs[1]),
+                    ptr(node.inputs[2]),
+                    m,
+                    seed,
+                    w,
+                );
             }
             Op::AttentionBackward { .. } => {
                 let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
@@ -667,8 +902,24 @@ impl PlannedExecutor {
                 let v = last(node.inputs[1]);
                 let dloss = rd(0)[0];
                 match r.inplace {
-                    Some(_) => loss::cross_entropy_backward(pool, rw(1), dloss, None, ids(2), v, *ignore_index)?,
-                    None => loss::cross_entropy_backward(pool, wr(0), dloss, Some(rd(1)), ids(2), v, *ignore_index)?,
+                    Some(_) => loss::cross_entropy_backward(
+                        pool,
+                        rw(1),
+                        dloss,
+                        None,
+                        ids(2),
+                        v,
+                        *ignore_index,
+                    )?,
+                    None => loss::cross_entropy_backward(
+                        pool,
+                        wr(0),
+                        dloss,
+                        Some(rd(1)),
+                        ids(2),
+                        v,
+                        *ignore_index,
+                    )?,
                 }
             }
             Op::EmbeddingBackward => {
@@ -676,7 +927,11 @@ impl PlannedExecutor {
                 embedding::embedding_backward(pool, wr(0), ids(0), rd(1), c)?;
             }
             Op::ReduceSumLeading => match r.aux {
-                Aux::RowSum(set) if self.sel[set].len() <= matmul::row_cap(self.row_sets[set].rows) => reduce::reduce_sum_rows(pool, wr(0), rd(0), &self.sel[set]),
+                Aux::RowSum(set)
+                    if self.sel[set].len() <= matmul::row_cap(self.row_sets[set].rows) =>
+                {
+                    reduce::reduce_sum_rows(pool, wr(0), rd(0), &self.sel[set])
+                }
                 _ => reduce::reduce_sum_leading(pool, wr(0), rd(0)),
             },
             op => unreachable!("{}: rejected when the plan was built", op.name()),
@@ -754,15 +1009,27 @@ fn strides3(shape: &[usize], p: &Place) -> [usize; 3] {
 /// Build-time data of one node's kernel.
 fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanError> {
     let pl = |t: TensorId| &plan.places[t.index()];
-    let no = |why: &str| PlanError::NoKernel { node: i, op: node.op.name(), backend: "cpu", why: why.to_string() };
+    let no = |why: &str| PlanError::NoKernel {
+        node: i,
+        op: node.op.name(),
+        backend: "cpu",
+        why: why.to_string(),
+    };
     Ok(match &node.op {
         Op::MatMul { ta, tb } => {
             let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
-            let m = MatMulPlan::new(*ta, *tb, (g.shape(a), &pl(a).strides), (g.shape(b), &pl(b).strides), (g.shape(c), &pl(c).strides))
-                .ok_or_else(|| no(" for these operand layouts"))?;
+            let m = MatMulPlan::new(
+                *ta,
+                *tb,
+                (g.shape(a), &pl(a).strides),
+                (g.shape(b), &pl(b).strides),
+                (g.shape(c), &pl(c).strides),
+            )
+            .ok_or_else(|| no(" for these operand layouts"))?;
             Aux::MatMul(m, None)
         }
-        Op::Attention { scale, causal, dropout_p, offset } | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
+        Op::Attention { scale, causal, dropout_p, offset }
+        | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
             let fwd = matches!(node.op, Op::Attention { .. });
             let (q, k, v, o) = if fwd {
                 (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0])
@@ -771,11 +1038,19 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
             };
             let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
             let full = [sq[0], sq[1], sq[2], sk[2]];
-            let mask = if fwd { node.inputs.get(3).map(|&m| MaskMap::new(g.shape(m), &full)) } else { None };
+            let mask = if fwd {
+                node.inputs.get(3).map(|&m| MaskMap::new(g.shape(m), &full))
+            } else {
+                None
+            };
             let (dq, dk, dvs) = if fwd {
                 ([0; 3], [0; 3], [0; 3])
             } else {
-                (strides3(sq, pl(node.outputs[0])), strides3(sk, pl(node.outputs[1])), strides3(sv, pl(node.outputs[2])))
+                (
+                    strides3(sq, pl(node.outputs[0])),
+                    strides3(sk, pl(node.outputs[1])),
+                    strides3(sv, pl(node.outputs[2])),
+                )
             };
             Aux::Attn(Box::new(AttnPlan {
                 b: sq[0],
@@ -802,11 +1077,19 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
             // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
             let (x, w) = (node.inputs[0], node.inputs[1]);
             let c = node.outputs[usize::from(gelu.is_some())];
-            let m = MatMulPlan::new(false, *tb, (g.shape(x), &pl(x).strides), (g.shape(w), &pl(w).strides), (g.shape(c), &pl(c).strides))
-                .ok_or_else(|| no(" for these operand layouts"))?;
+            let m = MatMulPlan::new(
+                false,
+                *tb,
+                (g.shape(x), &pl(x).strides),
+                (g.shape(w), &pl(w).strides),
+                (g.shape(c), &pl(c).strides),
+            )
+            .ok_or_else(|| no(" for these operand layouts"))?;
             Aux::MatMul(m, None)
         }
-        Op::Softmax { .. } if node.inputs.len() > 1 => Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0]))),
+        Op::Softmax { .. } if node.inputs.len() > 1 => {
+            Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0])))
+        }
         _ => Aux::None,
     })
 }

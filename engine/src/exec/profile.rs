@@ -10,7 +10,8 @@ static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
 static TABLE: Mutex<Option<HashMap<String, (Duration, u64)>>> = Mutex::new(None);
 
 fn flag() -> &'static AtomicBool {
-    ENABLED.get_or_init(|| AtomicBool::new(std::env::var("ORTBENCH_PROFILE").is_ok_and(|v| v == "1")))
+    ENABLED
+        .get_or_init(|| AtomicBool::new(std::env::var("ORTBENCH_PROFILE").is_ok_and(|v| v == "1")))
 }
 
 pub fn enabled() -> bool {
@@ -31,7 +32,8 @@ pub(crate) fn record(key: String, d: Duration) {
 /// The profile so far, slowest first, and resets it.
 pub fn take() -> Vec<(String, Duration, u64)> {
     let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut rows: Vec<_> = t.take().unwrap_or_default().into_iter().map(|(k, (d, n))| (k, d, n)).collect();
+    let mut rows: Vec<_> =
+        t.take().unwrap_or_default().into_iter().map(|(k, (d, n))| (k, d, n)).collect();
     rows.sort_by(|a, b| b.1.cmp(&a.1));
     rows
 }
@@ -42,7 +44,10 @@ pub fn format(rows: &[(String, Duration, u64)]) -> String {
     let mut s = format!("{:<32} {:>10} {:>7} {:>7}\n", "op", "ms", "calls", "share");
     for (k, d, n) in rows {
         let ms = d.as_secs_f64() * 1e3;
-        s += &format!("{k:<32} {ms:>10.1} {n:>7} {:>6.1}%\n", 100.0 * d.as_secs_f64() / total.max(1e-12));
+        s += &format!(
+            "{k:<32} {ms:>10.1} {n:>7} {:>6.1}%\n",
+            100.0 * d.as_secs_f64() / total.max(1e-12)
+        );
     }
     s += &format!("{:<32} {:>10.1}\n", "total", total * 1e3);
     s

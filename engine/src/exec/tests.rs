@@ -24,10 +24,7 @@ fn tiny_model(dropout: f32) -> Result<(Graph, TensorId), GraphError> {
     let wte = g.param("wte.weight", &[V, C])?;
     let wpe = g.param("wpe.weight", &[T, C])?;
     let ln = |g: &mut Graph, name: &str| -> Result<(TensorId, TensorId), GraphError> {
-        Ok((
-            g.param(&format!("{name}.weight"), &[C])?,
-            g.param(&format!("{name}.bias"), &[C])?,
-        ))
+        Ok((g.param(&format!("{name}.weight"), &[C])?, g.param(&format!("{name}.bias"), &[C])?))
     };
     let (ln1_w, ln1_b) = ln(&mut g, "ln_1")?;
     let c_attn_w = g.param("attn.c_attn.weight", &[C, 3 * C])?; // GPT-2 Conv1D: (in, out)
@@ -52,12 +49,7 @@ fn tiny_model(dropout: f32) -> Result<(Graph, TensorId), GraphError> {
         let r = g.reshape(part, &[B, T, H, C / H])?;
         heads.push(g.permute(r, &[0, 2, 1, 3])?);
     }
-    let opts = AttentionOpts {
-        causal: true,
-        scale: None,
-        dropout_p: dropout,
-        mask: Some(mask),
-    };
+    let opts = AttentionOpts { causal: true, scale: None, dropout_p: dropout, mask: Some(mask) };
     let a = g.attention(heads[0], heads[1], heads[2], opts)?;
     let a = g.transpose(a, 1, 2)?;
     let a = g.reshape(a, &[B, T, C])?;
@@ -88,24 +80,12 @@ impl Batch {
     fn new(rng: &mut Rng) -> Self {
         let ids: Vec<i64> = (0..B * T).map(|_| rng.below(V) as i64).collect();
         // Next-token labels; the last position and one padded position are ignored (-100).
-        let labels = (0..B * T)
-            .map(|i| {
-                if i % T == T - 1 || i == 3 {
-                    -100
-                } else {
-                    ids[i + 1]
-                }
-            })
-            .collect();
+        let labels =
+            (0..B * T).map(|i| if i % T == T - 1 || i == 3 { -100 } else { ids[i + 1] }).collect();
         // Additive padding mask: sequence 1's last key is padding.
         let mut mask = vec![0.0f32; B * T];
         mask[2 * T - 1] = -10000.0;
-        Batch {
-            ids,
-            pos: (0..T as i64).collect(),
-            labels,
-            mask,
-        }
+        Batch { ids, pos: (0..T as i64).collect(), labels, mask }
     }
 
     fn inputs(&self) -> Inputs<'_> {
@@ -124,22 +104,15 @@ fn tiny_model_gradient_matches_finite_differences() {
     let mut rng = Rng::new(21);
     let batch = Batch::new(&mut rng);
     let inputs = batch.inputs();
-    let params: Vec<f64> = rng
-        .vec(fwd.num_param_elems())
-        .iter()
-        .map(|v| 0.5 * v)
-        .collect();
+    let params: Vec<f64> = rng.vec(fwd.num_param_elems()).iter().map(|v| 0.5 * v).collect();
 
     // f64: every coordinate, tolerance 1e-6·(1 + |fd|) (looser than the per-op 1e-7: ~20 ops deep).
     let mut grads = vec![0.0; params.len()];
     let step_seed = 1234;
-    RefExecutor::new(&train)
-        .train_step(&params, &inputs, step_seed, &mut grads)
-        .unwrap();
+    RefExecutor::new(&train).train_step(&params, &inputs, step_seed, &mut grads).unwrap();
     let exec = RefExecutor::new(&fwd);
-    let fd = fd_grad(&params, FD_STEP, |p| {
-        exec.run(p, &inputs, step_seed).unwrap().loss().unwrap()
-    });
+    let fd =
+        fd_grad(&params, FD_STEP, |p| exec.run(p, &inputs, step_seed).unwrap().loss().unwrap());
     assert_close(&grads, &fd, 1e-6, "tiny model gradient (f64)");
     for p in fwd.params() {
         assert!(
@@ -152,9 +125,7 @@ fn tiny_model_gradient_matches_finite_differences() {
     // f32, as training runs: 40 random coordinates, step 1e-2, tolerance 2e-3 + 2e-2·|fd|.
     let p32: Vec<f32> = params.iter().map(|&v| v as f32).collect();
     let mut g32 = vec![0.0f32; p32.len()];
-    RefExecutor::new(&train)
-        .train_step(&p32, &inputs, step_seed, &mut g32)
-        .unwrap();
+    RefExecutor::new(&train).train_step(&p32, &inputs, step_seed, &mut g32).unwrap();
     let loss32 = |p: &[f32]| exec.run(p, &inputs, step_seed).unwrap().loss().unwrap() as f64;
     for _ in 0..40 {
         let i = rng.below(p32.len());
@@ -177,11 +148,7 @@ fn sgd_on_one_batch_lowers_the_loss() {
     let mut rng = Rng::new(22);
     let batch = Batch::new(&mut rng);
     let inputs = batch.inputs();
-    let mut params: Vec<f32> = rng
-        .vec_f32(fwd.num_param_elems())
-        .iter()
-        .map(|v| 0.3 * v)
-        .collect();
+    let mut params: Vec<f32> = rng.vec_f32(fwd.num_param_elems()).iter().map(|v| 0.3 * v).collect();
     let mut grads = vec![0.0f32; params.len()];
     let exec = RefExecutor::new(&train);
     let mut losses = Vec::new();
@@ -193,10 +160,7 @@ fn sgd_on_one_batch_lowers_the_loss() {
     }
     let (first, last) = (losses[0], *losses.last().unwrap());
     assert!(last < 0.5 * first, "loss {first} -> {last}: {losses:?}");
-    assert!(
-        losses.windows(2).take(10).all(|w| w[1] < w[0]),
-        "early steps descend: {losses:?}"
-    );
+    assert!(losses.windows(2).take(10).all(|w| w[1] < w[0]), "early steps descend: {losses:?}");
 }
 
 #[test]
@@ -206,12 +170,7 @@ fn dropout_seed_changes_the_loss_and_is_reproducible() {
     let batch = Batch::new(&mut rng);
     let params = rng.vec_f32(fwd.num_param_elems());
     let exec = RefExecutor::new(&fwd);
-    let loss = |seed| {
-        exec.run(&params, &batch.inputs(), seed)
-            .unwrap()
-            .loss()
-            .unwrap()
-    };
+    let loss = |seed| exec.run(&params, &batch.inputs(), seed).unwrap().loss().unwrap();
     assert_eq!(loss(1), loss(1));
     assert_ne!(loss(1), loss(2));
 }
@@ -227,9 +186,7 @@ fn bad_inputs_are_clear_errors() {
     let mut grads = vec![0.0f32; params.len()];
 
     let missing = Inputs::new().ids("input_ids", &batch.ids);
-    let err = exec
-        .train_step(&params, &missing, 0, &mut grads)
-        .unwrap_err();
+    let err = exec.train_step(&params, &missing, 0, &mut grads).unwrap_err();
     assert_eq!(err, ExecError::MissingInput("position_ids".into()));
 
     let typo = batch.inputs().ids("input_idz", &batch.ids);
@@ -243,14 +200,8 @@ fn bad_inputs_are_clear_errors() {
         .ids("position_ids", &batch.pos)
         .ids("labels", &batch.labels)
         .floats("attention_mask", &batch.mask);
-    let err = exec
-        .train_step(&params, &short, 0, &mut grads)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("input_ids") && err.contains("(2,5) i64"),
-        "{err}"
-    );
+    let err = exec.train_step(&params, &short, 0, &mut grads).unwrap_err().to_string();
+    assert!(err.contains("input_ids") && err.contains("(2,5) i64"), "{err}");
 
     let mut bad_ids = batch.ids.clone();
     bad_ids[4] = V as i64;
@@ -260,28 +211,14 @@ fn bad_inputs_are_clear_errors() {
         .ids("labels", &batch.labels)
         .floats("attention_mask", &batch.mask);
     let err = exec.train_step(&params, &oob, 0, &mut grads).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExecError::Op {
-                op: "embedding",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, ExecError::Op { op: "embedding", .. }), "{err}");
 
-    let err = exec
-        .train_step(&params[1..], &batch.inputs(), 0, &mut grads)
-        .unwrap_err();
+    let err = exec.train_step(&params[1..], &batch.inputs(), 0, &mut grads).unwrap_err();
     assert!(matches!(err, ExecError::ParamLen { .. }));
-    let err = exec
-        .train_step(&params, &batch.inputs(), 0, &mut grads[1..])
-        .unwrap_err();
+    let err = exec.train_step(&params, &batch.inputs(), 0, &mut grads[1..]).unwrap_err();
     assert!(matches!(err, ExecError::GradLen { .. }));
-    let err = RefExecutor::new(&fwd)
-        .train_step(&params, &batch.inputs(), 0, &mut grads)
-        .unwrap_err();
+    let err =
+        RefExecutor::new(&fwd).train_step(&params, &batch.inputs(), 0, &mut grads).unwrap_err();
     assert_eq!(err, ExecError::NotTraining);
 }
 
@@ -291,9 +228,7 @@ fn forward_values_are_readable() {
     let mut rng = Rng::new(25);
     let batch = Batch::new(&mut rng);
     let params = rng.vec_f32(fwd.num_param_elems());
-    let values = RefExecutor::new(&fwd)
-        .run(&params, &batch.inputs(), 0)
-        .unwrap();
+    let values = RefExecutor::new(&fwd).run(&params, &batch.inputs(), 0).unwrap();
     let wte = fwd.param_by_name("wte.weight").unwrap();
     assert_eq!(values.get(wte.tensor).unwrap(), &params[..V * C]);
     let l = values.get(loss).unwrap();
@@ -308,15 +243,6 @@ fn an_out_of_order_graph_is_an_error_not_a_panic() {
     let y = g.tanh(x).unwrap();
     let _ = g.scale(y, 2.0).unwrap();
     g.nodes.swap(0, 1);
-    let err = RefExecutor::new(&g)
-        .run(&[0.5f32; 6], &Inputs::new(), 0)
-        .unwrap_err();
-    assert_eq!(
-        err,
-        ExecError::NotComputed {
-            node: 0,
-            op: "scale",
-            tensor: y
-        }
-    );
+    let err = RefExecutor::new(&g).run(&[0.5f32; 6], &Inputs::new(), 0).unwrap_err();
+    assert_eq!(err, ExecError::NotComputed { node: 0, op: "scale", tensor: y });
 }

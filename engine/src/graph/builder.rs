@@ -25,31 +25,18 @@ pub struct AttentionOpts {
 
 impl Default for AttentionOpts {
     fn default() -> Self {
-        AttentionOpts {
-            causal: false,
-            scale: None,
-            dropout_p: 0.0,
-            mask: None,
-        }
+        AttentionOpts { causal: false, scale: None, dropout_p: 0.0, mask: None }
     }
 }
 
 fn shape_err(op: &'static str, msg: impl Into<String>, named: &[(&str, &[usize])]) -> GraphError {
-    GraphError::Shape {
-        op,
-        msg: msg.into(),
-        shapes: fmt_shapes(named),
-    }
+    GraphError::Shape { op, msg: msg.into(), shapes: fmt_shapes(named) }
 }
 
 /// numpy broadcasting of `mask` against `full`, right-aligned, without growing `full`.
 fn broadcastable(mask: &[usize], full: &[usize]) -> bool {
     mask.len() <= full.len()
-        && mask
-            .iter()
-            .rev()
-            .zip(full.iter().rev())
-            .all(|(&m, &f)| m == 1 || m == f)
+        && mask.iter().rev().zip(full.iter().rev()).all(|(&m, &f)| m == 1 || m == f)
 }
 
 fn check_p(op: &'static str, p: f32) -> Result<()> {
@@ -76,23 +63,10 @@ impl Graph {
     }
 
     fn input(&mut self, name: &str, shape: &[usize], elem: ElemType) -> Result<TensorId> {
-        if self
-            .inputs
-            .iter()
-            .any(|&t| self.input_name(t) == Some(name))
-        {
-            return Err(GraphError::Duplicate {
-                kind: "input",
-                name: name.to_string(),
-            });
+        if self.inputs.iter().any(|&t| self.input_name(t) == Some(name)) {
+            return Err(GraphError::Duplicate { kind: "input", name: name.to_string() });
         }
-        let t = self.new_tensor(
-            shape.to_vec(),
-            elem,
-            TensorKind::Input {
-                name: name.to_string(),
-            },
-        );
+        let t = self.new_tensor(shape.to_vec(), elem, TensorKind::Input { name: name.to_string() });
         self.inputs.push(t);
         Ok(t)
     }
@@ -102,10 +76,7 @@ impl Graph {
     /// To tie weights, register once and use the returned tensor in both places.
     pub fn param(&mut self, name: &str, shape: &[usize]) -> Result<TensorId> {
         if self.param_by_name(name).is_some() {
-            return Err(GraphError::Duplicate {
-                kind: "parameter",
-                name: name.to_string(),
-            });
+            return Err(GraphError::Duplicate { kind: "parameter", name: name.to_string() });
         }
         let len: usize = shape.iter().product();
         if len == 0 {
@@ -136,11 +107,7 @@ impl Graph {
     pub fn set_loss(&mut self, loss: TensorId) -> Result<()> {
         let (shape, _) = self.float_arg("loss", "loss", loss)?;
         if !shape.is_empty() {
-            return Err(shape_err(
-                "loss",
-                "the loss must be a scalar",
-                &[("loss", &shape)],
-            ));
+            return Err(shape_err("loss", "the loss must be a scalar", &[("loss", &shape)]));
         }
         self.loss = Some(loss);
         Ok(())
@@ -150,11 +117,8 @@ impl Graph {
 
     /// A constant tensor (the loss seed, zero gradients).
     pub fn fill(&mut self, shape: &[usize], value: f32) -> TensorId {
-        self.push(
-            Op::Fill { value },
-            vec![],
-            vec![(shape.to_vec(), ElemType::Float(self.dtype))],
-        )[0]
+        self.push(Op::Fill { value }, vec![], vec![(shape.to_vec(), ElemType::Float(self.dtype))])
+            [0]
     }
 
     /// Rows of `table` (V, C) gathered by `ids` (…) → (…, C).
@@ -163,19 +127,11 @@ impl Graph {
         let (ts, dt) = self.float_arg(op, "table", table)?;
         let is = self.ids_arg(op, "ids", ids)?;
         if ts.len() != 2 {
-            return Err(shape_err(
-                op,
-                "table must be 2-D (V, C)",
-                &[("table", &ts), ("ids", &is)],
-            ));
+            return Err(shape_err(op, "table must be 2-D (V, C)", &[("table", &ts), ("ids", &is)]));
         }
         let mut out = is;
         out.push(ts[1]);
-        Ok(self.push(
-            Op::Embedding,
-            vec![table, ids],
-            vec![(out, ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(Op::Embedding, vec![table, ids], vec![(out, ElemType::Float(dt))])[0])
     }
 
     /// op(a) · op(b) over the last two dims, op = transpose when the flag is set. b is either a
@@ -189,16 +145,8 @@ impl Graph {
         if ra < 2 || rb < 2 {
             return Err(shape_err(op, "both operands must be at least 2-D", named));
         }
-        let (m, ka) = if ta {
-            (sa[ra - 1], sa[ra - 2])
-        } else {
-            (sa[ra - 2], sa[ra - 1])
-        };
-        let (kb, n) = if tb {
-            (sb[rb - 1], sb[rb - 2])
-        } else {
-            (sb[rb - 2], sb[rb - 1])
-        };
+        let (m, ka) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
+        let (kb, n) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
         if ka != kb {
             return Err(shape_err(
                 op,
@@ -223,11 +171,7 @@ impl Graph {
         }
         let mut out = batch_a.to_vec();
         out.extend([m, n]);
-        Ok(self.push(
-            Op::MatMul { ta, tb },
-            vec![a, b],
-            vec![(out, ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(Op::MatMul { ta, tb }, vec![a, b], vec![(out, ElemType::Float(dt))])[0])
     }
 
     /// HF `nn.Linear`: x · wᵀ (+ bias), w of shape (out, in).
@@ -311,11 +255,7 @@ impl Graph {
         }
         let rows = sx[..sx.len() - 1].to_vec();
         let stats = ElemType::Float(DType::F32);
-        let outs = vec![
-            (sx, ElemType::Float(dt)),
-            (rows.clone(), stats),
-            (rows, stats),
-        ];
+        let outs = vec![(sx, ElemType::Float(dt)), (rows.clone(), stats), (rows, stats)];
         Ok(self.push(Op::LayerNorm { eps }, vec![x, w, b], outs)[0])
     }
 
@@ -331,11 +271,7 @@ impl Graph {
         let op = "softmax";
         let (sx, dt) = self.float_arg(op, "x", x)?;
         if sx.is_empty() || (causal && sx.len() < 2) {
-            return Err(shape_err(
-                op,
-                "x must be at least 1-D (2-D when causal)",
-                &[("x", &sx)],
-            ));
+            return Err(shape_err(op, "x must be at least 1-D (2-D when causal)", &[("x", &sx)]));
         }
         let mut inputs = vec![x];
         if let Some(m) = mask {
@@ -349,11 +285,7 @@ impl Graph {
             }
             inputs.push(m);
         }
-        Ok(self.push(
-            Op::Softmax { scale, causal },
-            inputs,
-            vec![(sx, ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(Op::Softmax { scale, causal }, inputs, vec![(sx, ElemType::Float(dt))])[0])
     }
 
     /// Inverted dropout with probability `p`; the site gets its own range of RNG counters.
@@ -381,11 +313,7 @@ impl Graph {
                 &[("x", &sx), ("shape", shape)],
             ));
         }
-        Ok(self.push(
-            Op::Reshape,
-            vec![x],
-            vec![(shape.to_vec(), ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(Op::Reshape, vec![x], vec![(shape.to_vec(), ElemType::Float(dt))])[0])
     }
 
     /// x.permute(perm): output dim `i` is input dim `perm[i]`.
@@ -394,9 +322,7 @@ impl Graph {
         let (sx, dt) = self.float_arg(op, "x", x)?;
         let mut seen = vec![false; sx.len()];
         let valid = perm.len() == sx.len()
-            && perm
-                .iter()
-                .all(|&p| p < sx.len() && !std::mem::replace(&mut seen[p], true));
+            && perm.iter().all(|&p| p < sx.len() && !std::mem::replace(&mut seen[p], true));
         if !valid {
             return Err(GraphError::Attr {
                 op,
@@ -409,9 +335,7 @@ impl Graph {
         }
         let out = perm.iter().map(|&p| sx[p]).collect();
         Ok(self.push(
-            Op::Permute {
-                perm: perm.to_vec(),
-            },
+            Op::Permute { perm: perm.to_vec() },
             vec![x],
             vec![(out, ElemType::Float(dt))],
         )[0])
@@ -455,13 +379,7 @@ impl Graph {
                 (o, ElemType::Float(dt))
             })
             .collect();
-        Ok(self.push(
-            Op::Split {
-                sizes: sizes.to_vec(),
-            },
-            vec![x],
-            outs,
-        ))
+        Ok(self.push(Op::Split { sizes: sizes.to_vec() }, vec![x], outs))
     }
 
     /// Concatenates along the last dim; all other dims must agree.
@@ -475,27 +393,14 @@ impl Graph {
             shapes.push(s);
         }
         let names: Vec<String> = (0..xs.len()).map(|i| format!("x{i}")).collect();
-        let named: Vec<(&str, &[usize])> = names
-            .iter()
-            .map(|n| n.as_str())
-            .zip(shapes.iter().map(|s| s.as_slice()))
-            .collect();
+        let named: Vec<(&str, &[usize])> =
+            names.iter().map(|n| n.as_str()).zip(shapes.iter().map(|s| s.as_slice())).collect();
         let Some(first) = shapes.first() else {
-            return Err(GraphError::Attr {
-                op,
-                msg: "needs at least one input".into(),
-            });
+            return Err(GraphError::Attr { op, msg: "needs at least one input".into() });
         };
         let lead = &first[..first.len().saturating_sub(1)];
-        if shapes
-            .iter()
-            .any(|s| s.is_empty() || &s[..s.len() - 1] != lead)
-        {
-            return Err(shape_err(
-                op,
-                "inputs must agree on all but the last dim",
-                &named,
-            ));
+        if shapes.iter().any(|s| s.is_empty() || &s[..s.len() - 1] != lead) {
+            return Err(shape_err(op, "inputs must agree on all but the last dim", &named));
         }
         let mut out = lead.to_vec();
         out.push(shapes.iter().map(|s| s[s.len() - 1]).sum());
@@ -533,11 +438,7 @@ impl Graph {
             return Err(shape_err(op, "q, k, v must be 4-D (B, H, T, D)", named));
         }
         if sk[..2] != sq[..2] || sk[3] != sq[3] || sv[..3] != sk[..3] {
-            return Err(shape_err(
-                op,
-                "need q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv)",
-                named,
-            ));
+            return Err(shape_err(op, "need q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv)", named));
         }
         check_p(op, opts.dropout_p)?;
         let probs_shape = vec![sq[0], sq[1], sq[2], sk[2]];
@@ -565,19 +466,11 @@ impl Graph {
             }
         };
         let out = vec![sq[0], sq[1], sq[2], sv[3]];
-        let attrs = Op::Attention {
-            scale,
-            causal: opts.causal,
-            dropout_p: opts.dropout_p,
-            offset,
-        };
+        let attrs = Op::Attention { scale, causal: opts.causal, dropout_p: opts.dropout_p, offset };
         Ok(self.push(
             attrs,
             inputs,
-            vec![
-                (out, ElemType::Float(dt)),
-                (probs_shape, ElemType::Float(dt)),
-            ],
+            vec![(out, ElemType::Float(dt)), (probs_shape, ElemType::Float(dt))],
         )[0])
     }
 
@@ -633,7 +526,11 @@ impl Graph {
         }
         let (k, n) = if tb { (sw[1], sw[0]) } else { (sw[0], sw[1]) };
         if sx[sx.len() - 1] != k || sb != [n] {
-            return Err(shape_err(op, format!("need x (…, {k}) and bias ({n}) for w (tb={tb})"), named));
+            return Err(shape_err(
+                op,
+                format!("need x (…, {k}) and bias ({n}) for w (tb={tb})"),
+                named,
+            ));
         }
         let mut out = sx.clone();
         *out.last_mut().expect("checked >= 2-D") = n;
@@ -661,7 +558,8 @@ impl Graph {
         let (sb, _) = self.float_arg(op, "b", b)?;
         let (sw, _) = self.float_arg(op, "weight", w)?;
         let (sbias, _) = self.float_arg(op, "bias", bias)?;
-        let named: &[(&str, &[usize])] = &[("a", &sa), ("b", &sb), ("weight", &sw), ("bias", &sbias)];
+        let named: &[(&str, &[usize])] =
+            &[("a", &sa), ("b", &sb), ("weight", &sw), ("bias", &sbias)];
         if sa != sb || sa.is_empty() || sw != [sa[sa.len() - 1]] || sbias != sw {
             return Err(shape_err(
                 op,
@@ -699,11 +597,7 @@ impl Graph {
         let is = self.ids_arg(op, "ids", ids)?;
         let (sd, dt) = self.float_arg(op, "dy", dy)?;
         if sd.len() != is.len() + 1 || sd[..is.len()] != is[..] {
-            return Err(shape_err(
-                op,
-                "dy must be (ids…, C)",
-                &[("ids", &is), ("dy", &sd)],
-            ));
+            return Err(shape_err(op, "dy must be (ids…, C)", &[("ids", &is), ("dy", &sd)]));
         }
         let c = sd[sd.len() - 1];
         Ok(self.push(
@@ -724,11 +618,7 @@ impl Graph {
                 &[("x", &sx), ("target", shape)],
             ));
         }
-        Ok(self.push(
-            Op::ReduceSumLeading,
-            vec![x],
-            vec![(shape.to_vec(), ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(Op::ReduceSumLeading, vec![x], vec![(shape.to_vec(), ElemType::Float(dt))])[0])
     }
 
     pub(crate) fn gelu_backward(
@@ -737,11 +627,7 @@ impl Graph {
         dy: TensorId,
         approx: GeluApprox,
     ) -> Result<TensorId> {
-        self.binary_same(
-            "gelu_backward",
-            Op::GeluBackward { approx },
-            [("x", x), ("dy", dy)],
-        )
+        self.binary_same("gelu_backward", Op::GeluBackward { approx }, [("x", x), ("dy", dy)])
     }
 
     pub(crate) fn tanh_backward(&mut self, y: TensorId, dy: TensorId) -> Result<TensorId> {
@@ -754,11 +640,7 @@ impl Graph {
         dy: TensorId,
         scale: f32,
     ) -> Result<TensorId> {
-        self.binary_same(
-            "softmax_backward",
-            Op::SoftmaxBackward { scale },
-            [("y", y), ("dy", dy)],
-        )
+        self.binary_same("softmax_backward", Op::SoftmaxBackward { scale }, [("y", y), ("dy", dy)])
     }
 
     /// (dy, x, w, mean, rstd) → [dx, dw, db]
@@ -782,13 +664,8 @@ impl Graph {
             || sm[..] != sx[..sx.len() - 1]
             || sr != sm
         {
-            let named: &[(&str, &[usize])] = &[
-                ("dy", &sd),
-                ("x", &sx),
-                ("weight", &sw),
-                ("mean", &sm),
-                ("rstd", &sr),
-            ];
+            let named: &[(&str, &[usize])] =
+                &[("dy", &sd), ("x", &sx), ("weight", &sw), ("mean", &sm), ("rstd", &sr)];
             return Err(shape_err(op, "inconsistent operands", named));
         }
         let f = ElemType::Float(dt);
@@ -832,23 +709,14 @@ impl Graph {
             && so[..] == [sq[0], sq[1], sq[2], sv[3]]
             && sp[..] == [sq[0], sq[1], sq[2], sk[2]];
         if !ok || !matches!(attrs, Op::AttentionBackward { .. }) {
-            let named: &[(&str, &[usize])] = &[
-                ("dout", &so),
-                ("q", &sq),
-                ("k", &sk),
-                ("v", &sv),
-                ("probs", &sp),
-            ];
+            let named: &[(&str, &[usize])] =
+                &[("dout", &so), ("q", &sq), ("k", &sk), ("v", &sv), ("probs", &sp)];
             return Err(shape_err(op, "inconsistent operands", named));
         }
         let f = ElemType::Float(dt);
         let mut inputs = vec![dout, q, k, v, probs, out];
         inputs.extend(mask);
-        Ok(self.push(
-            attrs,
-            inputs,
-            vec![(sq, f), (sk, f), (sv, f)],
-        ))
+        Ok(self.push(attrs, inputs, vec![(sq, f), (sk, f), (sv, f)]))
     }
 
     pub(crate) fn cross_entropy_backward(
@@ -870,19 +738,13 @@ impl Graph {
             ));
         }
         let attrs = Op::CrossEntropyBackward { ignore_index };
-        Ok(self.push(
-            attrs,
-            vec![dloss, logits, labels],
-            vec![(sl, ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(attrs, vec![dloss, logits, labels], vec![(sl, ElemType::Float(dt))])[0])
     }
 
     // ---------------------------------------------------------------- helpers
 
     pub(crate) fn info(&self, t: TensorId) -> Result<&TensorInfo> {
-        self.tensors
-            .get(t.index())
-            .ok_or(GraphError::UnknownTensor(t))
+        self.tensors.get(t.index()).ok_or(GraphError::UnknownTensor(t))
     }
 
     /// The shape and dtype of a float operand, or a type error naming the op and argument.
@@ -938,10 +800,6 @@ impl Graph {
                 &[(args[0].0, &s0), (args[1].0, &s1)],
             ));
         }
-        Ok(self.push(
-            op,
-            vec![args[0].1, args[1].1],
-            vec![(s0, ElemType::Float(dt))],
-        )[0])
+        Ok(self.push(op, vec![args[0].1, args[1].1], vec![(s0, ElemType::Float(dt))])[0])
     }
 }

@@ -7,19 +7,10 @@ use super::TensorId;
 pub enum GraphError {
     /// Inconsistent shapes; `shapes` lists every operand, e.g. `a=(2,3,4) b=(5,6)`.
     #[error("{op}: {msg}; shapes: {shapes}")]
-    Shape {
-        op: &'static str,
-        msg: String,
-        shapes: String,
-    },
+    Shape { op: &'static str, msg: String, shapes: String },
     /// An operand of the wrong element type (e.g. float token ids).
     #[error("{op}: {arg} must be {expected}, got {got}")]
-    Type {
-        op: &'static str,
-        arg: &'static str,
-        expected: &'static str,
-        got: String,
-    },
+    Type { op: &'static str, arg: &'static str, expected: &'static str, got: String },
     /// An invalid attribute (dropout p outside [0, 1], a permutation that is not one, …).
     #[error("{op}: {msg}")]
     Attr { op: &'static str, msg: String },
@@ -40,9 +31,6 @@ pub fn fmt_shape(shape: &[usize]) -> String {
 
 /// `a=(2,3) b=(4,5)`
 pub(crate) fn fmt_shapes(named: &[(&str, &[usize])]) -> String {
-    let parts: Vec<String> = named
-        .iter()
-        .map(|(n, s)| format!("{n}={}", fmt_shape(s)))
-        .collect();
+    let parts: Vec<String> = named.iter().map(|(n, s)| format!("{n}={}", fmt_shape(s))).collect();
     parts.join(" ")
 }

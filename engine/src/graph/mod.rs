@@ -256,7 +256,10 @@ impl Graph {
 
     /// The pads of the flat buffers: the ranges between consecutive parameters.
     pub fn param_pads(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-        self.params.windows(2).map(|w| w[0].offset + w[0].len..w[1].offset).filter(|r| !r.is_empty())
+        self.params
+            .windows(2)
+            .map(|w| w[0].offset + w[0].len..w[1].offset)
+            .filter(|r| !r.is_empty())
     }
 
     /// Parameters (Ψ): the elements of every parameter, the pads excluded.
@@ -300,11 +303,7 @@ impl Graph {
             .into_iter()
             .map(|(shape, elem)| self.new_tensor(shape, elem, TensorKind::Activation))
             .collect();
-        self.nodes.push(Node {
-            op,
-            inputs,
-            outputs: outs.clone(),
-        });
+        self.nodes.push(Node { op, inputs, outputs: outs.clone() });
         outs
     }
 

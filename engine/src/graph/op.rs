@@ -45,12 +45,7 @@ pub enum Op {
     /// (q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) [, mask broadcastable to
     /// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
     /// pre-dropout softmax, saved for the backward, not differentiable.
-    Attention {
-        scale: f32,
-        causal: bool,
-        dropout_p: f32,
-        offset: u64,
-    },
+    Attention { scale: f32, causal: bool, dropout_p: f32, offset: u64 },
     /// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
     ///
     /// This op *is* the softmax + cross-entropy fusion: the forward is a log-sum-exp per row
@@ -85,12 +80,7 @@ pub enum Op {
     SoftmaxBackward { scale: f32 },
     /// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
     /// mask, the CPU kernels the probabilities.
-    AttentionBackward {
-        scale: f32,
-        causal: bool,
-        dropout_p: f32,
-        offset: u64,
-    },
+    AttentionBackward { scale: f32, causal: bool, dropout_p: f32, offset: u64 },
     /// (dloss (), logits (…, V), labels (…)) → dlogits (…, V)
     CrossEntropyBackward { ignore_index: i64 },
 }
@@ -148,18 +138,8 @@ impl Op {
             Op::Dropout { p, offset } => format!("p={p} offset={offset}"),
             Op::Permute { perm } => format!("perm={perm:?}"),
             Op::Split { sizes } => format!("sizes={sizes:?}"),
-            Op::Attention {
-                scale,
-                causal,
-                dropout_p,
-                offset,
-            }
-            | Op::AttentionBackward {
-                scale,
-                causal,
-                dropout_p,
-                offset,
-            } => {
+            Op::Attention { scale, causal, dropout_p, offset }
+            | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
                 format!("scale={scale} causal={causal} p={dropout_p} offset={offset}")
             }
             Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {

@@ -28,14 +28,8 @@ fn parameters_get_aligned_offsets_in_the_flat_buffer() {
         (g.tensor(a).kind.clone(), g.tensor(c).kind.clone()),
         (TensorKind::Param(0), TensorKind::Param(2))
     );
-    assert!(matches!(
-        g.param("a.bias", &[4]),
-        Err(GraphError::Duplicate { .. })
-    ));
-    assert!(
-        g.input_ids("a.bias", &[1]).is_ok(),
-        "inputs and params have separate names"
-    );
+    assert!(matches!(g.param("a.bias", &[4]), Err(GraphError::Duplicate { .. })));
+    assert!(g.input_ids("a.bias", &[1]).is_ok(), "inputs and params have separate names");
 }
 
 #[test]
@@ -56,30 +50,17 @@ fn infers_shapes() {
     let kt = g.transpose(q, 2, 3).unwrap();
     let s = g.matmul(q, kt, false, false).unwrap();
     assert_eq!(g.shape(s), [2, 2, 5, 5]);
-    let a = g
-        .attention(
-            q,
-            q,
-            q,
-            AttentionOpts {
-                causal: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let a = g.attention(q, q, q, AttentionOpts { causal: true, ..Default::default() }).unwrap();
     assert_eq!(g.shape(a), [2, 2, 5, 4]);
     let logits = g.matmul(x, wte, false, true).unwrap();
     let labels = g.input_ids("labels", &[2, 5]).unwrap();
     let loss = g.cross_entropy(logits, labels).unwrap();
     assert_eq!(g.shape(loss), [] as [usize; 0]);
     // Attention's default scale is 1/√D.
-    assert!(g.nodes().iter().any(|n| n.op
-        == Op::Attention {
-            scale: 0.5,
-            causal: true,
-            dropout_p: 0.0,
-            offset: 0
-        }));
+    assert!(g
+        .nodes()
+        .iter()
+        .any(|n| n.op == Op::Attention { scale: 0.5, causal: true, dropout_p: 0.0, offset: 0 }));
 }
 
 #[test]
@@ -88,15 +69,9 @@ fn inconsistent_shapes_are_errors_naming_op_and_shapes() {
     let x = g.param("x", &[2, 3, 4]).unwrap();
     let w = g.param("w", &[5, 6]).unwrap();
     let (op, shapes) = shape_error(g.matmul(x, w, false, false));
-    assert_eq!(
-        (op.as_str(), shapes.as_str()),
-        ("matmul", "a=(2,3,4) b=(5,6)")
-    );
+    assert_eq!((op.as_str(), shapes.as_str()), ("matmul", "a=(2,3,4) b=(5,6)"));
     let err = g.matmul(x, w, false, false).unwrap_err().to_string();
-    assert!(
-        err.contains("matmul") && err.contains("K=4") && err.contains("(5,6)"),
-        "{err}"
-    );
+    assert!(err.contains("matmul") && err.contains("K=4") && err.contains("(5,6)"), "{err}");
 
     let wb = g.param("wb", &[3, 4, 5]).unwrap(); // batched b whose batch dims differ from a's
     assert_eq!(shape_error(g.matmul(x, wb, false, false)).0, "matmul");
@@ -105,16 +80,10 @@ fn inconsistent_shapes_are_errors_naming_op_and_shapes() {
     assert!(err.contains("ta=true with a shared 2-D b"), "{err}");
 
     let bias = g.param("bias", &[3]).unwrap();
-    assert_eq!(
-        shape_error(g.bias_add(x, bias)),
-        ("bias_add".into(), "x=(2,3,4) bias=(3)".into())
-    );
+    assert_eq!(shape_error(g.bias_add(x, bias)), ("bias_add".into(), "x=(2,3,4) bias=(3)".into()));
     let y = g.param("y", &[3, 3]).unwrap();
     assert_eq!(shape_error(g.add(x, y)).0, "add");
-    assert_eq!(
-        shape_error(g.layer_norm(x, bias, bias, 1e-5)).0,
-        "layernorm"
-    );
+    assert_eq!(shape_error(g.layer_norm(x, bias, bias, 1e-5)).0, "layernorm");
     assert_eq!(shape_error(g.reshape(x, &[5, 5])).0, "reshape");
     let split = g.split(x, &[2, 3]);
     assert!(matches!(split, Err(GraphError::Shape { op: "split", .. })));
@@ -122,22 +91,13 @@ fn inconsistent_shapes_are_errors_naming_op_and_shapes() {
     assert_eq!(shape_error(g.concat(&[x, x2])).0, "concat");
 
     let mask = g.input_float("mask", &[2, 1, 3]).unwrap();
-    assert_eq!(
-        shape_error(g.softmax(x, 1.0, false, Some(mask))).0,
-        "softmax"
-    );
+    assert_eq!(shape_error(g.softmax(x, 1.0, false, Some(mask))).0, "softmax");
 
     let q = g.param("q", &[1, 2, 3, 4]).unwrap();
     let k = g.param("k", &[1, 2, 3, 5]).unwrap();
-    assert_eq!(
-        shape_error(g.attention(q, k, k, AttentionOpts::default())).0,
-        "attention"
-    );
+    assert_eq!(shape_error(g.attention(q, k, k, AttentionOpts::default())).0, "attention");
     let bad_mask = g.input_float("bad_mask", &[1, 1, 3, 4]).unwrap();
-    let opts = AttentionOpts {
-        mask: Some(bad_mask),
-        ..Default::default()
-    };
+    let opts = AttentionOpts { mask: Some(bad_mask), ..Default::default() };
     assert_eq!(shape_error(g.attention(q, q, q, opts)).0, "attention");
 
     let labels = g.input_ids("labels", &[2, 4]).unwrap();
@@ -155,50 +115,19 @@ fn wrong_types_and_attributes_are_errors() {
     let table = g.param("table", &[5, 3]).unwrap();
     let float_ids = g.input_float("ids", &[4]).unwrap();
     let err = g.embedding(table, float_ids).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            GraphError::Type {
-                op: "embedding",
-                arg: "ids",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, GraphError::Type { op: "embedding", arg: "ids", .. }), "{err}");
     let ids = g.input_ids("ids2", &[4]).unwrap();
-    assert!(matches!(
-        g.gelu(ids, GeluApprox::Erf),
-        Err(GraphError::Type { op: "gelu", .. })
-    ));
-    assert!(matches!(
-        g.dropout(table, 1.5),
-        Err(GraphError::Attr { op: "dropout", .. })
-    ));
-    assert!(matches!(
-        g.permute(table, &[0, 0]),
-        Err(GraphError::Attr { op: "permute", .. })
-    ));
-    assert!(matches!(
-        g.transpose(table, 0, 2),
-        Err(GraphError::Attr { .. })
-    ));
+    assert!(matches!(g.gelu(ids, GeluApprox::Erf), Err(GraphError::Type { op: "gelu", .. })));
+    assert!(matches!(g.dropout(table, 1.5), Err(GraphError::Attr { op: "dropout", .. })));
+    assert!(matches!(g.permute(table, &[0, 0]), Err(GraphError::Attr { op: "permute", .. })));
+    assert!(matches!(g.transpose(table, 0, 2), Err(GraphError::Attr { .. })));
     let w = g.param("w", &[3]).unwrap();
     assert!(matches!(
         g.layer_norm(table, w, w, f32::NAN),
-        Err(GraphError::Attr {
-            op: "layernorm",
-            ..
-        })
+        Err(GraphError::Attr { op: "layernorm", .. })
     ));
-    assert!(matches!(
-        g.set_loss(table),
-        Err(GraphError::Shape { op: "loss", .. })
-    ));
-    assert!(matches!(
-        g.tanh(TensorId(999)),
-        Err(GraphError::UnknownTensor(TensorId(999)))
-    ));
+    assert!(matches!(g.set_loss(table), Err(GraphError::Shape { op: "loss", .. })));
+    assert!(matches!(g.tanh(TensorId(999)), Err(GraphError::UnknownTensor(TensorId(999)))));
 }
 
 #[test]
@@ -208,17 +137,7 @@ fn dropout_sites_get_disjoint_counter_ranges() {
     let a = g.dropout(x, 0.1).unwrap();
     let _ = g.dropout(a, 0.1).unwrap();
     let q = g.param("q", &[1, 2, 3, 4]).unwrap();
-    let _ = g
-        .attention(
-            q,
-            q,
-            q,
-            AttentionOpts {
-                dropout_p: 0.1,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let _ = g.attention(q, q, q, AttentionOpts { dropout_p: 0.1, ..Default::default() }).unwrap();
     let _ = g.dropout(x, 0.1).unwrap();
     let offsets: Vec<u64> = g
         .nodes()

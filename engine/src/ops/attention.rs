@@ -118,13 +118,7 @@ pub fn attention_backward<T: Real>(
     dims: &AttnDims,
     cfg: &AttnCfg,
 ) {
-    let AttnDims {
-        bh,
-        tq,
-        tk,
-        d,
-        dv: dvd,
-    } = *dims;
+    let AttnDims { bh, tq, tk, d, dv: dvd } = *dims;
     let scale = T::from_f64(cfg.scale as f64);
     dq.fill(T::ZERO);
     dk.fill(T::ZERO);
@@ -170,30 +164,14 @@ mod tests {
     fn backward_matches_finite_differences() {
         // (B=2, H=2, T=4, D=3), mask (B, 1, 1, T).
         let (b, h, t, d) = (2, 2, 4, 3);
-        let dims = AttnDims {
-            bh: b * h,
-            tq: t,
-            tk: t,
-            d,
-            dv: d,
-        };
+        let dims = AttnDims { bh: b * h, tq: t, tk: t, d, dv: d };
         let mut rng = Rng::new(13);
-        let (q, k, v) = (
-            rng.vec(b * h * t * d),
-            rng.vec(b * h * t * d),
-            rng.vec(b * h * t * d),
-        );
+        let (q, k, v) = (rng.vec(b * h * t * d), rng.vec(b * h * t * d), rng.vec(b * h * t * d));
         let mask_data = rng.vec(b * t);
         let dout = rng.vec(b * h * t * d);
         let full = [b, h, t, t];
         for (causal, p) in [(false, 0.0), (true, 0.0), (true, 0.3), (false, 0.5)] {
-            let cfg = AttnCfg {
-                scale: 0.6,
-                causal,
-                dropout_p: p,
-                seed: 3,
-                offset: 100,
-            };
+            let cfg = AttnCfg { scale: 0.6, causal, dropout_p: p, seed: 3, offset: 100 };
             let mask = MaskView::new(&mask_data, &[b, 1, 1, t], &full);
             let fwd = |q: &[f64], k: &[f64], v: &[f64]| {
                 let (mut o, mut pr) = (vec![0.0; b * h * t * d], vec![0.0; b * h * t * t]);
@@ -203,9 +181,7 @@ mod tests {
             let (_, probs) = fwd(&q, &k, &v);
             let n = b * h * t * d;
             let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg,
-            );
+            attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg);
             let what = format!("causal={causal} p={p}");
             let fq = fd_grad(&q, FD_STEP, |q| dot(&fwd(q, &k, &v).0, &dout));
             let fk = fd_grad(&k, FD_STEP, |k| dot(&fwd(&q, k, &v).0, &dout));
@@ -219,28 +195,15 @@ mod tests {
     #[test]
     fn equals_softmax_of_scores_times_v() {
         // One head, no mask, no dropout: compare with the two-step definition.
-        let dims = AttnDims {
-            bh: 1,
-            tq: 2,
-            tk: 3,
-            d: 2,
-            dv: 2,
-        };
-        let cfg = AttnCfg {
-            scale: 0.5,
-            causal: false,
-            dropout_p: 0.0,
-            seed: 0,
-            offset: 0,
-        };
+        let dims = AttnDims { bh: 1, tq: 2, tk: 3, d: 2, dv: 2 };
+        let cfg = AttnCfg { scale: 0.5, causal: false, dropout_p: 0.0, seed: 0, offset: 0 };
         let mut rng = Rng::new(14);
         let (q, k, v) = (rng.vec(4), rng.vec(6), rng.vec(6));
         let (mut o, mut p) = (vec![0.0; 4], vec![0.0; 6]);
         attention_forward(&mut o, &mut p, &q, &k, &v, &dims, &cfg, None);
         for i in 0..2 {
-            let mut s: Vec<f64> = (0..3)
-                .map(|j| 0.5 * (q[i * 2] * k[j * 2] + q[i * 2 + 1] * k[j * 2 + 1]))
-                .collect();
+            let mut s: Vec<f64> =
+                (0..3).map(|j| 0.5 * (q[i * 2] * k[j * 2] + q[i * 2 + 1] * k[j * 2 + 1])).collect();
             softmax_in_place(&mut s);
             for e in 0..2 {
                 let want: f64 = (0..3).map(|j| s[j] * v[j * 2 + e]).sum();

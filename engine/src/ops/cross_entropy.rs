@@ -41,11 +41,8 @@ pub fn cross_entropy_backward<T: Real>(
 ) -> Result<(), OpError> {
     let count = labels.iter().filter(|&&l| l != ignore_index).count();
     let g = dloss / T::from_f64(count.max(1) as f64);
-    for (r, ((drow, row), &label)) in dlogits
-        .chunks_exact_mut(v)
-        .zip(logits.chunks_exact(v))
-        .zip(labels)
-        .enumerate()
+    for (r, ((drow, row), &label)) in
+        dlogits.chunks_exact_mut(v).zip(logits.chunks_exact(v)).zip(labels).enumerate()
     {
         let Some(y) = check_label(label, r, v, ignore_index)? else {
             drow.fill(T::ZERO);
@@ -109,9 +106,7 @@ mod tests {
         let l2 = cross_entropy_forward(&x, &[2, 0], 4, IGNORE).unwrap();
         assert!((l1 - 0.40277976).abs() < 1e-6, "{l1}");
         assert!((l2 - 0.3770313).abs() < 1e-6, "{l2}");
-        assert!(cross_entropy_forward(&x, &[IGNORE, IGNORE], 4, IGNORE)
-            .unwrap()
-            .is_nan());
+        assert!(cross_entropy_forward(&x, &[IGNORE, IGNORE], 4, IGNORE).unwrap().is_nan());
     }
 
     #[test]
@@ -126,10 +121,7 @@ mod tests {
             1.7 * cross_entropy_forward(x, &labels, v, IGNORE).unwrap()
         });
         assert_close(&d, &fd, FD_TOL, "dlogits");
-        assert!(
-            d[v..2 * v].iter().all(|&g| g == 0.0),
-            "ignored rows get no gradient"
-        );
+        assert!(d[v..2 * v].iter().all(|&g| g == 0.0), "ignored rows get no gradient");
     }
 
     #[test]

@@ -46,11 +46,7 @@ pub fn keep_scale<T: Real>(p: f32) -> T {
 pub fn dropout_forward<T: Real>(out: &mut [T], x: &[T], p: f32, seed: u64, offset: u64) {
     let s: T = keep_scale(p);
     for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
-        *o = if keep(seed, offset + i as u64, p) {
-            v * s
-        } else {
-            T::ZERO
-        };
+        *o = if keep(seed, offset + i as u64, p) { v * s } else { T::ZERO };
     }
 }
 
@@ -69,10 +65,7 @@ mod tests {
         assert!((dropped - 0.1).abs() < 0.005, "dropped fraction {dropped}");
         assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
         let mean = y.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-        assert!(
-            (mean - 1.0).abs() < 0.01,
-            "inverted dropout keeps the mean: {mean}"
-        );
+        assert!((mean - 1.0).abs() < 0.01, "inverted dropout keeps the mean: {mean}");
     }
 
     #[test]

@@ -38,10 +38,7 @@ pub fn embedding_backward<T: Real>(
     dtable.fill(T::ZERO);
     for (n, &id) in ids.iter().enumerate() {
         let row = check_id(id, n, v)?;
-        for (d, &g) in dtable[row * c..(row + 1) * c]
-            .iter_mut()
-            .zip(&dout[n * c..(n + 1) * c])
-        {
+        for (d, &g) in dtable[row * c..(row + 1) * c].iter_mut().zip(&dout[n * c..(n + 1) * c]) {
             *d += g;
         }
     }
@@ -50,12 +47,7 @@ pub fn embedding_backward<T: Real>(
 
 fn check_id(id: i64, position: usize, limit: usize) -> Result<usize, OpError> {
     if id < 0 || id as usize >= limit {
-        return Err(OpError::IndexOutOfRange {
-            op: "embedding",
-            index: id,
-            position,
-            limit,
-        });
+        return Err(OpError::IndexOutOfRange { op: "embedding", index: id, position, limit });
     }
     Ok(id as usize)
 }
@@ -94,12 +86,7 @@ mod tests {
         let err = embedding_forward(&mut out, &[3], &table, 2).unwrap_err();
         assert_eq!(
             err,
-            OpError::IndexOutOfRange {
-                op: "embedding",
-                index: 3,
-                position: 0,
-                limit: 3
-            }
+            OpError::IndexOutOfRange { op: "embedding", index: 3, position: 0, limit: 3 }
         );
         assert!(embedding_forward(&mut out, &[-1], &table, 2).is_err());
     }

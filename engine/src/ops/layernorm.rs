@@ -159,23 +159,8 @@ mod tests {
         layernorm_forward(&mut y, &mut m, &mut s, &x, &w, &b, 1e-5);
         let (mut dx, mut dw, mut db) = (vec![0.0; r * c], vec![0.0; c], vec![0.0; c]);
         layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &m, &s);
-        assert_close(
-            &dx,
-            &fd_grad(&x, FD_STEP, |x| loss(x, &w, &b)),
-            FD_TOL,
-            "dx",
-        );
-        assert_close(
-            &dw,
-            &fd_grad(&w, FD_STEP, |w| loss(&x, w, &b)),
-            FD_TOL,
-            "dw",
-        );
-        assert_close(
-            &db,
-            &fd_grad(&b, FD_STEP, |b| loss(&x, &w, b)),
-            FD_TOL,
-            "db",
-        );
+        assert_close(&dx, &fd_grad(&x, FD_STEP, |x| loss(x, &w, &b)), FD_TOL, "dx");
+        assert_close(&dw, &fd_grad(&w, FD_STEP, |w| loss(&x, w, &b)), FD_TOL, "dw");
+        assert_close(&db, &fd_grad(&b, FD_STEP, |b| loss(&x, &w, b)), FD_TOL, "db");
     }
 }

@@ -41,31 +41,37 @@ pub fn matmul_sgemm(out: &mut [f32], a: &[f32], b: &[f32], d: &MatMulDims) {
     let stride_b = if b_batched { k * n } else { 0 };
     // A failing provider (e.g. ORTBENCH_GEMM=mkl without MKL) is a configuration error the
     // user must see, never a silent fall back to the slow loops.
-    sgemm_batched(flag(ta), flag(tb), m, n, k, 1.0, a, lda, b, ldb, 0.0, out, n, batch, m * k, stride_b, m * n)
-        .unwrap_or_else(|e| panic!("matmul: {e}"));
+    sgemm_batched(
+        flag(ta),
+        flag(tb),
+        m,
+        n,
+        k,
+        1.0,
+        a,
+        lda,
+        b,
+        ldb,
+        0.0,
+        out,
+        n,
+        batch,
+        m * k,
+        stride_b,
+        m * n,
+    )
+    .unwrap_or_else(|e| panic!("matmul: {e}"));
 }
 
 /// The reference loops (accumulating in `T`).
 pub fn matmul_loops<T: Real>(out: &mut [T], a: &[T], b: &[T], d: &MatMulDims) {
-    let MatMulDims {
-        batch,
-        m,
-        n,
-        k,
-        ta,
-        tb,
-        b_batched,
-    } = *d;
+    let MatMulDims { batch, m, n, k, ta, tb, b_batched } = *d;
     // Pack op(a) as rows (M, K) and op(b) as rows (N, K): then every output is a contiguous dot.
     let mut a_rows = vec![T::ZERO; if ta { m * k } else { 0 }];
     let mut b_rows = vec![T::ZERO; if tb { 0 } else { n * k }];
     for bi in 0..batch {
         let a_b = &a[bi * m * k..(bi + 1) * m * k];
-        let b_b = if b_batched {
-            &b[bi * k * n..(bi + 1) * k * n]
-        } else {
-            &b[..k * n]
-        };
+        let b_b = if b_batched { &b[bi * k * n..(bi + 1) * k * n] } else { &b[..k * n] };
         let a_r: &[T] = if ta {
             transpose_into(&mut a_rows, a_b, k, m);
             &a_rows
@@ -111,15 +117,7 @@ mod tests {
 
     /// Naive definition, index by index.
     fn naive(a: &[f64], b: &[f64], d: &MatMulDims) -> Vec<f64> {
-        let MatMulDims {
-            batch,
-            m,
-            n,
-            k,
-            ta,
-            tb,
-            b_batched,
-        } = *d;
+        let MatMulDims { batch, m, n, k, ta, tb, b_batched } = *d;
         let mut out = vec![0.0; batch * m * n];
         for bi in 0..batch {
             let bb = if b_batched { bi } else { 0 };
@@ -127,16 +125,10 @@ mod tests {
                 for j in 0..n {
                     let mut s = 0.0;
                     for p in 0..k {
-                        let av = if ta {
-                            a[bi * m * k + p * m + i]
-                        } else {
-                            a[bi * m * k + i * k + p]
-                        };
-                        let bv = if tb {
-                            b[bb * k * n + j * k + p]
-                        } else {
-                            b[bb * k * n + p * n + j]
-                        };
+                        let av =
+                            if ta { a[bi * m * k + p * m + i] } else { a[bi * m * k + i * k + p] };
+                        let bv =
+                            if tb { b[bb * k * n + j * k + p] } else { b[bb * k * n + p * n + j] };
                         s += av * bv;
                     }
                     out[bi * m * n + i * n + j] = s;
@@ -152,15 +144,7 @@ mod tests {
         for ta in [false, true] {
             for tb in [false, true] {
                 for b_batched in [false, true] {
-                    let d = MatMulDims {
-                        batch: 3,
-                        m: 4,
-                        n: 5,
-                        k: 6,
-                        ta,
-                        tb,
-                        b_batched,
-                    };
+                    let d = MatMulDims { batch: 3, m: 4, n: 5, k: 6, ta, tb, b_batched };
                     let a = rng.vec(3 * 4 * 6);
                     let b = rng.vec(if b_batched { 3 } else { 1 } * 5 * 6);
                     let mut out = vec![0.0; 3 * 4 * 5];

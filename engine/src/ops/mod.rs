@@ -33,12 +33,7 @@ pub use real::Real;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OpError {
     #[error("{op}: index {index} at position {position} is out of range 0..{limit}")]
-    IndexOutOfRange {
-        op: &'static str,
-        index: i64,
-        position: usize,
-        limit: usize,
-    },
+    IndexOutOfRange { op: &'static str, index: i64, position: usize, limit: usize },
 }
 
 /// An additive mask broadcast (numpy rules, right-aligned; each mask dim is 1 or equal) against
@@ -56,22 +51,15 @@ impl<'a, T: Copy> MaskView<'a, T> {
     /// mask: broadcastable to full (checked by the graph builder; panics otherwise).
     pub fn new(data: &'a [T], mask_shape: &[usize], full: &[usize]) -> Self {
         let rank = full.len();
-        assert!(
-            mask_shape.len() <= rank && rank >= 1,
-            "mask rank exceeds tensor rank"
-        );
+        assert!(mask_shape.len() <= rank && rank >= 1, "mask rank exceeds tensor rank");
         // Right-align the mask shape and compute its strides, 0 on broadcast dims.
         let pad = rank - mask_shape.len();
-        let shape: Vec<usize> = (0..rank)
-            .map(|d| if d < pad { 1 } else { mask_shape[d - pad] })
-            .collect();
+        let shape: Vec<usize> =
+            (0..rank).map(|d| if d < pad { 1 } else { mask_shape[d - pad] }).collect();
         let mut strides = vec![0; rank];
         let mut s = 1;
         for d in (0..rank).rev() {
-            assert!(
-                shape[d] == 1 || shape[d] == full[d],
-                "mask not broadcastable"
-            );
+            assert!(shape[d] == 1 || shape[d] == full[d], "mask not broadcastable");
             strides[d] = if shape[d] == 1 { 0 } else { s };
             s *= shape[d];
         }

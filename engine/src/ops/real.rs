@@ -45,7 +45,12 @@ pub trait Real:
     /// A fast batched matmul for this type, if the backend has one: f32 goes to the CPU
     /// GEMM library (MKL, or the pure-Rust `gemm` crate); f64 (gradient checks) keeps the
     /// reference loops. Returns false when it did nothing.
-    fn matmul_fast(_out: &mut [Self], _a: &[Self], _b: &[Self], _d: &super::matmul::MatMulDims) -> bool {
+    fn matmul_fast(
+        _out: &mut [Self],
+        _a: &[Self],
+        _b: &[Self],
+        _d: &super::matmul::MatMulDims,
+    ) -> bool {
         false
     }
 }
@@ -136,10 +141,7 @@ mod tests {
             (-0.3, -0.3286267594591274),
         ] {
             assert!((Real::erf(x) - want).abs() < 1e-15, "erf({x})");
-            assert!(
-                (Real::erf(x as f32) as f64 - want).abs() < 1e-7,
-                "erff({x})"
-            );
+            assert!((Real::erf(x as f32) as f64 - want).abs() < 1e-7, "erff({x})");
         }
     }
 }

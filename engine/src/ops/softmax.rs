@@ -63,11 +63,7 @@ pub fn softmax_in_place<T: Real>(row: &mut [T]) {
 /// have y = 0 and so get 0.
 // dx, y, dy: (R, N)
 pub fn softmax_backward<T: Real>(dx: &mut [T], y: &[T], dy: &[T], n: usize, scale: T) {
-    for ((dxr, yr), dyr) in dx
-        .chunks_exact_mut(n)
-        .zip(y.chunks_exact(n))
-        .zip(dy.chunks_exact(n))
-    {
+    for ((dxr, yr), dyr) in dx.chunks_exact_mut(n).zip(y.chunks_exact(n)).zip(dy.chunks_exact(n)) {
         let mut s = T::ZERO;
         for j in 0..n {
             s += dyr[j] * yr[j];
@@ -145,19 +141,11 @@ mod tests {
         let mask = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let m = MaskView::new(&mask, &[2, 1, 3], &[2, 2, 3]);
         assert_eq!(
-            (
-                m.row_offset(0),
-                m.row_offset(1),
-                m.row_offset(2),
-                m.row_offset(3)
-            ),
+            (m.row_offset(0), m.row_offset(1), m.row_offset(2), m.row_offset(3)),
             (0, 0, 3, 3)
         );
         assert_eq!(m.at(3, 2), 6.0);
         let last = MaskView::new(&mask[..2], &[2, 1], &[2, 2, 3]); // broadcast along the last dim
-        assert_eq!(
-            (last.at(last.row_offset(1), 2), last.row_offset(2)),
-            (2.0, 0)
-        );
+        assert_eq!((last.at(last.row_offset(1), 2), last.row_offset(2)), (2.0, 0));
     }
 }

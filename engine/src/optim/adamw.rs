@@ -24,7 +24,14 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { lr: 5e-5, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: 1.0 }
+        AdamWConfig {
+            lr: 5e-5,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+        }
     }
 }
 
@@ -106,7 +113,11 @@ pub fn sum_squares(grads: &[f32], inv_scale: f32, threads: usize) -> (f64, bool)
 }
 
 /// Runs `f` over `threads` contiguous ranges of 0..n on scoped threads.
-fn par_chunks<R: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> R + Sync) -> Vec<R> {
+fn par_chunks<R: Send>(
+    n: usize,
+    threads: usize,
+    f: impl Fn(std::ops::Range<usize>) -> R + Sync,
+) -> Vec<R> {
     let threads = threads.max(1).min(n.div_ceil(1 << 16).max(1));
     let per = n.div_ceil(threads);
     if threads == 1 {
@@ -164,7 +175,14 @@ impl AdamW {
     /// `inv_scale` undoes the loss scale. Returns the statistics; nothing is updated when a
     /// gradient is inf/NaN.
     // params, grads: (N,) flat, in the optimizer's segment layout
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32], inv_scale: f32, lr: f32, mirror: ParamMirror<'_>) -> GradStats {
+    pub fn step(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        inv_scale: f32,
+        lr: f32,
+        mirror: ParamMirror<'_>,
+    ) -> GradStats {
         let (ss, finite) = sum_squares(grads, inv_scale, self.threads);
         let stats = GradStats { norm: ss.sqrt() as f32, finite };
         if finite {
@@ -185,9 +203,19 @@ impl AdamW {
 
     /// The fused pass: for every element, g = grad · grad_scale, then decoupled decay, both
     /// moments, bias-corrected update, and the mirror write.
-    pub fn update(&mut self, params: &mut [f32], grads: &[f32], grad_scale: f32, lr: f32, mut mirror: ParamMirror<'_>) {
+    pub fn update(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        grad_scale: f32,
+        lr: f32,
+        mut mirror: ParamMirror<'_>,
+    ) {
         let n = self.m.len();
-        assert!(params.len() == n && grads.len() == n, "params/grads must match the optimizer state");
+        assert!(
+            params.len() == n && grads.len() == n,
+            "params/grads must match the optimizer state"
+        );
         self.step += 1;
         let c = &self.cfg;
         let sc = c.step_scalars(self.step, lr);
@@ -205,7 +233,11 @@ impl AdamW {
         let threads = self.threads;
         let segments = &self.segments;
         // Raw views split per thread below; each thread owns a disjoint range.
-        let (p_all, m_all, v_all) = (SendPtr(params.as_mut_ptr()), SendPtr(self.m.as_mut_ptr()), SendPtr(self.v.as_mut_ptr()));
+        let (p_all, m_all, v_all) = (
+            SendPtr(params.as_mut_ptr()),
+            SendPtr(self.m.as_mut_ptr()),
+            SendPtr(self.v.as_mut_ptr()),
+        );
         let mirror_ptr = match &mut mirror {
             ParamMirror::None => MirrorPtr::None,
             ParamMirror::F16(x) => {
@@ -244,12 +276,18 @@ impl AdamW {
                     match mirror_ptr {
                         MirrorPtr::None => {}
                         MirrorPtr::F16(x) => {
-                            for (d, s) in std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo).iter_mut().zip(p.iter()) {
+                            for (d, s) in std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo)
+                                .iter_mut()
+                                .zip(p.iter())
+                            {
                                 *d = f16::from_f32(*s);
                             }
                         }
                         MirrorPtr::Bf16(x) => {
-                            for (d, s) in std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo).iter_mut().zip(p.iter()) {
+                            for (d, s) in std::slice::from_raw_parts_mut(x.get().add(lo), hi - lo)
+                                .iter_mut()
+                                .zip(p.iter())
+                            {
                                 *d = bf16::from_f32(*s);
                             }
                         }
@@ -340,7 +378,11 @@ mod tests {
     impl Reference {
         fn step(&mut self, grads: &[f32], segs: &[Segment], c: &AdamWConfig, lr: f64) {
             let norm = grads.iter().map(|&g| f64::from(g).powi(2)).sum::<f64>().sqrt();
-            let coef = if c.max_grad_norm > 0.0 { (f64::from(c.max_grad_norm) / (norm + 1e-6)).min(1.0) } else { 1.0 };
+            let coef = if c.max_grad_norm > 0.0 {
+                (f64::from(c.max_grad_norm) / (norm + 1e-6)).min(1.0)
+            } else {
+                1.0
+            };
             self.t += 1;
             let (b1, b2) = (f64::from(c.beta1), f64::from(c.beta2));
             let (bc1, bc2) = (1.0 - b1.powi(self.t), 1.0 - b2.powi(self.t));
@@ -376,12 +418,22 @@ mod tests {
     #[test]
     fn matches_torch_adamw_with_clipping_and_decay_groups() {
         let n = 300_001; // odd, and large enough to run on several threads
-        let cfg = AdamWConfig { lr: 1e-3, weight_decay: 0.01, max_grad_norm: 1.0, ..AdamWConfig::default() };
+        let cfg = AdamWConfig {
+            lr: 1e-3,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            ..AdamWConfig::default()
+        };
         let segs = segments(n);
         let mut opt = AdamW::new(cfg, segs.clone(), n);
         opt.threads = 3;
         let mut p = random(n, 1);
-        let mut r = Reference { p: p.iter().map(|&x| f64::from(x)).collect(), m: vec![0.0; n], v: vec![0.0; n], t: 0 };
+        let mut r = Reference {
+            p: p.iter().map(|&x| f64::from(x)).collect(),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            t: 0,
+        };
         for step in 0..5 {
             let scale = if step == 2 { 1.0 } else { 0.001 }; // clipping active except at step 2
             let g: Vec<f32> = random(n, 10 + step).iter().map(|x| x * scale).collect();

@@ -13,7 +13,13 @@ pub struct LossScaler {
 
 impl Default for LossScaler {
     fn default() -> Self {
-        LossScaler { scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000, clean_steps: 0 }
+        LossScaler {
+            scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            clean_steps: 0,
+        }
     }
 }
 

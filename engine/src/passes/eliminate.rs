@@ -14,7 +14,10 @@ use crate::graph::{Graph, GraphError, Op};
 
 /// Removes every `dropout(x, p = 0)`, its readers reading x.
 pub fn eliminate_dropout(g: &Graph) -> Result<(Graph, usize), GraphError> {
-    eliminate(g, |g, n| matches!(n.op, Op::Dropout { p, .. } if p == 0.0) && g.shape(n.inputs[0]) == g.shape(n.outputs[0]))
+    eliminate(g, |g, n| {
+        matches!(n.op, Op::Dropout { p, .. } if p == 0.0)
+            && g.shape(n.inputs[0]) == g.shape(n.outputs[0])
+    })
 }
 
 /// Removes every reshape to the same shape and identity permute, their readers reading x.
@@ -26,7 +29,10 @@ pub fn eliminate_identity(g: &Graph) -> Result<(Graph, usize), GraphError> {
     })
 }
 
-fn eliminate(g: &Graph, is_identity: impl Fn(&Graph, &crate::graph::Node) -> bool) -> Result<(Graph, usize), GraphError> {
+fn eliminate(
+    g: &Graph,
+    is_identity: impl Fn(&Graph, &crate::graph::Node) -> bool,
+) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
@@ -49,7 +55,8 @@ mod tests {
     /// An MLP with p = 0 dropouts, a same-shape reshape and an identity permute.
     fn graph() -> Graph {
         let mut g = Graph::new();
-        let (x, labels) = (g.input_float("x", &[3, 4, 8]).unwrap(), g.input_ids("labels", &[3, 4]).unwrap());
+        let (x, labels) =
+            (g.input_float("x", &[3, 4, 8]).unwrap(), g.input_ids("labels", &[3, 4]).unwrap());
         let w = g.param("w", &[8, 8]).unwrap();
         let h = g.dropout(x, 0.0).unwrap();
         let h = g.matmul(h, w, false, true).unwrap();
@@ -77,7 +84,10 @@ mod tests {
         let g = graph();
         let (after, n) = show("eliminate_identity", &g, eliminate_identity);
         assert_eq!(n, 2);
-        assert!(!op_counts(&after).contains_key("reshape") && !op_counts(&after).contains_key("permute"));
+        assert!(
+            !op_counts(&after).contains_key("reshape")
+                && !op_counts(&after).contains_key("permute")
+        );
         assert_same_numbers(&g, &after, 0.0, true);
     }
 }

@@ -14,7 +14,10 @@ use crate::graph::{Graph, GraphError, Op};
 /// Whether `perm` swaps the last two dims and keeps the others.
 pub(crate) fn swaps_last_two(perm: &[usize]) -> bool {
     let r = perm.len();
-    r >= 2 && perm[r - 1] == r - 2 && perm[r - 2] == r - 1 && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+    r >= 2
+        && perm[r - 1] == r - 2
+        && perm[r - 2] == r - 1
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
 }
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
@@ -26,9 +29,18 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
         let Op::MatMul { mut ta, mut tb } = n.op else { continue };
         let mut inputs = n.inputs.clone();
         for slot in 0..2 {
-            let Some((p, pn)) = uses.producer_if(g, inputs[slot], |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm))) else { continue };
+            let Some((p, pn)) = uses.producer_if(
+                g,
+                inputs[slot],
+                |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm)),
+            ) else {
+                continue;
+            };
             let (nta, ntb) = if slot == 0 { (!ta, tb) } else { (ta, !tb) };
-            let (ra, rb) = (g.shape(if slot == 0 { pn.inputs[0] } else { inputs[0] }).len(), g.shape(inputs[1]).len());
+            let (ra, rb) = (
+                g.shape(if slot == 0 { pn.inputs[0] } else { inputs[0] }).len(),
+                g.shape(inputs[1]).len(),
+            );
             if nta && rb == 2 && ra > 2 {
                 continue; // ta with a shared 2-D b: not expressible
             }
@@ -68,7 +80,7 @@ mod tests {
         // x · wᵀ through a permute of the 2-D weight: tb.
         let wt = g.transpose(w, 0, 1).unwrap();
         let y = g.matmul(x, wt, false, false).unwrap(); // (2,3,5,6)
-        // batched: (kᵀ)ᵀ... y · k: k (2,3,6,4); yᵀ via permute on a (ta, batched b: allowed).
+                                                        // batched: (kᵀ)ᵀ... y · k: k (2,3,6,4); yᵀ via permute on a (ta, batched b: allowed).
         let yt = g.transpose(y, 2, 3).unwrap(); // (2,3,6,5)
         let z = g.matmul(yt, k, true, false).unwrap(); // (2,3,5,4)
         let kt = g.transpose(k, 2, 3).unwrap(); // (2,3,4,6)

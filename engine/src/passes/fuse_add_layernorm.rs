@@ -20,7 +20,9 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
         let Op::LayerNorm { eps } = n.op else { continue };
-        let Some((p, pn)) = uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::Add)) else { continue };
+        let Some((p, pn)) = uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::Add)) else {
+            continue;
+        };
         let (a, b, w, bias) = (pn.inputs[0], pn.inputs[1], n.inputs[1], n.inputs[2]);
         let before_add = |t: crate::graph::TensorId| uses.producer[t.index()].is_none_or(|q| q < p);
         if rw.is_removed(p) || g.shape(a) != g.shape(b) || !before_add(w) || !before_add(bias) {

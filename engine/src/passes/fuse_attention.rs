@@ -33,7 +33,9 @@ fn find(g: &Graph, uses: &Uses, dep: &[bool], o: usize, n: &Node) -> Option<Chai
     let Op::MatMul { ta: false, tb: false } = n.op else { return None };
     let (mut probs, v) = (n.inputs[0], n.inputs[1]);
     let mut nodes = vec![o];
-    let sole = |t: TensorId, pred: fn(&Op) -> bool| uses.single_use(t).then(|| uses.producer_if(g, t, pred)).flatten();
+    let sole = |t: TensorId, pred: fn(&Op) -> bool| {
+        uses.single_use(t).then(|| uses.producer_if(g, t, pred)).flatten()
+    };
     let mut dropout = None;
     if let Some((d, dn)) = sole(probs, |op| matches!(op, Op::Dropout { .. })) {
         let Op::Dropout { p, offset } = dn.op else { unreachable!() };
@@ -69,7 +71,11 @@ fn find(g: &Graph, uses: &Uses, dep: &[bool], o: usize, n: &Node) -> Option<Chai
     let k = if tb {
         kk
     } else {
-        let (p, pn) = uses.producer_if(g, kk, |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm)))?;
+        let (p, pn) = uses.producer_if(
+            g,
+            kk,
+            |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm)),
+        )?;
         if uses.single_use(kk) {
             nodes.push(p);
         }
@@ -85,9 +91,13 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     for (o, n) in g.nodes().iter().enumerate() {
         let Some(c) = find(g, &uses, &dep, o, n) else { continue };
         let (p, offset) = c.dropout.unwrap_or((0.0, 0));
-        let opts = AttentionOpts { causal: c.causal, scale: Some(c.scale), dropout_p: p, mask: c.mask };
+        let opts =
+            AttentionOpts { causal: c.causal, scale: Some(c.scale), dropout_p: p, mask: c.mask };
         // Shapes the fused op does not take (not 4-D, …) leave the chain as it is.
-        let Ok(out) = rw.insert_before(o, |g| g.attention_at(c.q, c.k, c.v, opts, Some(offset))) else { continue };
+        let Ok(out) = rw.insert_before(o, |g| g.attention_at(c.q, c.k, c.v, opts, Some(offset)))
+        else {
+            continue;
+        };
         rw.replace(n.outputs[0], out);
         for &i in &c.nodes {
             rw.remove(i);

@@ -19,12 +19,21 @@ use crate::graph::{Graph, GraphError, Op};
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
-    let feeds_loss = |t: crate::graph::TensorId| uses.consumers[t.index()].iter().any(|&c| matches!(g.nodes()[c].op, Op::CrossEntropy { .. }));
+    let feeds_loss = |t: crate::graph::TensorId| {
+        uses.consumers[t.index()]
+            .iter()
+            .any(|&c| matches!(g.nodes()[c].op, Op::CrossEntropy { .. }))
+    };
     for (i, n) in g.nodes().iter().enumerate() {
-        if !matches!(n.op, Op::BiasAdd) || !uses.single_use(n.inputs[0]) || feeds_loss(n.outputs[0]) {
+        if !matches!(n.op, Op::BiasAdd) || !uses.single_use(n.inputs[0]) || feeds_loss(n.outputs[0])
+        {
             continue;
         }
-        let Some((m, mn)) = uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::MatMul { ta: false, .. })) else { continue };
+        let Some((m, mn)) =
+            uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::MatMul { ta: false, .. }))
+        else {
+            continue;
+        };
         let Op::MatMul { tb, .. } = mn.op else { unreachable!() };
         let (x, w, bias) = (mn.inputs[0], mn.inputs[1], n.inputs[1]);
         if g.shape(w).len() != 2 {
@@ -69,7 +78,14 @@ mod tests {
         let (b, a) = (op_counts(&g), op_counts(&after));
         assert_eq!((a["linear"], a.get("bias_add"), a.get("gelu")), (8, None, None));
         assert_eq!(a["matmul"], b["matmul"] - 8);
-        assert_eq!(after.nodes().iter().filter(|n| matches!(n.op, Op::Linear { gelu: Some(GeluApprox::Tanh), .. })).count(), 2);
+        assert_eq!(
+            after
+                .nodes()
+                .iter()
+                .filter(|n| matches!(n.op, Op::Linear { gelu: Some(GeluApprox::Tanh), .. }))
+                .count(),
+            2
+        );
         assert_same_numbers(&g, &after, 1e-12, true);
     }
 

@@ -33,7 +33,12 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
                     scale *= s;
                     x = pn.inputs[0];
                 }
-                Op::Add if mask.is_none() && scale == 1.0 && !dep[pn.inputs[1].index()] && dep[pn.inputs[0].index()] => {
+                Op::Add
+                    if mask.is_none()
+                        && scale == 1.0
+                        && !dep[pn.inputs[1].index()]
+                        && dep[pn.inputs[0].index()] =>
+                {
                     mask = Some(pn.inputs[1]);
                     x = pn.inputs[0];
                 }

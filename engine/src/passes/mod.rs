@@ -70,13 +70,33 @@ struct PassDef {
 
 /// Every pass, in run order.
 const PASSES: &[PassDef] = &[
-    PassDef { name: "eliminate_dropout", training: false, default_on: true, run: eliminate::eliminate_dropout },
-    PassDef { name: "eliminate_identity", training: false, default_on: true, run: eliminate::eliminate_identity },
+    PassDef {
+        name: "eliminate_dropout",
+        training: false,
+        default_on: true,
+        run: eliminate::eliminate_dropout,
+    },
+    PassDef {
+        name: "eliminate_identity",
+        training: false,
+        default_on: true,
+        run: eliminate::eliminate_identity,
+    },
     PassDef { name: "fold_transpose", training: false, default_on: true, run: fold_transpose::run },
     PassDef { name: "fuse_softmax", training: false, default_on: true, run: fuse_softmax::run },
     PassDef { name: "fuse_attention", training: false, default_on: true, run: fuse_attention::run },
-    PassDef { name: "fuse_matmul_bias", training: false, default_on: true, run: fuse_matmul_bias::run },
-    PassDef { name: "fuse_add_layernorm", training: false, default_on: true, run: fuse_add_layernorm::run },
+    PassDef {
+        name: "fuse_matmul_bias",
+        training: false,
+        default_on: true,
+        run: fuse_matmul_bias::run,
+    },
+    PassDef {
+        name: "fuse_add_layernorm",
+        training: false,
+        default_on: true,
+        run: fuse_add_layernorm::run,
+    },
     PassDef { name: "recompute_gelu", training: true, default_on: false, run: recompute_gelu::run },
 ];
 
@@ -104,7 +124,8 @@ impl PassConfig {
     /// Every pass that is on by default (all but `recompute_gelu`, which trades compute for
     /// memory and is asked for with `+recompute_gelu`).
     pub fn all() -> Self {
-        let bits = PASSES.iter().enumerate().filter(|(_, p)| p.default_on).fold(0, |b, (i, _)| b | 1 << i);
+        let bits =
+            PASSES.iter().enumerate().filter(|(_, p)| p.default_on).fold(0, |b, (i, _)| b | 1 << i);
         PassConfig { bits }
     }
 
@@ -135,7 +156,10 @@ impl PassConfig {
     /// [`PassConfig::with`], an error naming the known passes for an unknown name.
     pub fn try_with(self, name: &str, on: bool) -> Result<Self, PassConfigError> {
         let i = PASSES.iter().position(|p| p.name == name).ok_or_else(|| {
-            PassConfigError(format!("unknown pass '{name}'; the passes are {} (and `all`, `none`)", Self::names().join(", ")))
+            PassConfigError(format!(
+                "unknown pass '{name}'; the passes are {} (and `all`, `none`)",
+                Self::names().join(", ")
+            ))
         })?;
         let bits = if on { self.bits | 1 << i } else { self.bits & !(1 << i) };
         Ok(PassConfig { bits })
@@ -157,7 +181,9 @@ impl PassConfig {
                         Some(n) => (n, false),
                         None => (item.strip_prefix('+').unwrap_or(item), true),
                     };
-                    cfg = cfg.try_with(name, on).map_err(|e| PassConfigError(format!("{ENV_VAR}='{s}': {e}")))?;
+                    cfg = cfg
+                        .try_with(name, on)
+                        .map_err(|e| PassConfigError(format!("{ENV_VAR}='{s}': {e}")))?;
                 }
             }
         }
@@ -218,7 +244,8 @@ impl fmt::Display for PassReport {
         if self.passes.is_empty() {
             return f.write_str("no passes");
         }
-        let parts: Vec<String> = self.passes.iter().map(|p| format!("{} {}", p.name, p.rewrites)).collect();
+        let parts: Vec<String> =
+            self.passes.iter().map(|p| format!("{} {}", p.name, p.rewrites)).collect();
         f.write_str(&parts.join(", "))
     }
 }
@@ -246,7 +273,10 @@ pub fn run_forward(g: &Graph, cfg: &PassConfig) -> Result<(Graph, PassReport), G
 /// Runs the enabled training passes on a training graph (after autodiff).
 pub fn run_training(g: &Graph, cfg: &PassConfig) -> Result<(Graph, PassReport), GraphError> {
     if !g.is_training() {
-        return Err(GraphError::Attr { op: "passes", msg: "run_training needs a training graph: run autodiff::backward first".into() });
+        return Err(GraphError::Attr {
+            op: "passes",
+            msg: "run_training needs a training graph: run autodiff::backward first".into(),
+        });
     }
     run(g, cfg, true)
 }

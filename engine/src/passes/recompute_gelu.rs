@@ -21,7 +21,9 @@ use crate::graph::{Graph, GraphError, Op};
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let Some(loss) = g.loss() else { return Ok((g.clone(), 0)) };
-    let Some(boundary) = uses.producer[loss.index()].map(|p| p + 1) else { return Ok((g.clone(), 0)) };
+    let Some(boundary) = uses.producer[loss.index()].map(|p| p + 1) else {
+        return Ok((g.clone(), 0));
+    };
     let mut rw = Rewrite::new(g);
     for n in &g.nodes()[..boundary] {
         let (x, approx) = match n.op {
@@ -30,7 +32,8 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
             _ => continue,
         };
         let y = n.outputs[0];
-        let readers: Vec<usize> = uses.consumers[y.index()].iter().copied().filter(|&c| c >= boundary).collect();
+        let readers: Vec<usize> =
+            uses.consumers[y.index()].iter().copied().filter(|&c| c >= boundary).collect();
         let Some(&first) = readers.iter().min() else { continue };
         let y2 = rw.insert_before(first, |g| g.gelu(x, approx))?;
         for &c in &readers {

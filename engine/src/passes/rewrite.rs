@@ -37,7 +37,12 @@ impl Uses {
     }
 
     /// The node producing `t` if it has op `pred`.
-    pub fn producer_if<'g>(&self, g: &'g Graph, t: TensorId, pred: impl Fn(&Op) -> bool) -> Option<(usize, &'g Node)> {
+    pub fn producer_if<'g>(
+        &self,
+        g: &'g Graph,
+        t: TensorId,
+        pred: impl Fn(&Op) -> bool,
+    ) -> Option<(usize, &'g Node)> {
         let p = self.producer[t.index()]?;
         let n = &g.nodes[p];
         pred(&n.op).then_some((p, n))
@@ -78,7 +83,14 @@ pub(crate) struct Rewrite {
 impl Rewrite {
     pub fn new(g: &Graph) -> Rewrite {
         let n = g.nodes.len();
-        Rewrite { g: g.clone(), n, dead: vec![false; n], before: vec![Vec::new(); n + 1], subst: HashMap::new(), count: 0 }
+        Rewrite {
+            g: g.clone(),
+            n,
+            dead: vec![false; n],
+            before: vec![Vec::new(); n + 1],
+            subst: HashMap::new(),
+            count: 0,
+        }
     }
 
     /// Original node `i`, to edit its op or inputs in place.
@@ -90,7 +102,11 @@ impl Rewrite {
     /// Builds new nodes with the graph builder (`build` checks shapes as for any graph) and
     /// schedules them before original node `at`: the caller guarantees that their inputs are
     /// computed before `at` and that every reader of their outputs comes at or after it.
-    pub fn insert_before<T>(&mut self, at: usize, build: impl FnOnce(&mut Graph) -> Result<T, GraphError>) -> Result<T, GraphError> {
+    pub fn insert_before<T>(
+        &mut self,
+        at: usize,
+        build: impl FnOnce(&mut Graph) -> Result<T, GraphError>,
+    ) -> Result<T, GraphError> {
         let len = self.g.nodes.len();
         let r = build(&mut self.g);
         let new: Vec<Node> = self.g.nodes.drain(len..).collect();
@@ -210,7 +226,10 @@ pub fn validate(g: &Graph) -> Result<(), GraphError> {
         }
         for &o in &n.outputs {
             if std::mem::replace(&mut ready[o.index()], true) {
-                return err(format!("node {i} ({}) writes {o}, which is already defined", n.op.name()));
+                return err(format!(
+                    "node {i} ({}) writes {o}, which is already defined",
+                    n.op.name()
+                ));
             }
         }
     }

@@ -41,7 +41,8 @@ fn fused_cross_entropy_matches_softmax_then_nll() {
     for &(rows, v) in &[(6usize, 5usize), (33, 50), (8, 1000)] {
         let mut rng = Rng::new(rows as u64 * 7 + v as u64);
         let logits: Vec<f64> = rng.vec(rows * v).iter().map(|x| 4.0 * x).collect();
-        let labels: Vec<i64> = (0..rows).map(|r| if r % 3 == 2 { -100 } else { rng.below(v) as i64 }).collect();
+        let labels: Vec<i64> =
+            (0..rows).map(|r| if r % 3 == 2 { -100 } else { rng.below(v) as i64 }).collect();
         let (want_l, want_d) = two_op(&logits, &labels, v);
         // Reference op (f64): the same math, one pass per row.
         let l = cross_entropy::cross_entropy_forward(&logits, &labels, v, -100).unwrap();
@@ -54,7 +55,8 @@ fn fused_cross_entropy_matches_softmax_then_nll() {
         // on the gradient (f32 exp and sums in another order).
         let l32: Vec<f32> = logits.iter().map(|&x| x as f32).collect();
         let mut ws = vec![0f32; rows];
-        let lk = loss::cross_entropy_forward(&pool, &l32, &labels, v, -100, &mut ws).unwrap() as f64;
+        let lk =
+            loss::cross_entropy_forward(&pool, &l32, &labels, v, -100, &mut ws).unwrap() as f64;
         assert!((lk - want_l).abs() <= 1e-5 * want_l.abs(), "kernel loss {lk} vs {want_l}");
         let big = want_d.iter().fold(0f64, |m, x| m.max(x.abs()));
         let mut dk = vec![f32::NAN; rows * v];

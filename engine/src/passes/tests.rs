@@ -11,12 +11,21 @@ fn config_parses_names_signs_all_and_none() {
     assert_eq!(PassConfig::parse("all").unwrap(), all);
     assert_eq!(PassConfig::parse("none").unwrap(), PassConfig::none());
     let c = PassConfig::parse("-fuse_add_layernorm, +recompute_gelu").unwrap();
-    assert!(!c.enabled("fuse_add_layernorm") && c.enabled("recompute_gelu") && c.enabled("fuse_attention"));
+    assert!(
+        !c.enabled("fuse_add_layernorm")
+            && c.enabled("recompute_gelu")
+            && c.enabled("fuse_attention")
+    );
     let c = PassConfig::parse("none,fuse_attention").unwrap();
     assert_eq!(c.to_string(), "fuse_attention");
     assert_eq!(c, PassConfig::none().with("fuse_attention", true));
     let e = PassConfig::parse("-fuse_everything").unwrap_err().to_string();
-    assert!(e.contains("ORTBENCH_PASSES") && e.contains("unknown pass 'fuse_everything'") && e.contains("fuse_matmul_bias"), "{e}");
+    assert!(
+        e.contains("ORTBENCH_PASSES")
+            && e.contains("unknown pass 'fuse_everything'")
+            && e.contains("fuse_matmul_bias"),
+        "{e}"
+    );
     assert_eq!(PassConfig::names().len(), 8);
     assert_eq!(PassConfig::none().to_string(), "none");
 }

@@ -13,10 +13,17 @@ use crate::plan::testgraphs::params;
 pub use super::op_counts;
 
 /// Runs `pass` on `g`, prints both graphs and the op counts that changed.
-pub fn show(name: &str, g: &Graph, pass: impl Fn(&Graph) -> Result<(Graph, usize), GraphError>) -> (Graph, usize) {
+pub fn show(
+    name: &str,
+    g: &Graph,
+    pass: impl Fn(&Graph) -> Result<(Graph, usize), GraphError>,
+) -> (Graph, usize) {
     let (after, n) = pass(g).unwrap_or_else(|e| panic!("{name}: {e}"));
     super::validate(&after).unwrap();
-    println!("==== {name}: before\n{g}==== {name}: after ({n} rewrites)\n{after}==== op counts\n{}\n", super::op_count_diff(g, &after));
+    println!(
+        "==== {name}: before\n{g}==== {name}: after ({n} rewrites)\n{after}==== op counts\n{}\n",
+        super::op_count_diff(g, &after)
+    );
     (after, n)
 }
 
@@ -35,10 +42,17 @@ impl Feed {
             let n = g.tensor(t).numel();
             if g.tensor(t).elem.is_float() {
                 // An additive mask: mostly 0, some large negatives, never all masked.
-                floats.push((name, (0..n).map(|i| if i % 5 == 3 { -1e4 } else { 0.1 * rng.uniform() as f32 }).collect()));
+                floats.push((
+                    name,
+                    (0..n)
+                        .map(|i| if i % 5 == 3 { -1e4 } else { 0.1 * rng.uniform() as f32 })
+                        .collect(),
+                ));
             } else {
                 let (limit, labels) = id_range(g, t);
-                let v = (0..n).map(|i| if labels && i % 4 == 3 { -100 } else { rng.below(limit) as i64 }).collect();
+                let v = (0..n)
+                    .map(|i| if labels && i % 4 == 3 { -100 } else { rng.below(limit) as i64 })
+                    .collect();
                 ids.push((name, v));
             }
         }
@@ -62,7 +76,9 @@ fn id_range(g: &Graph, t: TensorId) -> (usize, bool) {
     for n in g.nodes() {
         match n.op {
             Op::Embedding if n.inputs[1] == t => return (g.shape(n.inputs[0])[0], false),
-            Op::CrossEntropy { .. } if n.inputs[1] == t => return (*g.shape(n.inputs[0]).last().expect("logits"), true),
+            Op::CrossEntropy { .. } if n.inputs[1] == t => {
+                return (*g.shape(n.inputs[0]).last().expect("logits"), true)
+            }
             _ => {}
         }
     }
@@ -80,8 +96,17 @@ pub fn train(g: &Graph) -> Graph {
 /// on `after` against the reference (f32) on `before`: loss within 1e-5 relative, gradients
 /// within 1e-5·max|g| + 1e-7·G (G the largest gradient; as `exec::planned::tests`).
 pub fn assert_same_numbers(before: &Graph, after: &Graph, rtol: f64, planned: bool) {
-    let (tb, ta) = if before.is_training() { (before.clone(), after.clone()) } else { (train(before), train(after)) };
-    let layout = |g: &Graph| g.params().iter().map(|p| (p.name.clone(), p.shape.clone(), p.offset, p.len)).collect::<Vec<_>>();
+    let (tb, ta) = if before.is_training() {
+        (before.clone(), after.clone())
+    } else {
+        (train(before), train(after))
+    };
+    let layout = |g: &Graph| {
+        g.params()
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone(), p.offset, p.len))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(layout(&tb), layout(&ta), "parameters and their layout are unchanged");
     let feed = Feed::new(&tb, 11);
     let inputs = feed.inputs();
@@ -105,9 +130,13 @@ pub fn assert_same_numbers(before: &Graph, after: &Graph, rtol: f64, planned: bo
         ex.plan().check(&ta).unwrap();
         let mut g_fast = vec![f32::NAN; n];
         let l_fast = ex.train_step(&p32, &inputs, seed, &mut g_fast).unwrap();
-        assert!((l_fast - l_ref).abs() <= 1e-5 * l_ref.abs(), "planned loss {l_fast} vs reference {l_ref}");
+        assert!(
+            (l_fast - l_ref).abs() <= 1e-5 * l_ref.abs(),
+            "planned loss {l_fast} vs reference {l_ref}"
+        );
         let big = g_ref.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-        let (gf, gr): (Vec<f64>, Vec<f64>) = (g_fast.iter().map(|&v| v as f64).collect(), g_ref.iter().map(|&v| v as f64).collect());
+        let (gf, gr): (Vec<f64>, Vec<f64>) =
+            (g_fast.iter().map(|&v| v as f64).collect(), g_ref.iter().map(|&v| v as f64).collect());
         compare_grads(&tb, &gf, &gr, 1e-5, 1e-7 * big, "planned f32");
         println!("planned f32: loss {l_fast:.6} vs reference {l_ref:.6}");
     }
@@ -119,7 +148,11 @@ fn compare_grads(g: &Graph, got: &[f64], want: &[f64], rtol: f64, floor: f64, wh
         let max_g = b.iter().fold(0f64, |m, v| m.max(v.abs()));
         let max_d = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
         assert!(a.iter().all(|v| v.is_finite()), "{what}: {} has a non-finite gradient", p.name);
-        assert!(max_d <= rtol * max_g + floor, "{what}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})", p.name);
+        assert!(
+            max_d <= rtol * max_g + floor,
+            "{what}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})",
+            p.name
+        );
     }
 }
 
@@ -127,7 +160,15 @@ fn compare_grads(g: &Graph, got: &[f64], want: &[f64], rtol: f64, floor: f64, wh
 /// (c_attn split into q, k, v; q·kᵀ through a transpose, scale, causal softmax with an
 /// additive (T, T) mask, dropout, ·v; c_proj; dropout; residual; ln_2; c_fc; GELU-tanh;
 /// c_proj; dropout; residual), ln_f, tied LM head, cross-entropy. Loss set.
-pub fn eager_gpt(b: usize, t: usize, c: usize, h: usize, v: usize, layers: usize, dropout: f32) -> Graph {
+pub fn eager_gpt(
+    b: usize,
+    t: usize,
+    c: usize,
+    h: usize,
+    v: usize,
+    layers: usize,
+    dropout: f32,
+) -> Graph {
     let r = || -> Result<Graph, GraphError> {
         let mut g = Graph::new();
         let ids = g.input_ids("input_ids", &[b, t])?;
@@ -147,7 +188,12 @@ pub fn eager_gpt(b: usize, t: usize, c: usize, h: usize, v: usize, layers: usize
                 let bb = g.param(&format!("h{l}.{name}.bias"), &[c])?;
                 g.layer_norm(x, w, bb, 1e-5)
             };
-            let conv = |g: &mut Graph, x, name: &str, cin: usize, cout: usize| -> Result<TensorId, GraphError> {
+            let conv = |g: &mut Graph,
+                        x,
+                        name: &str,
+                        cin: usize,
+                        cout: usize|
+             -> Result<TensorId, GraphError> {
                 let w = g.param(&format!("h{l}.{name}.weight"), &[cin, cout])?;
                 let bb = g.param(&format!("h{l}.{name}.bias"), &[cout])?;
                 let y = g.matmul(x, w, false, false)?;

@@ -52,11 +52,7 @@ pub fn extent(shape: &[usize], strides: &[isize]) -> isize {
     if shape.contains(&0) {
         return 0;
     }
-    1 + shape
-        .iter()
-        .zip(strides)
-        .map(|(&n, &s)| (n as isize - 1) * s)
-        .sum::<isize>()
+    1 + shape.iter().zip(strides).map(|(&n, &s)| (n as isize - 1) * s).sum::<isize>()
 }
 
 /// Whether a layout meets a kernel's requirement.
@@ -83,7 +79,11 @@ pub fn satisfies(shape: &[usize], strides: &[isize], req: Req) -> bool {
 /// The strides that view a tensor of `in_shape`/`in_strides` as `out_shape` (same element
 /// count, row-major order), or None when the view needs a copy — PyTorch's `computeStride`
 /// (aten/src/ATen/TensorUtils.cpp), run on the shapes with their size-1 dims removed.
-pub fn reshape_strides(in_shape: &[usize], in_strides: &[isize], out_shape: &[usize]) -> Option<Vec<isize>> {
+pub fn reshape_strides(
+    in_shape: &[usize],
+    in_strides: &[isize],
+    out_shape: &[usize],
+) -> Option<Vec<isize>> {
     let numel: usize = in_shape.iter().product();
     if numel != out_shape.iter().product::<usize>() {
         return None;
@@ -92,18 +92,10 @@ pub fn reshape_strides(in_shape: &[usize], in_strides: &[isize], out_shape: &[us
     if numel <= 1 {
         return Some(out);
     }
-    let (os, ost): (Vec<usize>, Vec<isize>) = in_shape
-        .iter()
-        .zip(in_strides)
-        .filter(|(&n, _)| n != 1)
-        .map(|(&n, &s)| (n, s))
-        .unzip();
-    let ns: Vec<(usize, usize)> = out_shape
-        .iter()
-        .enumerate()
-        .filter(|(_, &n)| n != 1)
-        .map(|(i, &n)| (i, n))
-        .collect();
+    let (os, ost): (Vec<usize>, Vec<isize>) =
+        in_shape.iter().zip(in_strides).filter(|(&n, _)| n != 1).map(|(&n, &s)| (n, s)).unzip();
+    let ns: Vec<(usize, usize)> =
+        out_shape.iter().enumerate().filter(|(_, &n)| n != 1).map(|(i, &n)| (i, n)).collect();
     let mut view_d = ns.len() as isize - 1;
     let mut chunk_base = *ost.last()?;
     let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
@@ -166,7 +158,10 @@ mod tests {
     fn reshape_of_contiguous_is_contiguous_and_of_heads_splits_the_row() {
         let s = contiguous_strides(&[2, 3, 8]);
         assert_eq!(reshape_strides(&[2, 3, 8], &s, &[6, 8]).unwrap(), vec![8, 1]);
-        assert_eq!(reshape_strides(&[2, 3, 8], &s, &[2, 3, 1, 8, 1]).unwrap(), vec![24, 8, 0, 1, 0]);
+        assert_eq!(
+            reshape_strides(&[2, 3, 8], &s, &[2, 3, 1, 8, 1]).unwrap(),
+            vec![24, 8, 0, 1, 0]
+        );
         // GPT-2's q: a (B, T, C) piece of a (B, T, 3C) row, split into heads (B, T, H, D).
         let piece = [72isize, 24, 1]; // B=2, T=3, C=8 inside rows of 24
         let heads = reshape_strides(&[2, 3, 8], &piece, &[2, 3, 2, 4]).unwrap();
@@ -194,7 +189,7 @@ mod tests {
     #[test]
     fn reshape_strides_agree_with_element_order_on_many_shapes() {
         let cases: &[(&[usize], &[usize], &[usize])] = &[
-            (&[4, 6], &[1, 0], &[6, 4]),  // transposed (6,4)->(4,6) view
+            (&[4, 6], &[1, 0], &[6, 4]), // transposed (6,4)->(4,6) view
             (&[2, 3, 4], &[0, 1, 2], &[6, 4]),
             (&[2, 3, 4], &[1, 0, 2], &[3, 2, 4]),
             (&[2, 1, 4], &[0, 1, 2], &[8]),
@@ -205,7 +200,11 @@ mod tests {
             let permuted_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
             let ps = permute_strides(&strides, perm);
             if let Some(rs) = reshape_strides(&permuted_shape, &ps, want) {
-                assert_eq!(offsets(want, &rs), offsets(&permuted_shape, &ps), "{shape:?} {perm:?} {want:?}");
+                assert_eq!(
+                    offsets(want, &rs),
+                    offsets(&permuted_shape, &ps),
+                    "{shape:?} {perm:?} {want:?}"
+                );
             }
         }
     }

@@ -44,8 +44,11 @@ pub(crate) mod testgraphs;
 mod tests;
 
 use crate::graph::{ElemType, Graph, Op, TensorId, TensorKind};
-use layout::{contiguous_strides, extent, is_contiguous, permute_strides, reshape_strides, satisfies, unpermute_strides};
 pub use layout::Req;
+use layout::{
+    contiguous_strides, extent, is_contiguous, permute_strides, reshape_strides, satisfies,
+    unpermute_strides,
+};
 use std::collections::HashMap;
 
 /// Arena offsets and sizes are multiples of this many f32 elements (64 bytes: a cache line,
@@ -57,12 +60,7 @@ pub enum PlanError {
     #[error("the planned executor needs a training graph with a loss: run autodiff::backward on the forward graph")]
     NotTraining,
     #[error("node {node} ({op}): the {backend} backend has no kernel for it{why}; add one (one match arm in the executor) or run the reference executor (ORTBENCH_EXECUTOR=ref)")]
-    NoKernel {
-        node: usize,
-        op: &'static str,
-        backend: &'static str,
-        why: String,
-    },
+    NoKernel { node: usize, op: &'static str, backend: &'static str, why: String },
     #[error("{0}")]
     Backend(String),
 }
@@ -236,7 +234,10 @@ impl Plan {
         let bufs = &self.buffers;
         for (i, a) in bufs.iter().enumerate() {
             if a.offset % ALIGN_ELEMS != 0 || a.offset + a.len > self.arena_len {
-                return Err(format!("buffer {i} at {}+{} is misaligned or outside the arena", a.offset, a.len));
+                return Err(format!(
+                    "buffer {i} at {}+{} is misaligned or outside the arena",
+                    a.offset, a.len
+                ));
             }
             for (j, b) in bufs.iter().enumerate().skip(i + 1) {
                 let time = a.first <= b.last && b.first <= a.last;
@@ -249,7 +250,8 @@ impl Plan {
                 }
             }
         }
-        let arena: Vec<usize> = (0..self.places.len()).filter(|&t| self.places[t].root == Root::Arena).collect();
+        let arena: Vec<usize> =
+            (0..self.places.len()).filter(|&t| self.places[t].root == Root::Arena).collect();
         for &t in &arena {
             let Some(b) = self.buffer_of[t] else {
                 return Err(format!("%{t} is in the arena but in no buffer"));
@@ -260,7 +262,11 @@ impl Plan {
             }
             let (s, e) = self.arena_byte_span(g, TensorId(t as u32));
             if e > 4 * (buf.offset + buf.len) {
-                return Err(format!("%{t} bytes [{s}, {e}) lie outside its buffer {b} [{}, {})", 4 * buf.offset, 4 * (buf.offset + buf.len)));
+                return Err(format!(
+                    "%{t} bytes [{s}, {e}) lie outside its buffer {b} [{}, {})",
+                    4 * buf.offset,
+                    4 * (buf.offset + buf.len)
+                ));
             }
         }
         let span = |t: usize| self.arena_byte_span(g, TensorId(t as u32));
@@ -282,7 +288,11 @@ impl Plan {
             }
             for &o in &n.outputs {
                 if matches!(self.places[o.index()].root, Root::Param | Root::Input(_)) {
-                    return Err(format!("node {i} ({}) writes %{} into a read-only buffer", n.op.name(), o.0));
+                    return Err(format!(
+                        "node {i} ({}) writes %{} into a read-only buffer",
+                        n.op.name(),
+                        o.0
+                    ));
                 }
             }
         }
@@ -341,7 +351,8 @@ impl Ctx<'_> {
 
     /// Folded view nodes touching `t` (as producer or consumer).
     fn view_nodes(&self, t: TensorId, fold: &[bool]) -> Vec<usize> {
-        let mut v: Vec<usize> = self.consumers[t.index()].iter().map(|&(n, _)| n).filter(|&n| fold[n]).collect();
+        let mut v: Vec<usize> =
+            self.consumers[t.index()].iter().map(|&(n, _)| n).filter(|&n| fold[n]).collect();
         if let Some((n, _)) = self.producer[t.index()] {
             if fold[n] {
                 v.push(n);
@@ -381,7 +392,11 @@ fn derive(ctx: &Ctx, node: usize, from: TensorId, fl: &Lay, to: TensorId) -> Opt
         Op::Reshape => Some(Lay { off: fl.off, strides: reshape_strides(fs, &fl.strides, ts)? }),
         Op::Permute { perm } => Some(Lay {
             off: fl.off,
-            strides: if from_is_input { permute_strides(&fl.strides, perm) } else { unpermute_strides(&fl.strides, perm) },
+            strides: if from_is_input {
+                permute_strides(&fl.strides, perm)
+            } else {
+                unpermute_strides(&fl.strides, perm)
+            },
         }),
         Op::Split { sizes } => {
             let st = starts(sizes);
@@ -406,7 +421,8 @@ fn derive(ctx: &Ctx, node: usize, from: TensorId, fl: &Lay, to: TensorId) -> Opt
             }
         }
         Op::Concat => {
-            let sizes: Vec<usize> = n.inputs.iter().map(|&x| *ctx.shape(x).last().unwrap_or(&1)).collect();
+            let sizes: Vec<usize> =
+                n.inputs.iter().map(|&x| *ctx.shape(x).last().unwrap_or(&1)).collect();
             let st = starts(&sizes);
             if from_is_input {
                 let i = n.inputs.iter().position(|&x| x == from)?;
@@ -444,7 +460,15 @@ fn neighbours(ctx: &Ctx, node: usize, t: TensorId) -> Vec<TensorId> {
 
 /// Lays out one alias group from `anchor` (dense at offset 0 of `root` + `base`); Err when a
 /// kernel does not accept a derived layout or the members conflict.
-fn try_anchor(ctx: &Ctx, fold: &[bool], members: &[TensorId], anchor: TensorId, root: Root, base: usize, limit: Option<usize>) -> Result<GroupPlace, ()> {
+fn try_anchor(
+    ctx: &Ctx,
+    fold: &[bool],
+    members: &[TensorId],
+    anchor: TensorId,
+    root: Root,
+    base: usize,
+    limit: Option<usize>,
+) -> Result<GroupPlace, ()> {
     let idx: HashMap<TensorId, usize> = members.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let mut lays: Vec<Option<Lay>> = vec![None; members.len()];
     lays[idx[&anchor]] = Some(Lay { off: 0, strides: contiguous_strides(ctx.shape(anchor)) });
@@ -481,10 +505,21 @@ fn try_anchor(ctx: &Ctx, fold: &[bool], members: &[TensorId], anchor: TensorId, 
             }
         }
     }
-    let lo = members.iter().zip(&lays).map(|(&t, l)| if ctx.numel(t) == 0 { isize::MAX } else { l.off }).min().unwrap_or(0);
+    let lo = members
+        .iter()
+        .zip(&lays)
+        .map(|(&t, l)| if ctx.numel(t) == 0 { isize::MAX } else { l.off })
+        .min()
+        .unwrap_or(0);
     let lo = if lo == isize::MAX { 0 } else { lo };
-    let hi = members.iter().zip(&lays).map(|(&t, l)| l.off + extent(ctx.shape(t), &l.strides)).max().unwrap_or(0);
-    let written: Vec<usize> = (0..members.len()).filter(|&i| ctx.written(members[i], fold)).collect();
+    let hi = members
+        .iter()
+        .zip(&lays)
+        .map(|(&t, l)| l.off + extent(ctx.shape(t), &l.strides))
+        .max()
+        .unwrap_or(0);
+    let written: Vec<usize> =
+        (0..members.len()).filter(|&i| ctx.written(members[i], fold)).collect();
     let shift = match root {
         Root::Arena => -lo,
         _ => {
@@ -498,7 +533,8 @@ fn try_anchor(ctx: &Ctx, fold: &[bool], members: &[TensorId], anchor: TensorId, 
             0
         }
     };
-    let lays: Vec<Lay> = lays.into_iter().map(|l| Lay { off: l.off + shift, strides: l.strides }).collect();
+    let lays: Vec<Lay> =
+        lays.into_iter().map(|l| Lay { off: l.off + shift, strides: l.strides }).collect();
     let ext = (hi + shift).max(0) as usize;
     // Written members must not overlap (concat pieces written by different nodes).
     if written.len() > 1 {
@@ -576,7 +612,8 @@ fn place_group(ctx: &Ctx, fold: &[bool], members: &[TensorId]) -> Result<GroupPl
             }
         }
     }
-    let mut order: Vec<TensorId> = members.iter().copied().filter(|&t| ctx.written(t, fold)).collect();
+    let mut order: Vec<TensorId> =
+        members.iter().copied().filter(|&t| ctx.written(t, fold)).collect();
     order.extend(members.iter().copied().filter(|&t| !ctx.written(t, fold)));
     for t in order {
         if let Ok(gp) = try_anchor(ctx, fold, members, t, Root::Arena, 0, None) {
@@ -602,7 +639,8 @@ fn components(g: &Graph, fold: &[bool]) -> Vec<Vec<TensorId>> {
             continue;
         }
         for &a in node.inputs.iter().chain(&node.outputs) {
-            let (ra, rb) = (find(&mut parent, a.index()), find(&mut parent, node.outputs[0].index()));
+            let (ra, rb) =
+                (find(&mut parent, a.index()), find(&mut parent, node.outputs[0].index()));
             parent[ra] = rb;
         }
     }
@@ -657,7 +695,8 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
     let (grad_copies, grad_zeros) = gradient_slots(&ctx, &groups, &mut last);
     let nt = g.tensors().len();
     let def: Vec<Option<usize>> = (0..nt).map(|t| ctx.producer[t].map(|(n, _)| n)).collect();
-    let live: Vec<Option<(usize, usize)>> = (0..nt).map(|t| def[t].map(|d| (d, last[t].unwrap_or(d).max(d)))).collect();
+    let live: Vec<Option<(usize, usize)>> =
+        (0..nt).map(|t| def[t].map(|d| (d, last[t].unwrap_or(d).max(d)))).collect();
     let mut sets = merge_in_place(&ctx, &groups, &def, &last);
     let arena = lay_out_arena(&ctx, &groups, &mut sets);
     let places: Vec<Place> = (0..nt)
@@ -665,12 +704,20 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
             let s = sets.set[groups.group_of[t]];
             let l = &groups.lay[t];
             let off = sets.base[s] as isize + l.off;
-            Place { root: sets.root[s], offset: off.max(0) as usize, strides: l.strides.iter().map(|&x| x.max(0) as usize).collect() }
+            Place {
+                root: sets.root[s],
+                offset: off.max(0) as usize,
+                strides: l.strides.iter().map(|&x| x.max(0) as usize).collect(),
+            }
         })
         .collect();
     let steps = (0..g.nodes().len())
         .filter(|&i| !groups.fold[i])
-        .map(|i| Step { node: i, inplace: sets.inplace[i], workspace: arena.workspace_of.get(&i).copied() })
+        .map(|i| Step {
+            node: i,
+            inplace: sets.inplace[i],
+            workspace: arena.workspace_of.get(&i).copied(),
+        })
         .collect();
     let naive_bytes = g
         .nodes()
@@ -681,7 +728,9 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
         .sum();
     Ok(Plan {
         elem_bytes: (0..g.tensors().len()).map(|t| k.elem_bytes(g, TensorId(t as u32))).collect(),
-        stored_elems: (0..g.tensors().len()).map(|t| k.stored_elems(g, TensorId(t as u32))).collect(),
+        stored_elems: (0..g.tensors().len())
+            .map(|t| k.stored_elems(g, TensorId(t as u32)))
+            .collect(),
         places,
         folded: groups.fold,
         steps,
@@ -781,7 +830,11 @@ impl Groups {
 /// (in reverse order); the loss lives to the end.
 fn liveness(ctx: &Ctx, fold: &[bool], loss: TensorId) -> Vec<Option<usize>> {
     let nodes = ctx.g.nodes();
-    let mut last: Vec<Option<usize>> = ctx.consumers.iter().map(|cs| cs.iter().filter(|&&(n, _)| !fold[n]).map(|&(n, _)| n).max()).collect();
+    let mut last: Vec<Option<usize>> = ctx
+        .consumers
+        .iter()
+        .map(|cs| cs.iter().filter(|&&(n, _)| !fold[n]).map(|&(n, _)| n).max())
+        .collect();
     for i in (0..nodes.len()).rev() {
         if !fold[i] {
             continue;
@@ -801,7 +854,11 @@ fn liveness(ctx: &Ctx, fold: &[bool], loss: TensorId) -> Vec<Option<usize>> {
 
 /// Gradients that are not in their parameter's slot of the gradient buffer are copied there at
 /// the end (and live until then); parameters the loss does not depend on get zeros.
-fn gradient_slots(ctx: &Ctx, groups: &Groups, last: &mut [Option<usize>]) -> (Vec<(TensorId, usize, usize)>, Vec<(usize, usize)>) {
+fn gradient_slots(
+    ctx: &Ctx,
+    groups: &Groups,
+    last: &mut [Option<usize>],
+) -> (Vec<(TensorId, usize, usize)>, Vec<(usize, usize)>) {
     let (g, end) = (ctx.g, ctx.g.nodes().len());
     let mut grad_copies = Vec::new();
     let mut grad_zeros = Vec::new();
@@ -841,9 +898,15 @@ struct Sets {
 
 /// Step 4: when each group's memory is needed, then the in-place merges (union of groups into
 /// buffer sets, in schedule order) the kernels allow.
-fn merge_in_place(ctx: &Ctx, groups: &Groups, def: &[Option<usize>], last: &[Option<usize>]) -> Sets {
+fn merge_in_place(
+    ctx: &Ctx,
+    groups: &Groups,
+    def: &[Option<usize>],
+    last: &[Option<usize>],
+) -> Sets {
     let (g, k, nodes) = (ctx.g, ctx.k, ctx.g.nodes());
-    let (placed, group_of, lay, fold) = (&groups.placed, &groups.group_of, &groups.lay, &groups.fold);
+    let (placed, group_of, lay, fold) =
+        (&groups.placed, &groups.group_of, &groups.lay, &groups.fold);
     let ng = placed.len();
     let mut gfirst = vec![usize::MAX; ng];
     let mut glast = vec![0usize; ng];
@@ -876,7 +939,9 @@ fn merge_in_place(ctx: &Ctx, groups: &Groups, def: &[Option<usize>], last: &[Opt
     let whole = |t: TensorId| {
         let gi = group_of[t.index()];
         let l = &lay[t.index()];
-        l.off == 0 && is_contiguous(g.shape(t), &l.strides) && placed[gi].extent == g.tensor(t).numel()
+        l.off == 0
+            && is_contiguous(g.shape(t), &l.strides)
+            && placed[gi].extent == g.tensor(t).numel()
     };
     for (i, n) in nodes.iter().enumerate() {
         if fold[i] || n.outputs.len() != 1 {
@@ -888,8 +953,13 @@ fn merge_in_place(ctx: &Ctx, groups: &Groups, def: &[Option<usize>], last: &[Opt
             if !g.tensor(a).elem.is_float() || g.tensor(a).numel() != g.tensor(o).numel() {
                 continue;
             }
-            let (sa, so) = (find(&mut set, group_of[a.index()]), find(&mut set, group_of[o.index()]));
-            let other_inputs_alias = n.inputs.iter().enumerate().any(|(s, &x)| s != slot && find(&mut set, group_of[x.index()]) == sa);
+            let (sa, so) =
+                (find(&mut set, group_of[a.index()]), find(&mut set, group_of[o.index()]));
+            let other_inputs_alias = n
+                .inputs
+                .iter()
+                .enumerate()
+                .any(|(s, &x)| s != slot && find(&mut set, group_of[x.index()]) == sa);
             let ok = sa != so
                 && root[sa] == Root::Arena
                 && matches!(root[so], Root::Arena | Root::Grad)
@@ -910,7 +980,14 @@ fn merge_in_place(ctx: &Ctx, groups: &Groups, def: &[Option<usize>], last: &[Opt
         }
     }
     let set = (0..ng).map(|gi| find(&mut set, gi)).collect();
-    Sets { set, root, base: placed.iter().map(|p| p.base).collect(), first: sfirst, last: slast, inplace }
+    Sets {
+        set,
+        root,
+        base: placed.iter().map(|p| p.base).collect(),
+        first: sfirst,
+        last: slast,
+        inplace,
+    }
 }
 
 /// The arena's contents.
@@ -942,7 +1019,14 @@ fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
             continue;
         }
         let it = *item_of_set.entry(s).or_insert_with(|| {
-            items.push(Item { len: 0, first: sets.first[s], last: sets.last[s], tensors: Vec::new(), workspace: None, set: Some(s) });
+            items.push(Item {
+                len: 0,
+                first: sets.first[s],
+                last: sets.last[s],
+                tensors: Vec::new(),
+                workspace: None,
+                set: Some(s),
+            });
             items.len() - 1
         });
         // In 4-byte units: a half tensor needs half the units of its elements.
@@ -961,7 +1045,14 @@ fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
         }
         let w = k.workspace(g, i);
         if w > 0 {
-            items.push(Item { len: w, first: i, last: i, tensors: Vec::new(), workspace: Some(i), set: None });
+            items.push(Item {
+                len: w,
+                first: i,
+                last: i,
+                tensors: Vec::new(),
+                workspace: Some(i),
+                set: None,
+            });
         }
     }
     for it in &mut items {
@@ -983,7 +1074,14 @@ fn lay_out_arena(ctx: &Ctx, groups: &Groups, sets: &mut Sets) -> Arena {
         for &t in &it.tensors {
             buffer_of[t.index()] = Some(bi);
         }
-        buffers.push(Buffer { offset: off, len: it.len, first: it.first, last: it.last, tensors: it.tensors.clone(), workspace: it.workspace.is_some() });
+        buffers.push(Buffer {
+            offset: off,
+            len: it.len,
+            first: it.first,
+            last: it.last,
+            tensors: it.tensors.clone(),
+            workspace: it.workspace.is_some(),
+        });
     }
     Arena { buffers, buffer_of, len, workspace_of }
 }

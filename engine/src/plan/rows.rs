@@ -95,16 +95,21 @@ pub fn analyze(g: &Graph) -> RowPlan {
         let mut used = false;
 
         // Dead rows, from the logits back to the matmul that makes them.
-        let only_loss = consumers[logits.index()].iter().all(|&(x, _)| x == ci || backs.contains(&x));
+        let only_loss =
+            consumers[logits.index()].iter().all(|&(x, _)| x == ci || backs.contains(&x));
         if only_loss {
             let mut t = logits;
             while let Some(p) = producer[t.index()] {
                 let pn = &nodes[p];
                 let next = match pn.op {
                     Op::BiasAdd | Op::Scale { .. } => Some(pn.inputs[0]),
-                    Op::Add if g.tensor(pn.inputs[1]).numel() < g.tensor(t).numel() => Some(pn.inputs[0]),
+                    Op::Add if g.tensor(pn.inputs[1]).numel() < g.tensor(t).numel() => {
+                        Some(pn.inputs[0])
+                    }
                     Op::Reshape if last(pn.inputs[0]) == v => Some(pn.inputs[0]),
-                    Op::MatMul { ta: false, .. } if g.shape(pn.inputs[1]).len() == 2 && rows_of(t) == rows => {
+                    Op::MatMul { ta: false, .. }
+                        if g.shape(pn.inputs[1]).len() == 2 && rows_of(t) == rows =>
+                    {
                         plan.nodes[p] = Some((set, RowUse::Dead));
                         used = true;
                         None
@@ -112,7 +117,13 @@ pub fn analyze(g: &Graph) -> RowPlan {
                     _ => None,
                 };
                 match next {
-                    Some(x) if consumers[x.index()].len() == 1 && rows_of(x) == rows && last(x) == v => t = x,
+                    Some(x)
+                        if consumers[x.index()].len() == 1
+                            && rows_of(x) == rows
+                            && last(x) == v =>
+                    {
+                        t = x
+                    }
                     _ => break,
                 }
             }
@@ -130,9 +141,23 @@ pub fn analyze(g: &Graph) -> RowPlan {
                             frontier.push(xn.outputs[0]);
                             None
                         }
-                        Op::MatMul { ta: false, .. } if slot == 0 && two_d(xn.inputs[1]) && rows_of(d) == rows => Some(RowUse::Zero),
-                        Op::MatMul { ta: true, tb: false } if two_d(xn.inputs[0]) && two_d(xn.inputs[1]) && g.shape(xn.inputs[0])[0] == rows => Some(RowUse::SparseK),
-                        Op::ReduceSumLeading if rows_of(d) == rows && g.tensor(xn.outputs[0]).numel() == v => Some(RowUse::Skip),
+                        Op::MatMul { ta: false, .. }
+                            if slot == 0 && two_d(xn.inputs[1]) && rows_of(d) == rows =>
+                        {
+                            Some(RowUse::Zero)
+                        }
+                        Op::MatMul { ta: true, tb: false }
+                            if two_d(xn.inputs[0])
+                                && two_d(xn.inputs[1])
+                                && g.shape(xn.inputs[0])[0] == rows =>
+                        {
+                            Some(RowUse::SparseK)
+                        }
+                        Op::ReduceSumLeading
+                            if rows_of(d) == rows && g.tensor(xn.outputs[0]).numel() == v =>
+                        {
+                            Some(RowUse::Skip)
+                        }
                         _ => None,
                     };
                     if let Some(r) = r {
@@ -165,7 +190,11 @@ mod tests {
 
     fn uses(g: &Graph) -> Vec<(&'static str, RowUse)> {
         let p = analyze(g);
-        g.nodes().iter().zip(&p.nodes).filter_map(|(n, u)| u.map(|(_, r)| (n.op.name(), r))).collect()
+        g.nodes()
+            .iter()
+            .zip(&p.nodes)
+            .filter_map(|(n, u)| u.map(|(_, r)| (n.op.name(), r)))
+            .collect()
     }
 
     #[test]

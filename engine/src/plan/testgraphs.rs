@@ -122,8 +122,14 @@ pub fn gpt_like_dtype(d: &Dims, dtype: crate::DType) -> R<Graph> {
         let qkv = g.matmul(h, w, false, false)?;
         let qkv = g.bias_add(qkv, bb)?;
         let parts = g.split(qkv, &[d.c, d.c, d.c])?;
-        let (q, k, v) = (heads(&mut g, parts[0], d)?, heads(&mut g, parts[1], d)?, heads(&mut g, parts[2], d)?);
-        let a = g.attention(q, k, v, AttentionOpts { causal: true, scale: None, dropout_p: d.dropout, mask: Some(mask) })?;
+        let (q, k, v) =
+            (heads(&mut g, parts[0], d)?, heads(&mut g, parts[1], d)?, heads(&mut g, parts[2], d)?);
+        let a = g.attention(
+            q,
+            k,
+            v,
+            AttentionOpts { causal: true, scale: None, dropout_p: d.dropout, mask: Some(mask) },
+        )?;
         let a = merge(&mut g, a, d)?;
         let a = linear(&mut g, a, &format!("h{l}.c_proj"), d.c, d.c)?;
         let a = g.dropout(a, d.dropout)?;
@@ -165,7 +171,12 @@ pub fn bert_like(d: &Dims, classify: bool) -> R<Graph> {
         let k = linear(&mut g, x, &format!("l{l}.k"), d.c, d.c)?;
         let v = linear(&mut g, x, &format!("l{l}.v"), d.c, d.c)?;
         let (q, k, v) = (heads(&mut g, q, d)?, heads(&mut g, k, d)?, heads(&mut g, v, d)?);
-        let a = g.attention(q, k, v, AttentionOpts { causal: false, scale: None, dropout_p: d.dropout, mask: Some(mask) })?;
+        let a = g.attention(
+            q,
+            k,
+            v,
+            AttentionOpts { causal: false, scale: None, dropout_p: d.dropout, mask: Some(mask) },
+        )?;
         let a = merge(&mut g, a, d)?;
         let a = linear(&mut g, a, &format!("l{l}.o"), d.c, d.c)?;
         let a = g.dropout(a, d.dropout)?;
@@ -209,7 +220,15 @@ pub fn random_graph(seed: u64, steps: usize) -> R<(Graph, Dims)> {
     let mut rng = Rng::new(seed);
     let (b, t, h) = (1 + rng.below(3), 2 + rng.below(6), 2);
     let c = h * (2 + rng.below(4)) * 3; // divisible by 3 and by H
-    let d = Dims { b, t, c, h, v: 5 + rng.below(20), layers: 0, dropout: if rng.below(2) == 0 { 0.0 } else { 0.2 } };
+    let d = Dims {
+        b,
+        t,
+        c,
+        h,
+        v: 5 + rng.below(20),
+        layers: 0,
+        dropout: if rng.below(2) == 0 { 0.0 } else { 0.2 },
+    };
     let mut g = Graph::new();
     let ids = g.input_ids("input_ids", &[b, t])?;
     let labels = g.input_ids("labels", &[b, t])?;
@@ -279,8 +298,17 @@ pub fn random_graph(seed: u64, steps: usize) -> R<(Graph, Dims)> {
                 // The attention op on heads split out of a (B, T, C) row, merged back.
                 let parts = g.split(x, &[c / 3, c / 3, c / 3])?;
                 let dh = Dims { c: c / 3, ..d };
-                let (q, k, v) = (heads(&mut g, parts[0], &dh)?, heads(&mut g, parts[1], &dh)?, heads(&mut g, parts[2], &dh)?);
-                let opts = AttentionOpts { causal: rng.below(2) == 0, scale: None, dropout_p: d.dropout, mask: if rng.below(2) == 0 { Some(mask) } else { None } };
+                let (q, k, v) = (
+                    heads(&mut g, parts[0], &dh)?,
+                    heads(&mut g, parts[1], &dh)?,
+                    heads(&mut g, parts[2], &dh)?,
+                );
+                let opts = AttentionOpts {
+                    causal: rng.below(2) == 0,
+                    scale: None,
+                    dropout_p: d.dropout,
+                    mask: if rng.below(2) == 0 { Some(mask) } else { None },
+                };
                 let a = g.attention(q, k, v, opts)?;
                 let a = merge(&mut g, a, &dh)?;
                 let w = g.param(&name("up"), &[c, c / 3])?;

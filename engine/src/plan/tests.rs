@@ -47,7 +47,11 @@ fn invariants_hold_on_random_graphs_for_two_backends() {
         for k in [&cpu() as &dyn Kernels, &DenseOnly] {
             let p = build(&g, k).unwrap();
             p.check(&g).unwrap_or_else(|e| panic!("graph {seed} on {}: {e}", k.name()));
-            assert!(p.peak_bytes() <= p.naive_bytes + 64 * p.buffers.len(), "graph {seed}: {}", p.summary(&g));
+            assert!(
+                p.peak_bytes() <= p.naive_bytes + 64 * p.buffers.len(),
+                "graph {seed}: {}",
+                p.summary(&g)
+            );
             // Every tensor has a place in a buffer that exists.
             assert_eq!(p.places.len(), g.tensors().len());
         }
@@ -56,7 +60,11 @@ fn invariants_hold_on_random_graphs_for_two_backends() {
 
 #[test]
 fn invariants_hold_and_memory_shrinks_on_transformer_graphs() {
-    for (name, g) in [("gpt", gpt_like(&tiny()).unwrap()), ("bert", bert_like(&tiny(), false).unwrap()), ("bert-cls", bert_like(&tiny(), true).unwrap())] {
+    for (name, g) in [
+        ("gpt", gpt_like(&tiny()).unwrap()),
+        ("bert", bert_like(&tiny(), false).unwrap()),
+        ("bert-cls", bert_like(&tiny(), true).unwrap()),
+    ] {
         let p = build(&g, &cpu()).unwrap();
         p.check(&g).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(p.peak_bytes() * 2 < p.naive_bytes, "{name}: {}", p.summary(&g));
@@ -84,10 +92,15 @@ fn liveness_covers_every_use_and_views_extend_their_source() {
     // Folded views' sources live as long as the views.
     for (i, n) in g.nodes().iter().enumerate() {
         if p.folded[i] {
-            let out_last = n.outputs.iter().filter_map(|o| p.live[o.index()]).map(|l| l.1).max().unwrap();
+            let out_last =
+                n.outputs.iter().filter_map(|o| p.live[o.index()]).map(|l| l.1).max().unwrap();
             for x in &n.inputs {
                 if let Some((_, l)) = p.live[x.index()] {
-                    assert!(l >= out_last, "view source %{} dies at {l} before its view at {out_last}", x.0);
+                    assert!(
+                        l >= out_last,
+                        "view source %{} dies at {l} before its view at {out_last}",
+                        x.0
+                    );
                 }
             }
         }
@@ -118,7 +131,17 @@ fn parameter_gradients_land_in_the_gradient_buffer_and_tied_ones_sum_in_place() 
     assert_eq!(p.places[part.index()].offset, wte.offset);
     // Parameters are read where they are.
     for prm in g.params() {
-        assert_eq!(p.places[prm.tensor.index()], Place { root: Root::Param, offset: prm.offset, strides: layout::contiguous_strides(&prm.shape).iter().map(|&s| s as usize).collect() });
+        assert_eq!(
+            p.places[prm.tensor.index()],
+            Place {
+                root: Root::Param,
+                offset: prm.offset,
+                strides: layout::contiguous_strides(&prm.shape)
+                    .iter()
+                    .map(|&s| s as usize)
+                    .collect()
+            }
+        );
     }
 }
 
@@ -130,7 +153,10 @@ fn views_fold_when_kernels_accept_strides_and_are_copied_otherwise() {
     let (f_cpu, c_cpu) = cpu_plan.view_counts(&g);
     let (f_dense, c_dense) = dense.view_counts(&g);
     assert_eq!(c_cpu, 0, "{}", cpu_plan.summary(&g));
-    assert!(c_dense > 0 && f_dense > 0, "dense-only must copy the head permutes and still alias reshapes");
+    assert!(
+        c_dense > 0 && f_dense > 0,
+        "dense-only must copy the head permutes and still alias reshapes"
+    );
     assert_eq!(f_cpu + c_cpu, f_dense + c_dense);
     dense.check(&g).unwrap();
     // Workspaces exist and are live for their node only.
@@ -189,7 +215,12 @@ fn a_missing_kernel_is_a_plan_error_naming_the_op() {
         }
         fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
             match g.nodes()[node].op {
-                Op::Gelu { .. } => Err(PlanError::NoKernel { node, op: "gelu", backend: "test", why: String::new() }),
+                Op::Gelu { .. } => Err(PlanError::NoKernel {
+                    node,
+                    op: "gelu",
+                    backend: "test",
+                    why: String::new(),
+                }),
                 _ => Ok(()),
             }
         }
@@ -209,5 +240,8 @@ fn a_missing_kernel_is_a_plan_error_naming_the_op() {
     let g = bert_like(&tiny(), false).unwrap();
     let e = build(&g, &NoGelu).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("gelu") && msg.contains("no kernel") && msg.contains("ORTBENCH_EXECUTOR=ref"), "{msg}");
+    assert!(
+        msg.contains("gelu") && msg.contains("no kernel") && msg.contains("ORTBENCH_EXECUTOR=ref"),
+        "{msg}"
+    );
 }

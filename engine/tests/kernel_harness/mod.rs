@@ -15,7 +15,10 @@ pub use ortbench_simt::Dtype as D;
 
 /// Where a kernel runs.
 pub enum Dev {
-    Simt { warp: u32, order: Order },
+    Simt {
+        warp: u32,
+        order: Order,
+    },
     #[cfg(feature = "cuda")]
     Cuda(&'static ortbench_engine::backend::cuda::device::CudaDevice),
 }
@@ -63,7 +66,10 @@ pub fn devices() -> Vec<Dev> {
 fn cuda_devices() -> Vec<Dev> {
     use std::sync::OnceLock;
     static DEV: OnceLock<ortbench_engine::backend::cuda::device::CudaDevice> = OnceLock::new();
-    let d = DEV.get_or_init(|| ortbench_engine::backend::cuda::open(0).unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}")));
+    let d = DEV.get_or_init(|| {
+        ortbench_engine::backend::cuda::open(0)
+            .unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}"))
+    });
     vec![Dev::Cuda(d)]
 }
 #[cfg(not(feature = "cuda"))]
@@ -74,7 +80,14 @@ fn cuda_devices() -> Vec<Dev> {
 impl Dev {
     /// Runs `name` on `grid` × `block` (1-D) threads; buffers are read back (and their guard
     /// bands checked) afterwards.
-    pub fn launch(&self, name: &str, grid: u32, block: u32, smem: u32, args: &mut [A]) -> Result<(), String> {
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &mut [A],
+    ) -> Result<(), String> {
         match self {
             Dev::Simt { warp, order } => {
                 let raw: Vec<ortbench_simt::Arg> = args
@@ -91,7 +104,17 @@ impl Dev {
                     .collect();
                 // SAFETY: each test sizes its buffers for the kernel's contract; guards catch
                 // small overruns below.
-                unsafe { ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, *warp, *order, &raw) }?;
+                unsafe {
+                    ortbench_simt::launch(
+                        name,
+                        (grid, 1, 1),
+                        (block, 1, 1),
+                        smem,
+                        *warp,
+                        *order,
+                        &raw,
+                    )
+                }?;
             }
             #[cfg(feature = "cuda")]
             Dev::Cuda(d) => cuda_launch(d, name, grid, block, smem, args)?,
@@ -106,7 +129,14 @@ impl Dev {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_launch(d: &ortbench_engine::backend::cuda::device::CudaDevice, name: &str, grid: u32, block: u32, smem: u32, args: &mut [A]) -> Result<(), String> {
+fn cuda_launch(
+    d: &ortbench_engine::backend::cuda::device::CudaDevice,
+    name: &str,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    args: &mut [A],
+) -> Result<(), String> {
     use ortbench_engine::backend::cuda::device::KernelArg;
     // Mirror every buffer, guard bands included, so an overrun on the device shows too.
     let mut mirrors = Vec::new();
@@ -129,7 +159,8 @@ fn cuda_launch(d: &ortbench_engine::backend::cuda::device::CudaDevice, name: &st
         });
     }
     // SAFETY: as for the SIMT launch; the mirrors outlive the synchronise below.
-    unsafe { d.launch(name, (grid, 1, 1), (block, 1, 1), smem, &kargs) }.map_err(|e| e.to_string())?;
+    unsafe { d.launch(name, (grid, 1, 1), (block, 1, 1), smem, &kargs) }
+        .map_err(|e| e.to_string())?;
     d.synchronize().map_err(|e| e.to_string())?;
     let mut it = mirrors.iter();
     for a in args.iter_mut() {

@@ -5,7 +5,9 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{Builder, GraphOptions, BResult, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS};
+use super::{
+    BResult, Builder, GraphOptions, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
+};
 use crate::config::{Architecture, BertConfig, Family, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 
@@ -29,7 +31,12 @@ pub(crate) fn padding_idx(c: &BertConfig) -> Option<i64> {
 /// (a per-row scale, (1,1)·(1,C)). Values are exact (x + 0 or 0 + x); the gradient w.r.t. x is
 /// keep·dy, so the scatter-add into the table adds exact zeros at padding positions.
 // ids: (B, T) -> (B, T, C)
-fn word_embedding(b: &mut Builder, table: TensorId, ids: TensorId, opts: &GraphOptions) -> BResult<TensorId> {
+fn word_embedding(
+    b: &mut Builder,
+    table: TensorId,
+    ids: TensorId,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     let x = b.g.embedding(table, ids)?; // (B, T, C)
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let c = b.g.shape(x)[2];
@@ -103,14 +110,22 @@ fn bert_encoder(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BRes
 /// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`).
 /// Returns the logits (B, T, V); the loss (mean cross-entropy over labels ≠ −100) is added by
 /// the caller.
-pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+pub(crate) fn bert_for_masked_lm(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForMaskedLM);
     let c = bert_config(cfg);
     let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
     let h = b.linear(h, "cls.predictions.transform.dense")?;
     let h = b.activation(h, cfg.activation())?;
     let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
-    let decoder = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
+    let decoder = if c.tie_word_embeddings {
+        word_embedding_name(cfg.arch)
+    } else {
+        untied_head_name(cfg.arch)
+    };
     let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
     Ok(b.g.bias_add(logits, b.p("cls.predictions.bias"))?) // (B, T, V)
 }
@@ -118,7 +133,11 @@ pub(crate) fn bert_for_masked_lm(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
 /// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
 /// (`classifier_dropout` or `hidden_dropout_prob`) → classifier. Returns the logits
 /// (B, num_labels); the caller adds the problem type's loss ([`Builder::classification_loss`]).
-pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+pub(crate) fn bert_for_sequence_classification(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForSequenceClassification);
     let c = bert_config(cfg);
     let (bs, t) = (opts.batch_size, opts.seq_len);
@@ -136,7 +155,11 @@ pub(crate) fn bert_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
 /// `BertForTokenClassification`: encoder (no pooler) → dropout (`classifier_dropout` or
 /// `hidden_dropout_prob`) → classifier. Returns the logits (B, T, num_labels); the caller adds
 /// the mean cross-entropy over labels ≠ −100.
-pub(crate) fn bert_for_token_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+pub(crate) fn bert_for_token_classification(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch, Architecture::BertForTokenClassification);
     let c = bert_config(cfg);
     let h = bert_encoder(b, cfg, opts)?; // (B, T, C)

@@ -4,7 +4,7 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{Builder, GraphOptions, BResult, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
+use super::{BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
 use crate::config::{Family, Gpt2Config, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
@@ -12,7 +12,13 @@ use crate::ModelError;
 /// `GPT2Block` (pre-LN): ln_1 → GPT2Attention (c_attn split into q, k, v; causal eager attention;
 /// c_proj; resid dropout) → residual; ln_2 → GPT2MLP (c_fc, act, c_proj, dropout) → residual.
 // x: (B, T, C) -> (B, T, C)
-fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &ModelConfig) -> BResult<TensorId> {
+fn gpt2_block(
+    b: &mut Builder,
+    x: TensorId,
+    p: &str,
+    c: &Gpt2Config,
+    cfg: &ModelConfig,
+) -> BResult<TensorId> {
     let e = c.n_embd;
     let h = b.layer_norm(x, &format!("{p}.ln_1"), c.layer_norm_epsilon)?;
     let qkv = b.conv1d(h, &format!("{p}.attn.c_attn"))?; // (B, T, 3C)
@@ -39,7 +45,11 @@ fn gpt2_block(b: &mut Builder, x: TensorId, p: &str, c: &Gpt2Config, cfg: &Model
 /// tied to wte unless `tie_word_embeddings` is false). Returns the logits (B, T, V); the caller
 /// adds the loss, the mean cross-entropy of logits[:, :-1] against labels[:, 1:] — the shift
 /// is in the fed labels (see `EngineModel::feed`): position t carries label t+1, the last −100.
-pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+pub(crate) fn gpt2_lm_head_model(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
     let t = opts.seq_len;
     if t < 2 {
@@ -49,7 +59,11 @@ pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
         .into());
     }
     let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
-    let head = if c.tie_word_embeddings { word_embedding_name(cfg.arch) } else { untied_head_name(cfg.arch) };
+    let head = if c.tie_word_embeddings {
+        word_embedding_name(cfg.arch)
+    } else {
+        untied_head_name(cfg.arch)
+    };
     Ok(b.g.matmul(x, b.p(head), false, true)?) // (B, T, V)
 }
 
@@ -59,7 +73,11 @@ pub(crate) fn gpt2_lm_head_model(b: &mut Builder, cfg: &ModelConfig, opts: &Grap
 /// fed one-hot selector (B, 1, T) picks the pooled hidden state first (a K = T matmul: 1·x plus
 /// exact zeros), the same values. Without a pad token HF takes the last position and refuses
 /// batches of more than one row; so does this. Returns the loss.
-pub(crate) fn gpt2_for_sequence_classification(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+pub(crate) fn gpt2_for_sequence_classification(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
     let bs = opts.batch_size;
     if c.pad_token_id.is_none() && bs != 1 {
@@ -77,7 +95,12 @@ pub(crate) fn gpt2_for_sequence_classification(b: &mut Builder, cfg: &ModelConfi
 
 /// `GPT2Model`: wte + wpe, embd dropout, the blocks, ln_f.
 // returns (B, T, C)
-fn gpt2_model(b: &mut Builder, c: &Gpt2Config, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
+fn gpt2_model(
+    b: &mut Builder,
+    c: &Gpt2Config,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
     let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)

@@ -30,8 +30,8 @@ use ortbench_engine::graph::{GeluApprox, Graph, GraphError, TensorId};
 use ortbench_engine::passes::{self, PassConfig, PassReport};
 use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 
-use crate::config::{Activation, Architecture, Family, ModelConfig};
 use crate::config::ProblemType;
+use crate::config::{Activation, Architecture, Family, ModelConfig};
 use crate::data::{Batch, Task};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
@@ -80,7 +80,13 @@ pub struct GraphOptions {
 impl GraphOptions {
     /// f32 graph for (batch_size, seq_len) steps, every default pass on.
     pub fn new(batch_size: usize, seq_len: usize) -> Self {
-        GraphOptions { batch_size, seq_len, dtype: DType::F32, passes: PassConfig::all(), attention_mask: false }
+        GraphOptions {
+            batch_size,
+            seq_len,
+            dtype: DType::F32,
+            passes: PassConfig::all(),
+            attention_mask: false,
+        }
     }
 
     pub fn with_attention_mask(mut self, on: bool) -> Self {
@@ -140,7 +146,10 @@ pub struct EngineModel {
 
 /// The forward graph of `cfg` for steps of `opts` as the builder writes it (HF's eager form,
 /// no pass run; its loss is set) and its scalar loss.
-pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
+pub fn build_forward_graph(
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> Result<(Graph, TensorId), ModelError> {
     let (mut b, logits) = build_logits(cfg, opts)?;
     let loss = add_loss(&mut b, cfg, opts, logits).map_err(|e| build_err(cfg, e))?;
     let mut g = b.g;
@@ -151,7 +160,10 @@ pub fn build_forward_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Gr
 /// The inference graph of `cfg`: HF's eager forward up to the head's logits — (B, T, V) for
 /// language models, (B, num_labels) for classifiers — with no labels and no loss, and its
 /// logits tensor. No pass is run (run it on the reference executor, or export it).
-pub fn build_inference_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Graph, TensorId), ModelError> {
+pub fn build_inference_graph(
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> Result<(Graph, TensorId), ModelError> {
     let (b, logits) = build_logits(cfg, opts)?;
     Ok((b.g, logits))
 }
@@ -160,15 +172,23 @@ fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, Tens
     check_sizes(cfg, opts)?;
     let mut b = Builder::new(cfg, opts.dtype).map_err(|e| graph_err(cfg, e))?;
     if opts.attention_mask {
-        let m = b.g.input_float(ATTENTION_MASK, &[opts.batch_size, 1, 1, opts.seq_len]).map_err(|e| graph_err(cfg, e))?;
+        let m =
+            b.g.input_float(ATTENTION_MASK, &[opts.batch_size, 1, 1, opts.seq_len])
+                .map_err(|e| graph_err(cfg, e))?;
         b.attention_mask = Some(m);
     }
     let logits = match cfg.arch {
         Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
-        Architecture::BertForSequenceClassification => bert::bert_for_sequence_classification(&mut b, cfg, opts),
-        Architecture::BertForTokenClassification => bert::bert_for_token_classification(&mut b, cfg, opts),
+        Architecture::BertForSequenceClassification => {
+            bert::bert_for_sequence_classification(&mut b, cfg, opts)
+        }
+        Architecture::BertForTokenClassification => {
+            bert::bert_for_token_classification(&mut b, cfg, opts)
+        }
         Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
-        Architecture::Gpt2ForSequenceClassification => gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts),
+        Architecture::Gpt2ForSequenceClassification => {
+            gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts)
+        }
     }
     .map_err(|e| build_err(cfg, e))?;
     Ok((b, logits))
@@ -177,7 +197,12 @@ fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, Tens
 /// HF's loss on `logits`: mean cross-entropy over labels ≠ −100 for language models (GPT-2's
 /// labels arrive shifted: see [`EngineModel::feed`]) and token classification; the problem
 /// type's loss for sequence classifiers.
-fn add_loss(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions, logits: TensorId) -> BResult<TensorId> {
+fn add_loss(
+    b: &mut Builder,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+    logits: TensorId,
+) -> BResult<TensorId> {
     let (bs, t) = (opts.batch_size, opts.seq_len);
     if cfg.arch.is_classifier() {
         let problem = cfg.problem_type().map_err(ModelError::BadConfig)?;
@@ -195,18 +220,28 @@ fn build_err(cfg: &ModelConfig, e: BuildError) -> ModelError {
 }
 
 /// The training graph of `cfg` (forward + loss + backward) for steps of `opts`.
-pub fn build_training_graph(cfg: &ModelConfig, opts: &GraphOptions) -> Result<EngineModel, ModelError> {
+pub fn build_training_graph(
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> Result<EngineModel, ModelError> {
     let (unoptimized, _) = build_forward_graph(cfg, opts)?;
-    let (forward, mut pass_report) = passes::run_forward(&unoptimized, &opts.passes).map_err(|e| graph_err(cfg, e))?;
+    let (forward, mut pass_report) =
+        passes::run_forward(&unoptimized, &opts.passes).map_err(|e| graph_err(cfg, e))?;
     let loss = forward.loss().expect("the builder sets the loss and passes keep it");
     let train = autodiff::backward(&forward, loss).map_err(|e| graph_err(cfg, e))?;
-    let (graph, training_report) = passes::run_training(&train, &opts.passes).map_err(|e| graph_err(cfg, e))?;
+    let (graph, training_report) =
+        passes::run_training(&train, &opts.passes).map_err(|e| graph_err(cfg, e))?;
     pass_report.extend(training_report);
     let loss = graph.loss().expect("a training graph has its loss");
     let params = graph
         .params()
         .iter()
-        .map(|p| ParamSlot { name: p.name.clone(), shape: p.shape.clone(), offset: p.offset, len: p.len })
+        .map(|p| ParamSlot {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            offset: p.offset,
+            len: p.len,
+        })
         .collect();
     let (padding_idx, gpt2_pad) = match &cfg.family {
         Family::Bert(c) => (bert::padding_idx(c), None),
@@ -252,9 +287,9 @@ impl EngineModel {
         for (i, slot) in self.params.iter().enumerate() {
             let t = match weights.tensors.get(i) {
                 Some(t) if t.name == slot.name => t,
-                _ => weights
-                    .get(&slot.name)
-                    .ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", slot.name)))?,
+                _ => weights.get(&slot.name).ok_or_else(|| {
+                    ModelError::Weights(format!("weights have no '{}'", slot.name))
+                })?,
             };
             if t.shape != slot.shape || t.data.len() != slot.len {
                 return Err(ModelError::Weights(format!(
@@ -282,7 +317,11 @@ impl EngineModel {
         let tensors = self
             .params
             .iter()
-            .map(|s| NamedTensor { name: s.name.clone(), shape: s.shape.clone(), data: flat[s.offset..s.offset + s.len].to_vec() })
+            .map(|s| NamedTensor {
+                name: s.name.clone(),
+                shape: s.shape.clone(),
+                data: flat[s.offset..s.offset + s.len].to_vec(),
+            })
             .collect();
         Ok(Weights { tensors })
     }
@@ -312,7 +351,13 @@ impl EngineModel {
 
     /// One forward + backward on the engine's reference executor: writes every parameter's
     /// gradient into `grads` (flat layout) and returns the loss. `seed` seeds dropout.
-    pub fn ref_train_step(&self, params: &[f32], batch: &Batch, seed: u64, grads: &mut [f32]) -> Result<f32, ModelError> {
+    pub fn ref_train_step(
+        &self,
+        params: &[f32],
+        batch: &Batch,
+        seed: u64,
+        grads: &mut [f32],
+    ) -> Result<f32, ModelError> {
         let feed = self.feed(batch)?;
         RefExecutor::new(&self.graph)
             .train_step(params, &feed.inputs(), seed, grads)
@@ -361,13 +406,21 @@ impl FeedInfo {
                 batch.labels.len()
             )));
         }
-        let regression = matches!(self.task, Task::SequenceClassification { problem: ProblemType::Regression, .. });
+        let regression = matches!(
+            self.task,
+            Task::SequenceClassification { problem: ProblemType::Regression, .. }
+        );
         if with_loss && regression != batch.targets.as_ref().is_some_and(|v| v.len() == b) {
-            return Err(ModelError::Data(format!("{} needs {b} float targets per batch exactly when it is a regression", self.arch.hf_name())));
+            return Err(ModelError::Data(format!(
+                "{} needs {b} float targets per batch exactly when it is a regression",
+                self.arch.hf_name()
+            )));
         }
         let v = self.vocab_size as i64;
         if let Some(bad) = batch.input_ids.iter().find(|&&i| i < 0 || i >= v) {
-            return Err(ModelError::Data(format!("input id {bad} is outside the vocabulary [0, {v})")));
+            return Err(ModelError::Data(format!(
+                "input id {bad} is outside the vocabulary [0, {v})"
+            )));
         }
         let mut entries = Vec::new();
         for &tid in graph.inputs() {
@@ -380,7 +433,13 @@ impl FeedInfo {
                 NOT_PAD_MASK | PAD_MASK => {
                     let pad = self.padding_idx.expect("pad masks exist only with a padding_idx");
                     let want = name == PAD_MASK;
-                    FeedData::Floats(batch.input_ids.iter().map(|&i| if (i == pad) == want { 1.0 } else { 0.0 }).collect())
+                    FeedData::Floats(
+                        batch
+                            .input_ids
+                            .iter()
+                            .map(|&i| if (i == pad) == want { 1.0 } else { 0.0 })
+                            .collect(),
+                    )
                 }
                 TARGETS => FeedData::Floats(batch.targets.clone().expect("checked above")),
                 LAST_TOKEN => {
@@ -398,7 +457,17 @@ impl FeedInfo {
                 }
                 ATTENTION_MASK => {
                     let mask = batch.attention_mask.as_deref();
-                    FeedData::Floats((0..b * t).map(|i| if mask.is_some_and(|m| m[i] == 0) { f32::NEG_INFINITY } else { 0.0 }).collect())
+                    FeedData::Floats(
+                        (0..b * t)
+                            .map(|i| {
+                                if mask.is_some_and(|m| m[i] == 0) {
+                                    f32::NEG_INFINITY
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect(),
+                    )
                 }
                 other => unreachable!("the builders declare no input '{other}'"),
             };
@@ -423,7 +492,6 @@ impl FeedInfo {
             _ => batch.labels.clone(),
         }
     }
-
 }
 
 /// A model's inference graph (HF's eager forward up to the logits, no loss: see
@@ -498,7 +566,9 @@ impl Feed {
 fn check_sizes(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(), ModelError> {
     let (b, t) = (opts.batch_size, opts.seq_len);
     if b == 0 || t == 0 {
-        return Err(ModelError::Data(format!("batch size and sequence length must be positive, got {b}×{t}")));
+        return Err(ModelError::Data(format!(
+            "batch size and sequence length must be positive, got {b}×{t}"
+        )));
     }
     if t > cfg.max_positions() {
         return Err(ModelError::Data(format!(
@@ -591,7 +661,14 @@ impl Builder {
     /// when the graph has one, as the softmax's additive mask; HF combines it with the causal
     /// one); `fuse_attention` makes it one [`Op::Attention`](ortbench_engine::graph::Op::Attention).
     // q, k, v: (B, H, T, D) -> (B, H, T, D)
-    pub fn eager_attention(&mut self, q: TensorId, k: TensorId, v: TensorId, causal: bool, dropout_p: f64) -> BResult<TensorId> {
+    pub fn eager_attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        causal: bool,
+        dropout_p: f64,
+    ) -> BResult<TensorId> {
         let d = self.g.shape(q)[3];
         let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
         let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
@@ -610,7 +687,12 @@ impl Builder {
     /// - regression (L = 1): MSE against (B, 1) float targets, mean over rows — d = x − y, then
     ///   dᵀd (a K = B matmul) / B.
     // logits: (B, L) -> ()
-    pub fn classification_loss(&mut self, logits: TensorId, problem: ProblemType, bs: usize) -> BResult<TensorId> {
+    pub fn classification_loss(
+        &mut self,
+        logits: TensorId,
+        problem: ProblemType,
+        bs: usize,
+    ) -> BResult<TensorId> {
         let l = self.g.shape(logits)[1];
         Ok(match problem {
             ProblemType::SingleLabel => {
@@ -709,16 +791,33 @@ mod tests {
             let mut end = 0;
             for (slot, spec) in m.params.iter().zip(&specs) {
                 assert_eq!((&slot.name, &slot.shape), (&spec.name, &spec.shape), "{name}");
-                assert_eq!(slot.offset % PARAM_ALIGN_ELEMS, 0, "{name}: {} is not aligned", slot.name);
-                assert!(slot.offset >= end && slot.offset - end < PARAM_ALIGN_ELEMS, "{name}: {} leaves a gap", slot.name);
+                assert_eq!(
+                    slot.offset % PARAM_ALIGN_ELEMS,
+                    0,
+                    "{name}: {} is not aligned",
+                    slot.name
+                );
+                assert!(
+                    slot.offset >= end && slot.offset - end < PARAM_ALIGN_ELEMS,
+                    "{name}: {} leaves a gap",
+                    slot.name
+                );
                 end = slot.offset + slot.len;
             }
             assert_eq!(end, m.flat_len(), "{name}");
             assert_eq!(m.num_params(), crate::params::param_count(&cfg), "{name}");
             // The decay runs tile the flat buffer, pads included, as the optimizer requires.
             let segs = train::decay_segments(&cfg, &m);
-            assert_eq!((segs[0].start, segs.iter().map(|s| s.len).sum::<usize>()), (0, m.flat_len()), "{name}");
-            assert!(segs.windows(2).all(|w| w[0].start + w[0].len == w[1].start && w[0].decay != w[1].decay), "{name}: {segs:?}");
+            assert_eq!(
+                (segs[0].start, segs.iter().map(|s| s.len).sum::<usize>()),
+                (0, m.flat_len()),
+                "{name}"
+            );
+            assert!(
+                segs.windows(2)
+                    .all(|w| w[0].start + w[0].len == w[1].start && w[0].decay != w[1].decay),
+                "{name}: {segs:?}"
+            );
             // Every parameter gets a gradient (the pooler-less MLM uses all it declares).
             for (i, p) in m.graph.params().iter().enumerate() {
                 assert!(m.graph.param_grad(i).is_some(), "{name}: {} gets no gradient", p.name);
@@ -760,9 +859,18 @@ mod tests {
     fn feed_shifts_gpt2_labels_and_masks_bert_padding() {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let m = build_training_graph(&cfg, &GraphOptions::new(2, 3)).unwrap();
-        let batch = Batch { batch_size: 2, seq_len: 3, input_ids: vec![1, 2, 3, 4, 5, 6], labels: vec![1, 2, 3, 4, 5, 6], targets: None, attention_mask: None };
+        let batch = Batch {
+            batch_size: 2,
+            seq_len: 3,
+            input_ids: vec![1, 2, 3, 4, 5, 6],
+            labels: vec![1, 2, 3, 4, 5, 6],
+            targets: None,
+            attention_mask: None,
+        };
         let feed = m.feed(&batch).unwrap();
-        let get = |f: &Feed, n: &str| f.entries.iter().find(|(k, _)| k == n).map(|(_, d)| d.clone()).unwrap();
+        let get = |f: &Feed, n: &str| {
+            f.entries.iter().find(|(k, _)| k == n).map(|(_, d)| d.clone()).unwrap()
+        };
         assert_eq!(get(&feed, LABELS), FeedData::Ids(vec![2, 3, -100, 5, 6, -100]));
         assert_eq!(get(&feed, POSITION_IDS), FeedData::Ids(vec![0, 1, 2]));
         let wrong = Batch { seq_len: 2, input_ids: vec![1; 4], labels: vec![1; 4], ..batch };
@@ -770,7 +878,14 @@ mod tests {
 
         let cfg = tiny_classifier(Some(0));
         let m = build_training_graph(&cfg, &GraphOptions::new(1, 3)).unwrap();
-        let batch = Batch { batch_size: 1, seq_len: 3, input_ids: vec![5, 0, 7], labels: vec![2], targets: None, attention_mask: None };
+        let batch = Batch {
+            batch_size: 1,
+            seq_len: 3,
+            input_ids: vec![5, 0, 7],
+            labels: vec![2],
+            targets: None,
+            attention_mask: None,
+        };
         let feed = m.feed(&batch).unwrap();
         assert_eq!(get(&feed, NOT_PAD_MASK), FeedData::Floats(vec![1.0, 0.0, 1.0]));
         assert_eq!(get(&feed, PAD_MASK), FeedData::Floats(vec![0.0, 1.0, 0.0]));
@@ -803,7 +918,10 @@ mod tests {
         for (p, r) in g_pad.tensors.iter().zip(&g_raw.tensors) {
             if p.name == "bert.embeddings.word_embeddings.weight" {
                 assert!(p.data[..c].iter().all(|&v| v == 0.0), "padding row has a gradient");
-                assert!(r.data[..c].iter().any(|&v| v != 0.0), "without padding_idx row 0 must get one");
+                assert!(
+                    r.data[..c].iter().any(|&v| v != 0.0),
+                    "without padding_idx row 0 must get one"
+                );
                 assert_eq!(p.data[c..], r.data[c..]);
             } else {
                 assert_eq!(p.data, r.data, "{}", p.name);
@@ -851,7 +969,11 @@ mod tests {
         let mut raw = tiny_classifier(Some(0)).raw;
         raw["problem_type"] = serde_json::json!("ordinal");
         let e = ModelConfig::from_value(raw.clone(), "test").unwrap_err();
-        assert!(matches!(e, ModelError::BadConfig(_)) && e.to_string().contains("problem_type 'ordinal'"), "{e}");
+        assert!(
+            matches!(e, ModelError::BadConfig(_))
+                && e.to_string().contains("problem_type 'ordinal'"),
+            "{e}"
+        );
         raw["problem_type"] = serde_json::json!("regression");
         let e = ModelConfig::from_value(raw, "test").unwrap_err().to_string();
         assert!(e.contains("regression with num_labels = 3"), "{e}");
@@ -872,7 +994,11 @@ mod tests {
         let count = |cfg: &ModelConfig| {
             let g = build_training_graph(cfg, &GraphOptions::new(1, 4)).unwrap().forward;
             let drop = g.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { .. })).count();
-            let attn = g.nodes().iter().filter(|n| matches!(n.op, Op::Attention { dropout_p, .. } if dropout_p > 0.0)).count();
+            let attn = g
+                .nodes()
+                .iter()
+                .filter(|n| matches!(n.op, Op::Attention { dropout_p, .. } if dropout_p > 0.0))
+                .count();
             (drop, attn)
         };
         let mut gpt2 = builtin_config("tiny-gpt2").unwrap();
@@ -898,15 +1024,29 @@ mod tests {
                 if let Some(p) = dropout {
                     cfg.set_dropout(p);
                 }
-                let build = |passes| build_training_graph(&cfg, &GraphOptions::new(2, 8).with_passes(passes)).unwrap();
+                let build = |passes| {
+                    build_training_graph(&cfg, &GraphOptions::new(2, 8).with_passes(passes))
+                        .unwrap()
+                };
                 let (opt, raw) = (build(PassConfig::all()), build(PassConfig::none()));
                 let (co, cr) = (passes::op_counts(&opt.graph), passes::op_counts(&raw.graph));
-                println!("{name} dropout {dropout:?}: {}\nall passes {co:?}\nno passes  {cr:?}", opt.pass_report);
+                println!(
+                    "{name} dropout {dropout:?}: {}\nall passes {co:?}\nno passes  {cr:?}",
+                    opt.pass_report
+                );
                 let layers = cfg.num_layers();
                 assert_eq!(co["attention"], layers, "{name}");
                 assert_eq!((cr.get("attention"), cr["softmax"]), (None, layers), "{name}");
-                assert!(co["linear"] >= 4 * layers && co["add_layernorm"] >= 2 * layers - 1, "{name}: {co:?}");
-                let p_dropouts = opt.graph.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { p, .. } if p == 0.0)).count();
+                assert!(
+                    co["linear"] >= 4 * layers && co["add_layernorm"] >= 2 * layers - 1,
+                    "{name}: {co:?}"
+                );
+                let p_dropouts = opt
+                    .graph
+                    .nodes()
+                    .iter()
+                    .filter(|n| matches!(n.op, Op::Dropout { p, .. } if p == 0.0))
+                    .count();
                 assert_eq!(p_dropouts, 0, "{name}");
                 assert_eq!(opt.params, raw.params);
                 let w = Weights::init(&cfg, 1);
@@ -923,7 +1063,11 @@ mod tests {
                     let (a, b) = (&go[s.offset..s.offset + s.len], &gr[s.offset..s.offset + s.len]);
                     let max_g = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                     let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                    assert!(max_d <= 1e-5 * max_g + 1e-7 * big, "{name}: {} differs by {max_d:e} (max {max_g:e})", s.name);
+                    assert!(
+                        max_d <= 1e-5 * max_g + 1e-7 * big,
+                        "{name}: {} differs by {max_d:e} (max {max_g:e})",
+                        s.name
+                    );
                 }
             }
         }

@@ -56,13 +56,26 @@ pub struct EngineState {
 /// Rank `rank`'s block of `b` rows of the global batch and its weight: its share of the global
 /// batch's labelled tokens (HF Trainer's `average_tokens_across_devices`), so that the ranks'
 /// weighted gradients sum to the global batch's.
-fn rank_slice(task: &Task, global: &Batch, rank: usize, world: usize, b: usize) -> Result<(Batch, f32), ModelError> {
+fn rank_slice(
+    task: &Task,
+    global: &Batch,
+    rank: usize,
+    world: usize,
+    b: usize,
+) -> Result<(Batch, f32), ModelError> {
     if global.batch_size != b * world {
-        return Err(ModelError::Data(format!("a global batch of {} rows does not split into {world} ranks of {b}", global.batch_size)));
+        return Err(ModelError::Data(format!(
+            "a global batch of {} rows does not split into {world} ranks of {b}",
+            global.batch_size
+        )));
     }
     let local = if world == 1 { global.clone() } else { global.rows(rank * b..(rank + 1) * b) };
     let total = task.label_count(global);
-    let weight = if total == 0 { 1.0 / world as f32 } else { task.label_count(&local) as f32 / total as f32 };
+    let weight = if total == 0 {
+        1.0 / world as f32
+    } else {
+        task.label_count(&local) as f32 / total as f32
+    };
     Ok((local, weight))
 }
 
@@ -87,7 +100,13 @@ pub fn decay_segments(cfg: &ModelConfig, model: &EngineModel) -> Vec<Segment> {
 
 impl EngineTrainer {
     /// A single-rank trainer over batches of `batch_size` × `seq_len`.
-    pub fn new(cfg: &ModelConfig, weights: &Weights, batch_size: usize, seq_len: usize, opts: EngineOptions) -> Result<Self, ModelError> {
+    pub fn new(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        batch_size: usize,
+        seq_len: usize,
+        opts: EngineOptions,
+    ) -> Result<Self, ModelError> {
         let group = LocalGroup::new(1).pop().expect("one rank");
         Self::with_group(cfg, weights, batch_size, seq_len, opts, group, Strategy::Ddp)
     }
@@ -102,7 +121,14 @@ impl EngineTrainer {
         group: impl Into<AnyGroup>,
         strategy: Strategy,
     ) -> Result<Self, ModelError> {
-        Self::with_graph_options(cfg, weights, &GraphOptions::new(batch_size, seq_len), opts, group, strategy)
+        Self::with_graph_options(
+            cfg,
+            weights,
+            &GraphOptions::new(batch_size, seq_len),
+            opts,
+            group,
+            strategy,
+        )
     }
 
     /// [`EngineTrainer::with_group`] for a graph built with `graph` (sizes per rank, and the
@@ -125,8 +151,9 @@ impl EngineTrainer {
             max_grad_norm: opts.max_grad_norm as f32,
             ..AdamWConfig::default()
         };
-        let session = TrainSession::new(model.graph.clone(), params, segments, adamw, opts.precision)
-            .map_err(|e| ModelError::Training(format!("engine: {e}")))?;
+        let session =
+            TrainSession::new(model.graph.clone(), params, segments, adamw, opts.precision)
+                .map_err(|e| ModelError::Training(format!("engine: {e}")))?;
         let mut dp = DataParallel::new(session, group.into(), strategy);
         // fp16 needs dynamic loss scaling (GradScaler's defaults, as the baseline's fp16 path);
         // bf16 has fp32's exponent range and trains unscaled, as torch.autocast(bfloat16) does.
@@ -163,7 +190,9 @@ impl EngineTrainer {
     /// loss scaler.
     pub fn state(&self) -> Result<EngineState, ModelError> {
         if self.dp.group_world() != 1 {
-            return Err(ModelError::Training("checkpoints are written by one-rank trainers only".into()));
+            return Err(ModelError::Training(
+                "checkpoints are written by one-rank trainers only".into(),
+            ));
         }
         let s = &self.dp.session;
         Ok(EngineState {
@@ -179,8 +208,13 @@ impl EngineTrainer {
     /// Continues from `state` (of a trainer of the same model and options).
     pub fn restore(&mut self, state: EngineState) -> Result<(), ModelError> {
         let n = self.model.flat_len();
-        if self.dp.group_world() != 1 || [state.params.len(), state.exp_avg.len(), state.exp_avg_sq.len()] != [n, n, n] {
-            return Err(ModelError::Training(format!("the checkpoint's flat buffers hold {} values, this model's {n} (one rank)", state.params.len())));
+        if self.dp.group_world() != 1
+            || [state.params.len(), state.exp_avg.len(), state.exp_avg_sq.len()] != [n, n, n]
+        {
+            return Err(ModelError::Training(format!(
+                "the checkpoint's flat buffers hold {} values, this model's {n} (one rank)",
+                state.params.len()
+            )));
         }
         let s = &mut self.dp.session;
         s.params = state.params;
@@ -190,7 +224,8 @@ impl EngineTrainer {
         s.opt.step = state.adam_step;
         self.steps_taken = state.steps_taken;
         if let Some((scale, clean)) = state.loss_scaler {
-            self.dp.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::resumed(scale, clean)));
+            self.dp
+                .set_loss_scaler(Some(ortbench_engine::optim::LossScaler::resumed(scale, clean)));
         }
         Ok(())
     }
@@ -255,20 +290,46 @@ pub struct GpuEngineTrainer<D: ortbench_engine::backend::gpu::GpuDevice> {
 
 impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
     /// Builds the graph for `graph`'s sizes and uploads the weights to `dev`.
-    pub fn new(cfg: &ModelConfig, weights: &Weights, graph: &GraphOptions, opts: EngineOptions, dev: D) -> Result<Self, ModelError> {
+    pub fn new(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        graph: &GraphOptions,
+        opts: EngineOptions,
+        dev: D,
+    ) -> Result<Self, ModelError> {
         Self::ranked(cfg, weights, graph, opts, dev, RankLayout::single())
     }
 
     /// As [`GpuEngineTrainer::new`], for rank `layout.rank` of a data-parallel run on one GPU
     /// per rank (`graph`'s batch size is the rank's share); step it with
     /// [`GpuEngineTrainer::step_ranked`].
-    pub fn ranked(cfg: &ModelConfig, weights: &Weights, graph: &GraphOptions, opts: EngineOptions, dev: D, layout: RankLayout) -> Result<Self, ModelError> {
+    pub fn ranked(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        graph: &GraphOptions,
+        opts: EngineOptions,
+        dev: D,
+        layout: RankLayout,
+    ) -> Result<Self, ModelError> {
         let model = build_training_graph(cfg, &graph.with_dtype(opts.precision))?;
         let params = model.flatten(weights)?;
         let segments = decay_segments(cfg, &model);
-        let adamw = AdamWConfig { lr: opts.lr as f32, weight_decay: opts.weight_decay as f32, max_grad_norm: opts.max_grad_norm as f32, ..AdamWConfig::default() };
-        let mut session = ortbench_engine::exec::gpu::session::GpuSession::ranked(model.graph.clone(), dev, &params, segments, adamw, opts.precision, layout)
-            .map_err(|e| ModelError::Training(format!("engine on the GPU: {e}")))?;
+        let adamw = AdamWConfig {
+            lr: opts.lr as f32,
+            weight_decay: opts.weight_decay as f32,
+            max_grad_norm: opts.max_grad_norm as f32,
+            ..AdamWConfig::default()
+        };
+        let mut session = ortbench_engine::exec::gpu::session::GpuSession::ranked(
+            model.graph.clone(),
+            dev,
+            &params,
+            segments,
+            adamw,
+            opts.precision,
+            layout,
+        )
+        .map_err(|e| ModelError::Training(format!("engine on the GPU: {e}")))?;
         if opts.precision == DType::F16 {
             session.set_loss_scaler(Some(ortbench_engine::optim::LossScaler::default()));
         }
@@ -279,28 +340,38 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
     pub fn step(&mut self, batch: &Batch) -> Result<StepStats, ModelError> {
         let feed = self.model.feed(batch)?;
         let (lr, seed) = self.step_lr_seed();
-        let stats = self.session.step(&feed.inputs(), lr, seed).map_err(|e| ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken)))?;
+        let stats = self.session.step(&feed.inputs(), lr, seed).map_err(|e| {
+            ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken))
+        })?;
         self.steps_taken += 1;
         Ok(stats)
     }
 
     /// One step of this rank on the global batch `global` (it takes its block of rows), the
     /// gradients reduced through `group` on the device (DDP or ZeRO-1, the layout's).
-    pub fn step_ranked<C: DeviceCollective<D>>(&mut self, group: &C, global: &Batch) -> Result<StepStats, ModelError> {
+    pub fn step_ranked<C: DeviceCollective<D>>(
+        &mut self,
+        group: &C,
+        global: &Batch,
+    ) -> Result<StepStats, ModelError> {
         let l = self.session.layout();
-        let (local, weight) = rank_slice(&self.task, global, l.rank, l.world, self.model.batch_size)?;
+        let (local, weight) =
+            rank_slice(&self.task, global, l.rank, l.world, self.model.batch_size)?;
         let feed = self.model.feed(&local)?;
         let (lr, seed) = self.step_lr_seed();
-        let stats = self
-            .session
-            .step_ranked(group, weight, &feed.inputs(), lr, seed)
-            .map_err(|e| ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken)))?;
+        let stats =
+            self.session.step_ranked(group, weight, &feed.inputs(), lr, seed).map_err(|e| {
+                ModelError::Training(format!("engine step {} on the GPU: {e}", self.steps_taken))
+            })?;
         self.steps_taken += 1;
         Ok(stats)
     }
 
     fn step_lr_seed(&self) -> (f32, u64) {
-        ((self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32, self.opts.seed.wrapping_add(self.steps_taken as u64))
+        (
+            (self.opts.lr * self.opts.schedule.factor(self.steps_taken)) as f32,
+            self.opts.seed.wrapping_add(self.steps_taken as u64),
+        )
     }
 
     /// The current parameters under their HF names (copied from the device).

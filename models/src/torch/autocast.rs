@@ -41,11 +41,22 @@ impl Drop for ExitOnUnwind {
 }
 
 /// Runs `f` with autocast enabled on `device` in `dtype` (as `with torch.autocast(…):`).
-pub fn autocast<T>(device: Device, dtype: AutocastDtype, f: impl FnOnce() -> T) -> Result<T, ModelError> {
+pub fn autocast<T>(
+    device: Device,
+    dtype: AutocastDtype,
+    f: impl FnOnce() -> T,
+) -> Result<T, ModelError> {
     let cuda = c_int::from(device.is_cuda());
     let mut err = [0 as c_char; 512];
     // SAFETY: plain C calls into libtorch; `err` outlives them and its length is passed.
-    let rc = unsafe { ortbench_autocast_enter(cuda, c_int::from(dtype == AutocastDtype::Bf16), err.as_mut_ptr(), 512) };
+    let rc = unsafe {
+        ortbench_autocast_enter(
+            cuda,
+            c_int::from(dtype == AutocastDtype::Bf16),
+            err.as_mut_ptr(),
+            512,
+        )
+    };
     check(rc, &err, "entering autocast")?;
     let guard = ExitOnUnwind(cuda);
     let out = f();

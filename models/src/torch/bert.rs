@@ -2,7 +2,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear};
+use super::layers::{
+    activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear,
+};
 use super::Vars;
 use crate::config::{Activation, Family, ModelConfig, ProblemType};
 
@@ -61,7 +63,11 @@ impl BertLayer {
             key: Linear::new(v, &format!("{p}.attention.self.key")),
             value: Linear::new(v, &format!("{p}.attention.self.value")),
             attn_out: Linear::new(v, &format!("{p}.attention.output.dense")),
-            attn_ln: LayerNorm::new(v, &format!("{p}.attention.output.LayerNorm"), c.layer_norm_eps),
+            attn_ln: LayerNorm::new(
+                v,
+                &format!("{p}.attention.output.LayerNorm"),
+                c.layer_norm_eps,
+            ),
             intermediate: Linear::new(v, &format!("{p}.intermediate.dense")),
             output: Linear::new(v, &format!("{p}.output.dense")),
             out_ln: LayerNorm::new(v, &format!("{p}.output.LayerNorm"), c.layer_norm_eps),
@@ -83,9 +89,12 @@ impl BertLayer {
         let v = heads(self.value.forward(x));
         let p = if train { self.attn_dropout } else { 0.0 };
         let ctx = sdpa(&q, &k, &v, mask, p, false).transpose(1, 2).reshape([b, t, c]);
-        let attn = self.attn_ln.forward(&(self.attn_out.forward(&ctx).dropout(self.hidden_dropout, train) + x));
+        let attn = self
+            .attn_ln
+            .forward(&(self.attn_out.forward(&ctx).dropout(self.hidden_dropout, train) + x));
         let inter = activation(self.act, true, &self.intermediate.forward(&attn));
-        self.out_ln.forward(&(self.output.forward(&inter).dropout(self.hidden_dropout, train) + attn))
+        self.out_ln
+            .forward(&(self.output.forward(&inter).dropout(self.hidden_dropout, train) + attn))
     }
 }
 
@@ -106,7 +115,10 @@ impl BertEncoder {
                 token_type: v.get("bert.embeddings.token_type_embeddings.weight"),
                 layer_norm: LayerNorm::new(v, "bert.embeddings.LayerNorm", c.layer_norm_eps),
                 dropout: c.hidden_dropout_prob,
-                padding_idx: c.pad_token_id.filter(|&p| p >= 0 && (p as usize) < c.vocab_size).unwrap_or(-1),
+                padding_idx: c
+                    .pad_token_id
+                    .filter(|&p| p >= 0 && (p as usize) < c.vocab_size)
+                    .unwrap_or(-1),
             },
             layers: (0..c.num_hidden_layers)
                 .map(|i| BertLayer::new(v, &format!("bert.encoder.layer.{i}"), c, act))
@@ -147,7 +159,11 @@ impl BertForMaskedLM {
         BertForMaskedLM {
             bert: BertEncoder::new(cfg, v),
             transform: Linear::new(v, "cls.predictions.transform.dense"),
-            transform_ln: LayerNorm::new(v, "cls.predictions.transform.LayerNorm", c.layer_norm_eps),
+            transform_ln: LayerNorm::new(
+                v,
+                "cls.predictions.transform.LayerNorm",
+                c.layer_norm_eps,
+            ),
             decoder_weight,
             decoder_bias: v.get("cls.predictions.bias"),
             act: cfg.activation(),
@@ -155,7 +171,13 @@ impl BertForMaskedLM {
     }
 
     // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        train: bool,
+    ) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let h = self.transform_ln.forward(&activation(self.act, true, &self.transform.forward(&h)));
         let logits = h.linear(&self.decoder_weight, Some(&self.decoder_bias));
@@ -187,7 +209,14 @@ impl BertForSequenceClassification {
     }
 
     // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, targets: Option<&Tensor>, train: bool) -> Tensor {
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let pooled = self.pooler.forward(&h.select(1, 0)).tanh();
         let logits = self.classifier.forward(&pooled.dropout(self.dropout, train));
@@ -216,7 +245,13 @@ impl BertForTokenClassification {
     }
 
     // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        train: bool,
+    ) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let logits = self.classifier.forward(&h.dropout(self.dropout, train));
         cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))

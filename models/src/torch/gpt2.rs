@@ -2,7 +2,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm};
+use super::layers::{
+    activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm,
+};
 use super::Vars;
 use crate::config::{Activation, Family, ModelConfig, ProblemType};
 
@@ -31,7 +33,8 @@ impl Gpt2Block {
         let p = if train { self.attn_pdrop } else { 0.0 };
         // HF: is_causal=True when there is no padding mask and T > 1; with padding, the
         // combined boolean mask and is_causal=False.
-        let ctx = sdpa(&q, &k, &v, mask, p, mask.is_none() && t > 1).transpose(1, 2).reshape([b, t, c]);
+        let ctx =
+            sdpa(&q, &k, &v, mask, p, mask.is_none() && t > 1).transpose(1, 2).reshape([b, t, c]);
         let x = x + self.c_proj.forward(&ctx).dropout(self.resid_pdrop, train);
         let h = activation(self.act, true, &self.c_fc.forward(&self.ln_2.forward(&x)));
         &x + self.mlp_proj.forward(&h).dropout(self.resid_pdrop, train)
@@ -49,7 +52,9 @@ struct Gpt2Model {
 
 impl Gpt2Model {
     fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
+        let Family::Gpt2(c) = &cfg.family else {
+            unreachable!("GPT-2 module built from a BERT config")
+        };
         let eps = c.layer_norm_epsilon;
         let blocks = (0..c.n_layer)
             .map(|i| {
@@ -100,13 +105,25 @@ pub struct Gpt2LMHeadModel {
 
 impl Gpt2LMHeadModel {
     pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
-        let lm_head = if c.tie_word_embeddings { v.get("transformer.wte.weight") } else { v.get("lm_head.weight") };
+        let Family::Gpt2(c) = &cfg.family else {
+            unreachable!("GPT-2 module built from a BERT config")
+        };
+        let lm_head = if c.tie_word_embeddings {
+            v.get("transformer.wte.weight")
+        } else {
+            v.get("lm_head.weight")
+        };
         Gpt2LMHeadModel { transformer: Gpt2Model::new(cfg, v), lm_head }
     }
 
     // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, train: bool) -> Tensor {
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        train: bool,
+    ) -> Tensor {
         let (b, t) = input_ids.size2().expect("(B, T) ids");
         let x = self.transformer.forward(input_ids, attention_mask, train);
         // lm_head: nn.Linear(bias=False) whose weight is wte.
@@ -128,7 +145,9 @@ pub struct Gpt2ForSequenceClassification {
 
 impl Gpt2ForSequenceClassification {
     pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 module built from a BERT config") };
+        let Family::Gpt2(c) = &cfg.family else {
+            unreachable!("GPT-2 module built from a BERT config")
+        };
         Gpt2ForSequenceClassification {
             transformer: Gpt2Model::new(cfg, v),
             score: v.get("score.weight"),
@@ -138,7 +157,14 @@ impl Gpt2ForSequenceClassification {
     }
 
     // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
-    pub fn loss(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, labels: &Tensor, targets: Option<&Tensor>, train: bool) -> Tensor {
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
         let (b, t) = input_ids.size2().expect("(B, T) ids");
         let h = self.transformer.forward(input_ids, attention_mask, train);
         let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)

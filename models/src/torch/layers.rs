@@ -13,7 +13,10 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(v: &Vars, prefix: &str) -> Self {
-        Linear { weight: v.get(&format!("{prefix}.weight")), bias: v.get(&format!("{prefix}.bias")) }
+        Linear {
+            weight: v.get(&format!("{prefix}.weight")),
+            bias: v.get(&format!("{prefix}.bias")),
+        }
     }
     pub fn forward(&self, x: &Tensor) -> Tensor {
         x.linear(&self.weight, Some(&self.bias))
@@ -28,7 +31,10 @@ pub struct Conv1D {
 
 impl Conv1D {
     pub fn new(v: &Vars, prefix: &str) -> Self {
-        Conv1D { weight: v.get(&format!("{prefix}.weight")), bias: v.get(&format!("{prefix}.bias")) }
+        Conv1D {
+            weight: v.get(&format!("{prefix}.weight")),
+            bias: v.get(&format!("{prefix}.bias")),
+        }
     }
     // x: (B, T, in) -> (B, T, out)
     pub fn forward(&self, x: &Tensor) -> Tensor {
@@ -49,7 +55,11 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     pub fn new(v: &Vars, prefix: &str, eps: f64) -> Self {
-        LayerNorm { weight: v.get(&format!("{prefix}.weight")), bias: v.get(&format!("{prefix}.bias")), eps }
+        LayerNorm {
+            weight: v.get(&format!("{prefix}.weight")),
+            bias: v.get(&format!("{prefix}.bias")),
+            eps,
+        }
     }
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let n = self.weight.size()[0];
@@ -64,7 +74,8 @@ pub fn activation(act: Activation, gelu_new_literal: bool, x: &Tensor) -> Tensor
         Activation::GeluErf => x.gelu("none"),
         Activation::GeluTanh if gelu_new_literal => {
             // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
-            let inner = (x + x.pow_tensor_scalar(3.0) * 0.044715) * (2.0f64 / std::f64::consts::PI).sqrt();
+            let inner =
+                (x + x.pow_tensor_scalar(3.0) * 0.044715) * (2.0f64 / std::f64::consts::PI).sqrt();
             x * 0.5 * (inner.tanh() + 1.0)
         }
         Activation::GeluTanh => x.gelu("tanh"),
@@ -75,7 +86,14 @@ pub fn activation(act: Activation, gelu_new_literal: bool, x: &Tensor) -> Tensor
 /// the boolean mask HF's `masking_utils.sdpa_mask` builds (true = attend), None when no
 /// position is padding (HF then skips it, so sdpa may take its fastest kernel).
 // q, k, v: (B, H, T, D), mask: broadcastable to (B, H, T, T) bool -> (B, H, T, D)
-pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, dropout_p: f64, causal: bool) -> Tensor {
+pub fn sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    dropout_p: f64,
+    causal: bool,
+) -> Tensor {
     Tensor::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal, None, false)
 }
 
@@ -87,7 +105,8 @@ pub fn padding_mask(attention_mask: &Tensor, causal: bool) -> Tensor {
     let (b, t) = attention_mask.size2().expect("(B, T) attention_mask");
     let keys = attention_mask.ne(0).view([b, 1, 1, t]);
     if causal {
-        let tril = Tensor::ones([t, t], (Kind::Bool, attention_mask.device())).tril(0).view([1, 1, t, t]);
+        let tril =
+            Tensor::ones([t, t], (Kind::Bool, attention_mask.device())).tril(0).view([1, 1, t, t]);
         keys.logical_and(&tril)
     } else {
         keys
@@ -98,7 +117,12 @@ pub fn padding_mask(attention_mask: &Tensor, causal: bool) -> Tensor {
 /// (B, L) logits and (B,) labels; BCEWithLogitsLoss against (B, L) 0/1 labels as floats; MSELoss
 /// of the squeezed (B, 1) logits against (B,) float targets.
 // logits: (B, L), labels: (B,) or (B·L,) i64, targets: (B,) f32 -> scalar
-pub fn classification_loss(logits: &Tensor, labels: &Tensor, targets: Option<&Tensor>, problem: ProblemType) -> Tensor {
+pub fn classification_loss(
+    logits: &Tensor,
+    labels: &Tensor,
+    targets: Option<&Tensor>,
+    problem: ProblemType,
+) -> Tensor {
     let (b, l) = logits.size2().expect("(B, L) logits");
     match problem {
         ProblemType::SingleLabel => cross_entropy(&logits.view([-1, l]), &labels.view([-1])),
@@ -118,7 +142,13 @@ pub fn classification_loss(logits: &Tensor, labels: &Tensor, targets: Option<&Te
 /// nn.CrossEntropyLoss (mean over labels ≠ −100) on fp32 logits, as HF upcasts them.
 // logits: (N, V), labels: (N,)
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
-    logits.to_kind(Kind::Float).cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
+    logits.to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
+        labels,
+        None,
+        tch::Reduction::Mean,
+        -100,
+        0.0,
+    )
 }
 
 /// transformers.loss.loss_utils.ForCausalLMLoss (5.x), mean reduction (HF's `outputs.loss`
@@ -165,11 +195,17 @@ mod tests {
         assert!((a - o).abs() / o.abs() < 1e-6, "{a} vs {o}");
         let copies = |ops: &[crate::torch::OpCall]| {
             ops.iter()
-                .filter(|op| ["aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"].contains(&op.name.as_str()))
+                .filter(|op| {
+                    ["aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"]
+                        .contains(&op.name.as_str())
+                })
                 .filter(|op| op.max_input_numel >= b * (t - 1) * v)
                 .count()
         };
         assert_eq!(copies(&new_ops), 0, "{new_ops:?}");
-        assert!(copies(&old_ops) > 0, "the probe must see the old formula's logits copy: {old_ops:?}");
+        assert!(
+            copies(&old_ops) > 0,
+            "the probe must see the old formula's logits copy: {old_ops:?}"
+        );
     }
 }

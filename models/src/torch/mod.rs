@@ -48,7 +48,11 @@ pub const DECAY_GROUP: usize = 0;
 pub const NO_DECAY_GROUP: usize = 1;
 
 /// Creates one variable per parameter from `weights` (HF names, HF shapes) in `vs`.
-pub fn create_vars(vs: &nn::VarStore, cfg: &ModelConfig, weights: &Weights) -> Result<Vars, ModelError> {
+pub fn create_vars(
+    vs: &nn::VarStore,
+    cfg: &ModelConfig,
+    weights: &Weights,
+) -> Result<Vars, ModelError> {
     let root = vs.root();
     let mut map = HashMap::new();
     for spec in param_specs(cfg) {
@@ -56,7 +60,10 @@ pub fn create_vars(vs: &nn::VarStore, cfg: &ModelConfig, weights: &Weights) -> R
             .get(&spec.name)
             .ok_or_else(|| ModelError::Weights(format!("weights have no '{}'", spec.name)))?;
         if w.shape != spec.shape {
-            return Err(ModelError::Weights(format!("'{}' has shape {:?}, expected {:?}", spec.name, w.shape, spec.shape)));
+            return Err(ModelError::Weights(format!(
+                "'{}' has shape {:?}, expected {:?}",
+                spec.name, w.shape, spec.shape
+            )));
         }
         let group = if spec.decay { DECAY_GROUP } else { NO_DECAY_GROUP };
         let mut path = root.set_group(group);
@@ -75,12 +82,18 @@ pub fn create_vars(vs: &nn::VarStore, cfg: &ModelConfig, weights: &Weights) -> R
 impl TorchModel {
     pub fn new(cfg: &ModelConfig, vars: &Vars) -> Self {
         match cfg.arch {
-            Architecture::BertForMaskedLM => TorchModel::BertMlm(bert::BertForMaskedLM::new(cfg, vars)),
+            Architecture::BertForMaskedLM => {
+                TorchModel::BertMlm(bert::BertForMaskedLM::new(cfg, vars))
+            }
             Architecture::BertForSequenceClassification => {
                 TorchModel::BertCls(bert::BertForSequenceClassification::new(cfg, vars))
             }
-            Architecture::BertForTokenClassification => TorchModel::BertTok(bert::BertForTokenClassification::new(cfg, vars)),
-            Architecture::Gpt2LMHeadModel => TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars)),
+            Architecture::BertForTokenClassification => {
+                TorchModel::BertTok(bert::BertForTokenClassification::new(cfg, vars))
+            }
+            Architecture::Gpt2LMHeadModel => {
+                TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars))
+            }
             Architecture::Gpt2ForSequenceClassification => {
                 TorchModel::Gpt2Cls(gpt2::Gpt2ForSequenceClassification::new(cfg, vars))
             }
@@ -95,7 +108,9 @@ impl TorchModel {
         let labels = Tensor::from_slice(&batch.labels).to_device(device);
         // HF skips the mask when nothing is padded (sdpa may then take its fastest kernel).
         let mask = batch.attention_mask.as_ref().filter(|_| batch.has_padding()).map(|m| {
-            Tensor::from_slice(m).reshape([batch.batch_size as i64, batch.seq_len as i64]).to_device(device)
+            Tensor::from_slice(m)
+                .reshape([batch.batch_size as i64, batch.seq_len as i64])
+                .to_device(device)
         });
         let mask = mask.as_ref();
         let targets = batch.targets.as_ref().map(|v| Tensor::from_slice(v).to_device(device));
@@ -128,7 +143,10 @@ pub fn export(vars_in_order: &[(String, Tensor)]) -> Weights {
 /// methods without the `f_` prefix unwrap libtorch's errors, so an op that fails in libtorch
 /// (a CUDA error, an out-of-memory, mismatched shapes) panics; the baseline returns it as an
 /// error instead, with libtorch's message (`what: libtorch: <message>`).
-pub fn catch_torch<T>(what: &str, f: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
+pub fn catch_torch<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => Err(ModelError::Training(format!("{what}: {}", panic_text(&*payload)))),
@@ -177,7 +195,8 @@ fn unescape_debug(s: &str) -> String {
             Some('r') => out.push('\r'),
             Some('0') => out.push('\0'),
             Some('u') => {
-                let code: String = chars.by_ref().skip_while(|&c| c == '{').take_while(|&c| c != '}').collect();
+                let code: String =
+                    chars.by_ref().skip_while(|&c| c == '{').take_while(|&c| c != '}').collect();
                 out.extend(u32::from_str_radix(&code, 16).ok().and_then(char::from_u32));
             }
             Some(other) => out.push(other),
@@ -196,8 +215,12 @@ mod tests {
         let e: Result<(), tch::TchError> = Err(tch::TchError::Torch(
             "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB\nException raised from malloc at c10/cuda/CUDACachingAllocator.cpp:1\nframe #0: x".into(),
         ));
-        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.unwrap())).unwrap_err();
-        assert_eq!(panic_text(&*payload), "libtorch: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB");
+        let payload =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.unwrap())).unwrap_err();
+        assert_eq!(
+            panic_text(&*payload),
+            "libtorch: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB"
+        );
         let payload = std::panic::catch_unwind(|| panic!("plain {}", 1)).unwrap_err();
         assert_eq!(panic_text(&*payload), "plain 1");
         assert_eq!(unescape_debug(r"a\u{e9}b\\c\'"), "a\u{e9}b\\c'");
@@ -211,6 +234,12 @@ mod tests {
             Ok(())
         });
         let e = r.unwrap_err().to_string();
-        assert!(e.starts_with("step: libtorch: ") && e.contains("2x3") && e.contains("4x5") && !e.contains('\n'), "{e}");
+        assert!(
+            e.starts_with("step: libtorch: ")
+                && e.contains("2x3")
+                && e.contains("4x5")
+                && !e.contains('\n'),
+            "{e}"
+        );
     }
 }

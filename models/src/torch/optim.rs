@@ -31,7 +31,12 @@ extern "C" {
     fn ortbench_set_grads_to_none(params: *const *mut C_tensor, n: i64);
     fn ortbench_op_probe_start(err: *mut c_char, len: c_int) -> c_int;
     fn ortbench_op_probe_stop() -> i64;
-    fn ortbench_op_probe_get(i: i64, name: *mut c_char, len: c_int, max_input_numel: *mut i64) -> c_int;
+    fn ortbench_op_probe_get(
+        i: i64,
+        name: *mut c_char,
+        len: c_int,
+        max_input_numel: *mut i64,
+    ) -> c_int;
 }
 
 // The shim takes `torch::Tensor*`, which is what a tch Tensor's C pointer is.
@@ -88,7 +93,10 @@ impl FusedAdamW {
                 ParamGroup {
                     exp_avgs: params.iter().map(zeros).collect(),
                     exp_avg_sqs: params.iter().map(zeros).collect(),
-                    steps: params.iter().map(|p| Tensor::zeros([], (Kind::Float, p.device()))).collect(),
+                    steps: params
+                        .iter()
+                        .map(|p| Tensor::zeros([], (Kind::Float, p.device())))
+                        .collect(),
                     params,
                     weight_decay,
                 }
@@ -125,15 +133,20 @@ impl FusedAdamW {
     pub fn step(&mut self, grad_scale: Option<f64>) -> Result<StepOutcome, ModelError> {
         let mut found_any = false;
         for g in &self.groups {
-            let with_grad: Vec<usize> = (0..g.params.len()).filter(|&i| g.params[i].grad().defined()).collect();
+            let with_grad: Vec<usize> =
+                (0..g.params.len()).filter(|&i| g.params[i].grad().defined()).collect();
             if with_grad.is_empty() {
                 continue;
             }
-            let pick = |ts: &[Tensor]| with_grad.iter().map(|&i| ts[i].shallow_clone()).collect::<Vec<_>>();
+            let pick = |ts: &[Tensor]| {
+                with_grad.iter().map(|&i| ts[i].shallow_clone()).collect::<Vec<_>>()
+            };
             let params = pick(&g.params);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-            let (exp_avgs, exp_avg_sqs, steps) = (pick(&g.exp_avgs), pick(&g.exp_avg_sqs), pick(&g.steps));
-            let (p, gr, m, v, s) = (ptrs(&params), ptrs(&grads), ptrs(&exp_avgs), ptrs(&exp_avg_sqs), ptrs(&steps));
+            let (exp_avgs, exp_avg_sqs, steps) =
+                (pick(&g.exp_avgs), pick(&g.exp_avg_sqs), pick(&g.steps));
+            let (p, gr, m, v, s) =
+                (ptrs(&params), ptrs(&grads), ptrs(&exp_avgs), ptrs(&exp_avg_sqs), ptrs(&steps));
             let mut found_inf: c_int = 0;
             let mut err = [0 as c_char; 512];
             // SAFETY: five arrays of n live tensor pointers; `found_inf` and `err` outlive the
@@ -158,7 +171,10 @@ impl FusedAdamW {
                 )
             };
             if rc != 0 {
-                return Err(ModelError::Training(format!("torch fused AdamW step: {}", message(&err))));
+                return Err(ModelError::Training(format!(
+                    "torch fused AdamW step: {}",
+                    message(&err)
+                )));
             }
             found_any |= found_inf != 0;
         }
@@ -204,7 +220,13 @@ mod tests {
 
     /// AdamW (Loshchilov & Hutter; torch.optim.AdamW's documented algorithm) written out in
     /// f64 for one parameter tensor, `steps` updates with the given gradients.
-    fn reference(p: &[f64], grads: &[Vec<f64>], lr: f64, wd: f64, (b1, b2, eps): (f64, f64, f64)) -> Vec<f64> {
+    fn reference(
+        p: &[f64],
+        grads: &[Vec<f64>],
+        lr: f64,
+        wd: f64,
+        (b1, b2, eps): (f64, f64, f64),
+    ) -> Vec<f64> {
         let mut p = p.to_vec();
         let (mut m, mut v) = (vec![0.0; p.len()], vec![0.0; p.len()]);
         for (t, g) in grads.iter().enumerate() {
@@ -233,8 +255,10 @@ mod tests {
         tch::manual_seed(7);
         let (lr, wd, hp) = (1e-2, 0.1, (0.9, 0.999, 1e-8));
         let shapes: [&[i64]; 3] = [&[17, 5], &[33], &[4, 3, 2]];
-        let params: Vec<Tensor> =
-            shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect();
+        let params: Vec<Tensor> = shapes
+            .iter()
+            .map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu)).set_requires_grad(true))
+            .collect();
         let init: Vec<Vec<f64>> = params.iter().map(to_f64).collect();
         let groups = vec![
             (vec![params[0].shallow_clone(), params[2].shallow_clone()], wd),
@@ -248,7 +272,12 @@ mod tests {
             assert!(params.iter().all(|p| !p.grad().defined()), "zero_grad sets gradients to None");
             // loss = Σ_i Σ p_i · r_i: the gradient of p_i is the random r_i.
             let r: Vec<Tensor> = params.iter().map(|p| Tensor::randn_like(p)).collect();
-            let loss = params.iter().zip(&r).map(|(p, r)| (p * r).sum(Kind::Float)).reduce(|a, b| a + b).unwrap();
+            let loss = params
+                .iter()
+                .zip(&r)
+                .map(|(p, r)| (p * r).sum(Kind::Float))
+                .reduce(|a, b| a + b)
+                .unwrap();
             loss.backward();
             for (k, r) in r.iter().enumerate() {
                 grads[k].push(to_f64(r));
@@ -256,7 +285,12 @@ mod tests {
             let (outcome, ops) = probe_ops(|| tch::no_grad(|| opt.step(None))).unwrap();
             assert_eq!(outcome.unwrap(), StepOutcome::Applied);
             let fused = ops.iter().filter(|o| o.name == FusedAdamW::ATEN_OP).count();
-            assert_eq!(fused, 2, "one _fused_adamw_ per param group: {:?}", ops.iter().map(|o| &o.name).collect::<Vec<_>>());
+            assert_eq!(
+                fused,
+                2,
+                "one _fused_adamw_ per param group: {:?}",
+                ops.iter().map(|o| &o.name).collect::<Vec<_>>()
+            );
         }
         for (k, p) in params.iter().enumerate() {
             let wd = if k == 1 { 0.0 } else { wd };
@@ -267,7 +301,10 @@ mod tests {
             // step: the fp32 kernel agrees with the f64 formula to a few ulp (measured ≤ 2.4e-7).
             println!("param {k}: max |fused - formula| = {worst:.2e}");
             assert!(worst < 1e-6, "param {k}: max |fused - formula| = {worst:.2e}");
-            assert!(got.iter().zip(&init[k]).any(|(a, b)| (a - b).abs() > 1e-3), "param {k} did not move");
+            assert!(
+                got.iter().zip(&init[k]).any(|(a, b)| (a - b).abs() > 1e-3),
+                "param {k} did not move"
+            );
         }
     }
 
@@ -281,7 +318,8 @@ mod tests {
         let g = Tensor::randn([64], (Kind::Float, Device::Cpu));
         let run = |scale: Option<f64>, grad: &Tensor| {
             let p = p0.copy().set_requires_grad(true);
-            let mut opt = FusedAdamW::new(vec![(vec![p.shallow_clone()], 0.01)], 1e-3, 0.9, 0.999, 1e-8);
+            let mut opt =
+                FusedAdamW::new(vec![(vec![p.shallow_clone()], 0.01)], 1e-3, 0.9, 0.999, 1e-8);
             (&p * grad).sum(Kind::Float).backward();
             let out = tch::no_grad(|| opt.step(scale)).unwrap();
             (p.detach(), out, opt.groups[0].steps[0].double_value(&[]))

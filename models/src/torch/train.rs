@@ -13,8 +13,10 @@ use crate::data::Batch;
 use crate::params::param_specs;
 use crate::schedule::LrSchedule;
 use crate::weights::Weights;
-use ortbench_engine::collective::{Collective, CollectiveError, DeviceGroup, ElementKind, LocalGroup, ReduceOp};
 use crate::ModelError;
+use ortbench_engine::collective::{
+    Collective, CollectiveError, DeviceGroup, ElementKind, LocalGroup, ReduceOp,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -130,11 +132,21 @@ pub const DDP_BUCKET_BYTES: usize = 25 << 20;
 impl TorchTrainer {
     /// Builds the model on `device`. A libtorch error (a device out of memory, a CUDA error)
     /// is returned, not a panic.
-    pub fn new(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
+    pub fn new(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        device: Device,
+        opts: TrainOptions,
+    ) -> Result<Self, ModelError> {
         catch_torch("building the pytorch model", || Self::build(cfg, weights, device, opts))
     }
 
-    fn build(cfg: &ModelConfig, weights: &Weights, device: Device, opts: TrainOptions) -> Result<Self, ModelError> {
+    fn build(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        device: Device,
+        opts: TrainOptions,
+    ) -> Result<Self, ModelError> {
         match (opts.precision, device) {
             (Precision::Fp32, _) => {}
             (Precision::Fp16, Device::Cuda(_)) => {}
@@ -165,9 +177,29 @@ impl TorchTrainer {
         let model = TorchModel::new(cfg, &vars);
         // HF Trainer.create_optimizer's two param groups, in its order: decay, then no decay.
         let groups = vec![(decay, opts.weight_decay), (no_decay, 0.0)];
-        let opt = FusedAdamW::new(groups, opts.lr * opts.schedule.factor(0), opts.beta1, opts.beta2, opts.eps);
-        let scaler = (opts.precision == Precision::Fp16).then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
-        Ok(TorchTrainer { vs, ordered, model, opt, scaler, device, opts, steps_taken: 0, bucket: Vec::new(), bucket_bytes: DDP_BUCKET_BYTES, inject: None, failed: None })
+        let opt = FusedAdamW::new(
+            groups,
+            opts.lr * opts.schedule.factor(0),
+            opts.beta1,
+            opts.beta2,
+            opts.eps,
+        );
+        let scaler = (opts.precision == Precision::Fp16)
+            .then_some(LossScaler { scale: 65536.0, clean_steps: 0 });
+        Ok(TorchTrainer {
+            vs,
+            ordered,
+            model,
+            opt,
+            scaler,
+            device,
+            opts,
+            steps_taken: 0,
+            bucket: Vec::new(),
+            bucket_bytes: DDP_BUCKET_BYTES,
+            inject: None,
+            failed: None,
+        })
     }
 
     /// The loss of `batch` without updating anything (dropout off).
@@ -200,7 +232,11 @@ impl TorchTrainer {
     /// in buckets (as DDP's gradient buckets), so every rank applies the gradient of the
     /// global batch (HF Trainer's `average_tokens_across_devices`). The buckets go through
     /// host memory: the CPU's transports.
-    pub fn step_ddp<G: Collective>(&mut self, batch: &Batch, ddp: Option<(&G, f32)>) -> Result<StepStats, ModelError> {
+    pub fn step_ddp<G: Collective>(
+        &mut self,
+        batch: &Batch,
+        ddp: Option<(&G, f32)>,
+    ) -> Result<StepStats, ModelError> {
         self.step_with(batch, ddp.map(|(g, w)| (Reducer::Host(g), w)))
     }
 
@@ -208,9 +244,17 @@ impl TorchTrainer {
     /// (torch DDP's ProcessGroupNCCL): each bucket is one flat device tensor of its gradients,
     /// reduced in place through its device pointer on libtorch's stream (the legacy default
     /// stream, which the NCCL call is queued on), and copied back into the gradients.
-    pub fn step_ddp_nccl(&mut self, batch: &Batch, group: &DeviceGroup, weight: f32) -> Result<StepStats, ModelError> {
+    pub fn step_ddp_nccl(
+        &mut self,
+        batch: &Batch,
+        group: &DeviceGroup,
+        weight: f32,
+    ) -> Result<StepStats, ModelError> {
         if !matches!(self.device, Device::Cuda(_)) {
-            return Err(ModelError::Training(format!("NCCL DDP needs the model on a GPU, not {:?}", self.device)));
+            return Err(ModelError::Training(format!(
+                "NCCL DDP needs the model on a GPU, not {:?}",
+                self.device
+            )));
         }
         self.step_with::<LocalGroup>(batch, Some((Reducer::Nccl(group), weight)))
     }
@@ -222,18 +266,30 @@ impl TorchTrainer {
 
     /// A step: libtorch's errors (tch panics on them) come back as errors with libtorch's text,
     /// and a failed step ends the trainer.
-    fn step_with<G: Collective>(&mut self, batch: &Batch, ddp: Option<(Reducer<'_, G>, f32)>) -> Result<StepStats, ModelError> {
+    fn step_with<G: Collective>(
+        &mut self,
+        batch: &Batch,
+        ddp: Option<(Reducer<'_, G>, f32)>,
+    ) -> Result<StepStats, ModelError> {
         if let Some(e) = &self.failed {
-            return Err(ModelError::Training(format!("an earlier step failed ({e}); the trainer's state is undefined")));
+            return Err(ModelError::Training(format!(
+                "an earlier step failed ({e}); the trainer's state is undefined"
+            )));
         }
-        let r = catch_torch(&format!("pytorch step {}", self.steps_taken), || self.step_inner(batch, ddp));
+        let r = catch_torch(&format!("pytorch step {}", self.steps_taken), || {
+            self.step_inner(batch, ddp)
+        });
         if let Err(e) = &r {
             self.failed = Some(e.to_string());
         }
         r
     }
 
-    fn step_inner<G: Collective>(&mut self, batch: &Batch, ddp: Option<(Reducer<'_, G>, f32)>) -> Result<StepStats, ModelError> {
+    fn step_inner<G: Collective>(
+        &mut self,
+        batch: &Batch,
+        ddp: Option<(Reducer<'_, G>, f32)>,
+    ) -> Result<StepStats, ModelError> {
         self.opt.set_lr(self.opts.lr * self.opts.schedule.factor(self.steps_taken));
         self.opt.zero_grad();
         let mut loss = self.forward(batch)?;
@@ -246,7 +302,8 @@ impl TorchTrainer {
         } else {
             loss.backward();
         }
-        let grads: Vec<Tensor> = self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
+        let grads: Vec<Tensor> =
+            self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
         if let Some((reducer, weight)) = ddp {
             let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
             let local = loss.double_value(&[]) as f32;
@@ -281,8 +338,13 @@ impl TorchTrainer {
                             // A reused host buffer.
                             bucket.clear();
                             for g in part {
-                                let flat = g.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
-                                let v = Vec::<f32>::try_from(&flat).map_err(|e| ModelError::Training(e.to_string()))?;
+                                let flat = g
+                                    .flatten(0, -1)
+                                    .to_kind(Kind::Float)
+                                    .to_device(Device::Cpu)
+                                    .contiguous();
+                                let v = Vec::<f32>::try_from(&flat)
+                                    .map_err(|e| ModelError::Training(e.to_string()))?;
                                 bucket.extend_from_slice(&v);
                             }
                             if weight == 0.0 {
@@ -295,14 +357,19 @@ impl TorchTrainer {
                             for g in part {
                                 let k = g.numel();
                                 let mut g = g.shallow_clone();
-                                let r = Tensor::from_slice(&bucket[at..at + k]).to_device(device).to_kind(g.kind());
+                                let r = Tensor::from_slice(&bucket[at..at + k])
+                                    .to_device(device)
+                                    .to_kind(g.kind());
                                 g.copy_(&r.view_as(&g));
                                 at += k;
                             }
                         }
                         Reducer::Nccl(group) => {
                             // A device tensor: the bucket's gradients, flat, f32, weighted.
-                            let flats: Vec<Tensor> = part.iter().map(|g| g.flatten(0, -1).to_kind(Kind::Float)).collect();
+                            let flats: Vec<Tensor> = part
+                                .iter()
+                                .map(|g| g.flatten(0, -1).to_kind(Kind::Float))
+                                .collect();
                             let mut b = Tensor::cat(&flats, 0);
                             if weight == 0.0 {
                                 let _ = b.zero_();
@@ -312,7 +379,16 @@ impl TorchTrainer {
                             // SAFETY: `b` is a live contiguous f32 device tensor of b.numel()
                             // elements, kept alive until the copies below (queued after the
                             // collective on the same stream) have read it.
-                            unsafe { group.queue_all_reduce(b.data_ptr() as u64, b.numel(), ElementKind::F32, ReduceOp::Sum, std::ptr::null_mut()) }.map_err(err)?;
+                            unsafe {
+                                group.queue_all_reduce(
+                                    b.data_ptr() as u64,
+                                    b.numel(),
+                                    ElementKind::F32,
+                                    ReduceOp::Sum,
+                                    std::ptr::null_mut(),
+                                )
+                            }
+                            .map_err(err)?;
                             let mut at = 0i64;
                             for g in part {
                                 let k = g.numel() as i64;
@@ -348,7 +424,11 @@ impl TorchTrainer {
             let norms: Vec<Tensor> = grads.iter().map(|g| g.to_kind(Kind::Float).norm()).collect();
             let norm = Tensor::stack(&norms, 0).norm().double_value(&[]);
             // The statistic is of the unscaled gradients either way.
-            if kernel_unscales { norm / scale } else { norm }
+            if kernel_unscales {
+                norm / scale
+            } else {
+                norm
+            }
         });
         let skipped = if kernel_unscales {
             tch::no_grad(|| self.opt.step(Some(scale)))? == StepOutcome::FoundInf
@@ -394,7 +474,8 @@ impl TorchTrainer {
     pub fn gradients_of(&mut self, batch: &Batch) -> Weights {
         self.opt.zero_grad();
         self.model.loss(batch, self.device, true).backward();
-        let grads: Vec<(String, Tensor)> = self.ordered.iter().map(|(n, t)| (n.clone(), t.grad())).collect();
+        let grads: Vec<(String, Tensor)> =
+            self.ordered.iter().map(|(n, t)| (n.clone(), t.grad())).collect();
         export(&grads)
     }
 

@@ -19,7 +19,17 @@ use std::ffi::{c_char, c_void, CStr, CString};
 extern "C" {
     fn simt_kernel_count() -> u64;
     fn simt_kernel_name(i: u64) -> *const c_char;
-    fn simt_launch(name: *const c_char, grid: *const u32, block: *const u32, smem: u32, warp: u32, order: u32, args: *mut *mut c_void, err: *mut c_char, err_len: u64) -> i32;
+    fn simt_launch(
+        name: *const c_char,
+        grid: *const u32,
+        block: *const u32,
+        smem: u32,
+        warp: u32,
+        order: u32,
+        args: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: u64,
+    ) -> i32;
 }
 
 /// The order in which a block's threads take turns between barriers.
@@ -74,7 +84,9 @@ impl Arg {
 /// Names of every kernel the harness was built with (each `ORT_REGISTER`ed kernel).
 pub fn kernel_names() -> Vec<String> {
     // SAFETY: the registry is filled by static initialisers before main and never changes.
-    (0..unsafe { simt_kernel_count() }).map(|i| unsafe { CStr::from_ptr(simt_kernel_name(i)) }.to_string_lossy().into_owned()).collect()
+    (0..unsafe { simt_kernel_count() })
+        .map(|i| unsafe { CStr::from_ptr(simt_kernel_name(i)) }.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// Runs kernel `name` on `grid` × `block` threads with `smem` bytes of dynamic shared memory.
@@ -82,18 +94,39 @@ pub fn kernel_names() -> Vec<String> {
 /// # Safety
 /// Pointer arguments must point to buffers as large as the kernel will touch for these sizes
 /// ([`Buf`] guard bands catch a small overrun after the fact, not a large one).
-pub unsafe fn launch(name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32, warp: u32, order: Order, args: &[Arg]) -> Result<(), String> {
+pub unsafe fn launch(
+    name: &str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    warp: u32,
+    order: Order,
+    args: &[Arg],
+) -> Result<(), String> {
     let mut words: Vec<u64> = args.iter().map(Arg::word).collect();
-    let mut ptrs: Vec<*mut c_void> = words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
+    let mut ptrs: Vec<*mut c_void> =
+        words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
     let cname = CString::new(name).map_err(|e| e.to_string())?;
     let g = [grid.0, grid.1, grid.2];
     let b = [block.0, block.1, block.2];
     let mut err = vec![0u8; 1024];
-    let rc = simt_launch(cname.as_ptr(), g.as_ptr(), b.as_ptr(), smem, warp, order.code(), ptrs.as_mut_ptr(), err.as_mut_ptr() as *mut c_char, err.len() as u64);
+    let rc = simt_launch(
+        cname.as_ptr(),
+        g.as_ptr(),
+        b.as_ptr(),
+        smem,
+        warp,
+        order.code(),
+        ptrs.as_mut_ptr(),
+        err.as_mut_ptr() as *mut c_char,
+        err.len() as u64,
+    );
     if rc == 0 {
         Ok(())
     } else {
-        Err(CStr::from_bytes_until_nul(&err).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default())
+        Err(CStr::from_bytes_until_nul(&err)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default())
     }
 }
 
@@ -164,7 +197,12 @@ impl Buf {
     }
     fn bytes(&self) -> &[u8] {
         // SAFETY: as above, the element region after the front guard.
-        unsafe { std::slice::from_raw_parts((self.words.as_ptr() as *const u8).add(GUARD), self.len * self.dtype.size()) }
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.words.as_ptr() as *const u8).add(GUARD),
+                self.len * self.dtype.size(),
+            )
+        }
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
         let n = self.len * self.dtype.size();
@@ -173,7 +211,9 @@ impl Buf {
     /// The whole allocation, guard bands included (to mirror it on a device).
     pub fn raw_bytes(&self) -> &[u8] {
         // SAFETY: u128 storage viewed as bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16) }
+        unsafe {
+            std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16)
+        }
     }
     pub fn raw_bytes_mut(&mut self) -> &mut [u8] {
         self.bytes_all()
@@ -185,8 +225,12 @@ impl Buf {
         for (i, &v) in values.iter().enumerate() {
             match dtype {
                 Dtype::F32 => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
-                Dtype::F16 => out[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-                Dtype::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+                Dtype::F16 => {
+                    out[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+                }
+                Dtype::BF16 => {
+                    out[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())
+                }
                 Dtype::I64 | Dtype::I32 | Dtype::U8 => panic!("from_f32 into {dtype:?}"),
             }
         }
@@ -210,8 +254,13 @@ impl Buf {
     pub fn to_i64(&self) -> Vec<i64> {
         let b = self.bytes();
         match self.dtype {
-            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+            Dtype::I64 => {
+                b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect(),
             d => panic!("to_i64 of {d:?}"),
         }
     }
@@ -233,11 +282,25 @@ impl Buf {
     pub fn to_f32(&self) -> Vec<f32> {
         let b = self.bytes();
         match self.dtype {
-            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
-            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            Dtype::F32 => {
+                b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
             Dtype::U8 => b.iter().map(|&x| x as f32).collect(),
         }
     }
@@ -245,13 +308,17 @@ impl Buf {
     pub fn check_guards(&self) -> Result<(), String> {
         let n = self.len * self.dtype.size();
         // SAFETY: the whole allocation as bytes.
-        let all = unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16) };
+        let all = unsafe {
+            std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16)
+        };
         let front = all[..GUARD].iter().position(|&x| x != GUARD_BYTE);
         let back = all[GUARD + n..].iter().position(|&x| x != GUARD_BYTE);
         match (front, back) {
             (None, None) => Ok(()),
             (Some(i), _) => Err(format!("write {} bytes before the buffer", GUARD - i)),
-            (_, Some(i)) => Err(format!("write {} bytes past the end of the buffer ({} elements)", i, self.len)),
+            (_, Some(i)) => {
+                Err(format!("write {} bytes past the end of the buffer ({} elements)", i, self.len))
+            }
         }
     }
 }

@@ -17,7 +17,15 @@ fn block_sums(x: &[f32], b: usize) -> Vec<f32> {
     x.chunks(b).map(|c| c.iter().sum()).collect()
 }
 
-fn run_sum(kernel: &str, x: &[f32], grid: u32, block: u32, warp: u32, order: Order, extra: &[ortbench_simt::Arg]) -> Result<Vec<f32>, String> {
+fn run_sum(
+    kernel: &str,
+    x: &[f32],
+    grid: u32,
+    block: u32,
+    warp: u32,
+    order: Order,
+    extra: &[ortbench_simt::Arg],
+) -> Result<Vec<f32>, String> {
     let mut xb = Buf::from_f32(x, Dtype::F32);
     let mut out = Buf::poisoned(grid as usize, Dtype::F32);
     let mut args = vec![xb.ptr(), out.ptr()];
@@ -38,7 +46,16 @@ fn block_reductions_are_exact_at_warp_32_and_64_in_every_order() {
             for order in ORDERS {
                 let got = run_sum("selftest_block_sum", &x, grid, block, warp, order, &[]).unwrap();
                 assert_eq!(got, want, "block_sum warp {warp} block {block} {order:?}");
-                let got = run_sum("selftest_tree_sum", &x, grid, block, warp, order, &[ortbench_simt::Arg::I32(1)]).unwrap();
+                let got = run_sum(
+                    "selftest_tree_sum",
+                    &x,
+                    grid,
+                    block,
+                    warp,
+                    order,
+                    &[ortbench_simt::Arg::I32(1)],
+                )
+                .unwrap();
                 assert_eq!(got, want, "tree_sum warp {warp} block {block} {order:?}");
             }
         }
@@ -52,7 +69,11 @@ fn a_missing_syncthreads_gives_a_wrong_sum_in_some_order() {
     let want = block_sums(&x, block as usize);
     let wrong = ORDERS
         .iter()
-        .filter(|&&o| run_sum("selftest_tree_sum", &x, grid, block, 32, o, &[ortbench_simt::Arg::I32(0)]).unwrap() != want)
+        .filter(|&&o| {
+            run_sum("selftest_tree_sum", &x, grid, block, 32, o, &[ortbench_simt::Arg::I32(0)])
+                .unwrap()
+                != want
+        })
         .count();
     assert!(wrong > 0, "the race went unseen in every order");
 }
@@ -69,14 +90,29 @@ fn a_missing_barrier_before_shared_memory_reuse_is_caught_by_the_greedy_order() 
             let mut xb = Buf::from_f32(&x, Dtype::F32);
             let mut out = Buf::poisoned(2, Dtype::F32);
             // SAFETY: x holds 2·block elements, out 2.
-            unsafe { launch("selftest_two_rows", (1, 1, 1), (block, 1, 1), 0, warp, order, &[xb.ptr(), out.ptr(), ortbench_simt::Arg::I32(guard)]) }.unwrap();
+            unsafe {
+                launch(
+                    "selftest_two_rows",
+                    (1, 1, 1),
+                    (block, 1, 1),
+                    0,
+                    warp,
+                    order,
+                    &[xb.ptr(), out.ptr(), ortbench_simt::Arg::I32(guard)],
+                )
+            }
+            .unwrap();
             out.check_guards().unwrap();
             out.to_f32()
         };
         for order in ORDERS {
             assert_eq!(run(order, 1), want, "guarded, warp {warp} {order:?}");
         }
-        assert_ne!(run(Order::Greedy, 0), want, "warp {warp}: the unguarded reuse went unseen by the greedy order");
+        assert_ne!(
+            run(Order::Greedy, 0),
+            want,
+            "warp {warp}: the unguarded reuse went unseen by the greedy order"
+        );
     }
 }
 
@@ -87,7 +123,18 @@ fn a_warp_collective_in_divergent_code_is_a_deadlock_error() {
         let mut xb = Buf::from_f32(&x, Dtype::F32);
         let mut out = Buf::poisoned(128, Dtype::F32);
         // SAFETY: both buffers hold 128 elements.
-        let err = unsafe { launch("selftest_divergent_shuffle", (1, 1, 1), (128, 1, 1), 0, warp, Order::Forward, &[xb.ptr(), out.ptr()]) }.unwrap_err();
+        let err = unsafe {
+            launch(
+                "selftest_divergent_shuffle",
+                (1, 1, 1),
+                (128, 1, 1),
+                0,
+                warp,
+                Order::Forward,
+                &[xb.ptr(), out.ptr()],
+            )
+        }
+        .unwrap_err();
         assert!(err.contains("deadlock") && err.contains("warp collective"), "{err}");
     }
 }
@@ -102,7 +149,18 @@ fn deadlock_messages_name_the_block_and_who_waits_where() {
     let mut y = Buf::poisoned(x.len(), Dtype::F32);
     for order in ORDERS {
         // SAFETY: both buffers hold grid·block elements.
-        let err = unsafe { launch("selftest_early_return", (grid, 1, 1), (block, 1, 1), 0, 32, order, &[xb.ptr(), y.ptr(), ortbench_simt::Arg::I32(1)]) }.unwrap_err();
+        let err = unsafe {
+            launch(
+                "selftest_early_return",
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                32,
+                order,
+                &[xb.ptr(), y.ptr(), ortbench_simt::Arg::I32(1)],
+            )
+        }
+        .unwrap_err();
         assert_eq!(
             err,
             "selftest_early_return: deadlock in block 1: 127 thread(s) wait at __syncthreads, 0 at a warp collective, 1 exited — a barrier or warp collective that not every thread of the block/warp reaches",
@@ -110,21 +168,38 @@ fn deadlock_messages_name_the_block_and_who_waits_where() {
         );
         let got = y.to_f32();
         assert_eq!(got[..block as usize], x[..block as usize], "{order:?}: block 0 ran");
-        assert!(got[block as usize..].iter().all(|v| v.is_nan()), "{order:?}: blocks 1 and 2 wrote nothing");
+        assert!(
+            got[block as usize..].iter().all(|v| v.is_nan()),
+            "{order:?}: blocks 1 and 2 wrote nothing"
+        );
     }
     // The divergent shuffle: half of every warp waits at the collective, the other half exited.
     let x = data(128);
     let mut xb = Buf::from_f32(&x, Dtype::F32);
     let mut out = Buf::poisoned(128, Dtype::F32);
     // SAFETY: both buffers hold 128 elements.
-    let err = unsafe { launch("selftest_divergent_shuffle", (1, 1, 1), (128, 1, 1), 0, 32, Order::Reverse, &[xb.ptr(), out.ptr()]) }.unwrap_err();
+    let err = unsafe {
+        launch(
+            "selftest_divergent_shuffle",
+            (1, 1, 1),
+            (128, 1, 1),
+            0,
+            32,
+            Order::Reverse,
+            &[xb.ptr(), out.ptr()],
+        )
+    }
+    .unwrap_err();
     assert_eq!(
         err,
         "selftest_divergent_shuffle: deadlock in block 0: 0 thread(s) wait at __syncthreads, 64 at a warp collective, 64 exited — a barrier or warp collective that not every thread of the block/warp reaches"
     );
     // And the harness runs the next launch normally.
     let want = block_sums(&data(256), 128);
-    assert_eq!(run_sum("selftest_block_sum", &data(256), 2, 128, 32, Order::Forward, &[]).unwrap(), want);
+    assert_eq!(
+        run_sum("selftest_block_sum", &data(256), 2, 128, 32, Order::Forward, &[]).unwrap(),
+        want
+    );
 }
 
 #[test]
@@ -134,11 +209,24 @@ fn launches_from_several_threads_at_once_each_get_their_own_result() {
         .map(|k| {
             std::thread::spawn(move || {
                 for rep in 0..20u32 {
-                    let (block, warp) = ([64u32, 128, 256, 1024][((k + rep) % 4) as usize], [32u32, 64][(rep % 2) as usize]);
+                    let (block, warp) = (
+                        [64u32, 128, 256, 1024][((k + rep) % 4) as usize],
+                        [32u32, 64][(rep % 2) as usize],
+                    );
                     let grid = 1 + (k + rep) % 3;
-                    let x: Vec<f32> = data((grid * block) as usize).iter().map(|v| v + k as f32).collect();
+                    let x: Vec<f32> =
+                        data((grid * block) as usize).iter().map(|v| v + k as f32).collect();
                     let order = ORDERS[((k + rep) % 4) as usize];
-                    let got = run_sum("selftest_tree_sum", &x, grid, block, warp, order, &[ortbench_simt::Arg::I32(1)]).unwrap();
+                    let got = run_sum(
+                        "selftest_tree_sum",
+                        &x,
+                        grid,
+                        block,
+                        warp,
+                        order,
+                        &[ortbench_simt::Arg::I32(1)],
+                    )
+                    .unwrap();
                     assert_eq!(got, block_sums(&x, block as usize), "thread {k} rep {rep}");
                 }
             })
@@ -154,12 +242,25 @@ fn trace(warp: u32, order: Order) -> (usize, u64) {
     let (grid, block, rounds) = (2u32, 128u32, 7);
     let mut log = Buf::from_i32(&vec![0; 8192]);
     // SAFETY: the kernel logs grid·block·(rounds + 1) + grid·warp·Σ_w w < 8192 entries.
-    unsafe { launch("selftest_trace", (grid, 1, 1), (block, 1, 1), 0, warp, order, &[log.ptr(), ortbench_simt::Arg::I32(rounds)]) }.unwrap();
+    unsafe {
+        launch(
+            "selftest_trace",
+            (grid, 1, 1),
+            (block, 1, 1),
+            0,
+            warp,
+            order,
+            &[log.ptr(), ortbench_simt::Arg::I32(rounds)],
+        )
+    }
+    .unwrap();
     log.check_guards().unwrap();
     let v = log.to_i64();
     let n = v[0] as usize;
     assert!(v[1..=n].iter().all(|&t| t >= 0), "a shuffle gave a NaN");
-    let h = v[1..=n].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
+    let h = v[1..=n]
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
     (n, h)
 }
 
@@ -191,7 +292,18 @@ fn an_out_of_bounds_write_trips_the_guard_band() {
     // The kernel writes out[1..=64]: give it 64 elements.
     let mut out = Buf::poisoned(64, Dtype::F32);
     // SAFETY: the overrun is one element, inside the 64-byte guard band.
-    unsafe { launch("selftest_off_by_one", (1, 1, 1), (64, 1, 1), 0, 32, Order::Forward, &[xb.ptr(), out.ptr()]) }.unwrap();
+    unsafe {
+        launch(
+            "selftest_off_by_one",
+            (1, 1, 1),
+            (64, 1, 1),
+            0,
+            32,
+            Order::Forward,
+            &[xb.ptr(), out.ptr()],
+        )
+    }
+    .unwrap();
     let err = out.check_guards().unwrap_err();
     assert!(err.contains("past the end"), "{err}");
 }
@@ -203,7 +315,18 @@ fn grid_stride_loops_cover_sizes_that_are_not_multiples_of_the_block() {
         let mut xb = Buf::from_f32(&x, Dtype::F32);
         let mut y = Buf::poisoned(n, Dtype::F32);
         // SAFETY: both hold n elements; the kernel bounds-checks i < n.
-        unsafe { launch("selftest_copy", (3, 1, 1), (64, 1, 1), 0, 32, Order::Reverse, &[xb.ptr(), y.ptr(), ortbench_simt::Arg::I64(n as i64)]) }.unwrap();
+        unsafe {
+            launch(
+                "selftest_copy",
+                (3, 1, 1),
+                (64, 1, 1),
+                0,
+                32,
+                Order::Reverse,
+                &[xb.ptr(), y.ptr(), ortbench_simt::Arg::I64(n as i64)],
+            )
+        }
+        .unwrap();
         y.check_guards().unwrap();
         assert_eq!(y.to_f32(), x);
     }
@@ -213,9 +336,15 @@ fn grid_stride_loops_cover_sizes_that_are_not_multiples_of_the_block() {
 fn bad_launches_are_errors() {
     // SAFETY: none of these launches runs a kernel.
     unsafe {
-        assert!(launch("no_such_kernel", (1, 1, 1), (32, 1, 1), 0, 32, Order::Forward, &[]).unwrap_err().contains("no kernel named"));
-        assert!(launch("selftest_copy", (1, 1, 1), (48, 1, 1), 0, 32, Order::Forward, &[]).unwrap_err().contains("not a multiple of warp size"));
-        assert!(launch("selftest_copy", (1, 1, 1), (2048, 1, 1), 0, 32, Order::Forward, &[]).unwrap_err().contains("1..1024"));
+        assert!(launch("no_such_kernel", (1, 1, 1), (32, 1, 1), 0, 32, Order::Forward, &[])
+            .unwrap_err()
+            .contains("no kernel named"));
+        assert!(launch("selftest_copy", (1, 1, 1), (48, 1, 1), 0, 32, Order::Forward, &[])
+            .unwrap_err()
+            .contains("not a multiple of warp size"));
+        assert!(launch("selftest_copy", (1, 1, 1), (2048, 1, 1), 0, 32, Order::Forward, &[])
+            .unwrap_err()
+            .contains("1..1024"));
     }
 }
 
@@ -223,16 +352,43 @@ fn bad_launches_are_errors() {
 fn half_conversions_match_the_half_crate() {
     // The host f16/bf16 types round like half::f16/bf16 (checked through the cast kernels).
     let mut vals: Vec<f32> = (0..4000).map(|i| ((i as f32) - 2000.0) * 0.37 + 1e-3).collect();
-    vals.extend([65519.0, 65520.0, 65536.0, 1e-7, 6e-8, 3e-8, -5.96e-8, 1e30, -1e30, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0]);
+    vals.extend([
+        65519.0,
+        65520.0,
+        65536.0,
+        1e-7,
+        6e-8,
+        3e-8,
+        -5.96e-8,
+        1e30,
+        -1e30,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+    ]);
     for (kernel, dt) in [("cast_f32_f16", Dtype::F16), ("cast_f32_bf16", Dtype::BF16)] {
         let mut x = Buf::from_f32(&vals, Dtype::F32);
         let mut y = Buf::poisoned(vals.len(), dt);
         // SAFETY: both hold vals.len() elements.
-        unsafe { launch(kernel, (4, 1, 1), (128, 1, 1), 0, 32, Order::Forward, &[y.ptr(), x.ptr(), ortbench_simt::Arg::I64(vals.len() as i64)]) }.unwrap();
+        unsafe {
+            launch(
+                kernel,
+                (4, 1, 1),
+                (128, 1, 1),
+                0,
+                32,
+                Order::Forward,
+                &[y.ptr(), x.ptr(), ortbench_simt::Arg::I64(vals.len() as i64)],
+            )
+        }
+        .unwrap();
         let want: Vec<f32> = vals.iter().map(|&v| dt.round(v)).collect();
         let got = y.to_f32();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(g.to_bits() == w.to_bits(), "{kernel}: {} → {g}, half crate {w} (#{i})", vals[i]);
+            assert!(
+                g.to_bits() == w.to_bits(),
+                "{kernel}: {} → {g}, half crate {w} (#{i})",
+                vals[i]
+            );
         }
     }
 }

@@ -29,7 +29,10 @@ use super::gemm::mkl::{SetLocalFn, SgemmFn};
 
 enum St {
     /// MKL's entry points, from the library the provider loaded (it lives for the process).
-    Mkl { sgemm: SgemmFn, set_local: SetLocalFn },
+    Mkl {
+        sgemm: SgemmFn,
+        set_local: SetLocalFn,
+    },
     Gemm,
     Reference,
 }
@@ -41,7 +44,10 @@ fn st() -> Result<&'static St, GemmError> {
         Provider::Mkl(lib) => Ok(St::Mkl {
             sgemm: lib.sgemm_fn(),
             set_local: lib.set_num_threads_local_fn().ok_or_else(|| GemmError::MklUnavailable {
-                searched: format!("  {}: no symbol MKL_Set_Num_Threads_Local", lib.path().display()),
+                searched: format!(
+                    "  {}: no symbol MKL_Set_Num_Threads_Local",
+                    lib.path().display()
+                ),
             })?,
         }),
         Provider::Gemm => Ok(St::Gemm),
@@ -103,9 +109,7 @@ pub unsafe fn sgemm_st(
         return;
     }
     match st().unwrap_or_else(|e| panic!("GEMM provider: {e}")) {
-        St::Mkl {
-            sgemm, set_local, ..
-        } => {
+        St::Mkl { sgemm, set_local, .. } => {
             let i = |x: usize| c_int::try_from(x).expect("GEMM dimension beyond MKL's 32-bit ints");
             let t = |x: bool| if x { 112 } else { 111 }; // CblasTrans / CblasNoTrans
             let prev = set_local(1);
@@ -179,7 +183,9 @@ pub unsafe fn sgemm_st(
 /// split (for comparisons; see the module docs).
 fn library_threads() -> bool {
     static LIB: OnceLock<bool> = OnceLock::new();
-    *LIB.get_or_init(|| std::env::var("ORTBENCH_GEMM_THREADS").is_ok_and(|v| v.eq_ignore_ascii_case("library")))
+    *LIB.get_or_init(|| {
+        std::env::var("ORTBENCH_GEMM_THREADS").is_ok_and(|v| v.eq_ignore_ascii_case("library"))
+    })
 }
 
 /// [`sgemm_st`] split over the pool: along M in row blocks when M is large enough, else along N.
@@ -215,7 +221,22 @@ pub unsafe fn sgemm_par(
             let i = |x: usize| c_int::try_from(x).expect("GEMM dimension beyond MKL's 32-bit ints");
             let tr = |x: bool| if x { 112 } else { 111 };
             let prev = set_local(0);
-            sgemm(101, tr(ta), tr(tb), i(m), i(n), i(k), alpha, a, i(lda.max(1)), b, i(ldb.max(1)), beta, c, i(ldc.max(1)));
+            sgemm(
+                101,
+                tr(ta),
+                tr(tb),
+                i(m),
+                i(n),
+                i(k),
+                alpha,
+                a,
+                i(lda.max(1)),
+                b,
+                i(ldb.max(1)),
+                beta,
+                c,
+                i(ldc.max(1)),
+            );
             set_local(prev);
             return;
         }
@@ -322,7 +343,8 @@ mod tests {
         for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (64, 40, 33), (300, 20, 17), (3, 700, 9)] {
             for ta in [false, true] {
                 for tb in [false, true] {
-                    let (lda, ldb, ldc) = (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
+                    let (lda, ldb, ldc) =
+                        (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
                     let a = fill(if ta { k } else { m } * lda, 1);
                     let b = fill(if tb { n } else { k } * ldb, 2);
                     let c0 = fill(m * ldc, 3);
@@ -330,18 +352,63 @@ mod tests {
                     gemm::sgemm_reference(
                         if ta { gemm::Transpose::Yes } else { gemm::Transpose::No },
                         if tb { gemm::Transpose::Yes } else { gemm::Transpose::No },
-                        m, n, k, 0.7, &a, lda, &b, ldb, 0.5, &mut c1, ldc,
+                        m,
+                        n,
+                        k,
+                        0.7,
+                        &a,
+                        lda,
+                        &b,
+                        ldb,
+                        0.5,
+                        &mut c1,
+                        ldc,
                     )
                     .unwrap();
                     unsafe {
-                        sgemm_st(ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, 0.5, c2.as_mut_ptr(), ldc);
-                        sgemm_par(&pool, ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, 0.5, c3.as_mut_ptr(), ldc);
+                        sgemm_st(
+                            ta,
+                            tb,
+                            m,
+                            n,
+                            k,
+                            0.7,
+                            a.as_ptr(),
+                            lda,
+                            b.as_ptr(),
+                            ldb,
+                            0.5,
+                            c2.as_mut_ptr(),
+                            ldc,
+                        );
+                        sgemm_par(
+                            &pool,
+                            ta,
+                            tb,
+                            m,
+                            n,
+                            k,
+                            0.7,
+                            a.as_ptr(),
+                            lda,
+                            b.as_ptr(),
+                            ldb,
+                            0.5,
+                            c3.as_mut_ptr(),
+                            ldc,
+                        );
                     }
                     // f32 sums of k terms of magnitude <= 1: summation-order differences.
                     let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
                     for i in 0..m * ldc {
-                        assert!((c1[i] - c2[i]).abs() <= tol, "st {m}x{n}x{k} ta={ta} tb={tb} @{i}");
-                        assert!((c1[i] - c3[i]).abs() <= tol, "par {m}x{n}x{k} ta={ta} tb={tb} @{i}");
+                        assert!(
+                            (c1[i] - c2[i]).abs() <= tol,
+                            "st {m}x{n}x{k} ta={ta} tb={tb} @{i}"
+                        );
+                        assert!(
+                            (c1[i] - c3[i]).abs() <= tol,
+                            "par {m}x{n}x{k} ta={ta} tb={tb} @{i}"
+                        );
                     }
                 }
             }
@@ -382,10 +449,39 @@ mod tests {
             // Split first: after a library-threaded call, MKL's OpenMP team spin-waits (up to
             // KMP_BLOCKTIME = 200 ms) and would steal the pool worker's core.
             let g_split = time(&mut || unsafe {
-                sgemm_par(pool, ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                sgemm_par(
+                    pool,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    a.as_ptr(),
+                    lda,
+                    b.as_ptr(),
+                    ldb,
+                    0.0,
+                    c.as_mut_ptr(),
+                    n,
+                )
             });
             let g_one = time(&mut || unsafe {
-                sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                sgemm_st(
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    a.as_ptr(),
+                    lda,
+                    b.as_ptr(),
+                    ldb,
+                    0.0,
+                    c.as_mut_ptr(),
+                    n,
+                )
             });
             let g_lib = time(&mut || {
                 gemm::sgemm(tr(ta), tr(tb), m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, n).unwrap()
@@ -403,13 +499,34 @@ mod tests {
     #[ignore]
     fn bench_gemm_concurrency() {
         let pool = Pool::global();
-        for &(m, n, k, ta, tb) in &[(512, 768, 768, false, true), (512, 768, 768, false, false), (512, 3072, 768, false, true), (512, 3072, 768, false, false)] {
+        for &(m, n, k, ta, tb) in &[
+            (512, 768, 768, false, true),
+            (512, 768, 768, false, false),
+            (512, 3072, 768, false, true),
+            (512, 3072, 768, false, false),
+        ] {
             let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
             let a = fill(m * k, 1);
             let b = fill(n * k, 2);
             let c = vec![0f32; 2 * m * n];
             let cp = SyncPtr(c.as_ptr() as *mut f32);
-            let run = |i: usize| unsafe { sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, cp.ptr().add(i * m * n), n) };
+            let run = |i: usize| unsafe {
+                sgemm_st(
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    a.as_ptr(),
+                    lda,
+                    b.as_ptr(),
+                    ldb,
+                    0.0,
+                    cp.ptr().add(i * m * n),
+                    n,
+                )
+            };
             let flops = 2.0 * (2 * m * n * k) as f64;
             let time = |f: &dyn Fn()| {
                 f();
@@ -424,7 +541,9 @@ mod tests {
                 run(1);
             });
             let par = time(&|| pool.run(2, &|i| run(i)));
-            println!("2x {m}x{n}x{k} ta={ta} tb={tb}: sequential {seq:.0} GFLOP/s, concurrent {par:.0}");
+            println!(
+                "2x {m}x{n}x{k} ta={ta} tb={tb}: sequential {seq:.0} GFLOP/s, concurrent {par:.0}"
+            );
         }
     }
 }

@@ -92,18 +92,10 @@ impl Pool {
                     .name(format!("ortbench-cpu-{index}"))
                     .spawn(move || worker_loop(index, &s, &sh))
                     .expect("spawning a CPU pool thread");
-                Worker {
-                    thread: handle.thread().clone(),
-                    slot,
-                    handle: Some(handle),
-                }
+                Worker { thread: handle.thread().clone(), slot, handle: Some(handle) }
             })
             .collect();
-        Pool {
-            shared,
-            workers,
-            busy: Mutex::new(0),
-        }
+        Pool { shared, workers, busy: Mutex::new(0) }
     }
 
     /// Threads that run tasks (workers + the caller).

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use crate::backend::kernels;
 use super::libs::{self, CudaLib};
 use super::CudaError;
+use crate::backend::kernels;
 
 pub use crate::backend::gpu::KernelArg;
 
@@ -65,9 +65,11 @@ impl CudaDevice {
     pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
         libs::load(CudaLib::Driver)?;
         libs::load(CudaLib::Nvrtc)?;
-        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::Driver(format!("opening GPU {ordinal}: {e:?}")))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| CudaError::Driver(format!("opening GPU {ordinal}: {e:?}")))?;
         let name = ctx.name().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
-        let (major, minor) = ctx.compute_capability().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let (major, minor) =
+            ctx.compute_capability().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         let arch = arch_name(major, minor);
         // One stream, one arena: cudarc's per-allocation event tracking is pure overhead.
         // SAFETY: every launch and copy of this device goes through `stream`.
@@ -77,9 +79,13 @@ impl CudaDevice {
         for (file, _) in kernels::SOURCES {
             let ptx = compiled_ptx(file, arch)?;
             let names = kernels::ptx_entries(&ptx.to_src());
-            let module = ctx.load_module(ptx).map_err(|e| CudaError::Driver(format!("loading {file} for {arch}: {e:?}")))?;
+            let module = ctx
+                .load_module(ptx)
+                .map_err(|e| CudaError::Driver(format!("loading {file} for {arch}: {e:?}")))?;
             for name in names {
-                let f = module.load_function(&name).map_err(|e| CudaError::Driver(format!("kernel {name} in {file}: {e:?}")))?;
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| CudaError::Driver(format!("kernel {name} in {file}: {e:?}")))?;
                 functions.insert(name, f);
             }
         }
@@ -111,28 +117,39 @@ impl CudaDevice {
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // SAFETY: a plain allocation in the current (bound) context.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }.map_err(|e| CudaError::Driver(format!("allocating {bytes} bytes: {e:?}")))?;
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| CudaError::Driver(format!("allocating {bytes} bytes: {e:?}")))?;
         Ok(DeviceBuffer { ptr, bytes, ctx: self.ctx.clone() })
     }
 
     /// Copies `src` into `dst` (synchronous: tests and set-up, not the step).
     pub fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<(), CudaError> {
         if src.len() > dst.bytes {
-            return Err(CudaError::Driver(format!("upload of {} bytes into a buffer of {}", src.len(), dst.bytes)));
+            return Err(CudaError::Driver(format!(
+                "upload of {} bytes into a buffer of {}",
+                src.len(),
+                dst.bytes
+            )));
         }
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // SAFETY: `dst` holds at least `src.len()` bytes.
-        unsafe { cudarc::driver::result::memcpy_htod_sync(dst.ptr, src) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+        unsafe { cudarc::driver::result::memcpy_htod_sync(dst.ptr, src) }
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Copies `src` back to the host, after everything queued on the stream.
     pub fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<(), CudaError> {
         if dst.len() > src.bytes {
-            return Err(CudaError::Driver(format!("download of {} bytes from a buffer of {}", dst.len(), src.bytes)));
+            return Err(CudaError::Driver(format!(
+                "download of {} bytes from a buffer of {}",
+                dst.len(),
+                src.bytes
+            )));
         }
         self.synchronize()?;
         // SAFETY: `src` holds at least `dst.len()` bytes.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, src.ptr) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, src.ptr) }
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Queues kernel `name` on the device's stream.
@@ -140,20 +157,36 @@ impl CudaDevice {
     /// # Safety
     /// `args` must match the kernel's C signature in number and type, and every pointer must
     /// address device memory large enough for what the kernel touches at this grid.
-    pub unsafe fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), shared_bytes: u32, args: &[KernelArg]) -> Result<(), CudaError> {
-        let f = self.functions.get(name).ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
+    pub unsafe fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        args: &[KernelArg],
+    ) -> Result<(), CudaError> {
+        let f =
+            self.functions.get(name).ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
         let mut words: Vec<u64> = args.iter().map(KernelArg::word).collect();
         // cuLaunchKernel reads each argument's size from the kernel's signature, starting at
         // the pointed-to address: the low bytes of a little-endian u64 are the 4-byte value.
-        let mut params: Vec<*mut c_void> = words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> =
+            words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // Above 48 KiB a kernel must opt in to more dynamic shared memory (attention's tiles).
         if shared_bytes > 48 * 1024 {
             f.set_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32)
                 .map_err(|e| CudaError::Driver(format!("{name}: {shared_bytes} bytes of shared memory: {e:?}")))?;
         }
-        cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_bytes, self.stream.cu_stream(), &mut params)
-            .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            grid,
+            block,
+            shared_bytes,
+            self.stream.cu_stream(),
+            &mut params,
+        )
+        .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
     }
 
     /// A device attribute (`cuDeviceGetAttribute`).
@@ -170,7 +203,10 @@ impl CudaDevice {
     pub fn zero(&self, buf: &DeviceBuffer) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // SAFETY: the whole of a live buffer of this context.
-        unsafe { cudarc::driver::result::memset_d8_async(buf.ptr, 0, buf.bytes, self.stream.cu_stream()) }.map_err(|e| CudaError::Driver(format!("{e:?}")))
+        unsafe {
+            cudarc::driver::result::memset_d8_async(buf.ptr, 0, buf.bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Copies `src` to device address `dst` (ordered after the queued work).
@@ -181,7 +217,8 @@ impl CudaDevice {
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // The host slice may be reused once this returns: copy from it synchronously.
         self.synchronize()?;
-        cudarc::driver::result::memcpy_htod_sync(dst, src).map_err(|e| CudaError::Driver(format!("{e:?}")))
+        cudarc::driver::result::memcpy_htod_sync(dst, src)
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Copies device bytes at `src` to the host after the queued work.
@@ -190,7 +227,8 @@ impl CudaDevice {
     /// `src .. src + dst.len()` lies in one live buffer of this device.
     pub unsafe fn download_from(&self, src: u64, dst: &mut [u8]) -> Result<(), CudaError> {
         self.synchronize()?;
-        cudarc::driver::result::memcpy_dtoh_sync(dst, src).map_err(|e| CudaError::Driver(format!("{e:?}")))
+        cudarc::driver::result::memcpy_dtoh_sync(dst, src)
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Waits for everything queued.
@@ -241,7 +279,8 @@ fn fnv1a(parts: &[&str]) -> u64 {
 
 /// The PTX of kernel file `file` for `arch`, from the disk cache or compiled with NVRTC.
 pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
-    let src = kernels::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
+    let src =
+        kernels::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
     let include = kernels::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
         lib: "CUDA headers (cuda_fp16.h)",
         tried: "ORTBENCH_CUDA_INCLUDE_DIR, include/ beside the library folders, /usr/local/cuda/include".into(),
@@ -253,7 +292,11 @@ pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
         return Ok(Ptx::from_src(text));
     }
     let opts = CompileOptions { arch: Some(arch), options, ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Nvrtc { file: file.to_string(), arch, log: compile_log(&e) })?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Nvrtc {
+        file: file.to_string(),
+        arch,
+        log: compile_log(&e),
+    })?;
     // Best effort: a read-only cache only costs the next run a compile.
     if std::fs::create_dir_all(cache_dir()).is_ok() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));

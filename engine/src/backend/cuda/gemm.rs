@@ -26,8 +26,8 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result, sys};
 
 use super::device::{CudaDevice, DeviceBuffer};
-pub use crate::backend::gpu::{Epilogue, GemmAlign, GemmDtype, GemmPtrs, GemmShape};
 use super::CudaError;
+pub use crate::backend::gpu::{Epilogue, GemmAlign, GemmDtype, GemmPtrs, GemmShape};
 
 /// The same GEMM as cuBLAS (column-major) sees it: D = op(A')·op(B'), A' = the engine's B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,19 +123,47 @@ fn epilogue(e: Epilogue) -> sys::cublasLtEpilogue_t {
 }
 
 /// Sets one descriptor attribute from a plain value.
-unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<(), CudaError> {
-    result::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()).map_err(|e| lt_err("set attribute", e))
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<(), CudaError> {
+    result::set_matmul_desc_attribute(
+        desc,
+        attr,
+        v as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )
+    .map_err(|e| lt_err("set attribute", e))
 }
 
-fn layout(dt: GemmDtype, rows: u64, cols: u64, ld: i64, batch: i32, stride: i64) -> Result<sys::cublasLtMatrixLayout_t, CudaError> {
-    let l = result::create_matrix_layout(data_type(dt), rows, cols, ld).map_err(|e| lt_err("layout", e))?;
+fn layout(
+    dt: GemmDtype,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    batch: i32,
+    stride: i64,
+) -> Result<sys::cublasLtMatrixLayout_t, CudaError> {
+    let l = result::create_matrix_layout(data_type(dt), rows, cols, ld)
+        .map_err(|e| lt_err("layout", e))?;
     if batch > 1 {
         // SAFETY: `l` was just created; the values are plain integers of the documented types.
         unsafe {
-            result::set_matrix_layout_attribute(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch as *const i32 as *const c_void, 4)
-                .map_err(|e| lt_err("batch count", e))?;
-            result::set_matrix_layout_attribute(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride as *const i64 as *const c_void, 8)
-                .map_err(|e| lt_err("batch stride", e))?;
+            result::set_matrix_layout_attribute(
+                l,
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &batch as *const i32 as *const c_void,
+                4,
+            )
+            .map_err(|e| lt_err("batch count", e))?;
+            result::set_matrix_layout_attribute(
+                l,
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                &stride as *const i64 as *const c_void,
+                8,
+            )
+            .map_err(|e| lt_err("batch stride", e))?;
         }
     }
     Ok(l)
@@ -158,17 +186,35 @@ impl Gemm {
         let key = (*s, al);
         if !self.plans.contains_key(&key) {
             let cm = ColMajor::from_row_major(s);
-            let desc = result::create_matmul_desc(compute_type(s.dtype), sys::cudaDataType::CUDA_R_32F).map_err(|e| lt_err("matmul desc", e))?;
+            let desc =
+                result::create_matmul_desc(compute_type(s.dtype), sys::cudaDataType::CUDA_R_32F)
+                    .map_err(|e| lt_err("matmul desc", e))?;
             // cublasOperation_t as its i32 value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
             let op = |t: bool| t as i32;
             // SAFETY: `desc` was just created; each value has the attribute's documented type.
             unsafe {
-                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op(cm.trans_a))?;
-                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &op(cm.trans_b))?;
-                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue(s.epilogue))?;
+                set_desc(
+                    desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &op(cm.trans_a),
+                )?;
+                set_desc(
+                    desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                    &op(cm.trans_b),
+                )?;
+                set_desc(
+                    desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &epilogue(s.epilogue),
+                )?;
                 if matches!(s.epilogue, Epilogue::BiasGeluAux | Epilogue::DGelu) {
                     // The aux (pre-activation) buffer has C's layout.
-                    set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &s.ldc)?;
+                    set_desc(
+                        desc,
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                        &s.ldc,
+                    )?;
                 }
             }
             let a = layout(s.dtype, cm.a_rows, cm.a_cols, cm.lda, s.batch, cm.stride_a)?;
@@ -189,7 +235,13 @@ impl Gemm {
                     (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c),
                     (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c),
                 ] {
-                    result::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, 4).map_err(|e| lt_err("alignment preference", e))?;
+                    result::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        &bytes as *const u32 as *const c_void,
+                        4,
+                    )
+                    .map_err(|e| lt_err("alignment preference", e))?;
                 }
                 let h = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
                 let _ = result::destroy_matmul_pref(pref);
@@ -205,18 +257,33 @@ impl Gemm {
     /// # Safety
     /// The pointers must be device buffers large enough for `s` (and bias/aux when the epilogue
     /// uses them), alive until the stream reaches this GEMM.
-    pub unsafe fn run(&mut self, stream: sys::cudaStream_t, s: &GemmShape, p: &GemmPtrs, alpha: f32, beta: f32) -> Result<(), CudaError> {
+    pub unsafe fn run(
+        &mut self,
+        stream: sys::cudaStream_t,
+        s: &GemmShape,
+        p: &GemmPtrs,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), CudaError> {
         let handle = self.handle;
         let (ws, ws_bytes) = (self.workspace.ptr(), self.workspace.bytes());
         let plan = self.plan(s, GemmAlign::of(s, p))?;
         match s.epilogue {
             Epilogue::Bias | Epilogue::BiasGeluAux | Epilogue::BGradB => {
-                set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias)?;
+                set_desc(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &p.bias,
+                )?;
             }
             Epilogue::None | Epilogue::DGelu => {}
         }
         if matches!(s.epilogue, Epilogue::BiasGeluAux | Epilogue::DGelu) {
-            set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux)?;
+            set_desc(
+                plan.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                &p.aux,
+            )?;
         }
         // Swapped operands: cuBLAS's A is the engine's B (see the module comment).
         result::matmul(
@@ -262,7 +329,17 @@ mod tests {
 
     /// Row-major reference: C = op(A)·op(B) with row strides.
     #[allow(clippy::too_many_arguments)]
-    fn row_major(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f64], lda: usize, b: &[f64], ldb: usize) -> Vec<f64> {
+    fn row_major(
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f64],
+        lda: usize,
+        b: &[f64],
+        ldb: usize,
+    ) -> Vec<f64> {
         let at = |i: usize, p: usize| if ta { a[p * lda + i] } else { a[i * lda + p] };
         let bt = |p: usize, j: usize| if tb { b[j * ldb + p] } else { b[p * ldb + j] };
         (0..m * n).map(|ij| (0..k).map(|p| at(ij / n, p) * bt(p, ij % n)).sum()).collect()
@@ -321,7 +398,11 @@ mod tests {
             for i in 0..m {
                 for j in 0..n {
                     let got = mem[i * ldc + j];
-                    assert!((got - want[i * n + j]).abs() < 1e-12, "ta {ta} tb {tb} C[{i},{j}] = {got} vs {}", want[i * n + j]);
+                    assert!(
+                        (got - want[i * n + j]).abs() < 1e-12,
+                        "ta {ta} tb {tb} C[{i},{j}] = {got} vs {}",
+                        want[i * n + j]
+                    );
                 }
             }
         }

@@ -27,8 +27,11 @@ impl CudaGpu {
     pub fn open(ordinal: usize) -> Result<CudaGpu, CudaError> {
         let dev = CudaDevice::open(ordinal)?;
         let gemm = Gemm::new(&dev)?;
-        let sms = dev.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let max_smem = dev.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        let sms =
+            dev.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let max_smem = dev
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as u32;
         Ok(CudaGpu { dev, gemm: RefCell::new(gemm), sms, max_smem })
     }
 
@@ -67,7 +70,14 @@ impl GpuDevice for CudaGpu {
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
         self.dev.download_from(src, dst).map_err(err)
     }
-    unsafe fn launch(&self, name: &str, grid: u32, block: u32, shared_bytes: u32, args: &[KernelArg]) -> Result<(), GpuError> {
+    unsafe fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
         self.dev.launch(name, (grid, 1, 1), (block, 1, 1), shared_bytes, args).map_err(err)
     }
     unsafe fn gemm(&self, shape: &GemmShape, ptrs: &GemmPtrs) -> Result<(), GpuError> {

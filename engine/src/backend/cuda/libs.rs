@@ -63,7 +63,8 @@ pub fn search_dirs() -> Vec<PathBuf> {
 /// Every path or name tried for `lib`, in order.
 pub fn candidates(lib: CudaLib) -> Vec<PathBuf> {
     let dirs = search_dirs();
-    let mut out: Vec<PathBuf> = dirs.iter().flat_map(|d| lib.file_names().iter().map(move |f| d.join(f))).collect();
+    let mut out: Vec<PathBuf> =
+        dirs.iter().flat_map(|d| lib.file_names().iter().map(move |f| d.join(f))).collect();
     out.extend(lib.file_names().iter().map(PathBuf::from));
     out
 }

@@ -20,9 +20,9 @@ pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]
-pub mod watch;
-#[cfg(feature = "cuda")]
 pub mod libs;
+#[cfg(feature = "cuda")]
+pub mod watch;
 
 /// What can go wrong bringing up or driving a GPU.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

@@ -49,7 +49,8 @@ impl DeviceWatch {
     /// memory in use now and starts the poller.
     pub fn start(ordinal: usize) -> Result<DeviceWatch, CudaError> {
         libs::load(CudaLib::Driver)?;
-        let ctx = CudaContext::new(ordinal).map_err(|e| drv(&format!("opening GPU {ordinal}"), e))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| drv(&format!("opening GPU {ordinal}"), e))?;
         let stream = ctx.default_stream();
         let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let start = ctx.new_event(timing).map_err(|e| drv("cuEventCreate", e))?;
@@ -68,7 +69,16 @@ impl DeviceWatch {
                 }
             })
         };
-        Ok(DeviceWatch { ctx, stream, start, end, base_used, peak_used, stop, poller: Some(poller) })
+        Ok(DeviceWatch {
+            ctx,
+            stream,
+            start,
+            end,
+            base_used,
+            peak_used,
+            stop,
+            poller: Some(poller),
+        })
     }
 
     /// Records the start event of a step.

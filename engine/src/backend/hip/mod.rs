@@ -37,7 +37,14 @@ type HiprtcProgram = *mut c_void;
 struct Api {
     get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    create_program: unsafe extern "C" fn(*mut HiprtcProgram, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int,
+    create_program: unsafe extern "C" fn(
+        *mut HiprtcProgram,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
     compile_program: unsafe extern "C" fn(HiprtcProgram, c_int, *const *const c_char) -> c_int,
     get_log_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> c_int,
     get_log: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> c_int,
@@ -60,7 +67,8 @@ pub fn candidates() -> Vec<PathBuf> {
         dirs.push(PathBuf::from(r).join("lib"));
     }
     dirs.push(PathBuf::from("/opt/rocm/lib"));
-    let mut out: Vec<PathBuf> = dirs.iter().flat_map(|d| NAMES.iter().map(move |n| d.join(n))).collect();
+    let mut out: Vec<PathBuf> =
+        dirs.iter().flat_map(|d| NAMES.iter().map(move |n| d.join(n))).collect();
     out.extend(NAMES.iter().map(PathBuf::from));
     out
 }
@@ -78,12 +86,16 @@ fn load_from(tried: &[PathBuf]) -> Result<Api, HipError> {
         .filter(|p| p.components().count() == 1 || p.exists())
         // SAFETY: loading the HIP runtime runs its initialisers, which need nothing from us.
         .find_map(|p| unsafe { libloading::Library::new(p) }.ok())
-        .ok_or_else(|| HipError::LibraryNotFound { lib: LIB, tried: tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ") })?;
+        .ok_or_else(|| HipError::LibraryNotFound {
+            lib: LIB,
+            tried: tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        })?;
     macro_rules! sym {
         ($name:literal) => {
             // SAFETY: the symbol's C signature is the one declared in `Api` (hip_runtime_api.h,
             // hiprtc.h of ROCm 5.2–6.x).
-            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|_| HipError::Symbol { lib: LIB, symbol: $name })?
+            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                .map_err(|_| HipError::Symbol { lib: LIB, symbol: $name })?
         };
     }
     Ok(Api {
@@ -118,7 +130,10 @@ pub fn device_count() -> Result<usize, HipError> {
         0 => Ok(n.max(0) as usize),
         HIP_ERROR_NO_DEVICE => Ok(0),
         // SAFETY: hipGetErrorString returns a static C string for any code.
-        e => Err(HipError::Runtime(format!("hipGetDeviceCount: {}", unsafe { CStr::from_ptr((a.get_error_string)(e)) }.to_string_lossy()))),
+        e => Err(HipError::Runtime(format!(
+            "hipGetDeviceCount: {}",
+            unsafe { CStr::from_ptr((a.get_error_string)(e)) }.to_string_lossy()
+        ))),
     }
 }
 
@@ -126,37 +141,59 @@ pub fn device_count() -> Result<usize, HipError> {
 /// (an ELF, loadable with hipModuleLoadData).
 pub fn compile(file: &str, arch: &str) -> Result<Vec<u8>, HipError> {
     let a = api()?;
-    let src = kernels::full_source(file).ok_or_else(|| HipError::UnknownKernel(file.to_string()))?;
-    let csrc = CString::new(src).map_err(|e| HipError::Rtc { file: file.into(), arch: arch.into(), log: e.to_string() })?;
+    let src =
+        kernels::full_source(file).ok_or_else(|| HipError::UnknownKernel(file.to_string()))?;
+    let csrc = CString::new(src).map_err(|e| HipError::Rtc {
+        file: file.into(),
+        arch: arch.into(),
+        log: e.to_string(),
+    })?;
     let cname = CString::new(file).unwrap_or_default();
-    let opts: Vec<CString> = kernels::hiprtc_options(arch).into_iter().map(|o| CString::new(o).unwrap_or_default()).collect();
+    let opts: Vec<CString> = kernels::hiprtc_options(arch)
+        .into_iter()
+        .map(|o| CString::new(o).unwrap_or_default())
+        .collect();
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let rtc = |rc: c_int, what: &str| -> Result<(), HipError> {
         if rc == 0 {
             return Ok(());
         }
         // SAFETY: hiprtcGetErrorString returns a static C string.
-        let msg = unsafe { CStr::from_ptr((a.rtc_error_string)(rc)) }.to_string_lossy().into_owned();
+        let msg =
+            unsafe { CStr::from_ptr((a.rtc_error_string)(rc)) }.to_string_lossy().into_owned();
         Err(HipError::Rtc { file: file.into(), arch: arch.into(), log: format!("{what}: {msg}") })
     };
     let mut prog: HiprtcProgram = std::ptr::null_mut();
     // SAFETY: every pointer is a live NUL-terminated string or an out pointer; the program is
     // destroyed below on every path.
     unsafe {
-        rtc((a.create_program)(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()), "hiprtcCreateProgram")?;
+        rtc(
+            (a.create_program)(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
+            "hiprtcCreateProgram",
+        )?;
         let rc = (a.compile_program)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr());
         let out = if rc != 0 {
             let mut n = 0usize;
             (a.get_log_size)(prog, &mut n);
             let mut log = vec![0u8; n + 1];
             (a.get_log)(prog, log.as_mut_ptr() as *mut c_char);
-            let log = CStr::from_bytes_until_nul(&log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+            let log = CStr::from_bytes_until_nul(&log)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
             Err(HipError::Rtc { file: file.into(), arch: arch.into(), log })
         } else {
             let mut n = 0usize;
             rtc((a.get_code_size)(prog, &mut n), "hiprtcGetCodeSize").and_then(|_| {
                 let mut code = vec![0u8; n];
-                rtc((a.get_code)(prog, code.as_mut_ptr() as *mut c_char), "hiprtcGetCode").map(|_| code)
+                rtc((a.get_code)(prog, code.as_mut_ptr() as *mut c_char), "hiprtcGetCode")
+                    .map(|_| code)
             })
         };
         (a.destroy_program)(&mut prog);
@@ -181,7 +218,10 @@ mod tests {
     #[test]
     fn the_loader_names_what_it_tried_when_the_library_is_absent() {
         // The real loader on a search list with nothing there (the machine may have ROCm).
-        let tried = [PathBuf::from("/nonexistent/rocm/lib/libamdhip64.so.6"), PathBuf::from("libamdhip64-not-a-real-soname.so.9")];
+        let tried = [
+            PathBuf::from("/nonexistent/rocm/lib/libamdhip64.so.6"),
+            PathBuf::from("libamdhip64-not-a-real-soname.so.9"),
+        ];
         let msg = load_from(&tried).err().expect("nothing to load").to_string();
         assert_eq!(msg, "libamdhip64 not found (tried /nonexistent/rocm/lib/libamdhip64.so.6, libamdhip64-not-a-real-soname.so.9): is ROCm installed? Set ORTBENCH_ROCM_LIB_DIR to the folder that holds it");
     }

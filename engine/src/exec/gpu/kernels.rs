@@ -45,7 +45,8 @@ pub fn attention_tiles(d: usize, dv: usize, max_shared: u32) -> Option<(usize, u
 pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
     let fwd = bq * d + bk * (d + 1) + bk * dv + bq * bk + bq * dv + 3 * bq;
     let dq = 2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 2 * bq;
-    let dkdv = bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq;
+    let dkdv =
+        bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq;
     [fwd, dq, dkdv].map(|f| (4 * f) as u32)
 }
 
@@ -55,10 +56,14 @@ pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
 /// read as f32 here (they are never addressed by dtype). The plan sizes arena buffers by these
 /// ([`Kernels::elem_bytes`]): a half tensor takes 2 bytes an element.
 pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
-    let mut d: Vec<DType> = g.tensors().iter().map(|t| match t.elem {
-        ElemType::Float(d) => d,
-        ElemType::I64 => DType::F32,
-    }).collect();
+    let mut d: Vec<DType> = g
+        .tensors()
+        .iter()
+        .map(|t| match t.elem {
+            ElemType::Float(d) => d,
+            ElemType::I64 => DType::F32,
+        })
+        .collect();
     for i in 0..g.params().len() {
         if let Some(t) = g.param_grad(i) {
             d[t.index()] = DType::F32;
@@ -69,7 +74,9 @@ pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
             Op::Attention { .. } => d[n.outputs[1].index()] = DType::F32,
             // Autodiff's seed, d(loss)/d(loss): it holds the loss scale (2^16 overflows f16),
             // f32 like the loss, as the CPU executor keeps it.
-            Op::Fill { .. } if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => d[n.outputs[0].index()] = DType::F32,
+            Op::Fill { .. } if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => {
+                d[n.outputs[0].index()] = DType::F32
+            }
             _ => {}
         }
     }
@@ -104,7 +111,12 @@ impl Kernels for GpuKernels {
 
     fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
         let n = &g.nodes()[node];
-        let err = |why: &str| PlanError::NoKernel { node, op: n.op.name(), backend: "gpu", why: why.to_string() };
+        let err = |why: &str| PlanError::NoKernel {
+            node,
+            op: n.op.name(),
+            backend: "gpu",
+            why: why.to_string(),
+        };
         #[allow(unreachable_patterns)] // an op added to the IR without a kernel lands in `_`
         match &n.op {
             Op::Fill { .. }
@@ -131,7 +143,11 @@ impl Kernels for GpuKernels {
             | Op::CrossEntropyBackward { .. }
             | Op::Linear { .. }
             | Op::AddLayerNorm { .. } => {}
-            Op::Gelu { .. } => return Err(err(" for a GELU outside a linear layer (the passes fuse it into Op::Linear)")),
+            Op::Gelu { .. } => {
+                return Err(err(
+                    " for a GELU outside a linear layer (the passes fuse it into Op::Linear)",
+                ))
+            }
             Op::Attention { .. } => {
                 if g.shape(n.inputs[0]).len() != 4 {
                     return Err(err(" for a non-4-D attention"));
@@ -168,7 +184,9 @@ impl Kernels for GpuKernels {
         match g.nodes()[node].op {
             Op::MatMul { .. } | Op::AttentionBackward { .. } => Req::Rows,
             Op::Attention { .. } if slot == 0 => Req::Rows,
-            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
+            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => {
+                Req::Any
+            }
             _ => Req::Contig,
         }
     }
@@ -180,27 +198,41 @@ impl Kernels for GpuKernels {
         // Not over an input stored in another dtype: a parameter's f32 gradient summed from
         // half parts (tied weights) must not overwrite a half part.
         let grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(n.outputs[0]));
-        if grad && n.inputs.iter().any(|&t| matches!(g.tensor(t).elem, ElemType::Float(d) if d != DType::F32)) {
+        if grad
+            && n.inputs
+                .iter()
+                .any(|&t| matches!(g.tensor(t).elem, ElemType::Float(d) if d != DType::F32))
+        {
             return vec![];
         }
         match n.op {
             Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
             Op::BiasAdd | Op::Scale { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
-            Op::GeluBackward { .. } | Op::TanhBackward | Op::SoftmaxBackward { .. } | Op::CrossEntropyBackward { .. } => vec![1],
+            Op::GeluBackward { .. }
+            | Op::TanhBackward
+            | Op::SoftmaxBackward { .. }
+            | Op::CrossEntropyBackward { .. } => vec![1],
             _ => vec![],
         }
     }
 
     fn elem_bytes(&self, g: &Graph, t: crate::graph::TensorId) -> usize {
-        if g.tensor(t).elem.is_float() { self.dtypes[t.index()].size() } else { 8 }
+        if g.tensor(t).elem.is_float() {
+            self.dtypes[t.index()].size()
+        } else {
+            8
+        }
     }
 
     fn stored_elems(&self, g: &Graph, t: crate::graph::TensorId) -> Option<usize> {
         // Attention's second output: the rows' log-sum-exp (B, H, Tq), not the probabilities.
-        g.nodes().iter().find(|n| matches!(n.op, Op::Attention { .. }) && n.outputs.get(1) == Some(&t)).map(|n| {
-            let q = g.shape(n.inputs[0]);
-            q[0] * q[1] * q[2]
-        })
+        g.nodes()
+            .iter()
+            .find(|n| matches!(n.op, Op::Attention { .. }) && n.outputs.get(1) == Some(&t))
+            .map(|n| {
+                let q = g.shape(n.inputs[0]);
+                q[0] * q[1] * q[2]
+            })
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
@@ -222,7 +254,9 @@ impl Kernels for GpuKernels {
             Op::MatMul { .. } => {
                 let (a, b) = (g.tensor(n.inputs[0]).elem, g.tensor(n.inputs[1]).elem);
                 match (a, b) {
-                    (ElemType::Float(x), ElemType::Float(y)) if x != y => numel(if x == DType::F32 { n.inputs[0] } else { n.inputs[1] }),
+                    (ElemType::Float(x), ElemType::Float(y)) if x != y => {
+                        numel(if x == DType::F32 { n.inputs[0] } else { n.inputs[1] })
+                    }
                     _ => 0,
                 }
             }
@@ -232,7 +266,11 @@ impl Kernels for GpuKernels {
                 let o = n.outputs[0];
                 let half = matches!(g.tensor(o).elem, ElemType::Float(d) if d != DType::F32);
                 let is_grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(o));
-                if half && !is_grad { numel(o) } else { 0 }
+                if half && !is_grad {
+                    numel(o)
+                } else {
+                    0
+                }
             }
             // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
             Op::AttentionBackward { .. } => {

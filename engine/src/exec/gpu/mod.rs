@@ -29,7 +29,9 @@ pub mod session;
 
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
 use crate::backend::cpu::kernels::{embedding, loss};
-use crate::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
+use crate::backend::gpu::{
+    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
+};
 use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::gelu::GeluApprox;
@@ -130,7 +132,8 @@ impl<D: GpuDevice> GpuExecutor<D> {
         let mut inputs = Vec::new();
         for &t in graph.inputs() {
             let info = graph.tensor(t);
-            let bytes = info.numel() * if info.elem.is_float() { dtypes[t.index()].size() } else { 8 };
+            let bytes =
+                info.numel() * if info.elem.is_float() { dtypes[t.index()].size() } else { 8 };
             inputs.push((dev.alloc_zeroed(bytes).map_err(gpu_err)?, bytes));
         }
         let bases = Bases {
@@ -142,7 +145,18 @@ impl<D: GpuDevice> GpuExecutor<D> {
         };
         // Copy shapes go into one small device array; launches address it by offset, so it is
         // filled first and uploaded once its size is known.
-        let mut r = Resolver { g: graph, plan: &plan, b: &bases, dts: &dtypes, warp: dev.warp_size(), max_blocks: dev.max_blocks(), max_smem: dev.max_shared_bytes(), meta: Vec::new(), meta_refs: Vec::new(), flops: 0.0 };
+        let mut r = Resolver {
+            g: graph,
+            plan: &plan,
+            b: &bases,
+            dts: &dtypes,
+            warp: dev.warp_size(),
+            max_blocks: dev.max_blocks(),
+            max_smem: dev.max_shared_bytes(),
+            meta: Vec::new(),
+            meta_refs: Vec::new(),
+            flops: 0.0,
+        };
         let mut steps = Vec::with_capacity(plan.steps.len());
         r.check_buffers()?;
         for s in &plan.steps {
@@ -152,7 +166,11 @@ impl<D: GpuDevice> GpuExecutor<D> {
         }
         let mut tail = Vec::new();
         for &(off, len) in &plan.grad_zeros {
-            tail.push(r.ew("fill_f32", len, vec![ptr(bases.grads + 4 * off as u64), i64a(len), f32a(0.0)]));
+            tail.push(r.ew(
+                "fill_f32",
+                len,
+                vec![ptr(bases.grads + 4 * off as u64), i64a(len), f32a(0.0)],
+            ));
         }
         for &(t, off, len) in &plan.grad_copies {
             if dtypes[t.index()] != DType::F32 {
@@ -162,10 +180,18 @@ impl<D: GpuDevice> GpuExecutor<D> {
             let shape = graph.shape(t);
             let contig = contiguous(shape);
             let meta = r.copy_meta(shape, &p.strides, shape, &contig);
-            tail.push(r.ew("copy_strided_f32", len, vec![ptr(bases.grads + 4 * off as u64), ptr(r.at(t)), i64a(len), meta]));
+            tail.push(r.ew(
+                "copy_strided_f32",
+                len,
+                vec![ptr(bases.grads + 4 * off as u64), ptr(r.at(t)), i64a(len), meta],
+            ));
         }
         let loss = r.at(plan.loss);
-        tail.push(r.ew("scale_f32", 1, vec![ptr(bases.status + 4 * status::LOSS as u64), ptr(loss), i64a(1), f32a(1.0)]));
+        tail.push(r.ew(
+            "scale_f32",
+            1,
+            vec![ptr(bases.status + 4 * status::LOSS as u64), ptr(loss), i64a(1), f32a(1.0)],
+        ));
 
         let meta_bytes: Vec<u8> = r.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
         let meta = dev.alloc_zeroed(meta_bytes.len().max(8)).map_err(gpu_err)?;
@@ -179,7 +205,9 @@ impl<D: GpuDevice> GpuExecutor<D> {
                 if let Call::Kernel { args, .. } = c {
                     for a in args.iter_mut() {
                         if let Arg::K(KernelArg::Ptr(p)) = a {
-                            if let Some(i) = p.checked_sub(META_TAG).filter(|i| (*i as usize) < refs.len()) {
+                            if let Some(i) =
+                                p.checked_sub(META_TAG).filter(|i| (*i as usize) < refs.len())
+                            {
                                 *a = ptr(meta_base + 8 * refs[i as usize] as u64);
                             }
                         }
@@ -187,7 +215,24 @@ impl<D: GpuDevice> GpuExecutor<D> {
                 }
             }
         }
-        Ok(GpuExecutor { dev, graph: graph.clone(), plan, steps, tail, _arena: arena, params, compute, dtypes, grads, status, _meta: meta, inputs, loss_scale: 1.0, scratch: Vec::with_capacity(64), flops })
+        Ok(GpuExecutor {
+            dev,
+            graph: graph.clone(),
+            plan,
+            steps,
+            tail,
+            _arena: arena,
+            params,
+            compute,
+            dtypes,
+            grads,
+            status,
+            _meta: meta,
+            inputs,
+            loss_scale: 1.0,
+            scratch: Vec::with_capacity(64),
+            flops,
+        })
     }
 
     pub fn device(&self) -> &D {
@@ -287,14 +332,31 @@ impl<D: GpuDevice> GpuExecutor<D> {
     pub fn queue_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<(), ExecError> {
         self.bind(inputs)?;
         // SAFETY: the status block holds WORDS words.
-        unsafe { self.dev.launch("fill_f32", 1, self.dev.warp_size(), 0, &[KernelArg::Ptr(self.status_address() + 4 * status::BAD_ID as u64), KernelArg::I64(1), KernelArg::F32(0.0)]) }.map_err(dev_err)?;
+        unsafe {
+            self.dev.launch(
+                "fill_f32",
+                1,
+                self.dev.warp_size(),
+                0,
+                &[
+                    KernelArg::Ptr(self.status_address() + 4 * status::BAD_ID as u64),
+                    KernelArg::I64(1),
+                    KernelArg::F32(0.0),
+                ],
+            )
+        }
+        .map_err(dev_err)?;
         let (steps, tail) = (std::mem::take(&mut self.steps), std::mem::take(&mut self.tail));
         let mut res = Ok(());
         'run: for (node, calls) in steps.iter().map(|(n, c)| (Some(*n), c)).chain([(None, &tail)]) {
             for c in calls {
                 if let Err(e) = self.run(c, seed) {
                     res = Err(match node {
-                        Some(i) => ExecError::Device(format!("node {i} ({}): {}", self.graph.nodes()[i].op.name(), e.0)),
+                        Some(i) => ExecError::Device(format!(
+                            "node {i} ({}): {}",
+                            self.graph.nodes()[i].op.name(),
+                            e.0
+                        )),
                         None => dev_err(e),
                     });
                     break 'run;
@@ -340,15 +402,29 @@ impl<D: GpuDevice> GpuExecutor<D> {
 
     fn bind(&mut self, inputs: &Inputs<'_>) -> Result<(), ExecError> {
         let g = &self.graph;
-        if let Some(name) = inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n))) {
+        if let Some(name) =
+            inputs.names().find(|n| !g.inputs().iter().any(|&t| g.input_name(t) == Some(n)))
+        {
             let declared: Vec<&str> = g.inputs().iter().filter_map(|&t| g.input_name(t)).collect();
-            return Err(ExecError::UnknownInput { name: name.to_string(), declared: declared.join(", ") });
+            return Err(ExecError::UnknownInput {
+                name: name.to_string(),
+                declared: declared.join(", "),
+            });
         }
         for (k, &t) in g.inputs().iter().enumerate() {
             let info = g.tensor(t);
-            let TensorKind::Input { name } = &info.kind else { unreachable!("graph inputs are Input tensors") };
+            let TensorKind::Input { name } = &info.kind else {
+                unreachable!("graph inputs are Input tensors")
+            };
             let data = inputs.get(name).ok_or_else(|| ExecError::MissingInput(name.clone()))?;
-            let expected = || format!("{} {} ({} elements)", crate::graph::fmt_shape(&info.shape), info.elem, info.numel());
+            let expected = || {
+                format!(
+                    "{} {} ({} elements)",
+                    crate::graph::fmt_shape(&info.shape),
+                    info.elem,
+                    info.numel()
+                )
+            };
             let converted;
             let (bytes, got): (&[u8], usize) = match data {
                 InputData::Ids(d) if !info.elem.is_float() => (i64_bytes(d), d.len()),
@@ -356,11 +432,27 @@ impl<D: GpuDevice> GpuExecutor<D> {
                     converted = to_storage(d, self.dtypes[t.index()]);
                     (&converted[..], d.len())
                 }
-                InputData::Ids(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} i64 ids", d.len()) }),
-                InputData::Floats(d) => return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{} floats", d.len()) }),
+                InputData::Ids(d) => {
+                    return Err(ExecError::BadInput {
+                        name: name.clone(),
+                        expected: expected(),
+                        got: format!("{} i64 ids", d.len()),
+                    })
+                }
+                InputData::Floats(d) => {
+                    return Err(ExecError::BadInput {
+                        name: name.clone(),
+                        expected: expected(),
+                        got: format!("{} floats", d.len()),
+                    })
+                }
             };
             if got != info.numel() {
-                return Err(ExecError::BadInput { name: name.clone(), expected: expected(), got: format!("{got} elements") });
+                return Err(ExecError::BadInput {
+                    name: name.clone(),
+                    expected: expected(),
+                    got: format!("{got} elements"),
+                });
             }
             let (buf, size) = &self.inputs[k];
             debug_assert_eq!(bytes.len(), *size);
@@ -374,21 +466,34 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// CPU kernels' checks do.
     fn explain_bad_ids(&self, inputs: &Inputs<'_>) -> ExecError {
         let g = &self.graph;
-        let ids_of = |t: TensorId| g.input_name(t).and_then(|n| inputs.get(n)).and_then(|d| match d {
-            InputData::Ids(d) => Some(d),
-            InputData::Floats(_) => None,
-        });
+        let ids_of = |t: TensorId| {
+            g.input_name(t).and_then(|n| inputs.get(n)).and_then(|d| match d {
+                InputData::Ids(d) => Some(d),
+                InputData::Floats(_) => None,
+            })
+        };
         for (i, node) in g.nodes().iter().enumerate() {
             let res = match node.op {
-                Op::Embedding => ids_of(node.inputs[1]).map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
-                Op::CrossEntropy { ignore_index } => ids_of(node.inputs[1]).map(|l| loss::check_labels(l, *g.shape(node.inputs[0]).last().unwrap_or(&1), ignore_index).map(|_| ())),
+                Op::Embedding => ids_of(node.inputs[1])
+                    .map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
+                Op::CrossEntropy { ignore_index } => ids_of(node.inputs[1]).map(|l| {
+                    loss::check_labels(
+                        l,
+                        *g.shape(node.inputs[0]).last().unwrap_or(&1),
+                        ignore_index,
+                    )
+                    .map(|_| ())
+                }),
                 _ => None,
             };
             if let Some(Err(source)) = res {
                 return ExecError::Op { node: i, op: node.op.name(), source };
             }
         }
-        dev_err(GpuError("a kernel flagged an id or label out of range, but the host found none in the inputs".into()))
+        dev_err(GpuError(
+            "a kernel flagged an id or label out of range, but the host found none in the inputs"
+                .into(),
+        ))
     }
 }
 
@@ -492,7 +597,8 @@ impl Resolver<'_> {
         let es = self.es(t);
         match p.root {
             Root::Arena => {
-                let b = &self.plan.buffers[self.plan.buffer_of[t.index()].expect("arena tensors have a buffer")];
+                let b = &self.plan.buffers
+                    [self.plan.buffer_of[t.index()].expect("arena tensors have a buffer")];
                 self.b.arena + 4 * b.offset as u64 + es * (p.offset - b.offset) as u64
             }
             Root::Param => self.b.params + es * p.offset as u64,
@@ -509,11 +615,17 @@ impl Resolver<'_> {
         for (t, p) in self.plan.places.iter().enumerate() {
             let d = self.dts[t];
             if p.root == Root::Grad && self.g.tensors()[t].elem.is_float() && d != DType::F32 {
-                return Err(PlanError::Backend(format!("%{t} is placed in the f32 gradient buffer but stored in {d:?}")));
+                return Err(PlanError::Backend(format!(
+                    "%{t} is placed in the f32 gradient buffer but stored in {d:?}"
+                )));
             }
         }
         for b in &self.plan.buffers {
-            let mut d = b.tensors.iter().filter(|&&t| self.g.tensor(t).elem.is_float()).map(|&t| self.dts[t.index()]);
+            let mut d = b
+                .tensors
+                .iter()
+                .filter(|&&t| self.g.tensor(t).elem.is_float())
+                .map(|&t| self.dts[t.index()]);
             if let Some(first) = d.next() {
                 if let Some(other) = d.find(|&x| x != first) {
                     return Err(PlanError::Backend(format!("an arena buffer holds {first:?} and {other:?} tensors ({:?}): the GPU executor needs one dtype per buffer", b.tensors)));
@@ -575,13 +687,24 @@ impl Resolver<'_> {
 
     /// The GEMM of a matmul plan over operands a, b (same dtype) into c (theirs, or f32 for a
     /// parameter's gradient).
-    fn gemm(&mut self, m: &MatMulPlan, (a, b, c): (TensorId, TensorId, TensorId), no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
+    fn gemm(
+        &mut self,
+        m: &MatMulPlan,
+        (a, b, c): (TensorId, TensorId, TensorId),
+        no: &dyn Fn(&str) -> PlanError,
+    ) -> Result<Call, PlanError> {
         let d = (self.dts[a.index()], self.dts[b.index()], self.dts[c.index()]);
         self.gemm_at(m, d, (self.at(a), self.at(b), self.at(c)), no)
     }
 
     /// [`Resolver::gemm`] with the operands' dtypes and addresses given.
-    fn gemm_at(&mut self, m: &MatMulPlan, (da, db, dc): (DType, DType, DType), (pa, pb, pc): (u64, u64, u64), no: &dyn Fn(&str) -> PlanError) -> Result<Call, PlanError> {
+    fn gemm_at(
+        &mut self,
+        m: &MatMulPlan,
+        (da, db, dc): (DType, DType, DType),
+        (pa, pb, pc): (u64, u64, u64),
+        no: &dyn Fn(&str) -> PlanError,
+    ) -> Result<Call, PlanError> {
         // A batch must be one arithmetic progression per operand (strided batched GEMM).
         let stride = |f: &dyn Fn(&(usize, usize, usize)) -> usize| -> Option<i64> {
             let o: Vec<i64> = m.offs.iter().map(|x| f(x) as i64).collect();
@@ -619,7 +742,13 @@ impl Resolver<'_> {
             epilogue: Epilogue::None,
             c_f32: dc != da,
         };
-        let ptrs = GemmPtrs { a: pa + da.size() as u64 * o0a as u64, b: pb + db.size() as u64 * o0b as u64, c: pc + dc.size() as u64 * o0c as u64, bias: 0, aux: 0 };
+        let ptrs = GemmPtrs {
+            a: pa + da.size() as u64 * o0a as u64,
+            b: pb + db.size() as u64 * o0b as u64,
+            c: pc + dc.size() as u64 * o0c as u64,
+            bias: 0,
+            aux: 0,
+        };
         Ok(Call::Gemm(shape, ptrs))
     }
 
@@ -629,27 +758,50 @@ impl Resolver<'_> {
         [0, 1, 2].map(|i| Arg::K(KernelArg::I64(s[i] as i64)))
     }
 
-    fn resolve(&mut self, i: usize, node: &Node, inplace: Option<usize>, ws: Option<(usize, usize)>) -> Result<Vec<Call>, PlanError> {
+    fn resolve(
+        &mut self,
+        i: usize,
+        node: &Node,
+        inplace: Option<usize>,
+        ws: Option<(usize, usize)>,
+    ) -> Result<Vec<Call>, PlanError> {
         let g = self.g;
-        let no = |why: &str| PlanError::NoKernel { node: i, op: node.op.name(), backend: "gpu", why: why.to_string() };
+        let no = |why: &str| PlanError::NoKernel {
+            node: i,
+            op: node.op.name(),
+            backend: "gpu",
+            why: why.to_string(),
+        };
         let (ins, outs) = (&node.inputs, &node.outputs);
         let n = |t: TensorId| g.tensor(t).numel();
         let last = |t: TensorId| *g.shape(t).last().unwrap_or(&1);
         let ws = ws.map(|(o, _)| self.b.arena + 4 * o as u64);
         let ws_at = || ws.expect("the plan gives this kernel its workspace");
-        let (ia, oa): (Vec<u64>, Vec<u64>) = (ins.iter().map(|&t| self.at(t)).collect(), outs.iter().map(|&t| self.at(t)).collect());
+        let (ia, oa): (Vec<u64>, Vec<u64>) =
+            (ins.iter().map(|&t| self.at(t)).collect(), outs.iter().map(|&t| self.at(t)).collect());
         let inp = |k: usize| ia[k];
         let out = |k: usize| oa[k];
         let dt = |t: TensorId| self.dts[t.index()];
         // The kernel `base` instantiated for tensor t's storage dtype.
         let kn = |base: &str, t: TensorId| format!("{base}_{}", suffix(dt(t)));
         let dts = self.dts;
-        let es = |t: TensorId| if g.tensor(t).elem.is_float() { dts[t.index()].size() as u64 } else { 8 };
+        let es = |t: TensorId| {
+            if g.tensor(t).elem.is_float() {
+                dts[t.index()].size() as u64
+            } else {
+                8
+            }
+        };
         // Elementwise kernels read and write one dtype.
         let same = |ts: &[TensorId]| -> Result<(), PlanError> {
             let d = dt(ts[0]);
             match ts.iter().find(|&&t| g.tensor(t).elem.is_float() && dt(t) != d) {
-                Some(&t) => Err(no(&format!(" for {:?} mixed with {d:?} ({t:?}, {:?} {})", dt(t), g.tensor(t).kind, g.tensor(t).elem))),
+                Some(&t) => Err(no(&format!(
+                    " for {:?} mixed with {d:?} ({t:?}, {:?} {})",
+                    dt(t),
+                    g.tensor(t).kind,
+                    g.tensor(t).elem
+                ))),
                 None => Ok(()),
             }
         };
@@ -661,7 +813,8 @@ impl Resolver<'_> {
         let calls = match &node.op {
             Op::Fill { value } => {
                 let o = outs[0];
-                let is_seed = matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
+                let is_seed =
+                    matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
                 let v = if is_seed { Arg::Scaled(*value) } else { f32a(*value) };
                 let p = self.plan.places[o.index()].clone();
                 let sh = g.shape(o);
@@ -669,14 +822,30 @@ impl Resolver<'_> {
                     vec![self.ew(&kn("fill", o), n(o), vec![ptr(out(0)), i64a(n(o)), v])]
                 } else {
                     let meta = self.fill_meta(sh, &p.strides);
-                    vec![self.ew(&kn("fill_strided", o), n(o), vec![ptr(out(0)), i64a(n(o)), meta, v])]
+                    vec![self.ew(
+                        &kn("fill_strided", o),
+                        n(o),
+                        vec![ptr(out(0)), i64a(n(o)), meta, v],
+                    )]
                 }
             }
             Op::Embedding => {
                 same(&[outs[0], ins[0]])?;
                 let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
                 let rows = n(ins[1]);
-                vec![self.block_rows(&kn("embedding_forward", outs[0]), rows, vec![ptr(out(0)), ptr(err), ptr(inp(1)), ptr(inp(0)), i64a(rows), i32a(c), i64a(v)])]
+                vec![self.block_rows(
+                    &kn("embedding_forward", outs[0]),
+                    rows,
+                    vec![
+                        ptr(out(0)),
+                        ptr(err),
+                        ptr(inp(1)),
+                        ptr(inp(0)),
+                        i64a(rows),
+                        i32a(c),
+                        i64a(v),
+                    ],
+                )]
             }
             Op::EmbeddingBackward => {
                 let (o, dout) = (outs[0], ins[1]);
@@ -687,34 +856,69 @@ impl Resolver<'_> {
                 let parts = (self.max_blocks as usize / col_blocks).clamp(1, 64).min(v);
                 // The scatter writes f32: into the output if it is stored so, else into the
                 // workspace and then cast (a half part of a tied table's gradient).
-                let target = if dt(o) == DType::F32 { out(0) } else { ws.ok_or_else(|| no(" without its f32 workspace"))? };
+                let target = if dt(o) == DType::F32 {
+                    out(0)
+                } else {
+                    ws.ok_or_else(|| no(" without its f32 workspace"))?
+                };
                 let mut v_ = vec![Call::Kernel {
                     name: kn("embedding_backward", dout),
                     grid: (col_blocks * parts) as u32,
                     block: ROW_BLOCK,
                     smem: 0,
-                    args: vec![ptr(target), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(c), i64a(v)],
+                    args: vec![
+                        ptr(target),
+                        ptr(err),
+                        ptr(inp(0)),
+                        ptr(inp(1)),
+                        i64a(rows),
+                        i32a(c),
+                        i64a(v),
+                    ],
                 }];
                 if dt(o) != DType::F32 {
-                    v_.push(self.ew(&format!("cast_f32_{}", suffix(dt(o))), n(o), vec![ptr(out(0)), ptr(target), i64a(n(o))]));
+                    v_.push(self.ew(
+                        &format!("cast_f32_{}", suffix(dt(o))),
+                        n(o),
+                        vec![ptr(out(0)), ptr(target), i64a(n(o))],
+                    ));
                 }
                 v_
             }
             Op::MatMul { ta, tb } => {
                 let (a, b, c) = (ins[0], ins[1], outs[0]);
-                let m = MatMulPlan::new(*ta, *tb, (g.shape(a), self.strides(a)), (g.shape(b), self.strides(b)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
+                let m = MatMulPlan::new(
+                    *ta,
+                    *tb,
+                    (g.shape(a), self.strides(a)),
+                    (g.shape(b), self.strides(b)),
+                    (g.shape(c), self.strides(c)),
+                )
+                .ok_or_else(|| no(" for these operand layouts"))?;
                 if dt(a) == dt(b) {
                     vec![self.gemm(&m, (a, b, c), &no)?]
                 } else {
                     // An f32 operand of a half product (BERT's stop-gradient is a LayerNorm's
                     // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
                     let (f, h) = if dt(a) == DType::F32 { (a, b) } else { (b, a) };
-                    if !g.tensor(f).elem.is_float() || self.strides(f) != contiguous(g.shape(f)) || dt(c) != dt(h) {
-                        return Err(no(&format!(" for operands in {:?} and {:?} into {:?}", dt(a), dt(b), dt(c))));
+                    if !g.tensor(f).elem.is_float()
+                        || self.strides(f) != contiguous(g.shape(f))
+                        || dt(c) != dt(h)
+                    {
+                        return Err(no(&format!(
+                            " for operands in {:?} and {:?} into {:?}",
+                            dt(a),
+                            dt(b),
+                            dt(c)
+                        )));
                     }
                     let w = ws.ok_or_else(|| no(" without the workspace for its cast operand"))?;
                     let src = if f == a { inp(0) } else { inp(1) };
-                    let cast = self.ew(&format!("cast_f32_{}", suffix(dt(h))), n(f), vec![ptr(w), ptr(src), i64a(n(f))]);
+                    let cast = self.ew(
+                        &format!("cast_f32_{}", suffix(dt(h))),
+                        n(f),
+                        vec![ptr(w), ptr(src), i64a(n(f))],
+                    );
                     let (pa, pb) = if f == a { (w, inp(1)) } else { (inp(0), w) };
                     vec![cast, self.gemm_at(&m, (dt(h), dt(h), dt(c)), (pa, pb, out(0)), &no)?]
                 }
@@ -723,13 +927,35 @@ impl Resolver<'_> {
                 let (x, w) = (ins[0], ins[1]);
                 let c = outs[usize::from(gelu.is_some())];
                 same(&[outs[0], x, w, ins[2], c])?;
-                let m = MatMulPlan::new(false, *tb, (g.shape(x), self.strides(x)), (g.shape(w), self.strides(w)), (g.shape(c), self.strides(c))).ok_or_else(|| no(" for these operand layouts"))?;
+                let m = MatMulPlan::new(
+                    false,
+                    *tb,
+                    (g.shape(x), self.strides(x)),
+                    (g.shape(w), self.strides(w)),
+                    (g.shape(c), self.strides(c)),
+                )
+                .ok_or_else(|| no(" for these operand layouts"))?;
                 let cols = last(outs[0]);
                 let rows = n(outs[0]) / cols.max(1);
                 let gemm = self.gemm(&m, (x, w, c), &no)?;
                 let epi = match gelu {
-                    Some(a) => self.ew(&kn("bias_gelu", outs[0]), n(outs[0]), vec![ptr(out(0)), ptr(out(1)), ptr(inp(2)), i64a(rows), i32a(cols), approx(*a)]),
-                    None => self.ew(&kn("add", outs[0]), n(outs[0]), vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)]),
+                    Some(a) => self.ew(
+                        &kn("bias_gelu", outs[0]),
+                        n(outs[0]),
+                        vec![
+                            ptr(out(0)),
+                            ptr(out(1)),
+                            ptr(inp(2)),
+                            i64a(rows),
+                            i32a(cols),
+                            approx(*a),
+                        ],
+                    ),
+                    None => self.ew(
+                        &kn("add", outs[0]),
+                        n(outs[0]),
+                        vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)],
+                    ),
                 };
                 vec![gemm, epi]
             }
@@ -744,39 +970,83 @@ impl Resolver<'_> {
                     None => out(0),
                 };
                 // Two half parts summed into a parameter's f32 gradient (tied weights).
-                let name = if dt(outs[0]) == dt(ins[0]) { kn("add", outs[0]) } else if dt(outs[0]) == DType::F32 { kn("add_to_f32", ins[0]) } else { return Err(no(" for f32 operands into a half output")) };
-                vec![self.ew(&name, len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)])]
+                let name = if dt(outs[0]) == dt(ins[0]) {
+                    kn("add", outs[0])
+                } else if dt(outs[0]) == DType::F32 {
+                    kn("add_to_f32", ins[0])
+                } else {
+                    return Err(no(" for f32 operands into a half output"));
+                };
+                vec![self.ew(
+                    &name,
+                    len,
+                    vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)],
+                )]
             }
             Op::Scale { s } => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew(&kn("scale", outs[0]), n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)])]
+                vec![self.ew(
+                    &kn("scale", outs[0]),
+                    n(outs[0]),
+                    vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)],
+                )]
             }
             Op::Tanh => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew(&kn("tanh_forward", outs[0]), n(outs[0]), vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))])]
+                vec![self.ew(
+                    &kn("tanh_forward", outs[0]),
+                    n(outs[0]),
+                    vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))],
+                )]
             }
             Op::TanhBackward | Op::GeluBackward { .. } => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
                 let len = n(outs[0]);
                 match &node.op {
-                    Op::GeluBackward { approx: a } => vec![self.ew(&kn("gelu_backward", outs[0]), len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)])],
-                    _ => vec![self.ew(&kn("tanh_backward", outs[0]), len, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)])],
+                    Op::GeluBackward { approx: a } => vec![self.ew(
+                        &kn("gelu_backward", outs[0]),
+                        len,
+                        vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)],
+                    )],
+                    _ => vec![self.ew(
+                        &kn("tanh_backward", outs[0]),
+                        len,
+                        vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)],
+                    )],
                 }
             }
             Op::Dropout { p, offset } => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
                 let len = n(outs[0]);
-                vec![self.ew(&kn("dropout", outs[0]), len, vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)])]
+                vec![self.ew(
+                    &kn("dropout", outs[0]),
+                    len,
+                    vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)],
+                )]
             }
             Op::LayerNorm { eps } => {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
-                vec![self.rows(&kn("layernorm_forward", outs[0]), rows, vec![ptr(out(0)), ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), i64a(rows), i32a(c), f32a(*eps)])]
+                vec![self.rows(
+                    &kn("layernorm_forward", outs[0]),
+                    rows,
+                    vec![
+                        ptr(out(0)),
+                        ptr(out(1)),
+                        ptr(out(2)),
+                        ptr(inp(0)),
+                        ptr(inp(1)),
+                        ptr(inp(2)),
+                        i64a(rows),
+                        i32a(c),
+                        f32a(*eps),
+                    ],
+                )]
             }
             Op::AddLayerNorm { eps } => {
                 same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
@@ -788,7 +1058,23 @@ impl Resolver<'_> {
                     Some(k) => (inp(k), inp(k), inp(1 - k)),
                     None => (out(0), inp(0), inp(1)),
                 };
-                vec![self.rows(&kn("add_layernorm_forward", outs[1]), rows, vec![ptr(sum), ptr(out(1)), ptr(out(2)), ptr(out(3)), ptr(a), ptr(b), ptr(inp(2)), ptr(inp(3)), i64a(rows), i32a(c), f32a(*eps)])]
+                vec![self.rows(
+                    &kn("add_layernorm_forward", outs[1]),
+                    rows,
+                    vec![
+                        ptr(sum),
+                        ptr(out(1)),
+                        ptr(out(2)),
+                        ptr(out(3)),
+                        ptr(a),
+                        ptr(b),
+                        ptr(inp(2)),
+                        ptr(inp(3)),
+                        i64a(rows),
+                        i32a(c),
+                        f32a(*eps),
+                    ],
+                )]
             }
             Op::LayerNormBackward => {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
@@ -797,10 +1083,46 @@ impl Resolver<'_> {
                 let ch = kernels::chunks(rows);
                 let w = ws_at();
                 vec![
-                    self.rows(&kn("layernorm_backward_dx", outs[0]), rows, vec![ptr(out(0)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c)]),
-                    self.columns(&kn("layernorm_backward_dwdb", ins[0]), rows, c, vec![ptr(w), ptr(inp(0)), ptr(inp(1)), ptr(inp(3)), ptr(inp(4)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK), i32a(ch)]),
-                    self.ew(&kn("column_sum_finish", outs[1]), c, vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)]),
-                    self.ew(&kn("column_sum_finish", outs[2]), c, vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)]),
+                    self.rows(
+                        &kn("layernorm_backward_dx", outs[0]),
+                        rows,
+                        vec![
+                            ptr(out(0)),
+                            ptr(inp(0)),
+                            ptr(inp(1)),
+                            ptr(inp(2)),
+                            ptr(inp(3)),
+                            ptr(inp(4)),
+                            i64a(rows),
+                            i32a(c),
+                        ],
+                    ),
+                    self.columns(
+                        &kn("layernorm_backward_dwdb", ins[0]),
+                        rows,
+                        c,
+                        vec![
+                            ptr(w),
+                            ptr(inp(0)),
+                            ptr(inp(1)),
+                            ptr(inp(3)),
+                            ptr(inp(4)),
+                            i64a(rows),
+                            i32a(c),
+                            i32a(kernels::ROWS_PER_CHUNK),
+                            i32a(ch),
+                        ],
+                    ),
+                    self.ew(
+                        &kn("column_sum_finish", outs[1]),
+                        c,
+                        vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)],
+                    ),
+                    self.ew(
+                        &kn("column_sum_finish", outs[2]),
+                        c,
+                        vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)],
+                    ),
                 ]
             }
             Op::ReduceSumLeading => {
@@ -809,8 +1131,23 @@ impl Resolver<'_> {
                 let ch = kernels::chunks(rows);
                 let w = ws_at();
                 vec![
-                    self.columns(&kn("column_sum_partial", ins[0]), rows, c, vec![ptr(w), ptr(inp(0)), i64a(rows), i32a(c), i32a(kernels::ROWS_PER_CHUNK)]),
-                    self.ew(&kn("column_sum_finish", outs[0]), c, vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)]),
+                    self.columns(
+                        &kn("column_sum_partial", ins[0]),
+                        rows,
+                        c,
+                        vec![
+                            ptr(w),
+                            ptr(inp(0)),
+                            i64a(rows),
+                            i32a(c),
+                            i32a(kernels::ROWS_PER_CHUNK),
+                        ],
+                    ),
+                    self.ew(
+                        &kn("column_sum_finish", outs[0]),
+                        c,
+                        vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)],
+                    ),
                 ]
             }
             Op::Softmax { scale, causal } => {
@@ -829,7 +1166,17 @@ impl Resolver<'_> {
                     Some(&m) => (self.at(m), broadcast_strides4(g.shape(m), full)),
                     None => (0, [0; 4]),
                 };
-                let mut args = vec![ptr(out(0)), ptr(inp(0)), ptr(mask), i64a(rows), i32a(ncol), f32a(*scale), i32a(usize::from(*causal)), i32a(h), i32a(tq)];
+                let mut args = vec![
+                    ptr(out(0)),
+                    ptr(inp(0)),
+                    ptr(mask),
+                    i64a(rows),
+                    i32a(ncol),
+                    f32a(*scale),
+                    i32a(usize::from(*causal)),
+                    i32a(h),
+                    i32a(tq),
+                ];
                 args.extend(ms.map(|v| Arg::K(KernelArg::I64(v))));
                 vec![self.rows(&kn("softmax_forward", outs[0]), rows, args)]
             }
@@ -838,7 +1185,11 @@ impl Resolver<'_> {
                 let ncol = last(ins[0]);
                 let rows = n(ins[0]) / ncol;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
-                vec![self.rows(&kn("softmax_backward", outs[0]), rows, vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)])]
+                vec![self.rows(
+                    &kn("softmax_backward", outs[0]),
+                    rows,
+                    vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)],
+                )]
             }
             Op::Reshape | Op::Permute { .. } => {
                 // Materialised (the plan could not fold it): a strided copy.
@@ -846,12 +1197,19 @@ impl Resolver<'_> {
                 same(&[x, o])?;
                 let xs = g.shape(x).to_vec();
                 let (ss, st) = match &node.op {
-                    Op::Permute { perm } => (perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(), perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>()),
+                    Op::Permute { perm } => (
+                        perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                        perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>(),
+                    ),
                     _ => (xs, self.strides(x).to_vec()),
                 };
                 let (ds, dst) = (g.shape(o).to_vec(), self.strides(o).to_vec());
                 let meta = self.copy_meta(&ss, &st, &ds, &dst);
-                vec![self.ew(&kn("copy_strided", o), n(o), vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta])]
+                vec![self.ew(
+                    &kn("copy_strided", o),
+                    n(o),
+                    vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta],
+                )]
             }
             Op::Split { sizes } => {
                 let x = ins[0];
@@ -864,7 +1222,11 @@ impl Resolver<'_> {
                     let os = g.shape(o).to_vec();
                     let ost = self.strides(o).to_vec();
                     let meta = self.copy_meta(&os, &xst, &os, &ost);
-                    v.push(self.ew(&kn("copy_strided", o), n(o), vec![ptr(out(k)), ptr(inp(0) + es(x) * start * ls), i64a(n(o)), meta]));
+                    v.push(self.ew(
+                        &kn("copy_strided", o),
+                        n(o),
+                        vec![ptr(out(k)), ptr(inp(0) + es(x) * start * ls), i64a(n(o)), meta],
+                    ));
                     start += sz as u64;
                 }
                 v
@@ -880,14 +1242,20 @@ impl Resolver<'_> {
                     let xs = g.shape(x).to_vec();
                     let xst = self.strides(x).to_vec();
                     let meta = self.copy_meta(&xs, &xst, &xs, &ost);
-                    v.push(self.ew(&kn("copy_strided", o), n(x), vec![ptr(out(0) + es(o) * start * ls), ptr(inp(k)), i64a(n(x)), meta]));
+                    v.push(self.ew(
+                        &kn("copy_strided", o),
+                        n(x),
+                        vec![ptr(out(0) + es(o) * start * ls), ptr(inp(k)), i64a(n(x)), meta],
+                    ));
                     start += last(x) as u64;
                 }
                 v
             }
-            Op::Attention { scale, causal, dropout_p, offset } | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
+            Op::Attention { scale, causal, dropout_p, offset }
+            | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
                 let fwd = matches!(node.op, Op::Attention { .. });
-                let (q, k, v) = if fwd { (ins[0], ins[1], ins[2]) } else { (ins[1], ins[2], ins[3]) };
+                let (q, k, v) =
+                    if fwd { (ins[0], ins[1], ins[2]) } else { (ins[1], ins[2], ins[3]) };
                 let mask = if fwd { ins.get(3) } else { ins.get(6) }.copied();
                 let mut all = vec![q, k, v];
                 all.extend(mask);
@@ -903,9 +1271,25 @@ impl Resolver<'_> {
                     Some(m) => (self.at(m), broadcast_strides4(g.shape(m), [b, h, tq, tk])),
                     None => (0, [0; 4]),
                 };
-                let (bq, bk) = kernels::attention_tiles(d, dv, self.max_smem).ok_or_else(|| no(&format!(" for head sizes {d}/{dv}: the tiles do not fit {} bytes of shared memory", self.max_smem)))?;
+                let (bq, bk) = kernels::attention_tiles(d, dv, self.max_smem).ok_or_else(|| {
+                    no(&format!(
+                        " for head sizes {d}/{dv}: the tiles do not fit {} bytes of shared memory",
+                        self.max_smem
+                    ))
+                })?;
                 let smem = kernels::attention_smem(bq, bk, d, dv);
-                let scalars = vec![i32a(h), i32a(tq), i32a(tk), i32a(d), i32a(dv), f32a(*scale), i32a(usize::from(*causal)), f32a(*dropout_p), Arg::Seed, u64a(*offset)];
+                let scalars = vec![
+                    i32a(h),
+                    i32a(tq),
+                    i32a(tk),
+                    i32a(d),
+                    i32a(dv),
+                    f32a(*scale),
+                    i32a(usize::from(*causal)),
+                    f32a(*dropout_p),
+                    Arg::Seed,
+                    u64a(*offset),
+                ];
                 let msa = ms.map(|v| Arg::K(KernelArg::I64(v)));
                 let tiles = [i32a(bq), i32a(bk)];
                 let qblocks = (b * h * tq.div_ceil(bq)) as u32;
@@ -913,28 +1297,61 @@ impl Resolver<'_> {
                 let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
                 if fwd {
                     self.flops += mm;
-                    let mut args = vec![ptr(out(0)), ptr(out(1)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(mp)];
+                    let mut args = vec![
+                        ptr(out(0)),
+                        ptr(out(1)),
+                        ptr(inp(0)),
+                        ptr(inp(1)),
+                        ptr(inp(2)),
+                        ptr(mp),
+                    ];
                     args.extend(scalars);
                     for t in [q, k, v, outs[0]] {
                         args.extend(self.strides3(t));
                     }
                     args.extend(msa);
                     args.extend(tiles);
-                    vec![Call::Kernel { name: kn("attention_forward", q), grid: qblocks, block: ROW_BLOCK, smem: smem[0], args }]
+                    vec![Call::Kernel {
+                        name: kn("attention_forward", q),
+                        grid: qblocks,
+                        block: ROW_BLOCK,
+                        smem: smem[0],
+                        args,
+                    }]
                 } else {
                     // The backward: dq (and D) first, then dk and dv reading D. Its products are
                     // twice the forward's, plus the recomputed scores.
                     self.flops += 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64;
                     let (dout, fo) = (ins[0], ins[5]);
                     let delta = ws_at();
-                    let mut a1 = vec![ptr(out(0)), ptr(delta), ptr(inp(0)), ptr(inp(5)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(mp), ptr(inp(4))];
+                    let mut a1 = vec![
+                        ptr(out(0)),
+                        ptr(delta),
+                        ptr(inp(0)),
+                        ptr(inp(5)),
+                        ptr(inp(1)),
+                        ptr(inp(2)),
+                        ptr(inp(3)),
+                        ptr(mp),
+                        ptr(inp(4)),
+                    ];
                     a1.extend(scalars.clone());
                     for t in [q, k, v, dout, fo, outs[0]] {
                         a1.extend(self.strides3(t));
                     }
                     a1.extend(msa);
                     a1.extend(tiles);
-                    let mut a2 = vec![ptr(out(1)), ptr(out(2)), ptr(inp(0)), ptr(inp(1)), ptr(inp(2)), ptr(inp(3)), ptr(mp), ptr(inp(4)), ptr(delta)];
+                    let mut a2 = vec![
+                        ptr(out(1)),
+                        ptr(out(2)),
+                        ptr(inp(0)),
+                        ptr(inp(1)),
+                        ptr(inp(2)),
+                        ptr(inp(3)),
+                        ptr(mp),
+                        ptr(inp(4)),
+                        ptr(delta),
+                    ];
                     a2.extend(scalars);
                     for t in [q, k, v, dout, outs[1], outs[2]] {
                         a2.extend(self.strides3(t));
@@ -942,8 +1359,20 @@ impl Resolver<'_> {
                     a2.extend(msa);
                     a2.extend(tiles);
                     vec![
-                        Call::Kernel { name: kn("attention_backward_dq", q), grid: qblocks, block: ROW_BLOCK, smem: smem[1], args: a1 },
-                        Call::Kernel { name: kn("attention_backward_dkdv", q), grid: kblocks, block: ROW_BLOCK, smem: smem[2], args: a2 },
+                        Call::Kernel {
+                            name: kn("attention_backward_dq", q),
+                            grid: qblocks,
+                            block: ROW_BLOCK,
+                            smem: smem[1],
+                            args: a1,
+                        },
+                        Call::Kernel {
+                            name: kn("attention_backward_dkdv", q),
+                            grid: kblocks,
+                            block: ROW_BLOCK,
+                            smem: smem[2],
+                            args: a2,
+                        },
                     ]
                 }
             }
@@ -953,8 +1382,15 @@ impl Resolver<'_> {
                 let w = ws_at();
                 let ig = Arg::K(KernelArg::I64(*ignore_index));
                 vec![
-                    self.block_rows(&kn("cross_entropy_forward", ins[0]), rows, vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig]),
-                    self.one_block("cross_entropy_mean", vec![ptr(out(0)), ptr(w), ptr(inp(1)), i64a(rows), ig]),
+                    self.block_rows(
+                        &kn("cross_entropy_forward", ins[0]),
+                        rows,
+                        vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig],
+                    ),
+                    self.one_block(
+                        "cross_entropy_mean",
+                        vec![ptr(out(0)), ptr(w), ptr(inp(1)), i64a(rows), ig],
+                    ),
                 ]
             }
             Op::CrossEntropyBackward { ignore_index } => {
@@ -968,8 +1404,25 @@ impl Resolver<'_> {
                 let ig = Arg::K(KernelArg::I64(*ignore_index));
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
                 vec![
-                    self.one_block("cross_entropy_count", vec![ptr(w), ptr(inp(2)), i64a(rows), ig]),
-                    self.block_rows(&kn("cross_entropy_backward", outs[0]), rows, vec![ptr(o), ptr(err), ptr(inp(1)), ptr(inp(2)), ptr(inp(0)), ptr(w), i64a(rows), i32a(v), ig]),
+                    self.one_block(
+                        "cross_entropy_count",
+                        vec![ptr(w), ptr(inp(2)), i64a(rows), ig],
+                    ),
+                    self.block_rows(
+                        &kn("cross_entropy_backward", outs[0]),
+                        rows,
+                        vec![
+                            ptr(o),
+                            ptr(err),
+                            ptr(inp(1)),
+                            ptr(inp(2)),
+                            ptr(inp(0)),
+                            ptr(w),
+                            i64a(rows),
+                            i32a(v),
+                            ig,
+                        ],
+                    ),
                 ]
             }
             op => return Err(no(&format!(": {} has no GPU launch", op.name()))),

@@ -77,14 +77,29 @@ fn dev(e: crate::backend::gpu::GpuError) -> SessionError {
 
 impl<D: GpuDevice> GpuSession<D> {
     /// Plans `graph` on `dev`, uploads `params` (the graph's flat layout) and zeroes the moments.
-    pub fn new(graph: Graph, dev_: D, params: &[f32], segments: Vec<Segment>, cfg: AdamWConfig, precision: DType) -> Result<Self, SessionError> {
+    pub fn new(
+        graph: Graph,
+        dev_: D,
+        params: &[f32],
+        segments: Vec<Segment>,
+        cfg: AdamWConfig,
+        precision: DType,
+    ) -> Result<Self, SessionError> {
         Self::ranked(graph, dev_, params, segments, cfg, precision, RankLayout::single())
     }
 
     /// As [`GpuSession::new`], for rank `layout.rank` of a data-parallel run: under ZeRO-1
     /// with several ranks the flat buffers are padded to a multiple of the ranks and the
     /// moments cover this rank's chunk only. Every rank starts from the same `params`.
-    pub fn ranked(graph: Graph, dev_: D, params: &[f32], segments: Vec<Segment>, cfg: AdamWConfig, precision: DType, layout: RankLayout) -> Result<Self, SessionError> {
+    pub fn ranked(
+        graph: Graph,
+        dev_: D,
+        params: &[f32],
+        segments: Vec<Segment>,
+        cfg: AdamWConfig,
+        precision: DType,
+        layout: RankLayout,
+    ) -> Result<Self, SessionError> {
         if !graph.is_training() || graph.loss().is_none() {
             return Err(SessionError::NotTraining);
         }
@@ -101,7 +116,12 @@ impl<D: GpuDevice> GpuSession<D> {
             next += s.len;
         }
         assert_eq!(next, n, "segments must cover the whole buffer");
-        assert!(layout.world > 0 && layout.rank < layout.world, "rank {} of {}", layout.rank, layout.world);
+        assert!(
+            layout.world > 0 && layout.rank < layout.world,
+            "rank {} of {}",
+            layout.rank,
+            layout.world
+        );
         let (flat_len, own, chunk) = match layout.strategy {
             Strategy::Zero1 if layout.world > 1 => {
                 let sh = Sharding::new(n, layout.world, SHARD_ALIGN);
@@ -116,8 +136,10 @@ impl<D: GpuDevice> GpuSession<D> {
         let m = d.alloc_zeroed(own.len().max(1) * 4).map_err(dev)?;
         let v = d.alloc_zeroed(own.len().max(1) * 4).map_err(dev)?;
         let segments = shard_segments(&segments, own.clone());
-        let starts: Vec<u8> = segments.iter().flat_map(|s| (s.start as i64).to_le_bytes()).collect();
-        let decays: Vec<u8> = segments.iter().flat_map(|s| i32::from(s.decay).to_le_bytes()).collect();
+        let starts: Vec<u8> =
+            segments.iter().flat_map(|s| (s.start as i64).to_le_bytes()).collect();
+        let decays: Vec<u8> =
+            segments.iter().flat_map(|s| i32::from(s.decay).to_le_bytes()).collect();
         let seg_start = d.alloc_zeroed(starts.len().max(8)).map_err(dev)?;
         let seg_decay = d.alloc_zeroed(decays.len().max(4)).map_err(dev)?;
         // SAFETY: each buffer holds its bytes.
@@ -129,7 +151,22 @@ impl<D: GpuDevice> GpuSession<D> {
         // chunk): ZeRO-1 all-reduces them element-wise.
         let parts = (chunk.unwrap_or(n).div_ceil(256) as u32).clamp(1, NORM_BLOCKS);
         let partials = d.alloc_zeroed(parts as usize * 4).map_err(dev)?;
-        Ok(GpuSession { exec, cfg, m, v, seg_start, seg_decay, nseg: segments.len(), partials, parts, layout, own, chunk, step: 0, scaler: None })
+        Ok(GpuSession {
+            exec,
+            cfg,
+            m,
+            v,
+            seg_start,
+            seg_decay,
+            nseg: segments.len(),
+            partials,
+            parts,
+            layout,
+            own,
+            chunk,
+            step: 0,
+            scaler: None,
+        })
     }
 
     pub fn layout(&self) -> RankLayout {
@@ -171,8 +208,17 @@ impl<D: GpuDevice> GpuSession<D> {
     }
 
     /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.
-    pub fn step(&mut self, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
-        assert_eq!(self.layout.world, 1, "a session of {} ranks steps with step_ranked", self.layout.world);
+    pub fn step(
+        &mut self,
+        inputs: &Inputs<'_>,
+        lr: f32,
+        seed: u64,
+    ) -> Result<StepStats, SessionError> {
+        assert_eq!(
+            self.layout.world, 1,
+            "a session of {} ranks steps with step_ranked",
+            self.layout.world
+        );
         self.step_in(None::<(&Alone, f32)>, inputs, lr, seed)
     }
 
@@ -180,7 +226,14 @@ impl<D: GpuDevice> GpuSession<D> {
     /// of the global batch's labelled tokens (as `crate::parallel::DataParallel::step`); every
     /// rank calls it with the same `lr` and the group of the session's layout. The loss
     /// returned is the global batch's, on every rank.
-    pub fn step_ranked<C: DeviceCollective<D>>(&mut self, group: &C, weight: f32, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+    pub fn step_ranked<C: DeviceCollective<D>>(
+        &mut self,
+        group: &C,
+        weight: f32,
+        inputs: &Inputs<'_>,
+        lr: f32,
+        seed: u64,
+    ) -> Result<StepStats, SessionError> {
         if (group.rank(), group.world_size()) != (self.layout.rank, self.layout.world) {
             return Err(SessionError::Exec(ExecError::Device(format!(
                 "the session is rank {} of {}, the group rank {} of {}",
@@ -193,7 +246,13 @@ impl<D: GpuDevice> GpuSession<D> {
         self.step_in(Some((group, weight)), inputs, lr, seed)
     }
 
-    fn step_in<C: DeviceCollective<D>>(&mut self, ranks: Option<(&C, f32)>, inputs: &Inputs<'_>, lr: f32, seed: u64) -> Result<StepStats, SessionError> {
+    fn step_in<C: DeviceCollective<D>>(
+        &mut self,
+        ranks: Option<(&C, f32)>,
+        inputs: &Inputs<'_>,
+        lr: f32,
+        seed: u64,
+    ) -> Result<StepStats, SessionError> {
         let ranks = ranks.filter(|(g, _)| g.world_size() > 1);
         let weight = ranks.map_or(1.0, |(_, w)| w);
         let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
@@ -207,17 +266,33 @@ impl<D: GpuDevice> GpuSession<D> {
         let d = self.exec.device();
         let (grads, params) = (self.exec.grad_address(), self.exec.param_address());
         let stats = self.exec.status_address() + 4 * status::STATS as u64;
-        let coll = |e: crate::collective::CollectiveError| SessionError::Exec(ExecError::Device(format!("rank {} of {}: {e}", self.layout.rank, self.layout.world)));
+        let coll = |e: crate::collective::CollectiveError| {
+            SessionError::Exec(ExecError::Device(format!(
+                "rank {} of {}: {e}",
+                self.layout.rank, self.layout.world
+            )))
+        };
         let p = KernelArg::Ptr;
         if let Some((g, _)) = ranks {
             // SAFETY: the gradient buffer holds n (DDP) or world·k (ZeRO-1) f32.
             unsafe {
                 if weight == 0.0 {
-                    d.launch("fill_f32", grid(d, n), 256, 0, &[p(grads), KernelArg::I64(n as i64), KernelArg::F32(0.0)]).map_err(dev)?;
+                    d.launch(
+                        "fill_f32",
+                        grid(d, n),
+                        256,
+                        0,
+                        &[p(grads), KernelArg::I64(n as i64), KernelArg::F32(0.0)],
+                    )
+                    .map_err(dev)?;
                 }
                 match self.chunk {
-                    None => g.all_reduce_on(d, grads, n, ElementKind::F32, ReduceOp::Sum).map_err(coll)?,
-                    Some(k) => g.reduce_scatter_on(d, grads, k, ElementKind::F32, ReduceOp::Sum).map_err(coll)?,
+                    None => g
+                        .all_reduce_on(d, grads, n, ElementKind::F32, ReduceOp::Sum)
+                        .map_err(coll)?,
+                    Some(k) => g
+                        .reduce_scatter_on(d, grads, k, ElementKind::F32, ReduceOp::Sum)
+                        .map_err(coll)?,
                 }
             }
         }
@@ -230,13 +305,44 @@ impl<D: GpuDevice> GpuSession<D> {
         // at least n f32 (own ⊆ 0..n), moments of own.len(), `parts` partials, nseg segments
         // and the status block.
         unsafe {
-            d.launch("grad_sumsq_partial", self.parts, 256, 0, &[p(d.address(&self.partials)), p(at(grads, 4)), KernelArg::I64(own.len() as i64), KernelArg::F32(inv)]).map_err(dev)?;
+            d.launch(
+                "grad_sumsq_partial",
+                self.parts,
+                256,
+                0,
+                &[
+                    p(d.address(&self.partials)),
+                    p(at(grads, 4)),
+                    KernelArg::I64(own.len() as i64),
+                    KernelArg::F32(inv),
+                ],
+            )
+            .map_err(dev)?;
             if let (Some((g, _)), Some(_)) = (ranks, self.chunk) {
                 // Each rank summed its own chunk: the partials added over the ranks give the
                 // global sum of squares (and carry any inf/NaN to every rank).
-                g.all_reduce_on(d, d.address(&self.partials), self.parts as usize, ElementKind::F32, ReduceOp::Sum).map_err(coll)?;
+                g.all_reduce_on(
+                    d,
+                    d.address(&self.partials),
+                    self.parts as usize,
+                    ElementKind::F32,
+                    ReduceOp::Sum,
+                )
+                .map_err(coll)?;
             }
-            d.launch("grad_stats_finish", 1, d.warp_size(), 0, &[p(stats), p(d.address(&self.partials)), KernelArg::I32(self.parts as i32), KernelArg::F32(c.max_grad_norm)]).map_err(dev)?;
+            d.launch(
+                "grad_stats_finish",
+                1,
+                d.warp_size(),
+                0,
+                &[
+                    p(stats),
+                    p(d.address(&self.partials)),
+                    KernelArg::I32(self.parts as i32),
+                    KernelArg::F32(c.max_grad_norm),
+                ],
+            )
+            .map_err(dev)?;
             let dtype = self.exec.graph().dtype();
             let args = [
                 p(at(params, 4)),
@@ -266,7 +372,14 @@ impl<D: GpuDevice> GpuSession<D> {
                 g.all_gather_on(d, params, k, ElementKind::F32).map_err(coll)?;
                 if let Some(cp) = self.exec.compute_address() {
                     let cast = format!("cast_f32_{}", super::kernels::suffix(dtype));
-                    d.launch(&cast, grid(d, n), 256, 0, &[p(cp), p(params), KernelArg::I64(n as i64)]).map_err(dev)?;
+                    d.launch(
+                        &cast,
+                        grid(d, n),
+                        256,
+                        0,
+                        &[p(cp), p(params), KernelArg::I64(n as i64)],
+                    )
+                    .map_err(dev)?;
                 }
             }
         }
@@ -305,24 +418,50 @@ impl crate::collective::Collective for Alone {
     fn world_size(&self) -> usize {
         1
     }
-    fn all_reduce<T: crate::collective::Element>(&self, _: &mut [T], _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+    fn all_reduce<T: crate::collective::Element>(
+        &self,
+        _: &mut [T],
+        _: ReduceOp,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
-    fn reduce_scatter<T: crate::collective::Element>(&self, send: &[T], recv: &mut [T], _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+    fn reduce_scatter<T: crate::collective::Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        _: ReduceOp,
+    ) -> Result<(), crate::collective::CollectiveError> {
         recv.copy_from_slice(send);
         Ok(())
     }
-    fn all_gather<T: crate::collective::Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), crate::collective::CollectiveError> {
+    fn all_gather<T: crate::collective::Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+    ) -> Result<(), crate::collective::CollectiveError> {
         recv.copy_from_slice(send);
         Ok(())
     }
-    fn reduce_scatter_in_place<T: crate::collective::Element>(&self, _: &mut [T], _: usize, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+    fn reduce_scatter_in_place<T: crate::collective::Element>(
+        &self,
+        _: &mut [T],
+        _: usize,
+        _: ReduceOp,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
-    fn all_gather_in_place<T: crate::collective::Element>(&self, _: &mut [T], _: usize) -> Result<(), crate::collective::CollectiveError> {
+    fn all_gather_in_place<T: crate::collective::Element>(
+        &self,
+        _: &mut [T],
+        _: usize,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
-    fn broadcast<T: crate::collective::Element>(&self, _: &mut [T], _: usize) -> Result<(), crate::collective::CollectiveError> {
+    fn broadcast<T: crate::collective::Element>(
+        &self,
+        _: &mut [T],
+        _: usize,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
     fn barrier(&self) -> Result<(), crate::collective::CollectiveError> {
@@ -331,13 +470,33 @@ impl crate::collective::Collective for Alone {
 }
 
 impl<D: GpuDevice> DeviceCollective<D> for Alone {
-    unsafe fn all_reduce_on(&self, _: &D, _: u64, _: usize, _: ElementKind, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+    unsafe fn all_reduce_on(
+        &self,
+        _: &D,
+        _: u64,
+        _: usize,
+        _: ElementKind,
+        _: ReduceOp,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
-    unsafe fn reduce_scatter_on(&self, _: &D, _: u64, _: usize, _: ElementKind, _: ReduceOp) -> Result<(), crate::collective::CollectiveError> {
+    unsafe fn reduce_scatter_on(
+        &self,
+        _: &D,
+        _: u64,
+        _: usize,
+        _: ElementKind,
+        _: ReduceOp,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
-    unsafe fn all_gather_on(&self, _: &D, _: u64, _: usize, _: ElementKind) -> Result<(), crate::collective::CollectiveError> {
+    unsafe fn all_gather_on(
+        &self,
+        _: &D,
+        _: u64,
+        _: usize,
+        _: ElementKind,
+    ) -> Result<(), crate::collective::CollectiveError> {
         Ok(())
     }
 }

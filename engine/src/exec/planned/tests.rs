@@ -11,7 +11,9 @@
 //! biases (softmax is shift-invariant per row).
 
 use super::*;
-use crate::plan::testgraphs::{bert_like, gpt_like, gpt_like_dtype, params, random_graph, Dims, Feed};
+use crate::plan::testgraphs::{
+    bert_like, gpt_like, gpt_like_dtype, params, random_graph, Dims, Feed,
+};
 use crate::RefExecutor;
 
 const LOSS_RTOL: f32 = 1e-5;
@@ -29,23 +31,35 @@ fn compare(g: &Graph, feed: &Feed, seed: u64, what: &str) -> f32 {
     ex.plan().check(g).unwrap_or_else(|e| panic!("{what}: {e}"));
     let mut g_fast = vec![f32::NAN; n];
     let l_fast = ex.train_step(&p, &inputs, seed, &mut g_fast).unwrap();
-    assert!((l_fast - l_ref).abs() <= LOSS_RTOL * l_ref.abs(), "{what}: loss {l_fast} vs reference {l_ref}");
+    assert!(
+        (l_fast - l_ref).abs() <= LOSS_RTOL * l_ref.abs(),
+        "{what}: loss {l_fast} vs reference {l_ref}"
+    );
     let mut worst = 0f32;
     let big = g_ref.iter().fold(0f32, |m, v| m.max(v.abs()));
     for prm in g.params() {
-        let (a, b) = (&g_fast[prm.offset..prm.offset + prm.len], &g_ref[prm.offset..prm.offset + prm.len]);
+        let (a, b) =
+            (&g_fast[prm.offset..prm.offset + prm.len], &g_ref[prm.offset..prm.offset + prm.len]);
         let max_g = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(a.iter().all(|v| v.is_finite()), "{what}: {} has a non-finite gradient", prm.name);
         let tol = RTOL * max_g + FLOOR * big;
-        assert!(max_d <= tol, "{what}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})\n{}", prm.name, ex.plan().summary(g));
+        assert!(
+            max_d <= tol,
+            "{what}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})\n{}",
+            prm.name,
+            ex.plan().summary(g)
+        );
         worst = worst.max(max_d / tol);
     }
     // A second step with the same inputs and seed gives the same results (no stale state).
     let mut g2 = vec![f32::NAN; n];
     let l2 = ex.train_step(&p, &inputs, seed, &mut g2).unwrap();
     assert_eq!(l2.to_bits(), l_fast.to_bits(), "{what}: second step differs");
-    assert!(g2.iter().zip(&g_fast).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: second step's gradients differ");
+    assert!(
+        g2.iter().zip(&g_fast).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: second step's gradients differ"
+    );
     worst
 }
 
@@ -69,7 +83,10 @@ fn bert_like_matches_the_reference_executor() {
         let d = tiny(2, dropout);
         let g = bert_like(&d, classify).unwrap();
         let w = compare(&g, &Feed::new(&d, 2), 8, &format!("bert p={dropout} classify={classify}"));
-        println!("bert p={dropout} classify={classify}: worst tensor at {:.1}% of tolerance", 100.0 * w);
+        println!(
+            "bert p={dropout} classify={classify}: worst tensor at {:.1}% of tolerance",
+            100.0 * w
+        );
     }
 }
 
@@ -79,7 +96,9 @@ fn bert_like_matches_the_reference_executor() {
 fn sparse_labels_run_row_restricted_kernels_with_the_same_results() {
     for b in [2usize, 9] {
         let d = Dims { b, t: 16, c: 24, h: 3, v: 301, layers: 1, dropout: 0.1 };
-        for (name, g, want) in [("bert", bert_like(&d, false).unwrap(), 4), ("gpt", gpt_like(&d).unwrap(), 3)] {
+        for (name, g, want) in
+            [("bert", bert_like(&d, false).unwrap(), 4), ("gpt", gpt_like(&d).unwrap(), 3)]
+        {
             let feed = Feed::mlm(&d, 11);
             assert!(feed.labels.iter().filter(|&&l| l != -100).count() * 2 <= feed.labels.len());
             let ex = PlannedExecutor::new(&g).unwrap();
@@ -120,17 +139,29 @@ fn executed_flops_leave_out_the_skipped_rows() {
     let labelled = mlm.labels.iter().filter(|&&l| l != -100).count();
     let skipped = 3.0 * 2.0 * ((rows - labelled) * d.c * d.v) as f64;
     assert!(dense > skipped, "{dense} {skipped}");
-    assert_eq!(dense - sparse, skipped, "dense {dense}, sparse {sparse}, {labelled}/{rows} rows labelled");
+    assert_eq!(
+        dense - sparse,
+        skipped,
+        "dense {dense}, sparse {sparse}, {labelled}/{rows} rows labelled"
+    );
 }
 
 /// Every view of the transformer graphs folds: no copies.
 #[test]
 fn transformer_views_all_fold() {
     let d = tiny(2, 0.1);
-    for (name, g) in [("gpt", gpt_like(&d).unwrap()), ("bert", bert_like(&d, false).unwrap()), ("bert-cls", bert_like(&d, true).unwrap())] {
+    for (name, g) in [
+        ("gpt", gpt_like(&d).unwrap()),
+        ("bert", bert_like(&d, false).unwrap()),
+        ("bert-cls", bert_like(&d, true).unwrap()),
+    ] {
         let ex = PlannedExecutor::new(&g).unwrap();
         let (folded, copied) = ex.plan().view_counts(&g);
-        assert!(folded > 0 && copied == 0, "{name}: {folded} folded, {copied} copied\n{}", ex.plan().summary(&g));
+        assert!(
+            folded > 0 && copied == 0,
+            "{name}: {folded} folded, {copied} copied\n{}",
+            ex.plan().summary(&g)
+        );
     }
 }
 
@@ -167,11 +198,20 @@ fn input_errors_are_errors_not_panics() {
     let missing = Inputs::new().ids("input_ids", &feed.ids);
     assert!(matches!(ex.train_step(&p, &missing, 0, &mut grads), Err(ExecError::MissingInput(_))));
     let extra = feed.inputs(&g).ids("nope", &feed.ids);
-    assert!(matches!(ex.train_step(&p, &extra, 0, &mut grads), Err(ExecError::UnknownInput { .. })));
-    assert!(matches!(ex.train_step(&p[1..], &feed.inputs(&g), 0, &mut grads), Err(ExecError::ParamLen { .. })));
+    assert!(matches!(
+        ex.train_step(&p, &extra, 0, &mut grads),
+        Err(ExecError::UnknownInput { .. })
+    ));
+    assert!(matches!(
+        ex.train_step(&p[1..], &feed.inputs(&g), 0, &mut grads),
+        Err(ExecError::ParamLen { .. })
+    ));
     feed.ids[3] = d.v as i64; // out of the vocabulary
     let e = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads).unwrap_err();
-    assert!(matches!(e, ExecError::Op { op: "embedding", source: OpError::IndexOutOfRange { .. }, .. }), "{e}");
+    assert!(
+        matches!(e, ExecError::Op { op: "embedding", source: OpError::IndexOutOfRange { .. }, .. }),
+        "{e}"
+    );
     feed.ids[3] = 0;
     feed.labels[5] = 1000;
     let e = ex.train_step(&p, &feed.inputs(&g), 0, &mut grads).unwrap_err();
@@ -194,10 +234,14 @@ fn half_precision_graphs_store_rounded_values_and_scale_the_seed() {
     let d = tiny(2, 0.0);
     let f32_graph = gpt_like(&d).unwrap();
     let n = f32_graph.num_param_elems();
-    let params: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2 + 1e-3).collect();
+    let params: Vec<f32> =
+        (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2 + 1e-3).collect();
     let feed = Feed::new(&d, 3);
     let mut g32 = vec![0.0; n];
-    let l32 = PlannedExecutor::new(&f32_graph).unwrap().train_step(&params, &feed.inputs(&f32_graph), 0, &mut g32).unwrap();
+    let l32 = PlannedExecutor::new(&f32_graph)
+        .unwrap()
+        .train_step(&params, &feed.inputs(&f32_graph), 0, &mut g32)
+        .unwrap();
     for (dt, tol) in [(crate::DType::F16, 2e-3f32), (crate::DType::BF16, 2e-2)] {
         let g = gpt_like_dtype(&d, dt).unwrap();
         let p: Vec<f32> = params.iter().map(|&x| dt.round(x)).collect();
@@ -207,10 +251,16 @@ fn half_precision_graphs_store_rounded_values_and_scale_the_seed() {
         assert!(l != l32 && ((l - l32) / l32).abs() < tol, "{dt}: loss {l} vs f32 {l32}");
         // Parameter gradients are f32 (computed from rounded activations and activation
         // gradients): close to the f32 graph's, not equal, and not rounded to the dtype.
-        assert!(grads.iter().any(|&x| dt.round(x).to_bits() != x.to_bits()), "{dt}: parameter gradients are rounded");
+        assert!(
+            grads.iter().any(|&x| dt.round(x).to_bits() != x.to_bits()),
+            "{dt}: parameter gradients are rounded"
+        );
         let gmax = g32.iter().fold(0f32, |m, x| m.max(x.abs()));
         let worst = grads.iter().zip(&g32).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst > 0.0 && worst < 10.0 * tol * gmax, "{dt}: max |Δgrad| {worst} vs max |g| {gmax}");
+        assert!(
+            worst > 0.0 && worst < 10.0 * tol * gmax,
+            "{dt}: max |Δgrad| {worst} vs max |g| {gmax}"
+        );
         assert!(grads.iter().filter(|&&x| x != 0.0).count() > n / 2);
         ex.set_loss_scale(1024.0).unwrap();
         let mut scaled = vec![0.0; n];
@@ -242,7 +292,8 @@ fn bench_adamw() {
     let n = 109_514_298;
     let mut p = vec![0.01f32; n];
     let g = vec![0.001f32; n];
-    let mut opt = AdamW::new(AdamWConfig::default(), vec![Segment { start: 0, len: n, decay: true }], n);
+    let mut opt =
+        AdamW::new(AdamWConfig::default(), vec![Segment { start: 0, len: n, decay: true }], n);
     opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
     for _ in 0..3 {
         let t = std::time::Instant::now();

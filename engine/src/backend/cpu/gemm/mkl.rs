@@ -88,11 +88,7 @@ pub fn candidates() -> Vec<PathBuf> {
     if let Some(p) = std::env::var_os("ORTBENCH_MKL_LIB").filter(|p| !p.is_empty()) {
         // Named explicitly: that library or none.
         let p = PathBuf::from(p);
-        return if p.is_dir() {
-            NAMES.iter().map(|n| p.join(n)).collect()
-        } else {
-            vec![p]
-        };
+        return if p.is_dir() { NAMES.iter().map(|n| p.join(n)).collect() } else { vec![p] };
     }
     let mut dirs = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV").filter(|v| !v.is_empty()) {
@@ -100,15 +96,10 @@ pub fn candidates() -> Vec<PathBuf> {
     }
     // The project venv, found from this crate's source folder at compile time.
     dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib"));
-    let mut dirs: Vec<PathBuf> = dirs
-        .into_iter()
-        .map(|d| d.canonicalize().unwrap_or(d))
-        .collect();
+    let mut dirs: Vec<PathBuf> = dirs.into_iter().map(|d| d.canonicalize().unwrap_or(d)).collect();
     dirs.dedup();
-    let mut out: Vec<PathBuf> = dirs
-        .iter()
-        .flat_map(|d| NAMES.iter().map(move |n| d.join(n)))
-        .collect();
+    let mut out: Vec<PathBuf> =
+        dirs.iter().flat_map(|d| NAMES.iter().map(move |n| d.join(n))).collect();
     out.extend(NAMES.iter().map(PathBuf::from)); // bare names: the system loader's search
     out
 }
@@ -127,9 +118,7 @@ impl MklLib {
                 Err(why) => searched.push(format!("  {}: {why}", path.display())),
             }
         }
-        Err(GemmError::MklUnavailable {
-            searched: searched.join("\n"),
-        })
+        Err(GemmError::MklUnavailable { searched: searched.join("\n") })
     }
 
     #[cfg(not(unix))]
@@ -163,18 +152,10 @@ impl MklLib {
                 get(b"MKL_Set_Num_Threads_Local\0")
                     .ok()
                     .map(|p| std::mem::transmute::<*mut c_void, SetLocalFn>(p)),
-                std::mem::transmute::<*mut c_void, SetLayerFn>(get(
-                    b"MKL_Set_Interface_Layer\0",
-                )?),
-                std::mem::transmute::<*mut c_void, SetLayerFn>(get(
-                    b"MKL_Set_Threading_Layer\0",
-                )?),
-                std::mem::transmute::<*mut c_void, SetThreadsFn>(get(
-                    b"MKL_Set_Num_Threads\0",
-                )?),
-                std::mem::transmute::<*mut c_void, VersionFn>(get(
-                    b"MKL_Get_Version_String\0",
-                )?),
+                std::mem::transmute::<*mut c_void, SetLayerFn>(get(b"MKL_Set_Interface_Layer\0")?),
+                std::mem::transmute::<*mut c_void, SetLayerFn>(get(b"MKL_Set_Threading_Layer\0")?),
+                std::mem::transmute::<*mut c_void, SetThreadsFn>(get(b"MKL_Set_Num_Threads\0")?),
+                std::mem::transmute::<*mut c_void, VersionFn>(get(b"MKL_Get_Version_String\0")?),
             )
         };
         // Both layers must be chosen before any other MKL call, which would fix them.
@@ -190,11 +171,7 @@ impl MklLib {
         let mut buf = [0 as c_char; 256];
         // SAFETY: MKL writes at most `len` bytes (NUL-terminated) into `buf`.
         unsafe { version(buf.as_mut_ptr(), buf.len() as c_int) };
-        let full: Vec<u8> = buf
-            .iter()
-            .take_while(|&&ch| ch != 0)
-            .map(|&ch| ch as u8)
-            .collect();
+        let full: Vec<u8> = buf.iter().take_while(|&&ch| ch != 0).map(|&ch| ch as u8).collect();
         let full = String::from_utf8_lossy(&full).into_owned();
         let mkl = MklLib {
             path: path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
@@ -292,12 +269,9 @@ impl MklLib {
             return false; // interleaved or overlapping C: MKL would write it concurrently
         }
         let fits = |x: usize| c_int::try_from(x).ok();
-        let (Some(sa), Some(sb), Some(sc), Some(nb)) = (
-            fits(strides[0]),
-            fits(strides[1]),
-            fits(strides[2]),
-            fits(batch),
-        ) else {
+        let (Some(sa), Some(sb), Some(sc), Some(nb)) =
+            (fits(strides[0]), fits(strides[1]), fits(strides[2]), fits(batch))
+        else {
             return false;
         };
         // SAFETY: `Call::validate` checked (batch-1)*stride + footprint <= len for A, B and
@@ -386,11 +360,7 @@ fn choose_threading(dir: Option<&Path>) -> (Option<c_int>, String, Option<Librar
     use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_NOW};
     if let Ok(layer) = std::env::var("MKL_THREADING_LAYER") {
         if !layer.is_empty() {
-            return (
-                None,
-                format!("MKL_THREADING_LAYER={layer} from the environment"),
-                None,
-            );
+            return (None, format!("MKL_THREADING_LAYER={layer} from the environment"), None);
         }
     }
     let this = UnixLibrary::this();
@@ -398,11 +368,7 @@ fn choose_threading(dir: Option<&Path>) -> (Option<c_int>, String, Option<Librar
     // pointers are never called or dereferenced.
     let has = |name: &[u8]| unsafe { this.get::<*mut c_void>(name).is_ok() };
     if has(b"__kmpc_fork_call\0") {
-        return (
-            Some(THREADING_INTEL),
-            "intel openmp (libiomp5 already loaded)".into(),
-            None,
-        );
+        return (Some(THREADING_INTEL), "intel openmp (libiomp5 already loaded)".into(), None);
     }
     if has(b"GOMP_parallel\0") {
         let why = "gnu openmp (libgomp already loaded in the process, e.g. by libtorch)";
@@ -451,10 +417,7 @@ mod tests {
         let bogus = PathBuf::from("/nonexistent/ortbench/libmkl_rt.so.2");
         let err = MklLib::load(std::slice::from_ref(&bogus)).unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("/nonexistent/ortbench/libmkl_rt.so.2: not found"),
-            "{msg}"
-        );
+        assert!(msg.contains("/nonexistent/ortbench/libmkl_rt.so.2: not found"), "{msg}");
         assert!(msg.contains("ORTBENCH_GEMM=gemm"), "{msg}");
     }
 }

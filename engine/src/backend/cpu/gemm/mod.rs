@@ -56,12 +56,7 @@ pub enum GemmError {
         "sgemm: {name}={ld} is smaller than the {row}-element rows of {operand} as stored \
          (row-major needs {name} >= max(1, columns)); pass the distance between rows"
     )]
-    LeadingDim {
-        operand: &'static str,
-        name: &'static str,
-        ld: usize,
-        row: usize,
-    },
+    LeadingDim { operand: &'static str, name: &'static str, ld: usize, row: usize },
     #[error(
         "sgemm: {operand} has {len} elements but needs at least {need} \
          ({rows}x{cols} stored with leading dimension {ld}{batch_note}); check the shapes passed"
@@ -76,11 +71,7 @@ pub enum GemmError {
         batch_note: String,
     },
     #[error("sgemm: {what}={value} is too large ({limit}); split the matmul into smaller ones")]
-    TooLarge {
-        what: &'static str,
-        value: usize,
-        limit: &'static str,
-    },
+    TooLarge { what: &'static str, value: usize, limit: &'static str },
     #[error(
         "ORTBENCH_GEMM={0:?} is not a GEMM provider: use mkl, gemm or reference \
          (or unset it to use MKL when available and the gemm crate otherwise)"
@@ -141,13 +132,9 @@ pub enum Provider {
 impl fmt::Display for Provider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Provider::Mkl(lib) => write!(
-                f,
-                "mkl {} ({}, {})",
-                lib.version(),
-                lib.path().display(),
-                lib.threading()
-            ),
+            Provider::Mkl(lib) => {
+                write!(f, "mkl {} ({}, {})", lib.version(), lib.path().display(), lib.threading())
+            }
             Provider::Gemm => f.write_str("gemm 0.19 (pure Rust, rayon)"),
             Provider::Reference => f.write_str("reference (naive triple loop, f64 accumulation)"),
         }
@@ -161,9 +148,7 @@ static THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// The provider every [`sgemm`] call uses, chosen once from `ORTBENCH_GEMM` (see module docs).
 pub fn provider() -> Result<Provider, GemmError> {
-    ACTIVE
-        .get_or_init(|| select(std::env::var("ORTBENCH_GEMM").ok().as_deref()))
-        .clone()
+    ACTIVE.get_or_init(|| select(std::env::var("ORTBENCH_GEMM").ok().as_deref())).clone()
 }
 
 /// Choose the active provider from the value of `ORTBENCH_GEMM`.
@@ -219,18 +204,7 @@ impl Provider {
         c: &mut [f32], // C: (M, N); rows `ldc` apart
         ldc: usize,
     ) -> Result<(), GemmError> {
-        let call = Call {
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            lda,
-            ldb,
-            beta,
-            ldc,
-        };
+        let call = Call { ta, tb, m, n, k, alpha, lda, ldb, beta, ldc };
         call.validate(a.len(), b.len(), c.len(), 1, [0; 3])?;
         if call.is_scale_only() {
             call.scale_c(c);
@@ -262,18 +236,7 @@ impl Provider {
         stride_b: usize,
         stride_c: usize,
     ) -> Result<(), GemmError> {
-        let call = Call {
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            lda,
-            ldb,
-            beta,
-            ldc,
-        };
+        let call = Call { ta, tb, m, n, k, alpha, lda, ldb, beta, ldc };
         let strides = [stride_a, stride_b, stride_c];
         call.validate(a.len(), b.len(), c.len(), batch, strides)?;
         if batch == 0 || call.m == 0 || call.n == 0 {
@@ -459,18 +422,10 @@ impl Call {
         ];
         for (operand, name, rows, cols, ld, len, stride) in operands {
             if ld < cols.max(1) {
-                return Err(GemmError::LeadingDim {
-                    operand,
-                    name,
-                    ld,
-                    row: cols,
-                });
+                return Err(GemmError::LeadingDim { operand, name, ld, row: cols });
             }
-            let too_large = |what| GemmError::TooLarge {
-                what,
-                value: len,
-                limit: "overflows usize",
-            };
+            let too_large =
+                |what| GemmError::TooLarge { what, value: len, limit: "overflows usize" };
             let one = footprint(rows, cols, ld).ok_or(too_large("matrix footprint"))?;
             let need = if batch == 0 || one == 0 {
                 0
@@ -486,15 +441,7 @@ impl Call {
                 } else {
                     String::new()
                 };
-                return Err(GemmError::TooShort {
-                    operand,
-                    len,
-                    need,
-                    rows,
-                    cols,
-                    ld,
-                    batch_note,
-                });
+                return Err(GemmError::TooShort { operand, len, need, rows, cols, ld, batch_note });
             }
         }
         Ok(())

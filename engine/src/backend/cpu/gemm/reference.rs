@@ -12,15 +12,9 @@ pub(super) fn sgemm(call: &Call, a: &[f32], b: &[f32], c: &mut [f32]) {
     };
     for i in 0..call.m {
         for j in 0..call.n {
-            let acc: f64 = (0..call.k)
-                .map(|p| a_at(i, p) as f64 * b_at(p, j) as f64)
-                .sum();
+            let acc: f64 = (0..call.k).map(|p| a_at(i, p) as f64 * b_at(p, j) as f64).sum();
             let out = &mut c[i * call.ldc + j];
-            let prev = if call.beta == 0.0 {
-                0.0
-            } else {
-                call.beta as f64 * *out as f64
-            };
+            let prev = if call.beta == 0.0 { 0.0 } else { call.beta as f64 * *out as f64 };
             *out = (call.alpha as f64 * acc + prev) as f32;
         }
     }

@@ -11,11 +11,8 @@ pub(super) fn sgemm(call: &Call, a: &[f32], b: &[f32], c: &mut [f32]) {
         Transpose::Yes => (1, call.ldb as isize), // B: (N, K)
     };
     let threads = num_threads();
-    let parallelism = if threads <= 1 {
-        gemm::Parallelism::None
-    } else {
-        gemm::Parallelism::Rayon(threads)
-    };
+    let parallelism =
+        if threads <= 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
     // SAFETY: `Call::validate` checked that every element the kernel reads (op(A): M x K,
     // op(B): K x N at the strides above) and writes (C: M x N, rows `ldc` apart) lies inside
     // `a`, `b` and `c`; `c` is a unique borrow, so it aliases neither input. The crate's

@@ -27,15 +27,8 @@ impl Rng {
 /// K <= 80 errs by ~K·6e-8 of that sum; an indexing bug errs by O(1) of it.
 const TOL: f64 = 1e-4;
 
-const SIZES: [(usize, usize, usize); 7] = [
-    (1, 1, 1),
-    (3, 5, 7),
-    (7, 1, 3),
-    (1, 9, 4),
-    (17, 33, 65),
-    (128, 96, 80),
-    (64, 64, 1),
-];
+const SIZES: [(usize, usize, usize); 7] =
+    [(1, 1, 1), (3, 5, 7), (7, 1, 3), (1, 9, 4), (17, 33, 65), (128, 96, 80), (64, 64, 1)];
 const SCALARS: [(f32, f32); 3] = [(1.0, 0.0), (0.75, -1.25), (-2.0, 0.5)];
 const TRANSPOSES: [(Transpose, Transpose); 4] = [
     (Transpose::No, Transpose::No),
@@ -71,18 +64,7 @@ impl Case {
         (alpha, beta): (f32, f32),
         pad: usize,
     ) -> Case {
-        let call = Call {
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            lda: 0,
-            ldb: 0,
-            beta,
-            ldc: 0,
-        };
+        let call = Call { ta, tb, m, n, k, alpha, lda: 0, ldb: 0, beta, ldc: 0 };
         let ((ar, ac), (br, bc)) = (call.a_stored(), call.b_stored());
         let (lda, ldb, ldc) = (ac + pad, bc + pad, n + pad);
         let a = rng.vec(ar * lda);
@@ -91,21 +73,7 @@ impl Case {
         for i in 0..m {
             c[i * ldc + n..(i + 1) * ldc].fill(SENTINEL);
         }
-        Case {
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-            a,
-            lda,
-            b,
-            ldb,
-            c,
-            ldc,
-        }
+        Case { ta, tb, m, n, k, alpha, beta, a, lda, b, ldb, c, ldc }
     }
 
     fn run(&self, p: Provider) -> Vec<f32> {
@@ -128,9 +96,7 @@ impl Case {
             Transpose::No => self.b[p * self.ldb + j],
             Transpose::Yes => self.b[j * self.ldb + p],
         };
-        let ab: f64 = (0..self.k)
-            .map(|p| (a_at(p) as f64 * b_at(p) as f64).abs())
-            .sum();
+        let ab: f64 = (0..self.k).map(|p| (a_at(p) as f64 * b_at(p) as f64).abs()).sum();
         self.alpha.abs() as f64 * ab
             + self.beta.abs() as f64 * self.c[i * self.ldc + j].abs() as f64
     }
@@ -155,18 +121,12 @@ impl Case {
             for j in 0..self.ldc {
                 let (g, w) = (got[i * self.ldc + j], want[i * self.ldc + j]);
                 if j >= self.n {
-                    assert_eq!(
-                        g, SENTINEL,
-                        "{what}: wrote into the row padding at ({i}, {j})"
-                    );
+                    assert_eq!(g, SENTINEL, "{what}: wrote into the row padding at ({i}, {j})");
                     continue;
                 }
                 let tol = TOL * self.magnitude(i, j) + f64::from(f32::MIN_POSITIVE);
                 let err = (g as f64 - w as f64).abs();
-                assert!(
-                    err <= tol,
-                    "{what}: C[{i},{j}] = {g}, reference {w}, |err| {err} > {tol}"
-                );
+                assert!(err <= tol, "{what}: C[{i},{j}] = {g}, reference {w}, |err| {err} > {tol}");
             }
         }
     }
@@ -219,8 +179,8 @@ fn active_provider_matches_reference() {
     let case = Case::new(&mut rng, TRANSPOSES[3], (17, 33, 65), SCALARS[1], 2);
     let mut c = case.c.clone();
     sgemm(
-        case.ta, case.tb, case.m, case.n, case.k, case.alpha, &case.a, case.lda, &case.b,
-        case.ldb, case.beta, &mut c, case.ldc,
+        case.ta, case.tb, case.m, case.n, case.k, case.alpha, &case.a, case.lda, &case.b, case.ldb,
+        case.beta, &mut c, case.ldc,
     )
     .unwrap();
     case.check(p);
@@ -239,67 +199,17 @@ fn beta_zero_overwrites_nan_and_k_zero_scales() {
         let mut rng = Rng(11);
         let (a, b) = (rng.vec(m * k), rng.vec(k * n));
         let mut c = vec![f32::NAN; m * n];
-        p.sgemm(
-            Transpose::No,
-            Transpose::No,
-            m,
-            n,
-            k,
-            1.5,
-            &a,
-            k,
-            &b,
-            n,
-            0.0,
-            &mut c,
-            n,
-        )
-        .unwrap();
-        assert!(
-            c.iter().all(|x| x.is_finite()),
-            "{p}: beta = 0 must not read C"
-        );
+        p.sgemm(Transpose::No, Transpose::No, m, n, k, 1.5, &a, k, &b, n, 0.0, &mut c, n).unwrap();
+        assert!(c.iter().all(|x| x.is_finite()), "{p}: beta = 0 must not read C");
 
         let c0 = rng.vec(m * n);
         let mut c = c0.clone();
-        p.sgemm(
-            Transpose::No,
-            Transpose::No,
-            m,
-            n,
-            0,
-            1.0,
-            &[],
-            1,
-            &[],
-            n,
-            -0.5,
-            &mut c,
-            n,
-        )
-        .unwrap();
-        assert!(
-            c.iter().zip(&c0).all(|(x, y)| *x == -0.5 * y),
-            "{p}: k = 0 is C = beta·C"
-        );
+        p.sgemm(Transpose::No, Transpose::No, m, n, 0, 1.0, &[], 1, &[], n, -0.5, &mut c, n)
+            .unwrap();
+        assert!(c.iter().zip(&c0).all(|(x, y)| *x == -0.5 * y), "{p}: k = 0 is C = beta·C");
 
         let mut c = c0.clone();
-        p.sgemm(
-            Transpose::No,
-            Transpose::No,
-            0,
-            n,
-            k,
-            1.0,
-            &[],
-            k,
-            &b,
-            n,
-            2.0,
-            &mut c,
-            n,
-        )
-        .unwrap();
+        p.sgemm(Transpose::No, Transpose::No, 0, n, k, 1.0, &[], k, &b, n, 2.0, &mut c, n).unwrap();
         assert_eq!(c, c0, "{p}: m = 0 leaves C alone");
     }
 }
@@ -311,18 +221,7 @@ fn batched_matches_reference_per_matrix() {
     for p in all_providers() {
         for (ta, tb) in TRANSPOSES {
             let (m, n, k, batch) = (9, 13, 11, 4);
-            let call = Call {
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                alpha: 0.5,
-                lda: 0,
-                ldb: 0,
-                beta: -1.5,
-                ldc: 0,
-            };
+            let call = Call { ta, tb, m, n, k, alpha: 0.5, lda: 0, ldb: 0, beta: -1.5, ldc: 0 };
             let ((ar, ac), (br, bc)) = (call.a_stored(), call.b_stored());
             let (lda, ldb) = (ac + 1, bc + 2);
             // (stride_a, stride_b, stride_c, ldc): gaps; broadcast B; interleaved C.
@@ -339,8 +238,7 @@ fn batched_matches_reference_per_matrix() {
                 let c0 = rng.vec(c_len);
                 let mut got = c0.clone();
                 p.sgemm_batched(
-                    ta, tb, m, n, k, 0.5, &a, lda, &b, ldb, -1.5, &mut got, ldc, batch, sa, sb,
-                    sc,
+                    ta, tb, m, n, k, 0.5, &a, lda, &b, ldb, -1.5, &mut got, ldc, batch, sa, sb, sc,
                 )
                 .unwrap();
                 let mut want = c0.clone();
@@ -433,52 +331,11 @@ fn bad_shapes_are_errors_not_panics() {
     let mut c = vec![0.0f32; 9];
     for p in all_providers() {
         // A: (3, 4) needs lda >= 4.
-        let e = p.sgemm(
-            Transpose::No,
-            Transpose::No,
-            3,
-            3,
-            4,
-            1.0,
-            &a,
-            3,
-            &b,
-            3,
-            0.0,
-            &mut c,
-            3,
-        );
-        assert!(
-            matches!(e, Err(GemmError::LeadingDim { operand: "A", .. })),
-            "{e:?}"
-        );
+        let e = p.sgemm(Transpose::No, Transpose::No, 3, 3, 4, 1.0, &a, 3, &b, 3, 0.0, &mut c, 3);
+        assert!(matches!(e, Err(GemmError::LeadingDim { operand: "A", .. })), "{e:?}");
         // C: (3, 4) needs 12 elements, has 9.
-        let e = p.sgemm(
-            Transpose::No,
-            Transpose::No,
-            3,
-            4,
-            3,
-            1.0,
-            &a,
-            3,
-            &b,
-            4,
-            0.0,
-            &mut c,
-            4,
-        );
-        assert!(
-            matches!(
-                e,
-                Err(GemmError::TooShort {
-                    operand: "C",
-                    need: 12,
-                    ..
-                })
-            ),
-            "{e:?}"
-        );
+        let e = p.sgemm(Transpose::No, Transpose::No, 3, 4, 3, 1.0, &a, 3, &b, 4, 0.0, &mut c, 4);
+        assert!(matches!(e, Err(GemmError::TooShort { operand: "C", need: 12, .. })), "{e:?}");
         // Bᵀ stored (N, K) = (4, 3) with ldb 3 fits 12; a batch of 2, 12 apart, does not.
         let e = p.sgemm_batched(
             Transpose::No,
@@ -499,17 +356,7 @@ fn bad_shapes_are_errors_not_panics() {
             12,
             0,
         );
-        assert!(
-            matches!(
-                e,
-                Err(GemmError::TooShort {
-                    operand: "B",
-                    need: 24,
-                    ..
-                })
-            ),
-            "{e:?}"
-        );
+        assert!(matches!(e, Err(GemmError::TooShort { operand: "B", need: 24, .. })), "{e:?}");
         assert!(e.unwrap_err().to_string().contains("2 matrices 12 apart"));
     }
 }
@@ -517,10 +364,7 @@ fn bad_shapes_are_errors_not_panics() {
 #[test]
 fn provider_selection() {
     assert_eq!(select(Some("gemm")).unwrap().kind(), ProviderKind::Gemm);
-    assert_eq!(
-        select(Some(" Reference ")).unwrap().kind(),
-        ProviderKind::Reference
-    );
+    assert_eq!(select(Some(" Reference ")).unwrap().kind(), ProviderKind::Reference);
     let e = select(Some("openblas")).unwrap_err();
     assert!(e.to_string().contains("use mkl, gemm or reference"), "{e}");
     match select(Some("mkl")) {

@@ -64,7 +64,14 @@ impl AttnPlan {
 }
 
 #[inline(always)]
-fn probs_rows(p: &mut [f32], tk: usize, row0: usize, causal: bool, tq: usize, mask: Option<(&[f32], &MaskMap)>) {
+fn probs_rows(
+    p: &mut [f32],
+    tk: usize,
+    row0: usize,
+    causal: bool,
+    tq: usize,
+    mask: Option<(&[f32], &MaskMap)>,
+) {
     for (i, row) in p.chunks_exact_mut(tk).enumerate() {
         if let Some((data, mm)) = mask {
             let off = mm.row_offset(row0 + i);
@@ -91,7 +98,16 @@ multiversion!(fn drop_chunk<>(dst: &mut [f32], src: &[f32], m: DropMask, first: 
 /// then ds = p ⊙ (dp − Σ dp ⊙ p)·scale per row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn ds_body(dp: &mut [f32], p: &[f32], rows: usize, width: usize, ld: usize, scale: f32, m: Option<DropMask>, first: u64) {
+fn ds_body(
+    dp: &mut [f32],
+    p: &[f32],
+    rows: usize,
+    width: usize,
+    ld: usize,
+    scale: f32,
+    m: Option<DropMask>,
+    first: u64,
+) {
     for r in 0..rows {
         let dr = &mut dp[r * ld..r * ld + width];
         let pr = &p[r * ld..r * ld + width];
@@ -166,14 +182,33 @@ pub unsafe fn attention_forward(
             // SAFETY: (b, h) pair i is this task's: its probs block, its rows of out, and
             // scratch block `task`.
             let pr = pp.slice(i * tq * tk..(i + 1) * tq * tk);
-            let (qi, ki, vi, oi) = (qp.ptr().add(p.at(&p.q, i)), kp.ptr().add(p.at(&p.k, i)), vp.ptr().add(p.at(&p.v, i)), op.ptr().add(p.at(&p.o, i)));
+            let (qi, ki, vi, oi) = (
+                qp.ptr().add(p.at(&p.q, i)),
+                kp.ptr().add(p.at(&p.k, i)),
+                vp.ptr().add(p.at(&p.v, i)),
+                op.ptr().add(p.at(&p.o, i)),
+            );
             let mut scratch = dm.map(|_| wp.slice(task * tq * tk..(task + 1) * tq * tk));
             for (r0, r1, kn) in blocks(p) {
                 let rows = r1 - r0;
                 let pb = &mut pr[r0 * tk..r1 * tk];
                 // S = scale·Q·Kᵀ for these rows and the keys they see; the rest of each row is
                 // written by the softmax (0 past the causal limit).
-                sgemm_st(false, true, rows, kn, p.d, p.scale, qi.add(r0 * p.q[2]), p.q[2], ki, p.k[2], 0.0, pb.as_mut_ptr(), tk);
+                sgemm_st(
+                    false,
+                    true,
+                    rows,
+                    kn,
+                    p.d,
+                    p.scale,
+                    qi.add(r0 * p.q[2]),
+                    p.q[2],
+                    ki,
+                    p.k[2],
+                    0.0,
+                    pb.as_mut_ptr(),
+                    tk,
+                );
                 probs_chunk(pb, tk, i * tq + r0, p.causal, tq, mask);
                 let pd: &[f32] = match (dm, scratch.as_deref_mut()) {
                     (Some(m), Some(s)) => {
@@ -183,7 +218,21 @@ pub unsafe fn attention_forward(
                     }
                     _ => pb,
                 };
-                sgemm_st(false, false, rows, p.dv, kn, 1.0, pd.as_ptr(), tk, vi, p.v[2], 0.0, oi.add(r0 * p.o[2]), p.o[2]);
+                sgemm_st(
+                    false,
+                    false,
+                    rows,
+                    p.dv,
+                    kn,
+                    1.0,
+                    pd.as_ptr(),
+                    tk,
+                    vi,
+                    p.v[2],
+                    0.0,
+                    oi.add(r0 * p.o[2]),
+                    p.o[2],
+                );
             }
         }
     });
@@ -217,16 +266,30 @@ pub unsafe fn attention_backward(
     let dm = (p.dropout_p > 0.0).then(|| DropMask::new(p.dropout_p, seed));
     let wp = SyncPtr(ws.as_mut_ptr());
     let (dqp, dkp, dvp) = (SyncPtr(dq), SyncPtr(dk), SyncPtr(dv));
-    let (gp, qp, kp, vp) = (SyncPtr(dout as *mut f32), SyncPtr(q as *mut f32), SyncPtr(k as *mut f32), SyncPtr(v as *mut f32));
+    let (gp, qp, kp, vp) = (
+        SyncPtr(dout as *mut f32),
+        SyncPtr(q as *mut f32),
+        SyncPtr(k as *mut f32),
+        SyncPtr(v as *mut f32),
+    );
     pool.run(t, &|task| {
         // SAFETY: scratch blocks 2·task and 2·task+1 are this task's.
         let s1 = wp.slice(2 * task * tq * tk..(2 * task + 1) * tq * tk);
         let s2 = wp.slice((2 * task + 1) * tq * tk..(2 * task + 2) * tq * tk);
         for i in task * per..((task + 1) * per).min(bh) {
             let pr = &probs[i * tq * tk..(i + 1) * tq * tk];
-            let (qi, ki, vi, gi) = (qp.ptr().add(p.at(&p.q, i)), kp.ptr().add(p.at(&p.k, i)), vp.ptr().add(p.at(&p.v, i)), gp.ptr().add(p.at(&p.o, i)));
+            let (qi, ki, vi, gi) = (
+                qp.ptr().add(p.at(&p.q, i)),
+                kp.ptr().add(p.at(&p.k, i)),
+                vp.ptr().add(p.at(&p.v, i)),
+                gp.ptr().add(p.at(&p.o, i)),
+            );
             // SAFETY: (b, h) pair i's rows of dq, dk, dv are this task's.
-            let (dqi, dki, dvi) = (dqp.ptr().add(p.at(&p.dq, i)), dkp.ptr().add(p.at(&p.dk, i)), dvp.ptr().add(p.at(&p.dvs, i)));
+            let (dqi, dki, dvi) = (
+                dqp.ptr().add(p.at(&p.dq, i)),
+                dkp.ptr().add(p.at(&p.dk, i)),
+                dvp.ptr().add(p.at(&p.dvs, i)),
+            );
             // Causal blocks accumulate into dK and dV (beta = 1) from zero.
             let beta = if p.causal {
                 for j in 0..tk {
@@ -240,10 +303,25 @@ pub unsafe fn attention_backward(
             for (r0, r1, kn) in blocks(p) {
                 let rows = r1 - r0;
                 let first = p.offset + ((i * tq + r0) * tk) as u64;
-                let (pb, sb1, sb2) = (&pr[r0 * tk..r1 * tk], &mut s1[r0 * tk..r1 * tk], &mut s2[r0 * tk..r1 * tk]);
+                let (pb, sb1, sb2) =
+                    (&pr[r0 * tk..r1 * tk], &mut s1[r0 * tk..r1 * tk], &mut s2[r0 * tk..r1 * tk]);
                 let (gr, qr) = (gi.add(r0 * p.o[2]), qi.add(r0 * p.q[2]));
                 // dPd = dO·Vᵀ
-                sgemm_st(false, true, rows, kn, p.dv, 1.0, gr, p.o[2], vi, p.v[2], 0.0, sb1.as_mut_ptr(), tk);
+                sgemm_st(
+                    false,
+                    true,
+                    rows,
+                    kn,
+                    p.dv,
+                    1.0,
+                    gr,
+                    p.o[2],
+                    vi,
+                    p.v[2],
+                    0.0,
+                    sb1.as_mut_ptr(),
+                    tk,
+                );
                 // dV = Pdᵀ·dO
                 let pd: &[f32] = match dm {
                     Some(m) => {
@@ -252,12 +330,54 @@ pub unsafe fn attention_backward(
                     }
                     None => pb,
                 };
-                sgemm_st(true, false, kn, p.dv, rows, 1.0, pd.as_ptr(), tk, gr, p.o[2], beta, dvi, p.dvs[2]);
+                sgemm_st(
+                    true,
+                    false,
+                    kn,
+                    p.dv,
+                    rows,
+                    1.0,
+                    pd.as_ptr(),
+                    tk,
+                    gr,
+                    p.o[2],
+                    beta,
+                    dvi,
+                    p.dvs[2],
+                );
                 // dS (in s1)
                 ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first);
                 // dQ = dS·K, dK = dSᵀ·Q
-                sgemm_st(false, false, rows, p.d, kn, 1.0, sb1.as_ptr(), tk, ki, p.k[2], 0.0, dqi.add(r0 * p.dq[2]), p.dq[2]);
-                sgemm_st(true, false, kn, p.d, rows, 1.0, sb1.as_ptr(), tk, qr, p.q[2], beta, dki, p.dk[2]);
+                sgemm_st(
+                    false,
+                    false,
+                    rows,
+                    p.d,
+                    kn,
+                    1.0,
+                    sb1.as_ptr(),
+                    tk,
+                    ki,
+                    p.k[2],
+                    0.0,
+                    dqi.add(r0 * p.dq[2]),
+                    p.dq[2],
+                );
+                sgemm_st(
+                    true,
+                    false,
+                    kn,
+                    p.d,
+                    rows,
+                    1.0,
+                    sb1.as_ptr(),
+                    tk,
+                    qr,
+                    p.q[2],
+                    beta,
+                    dki,
+                    p.dk[2],
+                );
             }
         }
     });
@@ -284,38 +404,95 @@ mod tests {
         let n = b * h * t * d;
         let mut rng = Rng::new(21);
         let (q, k, v, dout) = (rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n));
-        let mask: Vec<f32> = rng.vec_f32(b * t).iter().map(|x| if *x > 0.8 { -1e4 } else { *x }).collect();
-        for (causal, dp, with_mask) in [(false, 0.0f32, true), (true, 0.0, false), (true, 0.3, false), (false, 0.5, true)] {
+        let mask: Vec<f32> =
+            rng.vec_f32(b * t).iter().map(|x| if *x > 0.8 { -1e4 } else { *x }).collect();
+        for (causal, dp, with_mask) in
+            [(false, 0.0f32, true), (true, 0.0, false), (true, 0.3, false), (false, 0.5, true)]
+        {
             let cfg = ra::AttnCfg { scale: 0.25, causal, dropout_p: dp, seed: 77, offset: 1000 };
             let dims = ra::AttnDims { bh: b * h, tq: t, tk: t, d, dv: d };
             let full = [b, h, t, t];
             let mv = MaskView::new(&mask, &[b, 1, 1, t], &full);
             let (mut o0, mut p0) = (vec![0.0; n], vec![0.0; b * h * t * t]);
-            ra::attention_forward(&mut o0, &mut p0, &q, &k, &v, &dims, &cfg, with_mask.then_some(&mv));
+            ra::attention_forward(
+                &mut o0,
+                &mut p0,
+                &q,
+                &k,
+                &v,
+                &dims,
+                &cfg,
+                with_mask.then_some(&mv),
+            );
             let c = contig(t, d, h);
             let plan = AttnPlan {
-                b, h, tq: t, tk: t, d, dv: d, scale: 0.25, causal, dropout_p: dp, offset: 1000,
-                q: c, k: c, v: c, o: c, dq: c, dk: c, dvs: c,
+                b,
+                h,
+                tq: t,
+                tk: t,
+                d,
+                dv: d,
+                scale: 0.25,
+                causal,
+                dropout_p: dp,
+                offset: 1000,
+                q: c,
+                k: c,
+                v: c,
+                o: c,
+                dq: c,
+                dk: c,
+                dvs: c,
                 mask: with_mask.then(|| MaskMap::new(&[b, 1, 1, t], &full)),
             };
             let (mut o1, mut p1) = (vec![f32::NAN; n], vec![f32::NAN; b * h * t * t]);
             let mut ws = vec![0.0; plan.backward_workspace(2)];
             unsafe {
-                attention_forward(&pool, &plan, o1.as_mut_ptr(), &mut p1, q.as_ptr(), k.as_ptr(), v.as_ptr(), with_mask.then_some(&mask[..]), 77, &mut ws);
+                attention_forward(
+                    &pool,
+                    &plan,
+                    o1.as_mut_ptr(),
+                    &mut p1,
+                    q.as_ptr(),
+                    k.as_ptr(),
+                    v.as_ptr(),
+                    with_mask.then_some(&mask[..]),
+                    77,
+                    &mut ws,
+                );
             }
             let check = |a: &[f32], r: &[f32], what: &str| {
                 let scale = r.iter().fold(0f32, |m, x| m.max(x.abs()));
                 for (i, (x, y)) in a.iter().zip(r).enumerate() {
-                    assert!((x - y).abs() <= 2e-5 * scale, "{what} causal={causal} p={dp} [{i}]: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 2e-5 * scale,
+                        "{what} causal={causal} p={dp} [{i}]: {x} vs {y}"
+                    );
                 }
             };
             check(&p1, &p0, "probs");
             check(&o1, &o0, "out");
             let (mut dq0, mut dk0, mut dv0) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            ra::attention_backward(&mut dq0, &mut dk0, &mut dv0, &dout, &q, &k, &v, &p0, &dims, &cfg);
-            let (mut dq1, mut dk1, mut dv1) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+            ra::attention_backward(
+                &mut dq0, &mut dk0, &mut dv0, &dout, &q, &k, &v, &p0, &dims, &cfg,
+            );
+            let (mut dq1, mut dk1, mut dv1) =
+                (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
             unsafe {
-                attention_backward(&pool, &plan, dq1.as_mut_ptr(), dk1.as_mut_ptr(), dv1.as_mut_ptr(), dout.as_ptr(), q.as_ptr(), k.as_ptr(), v.as_ptr(), &p0, 77, &mut ws);
+                attention_backward(
+                    &pool,
+                    &plan,
+                    dq1.as_mut_ptr(),
+                    dk1.as_mut_ptr(),
+                    dv1.as_mut_ptr(),
+                    dout.as_ptr(),
+                    q.as_ptr(),
+                    k.as_ptr(),
+                    v.as_ptr(),
+                    &p0,
+                    77,
+                    &mut ws,
+                );
             }
             check(&dq1, &dq0, "dq");
             check(&dk1, &dk0, "dk");

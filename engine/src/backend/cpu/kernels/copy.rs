@@ -76,7 +76,13 @@ pub unsafe fn copy_strided(
 ///
 /// # Safety
 /// As [`copy_strided`]'s destination.
-pub unsafe fn fill_strided(pool: &Pool, dst: *mut f32, shape: &[usize], strides: &[usize], value: f32) {
+pub unsafe fn fill_strided(
+    pool: &Pool,
+    dst: *mut f32,
+    shape: &[usize],
+    strides: &[usize],
+    value: f32,
+) {
     let n: usize = shape.iter().product();
     let d = SyncPtr(dst);
     pool.for_ranges(n, 1 << 15, 1, &|r| {
@@ -108,7 +114,17 @@ mod tests {
         let src_strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
         let dst_strides = [5 * 33 * 64, 33 * 64, 64, 1];
         let mut got = vec![f32::NAN; x.len()];
-        unsafe { copy_strided(&pool, x.as_ptr(), &out_shape, &src_strides, got.as_mut_ptr(), &out_shape, &dst_strides) };
+        unsafe {
+            copy_strided(
+                &pool,
+                x.as_ptr(),
+                &out_shape,
+                &src_strides,
+                got.as_mut_ptr(),
+                &out_shape,
+                &dst_strides,
+            )
+        };
         assert_eq!(got, want);
         // Strided fill: every other column.
         let mut y = vec![1.0f32; 8];

@@ -438,7 +438,13 @@ mod tests {
     fn dropout_mask_and_values_are_bit_identical_to_the_reference() {
         let p = pool();
         let x = Rng::new(3).vec_f32(N);
-        for (prob, seed, offset) in [(0.1f32, 42u64, 0u64), (0.5, 7, 12345), (0.0, 1, 0), (1.0, 1, 5), (0.3333, u64::MAX, 1 << 40)] {
+        for (prob, seed, offset) in [
+            (0.1f32, 42u64, 0u64),
+            (0.5, 7, 12345),
+            (0.0, 1, 0),
+            (1.0, 1, 5),
+            (0.3333, u64::MAX, 1 << 40),
+        ] {
             let mut want = vec![0.0; N];
             rdrop::dropout_forward(&mut want, &x, prob, seed, offset);
             let mut got = vec![f32::NAN; N];
@@ -462,7 +468,10 @@ mod tests {
         let pool = pool();
         let mut rng = Rng::new(21);
         for &(rows, n) in &[(3usize, 7usize), (200, 3072)] {
-            let (x, bias) = (rng.vec_f32(rows * n).iter().map(|v| 3.0 * v).collect::<Vec<f32>>(), rng.vec_f32(n));
+            let (x, bias) = (
+                rng.vec_f32(rows * n).iter().map(|v| 3.0 * v).collect::<Vec<f32>>(),
+                rng.vec_f32(n),
+            );
             for approx in [GeluApprox::Erf, GeluApprox::Tanh] {
                 let mut want_pre = vec![0f32; rows * n];
                 add::add_forward(&mut want_pre, &x, &bias);

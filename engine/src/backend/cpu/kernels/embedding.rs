@@ -14,14 +14,25 @@ use crate::ops::OpError;
 /// Checks every id against the table's `v` rows.
 pub fn check_ids(ids: &[i64], v: usize) -> Result<(), OpError> {
     match ids.iter().position(|&id| id < 0 || id as usize >= v) {
-        Some(position) => Err(OpError::IndexOutOfRange { op: "embedding", index: ids[position], position, limit: v }),
+        Some(position) => Err(OpError::IndexOutOfRange {
+            op: "embedding",
+            index: ids[position],
+            position,
+            limit: v,
+        }),
         None => Ok(()),
     }
 }
 
 /// out[n, :] = table[ids[n], :]
 // out: (N, C); ids: (N); table: (V, C)
-pub fn embedding_forward(pool: &Pool, out: &mut [f32], ids: &[i64], table: &[f32], c: usize) -> Result<(), OpError> {
+pub fn embedding_forward(
+    pool: &Pool,
+    out: &mut [f32],
+    ids: &[i64],
+    table: &[f32],
+    c: usize,
+) -> Result<(), OpError> {
     check_ids(ids, table.len() / c)?;
     let o = SyncPtr(out.as_mut_ptr());
     pool.for_ranges(ids.len(), ((1 << 15) / c).max(1), 1, &|r| {
@@ -50,7 +61,13 @@ multiversion!(fn scatter_chunk<>(dtable: *mut f32, ids: &[i64], dout: &[f32], c:
 
 /// dtable[v, :] = Σ_{n: ids[n] = v} dout[n, :] (zero for ids that do not occur).
 // dtable: (V, C); ids: (N); dout: (N, C)
-pub fn embedding_backward(pool: &Pool, dtable: &mut [f32], ids: &[i64], dout: &[f32], c: usize) -> Result<(), OpError> {
+pub fn embedding_backward(
+    pool: &Pool,
+    dtable: &mut [f32],
+    ids: &[i64],
+    dout: &[f32],
+    c: usize,
+) -> Result<(), OpError> {
     let v = dtable.len() / c;
     check_ids(ids, v)?;
     let p = SyncPtr(dtable.as_mut_ptr());
@@ -78,7 +95,9 @@ mod tests {
         for &(v, c, n) in &[(1000usize, 64usize, 300usize), (7, 3, 10), (50, 768, 64)] {
             let mut rng = Rng::new(v as u64);
             let table = rng.vec_f32(v * c);
-            let ids: Vec<i64> = (0..n).map(|i| if i % 3 == 0 { 5 % v as i64 } else { rng.below(v) as i64 }).collect();
+            let ids: Vec<i64> = (0..n)
+                .map(|i| if i % 3 == 0 { 5 % v as i64 } else { rng.below(v) as i64 })
+                .collect();
             let mut want = vec![0.0; n * c];
             remb::embedding_forward(&mut want, &ids, &table, c).unwrap();
             let mut got = vec![f32::NAN; n * c];

@@ -38,7 +38,12 @@ pub fn check_labels(labels: &[i64], v: usize, ignore_index: i64) -> Result<usize
             continue;
         }
         if l < 0 || l as usize >= v {
-            return Err(OpError::IndexOutOfRange { op: "cross_entropy", index: l, position, limit: v });
+            return Err(OpError::IndexOutOfRange {
+                op: "cross_entropy",
+                index: l,
+                position,
+                limit: v,
+            });
         }
         count += 1;
     }
@@ -57,13 +62,26 @@ multiversion!(fn fwd_chunk<>(losses: &mut [f32], logits: &[f32], labels: &[i64],
 /// reference's 0/0). Per-row losses go to `ws` and are summed in row order, so the result does
 /// not depend on the thread count.
 // logits: (R, V); labels: (R); ws: (R)
-pub fn cross_entropy_forward(pool: &Pool, logits: &[f32], labels: &[i64], v: usize, ignore_index: i64, ws: &mut [f32]) -> Result<f32, OpError> {
+pub fn cross_entropy_forward(
+    pool: &Pool,
+    logits: &[f32],
+    labels: &[i64],
+    v: usize,
+    ignore_index: i64,
+    ws: &mut [f32],
+) -> Result<f32, OpError> {
     let rows = labels.len();
     let count = check_labels(labels, v, ignore_index)?;
     let wp = SyncPtr(ws.as_mut_ptr());
     pool.for_ranges(rows, ((1 << 14) / v).max(1), 1, &|r| {
         // SAFETY: row ranges are disjoint and inside `ws`.
-        fwd_chunk(unsafe { wp.slice(r.clone()) }, &logits[r.start * v..r.end * v], &labels[r], v, ignore_index)
+        fwd_chunk(
+            unsafe { wp.slice(r.clone()) },
+            &logits[r.start * v..r.end * v],
+            &labels[r],
+            v,
+            ignore_index,
+        )
     });
     let mut sum = 0f32;
     for &l in &ws[..rows] {
@@ -98,7 +116,14 @@ fn bwd_row(drow: &mut [f32], row: Option<&[f32]>, y: i64, g: f32, ignore_index: 
     drow[y as usize] -= g;
 }
 #[inline(always)]
-fn bwd_rows(dlogits: &mut [f32], logits: Option<&[f32]>, labels: &[i64], v: usize, g: f32, ignore_index: i64) {
+fn bwd_rows(
+    dlogits: &mut [f32],
+    logits: Option<&[f32]>,
+    labels: &[i64],
+    v: usize,
+    g: f32,
+    ignore_index: i64,
+) {
     for (r, (drow, &y)) in dlogits.chunks_exact_mut(v).zip(labels).enumerate() {
         bwd_row(drow, logits.map(|l| &l[r * v..(r + 1) * v]), y, g, ignore_index);
     }
@@ -109,7 +134,15 @@ multiversion!(fn bwd_chunk<>(dlogits: &mut [f32], logits: Option<&[f32]>, labels
 /// `dlogits` holds the logits on entry (in place).
 // dlogits, logits: (R, V); labels: (R)
 #[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_backward(pool: &Pool, dlogits: &mut [f32], dloss: f32, logits: Option<&[f32]>, labels: &[i64], v: usize, ignore_index: i64) -> Result<(), OpError> {
+pub fn cross_entropy_backward(
+    pool: &Pool,
+    dlogits: &mut [f32],
+    dloss: f32,
+    logits: Option<&[f32]>,
+    labels: &[i64],
+    v: usize,
+    ignore_index: i64,
+) -> Result<(), OpError> {
     let count = check_labels(labels, v, ignore_index)?;
     let g = dloss / count.max(1) as f32;
     let rows = labels.len();
@@ -117,7 +150,14 @@ pub fn cross_entropy_backward(pool: &Pool, dlogits: &mut [f32], dloss: f32, logi
     pool.for_ranges(rows, ((1 << 14) / v).max(1), 1, &|r| {
         let s = r.start * v..r.end * v;
         // SAFETY: row ranges are disjoint and inside `dlogits`.
-        bwd_chunk(unsafe { dp.slice(s.clone()) }, logits.map(|l| &l[s]), &labels[r], v, g, ignore_index)
+        bwd_chunk(
+            unsafe { dp.slice(s.clone()) },
+            logits.map(|l| &l[s]),
+            &labels[r],
+            v,
+            g,
+            ignore_index,
+        )
     });
     Ok(())
 }
@@ -134,7 +174,8 @@ mod tests {
         let (r, v) = (67usize, 1000usize);
         let mut rng = Rng::new(9);
         let logits: Vec<f32> = rng.vec_f32(r * v).iter().map(|x| 4.0 * x).collect();
-        let labels: Vec<i64> = (0..r).map(|i| if i % 5 == 3 { -100 } else { rng.below(v) as i64 }).collect();
+        let labels: Vec<i64> =
+            (0..r).map(|i| if i % 5 == 3 { -100 } else { rng.below(v) as i64 }).collect();
         let want = rce::cross_entropy_forward(&logits, &labels, v, -100).unwrap();
         let mut ws = vec![0.0; r];
         let got = cross_entropy_forward(&pool, &logits, &labels, v, -100, &mut ws).unwrap();
@@ -152,6 +193,8 @@ mod tests {
             assert!((a - b).abs() <= 1e-6 * scale, "[{i}] {a} vs {b}");
         }
         assert!(cross_entropy_forward(&pool, &logits, &[v as i64; 67], v, -100, &mut ws).is_err());
-        assert!(cross_entropy_forward(&pool, &logits, &[-100; 67], v, -100, &mut ws).unwrap().is_nan());
+        assert!(cross_entropy_forward(&pool, &logits, &[-100; 67], v, -100, &mut ws)
+            .unwrap()
+            .is_nan());
     }
 }

@@ -39,12 +39,24 @@ pub fn rows_workspace(use_: RowUse, m: usize, n: usize, k: usize) -> usize {
 }
 
 /// dst[i, :w] = src[rows[i], c0..c0 + w] (rows `ld` apart), split over the pool.
-unsafe fn gather(pool: &Pool, dst: *mut f32, src: *const f32, ld: usize, rows: &[u32], c0: usize, w: usize) {
+unsafe fn gather(
+    pool: &Pool,
+    dst: *mut f32,
+    src: *const f32,
+    ld: usize,
+    rows: &[u32],
+    c0: usize,
+    w: usize,
+) {
     let (d, s) = (SyncPtr(dst), SyncPtr(src as *mut f32));
     pool.for_ranges(rows.len(), ((1 << 14) / w.max(1)).max(1), 1, &|r| {
         for i in r {
             // SAFETY: row i of dst is this task's; the source rows are only read.
-            std::ptr::copy_nonoverlapping(s.ptr().add(rows[i] as usize * ld + c0), d.ptr().add(i * w), w);
+            std::ptr::copy_nonoverlapping(
+                s.ptr().add(rows[i] as usize * ld + c0),
+                d.ptr().add(i * w),
+                w,
+            );
         }
     });
 }
@@ -55,7 +67,11 @@ unsafe fn scatter(pool: &Pool, dst: *mut f32, ld: usize, src: *const f32, rows: 
     pool.for_ranges(rows.len(), ((1 << 14) / w.max(1)).max(1), 1, &|r| {
         for i in r {
             // SAFETY: the selected rows are distinct, so each destination row is one task's.
-            std::ptr::copy_nonoverlapping(s.ptr().add(i * w), d.ptr().add(rows[i] as usize * ld), w);
+            std::ptr::copy_nonoverlapping(
+                s.ptr().add(i * w),
+                d.ptr().add(rows[i] as usize * ld),
+                w,
+            );
         }
     });
 }
@@ -116,7 +132,13 @@ impl MatMulPlan {
     /// these strides; None when an operand is not a (row- or column-major) matrix or C's rows
     /// are not contiguous.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(ta: bool, tb: bool, a: (&[usize], &[usize]), b: (&[usize], &[usize]), c: (&[usize], &[usize])) -> Option<Self> {
+    pub fn new(
+        ta: bool,
+        tb: bool,
+        a: (&[usize], &[usize]),
+        b: (&[usize], &[usize]),
+        c: (&[usize], &[usize]),
+    ) -> Option<Self> {
         let (ra, rb, rc) = (a.0.len(), b.0.len(), c.0.len());
         let (m, n) = (c.0[rc - 2], c.0[rc - 1]);
         let k = if ta { a.0[ra - 2] } else { a.0[ra - 1] };
@@ -136,14 +158,26 @@ impl MatMulPlan {
             let rows = |shape: &[usize], strides: &[usize], ld: usize| {
                 let r = shape.len();
                 let st: Vec<isize> = strides[..r - 1].iter().map(|&s| s as isize).collect();
-                reshape_strides(&shape[..r - 1], &st, &[batch * m]).is_some_and(|s| batch * m == 1 || s[0] == ld as isize)
+                reshape_strides(&shape[..r - 1], &st, &[batch * m])
+                    .is_some_and(|s| batch * m == 1 || s[0] == ld as isize)
             };
             if rows(a.0, a.1, lda) && rows(c.0, c.1, ldc) {
-                return Some(MatMulPlan { m: batch * m, n, k, ta, tb, lda, ldb, ldc, offs: vec![(0, 0, 0)] });
+                return Some(MatMulPlan {
+                    m: batch * m,
+                    n,
+                    k,
+                    ta,
+                    tb,
+                    lda,
+                    ldb,
+                    ldc,
+                    offs: vec![(0, 0, 0)],
+                });
             }
         }
         let ao = batch_offsets(batch_dims, &a.1[..ra - 2]);
-        let bo = if b_shared { vec![0; batch] } else { batch_offsets(&b.0[..rb - 2], &b.1[..rb - 2]) };
+        let bo =
+            if b_shared { vec![0; batch] } else { batch_offsets(&b.0[..rb - 2], &b.1[..rb - 2]) };
         let co = batch_offsets(&c.0[..rc - 2], &c.1[..rc - 2]);
         let offs = (0..batch).map(|i| (ao[i], bo[i], co[i])).collect();
         Some(MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs })
@@ -168,9 +202,15 @@ impl MatMulPlan {
             if self.small() {
                 naive(self, a, b, c);
             } else if par {
-                sgemm_par(pool, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0, c, self.ldc);
+                sgemm_par(
+                    pool, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb,
+                    0.0, c, self.ldc,
+                );
             } else {
-                sgemm_st(self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0, c, self.ldc);
+                sgemm_st(
+                    self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0,
+                    c, self.ldc,
+                );
             }
         };
         if batch == 1 || (batch < t && flops >= 1 << 22) || t == 1 {
@@ -211,7 +251,16 @@ impl MatMulPlan {
     /// # Safety
     /// As [`MatMulPlan::run`]; [`MatMulPlan::supports_rows`] holds; `ws` has
     /// [`rows_workspace`] elements.
-    pub unsafe fn run_rows(&self, pool: &Pool, a: *const f32, b: *const f32, c: *mut f32, sel: &[u32], use_: RowUse, ws: &mut [f32]) {
+    pub unsafe fn run_rows(
+        &self,
+        pool: &Pool,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        sel: &[u32],
+        use_: RowUse,
+        ws: &mut [f32],
+    ) {
         let (m, n, k) = (self.m, self.n, self.k);
         let w = ws.as_mut_ptr();
         match use_ {
@@ -226,7 +275,8 @@ impl MatMulPlan {
                                 j += 1;
                             } else {
                                 // SAFETY: row `row` of C is this task's.
-                                std::slice::from_raw_parts_mut(cp.ptr().add(row * self.ldc), n).fill(0.0);
+                                std::slice::from_raw_parts_mut(cp.ptr().add(row * self.ldc), n)
+                                    .fill(0.0);
                             }
                         }
                     });
@@ -234,7 +284,22 @@ impl MatMulPlan {
                 let (wa, wc) = (w, w.add(ROW_CHUNK * k));
                 for chunk in sel.chunks(ROW_CHUNK) {
                     gather(pool, wa, a, self.lda, chunk, 0, k);
-                    sgemm_par(pool, false, self.tb, chunk.len(), n, k, 1.0, wa, k, b, self.ldb, 0.0, wc, n);
+                    sgemm_par(
+                        pool,
+                        false,
+                        self.tb,
+                        chunk.len(),
+                        n,
+                        k,
+                        1.0,
+                        wa,
+                        k,
+                        b,
+                        self.ldb,
+                        0.0,
+                        wc,
+                        n,
+                    );
                     scatter(pool, c, self.ldc, wc, chunk, n);
                 }
             }
@@ -255,7 +320,22 @@ impl MatMulPlan {
                     while m0 < m {
                         let mc = SPARSE_K_COLS.min(m - m0);
                         gather(pool, wa, a, self.lda, sel, m0, mc);
-                        sgemm_par(pool, true, false, mc, n, nnz, 1.0, wa, mc, wb, n, 0.0, c.add(m0 * self.ldc), self.ldc);
+                        sgemm_par(
+                            pool,
+                            true,
+                            false,
+                            mc,
+                            n,
+                            nnz,
+                            1.0,
+                            wa,
+                            mc,
+                            wb,
+                            n,
+                            0.0,
+                            c.add(m0 * self.ldc),
+                            self.ldc,
+                        );
                         m0 += mc;
                     }
                 } else {
@@ -265,7 +345,22 @@ impl MatMulPlan {
                     while n0 < n {
                         let nc = SPARSE_K_COLS.min(n - n0);
                         gather(pool, wb, b, self.ldb, sel, n0, nc);
-                        sgemm_par(pool, true, false, m, nc, nnz, 1.0, wa, m, wb, nc, 0.0, c.add(n0), self.ldc);
+                        sgemm_par(
+                            pool,
+                            true,
+                            false,
+                            m,
+                            nc,
+                            nnz,
+                            1.0,
+                            wa,
+                            m,
+                            wb,
+                            nc,
+                            0.0,
+                            c.add(n0),
+                            self.ldc,
+                        );
                         n0 += nc;
                     }
                 }
@@ -308,7 +403,14 @@ mod tests {
     fn contiguous_operands_match_the_reference() {
         let pool = Pool::new(2);
         let mut rng = Rng::new(3);
-        for &(batch, m, n, k) in &[(1usize, 1usize, 1usize, 1usize), (3, 5, 7, 9), (4, 64, 48, 80), (2, 130, 20, 300), (16, 1, 32, 1), (1, 256, 256, 64)] {
+        for &(batch, m, n, k) in &[
+            (1usize, 1usize, 1usize, 1usize),
+            (3, 5, 7, 9),
+            (4, 64, 48, 80),
+            (2, 130, 20, 300),
+            (16, 1, 32, 1),
+            (1, 256, 256, 64),
+        ] {
             for ta in [false, true] {
                 for tb in [false, true] {
                     for shared in [false, true] {
@@ -321,7 +423,10 @@ mod tests {
                         let mut want = vec![0.0; batch * m * n];
                         matmul_loops(&mut want, &a, &b, &d);
                         let a_shape = [batch, if ta { k } else { m }, if ta { m } else { k }];
-                        let b_shape: Vec<usize> = if shared { vec![] } else { vec![batch] }.into_iter().chain(if tb { [n, k] } else { [k, n] }).collect();
+                        let b_shape: Vec<usize> = if shared { vec![] } else { vec![batch] }
+                            .into_iter()
+                            .chain(if tb { [n, k] } else { [k, n] })
+                            .collect();
                         let c_shape = [batch, m, n];
                         let plan = MatMulPlan::new(
                             ta,
@@ -357,19 +462,39 @@ mod tests {
             let a = rng.vec_f32(r * k);
             let b = rng.vec_f32(k * n);
             let b_shape = if tb { [n, k] } else { [k, n] };
-            let plan = MatMulPlan::new(false, tb, (&[r, k], &cs(&[r, k])), (&b_shape, &cs(&b_shape)), (&[r, n], &cs(&[r, n]))).unwrap();
+            let plan = MatMulPlan::new(
+                false,
+                tb,
+                (&[r, k], &cs(&[r, k])),
+                (&b_shape, &cs(&b_shape)),
+                (&[r, n], &cs(&[r, n])),
+            )
+            .unwrap();
             assert!(plan.supports_rows(RowUse::Dead, r));
             let mut dense = vec![0.0; r * n];
             unsafe { plan.run(&pool, a.as_ptr(), b.as_ptr(), dense.as_mut_ptr()) };
             let mut ws = vec![0.0; rows_workspace(RowUse::Zero, r, n, k)];
             let mut z = vec![f32::NAN; r * n];
-            unsafe { plan.run_rows(&pool, a.as_ptr(), b.as_ptr(), z.as_mut_ptr(), &sel, RowUse::Zero, &mut ws) };
+            unsafe {
+                plan.run_rows(
+                    &pool,
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    z.as_mut_ptr(),
+                    &sel,
+                    RowUse::Zero,
+                    &mut ws,
+                )
+            };
             for row in 0..r {
                 let picked = sel.contains(&(row as u32));
                 for j in 0..n {
                     let (x, y) = (z[row * n + j], dense[row * n + j]);
                     if picked {
-                        assert!((x - y).abs() <= 4.0 * k as f32 * f32::EPSILON, "tb={tb} [{row},{j}] {x} vs {y}");
+                        assert!(
+                            (x - y).abs() <= 4.0 * k as f32 * f32::EPSILON,
+                            "tb={tb} [{row},{j}] {x} vs {y}"
+                        );
                     } else {
                         assert_eq!(x, 0.0);
                     }
@@ -386,15 +511,35 @@ mod tests {
                     b[row * n..(row + 1) * n].fill(0.0);
                 }
             }
-            let plan = MatMulPlan::new(true, false, (&[r, m], &cs(&[r, m])), (&[r, n], &cs(&[r, n])), (&[m, n], &cs(&[m, n]))).unwrap();
+            let plan = MatMulPlan::new(
+                true,
+                false,
+                (&[r, m], &cs(&[r, m])),
+                (&[r, n], &cs(&[r, n])),
+                (&[m, n], &cs(&[m, n])),
+            )
+            .unwrap();
             assert!(plan.supports_rows(RowUse::SparseK, r));
             let mut dense = vec![0.0; m * n];
             unsafe { plan.run(&pool, a.as_ptr(), b.as_ptr(), dense.as_mut_ptr()) };
             let mut ws = vec![0.0; rows_workspace(RowUse::SparseK, m, n, r)];
             let mut s = vec![f32::NAN; m * n];
-            unsafe { plan.run_rows(&pool, a.as_ptr(), b.as_ptr(), s.as_mut_ptr(), &sel, RowUse::SparseK, &mut ws) };
+            unsafe {
+                plan.run_rows(
+                    &pool,
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    s.as_mut_ptr(),
+                    &sel,
+                    RowUse::SparseK,
+                    &mut ws,
+                )
+            };
             for (x, y) in s.iter().zip(&dense) {
-                assert!((x - y).abs() <= 4.0 * sel.len() as f32 * f32::EPSILON, "{m}x{n}: {x} vs {y}");
+                assert!(
+                    (x - y).abs() <= 4.0 * sel.len() as f32 * f32::EPSILON,
+                    "{m}x{n}: {x} vs {y}"
+                );
             }
         }
     }
@@ -408,7 +553,7 @@ mod tests {
         let c = h * d;
         let mut rng = Rng::new(4);
         let qkv = rng.vec_f32(b * t * 3 * c); // (B, T, 3C)
-        // q = qkv[..., :C] as (B, H, T, D): strides (T·3C, D, 3C, 1); k at offset C.
+                                              // q = qkv[..., :C] as (B, H, T, D): strides (T·3C, D, 3C, 1); k at offset C.
         let shape = [b, h, t, d];
         let st = [t * 3 * c, d, 3 * c, 1];
         let gather = |off: usize| -> Vec<f32> {
@@ -425,11 +570,19 @@ mod tests {
             v
         };
         let (q, k) = (gather(0), gather(c));
-        let dims = MatMulDims { batch: b * h, m: t, n: t, k: d, ta: false, tb: true, b_batched: true };
+        let dims =
+            MatMulDims { batch: b * h, m: t, n: t, k: d, ta: false, tb: true, b_batched: true };
         let mut want = vec![0.0; b * h * t * t];
         matmul_loops(&mut want, &q, &k, &dims);
         let c_shape = [b, h, t, t];
-        let plan = MatMulPlan::new(false, true, (&shape, &st), (&shape, &st), (&c_shape, &us(&contiguous_strides(&c_shape)))).unwrap();
+        let plan = MatMulPlan::new(
+            false,
+            true,
+            (&shape, &st),
+            (&shape, &st),
+            (&c_shape, &us(&contiguous_strides(&c_shape))),
+        )
+        .unwrap();
         assert_eq!((plan.lda, plan.ldb, plan.offs.len()), (3 * c, 3 * c, b * h));
         let mut got = vec![0.0; want.len()];
         unsafe { plan.run(&pool, qkv.as_ptr(), qkv.as_ptr().add(c), got.as_mut_ptr()) };
@@ -437,18 +590,42 @@ mod tests {
             assert!((x - y).abs() <= 1e-5);
         }
         // kᵀ as a folded permute (B, H, D, T): column-major, so tb flips.
-        let kt_strides = us(&permute_strides(&st.iter().map(|&s| s as isize).collect::<Vec<_>>(), &[0, 1, 3, 2]));
+        let kt_strides = us(&permute_strides(
+            &st.iter().map(|&s| s as isize).collect::<Vec<_>>(),
+            &[0, 1, 3, 2],
+        ));
         let kt_shape = [b, h, d, t];
-        let plan2 = MatMulPlan::new(false, false, (&shape, &st), (&kt_shape, &kt_strides), (&c_shape, &us(&contiguous_strides(&c_shape)))).unwrap();
+        let plan2 = MatMulPlan::new(
+            false,
+            false,
+            (&shape, &st),
+            (&kt_shape, &kt_strides),
+            (&c_shape, &us(&contiguous_strides(&c_shape))),
+        )
+        .unwrap();
         assert!(plan2.tb);
         let mut got2 = vec![0.0; want.len()];
         unsafe { plan2.run(&pool, qkv.as_ptr(), qkv.as_ptr().add(c), got2.as_mut_ptr()) };
         assert_eq!(got, got2);
         // Rows of the batch flatten into one GEMM with a shared weight.
         let w = rng.vec_f32(c * 5);
-        let plan3 = MatMulPlan::new(false, false, (&[b, t, c], &[t * 3 * c, 3 * c, 1]), (&[c, 5], &[5, 1]), (&[b, t, 5], &[t * 5, 5, 1])).unwrap();
+        let plan3 = MatMulPlan::new(
+            false,
+            false,
+            (&[b, t, c], &[t * 3 * c, 3 * c, 1]),
+            (&[c, 5], &[5, 1]),
+            (&[b, t, 5], &[t * 5, 5, 1]),
+        )
+        .unwrap();
         assert_eq!((plan3.m, plan3.offs.len()), (b * t, 1));
-        let plan4 = MatMulPlan::new(false, false, (&[b, t, c], &[t * 3 * c + 1, 3 * c, 1]), (&[c, 5], &[5, 1]), (&[b, t, 5], &[t * 5, 5, 1])).unwrap();
+        let plan4 = MatMulPlan::new(
+            false,
+            false,
+            (&[b, t, c], &[t * 3 * c + 1, 3 * c, 1]),
+            (&[c, 5], &[5, 1]),
+            (&[b, t, 5], &[t * 5, 5, 1]),
+        )
+        .unwrap();
         assert_eq!((plan4.m, plan4.offs.len()), (t, b));
         let _ = w;
     }

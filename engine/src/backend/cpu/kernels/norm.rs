@@ -12,7 +12,15 @@ fn min_rows(c: usize) -> usize {
 }
 
 #[inline(always)]
-fn fwd_rows(y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], b: &[f32], eps: f32) {
+fn fwd_rows(
+    y: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+) {
     let c = w.len();
     let inv_c = 1.0 / c as f32;
     for (r, (xr, yr)) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)).enumerate() {
@@ -44,11 +52,21 @@ multiversion!(fn fwd_chunk<>(y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], 
 /// y = (x − mean)·rstd·w + b per row, rstd = 1/√(var + eps) (biased variance).
 // y, x: (R, C); mean, rstd: (R); w, b: (C)
 #[allow(clippy::too_many_arguments)]
-pub fn layernorm_forward(pool: &Pool, y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], b: &[f32], eps: f32) {
+pub fn layernorm_forward(
+    pool: &Pool,
+    y: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+) {
     let c = w.len();
     let rows = mean.len();
     assert!(y.len() == rows * c && x.len() == rows * c && rstd.len() == rows && b.len() == c);
-    let (yp, mp, sp) = (SyncPtr(y.as_mut_ptr()), SyncPtr(mean.as_mut_ptr()), SyncPtr(rstd.as_mut_ptr()));
+    let (yp, mp, sp) =
+        (SyncPtr(y.as_mut_ptr()), SyncPtr(mean.as_mut_ptr()), SyncPtr(rstd.as_mut_ptr()));
     pool.for_ranges(rows, min_rows(c), 1, &|r| {
         // SAFETY: row ranges are disjoint; each task writes its rows of y, mean and rstd only.
         unsafe {
@@ -69,7 +87,17 @@ pub fn layernorm_forward(pool: &Pool, y: &mut [f32], mean: &mut [f32], rstd: &mu
 /// then LayerNorm of s while the row is in cache.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn add_fwd_rows(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+fn add_fwd_rows(
+    s: &mut [f32],
+    x: Option<&[f32]>,
+    r: &[f32],
+    y: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+) {
     let c = w.len();
     for row in 0..mean.len() {
         let e = row * c..(row + 1) * c;
@@ -96,22 +124,65 @@ multiversion!(fn add_fwd_chunk<>(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y:
 /// (the plan put the sum over a dying operand) and b is added in place.
 // sum, y, a, b: (R, C); mean, rstd: (R); w, bias: (C)
 #[allow(clippy::too_many_arguments)]
-pub fn add_layernorm_forward(pool: &Pool, sum: &mut [f32], y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], a: Option<&[f32]>, b: &[f32], w: &[f32], bias: &[f32], eps: f32) {
+pub fn add_layernorm_forward(
+    pool: &Pool,
+    sum: &mut [f32],
+    y: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    a: Option<&[f32]>,
+    b: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    eps: f32,
+) {
     let c = w.len();
     let rows = mean.len();
-    assert!(sum.len() == rows * c && y.len() == rows * c && b.len() == rows * c && rstd.len() == rows && bias.len() == c);
+    assert!(
+        sum.len() == rows * c
+            && y.len() == rows * c
+            && b.len() == rows * c
+            && rstd.len() == rows
+            && bias.len() == c
+    );
     assert!(a.is_none_or(|a| a.len() == rows * c));
-    let (sp, yp, mp, rp) = (SyncPtr(sum.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), SyncPtr(mean.as_mut_ptr()), SyncPtr(rstd.as_mut_ptr()));
+    let (sp, yp, mp, rp) = (
+        SyncPtr(sum.as_mut_ptr()),
+        SyncPtr(y.as_mut_ptr()),
+        SyncPtr(mean.as_mut_ptr()),
+        SyncPtr(rstd.as_mut_ptr()),
+    );
     pool.for_ranges(rows, min_rows(c), 1, &|r| {
         let e = r.start * c..r.end * c;
         // SAFETY: row ranges are disjoint; each task writes its rows of sum, y, mean, rstd.
-        unsafe { add_fwd_chunk(sp.slice(e.clone()), a.map(|a| &a[e.clone()]), &b[e.clone()], yp.slice(e), mp.slice(r.clone()), rp.slice(r.clone()), w, bias, eps) }
+        unsafe {
+            add_fwd_chunk(
+                sp.slice(e.clone()),
+                a.map(|a| &a[e.clone()]),
+                &b[e.clone()],
+                yp.slice(e),
+                mp.slice(r.clone()),
+                rp.slice(r.clone()),
+                w,
+                bias,
+                eps,
+            )
+        }
     });
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn bwd_rows(dx: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32], w: &[f32], mean: &[f32], rstd: &[f32]) {
+fn bwd_rows(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+) {
     let c = w.len();
     let inv_c = 1.0 / c as f32;
     for r in 0..mean.len() {
@@ -120,7 +191,9 @@ fn bwd_rows(dx: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32
         let mut a1 = [0f32; simd::LANES];
         let mut a2 = [0f32; simd::LANES];
         let full = c / simd::LANES * simd::LANES;
-        let lanes = |(xc, dyc, wc, dwc, dbc): (&[f32], &[f32], &[f32], &mut [f32], &mut [f32]), a1: &mut [f32; simd::LANES], a2: &mut [f32; simd::LANES]| {
+        let lanes = |(xc, dyc, wc, dwc, dbc): (&[f32], &[f32], &[f32], &mut [f32], &mut [f32]),
+                     a1: &mut [f32; simd::LANES],
+                     a2: &mut [f32; simd::LANES]| {
             for l in 0..xc.len() {
                 let norm = (xc[l] - m) * s;
                 let dnorm = dyc[l] * wc[l];
@@ -139,7 +212,11 @@ fn bwd_rows(dx: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32
         {
             lanes((xc, dyc, wc, dwc, dbc), &mut a1, &mut a2);
         }
-        lanes((&xr[full..], &dyr[full..], &w[full..], &mut dw[full..c], &mut db[full..c]), &mut a1, &mut a2);
+        lanes(
+            (&xr[full..], &dyr[full..], &w[full..], &mut dw[full..c], &mut db[full..c]),
+            &mut a1,
+            &mut a2,
+        );
         let dnorm_mean = simd::sum(&a1) * inv_c;
         let dnorm_norm_mean = simd::sum(&a2) * inv_c;
         let dxr = &mut dx[r * c..(r + 1) * c];
@@ -161,11 +238,27 @@ pub fn backward_workspace(threads: usize, c: usize) -> usize {
 /// db = Σ dy (rows summed per thread in `ws`, then the threads' partials in thread order).
 // dx, dy, x: (R, C); dw, db, w: (C); mean, rstd: (R); ws: (threads, 2, C)
 #[allow(clippy::too_many_arguments)]
-pub fn layernorm_backward(pool: &Pool, dx: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32], w: &[f32], mean: &[f32], rstd: &[f32], ws: &mut [f32]) {
+pub fn layernorm_backward(
+    pool: &Pool,
+    dx: &mut [f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    ws: &mut [f32],
+) {
     let c = w.len();
     let rows = mean.len();
     let t = pool.threads();
-    assert!(dx.len() == rows * c && dy.len() == rows * c && x.len() == rows * c && ws.len() >= 2 * c * t);
+    assert!(
+        dx.len() == rows * c
+            && dy.len() == rows * c
+            && x.len() == rows * c
+            && ws.len() >= 2 * c * t
+    );
     let parts = super::super::pool::chunks(rows, t, min_rows(c), 1);
     let per = rows.div_ceil(parts.max(1));
     let (dxp, wsp) = (SyncPtr(dx.as_mut_ptr()), SyncPtr(ws.as_mut_ptr()));
@@ -221,7 +314,10 @@ mod tests {
             let check = |a: &[f32], b: &[f32], what: &str| {
                 let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    assert!((x - y).abs() <= 2e-5 * scale + 1e-30, "{what} ({rows}x{c}) [{i}]: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 2e-5 * scale + 1e-30,
+                        "{what} ({rows}x{c}) [{i}]: {x} vs {y}"
+                    );
                 }
             };
             check(&y1, &y0, "y");
@@ -248,7 +344,8 @@ mod tests {
             let mut rng = Rng::new(rows as u64 * 17 + c as u64);
             let (a, b) = (rng.vec_f32(rows * c), rng.vec_f32(rows * c));
             let (w, bias) = (rng.vec_f32(c), rng.vec_f32(c));
-            let (mut s0, mut y0, mut m0, mut r0) = (vec![0.0; rows * c], vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+            let (mut s0, mut y0, mut m0, mut r0) =
+                (vec![0.0; rows * c], vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
             rln::add_layernorm_forward(&mut s0, &mut y0, &mut m0, &mut r0, &a, &b, &w, &bias, 1e-5);
             let scale = y0.iter().fold(0f32, |m, v| m.max(v.abs()));
             for mode in 0..3 {
@@ -256,23 +353,41 @@ mod tests {
                 let sum = match mode {
                     0 => {
                         let mut s = vec![f32::NAN; rows * c];
-                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, Some(&a), &b, &w, &bias, 1e-5);
+                        add_layernorm_forward(
+                            &pool,
+                            &mut s,
+                            &mut y,
+                            &mut m,
+                            &mut r,
+                            Some(&a),
+                            &b,
+                            &w,
+                            &bias,
+                            1e-5,
+                        );
                         s
                     }
                     1 => {
                         let mut s = a.clone();
-                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, None, &b, &w, &bias, 1e-5);
+                        add_layernorm_forward(
+                            &pool, &mut s, &mut y, &mut m, &mut r, None, &b, &w, &bias, 1e-5,
+                        );
                         s
                     }
                     _ => {
                         let mut s = b.clone();
-                        add_layernorm_forward(&pool, &mut s, &mut y, &mut m, &mut r, None, &a, &w, &bias, 1e-5);
+                        add_layernorm_forward(
+                            &pool, &mut s, &mut y, &mut m, &mut r, None, &a, &w, &bias, 1e-5,
+                        );
                         s
                     }
                 };
                 assert_eq!(sum, s0, "sum ({rows}x{c}, mode {mode})");
                 for (i, (x, want)) in y.iter().zip(&y0).enumerate() {
-                    assert!((x - want).abs() <= 2e-5 * scale, "y ({rows}x{c}, mode {mode}) [{i}]: {x} vs {want}");
+                    assert!(
+                        (x - want).abs() <= 2e-5 * scale,
+                        "y ({rows}x{c}, mode {mode}) [{i}]: {x} vs {want}"
+                    );
                 }
                 for (x, want) in m.iter().zip(&m0).chain(r.iter().zip(&r0)) {
                     assert!((x - want).abs() <= 2e-5 * want.abs().max(1.0), "stats: {x} vs {want}");

@@ -200,7 +200,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);  // Cephes: 5.0000001201e-1
+    p = p.mul_add(r, 0.5); // Cephes: 5.0000001201e-1
     let y = (p * r).mul_add(r, r) + 1.0;
     let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     let v = y * scale;
@@ -286,7 +286,8 @@ mod tests {
 
     #[test]
     fn reductions_match_sequential_sums() {
-        let x: Vec<f32> = (0..1001).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01 + 0.001).collect();
+        let x: Vec<f32> =
+            (0..1001).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01 + 0.001).collect();
         let s: f64 = x.iter().map(|&v| v as f64).sum();
         assert!((sum(&x) as f64 - s).abs() < 1e-4);
         let d: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();

@@ -26,14 +26,20 @@ impl MaskMap {
     pub fn new(mask_shape: &[usize], full: &[usize]) -> Self {
         let rank = full.len();
         let pad = rank - mask_shape.len();
-        let shape: Vec<usize> = (0..rank).map(|d| if d < pad { 1 } else { mask_shape[d - pad] }).collect();
+        let shape: Vec<usize> =
+            (0..rank).map(|d| if d < pad { 1 } else { mask_shape[d - pad] }).collect();
         let mut strides = vec![0; rank];
         let mut s = 1;
         for d in (0..rank).rev() {
             strides[d] = if shape[d] == 1 { 0 } else { s };
             s *= shape[d];
         }
-        MaskMap { last_stride: strides[rank - 1], strides: strides[..rank - 1].to_vec(), row_dims: full[..rank - 1].to_vec(), len: s }
+        MaskMap {
+            last_stride: strides[rank - 1],
+            strides: strides[..rank - 1].to_vec(),
+            row_dims: full[..rank - 1].to_vec(),
+            len: s,
+        }
     }
 
     /// Offset into the mask of row `row` (flat over the leading dims of the full shape).
@@ -81,7 +87,16 @@ pub fn softmax_row_in_place(y: &mut [f32], valid: usize) {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn fwd_rows(y: &mut [f32], x: &[f32], n: usize, scale: f32, causal: bool, tq: usize, row0: usize, mask: Option<(&[f32], &MaskMap)>) {
+fn fwd_rows(
+    y: &mut [f32],
+    x: &[f32],
+    n: usize,
+    scale: f32,
+    causal: bool,
+    tq: usize,
+    row0: usize,
+    mask: Option<(&[f32], &MaskMap)>,
+) {
     for (k, (xr, yr)) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)).enumerate() {
         let r = row0 + k;
         match mask {
@@ -107,12 +122,30 @@ multiversion!(fn fwd_chunk<>(y: &mut [f32], x: &[f32], n: usize, scale: f32, cau
 /// sees entries j ≤ it.
 // y, x: (R, N); mask: broadcastable to (…, Tq, N)
 #[allow(clippy::too_many_arguments)]
-pub fn softmax_forward(pool: &Pool, y: &mut [f32], x: &[f32], n: usize, scale: f32, causal: bool, tq: usize, mask: Option<(&[f32], &MaskMap)>) {
+pub fn softmax_forward(
+    pool: &Pool,
+    y: &mut [f32],
+    x: &[f32],
+    n: usize,
+    scale: f32,
+    causal: bool,
+    tq: usize,
+    mask: Option<(&[f32], &MaskMap)>,
+) {
     let rows = x.len() / n;
     let yp = SyncPtr(y.as_mut_ptr());
     pool.for_ranges(rows, ((1 << 13) / n).max(1), 1, &|r| {
         // SAFETY: row ranges are disjoint and inside `y`.
-        fwd_chunk(unsafe { yp.slice(r.start * n..r.end * n) }, &x[r.start * n..r.end * n], n, scale, causal, tq, r.start, mask)
+        fwd_chunk(
+            unsafe { yp.slice(r.start * n..r.end * n) },
+            &x[r.start * n..r.end * n],
+            n,
+            scale,
+            causal,
+            tq,
+            r.start,
+            mask,
+        )
     });
 }
 
@@ -183,9 +216,21 @@ mod tests {
                 rsm::softmax_forward(&mut want, &x, t, 0.7, causal, t, use_mask.then_some(&mv));
                 let mm = MaskMap::new(&[b, 1, 1, t], &full);
                 let mut got = vec![f32::NAN; x.len()];
-                softmax_forward(&pool, &mut got, &x, t, 0.7, causal, t, use_mask.then_some((&mask[..], &mm)));
+                softmax_forward(
+                    &pool,
+                    &mut got,
+                    &x,
+                    t,
+                    0.7,
+                    causal,
+                    t,
+                    use_mask.then_some((&mask[..], &mm)),
+                );
                 for (i, (a, w)) in got.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= 2e-7 + 4.0 * f32::EPSILON * w, "fwd causal={causal} [{i}]: {a} vs {w}");
+                    assert!(
+                        (a - w).abs() <= 2e-7 + 4.0 * f32::EPSILON * w,
+                        "fwd causal={causal} [{i}]: {a} vs {w}"
+                    );
                 }
                 let mut dx0 = vec![0.0; x.len()];
                 rsm::softmax_backward(&mut dx0, &want, &dy, t, 0.7);
@@ -204,7 +249,11 @@ mod tests {
     #[test]
     fn mask_map_matches_mask_view() {
         let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
-        for (ms, full) in [(vec![2usize, 1, 3], vec![2usize, 2, 3]), (vec![2, 1], vec![2, 2, 3]), (vec![3], vec![4, 3])] {
+        for (ms, full) in [
+            (vec![2usize, 1, 3], vec![2usize, 2, 3]),
+            (vec![2, 1], vec![2, 2, 3]),
+            (vec![3], vec![4, 3]),
+        ] {
             let n: usize = ms.iter().product();
             let mv = MaskView::new(&data[..n], &ms, &full);
             let mm = MaskMap::new(&ms, &full);
