@@ -18,7 +18,10 @@ use ortbench_engine::optim::{AdamW, AdamWConfig, ParamMirror, Segment};
 use ortbench_models::{param_specs, spec::builtin_config};
 
 /// torch's `_single_tensor_adamw` for one tensor at step `t` (weight decay when `decay`).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "torch's fused AdamW takes each tensor list and hyperparameter"
+)]
 fn adamw_tensor(
     p: &mut [f32],
     g: &[f32],

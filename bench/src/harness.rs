@@ -566,7 +566,7 @@ fn execute(
 
     let mut row = base_row(spec);
     row.wall_s = Some(wall_s);
-    row.final_loss = steps.iter().filter(|s| s.rank == 0).last().map(|s| s.loss);
+    row.final_loss = steps.iter().rfind(|s| s.rank == 0).map(|s| s.loss);
     let max_rss_kb = procs.iter().filter_map(|p| p.exit).map(|(_, rss, _)| rss).max().unwrap_or(0);
     if spec.device == "cpu" {
         // Peak RSS of the worker (of the largest rank process), also for runs that failed.

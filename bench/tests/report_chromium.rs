@@ -135,7 +135,7 @@ fn the_report_renders_in_headless_chromium() {
     ] {
         let near = px
             .iter()
-            .filter(|p| p.iter().zip(rgb).all(|(a, b)| (*a as i32 - b as i32).abs() <= 6))
+            .filter(|p| p.iter().zip(rgb).all(|(a, b)| (*a as i32 - b).abs() <= 6))
             .count();
         assert!(near >= 200, "{config}'s colour {rgb:?} covers only {near} pixels");
     }

@@ -176,7 +176,7 @@ pub fn from_virtual_env(venv: &Path) -> Option<TorchWheel> {
             Some((minor, e.path()))
         })
         .collect();
-    pythons.sort_by(|a, b| b.0.cmp(&a.0));
+    pythons.sort_by_key(|p| std::cmp::Reverse(p.0));
     pythons
         .iter()
         .find_map(|(_, p)| TorchWheel::at(&p.join("site-packages/torch"), Source::VirtualEnv))

@@ -210,7 +210,9 @@ impl DataSource {
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| err(format!("not a safetensors file: {e}")))?;
-        let read_i64 = |name: &str| -> Result<Option<(Vec<usize>, Vec<i64>)>, ModelError> {
+        /// A tensor's shape and values.
+        type Int64Tensor = (Vec<usize>, Vec<i64>);
+        let read_i64 = |name: &str| -> Result<Option<Int64Tensor>, ModelError> {
             let Ok(view) = st.tensor(name) else { return Ok(None) };
             if view.dtype() != Dtype::I64 {
                 return Err(err(format!("'{name}' must be int64, found {:?}", view.dtype())));
@@ -587,7 +589,10 @@ impl DataSource {
 /// Synthetic rows also get [CLS] … [SEP] like tokenized text, and those are never selected;
 /// nor is any position where `mask` is 0 (padding, and special tokens when the data marks them:
 /// HF's collator excludes both through `special_tokens_mask`).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "DataCollatorForLanguageModeling's inputs and probabilities, each used once"
+)]
 fn mask_tokens(
     mut ids: Vec<i64>,
     mask: Option<&[i64]>,

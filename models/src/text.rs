@@ -376,12 +376,15 @@ fn pad_id(cfg: &ModelConfig, tok: &tokenizers::Tokenizer) -> Result<i64, ModelEr
 
 /// Labels as the task takes them: class ids (by `label2id` for strings), multi-hot 0/1 lists
 /// of `num_labels`, or float targets.
+type Labels = (Option<Vec<i64>>, Option<Vec<f32>>);
+
+/// Converts the labels a dataset gives into [`Labels`] for `problem`.
 fn convert_labels(
     cfg: &ModelConfig,
     given: &[LabelValue],
     num_labels: usize,
     problem: ProblemType,
-) -> Result<(Option<Vec<i64>>, Option<Vec<f32>>), String> {
+) -> Result<Labels, String> {
     let label2id = cfg.raw.get("label2id").and_then(Value::as_object);
     match problem {
         ProblemType::Regression => {
@@ -667,7 +670,7 @@ mod hf_tests {
             .map(|l| if *l == LabelValue::Str("positive".into()) { 1 } else { 0 })
             .collect();
         assert_eq!(b.labels, want);
-        assert!(b.has_padding() && data.seq_len % 8 == 0 && data.seq_len <= 64);
+        assert!(b.has_padding() && data.seq_len.is_multiple_of(8) && data.seq_len <= 64);
 
         // Masked LM on the corpus: [CLS]/[SEP]/padding never selected; [MASK] is the tokenizer's.
         let mlm = crate::spec::with_task(model.config.clone(), Some("masked-lm"), "x").unwrap();

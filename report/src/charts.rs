@@ -40,7 +40,7 @@ fn axis_decimals(lo: f64, hi: f64) -> usize {
 /// An axis number with `decimals` decimals; tiny or huge magnitudes in scientific notation.
 fn axis_number(v: f64, decimals: usize) -> String {
     let a = v.abs();
-    if v != 0.0 && (a < 1e-3 || a >= 1e7) {
+    if v != 0.0 && !(1e-3..1e7).contains(&a) {
         format!("{v:.2e}")
     } else {
         format!("{v:.decimals$}")
@@ -246,7 +246,7 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
 }
 
 /// Grouped bars: one group per model, one bar per config, the value printed above each bar.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the chart's data, labels and scale, each used once")]
 fn bar_chart(
     title: &str,
     y_desc: &str,

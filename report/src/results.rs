@@ -410,7 +410,7 @@ mod tests {
             loss_scale: 1.0,
             skipped: true,
         };
-        write_tables(dir.path(), &[r.clone()], &[s.clone()]).unwrap();
+        write_tables(dir.path(), std::slice::from_ref(&r), std::slice::from_ref(&s)).unwrap();
         std::fs::write(dir.path().join(RUN_JSON), "{}").unwrap();
         let run = load_run(dir.path()).unwrap();
         assert_eq!(run.result_rows().unwrap(), vec![r]);

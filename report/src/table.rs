@@ -33,7 +33,7 @@ pub fn mib(bytes: Option<u64>, decimals: usize) -> String {
 pub fn rel(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
-        Some(x) if x == 0.0 => "0".into(),
+        Some(0.0) => "0".into(),
         Some(x) => format!("{x:.1e}"),
     }
 }

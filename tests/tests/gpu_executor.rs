@@ -142,9 +142,12 @@ impl GpuDevice for Simt {
     }
 }
 
+/// A check run once per device: given the device's label and a way to open a fresh one.
+type PerDevice<'a> = dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>) + 'a;
+
 /// Runs `f` on the SIMT device at each (warp, order) given, or on the GPU under
 /// `ORTBENCH_KERNEL_DEVICE=cuda`.
-fn on_simt(simt: &[(u32, Order)], f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>)) {
+fn on_simt(simt: &[(u32, Order)], f: &PerDevice<'_>) {
     match std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() {
         Ok("cuda") => cuda(f),
         Ok("simt") | Err(_) => {
@@ -157,7 +160,7 @@ fn on_simt(simt: &[(u32, Order)], f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn D
     }
 }
 
-fn cuda(f: &dyn Fn(&str, &mut dyn FnMut() -> Box<dyn DeviceBox>)) {
+fn cuda(f: &PerDevice<'_>) {
     use ortbench_engine::backend::cuda::gpu::CudaGpu;
     f("cuda", &mut || {
         Box::new(CudaGpu::open(0).unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}")))
@@ -244,7 +247,10 @@ fn one_step(
 /// With `padded`: the graph takes HF's attention_mask and the batch is padded — row 0 on the
 /// right (its last 7 positions), row 1 on the left (its first 13: under GPT-2's causal mask
 /// those queries see no key at all, the kernels' zero-output path), labels −100 at padding.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the step's model, data, precision and device knobs the tests vary"
+)]
 fn one_step_with(
     name: &str,
     b: usize,
@@ -593,8 +599,8 @@ fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
                     ("C", al.c, s.stride_c, c_es),
                 ] {
                     let step = (stride.unsigned_abs() * e) as u32;
-                    if s.batch > 1 && step % 16 != 0 {
-                        assert!(got < 16 && step % got == 0, "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
+                    if s.batch > 1 && !step.is_multiple_of(16) {
+                        assert!(got < 16 && step.is_multiple_of(got), "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
                         small_strides.insert(format!("{what}: batch {} × {} B", s.batch, step));
                     } else {
                         assert!(
@@ -785,7 +791,8 @@ fn data_parallel_case(
 }
 
 /// Runs on the SIMT device only (each rank its own device; NCCL refuses two ranks on one GPU,
-/// so one GPU cannot host this). ~70 s a case on 2 cores (the harness's launches dominate).
+/// so one GPU cannot host this). Slow on the SIMT device: the harness's launches dominate
+/// (time: docs/measurements.md).
 /// Measured: fp32 parameters within 9.8e-7 (DDP × 2) and 4.6e-7 (ZeRO-1 × 3, padded) of one
 /// rank's, 3e-6 of the update in L2; bf16 ZeRO-1 × 2 within 1.3e-3 element-wise, 4.2e-3 of the
 /// update (an element whose gradient is bf16 rounding noise takes Adam's ±lr step its own way

@@ -133,13 +133,8 @@ fn check_padded(name: &str) {
     let max_grad_norm = f.expected["max_grad_norm"].as_f64().unwrap();
     let schedule = LrSchedule::Constant { warmup_steps: 0 };
 
-    let opts = TrainOptions {
-        lr,
-        weight_decay,
-        max_grad_norm,
-        schedule: schedule.clone(),
-        ..TrainOptions::default()
-    };
+    let opts =
+        TrainOptions { lr, weight_decay, max_grad_norm, schedule, ..TrainOptions::default() };
     let mut torch = TorchTrainer::new(&f.cfg, &f.weights, tch::Device::Cpu, opts).unwrap();
     check_steps(&format!("{name} pytorch"), &f, |i| {
         let s = torch.step(&f.data.batch(i)).unwrap();

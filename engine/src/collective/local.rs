@@ -318,7 +318,7 @@ mod tests {
         for world in 1..=4 {
             for total in [5, 999, 1024] {
                 let sh = Sharding::new(total, world, 4);
-                assert!(sh.padded() >= total && sh.padded() % (world * 4) == 0);
+                assert!(sh.padded() >= total && sh.padded().is_multiple_of(world * 4));
                 let out = on_ranks(world, |g| {
                     let mut send = data(g.rank(), total, 2);
                     send.resize(sh.padded(), 0.0);

@@ -34,7 +34,7 @@ pub fn take() -> Vec<(String, Duration, u64)> {
     let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rows: Vec<_> =
         t.take().unwrap_or_default().into_iter().map(|(k, (d, n))| (k, d, n)).collect();
-    rows.sort_by(|a, b| b.1.cmp(&a.1));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
     rows
 }
 

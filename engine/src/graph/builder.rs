@@ -680,7 +680,10 @@ impl Graph {
     /// node. The CPU kernels read the saved probabilities; the GPU kernels save the rows'
     /// log-sum-exp in `probs`' place instead and recompute the probabilities, for which they
     /// need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the attention node's inputs and attributes, as ops/attention.rs defines them"
+    )]
     pub(crate) fn attention_backward(
         &mut self,
         attrs: Op,

@@ -49,7 +49,10 @@ impl AttnCfg {
 // k: (BH, Tk, D)
 // v: (BH, Tk, Dv)
 // mask: broadcastable to (B, H, Tq, Tk)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the op's operands and dimensions, as torch's sdpa takes them"
+)]
 pub fn attention_forward<T: Real>(
     out: &mut [T],
     probs: &mut [T],
@@ -105,7 +108,10 @@ pub fn attention_forward<T: Real>(
 // dout: (BH, Tq, Dv)
 // q, k, v: as in attention_forward
 // probs: (BH, Tq, Tk)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the op's operands and dimensions, as torch's sdpa takes them"
+)]
 pub fn attention_backward<T: Real>(
     dq: &mut [T],
     dk: &mut [T],

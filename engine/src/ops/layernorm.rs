@@ -50,7 +50,7 @@ pub fn layernorm_forward<T: Real>(
 // mean, rstd: (R)
 // a, b: (R, C)
 // w, bias: (C)
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the op's operands and dimensions")]
 pub fn add_layernorm_forward<T: Real>(
     sum: &mut [T],
     y: &mut [T],
@@ -75,7 +75,7 @@ pub fn add_layernorm_forward<T: Real>(
 // dy, x: (R, C)
 // w: (C)
 // mean, rstd: (R)
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the op's operands and dimensions")]
 pub fn layernorm_backward<T: Real>(
     dx: &mut [T],
     dw: &mut [T],

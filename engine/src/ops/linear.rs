@@ -17,7 +17,7 @@ use super::Real;
 // x: (R, K)
 // w: (N, K) when tb, else (K, N)
 // bias: (N)
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the op's operands and dimensions")]
 pub fn linear_forward<T: Real>(
     y: &mut [T],
     pre: &mut [T],

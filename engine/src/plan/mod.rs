@@ -141,6 +141,11 @@ pub struct Buffer {
     pub workspace: bool,
 }
 
+/// A gradient copied into the flat gradient buffer: (tensor, offset, len) in elements.
+pub type GradCopy = (TensorId, usize, usize);
+/// A gradient range zeroed each step: (offset, len) in elements.
+pub type GradZeros = (usize, usize);
+
 /// The plan of one training graph.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -161,10 +166,10 @@ pub struct Plan {
     pub arena_len: usize,
     /// Bytes of every node output allocated separately (the reference executor's footprint).
     pub naive_bytes: usize,
-    /// Gradients copied into the flat gradient buffer at the end: (tensor, offset, len).
-    pub grad_copies: Vec<(TensorId, usize, usize)>,
+    /// Gradients copied into the flat gradient buffer at the end.
+    pub grad_copies: Vec<GradCopy>,
     /// Gradient ranges zeroed each step (parameters the loss does not depend on).
-    pub grad_zeros: Vec<(usize, usize)>,
+    pub grad_zeros: Vec<GradZeros>,
     pub loss: TensorId,
     /// Per tensor: bytes per element in the arena ([`Kernels::elem_bytes`]). Buffer offsets and
     /// lengths count 4-byte units; a tensor's place offset is its buffer's offset plus its
@@ -858,7 +863,7 @@ fn gradient_slots(
     ctx: &Ctx,
     groups: &Groups,
     last: &mut [Option<usize>],
-) -> (Vec<(TensorId, usize, usize)>, Vec<(usize, usize)>) {
+) -> (Vec<GradCopy>, Vec<GradZeros>) {
     let (g, end) = (ctx.g, ctx.g.nodes().len());
     let mut grad_copies = Vec::new();
     let mut grad_zeros = Vec::new();

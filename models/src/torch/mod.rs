@@ -211,6 +211,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::unnecessary_literal_unwrap, reason = "the test makes tch's panic on purpose")]
     fn a_tch_panic_gives_libtorch_s_message() {
         let e: Result<(), tch::TchError> = Err(tch::TchError::Torch(
             "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has \"80\" GiB\nException raised from malloc at c10/cuda/CUDACachingAllocator.cpp:1\nframe #0: x".into(),

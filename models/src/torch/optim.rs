@@ -271,7 +271,7 @@ mod tests {
             opt.zero_grad();
             assert!(params.iter().all(|p| !p.grad().defined()), "zero_grad sets gradients to None");
             // loss = Σ_i Σ p_i · r_i: the gradient of p_i is the random r_i.
-            let r: Vec<Tensor> = params.iter().map(|p| Tensor::randn_like(p)).collect();
+            let r: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
             let loss = params
                 .iter()
                 .zip(&r)

@@ -12,13 +12,12 @@
 //! (a thread-local setting, restored after each call on the caller's thread), the pure-Rust
 //! `gemm` crate with `Parallelism::None`, or a reference triple loop.
 //!
-//! Measured on the 2-core dev box (bench `bench_gemm_split`, bert-base shapes, idle machine):
-//! one 2-thread MKL call and two 1-thread MKL calls on halves of M on the pool both reach
-//! 290–325 GFLOP/s (one thread: 155–180). The split keeps MKL's OpenMP team idle — after a
-//! threaded call that team spin-waits (Intel OpenMP: KMP_BLOCKTIME, 200 ms), and any pool
-//! kernel that runs meanwhile loses half its core — so the split is what [`sgemm_par`] does.
-//! `ORTBENCH_GEMM_THREADS=library` switches to MKL's threads for comparison (measured on
-//! bert-base b8×s128: 2.6–2.7 s/step vs 2.45–2.5 s with the split).
+//! One 2-thread MKL call and two 1-thread MKL calls on halves of M on the pool reach about the
+//! same GEMM throughput (bench `bench_gemm_split`, bert-base shapes, idle machine). The split
+//! keeps MKL's OpenMP team idle — after a threaded call that team spin-waits (Intel OpenMP:
+//! KMP_BLOCKTIME, 200 ms), and any pool kernel that runs meanwhile loses half its core — so the
+//! split is what [`sgemm_par`] does. `ORTBENCH_GEMM_THREADS=library` switches to MKL's threads
+//! for comparison; bert-base's step was slower that way (figures: docs/measurements.md).
 
 use super::gemm::{self, GemmError, Provider};
 use super::pool::{Pool, SyncPtr};
@@ -78,7 +77,7 @@ pub(crate) fn init_worker_thread() {
 /// # Safety
 /// Every element of op(A), op(B) and C at these leading dimensions must be valid; C must not
 /// overlap A or B, and no other thread may touch C's elements during the call.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
 pub unsafe fn sgemm_st(
     ta: bool,
     tb: bool,
@@ -193,7 +192,7 @@ fn library_threads() -> bool {
 ///
 /// # Safety
 /// As [`sgemm_st`].
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
 pub unsafe fn sgemm_par(
     pool: &Pool,
     ta: bool,

@@ -1,8 +1,8 @@
 //! A small persistent thread pool for the CPU kernels of the planned executor.
 //!
 //! Why not Rayon or `std::thread::scope`: a training step runs ~1000 kernels, many of them a few
-//! tens of microseconds long. Spawning threads per op costs ~20–50 µs each (measured, see
-//! `PERF.md` numbers in the planned executor's docs), and Rayon's injector allocates job blocks,
+//! tens of microseconds long. Spawning threads per op costs about as much as such a kernel
+//! (figures: docs/measurements.md), and Rayon's injector allocates job blocks,
 //! which the executor's "no heap allocation inside a step" rule forbids. So: `threads − 1`
 //! workers created once, the calling thread as worker 0, static round-robin assignment of task
 //! indices (kernels split their work into `threads` equal chunks, so static is balanced), and a
@@ -277,7 +277,10 @@ impl<T> SyncPtr<T> {
     ///
     /// # Safety
     /// The range lies inside the buffer and no other live reference overlaps it.
-    #[allow(clippy::mut_from_ref)]
+    #[allow(
+        clippy::mut_from_ref,
+        reason = "the caller's disjoint range is the safety contract (documented); the pool hands out parts of one buffer to its threads"
+    )]
     pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(range.start), range.len())
     }

@@ -1,9 +1,9 @@
 //! Row-major f32 GEMM for the CPU backend: every matmul of the engine goes through here.
 //!
 //! Why a layer of its own: the CPU training step is GEMM-bound, so the GEMM library decides the
-//! CPU result. On the 2-core development machine (fp32 8192x768x3072) Intel MKL reaches
-//! ~300+ GFLOP/s, the pure-Rust `gemm` crate ~160, OpenBLAS ~65. Three providers, one chosen
-//! once (at first use) for the whole process:
+//! CPU result, and the libraries differ severalfold on the same machine (MKL fastest, OpenBLAS
+//! slowest; figures: docs/measurements.md). Three providers, one chosen once (at first use) for
+//! the whole process:
 //!
 //! - `mkl`: Intel MKL's single dynamic library `libmkl_rt`, loaded at run time with libloading,
 //!   so the crate builds and runs on machines without it. Searched in this order:
@@ -187,7 +187,7 @@ impl Provider {
     }
 
     /// `C = alpha·op(A)·op(B) + beta·C` with this provider; see [`sgemm`] for the arguments.
-    #[allow(clippy::too_many_arguments)] // BLAS-shaped on purpose: it mirrors cblas_sgemm.
+    #[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
     pub fn sgemm(
         &self,
         ta: Transpose,
@@ -215,7 +215,10 @@ impl Provider {
     }
 
     /// Strided batched GEMM with this provider; see [`sgemm_batched`] for the arguments.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "BLAS-shaped on purpose: cblas_sgemm's arguments and the batch strides"
+    )]
     pub fn sgemm_batched(
         &self,
         ta: Transpose,
@@ -275,7 +278,7 @@ impl Provider {
 /// `C = alpha·op(A)·op(B) + beta·C` on row-major f32 matrices, like `cblas_sgemm` with
 /// `CblasRowMajor`, on the active [`provider`]. `beta = 0` overwrites C (NaNs in C included).
 /// Slices may be longer than needed; leading dimensions are the distances between rows.
-#[allow(clippy::too_many_arguments)] // BLAS-shaped on purpose: it mirrors cblas_sgemm.
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
 pub fn sgemm(
     ta: Transpose,
     tb: Transpose,
@@ -298,7 +301,10 @@ pub fn sgemm(
 /// `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` where `X_i` starts at `i * stride_x` in `x`.
 /// A stride of 0 for A or B broadcasts one matrix over the batch. C matrices may interleave
 /// (e.g. heads of a `(B, T, H, D)` tensor); they are then computed one after the other.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "BLAS-shaped on purpose: cblas_sgemm's arguments and the batch strides"
+)]
 pub fn sgemm_batched(
     ta: Transpose,
     tb: Transpose,
@@ -324,7 +330,7 @@ pub fn sgemm_batched(
 }
 
 /// The naive reference (triple loop, f64 accumulation) that tests compare every provider with.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
 pub fn sgemm_reference(
     ta: Transpose,
     tb: Transpose,

@@ -56,7 +56,7 @@ struct Case {
 }
 
 impl Case {
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, reason = "one GEMM case: cblas_sgemm's arguments")]
     fn new(
         rng: &mut Rng,
         (ta, tb): (Transpose, Transpose),

@@ -97,7 +97,10 @@ multiversion!(fn drop_chunk<>(dst: &mut [f32], src: &[f32], m: DropMask, first: 
 /// In place over `rows` rows of `width` entries, `ld` apart: dp = dp·factor (when dropout),
 /// then ds = p ⊙ (dp − Σ dp ⊙ p)·scale per row.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
+)]
 fn ds_body(
     dp: &mut [f32],
     p: &[f32],
@@ -157,7 +160,10 @@ impl AttnPlan {
 /// contiguous; ws has [`AttnPlan::forward_workspace`] elements; out overlaps nothing else.
 // out: (B, H, Tq, Dv) strided; probs: (B, H, Tq, Tk); q: (B, H, Tq, D); k: (B, H, Tk, D);
 // v: (B, H, Tk, Dv); mask: broadcastable to (B, H, Tq, Tk)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
+)]
 pub unsafe fn attention_forward(
     pool: &Pool,
     p: &AttnPlan,
@@ -245,7 +251,10 @@ pub unsafe fn attention_forward(
 /// [`AttnPlan::backward_workspace`] elements.
 // dq: (B, H, Tq, D); dk: (B, H, Tk, D); dv: (B, H, Tk, Dv); dout: (B, H, Tq, Dv);
 // q, k, v: as in the forward; probs: (B, H, Tq, Tk)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
+)]
 pub unsafe fn attention_backward(
     pool: &Pool,
     p: &AttnPlan,

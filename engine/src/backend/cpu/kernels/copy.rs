@@ -47,7 +47,10 @@ impl<'a> Walk<'a> {
 /// # Safety
 /// Every addressed element is valid; the destination elements do not overlap the source and
 /// are not touched by anyone else during the call.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "source and destination each with their strides, as the op's layout gives them"
+)]
 pub unsafe fn copy_strided(
     pool: &Pool,
     src: *const f32,

@@ -133,7 +133,10 @@ multiversion!(fn bwd_chunk<>(dlogits: &mut [f32], logits: Option<&[f32]>, labels
 /// dlogits = dloss/count · (softmax(row) − onehot(label)), 0 on ignored rows. `logits = None`:
 /// `dlogits` holds the logits on entry (in place).
 // dlogits, logits: (R, V); labels: (R)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/cross_entropy.rs"
+)]
 pub fn cross_entropy_backward(
     pool: &Pool,
     dlogits: &mut [f32],

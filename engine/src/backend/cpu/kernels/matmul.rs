@@ -131,7 +131,10 @@ impl MatMulPlan {
     /// The plan of `op(a)·op(b)` for a (…, Ra, Ca), b (Rb, Cb) or (…, Rb, Cb), c (…, M, N) with
     /// these strides; None when an operand is not a (row- or column-major) matrix or C's rows
     /// are not contiguous.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a MatMul node's shapes, strides and transposes, each a GEMM argument"
+    )]
     pub fn new(
         ta: bool,
         tb: bool,
@@ -251,6 +254,7 @@ impl MatMulPlan {
     /// # Safety
     /// As [`MatMulPlan::run`]; [`MatMulPlan::supports_rows`] holds; `ws` has
     /// [`rows_workspace`] elements.
+    #[allow(clippy::too_many_arguments, reason = "as `run`, plus the row range and its workspace")]
     pub unsafe fn run_rows(
         &self,
         pool: &Pool,

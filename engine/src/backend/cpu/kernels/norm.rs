@@ -51,7 +51,10 @@ multiversion!(fn fwd_chunk<>(y: &mut [f32], mean: &mut [f32], rstd: &mut [f32], 
 
 /// y = (x − mean)·rstd·w + b per row, rstd = 1/√(var + eps) (biased variance).
 // y, x: (R, C); mean, rstd: (R); w, b: (C)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/layernorm.rs"
+)]
 pub fn layernorm_forward(
     pool: &Pool,
     y: &mut [f32],
@@ -86,7 +89,10 @@ pub fn layernorm_forward(
 /// Rows of the residual add + LayerNorm: s = x + r (or s += r in place when `x` is None),
 /// then LayerNorm of s while the row is in cache.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/layernorm.rs"
+)]
 fn add_fwd_rows(
     s: &mut [f32],
     x: Option<&[f32]>,
@@ -123,7 +129,10 @@ multiversion!(fn add_fwd_chunk<>(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y:
 /// add_layernorm_forward`; ORT's `SkipLayerNormalization`). `a` None: `sum` already holds a
 /// (the plan put the sum over a dying operand) and b is added in place.
 // sum, y, a, b: (R, C); mean, rstd: (R); w, bias: (C)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/layernorm.rs"
+)]
 pub fn add_layernorm_forward(
     pool: &Pool,
     sum: &mut [f32],
@@ -172,7 +181,11 @@ pub fn add_layernorm_forward(
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(
+    clippy::too_many_arguments,
+    clippy::type_complexity,
+    reason = "a kernel's operands and dimensions, as its reference in ops/layernorm.rs; the per-thread partial sums are a tuple of slices"
+)]
 fn bwd_rows(
     dx: &mut [f32],
     dw: &mut [f32],
@@ -237,7 +250,10 @@ pub fn backward_workspace(threads: usize, c: usize) -> usize {
 /// dx = rstd·(dnorm − mean(dnorm) − norm·mean(dnorm·norm)), dnorm = dy·w; dw = Σ dy·norm;
 /// db = Σ dy (rows summed per thread in `ws`, then the threads' partials in thread order).
 // dx, dy, x: (R, C); dw, db, w: (C); mean, rstd: (R); ws: (threads, 2, C)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/layernorm.rs"
+)]
 pub fn layernorm_backward(
     pool: &Pool,
     dx: &mut [f32],

@@ -77,17 +77,20 @@ fn detect() -> Level {
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident<$($g:ident: $bound:path),*>($($a:ident: $t:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
         $(#[$m])*
-        #[allow(clippy::too_many_arguments)]
+        #[allow(
+            clippy::too_many_arguments,
+            reason = "the macro forwards whatever the kernel it wraps takes"
+        )]
         $vis fn $name<$($g: $bound),*>($($a: $t),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
+                #[allow(clippy::too_many_arguments, reason = "the macro forwards whatever the kernel it wraps takes")]
                 unsafe fn v4<$($g: $bound),*>($($a: $t),*) $(-> $ret)? {
                     $body($($a),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
+                #[allow(clippy::too_many_arguments, reason = "the macro forwards whatever the kernel it wraps takes")]
                 unsafe fn v3<$($g: $bound),*>($($a: $t),*) $(-> $ret)? {
                     $body($($a),*)
                 }

@@ -86,7 +86,10 @@ pub fn softmax_row_in_place(y: &mut [f32], valid: usize) {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/softmax.rs"
+)]
 fn fwd_rows(
     y: &mut [f32],
     x: &[f32],
@@ -121,7 +124,10 @@ multiversion!(fn fwd_chunk<>(y: &mut [f32], x: &[f32], n: usize, scale: f32, cau
 /// y = softmax(x·scale + mask) over rows of `n`; with `causal`, row r is query r mod `tq` and
 /// sees entries j ≤ it.
 // y, x: (R, N); mask: broadcastable to (…, Tq, N)
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/softmax.rs"
+)]
 pub fn softmax_forward(
     pool: &Pool,
     y: &mut [f32],
