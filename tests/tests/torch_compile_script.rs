@@ -6,7 +6,8 @@
 //! a tensor it would not use is refused.
 //!
 //! Needs the venv's torch + transformers (`ORTBENCH_PYTHON`, which scripts/test sets; else the
-//! checkout's .venv). The compiled run takes ~1 min on 2 cores (inductor's C++ compile).
+//! checkout's .venv). The compiled run is the slow one: inductor compiles C++ (time:
+//! docs/measurements.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

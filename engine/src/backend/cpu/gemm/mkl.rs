@@ -352,9 +352,9 @@ fn short_version(full: &str) -> String {
 
 /// Pick MKL's OpenMP layer: `(layer to set, description, OpenMP library to keep loaded)`.
 ///
-/// Measured on the 2-core dev box (8192x768x3072): Intel layer alone 300–320 GFLOP/s; GNU
-/// layer when libtorch's `libgomp` is loaded 265–295; Intel layer forced with `libgomp`
-/// loaded ~160 (one thread: `libgomp`'s `omp_*` shadow `libiomp5`'s).
+/// With libtorch's `libgomp` loaded, the Intel layer forced runs on one thread (`libgomp`'s
+/// `omp_*` shadow `libiomp5`'s), while the GNU layer comes close to the Intel layer alone
+/// (figures: docs/measurements.md).
 #[cfg(unix)]
 fn choose_threading(dir: Option<&Path>) -> (Option<c_int>, String, Option<Library>) {
     use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_NOW};

@@ -11,7 +11,7 @@ use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::ops::gelu::GeluApprox;
 
 /// Elements per task below which an elementwise kernel stays on one thread (a pool wake-up
-/// costs ~5–20 µs; 32K f32 take ~5 µs).
+/// costs about as much as the work on 32K f32; figures: docs/measurements.md).
 pub const MIN_CHUNK: usize = 1 << 15;
 
 /// A unary formula y = f(x).
