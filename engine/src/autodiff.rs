@@ -75,9 +75,33 @@ fn requires_grad(g: &Graph) -> Vec<bool> {
 /// How many leading outputs carry gradients (the rest are saved statistics).
 fn differentiable_outputs(node: &Node) -> usize {
     match node.op {
+        // (y, saved statistics…), (out, probs), (y, pre-activation)
         Op::LayerNorm { .. } | Op::Attention { .. } | Op::Linear { .. } => 1,
+        // (sum, y, mean, rstd)
         Op::AddLayerNorm { .. } => 2,
-        _ => node.outputs.len(),
+        Op::Fill { .. }
+        | Op::Embedding
+        | Op::MatMul { .. }
+        | Op::BiasAdd
+        | Op::Add
+        | Op::Scale { .. }
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::Softmax { .. }
+        | Op::Dropout { .. }
+        | Op::Reshape
+        | Op::Permute { .. }
+        | Op::Split { .. }
+        | Op::Concat
+        | Op::CrossEntropy { .. }
+        | Op::EmbeddingBackward
+        | Op::ReduceSumLeading
+        | Op::GeluBackward { .. }
+        | Op::TanhBackward
+        | Op::LayerNormBackward
+        | Op::SoftmaxBackward { .. }
+        | Op::AttentionBackward { .. }
+        | Op::CrossEntropyBackward { .. } => node.outputs.len(),
     }
 }
 
@@ -223,7 +247,15 @@ fn rule(
             }
             vec![dsum, dsum, dw, db]
         }
-        op => {
+        // Backward-only ops: no double backward.
+        op @ (Op::EmbeddingBackward
+        | Op::ReduceSumLeading
+        | Op::GeluBackward { .. }
+        | Op::TanhBackward
+        | Op::LayerNormBackward
+        | Op::SoftmaxBackward { .. }
+        | Op::AttentionBackward { .. }
+        | Op::CrossEntropyBackward { .. }) => {
             return Err(GraphError::Autodiff(format!(
                 "{} has no gradient rule (double backward is not supported)",
                 op.name()

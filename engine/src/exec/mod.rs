@@ -155,6 +155,7 @@ impl<'g> RefExecutor<'g> {
             if let Some(t0) = t0 {
                 let key = match &node.op {
                     Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
+                    // Not a dispatch: every other op's profile row is its name.
                     op => op.name().to_string(),
                 };
                 profile::record(key, t0.elapsed());

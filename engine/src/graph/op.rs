@@ -145,7 +145,16 @@ impl Op {
             Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
                 format!("ignore_index={ignore_index}")
             }
-            _ => String::new(),
+            Op::Embedding
+            | Op::BiasAdd
+            | Op::Add
+            | Op::Tanh
+            | Op::Reshape
+            | Op::Concat
+            | Op::EmbeddingBackward
+            | Op::ReduceSumLeading
+            | Op::TanhBackward
+            | Op::LayerNormBackward => String::new(),
         }
     }
 

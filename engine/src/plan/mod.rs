@@ -36,6 +36,7 @@
 //! `computeStride` for the reshape view rule.
 
 pub mod layout;
+mod needs;
 pub mod rows;
 
 #[cfg(test)]
@@ -71,13 +72,29 @@ pub trait Kernels {
     fn name(&self) -> &'static str;
     /// Ok when the backend has a kernel for `node`, else [`PlanError::NoKernel`].
     fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError>;
-    /// Layout the kernel of `node` needs for its input `slot`.
-    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req;
-    /// Layout the kernel of `node` can write its output `slot` in.
-    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req;
+    /// Whether the kernel of `node` reads its input `slot`: false for an operand only another
+    /// backend's kernel reads (the plan then leaves its layout alone).
+    fn reads(&self, _g: &Graph, _node: usize, _slot: usize) -> bool {
+        true
+    }
+    /// Layout the kernel of `node` needs for its input `slot`: the op's ([`Op::read_req`],
+    /// the same for every backend), unless the kernel does not read it.
+    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        if self.reads(g, node, slot) {
+            g.nodes()[node].op.read_req(slot)
+        } else {
+            Req::Any
+        }
+    }
+    /// Layout the kernel of `node` can write its output `slot` in ([`Op::write_req`]).
+    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
+        g.nodes()[node].op.write_req(slot)
+    }
     /// Input slots whose buffer output 0 may overwrite (same shape, read and written element
-    /// by element or row by row), in order of preference.
-    fn inplace(&self, g: &Graph, node: usize) -> Vec<usize>;
+    /// by element or row by row), in order of preference ([`Op::inplace_inputs`]).
+    fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
+        g.nodes()[node].op.inplace_inputs().to_vec()
+    }
     /// f32 elements of scratch the kernel needs while it runs (0 for none).
     fn workspace(&self, g: &Graph, node: usize) -> usize;
     /// Bytes of one element of `t` as the backend stores it in the arena: 4 (f32 slots, the
@@ -449,6 +466,7 @@ fn derive(ctx: &Ctx, node: usize, from: TensorId, fl: &Lay, to: TensorId) -> Opt
                 Some(Lay { off: fl.off + st[i] as isize * ls, strides })
             }
         }
+        // Not a view op: its output is a tensor of its own (the caller asks of view nodes).
         _ => None,
     }
 }
@@ -670,6 +688,7 @@ fn choose_cut(ctx: &Ctx, fold: &[bool], members: &[TensorId]) -> usize {
         Op::Permute { .. } => 0,
         Op::Concat => 1,
         Op::Split { .. } => 2,
+        // Reshape, the last view op.
         _ => 3,
     };
     cands.sort_by_key(|&n| (rank(n), n));

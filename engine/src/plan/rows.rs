@@ -114,6 +114,7 @@ pub fn analyze(g: &Graph) -> RowPlan {
                         used = true;
                         None
                     }
+                    // Any other producer ends the walk: its rows are computed in full (safe).
                     _ => None,
                 };
                 match next {
@@ -158,6 +159,7 @@ pub fn analyze(g: &Graph) -> RowPlan {
                         {
                             Some(RowUse::Skip)
                         }
+                        // Any other consumer reads the zero rows in full (safe).
                         _ => None,
                     };
                     if let Some(r) = r {

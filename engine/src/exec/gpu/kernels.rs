@@ -12,7 +12,7 @@
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
 use crate::graph::{ElemType, Graph, Op, TensorKind};
-use crate::plan::{Kernels, PlanError, Req};
+use crate::plan::{Kernels, PlanError};
 use crate::DType;
 
 /// Rows of a column reduction one block walks (reduce.cu `column_sum_partial`, layernorm.cu
@@ -77,6 +77,7 @@ pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
             Op::Fill { .. } if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => {
                 d[n.outputs[0].index()] = DType::F32
             }
+            // Every other op's outputs are stored in the graph's dtype.
             _ => {}
         }
     }
@@ -117,7 +118,6 @@ impl Kernels for GpuKernels {
             backend: "gpu",
             why: why.to_string(),
         };
-        #[allow(unreachable_patterns)] // an op added to the IR without a kernel lands in `_`
         match &n.op {
             Op::Fill { .. }
             | Op::Embedding
@@ -161,7 +161,6 @@ impl Kernels for GpuKernels {
                     return Err(err(" without the forward's output among its inputs"));
                 }
             }
-            _ => return Err(err("")),
         }
         if n.outputs.iter().chain(&n.inputs).any(|&o| g.shape(o).len() > 8) {
             return Err(err(" for tensors of more than 8 dims"));
@@ -169,31 +168,7 @@ impl Kernels for GpuKernels {
         Ok(())
     }
 
-    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
-        match g.nodes()[node].op {
-            Op::MatMul { .. } => Req::Matrix,
-            Op::Linear { .. } if slot < 2 => Req::Matrix,
-            Op::Attention { .. } if slot < 3 => Req::Rows,
-            Op::AttentionBackward { .. } if slot < 4 || slot == 5 => Req::Rows,
-            Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => Req::Any,
-            _ => Req::Contig,
-        }
-    }
-
-    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
-        match g.nodes()[node].op {
-            Op::MatMul { .. } | Op::AttentionBackward { .. } => Req::Rows,
-            Op::Attention { .. } if slot == 0 => Req::Rows,
-            Op::Fill { .. } | Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat => {
-                Req::Any
-            }
-            _ => Req::Contig,
-        }
-    }
-
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
-        // Each kernel reads an element (or, for a row kernel, its whole row) before the thread
-        // that read it writes it: see the aliasing notes in engine/kernels/*.cu.
         let n = &g.nodes()[node];
         // Not over an input stored in another dtype: a parameter's f32 gradient summed from
         // half parts (tied weights) must not overwrite a half part.
@@ -205,15 +180,7 @@ impl Kernels for GpuKernels {
         {
             return vec![];
         }
-        match n.op {
-            Op::Add | Op::AddLayerNorm { .. } => vec![0, 1],
-            Op::BiasAdd | Op::Scale { .. } | Op::Tanh | Op::Dropout { .. } => vec![0],
-            Op::GeluBackward { .. }
-            | Op::TanhBackward
-            | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. } => vec![1],
-            _ => vec![],
-        }
+        n.op.inplace_inputs().to_vec()
     }
 
     fn elem_bytes(&self, g: &Graph, t: crate::graph::TensorId) -> usize {
@@ -277,7 +244,26 @@ impl Kernels for GpuKernels {
                 let q = g.shape(n.inputs[1]);
                 q[0] * q[1] * q[2]
             }
-            _ => 0,
+            Op::Fill { .. }
+            | Op::Embedding
+            | Op::BiasAdd
+            | Op::Add
+            | Op::Scale { .. }
+            | Op::Gelu { .. }
+            | Op::Tanh
+            | Op::LayerNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Dropout { .. }
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::Split { .. }
+            | Op::Concat
+            | Op::Attention { .. }
+            | Op::Linear { .. }
+            | Op::AddLayerNorm { .. }
+            | Op::GeluBackward { .. }
+            | Op::TanhBackward
+            | Op::SoftmaxBackward { .. } => 0,
         }
     }
 }

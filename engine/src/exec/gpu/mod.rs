@@ -484,6 +484,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
                     )
                     .map(|_| ())
                 }),
+                // The only ops that index with ids: embedding rows and cross-entropy labels.
                 _ => None,
             };
             if let Some(Err(source)) = res {
@@ -1011,6 +1012,7 @@ impl Resolver<'_> {
                         len,
                         vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)],
                     )],
+                    // Op::TanhBackward, the arm's other op.
                     _ => vec![self.ew(
                         &kn("tanh_backward", outs[0]),
                         len,
@@ -1201,6 +1203,7 @@ impl Resolver<'_> {
                         perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
                         perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>(),
                     ),
+                    // Op::Reshape, the arm's other op: the input as it is.
                     _ => (xs, self.strides(x).to_vec()),
                 };
                 let (ds, dst) = (g.shape(o).to_vec(), self.strides(o).to_vec());
@@ -1425,7 +1428,8 @@ impl Resolver<'_> {
                     ),
                 ]
             }
-            op => return Err(no(&format!(": {} has no GPU launch", op.name()))),
+            // The passes fuse GELU into its linear layer; `GpuKernels::check` refuses the rest.
+            Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),
         };
         Ok(calls)
     }
