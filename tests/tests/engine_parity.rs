@@ -330,9 +330,27 @@ fn check_training_curve(name: &str) {
         );
         assert!((t.grad_norm - f64::from(e.grad_norm)).abs() < 1e-3 * t.grad_norm);
     }
-    // After 10 updates of size ~lr the weights agree to a small fraction of lr.
+    // After 10 updates of size ~lr the weights agree to a small fraction of lr. First the same
+    // tensors by name, in order, with the same shapes: the zip below would pass over a missing
+    // one.
     let (tw, ew) = (torch.weights(), engine.weights().unwrap());
+    let names = |w: &Weights| w.tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    let (tn, en) = (names(&tw), names(&ew));
+    let only = |x: &[String], y: &[String]| {
+        x.iter().filter(|n| !y.contains(n)).cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(
+        tn,
+        en,
+        "{name}: {} torch vs {} engine tensors; only in torch: {:?}; only in the engine: {:?}",
+        tn.len(),
+        en.len(),
+        only(&tn, &en),
+        only(&en, &tn)
+    );
     for (a, b) in tw.tensors.iter().zip(&ew.tensors) {
+        assert_eq!(a.shape, b.shape, "{name}: {} shape", a.name);
+        assert_eq!(a.data.len(), b.data.len(), "{name}: {} length", a.name);
         let worst = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "{}: weights differ by {worst:e}", a.name);
     }

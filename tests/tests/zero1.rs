@@ -86,11 +86,36 @@ fn train_with(name: &str, world: usize, strategy: Strategy, precision: DType) ->
     }
 }
 
+/// The same tensors, by name and in order, with the same shapes: the value comparison below
+/// zips them, which would pass over a tensor missing on one side.
+fn assert_same_tensors(a: &Weights, b: &Weights, what: &str) {
+    let names = |w: &Weights| w.tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    let (na, nb) = (names(a), names(b));
+    let only = |x: &[String], y: &[String]| {
+        x.iter().filter(|n| !y.contains(n)).cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(
+        na,
+        nb,
+        "{what}: {} vs {} tensors; only in the first: {:?}; only in the second: {:?}",
+        na.len(),
+        nb.len(),
+        only(&na, &nb),
+        only(&nb, &na)
+    );
+    for (p, q) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!(p.shape, q.shape, "{what}: {} shape", p.name);
+        assert_eq!(p.data.len(), q.data.len(), "{what}: {} length", p.name);
+    }
+}
+
 fn assert_close(a: &RunOut, b: &RunOut, what: &str, weight_tol: f32) {
+    assert_eq!(a.losses.len(), b.losses.len(), "{what}: steps");
     for (k, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
         let rel = (x - y).abs() / x.abs();
         assert!(rel < 1e-5, "{what}: step {k}: {x} vs {y} (rel {rel:.1e})");
     }
+    assert_same_tensors(&a.weights, &b.weights, what);
     for (p, q) in a.weights.tensors.iter().zip(&b.weights.tensors) {
         let worst = p.data.iter().zip(&q.data).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst < weight_tol, "{what}: {} differs by {worst:e}", p.name);
