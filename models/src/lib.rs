@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod data;
+pub mod family;
 pub mod graph;
 pub mod onnx;
 pub mod params;

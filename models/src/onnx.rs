@@ -40,9 +40,10 @@ use ortbench_engine::graph::{GeluApprox, Graph, Op, TensorId, TensorKind};
 use prost::Message;
 
 use crate::config::{Family, ModelConfig};
+use crate::family::bert::graph as bert;
 use crate::graph::{
-    bert, GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK,
-    PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
+    GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK,
+    POSITION_IDS, TOKEN_TYPE_IDS,
 };
 use crate::ModelError;
 use proto::tensor_shape_proto::{dimension, Dimension};

@@ -20,8 +20,6 @@
 //! # let _ = loss; Ok(()) }
 //! ```
 
-pub mod bert;
-pub mod gpt2;
 pub mod train;
 
 use std::collections::HashMap;
@@ -33,6 +31,7 @@ use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 use crate::config::ProblemType;
 use crate::config::{Activation, Architecture, Family, ModelConfig};
 use crate::data::{Batch, Task};
+use crate::family::{bert::graph as bert, gpt2::graph as gpt2};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
 use crate::ModelError;

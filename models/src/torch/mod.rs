@@ -4,9 +4,7 @@
 //! global-norm clipping, dynamic loss scaling for fp16).
 
 mod autocast;
-mod bert;
-mod gpt2;
-mod layers;
+pub(crate) mod layers;
 mod optim;
 mod train;
 
@@ -20,6 +18,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::data::Batch;
+use crate::family::{bert::torch as bert, gpt2::torch as gpt2};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
 use crate::ModelError;
@@ -38,7 +37,7 @@ pub enum TorchModel {
 pub struct Vars(HashMap<String, Tensor>);
 
 impl Vars {
-    fn get(&self, name: &str) -> Tensor {
+    pub(crate) fn get(&self, name: &str) -> Tensor {
         // Every name comes from `param_specs`, which created the variables: a miss is a bug.
         self.0.get(name).unwrap_or_else(|| panic!("no variable {name}")).shallow_clone()
     }

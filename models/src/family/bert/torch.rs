@@ -2,11 +2,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{
+use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use crate::torch::layers::{
     activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear,
 };
-use super::Vars;
-use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use crate::torch::Vars;
 
 fn bert_config(cfg: &ModelConfig) -> &crate::config::BertConfig {
     match &cfg.family {

@@ -5,10 +5,10 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{
+use crate::config::{Architecture, BertConfig, Family, ModelConfig};
+use crate::graph::{
     BResult, Builder, GraphOptions, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
 };
-use crate::config::{Architecture, BertConfig, Family, ModelConfig};
 use crate::params::{untied_head_name, word_embedding_name};
 
 fn bert_config(cfg: &ModelConfig) -> &BertConfig {

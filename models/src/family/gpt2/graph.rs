@@ -4,8 +4,8 @@
 
 use ortbench_engine::graph::TensorId;
 
-use super::{BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
 use crate::config::{Family, Gpt2Config, ModelConfig};
+use crate::graph::{BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
 use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
 

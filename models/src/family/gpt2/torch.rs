@@ -2,11 +2,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{
+use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use crate::torch::layers::{
     activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm,
 };
-use super::Vars;
-use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use crate::torch::Vars;
 
 /// GPT2Block: ln_1 → GPT2Attention → residual, ln_2 → GPT2MLP → residual.
 struct Gpt2Block {

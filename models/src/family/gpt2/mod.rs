@@ -1,0 +1,5 @@
+//! GPT-2 (transformers/models/gpt2): its engine graph (`graph`) and its tch module (`torch`).
+
+pub(crate) mod graph;
+#[cfg(feature = "torch")]
+pub(crate) mod torch;
