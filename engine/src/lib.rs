@@ -18,6 +18,7 @@ pub mod parallel;
 pub mod passes;
 pub mod plan;
 pub mod session;
+pub mod step;
 pub mod torch_wheel;
 
 pub use dtype::DType;

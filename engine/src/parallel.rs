@@ -15,13 +15,17 @@
 //! is weighted by its share of the global batch's labelled tokens, so N ranks compute exactly
 //! the gradient of one rank on the whole global batch (an MLM batch has different label counts
 //! per rank; plain averaging of per-rank means would not).
+//!
+//! The step itself is [`crate::step::train_step`], the GPU session's too; here are what a CPU
+//! rank holds beside its session (the shard's optimizer, the loss scaler, planted faults).
 
 use std::ops::Range;
 
-use crate::collective::{Collective, CollectiveError, ReduceOp, Sharding};
+use crate::collective::{Collective, CollectiveError, Sharding};
 use crate::exec::Inputs;
-use crate::optim::{AdamW, LossScaler, ParamMirror, Segment};
-use crate::session::{SessionError, StepStats, TrainSession};
+use crate::optim::{AdamW, LossScaler, Segment};
+use crate::session::{CpuStep, GradFaults, SessionError, Shard, StepStats, TrainSession};
+use crate::step::{train_step, StepError};
 
 /// Shards are padded to a multiple of this many elements per rank (64-byte aligned f32).
 pub const SHARD_ALIGN: usize = 16;
@@ -40,6 +44,15 @@ pub enum ParallelError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+}
+
+impl From<StepError> for ParallelError {
+    fn from(e: StepError) -> Self {
+        match e {
+            StepError::Session(e) => ParallelError::Session(e),
+            StepError::Collective(e) => ParallelError::Collective(e),
+        }
+    }
 }
 
 /// ZeRO-1 state of one rank of N > 1 (one rank runs as DDP: it would shard nothing).
@@ -170,8 +183,9 @@ impl<C: Collective> DataParallel<C> {
         self.grad_fault = Some(factor);
     }
 
-    /// One step on this rank's slice of the global batch. `weight` is this rank's share of
-    /// the global batch's labelled tokens (1 on a single rank); every rank must call it.
+    /// One step on this rank's slice of the global batch ([`crate::step::train_step`] with this
+    /// rank's session and shard). `weight` is this rank's share of the global batch's labelled
+    /// tokens (1 on a single rank); every rank must call it.
     pub fn step(
         &mut self,
         inputs: &Inputs<'_>,
@@ -179,40 +193,14 @@ impl<C: Collective> DataParallel<C> {
         lr: f32,
         seed: u64,
     ) -> Result<StepStats, ParallelError> {
-        let scale = self.loss_scale();
-        // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
-        // where a GPU's would, which is what the all-reduced overflow check below catches.
-        let local = self.session.forward_backward_scaled(inputs, seed, scale)?;
-        if let Some(f) = self.grad_fault {
-            self.session.grads.iter_mut().for_each(|g| *g *= f);
-        }
-        if let Some(i) = self.fault.take() {
-            self.session.grads[i] = f32::INFINITY;
-        }
-        let inv_scale = 1.0 / scale;
-        let single = self.group.world_size() == 1 && weight == 1.0;
-        // The global loss is Σ_r weight_r · loss_r; gradients likewise. A rank whose slice has
-        // no labelled token (possible with small MLM batches) has a NaN mean loss of an empty
-        // set: it contributes nothing.
-        let mut loss = [if weight == 0.0 { 0.0 } else { local * weight }];
-        if !single {
-            self.group.all_reduce(&mut loss, ReduceOp::Sum)?;
-            if weight == 0.0 {
-                self.session.grads.fill(0.0);
-            } else {
-                for g in self.session.grads.iter_mut() {
-                    *g *= weight;
-                }
-            }
-        }
-        let (grad_norm, finite) = match self.zero.as_mut() {
-            None => ddp_update(&self.group, &mut self.session, single, inv_scale, lr)?,
-            Some(z) => zero1_update(&self.group, &mut self.session, z, inv_scale, lr)?,
-        };
-        if let Some(sc) = self.scaler.as_mut() {
-            sc.update(!finite);
-        }
-        Ok(StepStats { loss: loss[0], grad_norm, loss_scale: scale, skipped: !finite })
+        let faults = GradFaults { scale: self.grad_fault, overflow_at: self.fault.take() };
+        let shard = self.zero.as_mut().map(|z| Shard {
+            opt: &mut z.opt,
+            own: z.own.clone(),
+            chunk: z.sharding.shard,
+        });
+        let mut exec = CpuStep::new(&mut self.session, shard, faults);
+        Ok(train_step(&mut exec, &self.group, weight, self.scaler.as_mut(), inputs, lr, seed)?)
     }
 
     pub fn group_rank(&self) -> usize {
@@ -234,64 +222,6 @@ impl<C: Collective> DataParallel<C> {
     pub fn strategy(&self) -> Strategy {
         self.strategy
     }
-}
-
-/// DDP's update of weighted local gradients: sum them over the ranks (unless `single`), then
-/// the session's full AdamW (norm, clipping, overflow skip, mirror write). Returns (global
-/// gradient norm, finite).
-fn ddp_update<C: Collective>(
-    group: &C,
-    s: &mut TrainSession,
-    single: bool,
-    inv_scale: f32,
-    lr: f32,
-) -> Result<(f32, bool), ParallelError> {
-    if !single {
-        group.all_reduce(&mut s.grads, ReduceOp::Sum)?;
-    }
-    let prec = s.precision();
-    let stats = s.opt.step(
-        &mut s.params,
-        &s.grads,
-        inv_scale,
-        lr,
-        TrainSession::mirror(&mut s.compute, prec),
-    );
-    Ok((stats.norm, stats.finite))
-}
-
-/// ZeRO-1's update of weighted local gradients, in place in the session's flat buffers:
-/// reduce-scatter into `grads[own]`, global norm and overflow flag all-reduced (every rank
-/// clips and skips identically), AdamW on `params[own]`, all-gather of `params`, refresh of
-/// the compute copy. Returns (global gradient norm, finite).
-fn zero1_update<C: Collective>(
-    group: &C,
-    s: &mut TrainSession,
-    z: &mut Zero1State,
-    inv_scale: f32,
-    lr: f32,
-) -> Result<(f32, bool), ParallelError> {
-    let k = z.sharding.shard;
-    // grads (Ψ,): chunk r (= own on rank r) becomes Σ_ranks; the other chunks keep this
-    // rank's local gradients, which nothing reads.
-    group.reduce_scatter_in_place(&mut s.grads, k, ReduceOp::Sum)?;
-    let grads = &s.grads[z.own.clone()];
-    let (ss, finite) = crate::optim::adamw::sum_squares(grads, inv_scale, z.opt.threads);
-    let mut red = [ss, if finite { 0.0 } else { 1.0 }];
-    group.all_reduce(&mut red[..1], ReduceOp::Sum)?;
-    group.all_reduce(&mut red[1..], ReduceOp::Max)?;
-    let norm = red[0].sqrt() as f32;
-    let finite = red[1] == 0.0 && norm.is_finite();
-    if finite {
-        let coef = z.opt.clip_coef(norm);
-        z.opt.update(&mut s.params[z.own.clone()], grads, coef * inv_scale, lr, ParamMirror::None);
-        // params (Ψ,): every rank's updated chunk into every rank's buffer.
-        group.all_gather_in_place(&mut s.params, k)?;
-        // The compute-dtype copy the next forward reads (a real fp16 ZeRO-1 would all-gather
-        // it in f16; the values are the same).
-        s.refresh_compute();
-    }
-    Ok((norm, finite))
 }
 
 #[cfg(test)]

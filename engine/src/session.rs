@@ -5,11 +5,16 @@
 //! `exec::planned`); `ORTBENCH_EXECUTOR=ref` selects the reference executor instead,
 //! for debugging (both compute the same function: `tests/tests/engine_parity.rs`).
 
+use std::ops::Range;
+
+use crate::collective::{Collective, ReduceOp};
 use crate::exec::planned::PlannedExecutor;
 use crate::exec::{ExecError, Inputs, RefExecutor};
 use crate::graph::Graph;
+use crate::optim::adamw::sum_squares;
 use crate::optim::{AdamW, AdamWConfig, LossScaler, ParamMirror, Segment};
 use crate::plan::{Plan, PlanError};
+use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor};
 use crate::DType;
 
 #[derive(Debug, thiserror::Error)]
@@ -245,21 +250,168 @@ impl TrainSession {
         }
     }
 
-    /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.
+    /// One training step at learning rate `lr`; `seed` drives this step's dropout masks
+    /// ([`crate::step::train_step`] on this session alone).
     pub fn step(
         &mut self,
         inputs: &Inputs<'_>,
         lr: f32,
         seed: u64,
     ) -> Result<StepStats, SessionError> {
-        let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
-        let loss = self.forward_backward_scaled(inputs, seed, scale)?;
-        let mirror = Self::mirror(&mut self.compute, self.precision);
-        let stats = self.opt.step(&mut self.params, &self.grads, 1.0 / scale, lr, mirror);
-        let skipped = match self.scaler.as_mut() {
-            Some(s) => s.update(!stats.finite),
-            None => !stats.finite,
-        };
-        Ok(StepStats { loss, grad_norm: stats.norm, loss_scale: scale, skipped })
+        // The scaler is lent to the step while the session is its executor.
+        let mut scaler = self.scaler.take();
+        let mut exec = CpuStep::new(self, None, GradFaults::default());
+        let out = train_step(&mut exec, &Alone, 1.0, scaler.as_mut(), inputs, lr, seed);
+        self.scaler = scaler;
+        out.map_err(|e| e.into_session(0, 1))
+    }
+}
+
+/// Faults planted in a step's local gradients, after the backward and before the weighting
+/// (`crate::parallel::DataParallel`'s fault injection, for tests and `ORTBENCH_FAULT`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GradFaults {
+    /// Every gradient multiplied by this (a broken engine).
+    pub scale: Option<f32>,
+    /// The gradient at this flat index becomes +inf (an fp16 overflow).
+    pub overflow_at: Option<usize>,
+}
+
+/// ZeRO-1's part of a CPU step: the rank's optimizer over its chunk of the flat buffers.
+pub(crate) struct Shard<'a> {
+    /// AdamW over `own` only.
+    pub opt: &'a mut AdamW,
+    /// The rank's stored elements of the flat buffers (its chunk clipped to Ψ).
+    pub own: Range<usize>,
+    /// Elements per chunk of the padded layout.
+    pub chunk: usize,
+}
+
+/// The CPU side of the step contract ([`StepExecutor`]): a session's flat buffers, in place,
+/// and the optimizer of the elements this rank updates; the phases' results are host values.
+pub(crate) struct CpuStep<'a> {
+    s: &'a mut TrainSession,
+    /// ZeRO-1 over several ranks; None: the session's own optimizer updates everything.
+    shard: Option<Shard<'a>>,
+    faults: GradFaults,
+    loss: f32,
+    sumsq: f64,
+    finite: bool,
+    norm: f32,
+}
+
+impl<'a> CpuStep<'a> {
+    /// A step of `s`, updating `shard` under ZeRO-1 or everything with the session's optimizer.
+    pub fn new(s: &'a mut TrainSession, shard: Option<Shard<'a>>, faults: GradFaults) -> Self {
+        CpuStep { s, shard, faults, loss: f32::NAN, sumsq: 0.0, finite: true, norm: 0.0 }
+    }
+
+    /// The elements this rank updates and its optimizer's thread count.
+    fn own(&self) -> (Range<usize>, usize) {
+        match &self.shard {
+            Some(z) => (z.own.clone(), z.opt.threads),
+            None => (0..self.s.grads.len(), self.s.opt.threads),
+        }
+    }
+}
+
+impl<G: Collective> StepExecutor<G> for CpuStep<'_> {
+    fn zero1_chunk(&self) -> Option<usize> {
+        self.shard.as_ref().map(|z| z.chunk)
+    }
+
+    fn backward(
+        &mut self,
+        inputs: &Inputs<'_>,
+        seed: u64,
+        loss_scale: f32,
+        weight: f32,
+    ) -> Result<(), StepError> {
+        // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
+        // where a GPU's would, which the statistics catch. The weight multiplies afterwards
+        // (the GPU seeds its backward with it instead).
+        self.loss = self.s.forward_backward_scaled(inputs, seed, loss_scale)?;
+        let grads = &mut self.s.grads;
+        if let Some(f) = self.faults.scale {
+            grads.iter_mut().for_each(|g| *g *= f);
+        }
+        if let Some(i) = self.faults.overflow_at {
+            grads[i] = f32::INFINITY;
+        }
+        if weight == 0.0 {
+            grads.fill(0.0);
+        } else if weight != 1.0 {
+            grads.iter_mut().for_each(|g| *g *= weight);
+        }
+        Ok(())
+    }
+
+    fn reduce_grads(&mut self, group: &G, how: Reduction) -> Result<(), StepError> {
+        match how {
+            Reduction::AllReduce => group.all_reduce(&mut self.s.grads, ReduceOp::Sum)?,
+            // Chunk r (= own on rank r) becomes Σ_ranks; the other chunks keep this rank's
+            // local gradients, which nothing reads.
+            Reduction::ReduceScatter { chunk } => {
+                group.reduce_scatter_in_place(&mut self.s.grads, chunk, ReduceOp::Sum)?
+            }
+        }
+        Ok(())
+    }
+
+    fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError> {
+        let (own, threads) = self.own();
+        (self.sumsq, self.finite) = sum_squares(&self.s.grads[own], inv_scale, threads);
+        Ok(())
+    }
+
+    fn reduce_grad_sumsq(&mut self, group: &G) -> Result<(), StepError> {
+        let mut red = [self.sumsq, if self.finite { 0.0 } else { 1.0 }];
+        group.all_reduce(&mut red[..1], ReduceOp::Sum)?;
+        group.all_reduce(&mut red[1..], ReduceOp::Max)?;
+        (self.sumsq, self.finite) = (red[0], red[1] == 0.0);
+        Ok(())
+    }
+
+    fn grad_stats(&mut self) -> Result<(), StepError> {
+        self.norm = self.sumsq.sqrt() as f32;
+        self.finite &= self.norm.is_finite();
+        Ok(())
+    }
+
+    fn adamw_update(&mut self, lr: f32, inv_scale: f32) -> Result<(), StepError> {
+        if !self.finite {
+            return Ok(());
+        }
+        let s = &mut *self.s;
+        match &mut self.shard {
+            // Every element, and the compute-dtype copy with it.
+            None => {
+                let g_scale = inv_scale * s.opt.clip_coef(self.norm);
+                let mirror = TrainSession::mirror(&mut s.compute, s.precision);
+                s.opt.update(&mut s.params, &s.grads, g_scale, lr, mirror);
+            }
+            // The own chunk; the compute copy follows the gather.
+            Some(z) => {
+                let g_scale = inv_scale * z.opt.clip_coef(self.norm);
+                let (p, g) = (&mut s.params[z.own.clone()], &s.grads[z.own.clone()]);
+                z.opt.update(p, g, g_scale, lr, ParamMirror::None);
+            }
+        }
+        Ok(())
+    }
+
+    fn gather_params(&mut self, group: &G, chunk: usize) -> Result<(), StepError> {
+        if !self.finite {
+            return Ok(());
+        }
+        group.all_gather_in_place(&mut self.s.params, chunk)?;
+        // The compute-dtype copy the next forward reads (a real fp16 ZeRO-1 would all-gather
+        // it in f16; the values are the same).
+        self.s.refresh_compute();
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &Inputs<'_>) -> Result<Finished, StepError> {
+        Ok(Finished { loss: self.loss, grad_norm: self.norm, finite: self.finite })
     }
 }

@@ -2,10 +2,11 @@
 //! step in three launches over the flat buffers (engine/kernels/adamw.cu) — all queued, with one
 //! read of the status block per step (loss, gradient norm, finite flag).
 //!
-//! The same contract as the CPU's [`crate::session::TrainSession`]: fp32 master parameters,
-//! HF's AdamW with decoupled decay by segment, clipping at the global norm, dynamic loss scaling
-//! that skips a step on inf/NaN (the kernel skips itself, the host then does not count the
-//! step). `tests/tests/gpu_executor.rs` trains both side by side.
+//! The same step as the CPU's [`crate::session::TrainSession`]: both run
+//! [`crate::step::train_step`], this session as its GPU executor (the phases below) — fp32
+//! master parameters, HF's AdamW with decoupled decay by segment, clipping at the global norm,
+//! dynamic loss scaling that skips a step on inf/NaN (the kernel skips itself, the host then
+//! does not count the step). `tests/tests/gpu_executor.rs` trains both side by side.
 //!
 //! Data parallelism ([`GpuSession::ranked`], [`GpuSession::step_ranked`]) is the CPU's
 //! `crate::parallel` on device buffers through a [`DeviceCollective`] (NCCL on a GPU), queued
@@ -29,6 +30,7 @@ use crate::graph::Graph;
 use crate::optim::{AdamWConfig, LossScaler, Segment};
 use crate::parallel::{shard_segments, Strategy, SHARD_ALIGN};
 use crate::session::{SessionError, StepStats};
+use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor};
 use crate::DType;
 
 /// Blocks of the gradient-norm partials (adamw.cu `grad_sumsq_partial`): fills an H100
@@ -207,7 +209,8 @@ impl<D: GpuDevice> GpuSession<D> {
         Ok(self.exec.download_grads()?)
     }
 
-    /// One training step at learning rate `lr`; `seed` drives this step's dropout masks.
+    /// One training step at learning rate `lr`; `seed` drives this step's dropout masks
+    /// ([`crate::step::train_step`] on this session alone).
     pub fn step(
         &mut self,
         inputs: &Inputs<'_>,
@@ -219,7 +222,7 @@ impl<D: GpuDevice> GpuSession<D> {
             "a session of {} ranks steps with step_ranked",
             self.layout.world
         );
-        self.step_in(None::<(&Alone, f32)>, inputs, lr, seed)
+        self.step_with(&Alone, 1.0, inputs, lr, seed)
     }
 
     /// One step of this rank on its slice of the global batch: `weight` is the slice's share
@@ -243,260 +246,186 @@ impl<D: GpuDevice> GpuSession<D> {
                 group.world_size()
             ))));
         }
-        self.step_in(Some((group, weight)), inputs, lr, seed)
+        self.step_with(group, weight, inputs, lr, seed)
     }
 
-    fn step_in<C: DeviceCollective<D>>(
+    /// [`crate::step::train_step`] with this session as its executor.
+    fn step_with<C: DeviceCollective<D>>(
         &mut self,
-        ranks: Option<(&C, f32)>,
+        group: &C,
+        weight: f32,
         inputs: &Inputs<'_>,
         lr: f32,
         seed: u64,
     ) -> Result<StepStats, SessionError> {
-        let ranks = ranks.filter(|(g, _)| g.world_size() > 1);
-        let weight = ranks.map_or(1.0, |(_, w)| w);
-        let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
+        // The scaler is lent to the step while the session is its executor.
+        let mut scaler = self.scaler.take();
+        let out = train_step(self, group, weight, scaler.as_mut(), inputs, lr, seed);
+        self.scaler = scaler;
+        out.map_err(|e| e.into_session(self.layout.rank, self.layout.world))
+    }
+
+    /// The optimizer's statistics in the status block: norm, finite (1/0), clip coefficient.
+    fn stats_address(&self) -> u64 {
+        self.exec.status_address() + 4 * status::STATS as u64
+    }
+
+    /// `base` (a flat buffer of `size`-byte elements) at the first element this rank updates.
+    fn own_address(&self, base: u64, size: usize) -> u64 {
+        base + (self.own.start * size) as u64
+    }
+}
+
+/// The GPU side of the step contract: every phase queued on the device in order, the
+/// collectives on the device's buffers; the statistics stay in the status block, where the
+/// update kernel reads them (and skips itself when they are not finite), until `finish`.
+impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
+    fn zero1_chunk(&self) -> Option<usize> {
+        self.chunk
+    }
+
+    fn backward(
+        &mut self,
+        inputs: &Inputs<'_>,
+        seed: u64,
+        loss_scale: f32,
+        weight: f32,
+    ) -> Result<(), StepError> {
         // The backward is seeded with scale·weight: the gradients come out weighted, ready to
-        // be summed (the CPU's DataParallel multiplies them after the backward instead; one
-        // pass over Ψ fewer here). A rank with no labelled token contributes zeros.
-        self.exec.set_loss_scale(if weight == 0.0 { scale } else { scale * weight });
+        // be summed (the CPU multiplies them after the backward instead; one pass over Ψ
+        // fewer here). A rank with no labelled token contributes zeros.
+        self.exec.set_loss_scale(if weight == 0.0 { loss_scale } else { loss_scale * weight });
         self.exec.queue_step(inputs, seed)?;
+        if weight == 0.0 {
+            let (d, n) = (self.exec.device(), self.exec.graph().num_param_elems());
+            let grads = KernelArg::Ptr(self.exec.grad_address());
+            let args = [grads, KernelArg::I64(n as i64), KernelArg::F32(0.0)];
+            // SAFETY: the gradient buffer holds at least n f32.
+            unsafe { d.launch("fill_f32", grid(d, n), 256, 0, &args) }.map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    fn reduce_grads(&mut self, group: &C, how: Reduction) -> Result<(), StepError> {
+        let (d, grads) = (self.exec.device(), self.exec.grad_address());
         let n = self.exec.graph().num_param_elems();
-        let own = self.own.clone();
-        let d = self.exec.device();
-        let (grads, params) = (self.exec.grad_address(), self.exec.param_address());
-        let stats = self.exec.status_address() + 4 * status::STATS as u64;
-        let coll = |e: crate::collective::CollectiveError| {
-            SessionError::Exec(ExecError::Device(format!(
-                "rank {} of {}: {e}",
-                self.layout.rank, self.layout.world
-            )))
-        };
-        let p = KernelArg::Ptr;
-        if let Some((g, _)) = ranks {
-            // SAFETY: the gradient buffer holds n (DDP) or world·k (ZeRO-1) f32.
-            unsafe {
-                if weight == 0.0 {
-                    d.launch(
-                        "fill_f32",
-                        grid(d, n),
-                        256,
-                        0,
-                        &[p(grads), KernelArg::I64(n as i64), KernelArg::F32(0.0)],
-                    )
-                    .map_err(dev)?;
-                }
-                match self.chunk {
-                    None => g
-                        .all_reduce_on(d, grads, n, ElementKind::F32, ReduceOp::Sum)
-                        .map_err(coll)?,
-                    Some(k) => g
-                        .reduce_scatter_on(d, grads, k, ElementKind::F32, ReduceOp::Sum)
-                        .map_err(coll)?,
-                }
-            }
-        }
-        let inv = 1.0 / scale;
-        let c = &self.cfg;
-        // If this step is applied it is update number step + 1; a skipped one leaves `step`.
-        let sc = c.step_scalars(self.step + 1, lr);
-        let at = |base: u64, size: usize| base + (own.start * size) as u64;
-        // SAFETY: every buffer below is this session's or its executor's: the flat buffers of
-        // at least n f32 (own ⊆ 0..n), moments of own.len(), `parts` partials, nseg segments
-        // and the status block.
+        // SAFETY: the gradient buffer holds n (DDP) or world·k (ZeRO-1) f32.
         unsafe {
-            d.launch(
-                "grad_sumsq_partial",
-                self.parts,
-                256,
-                0,
-                &[
-                    p(d.address(&self.partials)),
-                    p(at(grads, 4)),
-                    KernelArg::I64(own.len() as i64),
-                    KernelArg::F32(inv),
-                ],
-            )
-            .map_err(dev)?;
-            if let (Some((g, _)), Some(_)) = (ranks, self.chunk) {
-                // Each rank summed its own chunk: the partials added over the ranks give the
-                // global sum of squares (and carry any inf/NaN to every rank).
-                g.all_reduce_on(
-                    d,
-                    d.address(&self.partials),
-                    self.parts as usize,
-                    ElementKind::F32,
-                    ReduceOp::Sum,
-                )
-                .map_err(coll)?;
-            }
-            d.launch(
-                "grad_stats_finish",
-                1,
-                d.warp_size(),
-                0,
-                &[
-                    p(stats),
-                    p(d.address(&self.partials)),
-                    KernelArg::I32(self.parts as i32),
-                    KernelArg::F32(c.max_grad_norm),
-                ],
-            )
-            .map_err(dev)?;
-            let dtype = self.exec.graph().dtype();
-            let args = [
-                p(at(params, 4)),
-                p(at(grads, 4)),
-                p(d.address(&self.m)),
-                p(d.address(&self.v)),
-                p(self.exec.compute_address().map_or(0, |a| at(a, dtype.size()))),
-                KernelArg::I64(own.len() as i64),
-                p(d.address(&self.seg_start)),
-                p(d.address(&self.seg_decay)),
-                KernelArg::I32(self.nseg as i32),
-                p(stats),
-                KernelArg::F32(inv),
-                KernelArg::F32(c.beta1),
-                KernelArg::F32(c.beta2),
-                KernelArg::F32(c.eps),
-                KernelArg::F32(sc.step_size),
-                KernelArg::F32(sc.inv_bc2_sqrt),
-                KernelArg::F32(sc.decay_mul),
-            ];
-            // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
-            let name = format!("adamw_step_{}", super::kernels::suffix(dtype));
-            d.launch(&name, grid(d, own.len()), 256, 0, &args).map_err(dev)?;
-            if let (Some((g, _)), Some(k)) = (ranks, self.chunk) {
-                // Every rank's updated chunk into every rank's parameters (a skipped step
-                // gathers the unchanged ones), then the compute copy the next forward reads.
-                g.all_gather_on(d, params, k, ElementKind::F32).map_err(coll)?;
-                if let Some(cp) = self.exec.compute_address() {
-                    let cast = format!("cast_f32_{}", super::kernels::suffix(dtype));
-                    d.launch(
-                        &cast,
-                        grid(d, n),
-                        256,
-                        0,
-                        &[p(cp), p(params), KernelArg::I64(n as i64)],
-                    )
-                    .map_err(dev)?;
+            match how {
+                Reduction::AllReduce => {
+                    group.all_reduce_on(d, grads, n, ElementKind::F32, ReduceOp::Sum)?
+                }
+                Reduction::ReduceScatter { chunk } => {
+                    group.reduce_scatter_on(d, grads, chunk, ElementKind::F32, ReduceOp::Sum)?
                 }
             }
         }
+        Ok(())
+    }
+
+    fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError> {
+        let d = self.exec.device();
+        let args = [
+            KernelArg::Ptr(d.address(&self.partials)),
+            KernelArg::Ptr(self.own_address(self.exec.grad_address(), 4)),
+            KernelArg::I64(self.own.len() as i64),
+            KernelArg::F32(inv_scale),
+        ];
+        // SAFETY: `parts` partials; the own range lies inside the gradient buffer.
+        unsafe { d.launch("grad_sumsq_partial", self.parts, 256, 0, &args) }.map_err(dev)?;
+        Ok(())
+    }
+
+    fn reduce_grad_sumsq(&mut self, group: &C) -> Result<(), StepError> {
+        let d = self.exec.device();
+        // The partials added over the ranks give the global sum of squares (and carry any
+        // inf/NaN to every rank): every rank has the same number of them.
+        // SAFETY: the partials buffer holds `parts` f32.
+        unsafe {
+            let partials = d.address(&self.partials);
+            group.all_reduce_on(d, partials, self.parts as usize, ElementKind::F32, ReduceOp::Sum)
+        }?;
+        Ok(())
+    }
+
+    fn grad_stats(&mut self) -> Result<(), StepError> {
+        let d = self.exec.device();
+        let args = [
+            KernelArg::Ptr(self.stats_address()),
+            KernelArg::Ptr(d.address(&self.partials)),
+            KernelArg::I32(self.parts as i32),
+            KernelArg::F32(self.cfg.max_grad_norm),
+        ];
+        // SAFETY: the status block and `parts` partials.
+        unsafe { d.launch("grad_stats_finish", 1, d.warp_size(), 0, &args) }.map_err(dev)?;
+        Ok(())
+    }
+
+    fn adamw_update(&mut self, lr: f32, inv_scale: f32) -> Result<(), StepError> {
+        let (d, c, own) = (self.exec.device(), &self.cfg, self.own.clone());
+        // If this step is applied it is update number step + 1; `finish` counts it then.
+        let sc = c.step_scalars(self.step + 1, lr);
+        let dtype = self.exec.graph().dtype();
+        let p = KernelArg::Ptr;
+        let compute = self.exec.compute_address().map_or(0, |a| self.own_address(a, dtype.size()));
+        let args = [
+            p(self.own_address(self.exec.param_address(), 4)),
+            p(self.own_address(self.exec.grad_address(), 4)),
+            p(d.address(&self.m)),
+            p(d.address(&self.v)),
+            p(compute),
+            KernelArg::I64(own.len() as i64),
+            p(d.address(&self.seg_start)),
+            p(d.address(&self.seg_decay)),
+            KernelArg::I32(self.nseg as i32),
+            p(self.stats_address()),
+            KernelArg::F32(inv_scale),
+            KernelArg::F32(c.beta1),
+            KernelArg::F32(c.beta2),
+            KernelArg::F32(c.eps),
+            KernelArg::F32(sc.step_size),
+            KernelArg::F32(sc.inv_bc2_sqrt),
+            KernelArg::F32(sc.decay_mul),
+        ];
+        // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
+        let name = format!("adamw_step_{}", super::kernels::suffix(dtype));
+        // SAFETY: the flat buffers hold at least n f32 (own ⊆ 0..n), the moments own.len(),
+        // the segments nseg, and the status block its words.
+        unsafe { d.launch(&name, grid(d, own.len()), 256, 0, &args) }.map_err(dev)?;
+        Ok(())
+    }
+
+    fn gather_params(&mut self, group: &C, chunk: usize) -> Result<(), StepError> {
+        let (d, params) = (self.exec.device(), self.exec.param_address());
+        let n = self.exec.graph().num_param_elems();
+        // Every rank's updated chunk into every rank's parameters (a skipped step gathers the
+        // unchanged ones: the host does not know it was skipped), then the compute copy the
+        // next forward reads.
+        // SAFETY: the parameter buffer holds world·k f32, the compute copy n of its dtype.
+        unsafe {
+            group.all_gather_on(d, params, chunk, ElementKind::F32)?;
+            if let Some(cp) = self.exec.compute_address() {
+                let cast =
+                    format!("cast_f32_{}", super::kernels::suffix(self.exec.graph().dtype()));
+                let args = [KernelArg::Ptr(cp), KernelArg::Ptr(params), KernelArg::I64(n as i64)];
+                d.launch(&cast, grid(d, n), 256, 0, &args).map_err(dev)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, inputs: &Inputs<'_>) -> Result<Finished, StepError> {
         let s = self.exec.finish_step(inputs)?;
         let finite = s[status::STATS + 1] != 0.0;
+        // Updates applied: a skipped step does not count (the CPU's `AdamW::update` likewise).
         if finite {
             self.step += 1;
         }
-        let skipped = match self.scaler.as_mut() {
-            Some(sc) => sc.update(!finite),
-            None => !finite,
-        };
-        let mut loss = [s[status::LOSS]];
-        if let Some((g, w)) = ranks {
-            // The global loss Σ_r weight_r · loss_r (an empty rank's NaN mean counts 0).
-            loss[0] = if w == 0.0 { 0.0 } else { loss[0] * w };
-            g.all_reduce(&mut loss, ReduceOp::Sum).map_err(coll)?;
-        }
-        Ok(StepStats { loss: loss[0], grad_norm: s[status::STATS], loss_scale: scale, skipped })
+        Ok(Finished { loss: s[status::LOSS], grad_norm: s[status::STATS], finite })
     }
 }
 
 /// Blocks of a grid-stride launch over `n` elements.
 fn grid<D: GpuDevice>(d: &D, n: usize) -> u32 {
     (n.div_ceil(256) as u64).clamp(1, d.max_blocks() as u64) as u32
-}
-
-/// The group of one rank alone, for [`GpuSession::step`] (never called: one rank needs no
-/// collective).
-struct Alone;
-
-impl crate::collective::Collective for Alone {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn world_size(&self) -> usize {
-        1
-    }
-    fn all_reduce<T: crate::collective::Element>(
-        &self,
-        _: &mut [T],
-        _: ReduceOp,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    fn reduce_scatter<T: crate::collective::Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        _: ReduceOp,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        recv.copy_from_slice(send);
-        Ok(())
-    }
-    fn all_gather<T: crate::collective::Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-    ) -> Result<(), crate::collective::CollectiveError> {
-        recv.copy_from_slice(send);
-        Ok(())
-    }
-    fn reduce_scatter_in_place<T: crate::collective::Element>(
-        &self,
-        _: &mut [T],
-        _: usize,
-        _: ReduceOp,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    fn all_gather_in_place<T: crate::collective::Element>(
-        &self,
-        _: &mut [T],
-        _: usize,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    fn broadcast<T: crate::collective::Element>(
-        &self,
-        _: &mut [T],
-        _: usize,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    fn barrier(&self) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-}
-
-impl<D: GpuDevice> DeviceCollective<D> for Alone {
-    unsafe fn all_reduce_on(
-        &self,
-        _: &D,
-        _: u64,
-        _: usize,
-        _: ElementKind,
-        _: ReduceOp,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    unsafe fn reduce_scatter_on(
-        &self,
-        _: &D,
-        _: u64,
-        _: usize,
-        _: ElementKind,
-        _: ReduceOp,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
-    unsafe fn all_gather_on(
-        &self,
-        _: &D,
-        _: u64,
-        _: usize,
-        _: ElementKind,
-    ) -> Result<(), crate::collective::CollectiveError> {
-        Ok(())
-    }
 }
