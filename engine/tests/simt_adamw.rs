@@ -4,9 +4,11 @@
 //! with an inf gradient that must leave everything untouched.
 //!
 //! Tolerances: the norm 1e-6 relative (f32 block partials added in f64, against the CPU's
-//! f32 chunks added in f64); parameters and the mirror after 3 steps 1e-6 relative to the
-//! largest parameter plus 1e-6 of each value (the GPU contracts β·m + (1−β)·g into FMAs, the CPU
-//! does not: a few ulp per step), plus one unit roundoff of the mirror's dtype.
+//! f32 chunks added in f64); parameters and the mirror after 3 steps 1e-6 of each value (the
+//! GPU contracts β·m + (1−β)·g into FMAs, the CPU does not: a few ulp per step), the mirror
+//! plus one unit roundoff of its dtype; parameters with a floor of 1e-9 for one that crosses
+//! zero, where what differs is the rounding of the updates (~lr = 1e-3, ulp ~1e-10). Measured
+//! worst on the SIMT harness: 0.15 of that bound.
 
 mod kernel_harness;
 
@@ -173,7 +175,7 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                     &p.to_f32(),
                     &cp,
                     D::F32,
-                    Tol { rel: 1e-6, abs: 1e-6 },
+                    Tol { rel: 1e-6, abs: 1e-9, of_largest: 0.0 },
                 );
                 if dt != D::F32 {
                     check(&format!("{what} mirror"), &mirror.to_f32(), &cmirror, dt, tol(dt, 1e-6));

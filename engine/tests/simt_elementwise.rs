@@ -5,7 +5,9 @@
 //! Tolerances: f32 1e-5 relative for the transcendental ones (GELU, tanh: the CPU kernels use
 //! their own polynomial erf/tanh/exp, the kernels libm's or the GPU's, both within a few ulp),
 //! 1e-6 for add/scale/dropout (one rounding each, identical formula), on top of one unit
-//! roundoff of the half dtypes (both sides round nearly equal f32 values).
+//! roundoff of the half dtypes (both sides round nearly equal f32 values), all of each element.
+//! GELU, its derivative and the column sums also get 1e-6 of the largest element: they cancel
+//! near zero ([`GELU_OF_LARGEST`], the column-sum test).
 
 mod kernel_harness;
 
@@ -16,6 +18,11 @@ use ortbench_engine::ops::gelu::GeluApprox;
 use ortbench_simt::Buf;
 
 const BLOCK: u32 = 128;
+/// GELU and its derivative, per element, also get 1e-6 of the largest element (module
+/// comment): x·Φ(x) for x < 0 is 1 + erf(x/√2) cancelling, so a few-ulp difference between
+/// the two erf (or tanh) implementations, of order 1, is absolute. Measured worst on the SIMT
+/// harness: 8.6e-8 of the largest element (f32).
+const GELU_OF_LARGEST: f32 = 1e-6;
 // Sizes that are not multiples of the block (or of 64).
 const ROWS: usize = 37;
 const C: usize = 61;
@@ -56,7 +63,7 @@ fn bias_gelu_matches_the_cpu_epilogue() {
                     &y.to_f32(),
                     &y0,
                     dt,
-                    tol(dt, 1e-5),
+                    Tol { of_largest: GELU_OF_LARGEST, ..tol(dt, 1e-5) },
                 );
                 check(
                     &format!("bias_gelu {dt:?} {approx:?} pre on {dev}"),
@@ -104,7 +111,7 @@ fn gelu_and_tanh_backward_and_forward_match() {
                     &dx.to_f32(),
                     &want,
                     dt,
-                    tol(dt, 1e-5),
+                    Tol { of_largest: GELU_OF_LARGEST, ..tol(dt, 1e-5) },
                 );
             }
         }
@@ -338,13 +345,15 @@ fn column_sums_match_reduce_sum_leading() {
                     &mut [A::B(&mut out), A::B(&mut ws), A::I32(chunks as i32), A::I32(c as i32)],
                 )
                 .unwrap();
-                // Sums of up to 200 terms in another order: 1e-5 of the largest sum.
+                // Sums of up to 200 terms of both signs in another order: 1e-5 of each sum,
+                // plus 1e-6 of the largest for a column that cancels to near zero (one here
+                // reaches 0.99 of the relative part alone).
                 check(
                     &format!("column sums {dt:?} {rows}x{c} on {dev}"),
                     &out.to_f32(),
                     &want,
                     dt,
-                    tol(dt, 1e-5),
+                    Tol { of_largest: 1e-6, ..tol(dt, 1e-5) },
                 );
             }
         }

@@ -1,9 +1,13 @@
 //! engine/kernels/layernorm.cu (with reduce.cu's column_sum_finish for dw/db) against the CPU
 //! kernels in engine/src/backend/cpu/kernels/norm.rs, in f32/f16/bf16 on every test device.
 //!
-//! Tolerances: f32 2e-5 of the largest output (the CPU sums a row in SIMD lanes, the kernel in a
-//! warp butterfly: same terms, another order — the CPU kernel's own test uses 2e-5), plus one
-//! unit roundoff of the half dtypes; mean and rstd are f32 outputs in every dtype (2e-5).
+//! Tolerances: f32 2e-5 of each element (the CPU sums a row in SIMD lanes, the kernel in a warp
+//! butterfly: same terms, another order — the CPU kernel's own test uses 2e-5), plus one unit
+//! roundoff of the half dtypes; mean and rstd are f32 outputs in every dtype (2e-5). y, dx, dw
+//! and db also get 1e-6 of the largest element ([`cancels`]): y = (x − mean)·rstd·w + b and dx
+//! cancel where x is near the mean, so the few-ulp difference of the mean is absolute there,
+//! and dw, db are sums over rows of both signs. Measured worst on the SIMT harness: 2.4e-8 of
+//! the largest element.
 
 mod kernel_harness;
 
@@ -16,6 +20,11 @@ use ortbench_simt::Buf;
 const SHAPES: [(usize, usize); 3] = [(37, 61), (9, 13), (20, 200)];
 const BLOCK: u32 = 128;
 const EPS: f32 = 1e-5;
+
+/// For the outputs that are sums whose terms cancel (module comment): y, dx, dw, db.
+fn cancels(dt: D) -> Tol {
+    Tol { of_largest: 1e-6, ..tol(dt, 2e-5) }
+}
 
 fn blocks(rows: usize, warp: u32) -> u32 {
     rows.div_ceil((BLOCK / warp) as usize) as u32
@@ -84,7 +93,7 @@ fn forward_and_add_forward_match() {
                 )
                 .unwrap();
                 let what = format!("layernorm {dt:?} {rows}x{c} on {dev}");
-                check(&format!("{what} y"), &y.to_f32(), &y0, dt, tol(dt, 2e-5));
+                check(&format!("{what} y"), &y.to_f32(), &y0, dt, cancels(dt));
                 check(&format!("{what} mean"), &m.to_f32(), &m0, D::F32, tol(D::F32, 2e-5));
                 check(&format!("{what} rstd"), &r.to_f32(), &r0, D::F32, tol(D::F32, 2e-5));
 
@@ -117,7 +126,7 @@ fn forward_and_add_forward_match() {
                 .unwrap();
                 let what = format!("add_layernorm {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} sum"), &s.to_f32(), &s1, dt, tol(dt, 1e-6));
-                check(&format!("{what} y"), &y.to_f32(), &y1, dt, tol(dt, 2e-5));
+                check(&format!("{what} y"), &y.to_f32(), &y1, dt, cancels(dt));
                 check(&format!("{what} mean"), &m.to_f32(), &m1, D::F32, tol(D::F32, 2e-5));
                 check(&format!("{what} rstd"), &r.to_f32(), &r1, D::F32, tol(D::F32, 2e-5));
             }
@@ -171,7 +180,7 @@ fn backward_matches_dx_dw_db() {
                 )
                 .unwrap();
                 let what = format!("layernorm backward {dt:?} {rows}x{c} on {dev}");
-                check(&format!("{what} dx"), &dx.to_f32(), &dx0, dt, tol(dt, 2e-5));
+                check(&format!("{what} dx"), &dx.to_f32(), &dx0, dt, cancels(dt));
 
                 let mut part = Buf::poisoned(2 * chunks * c, D::F32);
                 let col_blocks = c.div_ceil(64);
@@ -212,13 +221,7 @@ fn backward_matches_dx_dw_db() {
                         ],
                     )
                     .unwrap();
-                    check(
-                        &format!("{what} {name}"),
-                        &out.to_f32(),
-                        want,
-                        D::F32,
-                        tol(D::F32, 2e-5),
-                    );
+                    check(&format!("{what} {name}"), &out.to_f32(), want, D::F32, cancels(D::F32));
                 }
             }
         }

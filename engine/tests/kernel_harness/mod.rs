@@ -211,24 +211,51 @@ impl Rng {
     }
 }
 
-/// How close a kernel's output must be to the CPU kernel's: |got − want| ≤ rel·|want| +
-/// abs·max|want|. For half dtypes the reference is rounded to the dtype first, so `rel` is one
-/// unit roundoff of the dtype (both sides round nearly equal f32 values) on top of the f32 part.
+/// How close a kernel's output must be to the CPU kernel's, element by element:
+/// |got − want| ≤ rel·|want| + abs + of_largest·max|want|.
+///
+/// - `rel`: the f32 computations' difference (summation order, libm vs the CPU kernels'
+///   polynomials) plus, for half dtypes, one unit roundoff u: the reference is rounded to the
+///   dtype first and both sides round nearly equal f32 values, which may land on neighbouring
+///   halfs.
+/// - `abs`: a fixed floor where relative rounding stops holding, per dtype ([`floor`]).
+/// - `of_largest`: zero unless a test states why its kernel needs it. Where a result is a sum
+///   whose terms cancel (a LayerNorm's x − mean, attention's weighted sums of ±V), its error
+///   follows the size of the terms, not of the result; such a test sets a term relative to
+///   the tensor's largest element and says why. Elsewhere a wrong small element must fail
+///   even when larger ones surround it.
 #[derive(Clone, Copy, Debug)]
 pub struct Tol {
     pub rel: f32,
     pub abs: f32,
+    pub of_largest: f32,
 }
 
-/// The tolerance for output dtype `dt` when the f32 computations may differ by `f32_rel`
-/// (summation order, libm vs the CPU kernels' polynomials).
-pub fn tol(dt: Dtype, f32_rel: f32) -> Tol {
-    let u = match dt {
+/// Unit roundoff of the storage dtype (the spacing of its values at 1): 0 for f32, whose
+/// rounding is part of `f32_rel`.
+pub fn unit_roundoff(dt: Dtype) -> f32 {
+    match dt {
         Dtype::F16 => 1.0 / 1024.0,
         Dtype::BF16 => 1.0 / 128.0,
         _ => 0.0,
-    };
-    Tol { rel: u + f32_rel, abs: u + f32_rel }
+    }
+}
+
+/// The absolute floor of dtype `dt`: below it a value is no longer stored to a relative
+/// precision. f16: 2^-24, the spacing of its subnormals (below 2^-14 one rounding step exceeds
+/// u·|x|, so two nearly equal f32 values may round a step apart). f32 and bf16 (f32's exponent
+/// range): the smallest normal f32, 2^-126 (a device may flush results below it to zero).
+pub fn floor(dt: Dtype) -> f32 {
+    match dt {
+        Dtype::F16 => 1.0 / (1u32 << 24) as f32,
+        _ => f32::MIN_POSITIVE,
+    }
+}
+
+/// The tolerance for output dtype `dt` when the f32 computations may differ by `f32_rel` of
+/// each element: `rel` = f32_rel + u, the dtype's floor, no term of the largest element.
+pub fn tol(dt: Dtype, f32_rel: f32) -> Tol {
+    Tol { rel: unit_roundoff(dt) + f32_rel, abs: floor(dt), of_largest: 0.0 }
 }
 
 /// Panics naming the first element out of tolerance.
@@ -240,9 +267,13 @@ pub fn check(what: &str, got: &[f32], want: &[f32], dt: Dtype, t: Tol) {
     let scale = want_r.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
     for (i, (&g, &w)) in got.iter().zip(&want_r).enumerate() {
         let err = (g - w).abs();
-        let bound = t.rel * w.abs() + t.abs * scale;
+        let bound = t.rel * w.abs() + t.abs + t.of_largest * scale;
         let ok = if w.is_infinite() { g == w } else { err <= bound };
-        assert!(ok || (g.is_nan() && w.is_nan()), "{what}: element {i} = {g}, want {w} (|err| {err:.3e} > {bound:.3e}; tol {t:?}, max|want| {scale})");
+        assert!(
+            ok || (g.is_nan() && w.is_nan()),
+            "{what}: element {i} = {g}, want {w} (|err| {err:.3e} > {bound:.3e}; tol {t:?}, \
+             max|want| {scale})"
+        );
     }
 }
 
