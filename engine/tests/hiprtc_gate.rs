@@ -5,20 +5,20 @@
 //! gfx940/942 (MI300) are not in the list: HIP 5.2's code-object manager aborts the process on
 //! them ("munmap_chunk(): invalid pointer", seen here), newer ROCm is needed.
 //!
-//! Without the HIP runtime the test says so and passes — unless ORTBENCH_REQUIRE_HIPRTC=1
-//! (scripts/test sets it after scripts/setup-hip installed the packages).
+//! It needs the HIP runtime and hiprtc, so it is `#[ignore]`d: a plain `cargo test` lists it as
+//! ignored with the reason instead of passing without compiling anything. scripts/test runs it
+//! with `--ignored` after scripts/setup-hip installed the packages, and then a missing runtime
+//! is a failure.
 
 use ortbench_engine::backend::{hip, kernels};
 
 const ARCHS: [&str; 3] = ["gfx90a", "gfx908", "gfx1030"];
 
 #[test]
+#[ignore = "needs hiprtc (scripts/setup-hip); scripts/test runs it with --ignored"]
 fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
-    let required = std::env::var("ORTBENCH_REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
     if let Err(e) = hip::available() {
-        assert!(!required, "ORTBENCH_REQUIRE_HIPRTC=1 but {e}");
-        eprintln!("hiprtc_gate skipped: {e}");
-        return;
+        panic!("this test needs the HIP runtime (scripts/setup-hip installs it): {e}");
     }
     let registered: Vec<String> =
         ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();

@@ -2,8 +2,9 @@
 //! CUDA headers) for sm_80 (A100) and sm_90 (H100/H200), no GPU needed; and the kernels NVRTC
 //! finds are exactly the ones the host SIMT harness registered (so none escapes its tests).
 //!
-//! Without NVRTC the test says so and passes — unless ORTBENCH_REQUIRE_NVRTC=1 (scripts/test
-//! sets it: the suite installs the wheel, so a missing NVRTC there is a failure).
+//! It needs NVRTC, so it is `#[ignore]`d: a plain `cargo test` lists it as ignored with the
+//! reason instead of passing without compiling anything. scripts/test (which installs the wheel)
+//! and scripts/gpu-validate run it with `--ignored`, and then a missing NVRTC is a failure.
 #![cfg(feature = "cuda")]
 
 use std::collections::BTreeSet;
@@ -14,12 +15,10 @@ use ortbench_engine::backend::kernels;
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
 #[test]
+#[ignore = "needs NVRTC (the torch wheel's); scripts/test runs it with --ignored"]
 fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
-    let required = std::env::var("ORTBENCH_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
     if let Err(e) = libs::load(libs::CudaLib::Nvrtc) {
-        assert!(!required, "ORTBENCH_REQUIRE_NVRTC=1 but {e}");
-        eprintln!("nvrtc_gate skipped: {e}");
-        return;
+        panic!("this test needs NVRTC (scripts/setup installs the torch wheel with it): {e}");
     }
     // A fresh cache folder: this test compiles, it does not read old PTX.
     let cache = std::env::temp_dir().join(format!("ortbench-nvrtc-gate-{}", std::process::id()));
