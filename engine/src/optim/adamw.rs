@@ -388,8 +388,8 @@ mod tests {
             let (b1, b2) = (f64::from(c.beta1), f64::from(c.beta2));
             let (bc1, bc2) = (1.0 - b1.powi(self.t), 1.0 - b2.powi(self.t));
             for s in segs {
-                for i in s.start..s.start + s.len {
-                    let g = f64::from(grads[i]) * coef;
+                for (i, &g) in grads.iter().enumerate().skip(s.start).take(s.len) {
+                    let g = f64::from(g) * coef;
                     if s.decay {
                         self.p[i] *= 1.0 - lr * f64::from(c.weight_decay);
                     }
