@@ -14,10 +14,10 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::{elementwise as ew, reduce};
 use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::exec::gpu::launch::elementwise as launch;
 use ortbench_engine::ops::gelu::GeluApprox;
 use ortbench_simt::Buf;
 
-const BLOCK: u32 = 128;
 /// GELU and its derivative, per element, also get 1e-6 of the largest element (module
 /// comment): x·Φ(x) for x < 0 is 1 + erf(x/√2) cancelling, so a few-ulp difference between
 /// the two erf (or tanh) implementations, of order 1, is absolute. Measured worst on the SIMT
@@ -43,21 +43,10 @@ fn bias_gelu_matches_the_cpu_epilogue() {
                     Buf::from_f32(&pre, dt),
                     Buf::from_f32(&bias, dt),
                 );
-                dev.launch(
-                    &kname("bias_gelu", dt),
-                    blocks_for(ROWS * C, BLOCK),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut y),
-                        A::B(&mut p),
-                        A::B(&mut b),
-                        A::I64(ROWS as i64),
-                        A::I32(C as i32),
-                        A::I32(ai as i32),
-                    ],
-                )
-                .unwrap();
+                let dtype = dtype(dt);
+                let (y_, pre, bias) = (&mut y, &mut p, &mut b);
+                let l = launch::BiasGelu { dtype, y: y_, pre, bias, rows: ROWS, c: C, approx };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(
                     &format!("bias_gelu {dt:?} {approx:?} y on {dev}"),
                     &y.to_f32(),
@@ -86,26 +75,15 @@ fn gelu_and_tanh_backward_and_forward_match() {
         let x = rng.vec(n, -3.0, 3.0, dt);
         let dy = rng.vec(n, -1.0, 1.0, dt);
         let yt: Vec<f32> = x.iter().map(|v| dt.round(v.tanh())).collect();
-        for (ai, approx) in [GeluApprox::Erf, GeluApprox::Tanh].into_iter().enumerate() {
+        for approx in [GeluApprox::Erf, GeluApprox::Tanh] {
             let mut want = vec![0f32; n];
             ew::map2(&pool, &mut want, &x, &dy, ew::GeluBackward(approx));
             for dev in devices() {
                 let (mut dx, mut xb, mut dyb) =
                     (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
-                dev.launch(
-                    &kname("gelu_backward", dt),
-                    blocks_for(n, BLOCK),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut dx),
-                        A::B(&mut xb),
-                        A::B(&mut dyb),
-                        A::I64(n as i64),
-                        A::I32(ai as i32),
-                    ],
-                )
-                .unwrap();
+                let (dtype, dx_, x, dy) = (dtype(dt), &mut dx, &mut xb, &mut dyb);
+                let l = launch::GeluBackward { dtype, dx: dx_, x, dy, n, approx };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(
                     &format!("gelu_backward {dt:?} {approx:?} on {dev}"),
                     &dx.to_f32(),
@@ -121,25 +99,14 @@ fn gelu_and_tanh_backward_and_forward_match() {
         ew::map2(&pool, &mut tanh_bwd_want, &yt, &dy, ew::TanhBackward);
         for dev in devices() {
             let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
-            dev.launch(
-                &kname("tanh_forward", dt),
-                blocks_for(n, BLOCK),
-                BLOCK,
-                0,
-                &mut [A::B(&mut y), A::B(&mut xb), A::I64(n as i64)],
-            )
-            .unwrap();
+            let l = launch::TanhForward { dtype: dtype(dt), y: &mut y, x: &mut xb, n };
+            dev.run(l.launch(dev.geometry())).unwrap();
             check(&format!("tanh {dt:?} on {dev}"), &y.to_f32(), &tanh_want, dt, tol(dt, 1e-5));
             let (mut dx, mut yb, mut dyb) =
                 (Buf::poisoned(n, dt), Buf::from_f32(&yt, dt), Buf::from_f32(&dy, dt));
-            dev.launch(
-                &kname("tanh_backward", dt),
-                blocks_for(n, BLOCK),
-                BLOCK,
-                0,
-                &mut [A::B(&mut dx), A::B(&mut yb), A::B(&mut dyb), A::I64(n as i64)],
-            )
-            .unwrap();
+            let (dtype, dx_, y, dy) = (dtype(dt), &mut dx, &mut yb, &mut dyb);
+            let l = launch::TanhBackward { dtype, dx: dx_, y, dy, n };
+            dev.run(l.launch(dev.geometry())).unwrap();
             check(
                 &format!("tanh_backward {dt:?} on {dev}"),
                 &dx.to_f32(),
@@ -170,40 +137,18 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
             for (nb, want, what) in [(n, &plain, "add"), (C, &bcast, "bias add")] {
                 let (mut out, mut ab, mut bb) =
                     (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
-                dev.launch(
-                    &kname("add", dt),
-                    blocks_for(n, BLOCK),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut out),
-                        A::B(&mut ab),
-                        A::B(&mut bb),
-                        A::I64(n as i64),
-                        A::I64(nb as i64),
-                    ],
-                )
-                .unwrap();
+                let (dtype, o, a, b) = (dtype(dt), &mut out, &mut ab, &mut bb);
+                let l = launch::Add { dtype, to_f32: false, out: o, a, b, n, nb };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(&format!("{what} {dt:?} on {dev}"), &out.to_f32(), want, dt, tol(dt, 1e-6));
             }
             if dt != D::F32 {
                 // Half operands, f32 sum (not rounded to the half dtype).
                 let (mut out, mut ab, mut bb) =
                     (Buf::poisoned(n, D::F32), Buf::from_f32(&a, dt), Buf::from_f32(&b, dt));
-                dev.launch(
-                    &kname("add_to_f32", dt),
-                    blocks_for(n, BLOCK),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut out),
-                        A::B(&mut ab),
-                        A::B(&mut bb),
-                        A::I64(n as i64),
-                        A::I64(n as i64),
-                    ],
-                )
-                .unwrap();
+                let (dtype, o, a, b) = (dtype(dt), &mut out, &mut ab, &mut bb);
+                let l = launch::Add { dtype, to_f32: true, out: o, a, b, n, nb: n };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(
                     &format!("add_to_f32 {dt:?} on {dev}"),
                     &out.to_f32(),
@@ -213,24 +158,18 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
                 );
             }
             let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
-            dev.launch(
-                &kname("scale", dt),
-                blocks_for(n, BLOCK),
-                BLOCK,
-                0,
-                &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64), A::F32(0.37)],
-            )
-            .unwrap();
+            let l = launch::Scale { dtype: dtype(dt), out: &mut out, x: &mut xb, n, s: 0.37 };
+            dev.run(l.launch(dev.geometry())).unwrap();
             check(&format!("scale {dt:?} on {dev}"), &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
             let mut out = Buf::poisoned(n, dt);
-            dev.launch(
-                &kname("fill", dt),
-                blocks_for(n, BLOCK),
-                BLOCK,
-                0,
-                &mut [A::B(&mut out), A::I64(n as i64), A::F32(-0.3)],
-            )
-            .unwrap();
+            let l = launch::Fill {
+                dtype: dtype(dt),
+                out: &mut out,
+                n,
+                value: -0.3,
+                loss_scaled: false,
+            };
+            dev.run(l.launch(dev.geometry())).unwrap();
             check(
                 &format!("fill {dt:?} on {dev}"),
                 &out.to_f32(),
@@ -256,21 +195,9 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
             ew::dropout(&pool, &mut want, &x, p, seed, offset);
             for dev in devices() {
                 let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
-                dev.launch(
-                    &kname("dropout", dt),
-                    blocks_for(n, BLOCK),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut out),
-                        A::B(&mut xb),
-                        A::I64(n as i64),
-                        A::F32(p),
-                        A::U64(seed),
-                        A::U64(offset),
-                    ],
-                )
-                .unwrap();
+                let (dtype, o, x, seed) = (dtype(dt), &mut out, &mut xb, launch::Seed::Fixed(seed));
+                let l = launch::Dropout { dtype, out: o, x, n, p, seed, offset };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 let got = out.to_f32();
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
@@ -293,14 +220,8 @@ fn casts_widen_exactly() {
         let x = rng.vec(n, -100.0, 100.0, dt);
         for dev in devices() {
             let (mut out, mut xb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&x, dt));
-            dev.launch(
-                &format!("cast_{}_f32", dt.suffix()),
-                blocks_for(n, BLOCK),
-                BLOCK,
-                0,
-                &mut [A::B(&mut out), A::B(&mut xb), A::I64(n as i64)],
-            )
-            .unwrap();
+            let (from, to, o, xs) = (dtype(dt), dtype(D::F32), &mut out, &mut xb);
+            dev.run(launch::Cast { from, to, out: o, x: xs, n }.launch(dev.geometry())).unwrap();
             assert_eq!(out.to_f32(), x, "cast {dt:?} → f32 on {dev}");
         }
     }

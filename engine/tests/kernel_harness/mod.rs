@@ -8,6 +8,8 @@
 //! dtype.
 #![allow(dead_code)]
 
+use ortbench_engine::exec::gpu::launch::{self, Launch};
+use ortbench_engine::DType;
 use ortbench_simt::{Buf, Dtype, Order};
 
 #[allow(unused_imports)]
@@ -78,6 +80,38 @@ fn cuda_devices() -> Vec<Dev> {
 }
 
 impl Dev {
+    /// The geometry the typed launchers (`ortbench_engine::exec::gpu::launch`) size grids for:
+    /// the device's warp, and on the SIMT harness a largest grid of 3 blocks, so that every
+    /// grid-stride loop takes several turns at the tests' sizes (a GPU: 1024 blocks, one pass
+    /// over the tests' sizes; a grid-stride kernel is correct at any grid).
+    pub fn geometry(&self) -> launch::Device {
+        match self {
+            Dev::Simt { warp, .. } => launch::Device { warp: *warp, max_blocks: 3 },
+            #[cfg(feature = "cuda")]
+            Dev::Cuda(_) => launch::Device { warp: 32, max_blocks: 1024 },
+        }
+    }
+
+    /// Runs a typed launcher's launch: the executor's kernel name, geometry and argument
+    /// order, on this device's buffers.
+    pub fn run(&self, l: Launch<&mut Buf>) -> Result<(), String> {
+        let mut args: Vec<A> = l
+            .args
+            .into_iter()
+            .map(|a| match a {
+                launch::Arg::Ptr(b) => A::B(b),
+                launch::Arg::Null => A::Null,
+                launch::Arg::I32(v) => A::I32(v),
+                launch::Arg::U32(v) => A::U32(v),
+                launch::Arg::I64(v) => A::I64(v),
+                launch::Arg::U64(v) => A::U64(v),
+                launch::Arg::F32(v) => A::F32(v),
+                launch::Arg::Step(s) => panic!("{}: a test passes fixed values, not {s:?}", l.name),
+            })
+            .collect();
+        self.launch(&l.name, l.grid, l.block, l.smem, &mut args)
+    }
+
     /// Runs `name` on `grid` × `block` (1-D) threads; buffers are read back (and their guard
     /// bands checked) afterwards.
     pub fn launch(
@@ -169,6 +203,16 @@ fn cuda_launch(
         }
     }
     Ok(())
+}
+
+/// The engine's name for a storage dtype (the typed launchers take it).
+pub fn dtype(dt: Dtype) -> DType {
+    match dt {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        other => panic!("{other:?} is not a float storage dtype"),
+    }
 }
 
 /// The storage dtypes every float kernel is tested in.

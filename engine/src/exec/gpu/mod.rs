@@ -25,6 +25,7 @@
 //! buffers by each tensor's element bytes, so half activations take half the arena.
 
 pub mod kernels;
+pub mod launch;
 pub mod session;
 
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
@@ -34,10 +35,10 @@ use crate::backend::gpu::{
 };
 use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
-use crate::ops::gelu::GeluApprox;
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
 use kernels::{suffix, GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
+use launch::{elementwise as ew, StepValue};
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -65,6 +66,28 @@ enum Arg {
 enum Call {
     Kernel { name: String, grid: u32, block: u32, smem: u32, args: Vec<Arg> },
     Gemm(GemmShape, GemmPtrs),
+}
+
+impl From<launch::Launch<u64>> for Call {
+    /// A typed launcher's launch over device addresses; its step values stay symbolic.
+    fn from(l: launch::Launch<u64>) -> Call {
+        let args = l
+            .args
+            .into_iter()
+            .map(|a| match a {
+                launch::Arg::Ptr(p) => Arg::K(KernelArg::Ptr(p)),
+                launch::Arg::Null => Arg::K(KernelArg::Ptr(0)),
+                launch::Arg::I32(v) => Arg::K(KernelArg::I32(v)),
+                launch::Arg::U32(v) => Arg::K(KernelArg::U32(v)),
+                launch::Arg::I64(v) => Arg::K(KernelArg::I64(v)),
+                launch::Arg::U64(v) => Arg::K(KernelArg::U64(v)),
+                launch::Arg::F32(v) => Arg::K(KernelArg::F32(v)),
+                launch::Arg::Step(StepValue::Seed) => Arg::Seed,
+                launch::Arg::Step(StepValue::LossScaled(v)) => Arg::Scaled(v),
+            })
+            .collect();
+        Call::Kernel { name: l.name, grid: l.grid, block: l.block, smem: l.smem, args }
+    }
 }
 
 /// Runs one training graph on a GPU (see the module comment).
@@ -585,6 +608,11 @@ struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
+    /// What the typed launchers' geometry depends on.
+    fn device(&self) -> launch::Device {
+        launch::Device { warp: self.warp, max_blocks: self.max_blocks }
+    }
+
     /// Bytes per element of `t` as stored.
     fn es(&self, t: TensorId) -> u64 {
         self.plan.elem_bytes[t.index()] as u64
@@ -810,7 +838,6 @@ impl Resolver<'_> {
             same(&[outs[0], ins[k]])?;
         }
         let err = self.b.status + 4 * status::BAD_ID as u64;
-        let approx = |a: GeluApprox| i32a(usize::from(a == GeluApprox::Tanh));
         let calls = match &node.op {
             Op::Fill { value } => {
                 let o = outs[0];
@@ -820,7 +847,9 @@ impl Resolver<'_> {
                 let p = self.plan.places[o.index()].clone();
                 let sh = g.shape(o);
                 if p.strides == contiguous(sh) {
-                    vec![self.ew(&kn("fill", o), n(o), vec![ptr(out(0)), i64a(n(o)), v])]
+                    let (dtype, n, value) = (dt(o), n(o), *value);
+                    let fill = ew::Fill { dtype, out: out(0), n, value, loss_scaled: is_seed };
+                    vec![fill.launch(self.device()).into()]
                 } else {
                     let meta = self.fill_meta(sh, &p.strides);
                     vec![self.ew(
@@ -878,11 +907,9 @@ impl Resolver<'_> {
                     ],
                 }];
                 if dt(o) != DType::F32 {
-                    v_.push(self.ew(
-                        &format!("cast_f32_{}", suffix(dt(o))),
-                        n(o),
-                        vec![ptr(out(0)), ptr(target), i64a(n(o))],
-                    ));
+                    let (from, to, n) = (DType::F32, dt(o), n(o));
+                    let cast = ew::Cast { from, to, out: out(0), x: target, n };
+                    v_.push(cast.launch(self.device()).into());
                 }
                 v_
             }
@@ -915,11 +942,8 @@ impl Resolver<'_> {
                     }
                     let w = ws.ok_or_else(|| no(" without the workspace for its cast operand"))?;
                     let src = if f == a { inp(0) } else { inp(1) };
-                    let cast = self.ew(
-                        &format!("cast_f32_{}", suffix(dt(h))),
-                        n(f),
-                        vec![ptr(w), ptr(src), i64a(n(f))],
-                    );
+                    let cast = ew::Cast { from: DType::F32, to: dt(h), out: w, x: src, n: n(f) };
+                    let cast = cast.launch(self.device()).into();
                     let (pa, pb) = if f == a { (w, inp(1)) } else { (inp(0), w) };
                     vec![cast, self.gemm_at(&m, (dt(h), dt(h), dt(c)), (pa, pb, out(0)), &no)?]
                 }
@@ -939,26 +963,30 @@ impl Resolver<'_> {
                 let cols = last(outs[0]);
                 let rows = n(outs[0]) / cols.max(1);
                 let gemm = self.gemm(&m, (x, w, c), &no)?;
+                let dtype = dt(outs[0]);
                 let epi = match gelu {
-                    Some(a) => self.ew(
-                        &kn("bias_gelu", outs[0]),
-                        n(outs[0]),
-                        vec![
-                            ptr(out(0)),
-                            ptr(out(1)),
-                            ptr(inp(2)),
-                            i64a(rows),
-                            i32a(cols),
-                            approx(*a),
-                        ],
-                    ),
-                    None => self.ew(
-                        &kn("add", outs[0]),
-                        n(outs[0]),
-                        vec![ptr(out(0)), ptr(out(0)), ptr(inp(2)), i64a(n(outs[0])), i64a(cols)],
-                    ),
+                    Some(a) => ew::BiasGelu {
+                        dtype,
+                        y: out(0),
+                        pre: out(1),
+                        bias: inp(2),
+                        rows,
+                        c: cols,
+                        approx: *a,
+                    }
+                    .launch(self.device()),
+                    None => ew::Add {
+                        dtype,
+                        to_f32: false,
+                        out: out(0),
+                        a: out(0),
+                        b: inp(2),
+                        n: n(outs[0]),
+                        nb: cols,
+                    }
+                    .launch(self.device()),
                 };
-                vec![gemm, epi]
+                vec![gemm, epi.into()]
             }
             Op::BiasAdd | Op::Add => {
                 let (len, nb) = (n(outs[0]), n(ins[1]));
@@ -971,64 +999,51 @@ impl Resolver<'_> {
                     None => out(0),
                 };
                 // Two half parts summed into a parameter's f32 gradient (tied weights).
-                let name = if dt(outs[0]) == dt(ins[0]) {
-                    kn("add", outs[0])
+                let to_f32 = if dt(outs[0]) == dt(ins[0]) {
+                    false
                 } else if dt(outs[0]) == DType::F32 {
-                    kn("add_to_f32", ins[0])
+                    true
                 } else {
                     return Err(no(" for f32 operands into a half output"));
                 };
-                vec![self.ew(
-                    &name,
-                    len,
-                    vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), i64a(nb)],
-                )]
+                let (a, b) = (inp(0), inp(1));
+                let add = ew::Add { dtype: dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
+                vec![add.launch(self.device()).into()]
             }
             Op::Scale { s } => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew(
-                    &kn("scale", outs[0]),
-                    n(outs[0]),
-                    vec![ptr(o), ptr(inp(0)), i64a(n(outs[0])), f32a(*s)],
-                )]
+                let scale =
+                    ew::Scale { dtype: dt(outs[0]), out: o, x: inp(0), n: n(outs[0]), s: *s };
+                vec![scale.launch(self.device()).into()]
             }
             Op::Tanh => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                vec![self.ew(
-                    &kn("tanh_forward", outs[0]),
-                    n(outs[0]),
-                    vec![ptr(o), ptr(inp(0)), i64a(n(outs[0]))],
-                )]
+                let tanh = ew::TanhForward { dtype: dt(outs[0]), y: o, x: inp(0), n: n(outs[0]) };
+                vec![tanh.launch(self.device()).into()]
             }
             Op::TanhBackward | Op::GeluBackward { .. } => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
-                let len = n(outs[0]);
-                match &node.op {
-                    Op::GeluBackward { approx: a } => vec![self.ew(
-                        &kn("gelu_backward", outs[0]),
-                        len,
-                        vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len), approx(*a)],
-                    )],
+                let (dtype, n, dev) = (dt(outs[0]), n(outs[0]), self.device());
+                let l = match &node.op {
+                    Op::GeluBackward { approx } => {
+                        let (dx, x, dy, approx) = (o, inp(0), inp(1), *approx);
+                        ew::GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
+                    }
                     // Op::TanhBackward, the arm's other op.
-                    _ => vec![self.ew(
-                        &kn("tanh_backward", outs[0]),
-                        len,
-                        vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(len)],
-                    )],
-                }
+                    _ => ew::TanhBackward { dtype, dx: o, y: inp(0), dy: inp(1), n }.launch(dev),
+                };
+                vec![l.into()]
             }
             Op::Dropout { p, offset } => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
-                let len = n(outs[0]);
-                vec![self.ew(
-                    &kn("dropout", outs[0]),
-                    len,
-                    vec![ptr(o), ptr(inp(0)), i64a(len), f32a(*p), Arg::Seed, u64a(*offset)],
-                )]
+                let (dtype, n, p, offset) = (dt(outs[0]), n(outs[0]), *p, *offset);
+                let seed = ew::Seed::Step;
+                let drop = ew::Dropout { dtype, out: o, x: inp(0), n, p, seed, offset };
+                vec![drop.launch(self.device()).into()]
             }
             Op::LayerNorm { eps } => {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
