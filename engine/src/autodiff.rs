@@ -101,7 +101,10 @@ fn differentiable_outputs(node: &Node) -> usize {
         | Op::LayerNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }
-        | Op::CrossEntropyBackward { .. } => node.outputs.len(),
+        | Op::CrossEntropyBackward { .. }
+        | Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::UnaryBackward { .. } => node.outputs.len(),
     }
 }
 
@@ -162,6 +165,12 @@ fn rule(
         Op::Scale { s } => vec![Some(g.scale(gy()?, *s)?)],
         Op::Gelu { approx } => vec![Some(g.gelu_backward(ins[0], gy()?, *approx)?)],
         Op::Tanh => vec![Some(g.tanh_backward(outs[0], gy()?)?)],
+        Op::Unary { f } => vec![Some(g.apply_backward(*f, ins[0], gy()?)?)],
+        // The function's own rule (`ops::pointwise`), broadcast included.
+        Op::Binary { f } => {
+            let [da, db] = f.gradient(g, ins[0], ins[1], gy()?, [need[0], need[1]])?;
+            vec![da, db]
+        }
         Op::LayerNorm { .. } => {
             let d = g.layer_norm_backward(gy()?, ins[0], ins[1], outs[1], outs[2])?;
             d.into_iter().map(Some).collect()
@@ -252,6 +261,7 @@ fn rule(
         | Op::ReduceSumLeading
         | Op::GeluBackward { .. }
         | Op::TanhBackward
+        | Op::UnaryBackward { .. }
         | Op::LayerNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }

@@ -9,7 +9,8 @@ use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
 use crate::ops::{
-    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, softmax, tanh,
+    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, pointwise, softmax,
+    tanh,
 };
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
@@ -303,6 +304,8 @@ fn eval<T: Real>(
         Op::Scale { s } => add::scale_forward(&mut outs[0], f(0), t(*s)),
         Op::Gelu { approx } => gelu::gelu_forward(&mut outs[0], f(0), *approx),
         Op::Tanh => tanh::tanh_forward(&mut outs[0], f(0)),
+        Op::Unary { f: fun } => pointwise::unary_forward(*fun, &mut outs[0], f(0)),
+        Op::Binary { f: fun } => pointwise::binary_forward(*fun, &mut outs[0], f(0), f(1)),
         Op::LayerNorm { eps } => {
             let [y, mean, rstd] = &mut outs[..] else { unreachable!("layernorm has 3 outputs") };
             layernorm::layernorm_forward(y, mean, rstd, f(0), f(1), f(2), t(*eps));
@@ -375,6 +378,9 @@ fn eval<T: Real>(
         Op::ReduceSumLeading => add::reduce_sum_leading(&mut outs[0], f(0)),
         Op::GeluBackward { approx } => gelu::gelu_backward(&mut outs[0], f(0), f(1), *approx),
         Op::TanhBackward => tanh::tanh_backward(&mut outs[0], f(0), f(1)),
+        Op::UnaryBackward { f: fun } => {
+            pointwise::unary_backward(*fun, &mut outs[0], f(0), f(1));
+        }
         Op::LayerNormBackward => {
             let [dx, dw, db] = &mut outs[..] else {
                 unreachable!("layernorm_backward has 3 outputs")

@@ -29,6 +29,7 @@ use crate::backend::cpu::kernels::elementwise::{
     self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward,
 };
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
+use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
 use crate::backend::cpu::kernels::{copy, embedding, loss, norm, reduce, softmax};
 use crate::backend::cpu::pool::Pool;
@@ -97,7 +98,10 @@ impl Kernels for CpuKernels {
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::Linear { .. }
-            | Op::AddLayerNorm { .. } => {}
+            | Op::AddLayerNorm { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => {}
             Op::Attention { .. } | Op::AttentionBackward { .. } => {
                 let q = if matches!(n.op, Op::Attention { .. }) { 0 } else { 1 };
                 if g.shape(n.inputs[q]).len() != 4 {
@@ -164,7 +168,10 @@ impl Kernels for CpuKernels {
             | Op::GeluBackward { .. }
             | Op::TanhBackward
             | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. } => 0,
+            | Op::CrossEntropyBackward { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => 0,
         }
     }
 }
@@ -466,7 +473,10 @@ impl PlannedExecutor {
                 | Op::TanhBackward
                 | Op::LayerNormBackward
                 | Op::SoftmaxBackward { .. }
-                | Op::CrossEntropyBackward { .. } => 0.0,
+                | Op::CrossEntropyBackward { .. }
+                | Op::Unary { .. }
+                | Op::Binary { .. }
+                | Op::UnaryBackward { .. } => 0.0,
             })
             .sum()
     }
@@ -759,6 +769,19 @@ impl PlannedExecutor {
             Op::Scale { s } => unary(pool, r, wr, rd, rw, Scale(*s)),
             Op::Gelu { approx } => unary(pool, r, wr, rd, rw, Gelu(*approx)),
             Op::Tanh => unary(pool, r, wr, rd, rw, Tanh),
+            Op::Unary { f } => match r.inplace {
+                Some(_) => pw::unary_inplace(pool, rw(0), *f),
+                None => pw::unary(pool, wr(0), rd(0), *f),
+            },
+            Op::UnaryBackward { f } => match r.inplace {
+                Some(_) => pw::unary_backward_inplace(pool, rd(0), rw(1), *f),
+                None => pw::unary_backward(pool, wr(0), rd(0), rd(1), *f),
+            },
+            Op::Binary { f } => match r.inplace {
+                Some(0) => pw::binary_inplace_a(pool, rw(0), rd(1), *f),
+                Some(_) => pw::binary_inplace_b(pool, rd(0), rw(1), *f),
+                None => pw::binary(pool, wr(0), rd(0), rd(1), *f),
+            },
             Op::GeluBackward { approx } => binary_b(pool, r, wr, rd, rw, GeluBackward(*approx)),
             Op::TanhBackward => binary_b(pool, r, wr, rd, rw, TanhBackward),
             Op::Dropout { p, offset } => match r.inplace {
@@ -1128,7 +1151,10 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         | Op::TanhBackward
         | Op::LayerNormBackward
         | Op::SoftmaxBackward { .. }
-        | Op::CrossEntropyBackward { .. } => Aux::None,
+        | Op::CrossEntropyBackward { .. }
+        | Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::UnaryBackward { .. } => Aux::None,
     })
 }
 

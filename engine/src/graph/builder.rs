@@ -6,6 +6,7 @@ use super::error::{fmt_shapes, GraphError};
 use super::{
     ElemType, GeluApprox, Graph, Op, Param, TensorId, TensorInfo, TensorKind, IGNORE_INDEX,
 };
+use crate::ops::pointwise::{BinaryFn, UnaryFn};
 use crate::DType;
 
 type Result<T> = std::result::Result<T, GraphError>;
@@ -224,6 +225,37 @@ impl Graph {
 
     pub fn tanh(&mut self, x: TensorId) -> Result<TensorId> {
         self.unary("tanh", Op::Tanh, x)
+    }
+
+    /// f(x) for a pointwise function of `ops::pointwise`.
+    pub fn apply(&mut self, f: UnaryFn, x: TensorId) -> Result<TensorId> {
+        self.unary(f.name(), Op::Unary { f }, x)
+    }
+
+    /// f(a, b) for a pointwise function of `ops::pointwise`; b's shape equals a's or a trailing
+    /// part of it (broadcast over a's leading dims, as `add`).
+    pub fn apply2(&mut self, f: BinaryFn, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let op = f.name();
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        if !sa.ends_with(&sb) {
+            return Err(shape_err(
+                op,
+                "b's shape must equal a's or a trailing part of it (broadcast over a's leading dims)",
+                &[("a", &sa), ("b", &sb)],
+            ));
+        }
+        Ok(self.push(Op::Binary { f }, vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
+    }
+
+    /// dx = dy·f'(x), f's backward from the forward's input.
+    pub(crate) fn apply_backward(
+        &mut self,
+        f: UnaryFn,
+        x: TensorId,
+        dy: TensorId,
+    ) -> Result<TensorId> {
+        self.binary_same(f.backward_name(), Op::UnaryBackward { f }, [("x", x), ("dy", dy)])
     }
 
     /// LayerNorm over the last dim: w, b of shape (C). Returns y; the node also outputs the row

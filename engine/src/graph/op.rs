@@ -3,6 +3,7 @@
 //! attributes. Backward ops exist only where a gradient cannot be written with forward ops.
 
 pub use crate::ops::gelu::GeluApprox;
+pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
 
 /// Cross-entropy's default ignore index, as PyTorch's and HF's labels (-100 = padding).
 pub const IGNORE_INDEX: i64 = -100;
@@ -26,6 +27,11 @@ pub enum Op {
     Gelu { approx: GeluApprox },
     /// (x) → tanh(x)
     Tanh,
+    /// (x) → f(x), a pointwise function of `ops::pointwise` (SiLU, …).
+    Unary { f: UnaryFn },
+    /// (a, b) → f(a, b), b's shape a suffix of a's (broadcast over a's leading dims): a
+    /// pointwise function of `ops::pointwise` (multiply, …).
+    Binary { f: BinaryFn },
     /// (x (…, C), w (C), b (C)) → (y (…, C), mean (…), rstd (…)); mean and rstd are saved for
     /// the backward and are not differentiable.
     LayerNorm { eps: f32 },
@@ -74,6 +80,8 @@ pub enum Op {
     GeluBackward { approx: GeluApprox },
     /// (y, dy) → dx, from the forward output.
     TanhBackward,
+    /// (x, dy) → dx = dy·f'(x), from the forward input.
+    UnaryBackward { f: UnaryFn },
     /// (dy, x, w, mean, rstd) → (dx, dw, db)
     LayerNormBackward,
     /// (y, dy) → dx, gradient w.r.t. the unscaled input.
@@ -97,6 +105,8 @@ impl Op {
             Op::Scale { .. } => "scale",
             Op::Gelu { .. } => "gelu",
             Op::Tanh => "tanh",
+            Op::Unary { f } => f.name(),
+            Op::Binary { f } => f.name(),
             Op::LayerNorm { .. } => "layernorm",
             Op::Softmax { .. } => "softmax",
             Op::Dropout { .. } => "dropout",
@@ -112,6 +122,7 @@ impl Op {
             Op::ReduceSumLeading => "reduce_sum_leading",
             Op::GeluBackward { .. } => "gelu_backward",
             Op::TanhBackward => "tanh_backward",
+            Op::UnaryBackward { f } => f.backward_name(),
             Op::LayerNormBackward => "layernorm_backward",
             Op::SoftmaxBackward { .. } => "softmax_backward",
             Op::AttentionBackward { .. } => "attention_backward",
@@ -154,7 +165,11 @@ impl Op {
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
             | Op::TanhBackward
-            | Op::LayerNormBackward => String::new(),
+            | Op::LayerNormBackward
+            // The function is the op's name.
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => String::new(),
         }
     }
 
@@ -166,6 +181,7 @@ impl Op {
                 | Op::ReduceSumLeading
                 | Op::GeluBackward { .. }
                 | Op::TanhBackward
+                | Op::UnaryBackward { .. }
                 | Op::LayerNormBackward
                 | Op::SoftmaxBackward { .. }
                 | Op::AttentionBackward { .. }

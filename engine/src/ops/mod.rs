@@ -19,6 +19,7 @@ pub mod layernorm;
 pub mod layout;
 pub mod linear;
 pub mod matmul;
+pub mod pointwise;
 pub mod real;
 pub mod softmax;
 pub mod tanh;

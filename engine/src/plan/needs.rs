@@ -67,7 +67,10 @@ impl Op {
             | Op::TanhBackward
             | Op::LayerNormBackward
             | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. } => Req::Contig,
+            | Op::CrossEntropyBackward { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => Req::Contig,
         }
     }
 
@@ -105,7 +108,10 @@ impl Op {
             | Op::TanhBackward
             | Op::LayerNormBackward
             | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. } => Req::Contig,
+            | Op::CrossEntropyBackward { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => Req::Contig,
         }
     }
 
@@ -114,13 +120,17 @@ impl Op {
     /// aliasing notes in `engine/kernels/*.cu` and `backend/cpu/kernels`).
     pub fn inplace_inputs(&self) -> &'static [usize] {
         match self {
-            Op::Add | Op::AddLayerNorm { .. } => &[0, 1],
-            Op::BiasAdd | Op::Scale { .. } | Op::Gelu { .. } | Op::Tanh | Op::Dropout { .. } => {
-                &[0]
-            }
+            Op::Add | Op::Binary { .. } | Op::AddLayerNorm { .. } => &[0, 1],
+            Op::BiasAdd
+            | Op::Scale { .. }
+            | Op::Gelu { .. }
+            | Op::Tanh
+            | Op::Unary { .. }
+            | Op::Dropout { .. } => &[0],
             // Backward ops over dy.
             Op::GeluBackward { .. }
             | Op::TanhBackward
+            | Op::UnaryBackward { .. }
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. } => &[1],
             Op::Fill { .. }

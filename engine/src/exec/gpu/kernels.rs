@@ -142,7 +142,10 @@ impl Kernels for GpuKernels {
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::Linear { .. }
-            | Op::AddLayerNorm { .. } => {}
+            | Op::AddLayerNorm { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => {}
             Op::Gelu { .. } => {
                 return Err(err(
                     " for a GELU outside a linear layer (the passes fuse it into Op::Linear)",
@@ -263,7 +266,10 @@ impl Kernels for GpuKernels {
             | Op::AddLayerNorm { .. }
             | Op::GeluBackward { .. }
             | Op::TanhBackward
-            | Op::SoftmaxBackward { .. } => 0,
+            | Op::SoftmaxBackward { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::UnaryBackward { .. } => 0,
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
 use kernels::{suffix, GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
-use launch::{elementwise as ew, StepValue};
+use launch::{elementwise as ew, pointwise as pw, StepValue};
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -1036,6 +1036,32 @@ impl Resolver<'_> {
                     _ => ew::TanhBackward { dtype, dx: o, y: inp(0), dy: inp(1), n }.launch(dev),
                 };
                 vec![l.into()]
+            }
+            Op::Unary { f } => {
+                same(&[outs[0], ins[0]])?;
+                let y = if inplace.is_some() { inp(0) } else { out(0) };
+                let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
+                vec![pw::Unary { f, dtype, y, x: inp(0), n }.launch(self.device()).into()]
+            }
+            Op::UnaryBackward { f } => {
+                same(&[outs[0], ins[0], ins[1]])?;
+                let dx = if inplace.is_some() { inp(1) } else { out(0) };
+                let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
+                let l = pw::UnaryBackward { f, dtype, dx, x: inp(0), dy: inp(1), n };
+                vec![l.launch(self.device()).into()]
+            }
+            Op::Binary { f } => {
+                let (len, nb) = (n(outs[0]), n(ins[1]));
+                if nb == 0 || len % nb != 0 {
+                    return Err(no(" for an operand that does not tile the output"));
+                }
+                same(&[outs[0], ins[0], ins[1]])?;
+                let o = match inplace {
+                    Some(k) => inp(k),
+                    None => out(0),
+                };
+                let (f, dtype, a, b) = (*f, dt(outs[0]), inp(0), inp(1));
+                vec![pw::Binary { f, dtype, out: o, a, b, n: len, nb }.launch(self.device()).into()]
             }
             Op::Dropout { p, offset } => {
                 same(&[outs[0], ins[0]])?;

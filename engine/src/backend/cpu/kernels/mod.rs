@@ -14,6 +14,7 @@ pub mod embedding;
 pub mod loss;
 pub mod matmul;
 pub mod norm;
+pub mod pointwise;
 pub mod reduce;
 pub mod simd;
 pub mod softmax;

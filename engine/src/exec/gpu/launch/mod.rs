@@ -9,6 +9,7 @@
 //! as the kernel (`elementwise.cu` `tanh_backward_<T>` → [`elementwise::TanhBackward`]).
 
 pub mod elementwise;
+pub mod pointwise;
 
 use super::kernels::{suffix, EW_BLOCK};
 use crate::DType;

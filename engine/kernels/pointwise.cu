@@ -1,0 +1,47 @@
+// Pointwise functions (engine/src/ops/pointwise.rs): y = f(x), dx = dy·f'(x), out = f(a, b)
+// with b broadcast over a's leading dims. One thread per element, grid-stride; arithmetic in
+// f32, storage T. CPU counterparts: engine/src/backend/cpu/kernels/pointwise.rs (same
+// formulas). Launchers: engine/src/exec/gpu/launch/pointwise.rs.
+//
+// A function is its device formulas (F::f, F::df for a unary one; F::f for a binary one) and
+// one instantiation line below; the kernels are the family's templates.
+#include "port.cuh"
+
+// y = F::f(x); y may alias x. y, x: (N)
+template <typename F, typename T>
+__device__ void unary_forward(T* y, const T* x, long long n) {
+    GRID_STRIDE(i, n) y[i] = from_f32<T>(F::f(to_f32(x[i])));
+}
+
+// dx = dy·F::df(x), from the forward's input; dx may alias dy. dx, x, dy: (N)
+template <typename F, typename T>
+__device__ void unary_backward(T* dx, const T* x, const T* dy, long long n) {
+    GRID_STRIDE(i, n) dx[i] = from_f32<T>(to_f32(dy[i]) * F::df(to_f32(x[i])));
+}
+
+// out[i] = F::f(a[i], b[i mod nb]); out may alias a (or b when nb = N). out, a: (N); b: (nb)
+template <typename F, typename T>
+__device__ void binary(T* out, const T* a, const T* b, long long n, long long nb) {
+    // The same-shape case skips the 64-bit modulo (as elementwise.cu's add).
+    if (nb == n) {
+        GRID_STRIDE(i, n) out[i] = from_f32<T>(F::f(to_f32(a[i]), to_f32(b[i])));
+    } else {
+        GRID_STRIDE(i, n) out[i] = from_f32<T>(F::f(to_f32(a[i]), to_f32(b[i % nb])));
+    }
+}
+
+// The kernels of unary function F named NAME, for storage type T (suffix S).
+#define UNARY(NAME, F, S, T)                                                                      \
+    ORT_KERNEL(NAME##_forward_##S)(T * y, const T* x, long long n) { unary_forward<F, T>(y, x, n); } \
+    ORT_REGISTER(NAME##_forward_##S)                                                              \
+    ORT_KERNEL(NAME##_backward_##S)(T * dx, const T* x, const T* dy, long long n) {               \
+        unary_backward<F, T>(dx, x, dy, n);                                                       \
+    }                                                                                             \
+    ORT_REGISTER(NAME##_backward_##S)
+
+// The kernel of binary function F named NAME, for storage type T (suffix S).
+#define BINARY(NAME, F, S, T)                                                                     \
+    ORT_KERNEL(NAME##_##S)(T * out, const T* a, const T* b, long long n, long long nb) {          \
+        binary<F, T>(out, a, b, n, nb);                                                           \
+    }                                                                                             \
+    ORT_REGISTER(NAME##_##S)

@@ -1,0 +1,103 @@
+//! Pointwise functions: the op families `Op::Unary` (y = f(x)), `Op::UnaryBackward`
+//! (dx = dy·f'(x)) and `Op::Binary` (out = f(a, b), b broadcast over a's leading dims).
+//!
+//! A function is defined here once: its name (which names its kernels), its formula and
+//! derivative (the reference every kernel is tested against) and, for a binary function, its
+//! gradient rule. The backends supply its kernels — `backend/cpu/kernels/pointwise.rs` (the
+//! formula as a `Map1`/`Map2`) and `engine/kernels/pointwise.cu` (the formula as a device
+//! function and its kernels' instantiation) — while everything else (the op's layouts and
+//! in-place inputs, autodiff, the executors' dispatch, the typed GPU launchers) is written
+//! once for the whole family. Adding a function is a variant here, its CPU formula, its `.cu`
+//! formula, and its tests.
+//!
+//! Reference: PyTorch's pointwise ops (`torch.nn.functional.silu`, `torch.mul`) and their
+//! derivatives (`tools/autograd/derivatives.yaml`).
+
+use super::Real;
+use crate::graph::{Graph, GraphError, TensorId};
+
+/// A unary pointwise function y = f(x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnaryFn {}
+
+impl UnaryFn {
+    /// Every function, for the tests that cover each one.
+    pub const ALL: &'static [UnaryFn] = &[];
+
+    /// The op's name and its kernels' stem (`<name>_forward_<T>`, `<name>_backward_<T>`).
+    pub fn name(self) -> &'static str {
+        match self {}
+    }
+
+    /// The backward op's name.
+    pub fn backward_name(self) -> &'static str {
+        match self {}
+    }
+
+    /// f(x).
+    pub fn f<T: Real>(self, _x: T) -> T {
+        match self {}
+    }
+
+    /// f'(x): the backward is dx = dy·f'(x), from the forward's input.
+    pub fn df<T: Real>(self, _x: T) -> T {
+        match self {}
+    }
+}
+
+/// A binary pointwise function out = f(a, b), b of a's shape or a trailing part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryFn {}
+
+impl BinaryFn {
+    /// Every function, for the tests that cover each one.
+    pub const ALL: &'static [BinaryFn] = &[];
+
+    /// The op's name and its kernel's stem (`<name>_<T>`).
+    pub fn name(self) -> &'static str {
+        match self {}
+    }
+
+    /// f(a, b).
+    pub fn f<T: Real>(self, _a: T, _b: T) -> T {
+        match self {}
+    }
+
+    /// The gradient rule: (da, db) from dy as graph ops, where `need` asks. A broadcast b
+    /// (a trailing part of a's shape) gets its gradient summed over a's leading dims.
+    pub fn gradient(
+        self,
+        _g: &mut Graph,
+        _a: TensorId,
+        _b: TensorId,
+        _dy: TensorId,
+        _need: [bool; 2],
+    ) -> Result<[Option<TensorId>; 2], GraphError> {
+        match self {}
+    }
+}
+
+/// y = f(x)
+// y, x: (N)
+pub fn unary_forward<T: Real>(f: UnaryFn, y: &mut [T], x: &[T]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = f.f(v);
+    }
+}
+
+/// dx = dy·f'(x)
+// dx, x, dy: (N)
+pub fn unary_backward<T: Real>(f: UnaryFn, dx: &mut [T], x: &[T], dy: &[T]) {
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        *d = g * f.df(v);
+    }
+}
+
+/// out = f(a, b[i mod nb]): b broadcast over a's leading dims.
+// out, a: (N); b: (nb), nb divides N
+pub fn binary_forward<T: Real>(f: BinaryFn, out: &mut [T], a: &[T], b: &[T]) {
+    let nb = b.len();
+    for (i, (o, &v)) in out.iter_mut().zip(a).enumerate() {
+        *o = f.f(v, b[i % nb]);
+    }
+}
