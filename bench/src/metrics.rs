@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ortbench_models::config::{Architecture, ModelConfig};
+use ortbench_models::config::ModelConfig;
 use serde::Serialize;
 
 use crate::output::{ResultRow, StepRow};
@@ -146,38 +146,12 @@ pub fn speedup_interval(
 
 /// Analytic training FLOPs of one sample of `seq` tokens: 3 × the forward pass's matmul
 /// FLOPs (the backward pass computes two matmuls per forward matmul: the gradients of the
-/// input and of the weight). Counted per layer, 2·m·n·k per matmul:
-///
-/// - attention: Q, K, V and output projections (4 · 2·T·H²), scores Q·Kᵀ and the weighted
-///   sum with V (2 · 2·T²·H) — full T×T even for causal GPT-2, as eager attention computes it;
-/// - MLP: 2 · 2·T·H·I;
-/// - head: BERT MLM's transform (2·T·H²) and decoder (2·T·H·V), GPT-2's LM head (2·T·H·V),
-///   both over every position as HF computes them; BERT classification: pooler and
-///   classifier on the first token only.
-///
-/// Embedding look-ups, LayerNorm, softmax, GELU, dropout and the optimizer are not counted
-/// (they are O(T·H), not O(T·H²)); with them the count is about 1 % higher for bert-base.
+/// input and of the weight). The forward count is the model family's
+/// ([`ModelConfig::flop_count`]: attention projections, the T×T scores and weighted sum, the
+/// MLP's GEMMs, the head over the positions it reads; embeddings, norms, softmax and
+/// activations not counted — about 1 % for bert-base).
 pub fn train_flops_per_sample(cfg: &ModelConfig, seq: usize) -> f64 {
-    let (t, h, i, l, v) = (
-        seq as f64,
-        cfg.hidden_size() as f64,
-        cfg.intermediate_size() as f64,
-        cfg.num_layers() as f64,
-        cfg.vocab_size() as f64,
-    );
-    let attention = 4.0 * 2.0 * t * h * h + 2.0 * 2.0 * t * t * h;
-    let mlp = 2.0 * 2.0 * t * h * i;
-    let head = match cfg.arch {
-        Architecture::BertForMaskedLM => 2.0 * t * h * h + 2.0 * t * h * v,
-        Architecture::Gpt2LMHeadModel => 2.0 * t * h * v,
-        Architecture::BertForSequenceClassification => {
-            2.0 * h * h + 2.0 * h * cfg.num_labels() as f64
-        }
-        Architecture::BertForTokenClassification => 2.0 * t * h * cfg.num_labels() as f64,
-        // The score over the pooled (last non-pad) token only.
-        Architecture::Gpt2ForSequenceClassification => 2.0 * h * cfg.num_labels() as f64,
-    };
-    3.0 * (l * (attention + mlp) + head)
+    3.0 * cfg.flop_count().forward_per_sample(seq)
 }
 
 /// The device's peak TFLOP/s per precision, and where it came from.

@@ -1,84 +1,13 @@
-//! HF `config.json` for the supported architectures, mirrored field by field (as candle's
-//! model files do) so that a hub or local config loads unchanged.
+//! HF `config.json`: the architecture it names, looked up among the families
+//! ([`crate::family::FAMILIES`]), whose module reads its fields (mirrored field by field, as
+//! candle's model files do, so that a hub or local config loads unchanged); and what every
+//! family shares — `num_labels`, `problem_type`, the activation names, size checks.
 
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::family::{Architecture, Family, FamilyInfo, FlopCount, Head};
 use crate::ModelError;
-
-/// Architectures the baseline and the engine implement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Architecture {
-    BertForMaskedLM,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    Gpt2LMHeadModel,
-    Gpt2ForSequenceClassification,
-}
-
-impl Architecture {
-    pub const SUPPORTED: &'static [&'static str] = &[
-        "BertForMaskedLM",
-        "BertForSequenceClassification",
-        "BertForTokenClassification",
-        "GPT2LMHeadModel",
-        "GPT2ForSequenceClassification",
-    ];
-
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Architecture::BertForMaskedLM => "BertForMaskedLM",
-            Architecture::BertForSequenceClassification => "BertForSequenceClassification",
-            Architecture::BertForTokenClassification => "BertForTokenClassification",
-            Architecture::Gpt2LMHeadModel => "GPT2LMHeadModel",
-            Architecture::Gpt2ForSequenceClassification => "GPT2ForSequenceClassification",
-        }
-    }
-
-    /// A sequence classifier (one label, or `num_labels` targets, per row).
-    pub fn is_classifier(self) -> bool {
-        matches!(
-            self,
-            Architecture::BertForSequenceClassification
-                | Architecture::Gpt2ForSequenceClassification
-        )
-    }
-
-    /// The architecture of `family` for `task` (`--task`): what HF's AutoModelFor… builds.
-    pub fn for_task(gpt2: bool, task: &str) -> Option<Self> {
-        Some(match (gpt2, task) {
-            (false, "masked-lm") => Architecture::BertForMaskedLM,
-            (false, "sequence-classification") => Architecture::BertForSequenceClassification,
-            (false, "token-classification") => Architecture::BertForTokenClassification,
-            (true, "causal-lm") => Architecture::Gpt2LMHeadModel,
-            (true, "sequence-classification") => Architecture::Gpt2ForSequenceClassification,
-            _ => return None,
-        })
-    }
-
-    fn from_hf_name(name: &str) -> Option<Self> {
-        match name {
-            "BertForMaskedLM" => Some(Architecture::BertForMaskedLM),
-            "BertForSequenceClassification" => Some(Architecture::BertForSequenceClassification),
-            "BertForTokenClassification" => Some(Architecture::BertForTokenClassification),
-            "GPT2LMHeadModel" => Some(Architecture::Gpt2LMHeadModel),
-            "GPT2ForSequenceClassification" => Some(Architecture::Gpt2ForSequenceClassification),
-            _ => None,
-        }
-    }
-
-    /// The prefix HF gives the base model's parameters (`base_model_prefix`).
-    pub fn base_prefix(self) -> &'static str {
-        match self {
-            Architecture::BertForMaskedLM
-            | Architecture::BertForSequenceClassification
-            | Architecture::BertForTokenClassification => "bert",
-            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
-                "transformer"
-            }
-        }
-    }
-}
 
 /// HF's `config.problem_type` of a sequence classifier: the loss it trains with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,83 +30,6 @@ impl ProblemType {
     }
 }
 
-fn default_true() -> bool {
-    true
-}
-fn default_type_vocab() -> usize {
-    2
-}
-fn default_abs() -> String {
-    "absolute".into()
-}
-
-/// `BertConfig` (transformers/models/bert/configuration_bert.py).
-#[derive(Clone, Debug, Deserialize)]
-pub struct BertConfig {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub intermediate_size: usize,
-    pub hidden_act: String,
-    pub hidden_dropout_prob: f64,
-    pub attention_probs_dropout_prob: f64,
-    pub max_position_embeddings: usize,
-    #[serde(default = "default_type_vocab")]
-    pub type_vocab_size: usize,
-    pub initializer_range: f64,
-    pub layer_norm_eps: f64,
-    #[serde(default)]
-    pub pad_token_id: Option<i64>,
-    #[serde(default = "default_abs")]
-    pub position_embedding_type: String,
-    #[serde(default)]
-    pub classifier_dropout: Option<f64>,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
-}
-
-/// `GPT2Config` (transformers/models/gpt2/configuration_gpt2.py).
-#[derive(Clone, Debug, Deserialize)]
-pub struct Gpt2Config {
-    pub vocab_size: usize,
-    pub n_positions: usize,
-    pub n_embd: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    #[serde(default)]
-    pub n_inner: Option<usize>,
-    pub activation_function: String,
-    pub resid_pdrop: f64,
-    pub embd_pdrop: f64,
-    pub attn_pdrop: f64,
-    pub layer_norm_epsilon: f64,
-    pub initializer_range: f64,
-    #[serde(default = "default_true")]
-    pub scale_attn_weights: bool,
-    #[serde(default)]
-    pub scale_attn_by_inverse_layer_idx: bool,
-    #[serde(default)]
-    pub reorder_and_upcast_attn: bool,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
-    /// GPT2ForSequenceClassification pools the last token that is not `pad_token_id`.
-    #[serde(default)]
-    pub pad_token_id: Option<i64>,
-}
-
-impl Gpt2Config {
-    pub fn inner(&self) -> usize {
-        self.n_inner.unwrap_or(4 * self.n_embd)
-    }
-}
-
-#[derive(Clone, Debug)]
-pub enum Family {
-    Bert(BertConfig),
-    Gpt2(Gpt2Config),
-}
-
 /// A parsed, validated model configuration.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -196,7 +48,8 @@ pub enum Activation {
     GeluTanh,
 }
 
-fn activation(name: &str) -> Result<Activation, ModelError> {
+/// HF's `ACT2FN[name]`, among those we implement (a family checks its config's at parse time).
+pub(crate) fn parse_activation(name: &str) -> Result<Activation, ModelError> {
     match name {
         "gelu" => Ok(Activation::GeluErf),
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
@@ -204,6 +57,11 @@ fn activation(name: &str) -> Result<Activation, ModelError> {
             "activation '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)"
         ))),
     }
+}
+
+/// A family's config struct from a config.json (its fields mirror HF's config class).
+pub(crate) fn hf_fields<T: DeserializeOwned>(raw: &Value, origin: &str) -> Result<T, ModelError> {
+    serde_json::from_value(raw.clone()).map_err(|e| ModelError::BadConfig(format!("{origin}: {e}")))
 }
 
 impl ModelConfig {
@@ -215,7 +73,6 @@ impl ModelConfig {
     }
 
     pub fn from_value(raw: Value, origin: &str) -> Result<Self, ModelError> {
-        let bad = |e: serde_json::Error| ModelError::BadConfig(format!("{origin}: {e}"));
         let archs: Vec<String> = raw
             .get("architectures")
             .and_then(|a| serde_json::from_value(a.clone()).ok())
@@ -225,11 +82,15 @@ impl ModelConfig {
             Some(name) => Architecture::from_hf_name(name).ok_or_else(|| {
                 ModelError::UnsupportedArchitecture(name.clone(), origin.to_string())
             })?,
-            None => match model_type {
-                "bert" => Architecture::BertForMaskedLM,
-                "gpt2" => Architecture::Gpt2LMHeadModel,
-                other => {
-                    let what = if other.is_empty() { "no architectures/model_type" } else { other };
+            // HF's default class of the model_type: the family's first head.
+            None => match FamilyInfo::by_model_type(model_type) {
+                Some(family) => Architecture::default_of(family),
+                None => {
+                    let what = if model_type.is_empty() {
+                        "no architectures/model_type"
+                    } else {
+                        model_type
+                    };
                     return Err(ModelError::UnsupportedArchitecture(
                         what.to_string(),
                         origin.to_string(),
@@ -237,42 +98,16 @@ impl ModelConfig {
                 }
             },
         };
-        let family = match arch {
-            Architecture::BertForMaskedLM
-            | Architecture::BertForSequenceClassification
-            | Architecture::BertForTokenClassification => {
-                let c: BertConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
-                activation(&c.hidden_act)?;
-                if c.position_embedding_type != "absolute" {
-                    return Err(ModelError::Unsupported(format!(
-                        "position_embedding_type '{}' (only 'absolute')",
-                        c.position_embedding_type
-                    )));
-                }
-                Family::Bert(c)
-            }
-            Architecture::Gpt2LMHeadModel | Architecture::Gpt2ForSequenceClassification => {
-                let c: Gpt2Config = serde_json::from_value(raw.clone()).map_err(bad)?;
-                activation(&c.activation_function)?;
-                if c.scale_attn_by_inverse_layer_idx
-                    || c.reorder_and_upcast_attn
-                    || !c.scale_attn_weights
-                {
-                    return Err(ModelError::Unsupported(
-                        "GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, scale_attn_weights=false)".into(),
-                    ));
-                }
-                Family::Gpt2(c)
-            }
-        };
+        let family = (arch.family().parse)(&raw, origin)?;
         let cfg = ModelConfig { arch, family, raw };
         cfg.validate(origin)?;
         if arch.is_classifier() {
             cfg.problem_type().map_err(|e| ModelError::BadConfig(format!("{origin}: {e}")))?;
         }
-        if arch == Architecture::BertForTokenClassification && cfg.num_labels() < 2 {
+        if arch.head() == Head::TokenClassification && cfg.num_labels() < 2 {
             return Err(ModelError::BadConfig(format!(
-                "{origin}: BertForTokenClassification needs num_labels >= 2"
+                "{origin}: {} needs num_labels >= 2",
+                arch.hf_name()
             )));
         }
         Ok(cfg)
@@ -350,90 +185,47 @@ impl ModelConfig {
     }
 
     pub fn vocab_size(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.vocab_size,
-            Family::Gpt2(c) => c.vocab_size,
-        }
+        self.family.model().vocab_size()
     }
     pub fn hidden_size(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.hidden_size,
-            Family::Gpt2(c) => c.n_embd,
-        }
+        self.family.model().hidden_size()
     }
     pub fn num_layers(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.num_hidden_layers,
-            Family::Gpt2(c) => c.n_layer,
-        }
+        self.family.model().num_layers()
     }
     pub fn num_heads(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.num_attention_heads,
-            Family::Gpt2(c) => c.n_head,
-        }
+        self.family.model().num_heads()
     }
     pub fn intermediate_size(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.intermediate_size,
-            Family::Gpt2(c) => c.inner(),
-        }
+        self.family.model().intermediate_size()
     }
     pub fn max_positions(&self) -> usize {
-        match &self.family {
-            Family::Bert(c) => c.max_position_embeddings,
-            Family::Gpt2(c) => c.n_positions,
-        }
+        self.family.model().max_positions()
     }
     pub fn initializer_range(&self) -> f64 {
-        match &self.family {
-            Family::Bert(c) => c.initializer_range,
-            Family::Gpt2(c) => c.initializer_range,
-        }
+        self.family.model().initializer_range()
     }
     pub fn layer_norm_eps(&self) -> f64 {
-        match &self.family {
-            Family::Bert(c) => c.layer_norm_eps,
-            Family::Gpt2(c) => c.layer_norm_epsilon,
-        }
+        self.family.model().layer_norm_eps()
     }
     pub fn tie_word_embeddings(&self) -> bool {
-        match &self.family {
-            Family::Bert(c) => c.tie_word_embeddings,
-            Family::Gpt2(c) => c.tie_word_embeddings,
-        }
+        self.family.model().tie_word_embeddings()
     }
     pub fn activation(&self) -> Activation {
-        let name = match &self.family {
-            Family::Bert(c) => &c.hidden_act,
-            Family::Gpt2(c) => &c.activation_function,
-        };
-        activation(name).expect("validated at parse time")
+        self.family.model().activation()
     }
 
-    /// Overrides every dropout probability of the model (`--dropout`).
+    /// The sizes of this model's forward matmul FLOP count (MFU), as its family states them.
+    pub fn flop_count(&self) -> FlopCount {
+        self.family.model().flop_count(self)
+    }
+
+    /// Overrides every dropout probability of the model (`--dropout`), in the raw config too.
     pub fn set_dropout(&mut self, p: f64) {
-        match &mut self.family {
-            Family::Bert(c) => {
-                c.hidden_dropout_prob = p;
-                c.attention_probs_dropout_prob = p;
-                c.classifier_dropout = Some(p);
-            }
-            Family::Gpt2(c) => {
-                c.resid_pdrop = p;
-                c.embd_pdrop = p;
-                c.attn_pdrop = p;
-            }
-        }
-        for key in [
-            "hidden_dropout_prob",
-            "attention_probs_dropout_prob",
-            "classifier_dropout",
-            "resid_pdrop",
-            "embd_pdrop",
-            "attn_pdrop",
-        ] {
-            if let Some(v) = self.raw.get_mut(key) {
+        let family = self.family.model_mut();
+        family.set_dropout(p);
+        for key in family.dropout_keys() {
+            if let Some(v) = self.raw.get_mut(*key) {
                 *v = serde_json::json!(p);
             }
         }
@@ -461,7 +253,7 @@ mod tests {
             "test",
         )
         .unwrap();
-        assert_eq!(c.arch, Architecture::Gpt2LMHeadModel);
+        assert_eq!(c.arch.hf_name(), "GPT2LMHeadModel");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::path::Path;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
-use crate::config::{Architecture, ModelConfig, ProblemType};
+use crate::config::{ModelConfig, ProblemType};
+use crate::family::Head;
 use crate::rng::Rng;
 use crate::ModelError;
 
@@ -38,14 +39,11 @@ pub enum Task {
 
 impl Task {
     pub fn for_config(cfg: &ModelConfig) -> Task {
-        match cfg.arch {
-            Architecture::BertForMaskedLM => Task::MaskedLm,
-            Architecture::Gpt2LMHeadModel => Task::CausalLm,
-            Architecture::BertForTokenClassification => {
-                Task::TokenClassification { num_labels: cfg.num_labels() }
-            }
-            Architecture::BertForSequenceClassification
-            | Architecture::Gpt2ForSequenceClassification => Task::SequenceClassification {
+        match cfg.arch.head() {
+            Head::MaskedLm => Task::MaskedLm,
+            Head::CausalLm => Task::CausalLm,
+            Head::TokenClassification => Task::TokenClassification { num_labels: cfg.num_labels() },
+            Head::SequenceClassification => Task::SequenceClassification {
                 num_labels: cfg.num_labels(),
                 problem: cfg.problem_type().expect("checked when the config was parsed"),
             },

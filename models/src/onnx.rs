@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 use ortbench_engine::graph::{GeluApprox, Graph, Op, TensorId, TensorKind};
 use prost::Message;
 
-use crate::config::{Family, ModelConfig};
-use crate::family::bert::graph as bert;
+use crate::config::ModelConfig;
+use crate::family::Pads;
 use crate::graph::{
     GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK,
     POSITION_IDS, TOKEN_TYPE_IDS,
@@ -159,7 +159,7 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
             g.num_param_elems()
         )));
     }
-    let pads = Pads::of(&cfg);
+    let pads = cfg.family.model().pads();
     let mut ex = Exporter::new(&probes);
     ex.export(&pads).map_err(unsupported)?;
     let Exporter { out, engine_ops, .. } = ex;
@@ -239,23 +239,6 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
         }],
     };
     Ok((model, report))
-}
-
-/// The pad ids the derived inputs compare against (`FeedInfo`'s `padding_idx` / `gpt2_pad`).
-struct Pads {
-    /// BERT's `pad_token_id` when it is a row of the word embedding (the pad masks exist).
-    bert: Option<i64>,
-    /// GPT-2's `pad_token_id` (the classifier pools the last other token).
-    gpt2: Option<i64>,
-}
-
-impl Pads {
-    fn of(cfg: &ModelConfig) -> Self {
-        match &cfg.family {
-            Family::Bert(c) => Pads { bert: bert::padding_idx(c), gpt2: None },
-            Family::Gpt2(c) => Pads { bert: None, gpt2: c.pad_token_id },
-        }
-    }
 }
 
 // ------------------------------------------------------------------------------- sizes
@@ -751,7 +734,7 @@ impl<'a> Exporter<'a> {
             NOT_PAD_MASK | PAD_MASK => {
                 // 1.0 where the id is (not) the pad id, (B, T) → (B, T, 1, 1) f32.
                 let pad = pads
-                    .bert
+                    .embedding
                     .ok_or("the graph takes pad masks but the config has no pad_token_id")?;
                 let pad = o.i64s(&[pad], true);
                 let is_pad = o.op("Equal", "is_pad", &[INPUT_IDS, &pad], vec![]); // (B, T) bool
@@ -781,7 +764,7 @@ impl<'a> Exporter<'a> {
                 // the last position (T − 1), as FeedInfo::feed.
                 let positions = self.positions_i64();
                 let o = &mut self.out;
-                let weighted = match pads.gpt2 {
+                let weighted = match pads.pooling {
                     Some(pad) => {
                         let pad = o.i64s(&[pad], true);
                         let is_pad = o.op("Equal", "is_pad", &[INPUT_IDS, &pad], vec![]);
@@ -1136,7 +1119,7 @@ mod tests {
 
     fn export_err(probes: &Probes) -> String {
         probes.check_structure().unwrap();
-        Exporter::new(probes).export(&Pads { bert: None, gpt2: None }).unwrap_err()
+        Exporter::new(probes).export(&Pads::default()).unwrap_err()
     }
 
     /// An op with no mapping and a size not of the fitted form are errors naming the node.

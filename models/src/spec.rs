@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use hf_hub::{Cache, Repo};
 
 use crate::config::ModelConfig;
+use crate::family::{Architecture, TASKS};
 use crate::ModelError;
 
 /// Configs shipped with ortbench (models/configs/*.json), by their HF names.
@@ -187,14 +188,10 @@ impl ResolvedModel {
     }
 }
 
-/// One file of a hub repo: the cache first, then a download unless offline.
-/// The tasks `--task` names (HF's AutoModelFor… of each family).
-pub const TASKS: &[&str] =
-    &["masked-lm", "causal-lm", "sequence-classification", "token-classification"];
-
-/// `cfg` with the head of `task` (`--task`), or unchanged for None or its own task. A BERT
-/// checkpoint does masked-lm or sequence-classification, a GPT-2 one causal-lm or
-/// sequence-classification; the new head's weights are then initialised (the loader reports
+/// `cfg` with the head of `task` (`--task`), or unchanged for None or its own task. A
+/// checkpoint trains the tasks of the heads its family lists (a BERT one masked-lm,
+/// sequence-classification or token-classification, a GPT-2 one causal-lm or
+/// sequence-classification); the new head's weights are then initialised (the loader reports
 /// them as missing, the old head's as unused).
 pub fn with_task(
     cfg: ModelConfig,
@@ -202,16 +199,13 @@ pub fn with_task(
     origin: &str,
 ) -> Result<ModelConfig, ModelError> {
     let Some(task) = task else { return Ok(cfg) };
-    let gpt2 = matches!(cfg.family, crate::Family::Gpt2(_));
-    let arch = crate::config::Architecture::for_task(gpt2, task).ok_or_else(|| {
-        let (family, ok) = if gpt2 {
-            ("GPT-2", "causal-lm, sequence-classification")
-        } else {
-            ("BERT", "masked-lm, sequence-classification, token-classification")
-        };
+    let family = cfg.arch.family();
+    let arch = Architecture::for_task(family, task).ok_or_else(|| {
         if TASKS.contains(&task) {
             ModelError::Unsupported(format!(
-                "--task {task}: a {family} model ({origin}) trains {ok}"
+                "--task {task}: a {} model ({origin}) trains {}",
+                family.name,
+                family.task_names().join(", ")
             ))
         } else {
             ModelError::Unsupported(format!(
@@ -226,6 +220,7 @@ pub fn with_task(
     cfg.with_architecture(arch, origin)
 }
 
+/// One file of a hub repo: the cache first, then a download unless offline.
 pub fn fetch_hub_file(repo_id: &str, file: &str, hub: &HubOptions) -> Result<PathBuf, ModelError> {
     if let Some(p) = hub.cache.repo(Repo::model(repo_id.to_string())).get(file) {
         return Ok(p);
@@ -283,7 +278,7 @@ mod tests {
             .unwrap();
         Weights::init(&cfg, 0).save(&dir.path().join("model.safetensors")).unwrap();
         let r = resolve(dir.path().to_str().unwrap(), &offline(Path::new("/nonexistent"))).unwrap();
-        assert_eq!(r.config.arch, crate::Architecture::Gpt2LMHeadModel);
+        assert_eq!(r.config.arch.hf_name(), "GPT2LMHeadModel");
         assert_eq!(r.weights_file.unwrap(), dir.path().join("model.safetensors"));
         // A directory without config.json is a clear error.
         let empty = tempfile::tempdir().unwrap();

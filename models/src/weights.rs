@@ -9,7 +9,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use crate::config::ModelConfig;
-use crate::params::{param_specs, untied_head_name, word_embedding_name, Init, ParamSpec};
+use crate::params::{param_specs, Init, ParamSpec};
 use crate::rng::Rng;
 use crate::ModelError;
 
@@ -92,7 +92,8 @@ impl Weights {
         let specs = param_specs(cfg);
         let expected: HashMap<&str, &ParamSpec> =
             specs.iter().map(|s| (s.name.as_str(), s)).collect();
-        let prefix = cfg.arch.base_prefix();
+        let family = cfg.arch.family();
+        let prefix = family.base_prefix;
 
         // Map every file key onto our canonical name.
         let mut by_name: HashMap<String, String> = HashMap::new();
@@ -111,13 +112,13 @@ impl Weights {
                 }
             }
             // Tied weights may be saved under the head's name.
-            if cfg.tie_word_embeddings()
-                && (name == untied_head_name(cfg.arch) || name == "lm_head.weight")
+            if cfg.tie_word_embeddings() && (name == family.untied_head || name == "lm_head.weight")
             {
-                name = word_embedding_name(cfg.arch).to_string();
+                name = family.word_embedding.to_string();
             }
-            if name == "cls.predictions.decoder.bias" {
-                name = "cls.predictions.bias".into();
+            if let Some((_, ours)) = family.checkpoint_aliases.iter().find(|(old, _)| *old == name)
+            {
+                name = ours.to_string();
             }
             if expected.contains_key(name.as_str()) {
                 by_name.entry(name).or_insert_with(|| key.to_string());

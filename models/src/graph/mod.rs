@@ -1,6 +1,8 @@
-//! The engine graph builders: each supported HF architecture written as an `ortbench-engine`
-//! graph that computes the same function as the tch baseline in `torch/` (same op order, same
-//! loss, same gradients — `tests/tests/engine_parity.rs` checks it).
+//! The engine graphs of the models: each family's builder (`family/<family>/graph.rs`) writes its
+//! HF architecture as an `ortbench-engine` graph that computes the same function as its tch
+//! baseline (same op order, same loss, same gradients — `tests/tests/engine_parity.rs` checks
+//! it) on the `Builder` here; this module adds the loss, runs the passes and autodiff, and
+//! feeds the graph's inputs.
 //!
 //! Parameters are declared first, in [`param_specs`] order under their HF names, so the engine's
 //! flat parameter buffer is the plain concatenation of a [`Weights`]' tensors
@@ -29,25 +31,27 @@ use ortbench_engine::passes::{self, PassConfig, PassReport};
 use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 
 use crate::config::ProblemType;
-use crate::config::{Activation, Architecture, Family, ModelConfig};
+use crate::config::{Activation, ModelConfig};
 use crate::data::{Batch, Task};
-use crate::family::{bert::graph as bert, gpt2::graph as gpt2};
+use crate::family::{Architecture, Head, Pads};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
 use crate::ModelError;
 
 /// Token ids, (B, T) i64.
 pub const INPUT_IDS: &str = "input_ids";
-/// Labels as the loss consumes them, i64: (B, T) for language models — for GPT-2 already
+/// Labels as the loss consumes them, i64: (B, T) for language models — for a causal LM already
 /// shifted by [`EngineModel::feed`] — and (B,) for sequence classification.
 pub const LABELS: &str = "labels";
 /// 0..T, (T) i64: HF's default `position_ids` (absolute positions).
 pub const POSITION_IDS: &str = "position_ids";
-/// BERT's segment ids, (B, T) i64; zeros, as HF's default when none are given.
+/// Segment ids (BERT's), (B, T) i64; zeros, as HF's default when none are given.
 pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
-/// BERT with a `pad_token_id`: 1.0 where the token is not padding, (B, T, 1, 1) f32.
+/// A word embedding with a `padding_idx` ([`Pads::embedding`]): 1.0 where the token is not
+/// padding, (B, T, 1, 1) f32.
 pub const NOT_PAD_MASK: &str = "input_ids_not_pad";
-/// BERT with a `pad_token_id`: 1.0 where the token is padding, (B, T, 1, 1) f32.
+/// A word embedding with a `padding_idx` ([`Pads::embedding`]): 1.0 where the token is
+/// padding, (B, T, 1, 1) f32.
 pub const PAD_MASK: &str = "input_ids_is_pad";
 /// Graphs built [`GraphOptions::with_attention_mask`]: HF's `attention_mask` as the additive
 /// key-padding mask attention adds to its scores, (B, 1, 1, T) in the graph's dtype: 0 at
@@ -56,8 +60,8 @@ pub const PAD_MASK: &str = "input_ids_is_pad";
 pub const ATTENTION_MASK: &str = "attention_mask";
 /// Regression classifiers: the float targets, (B, 1) in the graph's dtype.
 pub const TARGETS: &str = "regression_targets";
-/// GPT2ForSequenceClassification: 1.0 at each row's pooled token (the last that is not
-/// `pad_token_id`, HF's rule), (B, 1, T) in the graph's dtype.
+/// A last-token-pooling classifier (GPT2ForSequenceClassification): 1.0 at each row's pooled
+/// token (the last that is not [`Pads::pooling`], HF's rule), (B, 1, T) in the graph's dtype.
 pub const LAST_TOKEN: &str = "last_token_selector";
 
 /// What to build: the static sizes of a step, the storage dtype of activations and the graph
@@ -133,12 +137,10 @@ pub struct EngineModel {
     pub pass_report: PassReport,
     /// Every `param_specs(cfg)` entry, in that order, with its (offset, len) in the flat buffer.
     pub params: Vec<ParamSlot>,
-    /// BERT's `pad_token_id` when it is a valid row of the word embedding.
-    pub padding_idx: Option<i64>,
+    /// The pad ids the derived inputs use, as the family says.
+    pub pads: Pads,
     /// What the loss trains (and so which labels `feed` takes).
     pub task: Task,
-    /// GPT-2's `pad_token_id` (GPT2ForSequenceClassification pools the last other token).
-    gpt2_pad: Option<i64>,
     vocab_size: usize,
     num_labels: usize,
 }
@@ -176,26 +178,14 @@ fn build_logits(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(Builder, Tens
                 .map_err(|e| graph_err(cfg, e))?;
         b.attention_mask = Some(m);
     }
-    let logits = match cfg.arch {
-        Architecture::BertForMaskedLM => bert::bert_for_masked_lm(&mut b, cfg, opts),
-        Architecture::BertForSequenceClassification => {
-            bert::bert_for_sequence_classification(&mut b, cfg, opts)
-        }
-        Architecture::BertForTokenClassification => {
-            bert::bert_for_token_classification(&mut b, cfg, opts)
-        }
-        Architecture::Gpt2LMHeadModel => gpt2::gpt2_lm_head_model(&mut b, cfg, opts),
-        Architecture::Gpt2ForSequenceClassification => {
-            gpt2::gpt2_for_sequence_classification(&mut b, cfg, opts)
-        }
-    }
-    .map_err(|e| build_err(cfg, e))?;
+    let logits =
+        cfg.family.model().build_logits(&mut b, cfg, opts).map_err(|e| build_err(cfg, e))?;
     Ok((b, logits))
 }
 
-/// HF's loss on `logits`: mean cross-entropy over labels ≠ −100 for language models (GPT-2's
-/// labels arrive shifted: see [`EngineModel::feed`]) and token classification; the problem
-/// type's loss for sequence classifiers.
+/// HF's loss on `logits`: mean cross-entropy over labels ≠ −100 for language models (a causal
+/// LM's labels arrive shifted: see [`EngineModel::feed`]) and token classification; the
+/// problem type's loss for sequence classifiers.
 fn add_loss(
     b: &mut Builder,
     cfg: &ModelConfig,
@@ -242,10 +232,6 @@ pub fn build_training_graph(
             len: p.len,
         })
         .collect();
-    let (padding_idx, gpt2_pad) = match &cfg.family {
-        Family::Bert(c) => (bert::padding_idx(c), None),
-        Family::Gpt2(c) => (None, c.pad_token_id),
-    };
     let task = Task::for_config(cfg);
     let num_labels = if cfg.arch.is_classifier() { cfg.num_labels() } else { 0 };
     Ok(EngineModel {
@@ -258,9 +244,8 @@ pub fn build_training_graph(
         loss,
         pass_report,
         params,
-        padding_idx,
+        pads: cfg.family.model().pads(),
         task,
-        gpt2_pad,
         vocab_size: cfg.vocab_size(),
         num_labels,
     })
@@ -325,8 +310,8 @@ impl EngineModel {
         Ok(Weights { tensors })
     }
 
-    /// Every graph input for `batch`: ids, labels (GPT-2's shifted here), positions, token types
-    /// and BERT's padding masks.
+    /// Every graph input for `batch`: ids, labels (a causal LM's shifted here), positions, token
+    /// types and the padding masks.
     pub fn feed(&self, batch: &Batch) -> Result<Feed, ModelError> {
         self.feed_info().feed(&self.graph, batch)
     }
@@ -336,9 +321,8 @@ impl EngineModel {
             arch: self.arch,
             batch_size: self.batch_size,
             seq_len: self.seq_len,
-            padding_idx: self.padding_idx,
+            pads: self.pads,
             task: self.task,
-            gpt2_pad: self.gpt2_pad,
             vocab_size: self.vocab_size,
         }
     }
@@ -370,15 +354,14 @@ struct FeedInfo {
     arch: Architecture,
     batch_size: usize,
     seq_len: usize,
-    padding_idx: Option<i64>,
+    pads: Pads,
     task: Task,
-    gpt2_pad: Option<i64>,
     vocab_size: usize,
 }
 
 impl FeedInfo {
-    /// Every input of `graph` for `batch`: ids, labels (GPT-2's shifted here) when the graph
-    /// has a loss, positions, token types, the padding masks, GPT-2's pooled-token selector.
+    /// Every input of `graph` for `batch`: ids, labels (a causal LM's shifted here) when the
+    /// graph has a loss, positions, token types, the padding masks, the pooled-token selector.
     fn feed(&self, graph: &Graph, batch: &Batch) -> Result<Feed, ModelError> {
         let (b, t) = (self.batch_size, self.seq_len);
         if batch.batch_size != b || batch.seq_len != t || batch.input_ids.len() != b * t {
@@ -430,7 +413,7 @@ impl FeedInfo {
                 POSITION_IDS => FeedData::Ids((0..t as i64).collect()),
                 TOKEN_TYPE_IDS => FeedData::Ids(vec![0; b * t]),
                 NOT_PAD_MASK | PAD_MASK => {
-                    let pad = self.padding_idx.expect("pad masks exist only with a padding_idx");
+                    let pad = self.pads.embedding.expect("pad masks exist only with a padding_idx");
                     let want = name == PAD_MASK;
                     FeedData::Floats(
                         batch
@@ -446,7 +429,7 @@ impl FeedInfo {
                     // are); the last position when there is no pad token (batch 1 only).
                     let mut sel = vec![0.0; b * t];
                     for (row, ids) in batch.input_ids.chunks_exact(t).enumerate() {
-                        let last = match self.gpt2_pad {
+                        let last = match self.pads.pooling {
                             Some(pad) => ids.iter().rposition(|&i| i != pad).unwrap_or(0),
                             None => t - 1,
                         };
@@ -475,12 +458,12 @@ impl FeedInfo {
         Ok(Feed { entries })
     }
 
-    /// Labels as the graph's loss reads them. GPT-2: HF shifts inside the model (logits[:, :-1]
-    /// against labels[:, 1:]); here position t gets label t+1 and the last position −100, which
-    /// is the same mean over the same pairs.
+    /// Labels as the graph's loss reads them. A causal LM: HF shifts inside the model
+    /// (logits[:, :-1] against labels[:, 1:]); here position t gets label t+1 and the last
+    /// position −100, which is the same mean over the same pairs.
     fn labels(&self, batch: &Batch) -> Vec<i64> {
-        match self.arch {
-            Architecture::Gpt2LMHeadModel => {
+        match self.arch.head() {
+            Head::CausalLm => {
                 let t = self.seq_len;
                 let mut out = vec![crate::IGNORE_INDEX; batch.labels.len()];
                 for (dst, src) in out.chunks_exact_mut(t).zip(batch.labels.chunks_exact(t)) {
@@ -508,17 +491,12 @@ impl InferenceModel {
     /// to 0 for evaluation, as `model.eval()`).
     pub fn new(cfg: &ModelConfig, opts: &GraphOptions) -> Result<Self, ModelError> {
         let (graph, logits) = build_inference_graph(cfg, opts)?;
-        let (padding_idx, gpt2_pad) = match &cfg.family {
-            Family::Bert(c) => (bert::padding_idx(c), None),
-            Family::Gpt2(c) => (None, c.pad_token_id),
-        };
         let info = FeedInfo {
             arch: cfg.arch,
             batch_size: opts.batch_size,
             seq_len: opts.seq_len,
-            padding_idx,
+            pads: cfg.family.model().pads(),
             task: Task::for_config(cfg),
-            gpt2_pad,
             vocab_size: cfg.vocab_size(),
         };
         Ok(InferenceModel { graph, logits, info })
@@ -765,6 +743,7 @@ impl Builder {
 mod tests {
     use super::*;
     use crate::data::DataSource;
+    use crate::family::Family;
     use crate::spec::builtin_config;
     use ortbench_engine::graph::Op;
 

@@ -1,7 +1,8 @@
-//! The `pytorch` baseline: BERT and GPT-2 in libtorch eager through tch, written the way HF
-//! Transformers writes them (module per HF class, HF parameter names, `sdpa` attention), and
-//! trained the way HF Trainer trains them by default (torch's fused AdamW with decay groups,
-//! global-norm clipping, dynamic loss scaling for fp16).
+//! The `pytorch` baseline: each family's model in libtorch eager through tch (its module is
+//! `family/<family>/torch.rs`, over the layers here), written the way HF Transformers writes it
+//! (module per HF class, HF parameter names, `sdpa` attention), and trained the way HF Trainer
+//! trains it by default (torch's fused AdamW with decay groups, global-norm clipping, dynamic
+//! loss scaling for fp16).
 
 mod autocast;
 pub(crate) mod layers;
@@ -16,20 +17,27 @@ use std::collections::HashMap;
 
 use tch::{nn, Device, Kind, Tensor};
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::data::Batch;
-use crate::family::{bert::torch as bert, gpt2::torch as gpt2};
 use crate::params::param_specs;
 use crate::weights::{NamedTensor, Weights};
 use crate::ModelError;
 
-/// A model of one of the supported architectures.
-pub enum TorchModel {
-    BertMlm(bert::BertForMaskedLM),
-    BertCls(bert::BertForSequenceClassification),
-    BertTok(bert::BertForTokenClassification),
-    Gpt2(gpt2::Gpt2LMHeadModel),
-    Gpt2Cls(gpt2::Gpt2ForSequenceClassification),
+/// A model of one of the supported architectures: its family's module for its head.
+pub struct TorchModel(Box<dyn TorchLoss>);
+
+/// What the baseline asks of a family's tch model with one head: HF's `outputs.loss`.
+pub(crate) trait TorchLoss: Send {
+    /// The scalar loss, fp32. input_ids: (B, T); attention_mask: (B, T) 0/1, None when nothing
+    /// is padded; labels: the task's (`Batch::labels`), flat; targets: a regression's (B,).
+    fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor;
 }
 
 /// Variables by HF name. Variables live in a VarStore whose group 0 gets weight decay and
@@ -80,23 +88,7 @@ pub fn create_vars(
 
 impl TorchModel {
     pub fn new(cfg: &ModelConfig, vars: &Vars) -> Self {
-        match cfg.arch {
-            Architecture::BertForMaskedLM => {
-                TorchModel::BertMlm(bert::BertForMaskedLM::new(cfg, vars))
-            }
-            Architecture::BertForSequenceClassification => {
-                TorchModel::BertCls(bert::BertForSequenceClassification::new(cfg, vars))
-            }
-            Architecture::BertForTokenClassification => {
-                TorchModel::BertTok(bert::BertForTokenClassification::new(cfg, vars))
-            }
-            Architecture::Gpt2LMHeadModel => {
-                TorchModel::Gpt2(gpt2::Gpt2LMHeadModel::new(cfg, vars))
-            }
-            Architecture::Gpt2ForSequenceClassification => {
-                TorchModel::Gpt2Cls(gpt2::Gpt2ForSequenceClassification::new(cfg, vars))
-            }
-        }
+        TorchModel(cfg.family.model().torch_model(cfg, vars))
     }
 
     /// The scalar training loss of `batch` (HF's `outputs.loss`), in fp32.
@@ -114,13 +106,7 @@ impl TorchModel {
         let mask = mask.as_ref();
         let targets = batch.targets.as_ref().map(|v| Tensor::from_slice(v).to_device(device));
         let targets = targets.as_ref();
-        match self {
-            TorchModel::BertMlm(m) => m.loss(&ids, mask, &labels, train),
-            TorchModel::BertCls(m) => m.loss(&ids, mask, &labels, targets, train),
-            TorchModel::BertTok(m) => m.loss(&ids, mask, &labels, train),
-            TorchModel::Gpt2(m) => m.loss(&ids, mask, &labels, train),
-            TorchModel::Gpt2Cls(m) => m.loss(&ids, mask, &labels, targets, train),
-        }
+        self.0.loss(&ids, mask, &labels, targets, train)
     }
 }
 

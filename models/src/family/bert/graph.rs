@@ -1,27 +1,16 @@
-//! BERT as engine graphs: the same function as `torch/bert.rs` (transformers'
+//! BERT as engine graphs: the same function as `torch.rs` beside it (transformers'
 //! modeling_bert.py, absolute positions; with an attention mask when the graph is built for
 //! padded batches — without one, pad tokens are attended to like any token, as HF does when no
 //! `attention_mask` is passed).
 
 use ortbench_engine::graph::TensorId;
 
-use crate::config::{Architecture, BertConfig, Family, ModelConfig};
+use super::{BertConfig, INFO};
+use crate::config::ModelConfig;
+use crate::family::Head;
 use crate::graph::{
     BResult, Builder, GraphOptions, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
 };
-use crate::params::{untied_head_name, word_embedding_name};
-
-fn bert_config(cfg: &ModelConfig) -> &BertConfig {
-    match &cfg.family {
-        Family::Bert(c) => c,
-        Family::Gpt2(_) => unreachable!("BERT graph built from a GPT-2 config"),
-    }
-}
-
-/// `nn.Embedding(padding_idx=pad_token_id)` of BertEmbeddings, as the baseline takes it.
-pub(crate) fn padding_idx(c: &BertConfig) -> Option<i64> {
-    c.pad_token_id.filter(|&p| p >= 0 && (p as usize) < c.vocab_size)
-}
 
 /// The word-embedding lookup with `padding_idx`: rows of `table` for `ids`, where the padding
 /// row gets no gradient from this lookup (it still gets one through a tied decoder).
@@ -57,8 +46,8 @@ fn bert_embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BRes
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
     let token_types = b.g.input_ids(TOKEN_TYPE_IDS, &[bs, t])?; // (B, T)
     let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
-    let word_table = b.p("bert.embeddings.word_embeddings.weight");
-    let word = match padding_idx(c) {
+    let word_table = b.p(INFO.word_embedding);
+    let word = match c.padding_idx() {
         Some(_) => word_embedding(b, word_table, ids, opts)?,
         None => b.g.embedding(word_table, ids)?,
     }; // (B, T, C)
@@ -74,8 +63,13 @@ fn bert_embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BRes
 /// residual, LayerNorm) → BertIntermediate (dense, act) → BertOutput (dense, dropout,
 /// residual, LayerNorm).
 // x: (B, T, C) -> (B, T, C)
-fn bert_layer(b: &mut Builder, x: TensorId, p: &str, cfg: &ModelConfig) -> BResult<TensorId> {
-    let c = bert_config(cfg);
+fn bert_layer(
+    b: &mut Builder,
+    x: TensorId,
+    p: &str,
+    c: &BertConfig,
+    cfg: &ModelConfig,
+) -> BResult<TensorId> {
     let heads = c.num_attention_heads;
     let q = b.linear(x, &format!("{p}.attention.self.query"))?; // (B, T, C)
     let k = b.linear(x, &format!("{p}.attention.self.key"))?;
@@ -97,11 +91,15 @@ fn bert_layer(b: &mut Builder, x: TensorId, p: &str, cfg: &ModelConfig) -> BResu
 
 /// `BertModel` without the pooler: embeddings and the encoder layers.
 // returns (B, T, C)
-fn bert_encoder(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BResult<TensorId> {
-    let c = bert_config(cfg);
+fn bert_encoder(
+    b: &mut Builder,
+    c: &BertConfig,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
     let mut x = bert_embeddings(b, c, opts)?;
     for i in 0..c.num_hidden_layers {
-        x = bert_layer(b, x, &format!("bert.encoder.layer.{i}"), cfg)?;
+        x = bert_layer(b, x, &format!("bert.encoder.layer.{i}"), c, cfg)?;
     }
     Ok(x)
 }
@@ -110,22 +108,18 @@ fn bert_encoder(b: &mut Builder, cfg: &ModelConfig, opts: &GraphOptions) -> BRes
 /// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`).
 /// Returns the logits (B, T, V); the loss (mean cross-entropy over labels ≠ −100) is added by
 /// the caller.
-pub(crate) fn bert_for_masked_lm(
+pub(super) fn bert_for_masked_lm(
     b: &mut Builder,
+    c: &BertConfig,
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    debug_assert_eq!(cfg.arch, Architecture::BertForMaskedLM);
-    let c = bert_config(cfg);
-    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    debug_assert_eq!(cfg.arch.head(), Head::MaskedLm);
+    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
     let h = b.linear(h, "cls.predictions.transform.dense")?;
     let h = b.activation(h, cfg.activation())?;
     let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
-    let decoder = if c.tie_word_embeddings {
-        word_embedding_name(cfg.arch)
-    } else {
-        untied_head_name(cfg.arch)
-    };
+    let decoder = if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head };
     let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
     Ok(b.g.bias_add(logits, b.p("cls.predictions.bias"))?) // (B, T, V)
 }
@@ -133,15 +127,15 @@ pub(crate) fn bert_for_masked_lm(
 /// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
 /// (`classifier_dropout` or `hidden_dropout_prob`) → classifier. Returns the logits
 /// (B, num_labels); the caller adds the problem type's loss ([`Builder::classification_loss`]).
-pub(crate) fn bert_for_sequence_classification(
+pub(super) fn bert_for_sequence_classification(
     b: &mut Builder,
+    c: &BertConfig,
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    debug_assert_eq!(cfg.arch, Architecture::BertForSequenceClassification);
-    let c = bert_config(cfg);
+    debug_assert_eq!(cfg.arch.head(), Head::SequenceClassification);
     let (bs, t) = (opts.batch_size, opts.seq_len);
-    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
     let hidden = c.hidden_size;
     // hidden_states[:, 0]: the first C values of each (T·C) row.
     let flat = b.g.reshape(h, &[bs, t * hidden])?; // (B, T·C)
@@ -155,14 +149,14 @@ pub(crate) fn bert_for_sequence_classification(
 /// `BertForTokenClassification`: encoder (no pooler) → dropout (`classifier_dropout` or
 /// `hidden_dropout_prob`) → classifier. Returns the logits (B, T, num_labels); the caller adds
 /// the mean cross-entropy over labels ≠ −100.
-pub(crate) fn bert_for_token_classification(
+pub(super) fn bert_for_token_classification(
     b: &mut Builder,
+    c: &BertConfig,
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    debug_assert_eq!(cfg.arch, Architecture::BertForTokenClassification);
-    let c = bert_config(cfg);
-    let h = bert_encoder(b, cfg, opts)?; // (B, T, C)
+    debug_assert_eq!(cfg.arch.head(), Head::TokenClassification);
+    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
     let h = b.dropout(h, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
     b.linear(h, "classifier") // (B, T, num_labels)
 }

@@ -2,18 +2,12 @@
 
 use tch::{Kind, Tensor};
 
-use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use super::{BertConfig, INFO};
+use crate::config::{Activation, ModelConfig, ProblemType};
 use crate::torch::layers::{
     activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear,
 };
-use crate::torch::Vars;
-
-fn bert_config(cfg: &ModelConfig) -> &crate::config::BertConfig {
-    match &cfg.family {
-        Family::Bert(c) => c,
-        Family::Gpt2(_) => unreachable!("BERT module built from a GPT-2 config"),
-    }
-}
+use crate::torch::{TorchLoss, Vars};
 
 /// BertEmbeddings: word + position + token type, LayerNorm, dropout.
 struct BertEmbeddings {
@@ -57,7 +51,7 @@ struct BertLayer {
 }
 
 impl BertLayer {
-    fn new(v: &Vars, p: &str, c: &crate::config::BertConfig, act: Activation) -> Self {
+    fn new(v: &Vars, p: &str, c: &BertConfig, act: Activation) -> Self {
         BertLayer {
             query: Linear::new(v, &format!("{p}.attention.self.query")),
             key: Linear::new(v, &format!("{p}.attention.self.key")),
@@ -105,20 +99,16 @@ struct BertEncoder {
 }
 
 impl BertEncoder {
-    fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let c = bert_config(cfg);
+    fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
         let act = cfg.activation();
         BertEncoder {
             embeddings: BertEmbeddings {
-                word: v.get("bert.embeddings.word_embeddings.weight"),
+                word: v.get(INFO.word_embedding),
                 position: v.get("bert.embeddings.position_embeddings.weight"),
                 token_type: v.get("bert.embeddings.token_type_embeddings.weight"),
                 layer_norm: LayerNorm::new(v, "bert.embeddings.LayerNorm", c.layer_norm_eps),
                 dropout: c.hidden_dropout_prob,
-                padding_idx: c
-                    .pad_token_id
-                    .filter(|&p| p >= 0 && (p as usize) < c.vocab_size)
-                    .unwrap_or(-1),
+                padding_idx: c.padding_idx().unwrap_or(-1),
             },
             layers: (0..c.num_hidden_layers)
                 .map(|i| BertLayer::new(v, &format!("bert.encoder.layer.{i}"), c, act))
@@ -149,15 +139,11 @@ pub struct BertForMaskedLM {
 }
 
 impl BertForMaskedLM {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let c = bert_config(cfg);
-        let decoder_weight = if c.tie_word_embeddings {
-            v.get("bert.embeddings.word_embeddings.weight")
-        } else {
-            v.get(crate::params::untied_head_name(cfg.arch))
-        };
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        let decoder_weight =
+            v.get(if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head });
         BertForMaskedLM {
-            bert: BertEncoder::new(cfg, v),
+            bert: BertEncoder::new(c, cfg, v),
             transform: Linear::new(v, "cls.predictions.transform.dense"),
             transform_ln: LayerNorm::new(
                 v,
@@ -169,13 +155,16 @@ impl BertForMaskedLM {
             act: cfg.activation(),
         }
     }
+}
 
+impl TorchLoss for BertForMaskedLM {
     // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(
+    fn loss(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
+        _targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);
@@ -197,19 +186,20 @@ pub struct BertForSequenceClassification {
 }
 
 impl BertForSequenceClassification {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let c = bert_config(cfg);
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
         BertForSequenceClassification {
-            bert: BertEncoder::new(cfg, v),
+            bert: BertEncoder::new(c, cfg, v),
             pooler: Linear::new(v, "bert.pooler.dense"),
             classifier: Linear::new(v, "classifier"),
             dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
             problem: cfg.problem_type().expect("checked when the config was parsed"),
         }
     }
+}
 
+impl TorchLoss for BertForSequenceClassification {
     // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
-    pub fn loss(
+    fn loss(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
@@ -234,22 +224,24 @@ pub struct BertForTokenClassification {
 }
 
 impl BertForTokenClassification {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let c = bert_config(cfg);
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
         BertForTokenClassification {
-            bert: BertEncoder::new(cfg, v),
+            bert: BertEncoder::new(c, cfg, v),
             classifier: Linear::new(v, "classifier"),
             dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
             num_labels: cfg.num_labels() as i64,
         }
     }
+}
 
+impl TorchLoss for BertForTokenClassification {
     // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
-    pub fn loss(
+    fn loss(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
+        _targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
         let h = self.bert.forward(input_ids, attention_mask, train);

@@ -1,12 +1,12 @@
-//! GPT-2 as an engine graph: the same function as `torch/gpt2.rs` (transformers'
+//! GPT-2 as an engine graph: the same function as `torch.rs` beside it (transformers'
 //! modeling_gpt2.py, eager attention as HF writes it — the engine passes fuse it —, the
 //! padding mask combined with the causal one when the graph is built for padded batches).
 
 use ortbench_engine::graph::TensorId;
 
-use crate::config::{Family, Gpt2Config, ModelConfig};
+use super::{Gpt2Config, INFO};
+use crate::config::ModelConfig;
 use crate::graph::{BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, POSITION_IDS};
-use crate::params::{untied_head_name, word_embedding_name};
 use crate::ModelError;
 
 /// `GPT2Block` (pre-LN): ln_1 → GPT2Attention (c_attn split into q, k, v; causal eager attention;
@@ -45,12 +45,12 @@ fn gpt2_block(
 /// tied to wte unless `tie_word_embeddings` is false). Returns the logits (B, T, V); the caller
 /// adds the loss, the mean cross-entropy of logits[:, :-1] against labels[:, 1:] — the shift
 /// is in the fed labels (see `EngineModel::feed`): position t carries label t+1, the last −100.
-pub(crate) fn gpt2_lm_head_model(
+pub(super) fn gpt2_lm_head_model(
     b: &mut Builder,
+    c: &Gpt2Config,
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
     let t = opts.seq_len;
     if t < 2 {
         return Err(ModelError::Data(format!(
@@ -59,11 +59,7 @@ pub(crate) fn gpt2_lm_head_model(
         .into());
     }
     let x = gpt2_model(b, c, cfg, opts)?; // (B, T, C)
-    let head = if c.tie_word_embeddings {
-        word_embedding_name(cfg.arch)
-    } else {
-        untied_head_name(cfg.arch)
-    };
+    let head = if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head };
     Ok(b.g.matmul(x, b.p(head), false, true)?) // (B, T, V)
 }
 
@@ -73,12 +69,12 @@ pub(crate) fn gpt2_lm_head_model(
 /// fed one-hot selector (B, 1, T) picks the pooled hidden state first (a K = T matmul: 1·x plus
 /// exact zeros), the same values. Without a pad token HF takes the last position and refuses
 /// batches of more than one row; so does this. Returns the loss.
-pub(crate) fn gpt2_for_sequence_classification(
+pub(super) fn gpt2_for_sequence_classification(
     b: &mut Builder,
+    c: &Gpt2Config,
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    let Family::Gpt2(c) = &cfg.family else { unreachable!("GPT-2 graph built from a BERT config") };
     let bs = opts.batch_size;
     if c.pad_token_id.is_none() && bs != 1 {
         return Err(ModelError::BadConfig(
@@ -104,7 +100,7 @@ fn gpt2_model(
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
     let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
-    let tok = b.g.embedding(b.p("transformer.wte.weight"), ids)?; // (B, T, C)
+    let tok = b.g.embedding(b.p(INFO.word_embedding), ids)?; // (B, T, C)
     let pos = b.g.embedding(b.p("transformer.wpe.weight"), positions)?; // (T, C)
     let x = b.g.add(tok, pos)?; // (B, T, C), positions broadcast over B
     let mut x = b.dropout(x, c.embd_pdrop)?;

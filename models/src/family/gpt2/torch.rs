@@ -2,11 +2,12 @@
 
 use tch::{Kind, Tensor};
 
-use crate::config::{Activation, Family, ModelConfig, ProblemType};
+use super::{Gpt2Config, INFO};
+use crate::config::{Activation, ModelConfig, ProblemType};
 use crate::torch::layers::{
     activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm,
 };
-use crate::torch::Vars;
+use crate::torch::{TorchLoss, Vars};
 
 /// GPT2Block: ln_1 → GPT2Attention → residual, ln_2 → GPT2MLP → residual.
 struct Gpt2Block {
@@ -51,10 +52,7 @@ struct Gpt2Model {
 }
 
 impl Gpt2Model {
-    fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else {
-            unreachable!("GPT-2 module built from a BERT config")
-        };
+    fn new(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Self {
         let eps = c.layer_norm_epsilon;
         let blocks = (0..c.n_layer)
             .map(|i| {
@@ -74,7 +72,7 @@ impl Gpt2Model {
             })
             .collect();
         Gpt2Model {
-            wte: v.get("transformer.wte.weight"),
+            wte: v.get(INFO.word_embedding),
             wpe: v.get("transformer.wpe.weight"),
             blocks,
             ln_f: LayerNorm::new(v, "transformer.ln_f", eps),
@@ -104,24 +102,21 @@ pub struct Gpt2LMHeadModel {
 }
 
 impl Gpt2LMHeadModel {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else {
-            unreachable!("GPT-2 module built from a BERT config")
-        };
-        let lm_head = if c.tie_word_embeddings {
-            v.get("transformer.wte.weight")
-        } else {
-            v.get("lm_head.weight")
-        };
-        Gpt2LMHeadModel { transformer: Gpt2Model::new(cfg, v), lm_head }
+    pub(super) fn new(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Self {
+        let lm_head =
+            v.get(if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head });
+        Gpt2LMHeadModel { transformer: Gpt2Model::new(c, cfg, v), lm_head }
     }
+}
 
+impl TorchLoss for Gpt2LMHeadModel {
     // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
-    pub fn loss(
+    fn loss(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
+        _targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
         let (b, t) = input_ids.size2().expect("(B, T) ids");
@@ -144,20 +139,19 @@ pub struct Gpt2ForSequenceClassification {
 }
 
 impl Gpt2ForSequenceClassification {
-    pub fn new(cfg: &ModelConfig, v: &Vars) -> Self {
-        let Family::Gpt2(c) = &cfg.family else {
-            unreachable!("GPT-2 module built from a BERT config")
-        };
+    pub(super) fn new(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Self {
         Gpt2ForSequenceClassification {
-            transformer: Gpt2Model::new(cfg, v),
+            transformer: Gpt2Model::new(c, cfg, v),
             score: v.get("score.weight"),
             pad_token_id: c.pad_token_id,
             problem: cfg.problem_type().expect("checked when the config was parsed"),
         }
     }
+}
 
+impl TorchLoss for Gpt2ForSequenceClassification {
     // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
-    pub fn loss(
+    fn loss(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
