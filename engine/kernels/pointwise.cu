@@ -7,6 +7,17 @@
 // one instantiation line below; the kernels are the family's templates.
 #include "port.cuh"
 
+// SiLU: x·σ(x) and its derivative σ(x)·(1 + x·(1 − σ(x))) (ops::pointwise UnaryFn::Silu).
+// For x → −∞, expf(−x) overflows to inf and σ to 0, as on the CPU.
+struct Silu {
+    static __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+    static __device__ __forceinline__ float f(float x) { return x * sigmoid(x); }
+    static __device__ __forceinline__ float df(float x) {
+        const float s = sigmoid(x);
+        return s * fmaf(x, 1.0f - s, 1.0f);
+    }
+};
+
 // y = F::f(x); y may alias x. y, x: (N)
 template <typename F, typename T>
 __device__ void unary_forward(T* y, const T* x, long long n) {
@@ -45,3 +56,6 @@ __device__ void binary(T* out, const T* a, const T* b, long long n, long long nb
         binary<F, T>(out, a, b, n, nb);                                                           \
     }                                                                                             \
     ORT_REGISTER(NAME##_##S)
+
+#define SILU(S, T) UNARY(silu, Silu, S, T)
+ORT_FOR_FLOATS(SILU)

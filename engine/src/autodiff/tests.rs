@@ -321,3 +321,14 @@ fn training_graph_prints_its_backward() {
         assert!(text.lines().any(|l| l == line), "missing line {line:?} in\n{text}");
     }
 }
+
+#[test]
+fn unary_pointwise_functions() {
+    for &f in crate::ops::pointwise::UnaryFn::ALL {
+        check(13, Feeds::default(), |g| {
+            let x = g.param("x", &[3, 5])?;
+            let s = g.scale(x, 3.0)?;
+            g.apply(f, s)
+        });
+    }
+}

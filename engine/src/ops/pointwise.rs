@@ -18,31 +18,52 @@ use crate::graph::{Graph, GraphError, TensorId};
 
 /// A unary pointwise function y = f(x).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnaryFn {}
+pub enum UnaryFn {
+    /// SiLU (swish): x·σ(x), σ the logistic sigmoid — Llama's, Mistral's and Qwen's MLP
+    /// activation (`torch.nn.functional.silu`).
+    Silu,
+}
 
 impl UnaryFn {
     /// Every function, for the tests that cover each one.
-    pub const ALL: &'static [UnaryFn] = &[];
+    pub const ALL: &'static [UnaryFn] = &[UnaryFn::Silu];
 
     /// The op's name and its kernels' stem (`<name>_forward_<T>`, `<name>_backward_<T>`).
     pub fn name(self) -> &'static str {
-        match self {}
+        match self {
+            UnaryFn::Silu => "silu",
+        }
     }
 
     /// The backward op's name.
     pub fn backward_name(self) -> &'static str {
-        match self {}
+        match self {
+            UnaryFn::Silu => "silu_backward",
+        }
     }
 
     /// f(x).
-    pub fn f<T: Real>(self, _x: T) -> T {
-        match self {}
+    pub fn f<T: Real>(self, x: T) -> T {
+        match self {
+            UnaryFn::Silu => x * sigmoid(x),
+        }
     }
 
     /// f'(x): the backward is dx = dy·f'(x), from the forward's input.
-    pub fn df<T: Real>(self, _x: T) -> T {
-        match self {}
+    pub fn df<T: Real>(self, x: T) -> T {
+        match self {
+            // d/dx x·σ(x) = σ(x)·(1 + x·(1 − σ(x))), ATen's `silu_backward`.
+            UnaryFn::Silu => {
+                let s = sigmoid(x);
+                s * (T::ONE + x * (T::ONE - s))
+            }
+        }
     }
+}
+
+/// σ(x) = 1/(1 + e^−x): for x → −∞ e^−x overflows to inf and σ to 0, as it should.
+fn sigmoid<T: Real>(x: T) -> T {
+    T::ONE / (T::ONE + (-x).exp())
 }
 
 /// A binary pointwise function out = f(a, b), b of a's shape or a trailing part of it.
@@ -99,5 +120,45 @@ pub fn binary_forward<T: Real>(f: BinaryFn, out: &mut [T], a: &[T], b: &[T]) {
     let nb = b.len();
     for (i, (o, &v)) in out.iter_mut().zip(a).enumerate() {
         *o = f.f(v, b[i % nb]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn unary_derivatives_match_finite_differences() {
+        let mut rng = Rng::new(3);
+        // Both signs, and far enough out that σ saturates.
+        let x: Vec<f64> = rng.vec(40).iter().map(|v| 12.0 * v).collect();
+        for &f in UnaryFn::ALL {
+            for &v in &x {
+                let fd = (f.f(v + FD_STEP) - f.f(v - FD_STEP)) / (2.0 * FD_STEP);
+                let d = f.df(v);
+                assert!((d - fd).abs() <= FD_TOL * (1.0 + fd.abs()), "{f:?}'({v}) = {d}, fd {fd}");
+            }
+        }
+    }
+
+    #[test]
+    fn silu_matches_torch_values() {
+        // torch.nn.functional.silu(torch.tensor([-20., -1., 0., 1., 3.], dtype=torch.float64))
+        let want = [
+            -4.122307236380407e-8,
+            -0.2689414213699951,
+            0.0,
+            0.7310585786300049,
+            2.8577223804672998,
+        ];
+        for (x, w) in [-20.0f64, -1.0, 0.0, 1.0, 3.0].into_iter().zip(want) {
+            let y = UnaryFn::Silu.f(x);
+            assert!((y - w).abs() <= 1e-6 * (1.0 + w.abs()), "silu({x}) = {y}, torch {w}");
+        }
+        // The far tails: no NaN from inf·0.
+        assert_eq!(UnaryFn::Silu.f(-1e4f32), 0.0);
+        assert_eq!(UnaryFn::Silu.df(-1e4f32), 0.0);
+        assert_eq!(UnaryFn::Silu.f(1e4f32), 1e4);
     }
 }
