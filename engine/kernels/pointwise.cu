@@ -41,6 +41,11 @@ __device__ void binary(T* out, const T* a, const T* b, long long n, long long nb
     }
 }
 
+// a·b (ops::pointwise BinaryFn::Mul).
+struct Mul {
+    static __device__ __forceinline__ float f(float a, float b) { return a * b; }
+};
+
 // The kernels of unary function F named NAME, for storage type T (suffix S).
 #define UNARY(NAME, F, S, T)                                                                      \
     ORT_KERNEL(NAME##_forward_##S)(T * y, const T* x, long long n) { unary_forward<F, T>(y, x, n); } \
@@ -59,3 +64,5 @@ __device__ void binary(T* out, const T* a, const T* b, long long n, long long nb
 
 #define SILU(S, T) UNARY(silu, Silu, S, T)
 ORT_FOR_FLOATS(SILU)
+#define MUL(S, T) BINARY(mul, Mul, S, T)
+ORT_FOR_FLOATS(MUL)

@@ -3,10 +3,10 @@
 //! engine/src/backend/cpu/kernels/pointwise.rs, for every function of `ops::pointwise`, in
 //! f32/f16/bf16, on the devices of `kernel_harness::devices`.
 //!
-//! Tolerances: f32 2e-6 relative (the CPU's polynomial exp against libm's or the GPU's, a few
-//! ulp each), on top of one unit roundoff of the half dtypes (both sides round nearly equal f32
-//! values), per element; x·σ(x) for x ≪ 0 is small and exact on both sides, so no term of the
-//! largest element is needed.
+//! Tolerances: unary f32 2e-6 relative (the CPU's polynomial exp against libm's or the GPU's, a
+//! few ulp each), binary 1e-6 (one rounding, the same formula), on top of one unit roundoff of
+//! the half dtypes (both sides round nearly equal f32 values), per element; x·σ(x) for x ≪ 0
+//! is small and exact on both sides, so no term of the largest element is needed.
 
 mod kernel_harness;
 
@@ -14,7 +14,7 @@ use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::pointwise as cpu;
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::exec::gpu::launch::pointwise as launch;
-use ortbench_engine::ops::pointwise::UnaryFn;
+use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
 use ortbench_simt::Buf;
 
 // Not a multiple of the block (256) or of the grid the SIMT harness caps (3 blocks): the
@@ -47,6 +47,34 @@ fn unary_forward_and_backward_match_the_cpu_kernels() {
                 dev.run(l.launch(dev.geometry())).unwrap();
                 let what = format!("{} {dt:?} on {dev}", f.backward_name());
                 check(&what, &dx.to_f32(), &dx_want, dt, tol(dt, 2e-6));
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_same_shape_and_broadcast_match_the_cpu_kernels() {
+    let pool = Pool::new(2);
+    // Rows of C (not a multiple of the block) broadcast over N / C rows.
+    const C: usize = 61;
+    let n = C * 29;
+    for &f in BinaryFn::ALL {
+        for dt in FLOATS {
+            let mut rng = Rng::new(23);
+            let a = rng.vec(n, -3.0, 3.0, dt);
+            let b = rng.vec(n, -3.0, 3.0, dt);
+            for nb in [n, C] {
+                let mut want = vec![0f32; n];
+                cpu::binary(&pool, &mut want, &a, &b[..nb], f);
+                for dev in devices() {
+                    let (mut out, mut ab, mut bb) =
+                        (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
+                    let (o, a_, b_) = (&mut out, &mut ab, &mut bb);
+                    let l = launch::Binary { f, dtype: dtype(dt), out: o, a: a_, b: b_, n, nb };
+                    dev.run(l.launch(dev.geometry())).unwrap();
+                    let what = format!("{} {dt:?} b of {nb} on {dev}", f.name());
+                    check(&what, &out.to_f32(), &want, dt, tol(dt, 1e-6));
+                }
             }
         }
     }

@@ -848,3 +848,40 @@ fn nccl_on_one_gpu() {
     assert_eq!(back, bytes, "a group of one must leave the buffer as it was");
     println!("NCCL on one GPU: all-reduce, reduce-scatter, all-gather on the engine's stream; {n} f32 unchanged");
 }
+
+#[test]
+fn pointwise_ops_match_the_cpu_engine() {
+    // x → scale → silu (in place) → · gate → · w (broadcast over rows) → cross-entropy: every
+    // function of ops::pointwise through the GPU executor's family arms and typed launchers.
+    use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
+    let (rows, v) = (21, 13);
+    let mut g = ortbench_engine::Graph::new();
+    let x = g.param("x", &[rows, v]).unwrap();
+    let gate = g.param("gate", &[rows, v]).unwrap();
+    let w = g.param("w", &[v]).unwrap();
+    let s = g.scale(x, 2.5).unwrap();
+    let h = g.apply(UnaryFn::Silu, s).unwrap();
+    let m = g.apply2(BinaryFn::Mul, h, gate).unwrap();
+    let y = g.apply2(BinaryFn::Mul, m, w).unwrap();
+    let labels_t = g.input_ids("labels", &[rows]).unwrap();
+    let loss = g.cross_entropy(y, labels_t).unwrap();
+    g.set_loss(loss).unwrap();
+    let g = ortbench_engine::autodiff::backward(&g, loss).unwrap();
+    let n = g.num_param_elems();
+    let params: Vec<f32> = (0..n).map(|i| ((i * 7919 % 263) as f32 / 131.0) - 1.0).collect();
+    let labels: Vec<i64> =
+        (0..rows as i64).map(|r| if r % 5 == 4 { -100 } else { r % 13 }).collect();
+    let inputs = ortbench_engine::Inputs::new().ids("labels", &labels);
+    let mut cpu = PlannedExecutor::new(&g).unwrap();
+    let mut g_cpu = vec![0f32; n];
+    let l_cpu = cpu.train_step(&params, &inputs, 1, &mut g_cpu).unwrap();
+    let big = g_cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+    on_simt(&[(32, Order::Forward), (64, Order::Reverse)], &|name, dev| {
+        let (l, grads, plan) = dev().step(&g, &params, &inputs, 1);
+        assert!((l - l_cpu).abs() <= 1e-5 * l_cpu.abs(), "{name}: loss {l} vs cpu {l_cpu}");
+        for (i, (a, b)) in grads.iter().zip(&g_cpu).enumerate() {
+            // f32 both; the exp differs by a few ulp (libm vs the CPU's polynomial).
+            assert!((a - b).abs() <= 1e-5 * big, "{name}: gradient {i} {a} vs cpu {b}\n{plan}");
+        }
+    });
+}

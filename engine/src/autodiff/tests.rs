@@ -332,3 +332,16 @@ fn unary_pointwise_functions() {
         });
     }
 }
+
+#[test]
+fn binary_pointwise_functions_same_shape_and_broadcast() {
+    for &f in crate::ops::pointwise::BinaryFn::ALL {
+        check(14, Feeds::default(), |g| {
+            let x = g.param("x", &[2, 3, 4])?;
+            let y = g.param("y", &[2, 3, 4])?;
+            let w = g.param("w", &[3, 4])?;
+            let s = g.apply2(f, x, y)?;
+            g.apply2(f, s, w)
+        });
+    }
+}

@@ -68,33 +68,53 @@ fn sigmoid<T: Real>(x: T) -> T {
 
 /// A binary pointwise function out = f(a, b), b of a's shape or a trailing part of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryFn {}
+pub enum BinaryFn {
+    /// a·b (`torch.mul`): the gate of a SwiGLU MLP, RMSNorm's weight, rotary's cos/sin.
+    Mul,
+}
 
 impl BinaryFn {
     /// Every function, for the tests that cover each one.
-    pub const ALL: &'static [BinaryFn] = &[];
+    pub const ALL: &'static [BinaryFn] = &[BinaryFn::Mul];
 
     /// The op's name and its kernel's stem (`<name>_<T>`).
     pub fn name(self) -> &'static str {
-        match self {}
+        match self {
+            BinaryFn::Mul => "mul",
+        }
     }
 
     /// f(a, b).
-    pub fn f<T: Real>(self, _a: T, _b: T) -> T {
-        match self {}
+    pub fn f<T: Real>(self, a: T, b: T) -> T {
+        match self {
+            BinaryFn::Mul => a * b,
+        }
     }
 
     /// The gradient rule: (da, db) from dy as graph ops, where `need` asks. A broadcast b
     /// (a trailing part of a's shape) gets its gradient summed over a's leading dims.
     pub fn gradient(
         self,
-        _g: &mut Graph,
-        _a: TensorId,
-        _b: TensorId,
-        _dy: TensorId,
-        _need: [bool; 2],
+        g: &mut Graph,
+        a: TensorId,
+        b: TensorId,
+        dy: TensorId,
+        need: [bool; 2],
     ) -> Result<[Option<TensorId>; 2], GraphError> {
-        match self {}
+        match self {
+            // da = dy·b (b broadcast as in the forward); db = Σ_leading dy·a.
+            BinaryFn::Mul => {
+                let da = need[0].then(|| g.apply2(BinaryFn::Mul, dy, b)).transpose()?;
+                let db = if need[1] {
+                    let p = g.apply2(BinaryFn::Mul, dy, a)?;
+                    let sb = g.shape(b).to_vec();
+                    Some(if g.shape(a) == sb { p } else { g.reduce_sum_leading(p, &sb)? })
+                } else {
+                    None
+                };
+                Ok([da, db])
+            }
+        }
     }
 }
 

@@ -165,14 +165,19 @@ fn transformer_views_all_fold() {
     }
 }
 
-/// A graph of the pointwise ops: x → scale → silu (in place over the scaled copy) → cross-
-/// entropy, with labels from [`Feed`] over (b, t) rows of v classes.
+/// A graph of the pointwise ops: x → scale → silu (in place over the scaled copy) → · gate
+/// (same shape) → · w (broadcast over rows) → cross-entropy, with labels from [`Feed`] over
+/// (b, t) rows of v classes.
 fn pointwise_graph(d: &Dims) -> Graph {
-    use crate::ops::pointwise::UnaryFn;
+    use crate::ops::pointwise::{BinaryFn, UnaryFn};
     let mut g = Graph::new();
     let x = g.param("x", &[d.b, d.t, d.v]).unwrap();
+    let gate = g.param("gate", &[d.b, d.t, d.v]).unwrap();
+    let w = g.param("w", &[d.v]).unwrap();
     let s = g.scale(x, 2.5).unwrap();
-    let y = g.apply(UnaryFn::Silu, s).unwrap();
+    let h = g.apply(UnaryFn::Silu, s).unwrap();
+    let m = g.apply2(BinaryFn::Mul, h, gate).unwrap();
+    let y = g.apply2(BinaryFn::Mul, m, w).unwrap();
     let labels = g.input_ids("labels", &[d.b, d.t]).unwrap();
     let loss = g.cross_entropy(y, labels).unwrap();
     g.set_loss(loss).unwrap();

@@ -26,7 +26,12 @@ macro_rules! with_unary {
 /// Runs `$body` with `$fun` bound to the formula of `$f`.
 macro_rules! with_binary {
     ($f:expr, |$fun:ident| $body:expr) => {
-        match $f {}
+        match $f {
+            BinaryFn::Mul => {
+                let $fun = Mul;
+                $body
+            }
+        }
     };
 }
 
@@ -101,6 +106,16 @@ impl Map2 for SiluBackward {
     }
 }
 
+/// a·b (`BinaryFn::Mul`).
+#[derive(Clone, Copy)]
+pub struct Mul;
+impl Map2 for Mul {
+    #[inline(always)]
+    fn f(&self, a: f32, b: f32) -> f32 {
+        a * b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +165,35 @@ mod tests {
             let mut dyo = dy.clone();
             unary_backward_inplace(&pool, &x, &mut dyo, f);
             assert_eq!(dyo, dx, "{f:?} backward in place");
+        }
+    }
+
+    #[test]
+    fn binary_kernels_match_the_reference_in_f64() {
+        let pool = Pool::new(2);
+        let (rows, c) = (701, 97);
+        let a = inputs(rows * c, 3);
+        let full = inputs(rows * c, 4);
+        let a64: Vec<f64> = a.iter().map(|&v| f64::from(v)).collect();
+        for &f in BinaryFn::ALL {
+            // b the same shape as a, and b one row broadcast over a's rows.
+            for b in [&full[..], &full[..c]] {
+                let b64: Vec<f64> = b.iter().map(|&v| f64::from(v)).collect();
+                let mut want = vec![0f64; a.len()];
+                reference::binary_forward(f, &mut want, &a64, &b64);
+                let mut out = vec![f32::NAN; a.len()];
+                binary(&pool, &mut out, &a, b, f);
+                let what = format!("{f:?} with b of {}", b.len());
+                assert_near(&out, &want, &what);
+                let mut ao = a.clone();
+                binary_inplace_a(&pool, &mut ao, b, f);
+                assert_eq!(ao, out, "{what}, in place over a");
+                if b.len() == a.len() {
+                    let mut bo = b.to_vec();
+                    binary_inplace_b(&pool, &a, &mut bo, f);
+                    assert_eq!(bo, out, "{what}, in place over b");
+                }
+            }
         }
     }
 }
