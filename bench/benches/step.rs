@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use ortbench_engine::collective::LocalGroup;
 use ortbench_engine::parallel::Strategy;
 use ortbench_engine::DType;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
 use ortbench_models::torch::{TorchTrainer, TrainOptions};
 use ortbench_models::{spec::builtin_config, DataSource, LrSchedule, Weights};
 

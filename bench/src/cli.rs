@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::spec::{CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
+use crate::run_spec::{CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -27,10 +27,10 @@ use serde_json::json;
 use crate::cli::RunArgs;
 use crate::metrics::{compare_with_baseline, fill_throughput, gpu_peak, DevicePeak};
 use crate::output::{write_text, ResultRow, StepRow};
-use crate::plan::{make_plan, parity_spec, Phase};
 use crate::progress::Progress;
 use crate::results::{write_tables, RUN_JSON};
-use crate::spec::RunSpec;
+use crate::run_plan::{make_plan, parity_spec, Phase};
+use crate::run_spec::RunSpec;
 use crate::worker::{is_oom_message, Event};
 
 /// Set by the Ctrl-C handler.

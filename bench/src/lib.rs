@@ -20,9 +20,9 @@ pub mod dataset;
 pub mod env;
 pub mod harness;
 pub mod metrics;
-pub mod plan;
 pub mod progress;
-pub mod spec;
+pub mod run_plan;
+pub mod run_spec;
 pub mod train;
 pub mod worker;
 

@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use ortbench_engine::DType;
 use ortbench_models::config::ProblemType;
 use ortbench_models::data::Task;
-use ortbench_models::graph::train::{EngineOptions, EngineState, EngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineState, EngineTrainer};
 use ortbench_models::graph::{GraphOptions, InferenceModel};
 use ortbench_models::rng::Rng;
 use ortbench_models::torch::{TorchTrainer, TrainOptions};

@@ -13,13 +13,13 @@ use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::parallel::Strategy;
 use ortbench_engine::passes::PassConfig;
 use ortbench_engine::DType;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer, GpuEngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{panic_text, InjectedError, Precision, TorchTrainer, TrainOptions};
 use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{RunSpec, WeightsSource};
+use crate::run_spec::{RunSpec, WeightsSource};
 
 /// One line of the worker's output.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -409,7 +409,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it); before any
     // CUDA query. CPU runs never load it, so their memory is unchanged.
     if let tch::Device::Cuda(_) = device {
-        crate::plan::load_libtorch_cuda(&spec.device)?;
+        crate::run_plan::load_libtorch_cuda(&spec.device)?;
     }
     // One GPU per rank process, as torchrun's convention: `--device cuda` means cuda:LOCAL_RANK.
     if let (Some(_), "cuda") = (&tcp, spec.device.as_str()) {

@@ -290,7 +290,7 @@ fn unfused_graphs_planned_engine_match_torch() {
 /// agree within 1e-4 relative, and the final weights closely.
 fn check_training_curve(name: &str) {
     use ortbench_engine::DType;
-    use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+    use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
     use ortbench_models::LrSchedule;
     let cfg = fp32_no_dropout(builtin_config(name).unwrap());
     let w = Weights::init(&cfg, 11);

@@ -681,7 +681,7 @@ fn data_parallel_case(
     param: (f32, f64),
 ) {
     use ortbench_engine::exec::gpu::session::RankLayout;
-    use ortbench_models::graph::train::{EngineOptions, GpuEngineTrainer};
+    use ortbench_models::graph::trainer::{EngineOptions, GpuEngineTrainer};
     let t0 = std::time::Instant::now();
     let mut cfg = builtin_config("tiny-gpt2").unwrap();
     // The same masks on one rank and on N ranks need no dropout (a rank's rows sit elsewhere

@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use ortbench_engine::DType;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{probe_ops, FusedAdamW, TorchTrainer, TrainOptions};
 use ortbench_models::{resolve, DataSource, HubOptions, LrSchedule, ModelConfig, Weights};

@@ -7,7 +7,7 @@
 
 use ortbench_engine::optim::LossScaler;
 use ortbench_engine::DType;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::{DataSource, LrSchedule, ModelConfig, Weights};
 

@@ -115,7 +115,7 @@ fn bert_base_and_gpt2_plans_at_b8_s128() {
 fn bench_step() {
     use ortbench_engine::collective::LocalGroup;
     use ortbench_engine::parallel::Strategy;
-    use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+    use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
     let passes = PassConfig::from_env().unwrap();
     for name in ["bert-base-uncased", "gpt2"] {
         let cfg = builtin_config(name).unwrap();

@@ -23,7 +23,7 @@
 use ortbench_engine::collective::LocalGroup;
 use ortbench_engine::parallel::Strategy;
 use ortbench_engine::DType;
-use ortbench_models::graph::train::{EngineOptions, EngineTrainer};
+use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::{Batch, DataSource, LrSchedule, ModelConfig, Weights};
 

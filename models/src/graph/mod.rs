@@ -22,7 +22,7 @@
 //! # let _ = loss; Ok(()) }
 //! ```
 
-pub mod train;
+pub mod trainer;
 
 use std::collections::HashMap;
 
@@ -785,7 +785,7 @@ mod tests {
             assert_eq!(end, m.flat_len(), "{name}");
             assert_eq!(m.num_params(), crate::params::param_count(&cfg), "{name}");
             // The decay runs tile the flat buffer, pads included, as the optimizer requires.
-            let segs = train::decay_segments(&cfg, &m);
+            let segs = trainer::decay_segments(&cfg, &m);
             assert_eq!(
                 (segs[0].start, segs.iter().map(|s| s.len).sum::<usize>()),
                 (0, m.flat_len()),

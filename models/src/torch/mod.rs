@@ -7,11 +7,11 @@
 mod autocast;
 pub(crate) mod layers;
 mod optim;
-mod train;
+mod trainer;
 
 pub use autocast::{autocast, AutocastDtype};
 pub use optim::{probe_ops, FusedAdamW, OpCall, StepOutcome};
-pub use train::{InjectedError, Precision, StepStats, TorchTrainer, TrainOptions};
+pub use trainer::{InjectedError, Precision, StepStats, TorchTrainer, TrainOptions};
 
 use std::collections::HashMap;
 

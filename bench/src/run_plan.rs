@@ -7,10 +7,10 @@ use anyhow::{bail, Context, Result};
 use ortbench_models::{resolve, DataSource, HubOptions, ResolvedModel, Weights};
 
 use crate::cli::RunArgs;
-use crate::spec::{RunSpec, WeightsSource, CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
+use crate::run_spec::{RunSpec, WeightsSource, CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
 use crate::worker::parse_device;
 
-pub struct Plan {
+pub struct RunPlan {
     /// One spec per (model, config, precision), in model order.
     pub runs: Vec<RunSpec>,
     /// What to execute, in order: each spec's parity probe, then its timed repeats
@@ -40,7 +40,7 @@ impl Phase {
     }
 }
 
-/// One worker process to start: run `spec` (an index into `Plan::runs`) in `phase`.
+/// One worker process to start: run `spec` (an index into `RunPlan::runs`) in `phase`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     pub spec: usize,
@@ -116,7 +116,7 @@ pub fn load_libtorch_cuda(device: &str) -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!("--device {device}: {e}"))
 }
 
-pub fn make_plan(args: &RunArgs) -> Result<Plan> {
+pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
     let device = args.device.trim().to_string();
     if device == "rocm" || device.starts_with("rocm:") {
         rocm_refusal(&device)?;
@@ -350,7 +350,7 @@ pub fn make_plan(args: &RunArgs) -> Result<Plan> {
         precisions.join("/"),
         args.seed
     );
-    Ok(Plan { runs, jobs, train_flops_per_sample, settings })
+    Ok(RunPlan { runs, jobs, train_flops_per_sample, settings })
 }
 
 /// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.
