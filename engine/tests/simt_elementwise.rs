@@ -14,7 +14,8 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::{elementwise as ew, reduce};
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_engine::exec::gpu::launch::elementwise as launch;
+use ortbench_engine::exec::gpu::kernels::chunks;
+use ortbench_engine::exec::gpu::launch::{elementwise as launch, reduce as rlaunch};
 use ortbench_engine::ops::gelu::GeluApprox;
 use ortbench_simt::Buf;
 
@@ -231,41 +232,25 @@ fn casts_widen_exactly() {
 fn column_sums_match_reduce_sum_leading() {
     let pool = Pool::new(2);
     for dt in FLOATS {
-        for (rows, c, rows_per_chunk) in [(ROWS, C, 8usize), (200, 130, 64), (5, 1, 2)] {
+        // Chunks of 32 rows (the executor's): 2 with a partial one, 7 over two column blocks
+        // (the second partial), and a single chunk of one column.
+        for (rows, c) in [(ROWS, C), (200, 130), (5, 1)] {
             let mut rng = Rng::new(rows as u64);
             let x = rng.vec(rows * c, -1.0, 1.0, dt);
             let mut want = vec![0f32; c];
             reduce::reduce_sum_leading(&pool, &mut want, &x);
-            let chunks = rows.div_ceil(rows_per_chunk);
-            let col_blocks = c.div_ceil(64);
+            let chunks = chunks(rows);
             for dev in devices() {
                 let (mut ws, mut xb, mut out) = (
                     Buf::poisoned(chunks * c, D::F32),
                     Buf::from_f32(&x, dt),
                     Buf::poisoned(c, dt),
                 );
-                dev.launch(
-                    &kname("column_sum_partial", dt),
-                    (chunks * col_blocks) as u32,
-                    64,
-                    0,
-                    &mut [
-                        A::B(&mut ws),
-                        A::B(&mut xb),
-                        A::I64(rows as i64),
-                        A::I32(c as i32),
-                        A::I32(rows_per_chunk as i32),
-                    ],
-                )
-                .unwrap();
-                dev.launch(
-                    &kname("column_sum_finish", dt),
-                    blocks_for(c, 64),
-                    64,
-                    0,
-                    &mut [A::B(&mut out), A::B(&mut ws), A::I32(chunks as i32), A::I32(c as i32)],
-                )
-                .unwrap();
+                let (dtype, ws_, x) = (dtype(dt), &mut ws, &mut xb);
+                let l = rlaunch::ColumnSumPartial { dtype, ws: ws_, x, rows, c };
+                dev.run(l.launch(dev.geometry())).unwrap();
+                let l = rlaunch::ColumnSumFinish { dtype, out: &mut out, ws: &mut ws, chunks, c };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 // Sums of up to 200 terms of both signs in another order: 1e-5 of each sum,
                 // plus 1e-6 of the largest for a column that cancels to near zero (one here
                 // reaches 0.99 of the relative part alone).

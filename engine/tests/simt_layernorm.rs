@@ -14,28 +14,19 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::norm;
 use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::exec::gpu::kernels::chunks;
+use ortbench_engine::exec::gpu::launch::{layernorm as launch, reduce};
+use ortbench_engine::DType;
 use ortbench_simt::Buf;
 
-// Rows not a multiple of the rows per block, widths below / between / above the warp sizes.
-const SHAPES: [(usize, usize); 3] = [(37, 61), (9, 13), (20, 200)];
-const BLOCK: u32 = 128;
+// Rows not a multiple of the 4 rows per block, widths below / between / above the warp sizes;
+// dw/db over 2 and 3 chunks of 32 rows (the last partial), one or two column blocks of 128.
+const SHAPES: [(usize, usize); 3] = [(37, 61), (9, 13), (70, 200)];
 const EPS: f32 = 1e-5;
 
 /// For the outputs that are sums whose terms cancel (module comment): y, dx, dw, db.
 fn cancels(dt: D) -> Tol {
     Tol { of_largest: 1e-6, ..tol(dt, 2e-5) }
-}
-
-fn blocks(rows: usize, warp: u32) -> u32 {
-    rows.div_ceil((BLOCK / warp) as usize) as u32
-}
-
-fn warp_of(dev: &Dev) -> u32 {
-    match dev {
-        Dev::Simt { warp, .. } => *warp,
-        #[allow(unreachable_patterns)]
-        _ => 32,
-    }
 }
 
 #[test]
@@ -66,7 +57,7 @@ fn forward_and_add_forward_match() {
                 EPS,
             );
             for dev in devices() {
-                let g = blocks(rows, warp_of(&dev));
+                let (dtype, geo) = (dtype(dt), dev.geometry());
                 let (mut y, mut m, mut r) = (
                     Buf::poisoned(rows * c, dt),
                     Buf::poisoned(rows, D::F32),
@@ -74,24 +65,19 @@ fn forward_and_add_forward_match() {
                 );
                 let (mut xb, mut wb, mut bb) =
                     (Buf::from_f32(&b, dt), Buf::from_f32(&w, dt), Buf::from_f32(&bias, dt));
-                dev.launch(
-                    &kname("layernorm_forward", dt),
-                    g,
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut y),
-                        A::B(&mut m),
-                        A::B(&mut r),
-                        A::B(&mut xb),
-                        A::B(&mut wb),
-                        A::B(&mut bb),
-                        A::I64(rows as i64),
-                        A::I32(c as i32),
-                        A::F32(EPS),
-                    ],
-                )
-                .unwrap();
+                let l = launch::LayerNormForward {
+                    dtype,
+                    y: &mut y,
+                    mean: &mut m,
+                    rstd: &mut r,
+                    x: &mut xb,
+                    w: &mut wb,
+                    b: &mut bb,
+                    rows,
+                    c,
+                    eps: EPS,
+                };
+                dev.run(l.launch(geo)).unwrap();
                 let what = format!("layernorm {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} y"), &y.to_f32(), &y0, dt, cancels(dt));
                 check(&format!("{what} mean"), &m.to_f32(), &m0, D::F32, tol(D::F32, 2e-5));
@@ -104,26 +90,21 @@ fn forward_and_add_forward_match() {
                     Buf::poisoned(rows, D::F32),
                 );
                 let mut ab = Buf::from_f32(&a, dt);
-                dev.launch(
-                    &kname("add_layernorm_forward", dt),
-                    g,
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut s),
-                        A::B(&mut y),
-                        A::B(&mut m),
-                        A::B(&mut r),
-                        A::B(&mut ab),
-                        A::B(&mut xb),
-                        A::B(&mut wb),
-                        A::B(&mut bb),
-                        A::I64(rows as i64),
-                        A::I32(c as i32),
-                        A::F32(EPS),
-                    ],
-                )
-                .unwrap();
+                let l = launch::AddLayerNormForward {
+                    dtype,
+                    sum: &mut s,
+                    y: &mut y,
+                    mean: &mut m,
+                    rstd: &mut r,
+                    a: &mut ab,
+                    b: &mut xb,
+                    w: &mut wb,
+                    bias: &mut bb,
+                    rows,
+                    c,
+                    eps: EPS,
+                };
+                dev.run(l.launch(geo)).unwrap();
                 let what = format!("add_layernorm {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} sum"), &s.to_f32(), &s1, dt, tol(dt, 1e-6));
                 check(&format!("{what} y"), &y.to_f32(), &y1, dt, cancels(dt));
@@ -152,9 +133,9 @@ fn backward_matches_dx_dw_db() {
             norm::layernorm_backward(
                 &pool, &mut dx0, &mut dw0, &mut db0, &dy, &x, &w, &m0, &r0, &mut ws,
             );
-            let rows_per_chunk = 8;
-            let chunks = rows.div_ceil(rows_per_chunk);
+            let chunks = chunks(rows);
             for dev in devices() {
+                let (dtype, geo) = (dtype(dt), dev.geometry());
                 let (mut dx, mut dyb, mut xb, mut wb) = (
                     Buf::poisoned(rows * c, dt),
                     Buf::from_f32(&dy, dt),
@@ -162,65 +143,42 @@ fn backward_matches_dx_dw_db() {
                     Buf::from_f32(&w, dt),
                 );
                 let (mut mb, mut rb) = (Buf::from_f32(&m0, D::F32), Buf::from_f32(&r0, D::F32));
-                dev.launch(
-                    &kname("layernorm_backward_dx", dt),
-                    blocks(rows, warp_of(&dev)),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut dx),
-                        A::B(&mut dyb),
-                        A::B(&mut xb),
-                        A::B(&mut wb),
-                        A::B(&mut mb),
-                        A::B(&mut rb),
-                        A::I64(rows as i64),
-                        A::I32(c as i32),
-                    ],
-                )
-                .unwrap();
+                let l = launch::LayerNormBackwardDx {
+                    dtype,
+                    dx: &mut dx,
+                    dy: &mut dyb,
+                    x: &mut xb,
+                    w: &mut wb,
+                    mean: &mut mb,
+                    rstd: &mut rb,
+                    rows,
+                    c,
+                };
+                dev.run(l.launch(geo)).unwrap();
                 let what = format!("layernorm backward {dt:?} {rows}x{c} on {dev}");
                 check(&format!("{what} dx"), &dx.to_f32(), &dx0, dt, cancels(dt));
 
                 let mut part = Buf::poisoned(2 * chunks * c, D::F32);
-                let col_blocks = c.div_ceil(64);
-                dev.launch(
-                    &kname("layernorm_backward_dwdb", dt),
-                    (chunks * col_blocks) as u32,
-                    64,
-                    0,
-                    &mut [
-                        A::B(&mut part),
-                        A::B(&mut dyb),
-                        A::B(&mut xb),
-                        A::B(&mut mb),
-                        A::B(&mut rb),
-                        A::I64(rows as i64),
-                        A::I32(c as i32),
-                        A::I32(rows_per_chunk as i32),
-                        A::I32(chunks as i32),
-                    ],
-                )
-                .unwrap();
+                let l = launch::LayerNormBackwardDwdb {
+                    dtype,
+                    ws: &mut part,
+                    dy: &mut dyb,
+                    x: &mut xb,
+                    mean: &mut mb,
+                    rstd: &mut rb,
+                    rows,
+                    c,
+                };
+                dev.run(l.launch(geo)).unwrap();
                 // dw, db are parameter gradients: f32 in every precision.
                 let all = part.to_f32();
                 for (k, want, name) in [(0usize, &dw0, "dw"), (1, &db0, "db")] {
                     let mut half =
                         Buf::from_f32(&all[k * chunks * c..(k + 1) * chunks * c], D::F32);
                     let mut out = Buf::poisoned(c, D::F32);
-                    dev.launch(
-                        "column_sum_finish_f32",
-                        blocks_for(c, 64),
-                        64,
-                        0,
-                        &mut [
-                            A::B(&mut out),
-                            A::B(&mut half),
-                            A::I32(chunks as i32),
-                            A::I32(c as i32),
-                        ],
-                    )
-                    .unwrap();
+                    let (dtype, out_, ws) = (DType::F32, &mut out, &mut half);
+                    let l = reduce::ColumnSumFinish { dtype, out: out_, ws, chunks, c };
+                    dev.run(l.launch(geo)).unwrap();
                     check(&format!("{what} {name}"), &out.to_f32(), want, D::F32, cancels(D::F32));
                 }
             }

@@ -26,9 +26,9 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::softmax::{self as cpu, MaskMap};
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_simt::{Arg, Buf, Dtype};
+use ortbench_engine::exec::gpu::launch::{softmax as launch, Mask as LMask};
+use ortbench_simt::{Buf, Dtype};
 
-const BLOCK: u32 = 128;
 const F32_REL: f32 = 1e-6;
 
 #[derive(Clone, Copy, Debug)]
@@ -61,18 +61,6 @@ const CASES: [Case; 6] = [
     Case { b: 1, h: 2, tq: 7, n: 200, causal: true, mask: Mask::Full },
     Case { b: 2, h: 1, tq: 5, n: 200, causal: false, mask: Mask::KeyPad },
 ];
-
-fn warp_of(dev: &Dev) -> u32 {
-    match dev {
-        Dev::Simt { warp, .. } => *warp,
-        #[allow(unreachable_patterns)]
-        _ => 32,
-    }
-}
-
-fn blocks(rows: usize, warp: u32) -> u32 {
-    rows.div_ceil((BLOCK / warp) as usize) as u32
-}
 
 /// Element strides of a mask of `shape` broadcast to (B, H, Tq, N): contiguous, 0 on size-1 dims.
 fn mask_strides(shape: [usize; 4]) -> [i64; 4] {
@@ -147,32 +135,19 @@ fn forward_matches_with_scale_causal_and_mask() {
                 let mut y = Buf::poisoned(rows * c.n, dt);
                 let mut xb = Buf::from_f32(&x, dt);
                 let mut mb = mask.as_ref().map(|(_, d)| Buf::from_f32(d, dt));
-                let margs = match mb.as_mut() {
-                    Some(b) => A::B(b),
-                    None => A::Null,
+                let l = launch::SoftmaxForward {
+                    dtype: dtype(dt),
+                    y: &mut y,
+                    x: &mut xb,
+                    mask: mb.as_mut().map(|mask| LMask { mask, strides: ms }),
+                    rows,
+                    n: c.n,
+                    scale,
+                    causal: c.causal,
+                    h: c.h,
+                    tq: c.tq,
                 };
-                dev.launch(
-                    &kname("softmax_forward", dt),
-                    blocks(rows, warp_of(&dev)),
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut y),
-                        A::B(&mut xb),
-                        margs,
-                        A::I64(rows as i64),
-                        A::I32(c.n as i32),
-                        A::F32(scale),
-                        A::I32(c.causal as i32),
-                        A::I32(c.h as i32),
-                        A::I32(c.tq as i32),
-                        A::I64(ms[0]),
-                        A::I64(ms[1]),
-                        A::I64(ms[2]),
-                        A::I64(ms[3]),
-                    ],
-                )
-                .unwrap();
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(
                     &format!("softmax forward {dt:?} case {ci} {c:?} on {dev}"),
                     &y.to_f32(),
@@ -204,51 +179,23 @@ fn backward_matches_out_of_place_and_in_place() {
                 let what = format!("softmax backward {dt:?} {rows}x{n} on {dev}");
                 let (mut dx, mut yb, mut dyb) =
                     (Buf::poisoned(rows * n, dt), Buf::from_f32(&y, dt), Buf::from_f32(&dy, dt));
-                let g = blocks(rows, warp_of(&dev));
-                dev.launch(
-                    &kname("softmax_backward", dt),
-                    g,
-                    BLOCK,
-                    0,
-                    &mut [
-                        A::B(&mut dx),
-                        A::B(&mut yb),
-                        A::B(&mut dyb),
-                        A::I64(rows as i64),
-                        A::I32(n as i32),
-                        A::F32(scale),
-                    ],
-                )
-                .unwrap();
+                let dtype = dtype(dt);
+                let l = launch::SoftmaxBackward {
+                    dtype,
+                    dx: &mut dx,
+                    y: &mut yb,
+                    dy: &mut dyb,
+                    rows,
+                    n,
+                    scale,
+                };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 check(&what, &dx.to_f32(), &want, dt, tol(dt, F32_REL));
-                // In place: dx is dy (the harness's safe launch takes each buffer once).
-                if let Dev::Simt { warp, order } = dev {
-                    let mut io = Buf::from_f32(&dy, dt);
-                    let p = io.ptr();
-                    let args = [
-                        p,
-                        yb.ptr(),
-                        p,
-                        Arg::I64(rows as i64),
-                        Arg::I32(n as i32),
-                        Arg::F32(scale),
-                    ];
-                    // SAFETY: the buffers hold rows·n elements, as the kernel touches.
-                    unsafe {
-                        ortbench_simt::launch(
-                            &kname("softmax_backward", dt),
-                            (g, 1, 1),
-                            (BLOCK, 1, 1),
-                            0,
-                            warp,
-                            order,
-                            &args,
-                        )
-                    }
-                    .unwrap();
-                    io.check_guards().unwrap();
-                    check(&format!("{what} in place"), &io.to_f32(), &want, dt, tol(dt, F32_REL));
-                }
+                // In place: dx is dy (buffer 0 twice).
+                let mut io = Buf::from_f32(&dy, dt);
+                let l = launch::SoftmaxBackward { dtype, dx: 0, y: 1, dy: 0, rows, n, scale };
+                dev.run_on(l.launch(dev.geometry()), &mut [&mut io, &mut yb]).unwrap();
+                check(&format!("{what} in place"), &io.to_f32(), &want, dt, tol(dt, F32_REL));
             }
         }
     }

@@ -1,7 +1,8 @@
 //! What every GPU-kernel test shares: where kernels run, buffers, random inputs, tolerances.
 //!
-//! A test launches `engine/kernels/*.cu` kernels through [`Dev::launch`] on each of
-//! [`devices`]: by default the host SIMT harness at warp sizes 32 and 64, threads taking turns
+//! A test launches `engine/kernels/*.cu` kernels through their typed launchers
+//! (`ortbench_engine::exec::gpu::launch`, the GPU executor's) with [`Dev::run`] on each of
+//! [`devices`], at [`Dev::geometry`]: by default the host SIMT harness at warp sizes 32 and 64, threads taking turns
 //! forward, in reverse and greedily (early warps racing ahead): a missing barrier shows in
 //! one; with `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) the GPU instead. Outputs are
 //! compared with the engine's CPU kernels on random, never-zero inputs rounded to the storage
@@ -83,33 +84,71 @@ impl Dev {
     /// The geometry the typed launchers (`ortbench_engine::exec::gpu::launch`) size grids for:
     /// the device's warp, and on the SIMT harness a largest grid of 3 blocks, so that every
     /// grid-stride loop takes several turns at the tests' sizes (a GPU: 1024 blocks, one pass
-    /// over the tests' sizes; a grid-stride kernel is correct at any grid).
+    /// over the tests' sizes; a grid-stride kernel is correct at any grid); 48 KiB of shared
+    /// memory (the attention test sets its own per case, to reach each tile size).
     pub fn geometry(&self) -> launch::Device {
         match self {
-            Dev::Simt { warp, .. } => launch::Device { warp: *warp, max_blocks: 3 },
+            Dev::Simt { warp, .. } => {
+                launch::Device { warp: *warp, max_blocks: 3, max_smem: 48 * 1024 }
+            }
             #[cfg(feature = "cuda")]
-            Dev::Cuda(_) => launch::Device { warp: 32, max_blocks: 1024 },
+            Dev::Cuda(_) => launch::Device { warp: 32, max_blocks: 1024, max_smem: 48 * 1024 },
         }
     }
 
-    /// Runs a typed launcher's launch: the executor's kernel name, geometry and argument
-    /// order, on this device's buffers.
+    /// Runs a typed launcher's launch — the executor's kernel name, geometry and argument
+    /// order — on this device's buffers, one buffer per operand; the buffers are read back
+    /// (and their guard bands checked) afterwards.
     pub fn run(&self, l: Launch<&mut Buf>) -> Result<(), String> {
-        let mut args: Vec<A> = l
-            .args
-            .into_iter()
-            .map(|a| match a {
-                launch::Arg::Ptr(b) => A::B(b),
-                launch::Arg::Null => A::Null,
-                launch::Arg::I32(v) => A::I32(v),
-                launch::Arg::U32(v) => A::U32(v),
-                launch::Arg::I64(v) => A::I64(v),
-                launch::Arg::U64(v) => A::U64(v),
-                launch::Arg::F32(v) => A::F32(v),
-                launch::Arg::Step(s) => panic!("{}: a test passes fixed values, not {s:?}", l.name),
-            })
-            .collect();
-        self.launch(&l.name, l.grid, l.block, l.smem, &mut args)
+        let mut bufs: Vec<&mut Buf> = Vec::new();
+        let l = l.map(|b| {
+            bufs.push(b);
+            bufs.len() - 1
+        });
+        self.run_on(l, &mut bufs)
+    }
+
+    /// As [`Dev::run`], with operands as indices into `bufs`: an index may come twice, so a
+    /// kernel's in-place case (an output over an input, as the planner runs it) runs too.
+    pub fn run_on(&self, l: Launch<usize>, bufs: &mut [&mut Buf]) -> Result<(), String> {
+        match self {
+            Dev::Simt { warp, order } => {
+                let ptrs: Vec<ortbench_simt::Arg> = bufs.iter_mut().map(|b| b.ptr()).collect();
+                let raw: Vec<ortbench_simt::Arg> = l
+                    .args
+                    .iter()
+                    .map(|a| match *a {
+                        launch::Arg::Ptr(i) => ptrs[i],
+                        launch::Arg::Null => Buf::null(),
+                        launch::Arg::I32(v) => ortbench_simt::Arg::I32(v),
+                        launch::Arg::U32(v) => ortbench_simt::Arg::U32(v),
+                        launch::Arg::I64(v) => ortbench_simt::Arg::I64(v),
+                        launch::Arg::U64(v) => ortbench_simt::Arg::U64(v),
+                        launch::Arg::F32(v) => ortbench_simt::Arg::F32(v),
+                        launch::Arg::Step(s) => step_value(&l.name, s),
+                    })
+                    .collect();
+                // SAFETY: each test sizes its buffers for the kernel's contract; guards catch
+                // small overruns below.
+                unsafe {
+                    ortbench_simt::launch(
+                        &l.name,
+                        (l.grid, 1, 1),
+                        (l.block, 1, 1),
+                        l.smem,
+                        *warp,
+                        *order,
+                        &raw,
+                    )
+                }?;
+            }
+            #[cfg(feature = "cuda")]
+            Dev::Cuda(d) => cuda_run(d, &l, bufs)?,
+        }
+        for b in bufs.iter() {
+            b.check_guards().map_err(|e| format!("{} on {self}: {e}", l.name))?;
+        }
+        Ok(())
     }
 
     /// Runs `name` on `grid` × `block` (1-D) threads; buffers are read back (and their guard
@@ -160,6 +199,49 @@ impl Dev {
         }
         Ok(())
     }
+}
+
+/// A test passes fixed values through the launchers' fields (`Seed::Fixed`, no loss scale).
+fn step_value(name: &str, s: launch::StepValue) -> ! {
+    panic!("{name}: a test passes fixed values, not {s:?}")
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_run(
+    d: &ortbench_engine::backend::cuda::device::CudaDevice,
+    l: &Launch<usize>,
+    bufs: &mut [&mut Buf],
+) -> Result<(), String> {
+    use ortbench_engine::backend::cuda::device::KernelArg;
+    // Mirror every buffer, guard bands included, so an overrun on the device shows too.
+    let mut mirrors = Vec::new();
+    for b in bufs.iter() {
+        let m = d.alloc(b.raw_bytes().len()).map_err(|e| e.to_string())?;
+        d.upload(&m, b.raw_bytes()).map_err(|e| e.to_string())?;
+        mirrors.push(m);
+    }
+    let kargs: Vec<KernelArg> = l
+        .args
+        .iter()
+        .map(|a| match *a {
+            launch::Arg::Ptr(i) => KernelArg::Ptr(mirrors[i].ptr() + ortbench_simt::GUARD as u64),
+            launch::Arg::Null => KernelArg::Ptr(0),
+            launch::Arg::I32(v) => KernelArg::I32(v),
+            launch::Arg::U32(v) => KernelArg::U32(v),
+            launch::Arg::I64(v) => KernelArg::I64(v),
+            launch::Arg::U64(v) => KernelArg::U64(v),
+            launch::Arg::F32(v) => KernelArg::F32(v),
+            launch::Arg::Step(s) => step_value(&l.name, s),
+        })
+        .collect();
+    // SAFETY: as for the SIMT launch; the mirrors outlive the synchronise below.
+    unsafe { d.launch(&l.name, (l.grid, 1, 1), (l.block, 1, 1), l.smem, &kargs) }
+        .map_err(|e| e.to_string())?;
+    d.synchronize().map_err(|e| e.to_string())?;
+    for (b, m) in bufs.iter_mut().zip(&mirrors) {
+        d.download(m, b.raw_bytes_mut()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]

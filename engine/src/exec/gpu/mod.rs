@@ -37,8 +37,10 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use kernels::{suffix, GpuKernels, COLUMN_BLOCK, EW_BLOCK, ROW_BLOCK, ROW_WARPS};
-use launch::{elementwise as ew, pointwise as pw, StepValue};
+use kernels::{suffix, GpuKernels, EW_BLOCK, ROW_BLOCK};
+use launch::{
+    elementwise as ew, layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue,
+};
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -610,7 +612,7 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     /// What the typed launchers' geometry depends on.
     fn device(&self) -> launch::Device {
-        launch::Device { warp: self.warp, max_blocks: self.max_blocks }
+        launch::Device { warp: self.warp, max_blocks: self.max_blocks, max_smem: self.max_smem }
     }
 
     /// Bytes per element of `t` as stored.
@@ -674,12 +676,6 @@ impl Resolver<'_> {
         Call::Kernel { name: name.to_string(), grid, block: EW_BLOCK, smem: 0, args }
     }
 
-    /// One warp per row.
-    fn rows(&self, name: &str, rows: usize, args: Vec<Arg>) -> Call {
-        let grid = rows.div_ceil(ROW_WARPS as usize).max(1) as u32;
-        Call::Kernel { name: name.to_string(), grid, block: ROW_WARPS * self.warp, smem: 0, args }
-    }
-
     /// One block per row (grid-stride over rows).
     fn block_rows(&self, name: &str, rows: usize, args: Vec<Arg>) -> Call {
         let grid = (rows as u64).clamp(1, self.max_blocks as u64) as u32;
@@ -688,12 +684,6 @@ impl Resolver<'_> {
 
     fn one_block(&self, name: &str, args: Vec<Arg>) -> Call {
         Call::Kernel { name: name.to_string(), grid: 1, block: 256.max(self.warp), smem: 0, args }
-    }
-
-    /// Column-reduction partials over `rows` × `c`.
-    fn columns(&self, name: &str, rows: usize, c: usize, args: Vec<Arg>) -> Call {
-        let grid = (kernels::chunks(rows) * c.div_ceil(COLUMN_BLOCK as usize)) as u32;
-        Call::Kernel { name: name.to_string(), grid, block: COLUMN_BLOCK, smem: 0, args }
     }
 
     /// Registers a copy_strided meta ([src_rank, dst_rank, src shape, src strides, dst shape,
@@ -1075,21 +1065,10 @@ impl Resolver<'_> {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
-                vec![self.rows(
-                    &kn("layernorm_forward", outs[0]),
-                    rows,
-                    vec![
-                        ptr(out(0)),
-                        ptr(out(1)),
-                        ptr(out(2)),
-                        ptr(inp(0)),
-                        ptr(inp(1)),
-                        ptr(inp(2)),
-                        i64a(rows),
-                        i32a(c),
-                        f32a(*eps),
-                    ],
-                )]
+                let (y, mean, rstd, x, w, b) = (out(0), out(1), out(2), inp(0), inp(1), inp(2));
+                let dtype = dt(outs[0]);
+                let l = ln::LayerNormForward { dtype, y, mean, rstd, x, w, b, rows, c, eps: *eps };
+                vec![l.launch(self.device()).into()]
             }
             Op::AddLayerNorm { eps } => {
                 same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
@@ -1101,97 +1080,76 @@ impl Resolver<'_> {
                     Some(k) => (inp(k), inp(k), inp(1 - k)),
                     None => (out(0), inp(0), inp(1)),
                 };
-                vec![self.rows(
-                    &kn("add_layernorm_forward", outs[1]),
+                let l = ln::AddLayerNormForward {
+                    dtype: dt(outs[1]),
+                    sum,
+                    y: out(1),
+                    mean: out(2),
+                    rstd: out(3),
+                    a,
+                    b,
+                    w: inp(2),
+                    bias: inp(3),
                     rows,
-                    vec![
-                        ptr(sum),
-                        ptr(out(1)),
-                        ptr(out(2)),
-                        ptr(out(3)),
-                        ptr(a),
-                        ptr(b),
-                        ptr(inp(2)),
-                        ptr(inp(3)),
-                        i64a(rows),
-                        i32a(c),
-                        f32a(*eps),
-                    ],
-                )]
+                    c,
+                    eps: *eps,
+                };
+                vec![l.launch(self.device()).into()]
             }
             Op::LayerNormBackward => {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = n(ins[2]);
                 let rows = n(ins[0]) / c;
-                let ch = kernels::chunks(rows);
-                let w = ws_at();
+                let chunks = kernels::chunks(rows);
+                let ws = ws_at();
+                let (dy, x, mean, rstd) = (inp(0), inp(1), inp(3), inp(4));
+                let dev = self.device();
+                // dw's partials, then db's, in the workspace: (2, chunks, c) f32.
+                let (dw_ws, db_ws) = (ws, ws + 4 * (chunks * c) as u64);
+                let dtype = dt(outs[0]);
+                let dx = ln::LayerNormBackwardDx {
+                    dtype,
+                    dx: out(0),
+                    dy,
+                    x,
+                    w: inp(2),
+                    mean,
+                    rstd,
+                    rows,
+                    c,
+                };
+                let dwdb =
+                    ln::LayerNormBackwardDwdb { dtype: dt(ins[0]), ws, dy, x, mean, rstd, rows, c };
+                let dw = reduce::ColumnSumFinish {
+                    dtype: dt(outs[1]),
+                    out: out(1),
+                    ws: dw_ws,
+                    chunks,
+                    c,
+                };
+                let db = reduce::ColumnSumFinish {
+                    dtype: dt(outs[2]),
+                    out: out(2),
+                    ws: db_ws,
+                    chunks,
+                    c,
+                };
                 vec![
-                    self.rows(
-                        &kn("layernorm_backward_dx", outs[0]),
-                        rows,
-                        vec![
-                            ptr(out(0)),
-                            ptr(inp(0)),
-                            ptr(inp(1)),
-                            ptr(inp(2)),
-                            ptr(inp(3)),
-                            ptr(inp(4)),
-                            i64a(rows),
-                            i32a(c),
-                        ],
-                    ),
-                    self.columns(
-                        &kn("layernorm_backward_dwdb", ins[0]),
-                        rows,
-                        c,
-                        vec![
-                            ptr(w),
-                            ptr(inp(0)),
-                            ptr(inp(1)),
-                            ptr(inp(3)),
-                            ptr(inp(4)),
-                            i64a(rows),
-                            i32a(c),
-                            i32a(kernels::ROWS_PER_CHUNK),
-                            i32a(ch),
-                        ],
-                    ),
-                    self.ew(
-                        &kn("column_sum_finish", outs[1]),
-                        c,
-                        vec![ptr(out(1)), ptr(w), i32a(ch), i32a(c)],
-                    ),
-                    self.ew(
-                        &kn("column_sum_finish", outs[2]),
-                        c,
-                        vec![ptr(out(2)), ptr(w + 4 * (ch * c) as u64), i32a(ch), i32a(c)],
-                    ),
+                    dx.launch(dev).into(),
+                    dwdb.launch(dev).into(),
+                    dw.launch(dev).into(),
+                    db.launch(dev).into(),
                 ]
             }
             Op::ReduceSumLeading => {
                 let c = n(outs[0]);
                 let rows = n(ins[0]) / c.max(1);
-                let ch = kernels::chunks(rows);
-                let w = ws_at();
-                vec![
-                    self.columns(
-                        &kn("column_sum_partial", ins[0]),
-                        rows,
-                        c,
-                        vec![
-                            ptr(w),
-                            ptr(inp(0)),
-                            i64a(rows),
-                            i32a(c),
-                            i32a(kernels::ROWS_PER_CHUNK),
-                        ],
-                    ),
-                    self.ew(
-                        &kn("column_sum_finish", outs[0]),
-                        c,
-                        vec![ptr(out(0)), ptr(w), i32a(ch), i32a(c)],
-                    ),
-                ]
+                let (ws, dev) = (ws_at(), self.device());
+                let part = reduce::ColumnSumPartial { dtype: dt(ins[0]), ws, x: inp(0), rows, c };
+                let chunks = kernels::chunks(rows);
+                let fin =
+                    reduce::ColumnSumFinish { dtype: dt(outs[0]), out: out(0), ws, chunks, c };
+                vec![part.launch(dev).into(), fin.launch(dev).into()]
             }
             Op::Softmax { scale, causal } => {
                 same(&[outs[0], ins[0]])?;
@@ -1205,34 +1163,32 @@ impl Resolver<'_> {
                 let tq = if r >= 2 { s[r - 2] } else { 1 };
                 let h = if r >= 3 { s[r - 3] } else { 1 };
                 let full = [rows / (h * tq).max(1), h, tq, ncol];
-                let (mask, ms) = match ins.get(1) {
-                    Some(&m) => (self.at(m), broadcast_strides4(g.shape(m), full)),
-                    None => (0, [0; 4]),
+                let mask = ins.get(1).map(|&m| launch::Mask {
+                    mask: self.at(m),
+                    strides: broadcast_strides4(g.shape(m), full),
+                });
+                let l = sm::SoftmaxForward {
+                    dtype: dt(outs[0]),
+                    y: out(0),
+                    x: inp(0),
+                    mask,
+                    rows,
+                    n: ncol,
+                    scale: *scale,
+                    causal: *causal,
+                    h,
+                    tq,
                 };
-                let mut args = vec![
-                    ptr(out(0)),
-                    ptr(inp(0)),
-                    ptr(mask),
-                    i64a(rows),
-                    i32a(ncol),
-                    f32a(*scale),
-                    i32a(usize::from(*causal)),
-                    i32a(h),
-                    i32a(tq),
-                ];
-                args.extend(ms.map(|v| Arg::K(KernelArg::I64(v))));
-                vec![self.rows(&kn("softmax_forward", outs[0]), rows, args)]
+                vec![l.launch(self.device()).into()]
             }
             Op::SoftmaxBackward { scale } => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let ncol = last(ins[0]);
                 let rows = n(ins[0]) / ncol;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
-                vec![self.rows(
-                    &kn("softmax_backward", outs[0]),
-                    rows,
-                    vec![ptr(o), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(ncol), f32a(*scale)],
-                )]
+                let (dtype, y, dy, scale) = (dt(outs[0]), inp(0), inp(1), *scale);
+                let l = sm::SoftmaxBackward { dtype, dx: o, y, dy, rows, n: ncol, scale };
+                vec![l.launch(self.device()).into()]
             }
             Op::Reshape | Op::Permute { .. } => {
                 // Materialised (the plan could not fold it): a strided copy.

@@ -9,16 +9,21 @@
 //! as the kernel (`elementwise.cu` `tanh_backward_<T>` → [`elementwise::TanhBackward`]).
 
 pub mod elementwise;
+pub mod layernorm;
 pub mod pointwise;
+pub mod reduce;
+pub mod softmax;
 
-use super::kernels::{suffix, EW_BLOCK};
+use super::kernels::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ROW_WARPS};
 use crate::DType;
 
-/// What launch geometry depends on: the device's warp size and largest 1-D grid.
+/// What launch geometry depends on: the device's warp size, largest 1-D grid and dynamic
+/// shared memory per block (bytes; attention's tiles are fitted to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Device {
     pub warp: u32,
     pub max_blocks: u32,
+    pub max_smem: u32,
 }
 
 /// A scalar only known when a step runs: the executor fills it in each step; a test passes a
@@ -29,6 +34,23 @@ pub enum StepValue {
     Seed,
     /// This value times the step's loss scale (f32): the backward's seed.
     LossScaled(f32),
+}
+
+/// An additive mask (storage T) broadcast to a (B, H, Tq, Tk) score tensor, as softmax.cu and
+/// attention.cu take it: the operand and its 4 element strides against (B, H, Tq, Tk), 0 on a
+/// broadcast dim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask<P> {
+    pub mask: P,
+    pub strides: [i64; 4],
+}
+
+/// The mask's pointer (null for none) and its 4 strides (0 for none).
+fn mask_args<P>(m: Option<Mask<P>>) -> (Arg<P>, [Arg<P>; 4]) {
+    match m {
+        Some(Mask { mask, strides }) => (Arg::Ptr(mask), strides.map(Arg::I64)),
+        None => (Arg::Null, [0; 4].map(Arg::I64)),
+    }
 }
 
 /// One kernel argument: an operand (`P`), a null pointer (an optional operand left out), or a
@@ -87,4 +109,19 @@ pub fn kernel_name(base: &str, dtype: DType) -> String {
 pub fn grid_stride<P>(name: String, n: usize, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
     let grid = (n.div_ceil(EW_BLOCK as usize) as u64).clamp(1, dev.max_blocks as u64) as u32;
     Launch { name, grid, block: EW_BLOCK, smem: 0, args }
+}
+
+/// One warp per row (layernorm.cu, softmax.cu): blocks of [`ROW_WARPS`] warps, as many as
+/// cover the rows (no grid-stride: a warp past the last row returns at once).
+fn warp_rows<P>(name: String, rows: usize, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
+    let grid = rows.div_ceil(ROW_WARPS as usize).max(1) as u32;
+    Launch { name, grid, block: ROW_WARPS * dev.warp, smem: 0, args }
+}
+
+/// The partials of a column reduction over (rows, c) (reduce.cu `column_sum_partial`,
+/// layernorm.cu `layernorm_backward_dwdb`): one block per chunk of rows
+/// ([`super::kernels::ROWS_PER_CHUNK`]) and [`COLUMN_BLOCK`] columns.
+fn columns<P>(name: String, rows: usize, c: usize, args: Vec<Arg<P>>) -> Launch<P> {
+    let grid = (chunks(rows) * c.div_ceil(COLUMN_BLOCK as usize)) as u32;
+    Launch { name, grid, block: COLUMN_BLOCK, smem: 0, args }
 }

@@ -1,0 +1,156 @@
+//! Launchers of `engine/kernels/layernorm.cu`: LayerNorm over the last dim of (rows, c), one
+//! warp per row, statistics (mean, rstd) in f32; the weight/bias gradients as column partials
+//! per chunk of rows, which reduce.cu's `column_sum_finish` adds ([`super::reduce`]). CPU
+//! counterparts: `backend/cpu/kernels/norm.rs`.
+
+use super::{columns, kernel_name, warp_rows, Arg, Device, Launch};
+use crate::exec::gpu::kernels::{chunks, ROWS_PER_CHUNK};
+use crate::DType;
+
+/// `layernorm_forward_<T>`: y = (x − mean)·rstd·w + b per row; mean and rstd saved for the
+/// backward.
+// y, x: (rows, c) T; mean, rstd: (rows) f32; w, b: (c) T
+pub struct LayerNormForward<P> {
+    pub dtype: DType,
+    pub y: P,
+    pub mean: P,
+    pub rstd: P,
+    pub x: P,
+    pub w: P,
+    pub b: P,
+    pub rows: usize,
+    pub c: usize,
+    pub eps: f32,
+}
+
+impl<P> LayerNormForward<P> {
+    pub fn launch(self, dev: Device) -> Launch<P> {
+        warp_rows(
+            kernel_name("layernorm_forward", self.dtype),
+            self.rows,
+            dev,
+            vec![
+                Arg::Ptr(self.y),
+                Arg::Ptr(self.mean),
+                Arg::Ptr(self.rstd),
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.w),
+                Arg::Ptr(self.b),
+                Arg::I64(self.rows as i64),
+                Arg::I32(self.c as i32),
+                Arg::F32(self.eps),
+            ],
+        )
+    }
+}
+
+/// `add_layernorm_forward_<T>`: sum = a + b, y = LayerNorm(sum) (ORT's SkipLayerNormalization);
+/// `a` may be `sum` (the sum over a dying operand).
+// sum, y, a, b: (rows, c) T; mean, rstd: (rows) f32; w, bias: (c) T
+pub struct AddLayerNormForward<P> {
+    pub dtype: DType,
+    pub sum: P,
+    pub y: P,
+    pub mean: P,
+    pub rstd: P,
+    pub a: P,
+    pub b: P,
+    pub w: P,
+    pub bias: P,
+    pub rows: usize,
+    pub c: usize,
+    pub eps: f32,
+}
+
+impl<P> AddLayerNormForward<P> {
+    pub fn launch(self, dev: Device) -> Launch<P> {
+        warp_rows(
+            kernel_name("add_layernorm_forward", self.dtype),
+            self.rows,
+            dev,
+            vec![
+                Arg::Ptr(self.sum),
+                Arg::Ptr(self.y),
+                Arg::Ptr(self.mean),
+                Arg::Ptr(self.rstd),
+                Arg::Ptr(self.a),
+                Arg::Ptr(self.b),
+                Arg::Ptr(self.w),
+                Arg::Ptr(self.bias),
+                Arg::I64(self.rows as i64),
+                Arg::I32(self.c as i32),
+                Arg::F32(self.eps),
+            ],
+        )
+    }
+}
+
+/// `layernorm_backward_dx_<T>`: the input's gradient from the saved statistics; dx may be dy.
+// dx, dy, x: (rows, c) T; w: (c) T; mean, rstd: (rows) f32
+pub struct LayerNormBackwardDx<P> {
+    pub dtype: DType,
+    pub dx: P,
+    pub dy: P,
+    pub x: P,
+    pub w: P,
+    pub mean: P,
+    pub rstd: P,
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl<P> LayerNormBackwardDx<P> {
+    pub fn launch(self, dev: Device) -> Launch<P> {
+        warp_rows(
+            kernel_name("layernorm_backward_dx", self.dtype),
+            self.rows,
+            dev,
+            vec![
+                Arg::Ptr(self.dx),
+                Arg::Ptr(self.dy),
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.w),
+                Arg::Ptr(self.mean),
+                Arg::Ptr(self.rstd),
+                Arg::I64(self.rows as i64),
+                Arg::I32(self.c as i32),
+            ],
+        )
+    }
+}
+
+/// `layernorm_backward_dwdb_<T>`: per chunk of [`ROWS_PER_CHUNK`] rows, the partial sums of
+/// dy·norm (dw) and of dy (db) into `ws`, dw's chunks first; `column_sum_finish` over each
+/// half then gives dw and db. The chunk count is [`chunks`]`(rows)`.
+// ws: (2, chunks(rows), c) f32; dy, x: (rows, c) T; mean, rstd: (rows) f32
+pub struct LayerNormBackwardDwdb<P> {
+    pub dtype: DType,
+    pub ws: P,
+    pub dy: P,
+    pub x: P,
+    pub mean: P,
+    pub rstd: P,
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl<P> LayerNormBackwardDwdb<P> {
+    pub fn launch(self, _dev: Device) -> Launch<P> {
+        columns(
+            kernel_name("layernorm_backward_dwdb", self.dtype),
+            self.rows,
+            self.c,
+            vec![
+                Arg::Ptr(self.ws),
+                Arg::Ptr(self.dy),
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.mean),
+                Arg::Ptr(self.rstd),
+                Arg::I64(self.rows as i64),
+                Arg::I32(self.c as i32),
+                Arg::I32(ROWS_PER_CHUNK as i32),
+                Arg::I32(chunks(self.rows) as i32),
+            ],
+        )
+    }
+}

@@ -1,0 +1,62 @@
+//! Launchers of `engine/kernels/reduce.cu`: deterministic column sums of a row-major (rows, c)
+//! matrix in two launches, f32 partials per chunk of rows, then the partials added in chunk
+//! order (no atomics: the same bits every run). CPU counterpart:
+//! `backend/cpu/kernels/reduce.rs` (`reduce_sum_leading`).
+
+use super::{columns, grid_stride, kernel_name, Arg, Device, Launch};
+use crate::exec::gpu::kernels::ROWS_PER_CHUNK;
+use crate::DType;
+
+/// `column_sum_partial_<T>`: ws[k, j] = Σ x[r, j] over chunk k of [`ROWS_PER_CHUNK`] rows.
+// ws: (chunks(rows), c) f32; x: (rows, c) T
+pub struct ColumnSumPartial<P> {
+    pub dtype: DType,
+    pub ws: P,
+    pub x: P,
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl<P> ColumnSumPartial<P> {
+    pub fn launch(self, _dev: Device) -> Launch<P> {
+        columns(
+            kernel_name("column_sum_partial", self.dtype),
+            self.rows,
+            self.c,
+            vec![
+                Arg::Ptr(self.ws),
+                Arg::Ptr(self.x),
+                Arg::I64(self.rows as i64),
+                Arg::I32(self.c as i32),
+                Arg::I32(ROWS_PER_CHUNK as i32),
+            ],
+        )
+    }
+}
+
+/// `column_sum_finish_<T>`: out[j] = Σ_k ws[k, j] in chunk order; `chunks` is
+/// [`crate::exec::gpu::kernels::chunks`] of the partials' rows.
+// out: (c) T; ws: (chunks, c) f32
+pub struct ColumnSumFinish<P> {
+    pub dtype: DType,
+    pub out: P,
+    pub ws: P,
+    pub chunks: usize,
+    pub c: usize,
+}
+
+impl<P> ColumnSumFinish<P> {
+    pub fn launch(self, dev: Device) -> Launch<P> {
+        grid_stride(
+            kernel_name("column_sum_finish", self.dtype),
+            self.c,
+            dev,
+            vec![
+                Arg::Ptr(self.out),
+                Arg::Ptr(self.ws),
+                Arg::I32(self.chunks as i32),
+                Arg::I32(self.c as i32),
+            ],
+        )
+    }
+}
