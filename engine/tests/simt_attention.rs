@@ -3,8 +3,9 @@
 //! kernels in engine/src/backend/cpu/kernels/attention.rs, in f32/f16/bf16 on every test device
 //! (SIMT warp 32/64 × both thread orders; or the GPU).
 //!
-//! Cases: sizes that are not multiples of the tiles (T = 37 against tiles of 8, 16 and 32, Tq ≠ Tk
-//! both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
+//! Cases: sizes that are not multiples of the tiles (T = 37 against the executor's tiles of 8,
+//! 16, 32 and 64 and bq > bk — each case gives the device just the shared memory its tiles
+//! need, so the launcher's own choice picks them —, Tq ≠ Tk both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
 //! / a (1, H, Tq, Tk) mask / left padding under the causal mask (the first keys of batch 1 −∞,
 //! so its first queries see no key: zeros out, LSE +∞, zero gradients, as torch's sdpa), dropout
 //! 0 and 0.1 (nonzero offset), operands in the (B, T, H·D)
@@ -40,6 +41,9 @@ use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::attention::{self as cpu, AttnPlan};
 use ortbench_engine::backend::cpu::kernels::softmax::MaskMap;
 use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::exec::gpu::kernels::attention_smem;
+use ortbench_engine::exec::gpu::launch::attention::{self as launch, Dims, Scores, Strided};
+use ortbench_engine::exec::gpu::launch::{Device, Mask as LMask, Seed};
 use ortbench_simt::{Buf, Dtype};
 
 const SEED: u64 = 77;
@@ -68,9 +72,8 @@ struct Case {
     causal: bool,
     mask: Mask,
     p: f32,
-    bq: usize,
-    bk: usize,
-    block: u32,
+    /// The tiles (bq, bk) the launcher picks at this case's shared memory ([`Prob::device`]).
+    tiles: (usize, usize),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -84,23 +87,22 @@ const fn case(
     causal: bool,
     mask: Mask,
     p: f32,
-    bq: usize,
-    bk: usize,
-    block: u32,
+    tiles: (usize, usize),
 ) -> Case {
-    Case { b, h, tq, tk, d, dv, causal, mask, p, bq, bk, block }
+    Case { b, h, tq, tk, d, dv, causal, mask, p, tiles }
 }
 
 const CASES: [Case; 7] = [
-    case(2, 3, 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, 16, 16, 64),
-    case(2, 3, 37, 37, 24, 24, true, Mask::None, 0.1, 16, 16, 64),
-    case(2, 3, 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, 16, 32, 64),
-    case(2, 3, 37, 37, 24, 24, false, Mask::Full, 0.1, 32, 8, 64),
+    case(2, 3, 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, (16, 16)),
+    case(2, 3, 37, 37, 24, 24, true, Mask::None, 0.1, (32, 32)),
+    // bq > bk: one partial query tile over two key tiles, causal.
+    case(2, 3, 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, (64, 32)),
+    case(2, 3, 37, 37, 24, 24, false, Mask::Full, 0.1, (8, 8)),
     // Tq < Tk and Tq > Tk (causal stays top-left aligned), Dv ≠ D.
-    case(1, 2, 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, 16, 16, 128),
-    case(1, 2, 45, 19, 20, 12, true, Mask::Full, 0.0, 16, 8, 64),
+    case(1, 2, 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, (16, 16)),
+    case(1, 2, 45, 19, 20, 12, true, Mask::Full, 0.0, (64, 64)),
     // Left padding: queries 0..21 of batch 1 see no key (spanning a whole 16-row tile).
-    case(2, 2, 37, 37, 16, 16, true, Mask::LeftPad(21), 0.1, 16, 16, 64),
+    case(2, 2, 37, 37, 16, 16, true, Mask::LeftPad(21), 0.1, (16, 16)),
 ];
 
 /// (b, h, t) strides of a (B, H, T, X) operand stored as (B, T, H·X): heads inside the rows.
@@ -114,8 +116,9 @@ fn heads_first(c: &Case, t: usize, x: usize) -> [usize; 3] {
 fn at(s: &[usize; 3], b: usize, h: usize, t: usize) -> usize {
     b * s[0] + h * s[1] + t * s[2]
 }
-fn i64s<'a>(s: [usize; 3]) -> [A<'a>; 3] {
-    [A::I64(s[0] as i64), A::I64(s[1] as i64), A::I64(s[2] as i64)]
+/// Buffer `at` with (b, h, t) strides `s`, as the launchers take an operand.
+fn st<P>(at: P, s: [usize; 3]) -> Strided<P> {
+    Strided { at, strides: s.map(|v| v as i64) }
 }
 
 /// Everything one case needs: inputs rounded to the dtype, layouts, the CPU's outputs.
@@ -253,7 +256,7 @@ impl Prob {
     }
 
     /// The mask's element strides against (B, H, Tq, Tk), 0 where it broadcasts (as `MaskMap`).
-    fn mask_strides<'a>(&self) -> [A<'a>; 4] {
+    fn mask_strides(&self) -> [i64; 4] {
         let s = self.mask_shape;
         let mut st = [0i64; 4];
         let mut acc = 1i64;
@@ -261,7 +264,12 @@ impl Prob {
             st[d] = if s[d] == 1 { 0 } else { acc };
             acc *= s[d] as i64;
         }
-        st.map(A::I64)
+        st
+    }
+
+    /// The mask buffer (if any) as the launchers take it.
+    fn mask_arg<'a>(&self, mask: &'a mut Option<Buf>) -> Option<LMask<&'a mut Buf>> {
+        mask.as_mut().map(|mask| LMask { mask, strides: self.mask_strides() })
     }
 
     fn mask_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
@@ -302,47 +310,39 @@ impl Prob {
         out
     }
 
-    fn smem_forward(&self) -> u32 {
-        let Case { bq, bk, d, dv, .. } = self.c;
-        (4 * (bq * d + bk * (d + 1) + bk * dv + bq * bk + bq * dv + 3 * bq)) as u32
-    }
-    fn smem_dkdv(&self) -> u32 {
-        let Case { bq, bk, d, dv, .. } = self.c;
-        (4 * (bk * (d + 1)
-            + bk * (dv + 1)
-            + bk * d
-            + bk * dv
-            + bq * d
-            + bq * dv
-            + 2 * bq * bk
-            + 2 * bq)) as u32
-    }
-    fn smem_dq(&self) -> u32 {
-        let Case { bq, bk, d, dv, .. } = self.c;
-        (4 * (2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 2 * bq)) as u32
+    fn dims(&self) -> Dims {
+        let Case { b, h, tq, tk, d, dv, .. } = self.c;
+        Dims { b, h, tq, tk, d, dv }
     }
 
-    /// The scalar arguments the three main kernels share: h, tq, tk, d, dv, scale, causal,
-    /// dropout_p, seed, offset.
-    fn scalars<'a>(&self) -> Vec<A<'a>> {
+    fn scores(&self) -> Scores {
         let c = &self.c;
-        vec![
-            A::I32(c.h as i32),
-            A::I32(c.tq as i32),
-            A::I32(c.tk as i32),
-            A::I32(c.d as i32),
-            A::I32(c.dv as i32),
-            A::F32(self.scale),
-            A::I32(c.causal as i32),
-            A::F32(c.p),
-            A::U64(SEED),
-            A::U64(OFFSET),
-        ]
+        Scores {
+            scale: self.scale,
+            causal: c.causal,
+            dropout_p: c.p,
+            seed: Seed::Fixed(SEED),
+            offset: OFFSET,
+        }
+    }
+
+    /// `dev`'s geometry with just the shared memory the case's tiles need (the most of the
+    /// three kernels'): the launchers' tile choice ([`launch::tiles`]) then picks them, as the
+    /// executor would on such a device.
+    fn device(&self, dev: &Dev) -> Device {
+        let (bq, bk) = self.c.tiles;
+        let max_smem = attention_smem(bq, bk, self.c.d, self.c.dv).into_iter().max().unwrap();
+        let geo = Device { max_smem, ..dev.geometry() };
+        assert_eq!(launch::tiles(self.dims(), geo), Ok(self.c.tiles), "{:?}", self.c);
+        geo
     }
 
     fn name(&self, dt: Dtype) -> String {
         let c = &self.c;
-        format!("attention {dt:?} B{} H{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{} block {}", c.b, c.h, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.bq, c.bk, c.block)
+        format!(
+            "attention {dt:?} B{} H{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{}",
+            c.b, c.h, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.tiles.0, c.tiles.1
+        )
     }
 }
 
@@ -351,35 +351,24 @@ fn forward_matches_the_cpu_kernel_and_lse() {
     for dt in FLOATS {
         for (n, &c) in CASES.iter().enumerate() {
             let p = Prob::new(c, dt, 10 + n as u64);
-            let grid = (c.b * c.h * c.tq.div_ceil(c.bq)) as u32;
             for dev in devices() {
                 let (mut out, mut lse) =
                     (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
                 let (mut q, mut k, mut v) =
                     (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
                 let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
-                let mut args = vec![
-                    A::B(&mut out),
-                    A::B(&mut lse),
-                    A::B(&mut q),
-                    A::B(&mut k),
-                    A::B(&mut v),
-                    mask.as_mut().map_or(A::Null, A::B),
-                ];
-                args.extend(p.scalars());
-                for s in [p.qs, p.ks, p.vs, p.os] {
-                    args.extend(i64s(s));
-                }
-                args.extend(p.mask_strides());
-                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(
-                    &kname("attention_forward", dt),
-                    grid,
-                    c.block,
-                    p.smem_forward(),
-                    &mut args,
-                )
-                .unwrap();
+                let l = launch::AttentionForward {
+                    dtype: dtype(dt),
+                    out: st(&mut out, p.os),
+                    lse: &mut lse,
+                    q: st(&mut q, p.qs),
+                    k: st(&mut k, p.ks),
+                    v: st(&mut v, p.vs),
+                    mask: p.mask_arg(&mut mask),
+                    dims: p.dims(),
+                    scores: p.scores(),
+                };
+                dev.run(l.launch(p.device(&dev)).unwrap()).unwrap();
                 let what = format!("{} forward on {dev}", p.name(dt));
                 // Sums that cancel (module comment): 1e-5 of the largest element on top.
                 let (t, tl) = (tol(dt, 1e-5), tol(D::F32, 1e-5));
@@ -438,59 +427,40 @@ fn backward_matches_the_cpu_kernel() {
                 // dq first: it writes delta, which dkdv reads.
                 let mut delta = Buf::poisoned(c.b * c.h * c.tq, D::F32);
                 let mut dq = Buf::poisoned(nq, dt);
-                let mut args = vec![
-                    A::B(&mut dq),
-                    A::B(&mut delta),
-                    A::B(&mut g),
-                    A::B(&mut out),
-                    A::B(&mut q),
-                    A::B(&mut k),
-                    A::B(&mut v),
-                    mask.as_mut().map_or(A::Null, A::B),
-                    A::B(&mut lse),
-                ];
-                args.extend(p.scalars());
-                for s in [p.qs, p.ks, p.vs, p.gs, p.os, p.dqs] {
-                    args.extend(i64s(s));
-                }
-                args.extend(p.mask_strides());
-                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(
-                    &kname("attention_backward_dq", dt),
-                    (c.b * c.h * c.tq.div_ceil(c.bq)) as u32,
-                    c.block,
-                    p.smem_dq(),
-                    &mut args,
-                )
-                .unwrap();
+                let (dtype, geo) = (dtype(dt), p.device(&dev));
+                let l = launch::AttentionBackwardDq {
+                    dtype,
+                    dq: st(&mut dq, p.dqs),
+                    delta: &mut delta,
+                    dout: st(&mut g, p.gs),
+                    out: st(&mut out, p.os),
+                    q: st(&mut q, p.qs),
+                    k: st(&mut k, p.ks),
+                    v: st(&mut v, p.vs),
+                    mask: p.mask_arg(&mut mask),
+                    lse: &mut lse,
+                    dims: p.dims(),
+                    scores: p.scores(),
+                };
+                dev.run(l.launch(geo).unwrap()).unwrap();
                 check(&format!("{what}: dq"), &dq.to_f32(), &dq0, dt, t);
 
                 let (mut dk, mut dv) = (Buf::poisoned(nk, dt), Buf::poisoned(nv, dt));
-                let mut args = vec![
-                    A::B(&mut dk),
-                    A::B(&mut dv),
-                    A::B(&mut g),
-                    A::B(&mut q),
-                    A::B(&mut k),
-                    A::B(&mut v),
-                    mask.as_mut().map_or(A::Null, A::B),
-                    A::B(&mut lse),
-                    A::B(&mut delta),
-                ];
-                args.extend(p.scalars());
-                for s in [p.qs, p.ks, p.vs, p.gs, p.dks, p.dvs] {
-                    args.extend(i64s(s));
-                }
-                args.extend(p.mask_strides());
-                args.extend([A::I32(c.bq as i32), A::I32(c.bk as i32)]);
-                dev.launch(
-                    &kname("attention_backward_dkdv", dt),
-                    (c.b * c.h * c.tk.div_ceil(c.bk)) as u32,
-                    c.block,
-                    p.smem_dkdv(),
-                    &mut args,
-                )
-                .unwrap();
+                let l = launch::AttentionBackwardDkdv {
+                    dtype,
+                    dk: st(&mut dk, p.dks),
+                    dv: st(&mut dv, p.dvs),
+                    dout: st(&mut g, p.gs),
+                    q: st(&mut q, p.qs),
+                    k: st(&mut k, p.ks),
+                    v: st(&mut v, p.vs),
+                    mask: p.mask_arg(&mut mask),
+                    lse: &mut lse,
+                    delta: &mut delta,
+                    dims: p.dims(),
+                    scores: p.scores(),
+                };
+                dev.run(l.launch(geo).unwrap()).unwrap();
                 check(&format!("{what}: dk"), &dk.to_f32(), &dk0, dt, t);
                 check(&format!("{what}: dv"), &dv.to_f32(), &dv0, dt, t);
             }

@@ -4,8 +4,8 @@
 //! warp 32/64 × both thread orders; or the GPU).
 //!
 //! Cases: V = 1003 and 61 (above and below the block of 128, neither a multiple of a warp) with
-//! 23 and 13 rows, V = 30522 (BERT's vocabulary) with 2 rows, a grid of at most 16 blocks (the
-//! grid-stride loop over rows); every 5th label the ignore index (−100),
+//! 23 and 13 rows, V = 30522 (BERT's vocabulary) with 2 rows, the SIMT harness's grid of at
+//! most 3 blocks (the grid-stride loop over rows); every 5th label the ignore index (−100),
 //! labels 0 and V − 1 included; logits in [-8, 8) so the max subtraction matters; the backward
 //! out of place and in place (dlogits over logits, as the planner runs it); every row ignored
 //! (mean NaN as the CPU's 0/0); labels out of range (V, −5 and 2^40: the last would fault if it
@@ -31,9 +31,9 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::loss as cpu;
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_simt::{Arg, Buf, Dtype};
+use ortbench_engine::exec::gpu::launch::cross_entropy as launch;
+use ortbench_simt::{Buf, Dtype};
 
-const BLOCK: u32 = 128;
 const IGNORE: i64 = -100;
 const F32_REL: f32 = 1e-6;
 /// dlogits = g·exp(x − lse), per element: an ulp of difference in lse (|lse| < 32 here: ulp
@@ -61,39 +61,21 @@ fn forward(dev: &Dev, dt: Dtype, logits: &[f32], labels: &[i64], v: usize) -> (V
         Buf::from_f32(logits, dt),
         Buf::from_i64(labels),
     );
-    // Fewer blocks than rows: the grid-stride loop over rows is exercised too.
-    let grid = (rows as u32).min(16);
-    dev.launch(
-        &kname("cross_entropy_forward", dt),
-        grid,
-        BLOCK,
-        0,
-        &mut [
-            A::B(&mut losses),
-            A::B(&mut err),
-            A::B(&mut lb),
-            A::B(&mut yb),
-            A::I64(rows as i64),
-            A::I32(v as i32),
-            A::I64(IGNORE),
-        ],
-    )
-    .unwrap();
+    let l = launch::CrossEntropyForward {
+        dtype: dtype(dt),
+        losses: &mut losses,
+        err: Some(&mut err),
+        logits: &mut lb,
+        labels: &mut yb,
+        rows,
+        v,
+        ignore_index: IGNORE,
+    };
+    dev.run(l.launch(dev.geometry())).unwrap();
     let mut mean = Buf::poisoned(1, D::F32);
-    dev.launch(
-        "cross_entropy_mean",
-        1,
-        BLOCK,
-        0,
-        &mut [
-            A::B(&mut mean),
-            A::B(&mut losses),
-            A::B(&mut yb),
-            A::I64(rows as i64),
-            A::I64(IGNORE),
-        ],
-    )
-    .unwrap();
+    let (loss, losses_, labels) = (&mut mean, &mut losses, &mut yb);
+    let l = launch::CrossEntropyMean { loss, losses: losses_, labels, rows, ignore_index: IGNORE };
+    dev.run(l.launch(dev.geometry())).unwrap();
     (losses.to_f32(), mean.to_f32()[0], err.to_i64()[0])
 }
 
@@ -107,39 +89,29 @@ fn backward(
 ) -> (Vec<f32>, f32, i64) {
     let rows = labels.len();
     let (mut count, mut yb) = (Buf::poisoned(1, D::F32), Buf::from_i64(labels));
-    dev.launch(
-        "cross_entropy_count",
-        1,
-        BLOCK,
-        0,
-        &mut [A::B(&mut count), A::B(&mut yb), A::I64(rows as i64), A::I64(IGNORE)],
-    )
-    .unwrap();
+    let (count_, labels_) = (&mut count, &mut yb);
+    let l =
+        launch::CrossEntropyCount { count: count_, labels: labels_, rows, ignore_index: IGNORE };
+    dev.run(l.launch(dev.geometry())).unwrap();
     let (mut d, mut err, mut lb, mut g) = (
         Buf::poisoned(rows * v, dt),
         Buf::from_i32(&[0]),
         Buf::from_f32(logits, dt),
         Buf::from_f32(&[DLOSS], D::F32),
     );
-    let grid = (rows as u32).min(16);
-    dev.launch(
-        &kname("cross_entropy_backward", dt),
-        grid,
-        BLOCK,
-        0,
-        &mut [
-            A::B(&mut d),
-            A::B(&mut err),
-            A::B(&mut lb),
-            A::B(&mut yb),
-            A::B(&mut g),
-            A::B(&mut count),
-            A::I64(rows as i64),
-            A::I32(v as i32),
-            A::I64(IGNORE),
-        ],
-    )
-    .unwrap();
+    let l = launch::CrossEntropyBackward {
+        dtype: dtype(dt),
+        dlogits: &mut d,
+        err: Some(&mut err),
+        logits: &mut lb,
+        labels: &mut yb,
+        dloss: &mut g,
+        count: &mut count,
+        rows,
+        v,
+        ignore_index: IGNORE,
+    };
+    dev.run(l.launch(dev.geometry())).unwrap();
     (d.to_f32(), count.to_f32()[0], err.to_i64()[0])
 }
 
@@ -176,49 +148,35 @@ fn forward_and_backward_match() {
                 assert_eq!(err, 0, "{what}: backward error flag");
                 assert_eq!(count, want_count, "{what}: count");
                 check(&format!("{what} dlogits"), &d, &want_d, dt, tol(dt, DLOGITS_REL));
-                // In place: dlogits is the logits buffer.
-                if let Dev::Simt { warp, order } = dev {
-                    let (mut io, mut err, mut yb, mut g, mut cb) = (
-                        Buf::from_f32(&logits, dt),
-                        Buf::from_i32(&[0]),
-                        Buf::from_i64(&labels),
-                        Buf::from_f32(&[DLOSS], D::F32),
-                        Buf::from_f32(&[count], D::F32),
-                    );
-                    let p = io.ptr();
-                    let args = [
-                        p,
-                        err.ptr(),
-                        p,
-                        yb.ptr(),
-                        g.ptr(),
-                        cb.ptr(),
-                        Arg::I64(rows as i64),
-                        Arg::I32(v as i32),
-                        Arg::I64(IGNORE),
-                    ];
-                    // SAFETY: io holds rows·v elements, the other buffers what the kernel reads.
-                    unsafe {
-                        ortbench_simt::launch(
-                            &kname("cross_entropy_backward", dt),
-                            ((rows as u32).min(16), 1, 1),
-                            (BLOCK, 1, 1),
-                            0,
-                            warp,
-                            order,
-                            &args,
-                        )
-                    }
-                    .unwrap();
-                    io.check_guards().unwrap();
-                    check(
-                        &format!("{what} dlogits in place"),
-                        &io.to_f32(),
-                        &want_d,
-                        dt,
-                        tol(dt, DLOGITS_REL),
-                    );
-                }
+                // In place: dlogits is the logits buffer (buffer 0 twice).
+                let (mut io, mut err, mut yb, mut g, mut cb) = (
+                    Buf::from_f32(&logits, dt),
+                    Buf::from_i32(&[0]),
+                    Buf::from_i64(&labels),
+                    Buf::from_f32(&[DLOSS], D::F32),
+                    Buf::from_f32(&[count], D::F32),
+                );
+                let l = launch::CrossEntropyBackward {
+                    dtype: dtype(dt),
+                    dlogits: 0,
+                    err: Some(1),
+                    logits: 0,
+                    labels: 2,
+                    dloss: 3,
+                    count: 4,
+                    rows,
+                    v,
+                    ignore_index: IGNORE,
+                };
+                let bufs: &mut [&mut Buf] = &mut [&mut io, &mut err, &mut yb, &mut g, &mut cb];
+                dev.run_on(l.launch(dev.geometry()), bufs).unwrap();
+                check(
+                    &format!("{what} dlogits in place"),
+                    &io.to_f32(),
+                    &want_d,
+                    dt,
+                    tol(dt, DLOGITS_REL),
+                );
             }
         }
     }

@@ -2,10 +2,12 @@
 //! kernels in engine/src/backend/cpu/kernels/embedding.rs, tables and gradients in f32/f16/bf16
 //! on every test device (SIMT warp 32/64 × both thread orders; or the GPU).
 //!
-//! Cases: widths 61 (one partial column block of 64), 200 (three full blocks and a partial one)
+//! Cases: widths 61 (one partial column block of 128), 200 (a full block and a partial one)
 //! and 13; 37 ids with duplicates (every third id is 5) over vocabularies of 50 (most rows
-//! unused: their gradient must be 0) and 7 (every row hit many times); the backward with
-//! P = 1, 3 and 8 id residues (the ownership split); ids out of range (V, −1, 2^40: the last
+//! unused: their gradient must be 0) and 7 (every row hit many times), gathered by a grid of 3
+//! blocks (the grid-stride loop over rows); the backward with P = 1, 3 and 8 id residues (the
+//! ownership split; 7 over a vocabulary of 7: the launcher's rule, at most one residue per
+//! row), reached through the device's grid size as the executor's launcher sizes P; ids out of range (V, −1, 2^40: the last
 //! would fault if it were used as an index) set the error flag, give a NaN output row and
 //! are left out of the gradient, without a write out of bounds.
 //!
@@ -18,9 +20,10 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::embedding as cpu;
 use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::exec::gpu::kernels::ROW_BLOCK;
+use ortbench_engine::exec::gpu::launch::{embedding as launch, Device};
 use ortbench_simt::{Buf, Dtype};
 
-const BLOCK: u32 = 64;
 const SHAPES: [(usize, usize, usize); 3] = [(50, 61, 37), (7, 200, 37), (50, 13, 23)];
 
 fn ids_for(n: usize, v: usize, rng: &mut Rng) -> Vec<i64> {
@@ -36,27 +39,22 @@ fn gather(dev: &Dev, dt: Dtype, table: &[f32], ids: &[i64], c: usize) -> (Vec<f3
         Buf::from_i64(ids),
         Buf::from_f32(table, dt),
     );
-    // Fewer blocks than rows: the grid-stride loop is exercised too.
-    dev.launch(
-        &kname("embedding_forward", dt),
-        (n as u32).min(8),
-        BLOCK,
-        0,
-        &mut [
-            A::B(&mut out),
-            A::B(&mut err),
-            A::B(&mut ib),
-            A::B(&mut tb),
-            A::I64(n as i64),
-            A::I32(c as i32),
-            A::I64((table.len() / c) as i64),
-        ],
-    )
-    .unwrap();
+    let l = launch::EmbeddingForward {
+        dtype: dtype(dt),
+        out: &mut out,
+        err: Some(&mut err),
+        ids: &mut ib,
+        table: &mut tb,
+        n,
+        c,
+        v: table.len() / c,
+    };
+    dev.run(l.launch(dev.geometry())).unwrap();
     (out.to_f32(), err.to_i64()[0])
 }
 
-/// The f32 table gradient (over a poisoned buffer: every element must be written) and the flag.
+/// The f32 table gradient (over a poisoned buffer: every element must be written) and the flag,
+/// on a device whose grid size makes the launcher split the ids into `parts` residues.
 fn scatter(
     dev: &Dev,
     dt: Dtype,
@@ -73,23 +71,21 @@ fn scatter(
         Buf::from_i64(ids),
         Buf::from_f32(dout, dt),
     );
-    let grid = c.div_ceil(BLOCK as usize) as u32 * parts;
-    dev.launch(
-        &kname("embedding_backward", dt),
-        grid,
-        BLOCK,
-        0,
-        &mut [
-            A::B(&mut dtab),
-            A::B(&mut err),
-            A::B(&mut ib),
-            A::B(&mut db),
-            A::I64(n as i64),
-            A::I32(c as i32),
-            A::I64(v as i64),
-        ],
-    )
-    .unwrap();
+    let col_blocks = c.div_ceil(ROW_BLOCK as usize) as u32;
+    let geo = Device { max_blocks: parts * col_blocks, ..dev.geometry() };
+    let l = launch::EmbeddingBackward {
+        dtype: dtype(dt),
+        dtable: &mut dtab,
+        err: Some(&mut err),
+        ids: &mut ib,
+        dout: &mut db,
+        n,
+        c,
+        v,
+    }
+    .launch(geo);
+    assert_eq!(l.grid, col_blocks * parts.min(v as u32), "{parts} residues over V {v}");
+    dev.run(l).unwrap();
     (dtab.to_f32(), err.to_i64()[0])
 }
 

@@ -26,6 +26,8 @@ pub const EW_BLOCK: u32 = 256;
 pub const ROW_WARPS: u32 = 4;
 /// Threads of a one-block-per-row kernel (cross-entropy, embedding) and of attention blocks.
 pub const ROW_BLOCK: u32 = 128;
+/// Threads of a single-block reduction (cross-entropy's mean and count of labelled rows).
+pub const ONE_BLOCK: u32 = 256;
 
 /// Number of row chunks of a column reduction over `rows` rows.
 pub fn chunks(rows: usize) -> usize {

@@ -37,10 +37,9 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use kernels::{suffix, GpuKernels, EW_BLOCK, ROW_BLOCK};
-use launch::{
-    elementwise as ew, layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue,
-};
+use kernels::{suffix, GpuKernels, EW_BLOCK};
+use launch::{attention as attn, cross_entropy as ce, elementwise as ew, embedding as emb};
+use launch::{layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue};
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -546,14 +545,8 @@ fn ptr(a: u64) -> Arg {
 fn i64a(v: usize) -> Arg {
     Arg::K(KernelArg::I64(v as i64))
 }
-fn i32a(v: usize) -> Arg {
-    Arg::K(KernelArg::I32(v as i32))
-}
 fn f32a(v: f32) -> Arg {
     Arg::K(KernelArg::F32(v))
-}
-fn u64a(v: u64) -> Arg {
-    Arg::K(KernelArg::U64(v))
 }
 
 fn contiguous(shape: &[usize]) -> Vec<usize> {
@@ -676,16 +669,6 @@ impl Resolver<'_> {
         Call::Kernel { name: name.to_string(), grid, block: EW_BLOCK, smem: 0, args }
     }
 
-    /// One block per row (grid-stride over rows).
-    fn block_rows(&self, name: &str, rows: usize, args: Vec<Arg>) -> Call {
-        let grid = (rows as u64).clamp(1, self.max_blocks as u64) as u32;
-        Call::Kernel { name: name.to_string(), grid, block: ROW_BLOCK, smem: 0, args }
-    }
-
-    fn one_block(&self, name: &str, args: Vec<Arg>) -> Call {
-        Call::Kernel { name: name.to_string(), grid: 1, block: 256.max(self.warp), smem: 0, args }
-    }
-
     /// Registers a copy_strided meta ([src_rank, dst_rank, src shape, src strides, dst shape,
     /// dst strides]) and returns its (tagged) pointer argument.
     fn copy_meta(&mut self, ss: &[usize], st: &[usize], ds: &[usize], dt: &[usize]) -> Arg {
@@ -772,9 +755,9 @@ impl Resolver<'_> {
     }
 
     /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
-    fn strides3(&self, t: TensorId) -> [Arg; 3] {
+    fn strides3(&self, t: TensorId) -> [i64; 3] {
         let s = self.strides(t);
-        [0, 1, 2].map(|i| Arg::K(KernelArg::I64(s[i] as i64)))
+        [0, 1, 2].map(|i| s[i] as i64)
     }
 
     fn resolve(
@@ -852,28 +835,22 @@ impl Resolver<'_> {
             Op::Embedding => {
                 same(&[outs[0], ins[0]])?;
                 let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
-                let rows = n(ins[1]);
-                vec![self.block_rows(
-                    &kn("embedding_forward", outs[0]),
-                    rows,
-                    vec![
-                        ptr(out(0)),
-                        ptr(err),
-                        ptr(inp(1)),
-                        ptr(inp(0)),
-                        i64a(rows),
-                        i32a(c),
-                        i64a(v),
-                    ],
-                )]
+                let (dtype, ids, table, n) = (dt(outs[0]), inp(1), inp(0), n(ins[1]));
+                let l = emb::EmbeddingForward {
+                    dtype,
+                    out: out(0),
+                    err: Some(err),
+                    ids,
+                    table,
+                    n,
+                    c,
+                    v,
+                };
+                vec![l.launch(self.device()).into()]
             }
             Op::EmbeddingBackward => {
                 let (o, dout) = (outs[0], ins[1]);
                 let (v, c) = (g.shape(o)[0], g.shape(o)[1]);
-                let rows = n(ins[0]);
-                let col_blocks = c.div_ceil(ROW_BLOCK as usize);
-                // Residue classes of ids: enough blocks to fill the device, each walking all ids.
-                let parts = (self.max_blocks as usize / col_blocks).clamp(1, 64).min(v);
                 // The scatter writes f32: into the output if it is stored so, else into the
                 // workspace and then cast (a half part of a tied table's gradient).
                 let target = if dt(o) == DType::F32 {
@@ -881,21 +858,18 @@ impl Resolver<'_> {
                 } else {
                     ws.ok_or_else(|| no(" without its f32 workspace"))?
                 };
-                let mut v_ = vec![Call::Kernel {
-                    name: kn("embedding_backward", dout),
-                    grid: (col_blocks * parts) as u32,
-                    block: ROW_BLOCK,
-                    smem: 0,
-                    args: vec![
-                        ptr(target),
-                        ptr(err),
-                        ptr(inp(0)),
-                        ptr(inp(1)),
-                        i64a(rows),
-                        i32a(c),
-                        i64a(v),
-                    ],
-                }];
+                let (dtype, ids, dout, n_) = (dt(dout), inp(0), inp(1), n(ins[0]));
+                let l = emb::EmbeddingBackward {
+                    dtype,
+                    dtable: target,
+                    err: Some(err),
+                    ids,
+                    dout,
+                    n: n_,
+                    c,
+                    v,
+                };
+                let mut v_ = vec![l.launch(self.device()).into()];
                 if dt(o) != DType::F32 {
                     let (from, to, n) = (DType::F32, dt(o), n(o));
                     let cast = ew::Cast { from, to, out: out(0), x: target, n };
@@ -1267,131 +1241,96 @@ impl Resolver<'_> {
                 same(&all)?;
                 let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
                 let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
-                let (mp, ms) = match mask {
-                    Some(m) => (self.at(m), broadcast_strides4(g.shape(m), [b, h, tq, tk])),
-                    None => (0, [0; 4]),
-                };
-                let (bq, bk) = kernels::attention_tiles(d, dv, self.max_smem).ok_or_else(|| {
-                    no(&format!(
-                        " for head sizes {d}/{dv}: the tiles do not fit {} bytes of shared memory",
-                        self.max_smem
-                    ))
-                })?;
-                let smem = kernels::attention_smem(bq, bk, d, dv);
-                let scalars = vec![
-                    i32a(h),
-                    i32a(tq),
-                    i32a(tk),
-                    i32a(d),
-                    i32a(dv),
-                    f32a(*scale),
-                    i32a(usize::from(*causal)),
-                    f32a(*dropout_p),
-                    Arg::Seed,
-                    u64a(*offset),
-                ];
-                let msa = ms.map(|v| Arg::K(KernelArg::I64(v)));
-                let tiles = [i32a(bq), i32a(bk)];
-                let qblocks = (b * h * tq.div_ceil(bq)) as u32;
-                let kblocks = (b * h * tk.div_ceil(bk)) as u32;
+                let dims = attn::Dims { b, h, tq, tk, d, dv };
+                let mask = mask.map(|m| launch::Mask {
+                    mask: self.at(m),
+                    strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
+                });
+                let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
+                let scores =
+                    attn::Scores { scale, causal, dropout_p, seed: launch::Seed::Step, offset };
+                // The forward's products; the backward's are twice those, plus the recomputed
+                // scores.
                 let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
+                self.flops += if fwd { mm } else { 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64 };
+                // Tensor t at address `at` with its (b, h, t) strides.
+                let st = |t: TensorId, at: u64| attn::Strided { at, strides: self.strides3(t) };
+                let (dtype, dev) = (dt(q), self.device());
+                let no_tiles = |e: attn::NoTiles| no(&format!(" for {e}"));
                 if fwd {
-                    self.flops += mm;
-                    let mut args = vec![
-                        ptr(out(0)),
-                        ptr(out(1)),
-                        ptr(inp(0)),
-                        ptr(inp(1)),
-                        ptr(inp(2)),
-                        ptr(mp),
-                    ];
-                    args.extend(scalars);
-                    for t in [q, k, v, outs[0]] {
-                        args.extend(self.strides3(t));
-                    }
-                    args.extend(msa);
-                    args.extend(tiles);
-                    vec![Call::Kernel {
-                        name: kn("attention_forward", q),
-                        grid: qblocks,
-                        block: ROW_BLOCK,
-                        smem: smem[0],
-                        args,
-                    }]
+                    let l = attn::AttentionForward {
+                        dtype,
+                        out: st(outs[0], out(0)),
+                        lse: out(1),
+                        q: st(q, inp(0)),
+                        k: st(k, inp(1)),
+                        v: st(v, inp(2)),
+                        mask,
+                        dims,
+                        scores,
+                    };
+                    vec![l.launch(dev).map_err(no_tiles)?.into()]
                 } else {
-                    // The backward: dq (and D) first, then dk and dv reading D. Its products are
-                    // twice the forward's, plus the recomputed scores.
-                    self.flops += 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64;
+                    // The backward: dq (and D) first, then dk and dv reading D.
                     let (dout, fo) = (ins[0], ins[5]);
                     let delta = ws_at();
-                    let mut a1 = vec![
-                        ptr(out(0)),
-                        ptr(delta),
-                        ptr(inp(0)),
-                        ptr(inp(5)),
-                        ptr(inp(1)),
-                        ptr(inp(2)),
-                        ptr(inp(3)),
-                        ptr(mp),
-                        ptr(inp(4)),
-                    ];
-                    a1.extend(scalars.clone());
-                    for t in [q, k, v, dout, fo, outs[0]] {
-                        a1.extend(self.strides3(t));
-                    }
-                    a1.extend(msa);
-                    a1.extend(tiles);
-                    let mut a2 = vec![
-                        ptr(out(1)),
-                        ptr(out(2)),
-                        ptr(inp(0)),
-                        ptr(inp(1)),
-                        ptr(inp(2)),
-                        ptr(inp(3)),
-                        ptr(mp),
-                        ptr(inp(4)),
-                        ptr(delta),
-                    ];
-                    a2.extend(scalars);
-                    for t in [q, k, v, dout, outs[1], outs[2]] {
-                        a2.extend(self.strides3(t));
-                    }
-                    a2.extend(msa);
-                    a2.extend(tiles);
+                    let (q, k, v, dout) =
+                        (st(q, inp(1)), st(k, inp(2)), st(v, inp(3)), st(dout, inp(0)));
+                    let lse = inp(4);
+                    let dq = attn::AttentionBackwardDq {
+                        dtype,
+                        dq: st(outs[0], out(0)),
+                        delta,
+                        dout,
+                        out: st(fo, inp(5)),
+                        q,
+                        k,
+                        v,
+                        mask,
+                        lse,
+                        dims,
+                        scores,
+                    };
+                    let dkdv = attn::AttentionBackwardDkdv {
+                        dtype,
+                        dk: st(outs[1], out(1)),
+                        dv: st(outs[2], out(2)),
+                        dout,
+                        q,
+                        k,
+                        v,
+                        mask,
+                        lse,
+                        delta,
+                        dims,
+                        scores,
+                    };
                     vec![
-                        Call::Kernel {
-                            name: kn("attention_backward_dq", q),
-                            grid: qblocks,
-                            block: ROW_BLOCK,
-                            smem: smem[1],
-                            args: a1,
-                        },
-                        Call::Kernel {
-                            name: kn("attention_backward_dkdv", q),
-                            grid: kblocks,
-                            block: ROW_BLOCK,
-                            smem: smem[2],
-                            args: a2,
-                        },
+                        dq.launch(dev).map_err(no_tiles)?.into(),
+                        dkdv.launch(dev).map_err(no_tiles)?.into(),
                     ]
                 }
             }
             Op::CrossEntropy { ignore_index } => {
                 let v = last(ins[0]);
                 let rows = n(ins[0]) / v;
-                let w = ws_at();
-                let ig = Arg::K(KernelArg::I64(*ignore_index));
-                vec![
-                    self.block_rows(
-                        &kn("cross_entropy_forward", ins[0]),
-                        rows,
-                        vec![ptr(w), ptr(err), ptr(inp(0)), ptr(inp(1)), i64a(rows), i32a(v), ig],
-                    ),
-                    self.one_block(
-                        "cross_entropy_mean",
-                        vec![ptr(out(0)), ptr(w), ptr(inp(1)), i64a(rows), ig],
-                    ),
-                ]
+                // Per-row losses in the workspace, then their mean into the loss.
+                let (losses, logits, labels, ignore_index) =
+                    (ws_at(), inp(0), inp(1), *ignore_index);
+                let (dtype, dev) = (dt(ins[0]), self.device());
+                let fwd = ce::CrossEntropyForward {
+                    dtype,
+                    losses,
+                    err: Some(err),
+                    logits,
+                    labels,
+                    rows,
+                    v,
+                    ignore_index,
+                };
+                let mean =
+                    ce::CrossEntropyMean { loss: out(0), losses, labels, rows, ignore_index };
+                vec![fwd.launch(dev).into(), mean.launch(dev).into()]
             }
             Op::CrossEntropyBackward { ignore_index } => {
                 same(&[outs[0], ins[1]])?;
@@ -1400,30 +1339,24 @@ impl Resolver<'_> {
                 }
                 let v = last(ins[1]);
                 let rows = n(ins[1]) / v;
-                let w = ws_at();
-                let ig = Arg::K(KernelArg::I64(*ignore_index));
+                // The count of labelled rows in the workspace, then dlogits dividing by it.
+                let (count, labels, ignore_index) = (ws_at(), inp(2), *ignore_index);
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
-                vec![
-                    self.one_block(
-                        "cross_entropy_count",
-                        vec![ptr(w), ptr(inp(2)), i64a(rows), ig],
-                    ),
-                    self.block_rows(
-                        &kn("cross_entropy_backward", outs[0]),
-                        rows,
-                        vec![
-                            ptr(o),
-                            ptr(err),
-                            ptr(inp(1)),
-                            ptr(inp(2)),
-                            ptr(inp(0)),
-                            ptr(w),
-                            i64a(rows),
-                            i32a(v),
-                            ig,
-                        ],
-                    ),
-                ]
+                let (dtype, dev) = (dt(outs[0]), self.device());
+                let cnt = ce::CrossEntropyCount { count, labels, rows, ignore_index };
+                let bwd = ce::CrossEntropyBackward {
+                    dtype,
+                    dlogits: o,
+                    err: Some(err),
+                    logits: inp(1),
+                    labels,
+                    dloss: inp(0),
+                    count,
+                    rows,
+                    v,
+                    ignore_index,
+                };
+                vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
             }
             // The passes fuse GELU into its linear layer; `GpuKernels::check` refuses the rest.
             Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),

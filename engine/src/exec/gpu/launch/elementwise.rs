@@ -2,6 +2,7 @@
 //! arithmetic over storage type `dtype`. Operands are flat: (n) elements, a broadcast operand
 //! (nb) with nb dividing n. CPU counterparts: `backend/cpu/kernels/elementwise.rs`.
 
+pub use super::Seed;
 use super::{grid_stride, kernel_name, Arg, Device, Launch, StepValue};
 use crate::ops::gelu::GeluApprox;
 use crate::DType;
@@ -193,13 +194,6 @@ impl<P> TanhBackward<P> {
     }
 }
 
-/// The dropout mask's seed: fixed (tests), or the step's (the executor).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seed {
-    Fixed(u64),
-    Step,
-}
-
 /// `dropout_<T>`: out[i] = x[i]/(1−p) where element offset+i of the site is kept, else 0 (the
 /// counter-based mask of `ops::dropout`); its backward is the same launch on the gradient.
 // out, x: (n)
@@ -215,10 +209,6 @@ pub struct Dropout<P> {
 
 impl<P> Dropout<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
-        let seed = match self.seed {
-            Seed::Fixed(s) => Arg::U64(s),
-            Seed::Step => Arg::Step(StepValue::Seed),
-        };
         grid_stride(
             kernel_name("dropout", self.dtype),
             self.n,
@@ -228,7 +218,7 @@ impl<P> Dropout<P> {
                 Arg::Ptr(self.x),
                 Arg::I64(self.n as i64),
                 Arg::F32(self.p),
-                seed,
+                self.seed.arg(),
                 Arg::U64(self.offset),
             ],
         )

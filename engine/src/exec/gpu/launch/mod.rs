@@ -8,13 +8,16 @@
 //! the executor, a host buffer in the tests. Module per `.cu` file, launcher per kernel, named
 //! as the kernel (`elementwise.cu` `tanh_backward_<T>` → [`elementwise::TanhBackward`]).
 
+pub mod attention;
+pub mod cross_entropy;
 pub mod elementwise;
+pub mod embedding;
 pub mod layernorm;
 pub mod pointwise;
 pub mod reduce;
 pub mod softmax;
 
-use super::kernels::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ROW_WARPS};
+use super::kernels::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
 use crate::DType;
 
 /// What launch geometry depends on: the device's warp size, largest 1-D grid and dynamic
@@ -36,6 +39,22 @@ pub enum StepValue {
     LossScaled(f32),
 }
 
+/// A dropout mask's seed: fixed (tests), or the step's (the executor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seed {
+    Fixed(u64),
+    Step,
+}
+
+impl Seed {
+    fn arg<P>(self) -> Arg<P> {
+        match self {
+            Seed::Fixed(s) => Arg::U64(s),
+            Seed::Step => Arg::Step(StepValue::Seed),
+        }
+    }
+}
+
 /// An additive mask (storage T) broadcast to a (B, H, Tq, Tk) score tensor, as softmax.cu and
 /// attention.cu take it: the operand and its 4 element strides against (B, H, Tq, Tk), 0 on a
 /// broadcast dim.
@@ -51,6 +70,11 @@ fn mask_args<P>(m: Option<Mask<P>>) -> (Arg<P>, [Arg<P>; 4]) {
         Some(Mask { mask, strides }) => (Arg::Ptr(mask), strides.map(Arg::I64)),
         None => (Arg::Null, [0; 4].map(Arg::I64)),
     }
+}
+
+/// An optional operand: its pointer, or null.
+fn opt<P>(p: Option<P>) -> Arg<P> {
+    p.map_or(Arg::Null, Arg::Ptr)
 }
 
 /// One kernel argument: an operand (`P`), a null pointer (an optional operand left out), or a
@@ -116,6 +140,19 @@ pub fn grid_stride<P>(name: String, n: usize, dev: Device, args: Vec<Arg<P>>) ->
 fn warp_rows<P>(name: String, rows: usize, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
     let grid = rows.div_ceil(ROW_WARPS as usize).max(1) as u32;
     Launch { name, grid, block: ROW_WARPS * dev.warp, smem: 0, args }
+}
+
+/// One block per row, grid-stride over the rows (cross_entropy.cu, embedding.cu's gather):
+/// blocks of [`ROW_BLOCK`], one per row up to the device's largest grid.
+fn block_rows<P>(name: String, rows: usize, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
+    let grid = (rows as u64).clamp(1, dev.max_blocks as u64) as u32;
+    Launch { name, grid, block: ROW_BLOCK, smem: 0, args }
+}
+
+/// A single block (a reduction over a short vector by one block: cross_entropy.cu's mean
+/// and count): [`ONE_BLOCK`] threads, at least a warp.
+fn one_block<P>(name: String, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
+    Launch { name, grid: 1, block: ONE_BLOCK.max(dev.warp), smem: 0, args }
 }
 
 /// The partials of a column reduction over (rows, c) (reduce.cu `column_sum_partial`,

@@ -1,0 +1,239 @@
+//! Launchers of `engine/kernels/attention.cu`: fused flash-style attention, forward and the
+//! backward's two kernels (`attention_backward_dq`, which also writes delta = rowsum(dO ⊙ O),
+//! then `attention_backward_dkdv`, which reads it). One block of [`ROW_BLOCK`] threads per
+//! (batch·head, query tile) — per key tile for dk/dv —, tiles (bq, bk) fitted to the device's
+//! shared memory ([`attention_tiles`]), dynamic shared memory per kernel
+//! ([`attention_smem`]). CPU counterparts: `backend/cpu/kernels/attention.rs`.
+//!
+//! The kernels take ~40 positional arguments; here they are grouped: the sizes ([`Dims`]),
+//! what is applied to the scores ([`Scores`]), and every (B, H, T, ·) operand with its three
+//! strides ([`Strided`]).
+
+use super::{kernel_name, mask_args, Arg, Device, Launch, Mask, Seed};
+use crate::exec::gpu::kernels::{attention_smem, attention_tiles, ROW_BLOCK};
+use crate::DType;
+
+/// A (B, H, T, X) operand with unit last stride: its address and the element strides of b, h
+/// and t (attention.cu's `AttnStrides`): contiguous, or the heads inside the rows of a
+/// (B, T, H·X) tensor, or any other layout the plan gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided<P> {
+    pub at: P,
+    pub strides: [i64; 3],
+}
+
+/// Sizes: batch B, heads H, query and key lengths Tq, Tk, head sizes D (Q, K) and Dv (V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub b: usize,
+    pub h: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+/// What the three kernels apply to the scores alike: s = scale·q·k + mask, the causal cut
+/// (key j > query i masked, top-left aligned), dropout of the probabilities with the engine's
+/// counter-based mask at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scores {
+    pub scale: f32,
+    pub causal: bool,
+    pub dropout_p: f32,
+    pub seed: Seed,
+    pub offset: u64,
+}
+
+/// No tile size fits the device's shared memory for these head sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoTiles {
+    pub d: usize,
+    pub dv: usize,
+    pub max_smem: u32,
+}
+
+impl std::fmt::Display for NoTiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "head sizes {}/{}: the tiles do not fit {} bytes of shared memory",
+            self.d, self.dv, self.max_smem
+        )
+    }
+}
+
+/// The tiles (bq, bk) the three kernels use on `dev` for these sizes: the largest whose
+/// shared memory fits ([`attention_tiles`]).
+pub fn tiles(dims: Dims, dev: Device) -> Result<(usize, usize), NoTiles> {
+    let Dims { d, dv, .. } = dims;
+    attention_tiles(d, dv, dev.max_smem).ok_or(NoTiles { d, dv, max_smem: dev.max_smem })
+}
+
+/// The arguments between the operands and the strides: h, tq, tk, d, dv, scale, causal,
+/// dropout_p, seed, offset.
+fn scalars<P>(dims: Dims, s: Scores) -> [Arg<P>; 10] {
+    [
+        Arg::I32(dims.h as i32),
+        Arg::I32(dims.tq as i32),
+        Arg::I32(dims.tk as i32),
+        Arg::I32(dims.d as i32),
+        Arg::I32(dims.dv as i32),
+        Arg::F32(s.scale),
+        Arg::I32(i32::from(s.causal)),
+        Arg::F32(s.dropout_p),
+        s.seed.arg(),
+        Arg::U64(s.offset),
+    ]
+}
+
+/// Appends the tail every kernel shares after its operands: scalars, the operands' strides in
+/// the kernel's order, the mask's strides, the tiles.
+fn tail<P>(
+    args: &mut Vec<Arg<P>>,
+    dims: Dims,
+    scores: Scores,
+    strides: &[[i64; 3]],
+    ms: [Arg<P>; 4],
+    (bq, bk): (usize, usize),
+) {
+    args.extend(scalars(dims, scores));
+    args.extend(strides.iter().flatten().map(|&s| Arg::I64(s)));
+    args.extend(ms);
+    args.extend([Arg::I32(bq as i32), Arg::I32(bk as i32)]);
+}
+
+/// `attention_forward_<T>`: out = dropout(softmax(scale·q·kᵀ + mask))·v, and each query row's
+/// log-sum-exp for the backward (instead of the probabilities).
+// out: (B, H, Tq, Dv) T; lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) T;
+// k: (B, H, Tk, D) T; v: (B, H, Tk, Dv) T; mask: broadcast to (B, H, Tq, Tk) T, or none
+pub struct AttentionForward<P> {
+    pub dtype: DType,
+    pub out: Strided<P>,
+    pub lse: P,
+    pub q: Strided<P>,
+    pub k: Strided<P>,
+    pub v: Strided<P>,
+    pub mask: Option<Mask<P>>,
+    pub dims: Dims,
+    pub scores: Scores,
+}
+
+impl<P> AttentionForward<P> {
+    pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
+        let Self { dtype, out, lse, q, k, v, mask, dims, scores } = self;
+        let (bq, bk) = tiles(dims, dev)?;
+        let (mask, ms) = mask_args(mask);
+        let mut args =
+            vec![Arg::Ptr(out.at), Arg::Ptr(lse), Arg::Ptr(q.at), Arg::Ptr(k.at), Arg::Ptr(v.at)];
+        args.push(mask);
+        tail(
+            &mut args,
+            dims,
+            scores,
+            &[q.strides, k.strides, v.strides, out.strides],
+            ms,
+            (bq, bk),
+        );
+        Ok(Launch {
+            name: kernel_name("attention_forward", dtype),
+            grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
+            block: ROW_BLOCK,
+            smem: attention_smem(bq, bk, dims.d, dims.dv)[0],
+            args,
+        })
+    }
+}
+
+/// `attention_backward_dq_<T>`: dq, and delta = rowsum(dout ⊙ out) per query row for
+/// [`AttentionBackwardDkdv`], which runs after it. `out` and `lse` are the forward's.
+// dq: (B, H, Tq, D) T; delta, lse: (B, H, Tq) f32 contiguous; dout, out: (B, H, Tq, Dv) T;
+// q, k, v, mask as the forward's
+pub struct AttentionBackwardDq<P> {
+    pub dtype: DType,
+    pub dq: Strided<P>,
+    pub delta: P,
+    pub dout: Strided<P>,
+    pub out: Strided<P>,
+    pub q: Strided<P>,
+    pub k: Strided<P>,
+    pub v: Strided<P>,
+    pub mask: Option<Mask<P>>,
+    pub lse: P,
+    pub dims: Dims,
+    pub scores: Scores,
+}
+
+impl<P> AttentionBackwardDq<P> {
+    pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
+        let Self { dtype, dq, delta, dout, out, q, k, v, mask, lse, dims, scores } = self;
+        let (bq, bk) = tiles(dims, dev)?;
+        let (mask, ms) = mask_args(mask);
+        let mut args = vec![
+            Arg::Ptr(dq.at),
+            Arg::Ptr(delta),
+            Arg::Ptr(dout.at),
+            Arg::Ptr(out.at),
+            Arg::Ptr(q.at),
+            Arg::Ptr(k.at),
+            Arg::Ptr(v.at),
+            mask,
+            Arg::Ptr(lse),
+        ];
+        let strides = [q.strides, k.strides, v.strides, dout.strides, out.strides, dq.strides];
+        tail(&mut args, dims, scores, &strides, ms, (bq, bk));
+        Ok(Launch {
+            name: kernel_name("attention_backward_dq", dtype),
+            grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
+            block: ROW_BLOCK,
+            smem: attention_smem(bq, bk, dims.d, dims.dv)[1],
+            args,
+        })
+    }
+}
+
+/// `attention_backward_dkdv_<T>`: dk and dv, one block per key tile walking the query tiles;
+/// reads the delta [`AttentionBackwardDq`] wrote.
+// dk: (B, H, Tk, D) T; dv: (B, H, Tk, Dv) T; the rest as AttentionBackwardDq's
+pub struct AttentionBackwardDkdv<P> {
+    pub dtype: DType,
+    pub dk: Strided<P>,
+    pub dv: Strided<P>,
+    pub dout: Strided<P>,
+    pub q: Strided<P>,
+    pub k: Strided<P>,
+    pub v: Strided<P>,
+    pub mask: Option<Mask<P>>,
+    pub lse: P,
+    pub delta: P,
+    pub dims: Dims,
+    pub scores: Scores,
+}
+
+impl<P> AttentionBackwardDkdv<P> {
+    pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
+        let Self { dtype, dk, dv, dout, q, k, v, mask, lse, delta, dims, scores } = self;
+        let (bq, bk) = tiles(dims, dev)?;
+        let (mask, ms) = mask_args(mask);
+        let mut args = vec![
+            Arg::Ptr(dk.at),
+            Arg::Ptr(dv.at),
+            Arg::Ptr(dout.at),
+            Arg::Ptr(q.at),
+            Arg::Ptr(k.at),
+            Arg::Ptr(v.at),
+            mask,
+            Arg::Ptr(lse),
+            Arg::Ptr(delta),
+        ];
+        let strides = [q.strides, k.strides, v.strides, dout.strides, dk.strides, dv.strides];
+        tail(&mut args, dims, scores, &strides, ms, (bq, bk));
+        Ok(Launch {
+            name: kernel_name("attention_backward_dkdv", dtype),
+            grid: (dims.b * dims.h * dims.tk.div_ceil(bk)) as u32,
+            block: ROW_BLOCK,
+            smem: attention_smem(bq, bk, dims.d, dims.dv)[2],
+            args,
+        })
+    }
+}
