@@ -13,13 +13,15 @@
 mod kernel_harness;
 
 use kernel_harness::*;
+use ortbench_engine::exec::gpu::launch::adamw as launch;
 use ortbench_engine::optim::adamw::{AdamW, AdamWConfig, ParamMirror, Segment};
 use ortbench_engine::DType;
 use ortbench_simt::Buf;
 
 const N: usize = 3 * 1000 + 29;
-const BLOCK: u32 = 128;
-const PARTS: usize = 7;
+/// Fewer norm partials than the session's [`launch::sumsq_blocks`] gives for N (12): each
+/// block's grid-stride loop turns twice (7 blocks of 256 threads over 3029 elements).
+const PARTS: u32 = 7;
 
 fn segments() -> Vec<Segment> {
     // Decaying matrices and non-decaying biases/norms, of uneven lengths, tiling 0..N.
@@ -48,60 +50,35 @@ fn gpu_step(
     let segs = segments();
     let mut starts = Buf::from_i64(&segs.iter().map(|s| s.start as i64).collect::<Vec<_>>());
     let mut decay = Buf::from_i32(&segs.iter().map(|s| s.decay as i32).collect::<Vec<_>>());
-    let mut partials = Buf::poisoned(PARTS, D::F32);
+    let mut partials = Buf::poisoned(PARTS as usize, D::F32);
     let mut stats = Buf::poisoned(3, D::F32);
-    dev.launch(
-        "grad_sumsq_partial",
-        PARTS as u32,
-        BLOCK,
-        0,
-        &mut [A::B(&mut partials), A::B(g), A::I64(N as i64), A::F32(inv_scale)],
-    )
-    .unwrap();
-    dev.launch(
-        "grad_stats_finish",
-        1,
-        64,
-        0,
-        &mut [
-            A::B(&mut stats),
-            A::B(&mut partials),
-            A::I32(PARTS as i32),
-            A::F32(cfg.max_grad_norm),
-        ],
-    )
-    .unwrap();
-    let sc = cfg.step_scalars(t, lr);
-    let mir = match mirror {
-        Some(b) => A::B(b),
-        None => A::Null,
+    let geo = dev.geometry();
+    let (partials_, grads) = (&mut partials, &mut *g);
+    let l = launch::GradSumsqPartial { partials: partials_, parts: PARTS, grads, n: N, inv_scale };
+    dev.run(l.launch(geo)).unwrap();
+    let (stats_, max_norm) = (&mut stats, cfg.max_grad_norm);
+    let l =
+        launch::GradStatsFinish { stats: stats_, partials: &mut partials, parts: PARTS, max_norm };
+    dev.run(l.launch(geo)).unwrap();
+    let l = launch::AdamwStep {
+        dtype: dtype(dt),
+        params: p,
+        grads: g,
+        m,
+        v,
+        mirror,
+        n: N,
+        seg_start: &mut starts,
+        seg_decay: &mut decay,
+        nseg: segs.len(),
+        stats: &mut stats,
+        inv_scale,
+        beta1: cfg.beta1,
+        beta2: cfg.beta2,
+        eps: cfg.eps,
+        step: cfg.step_scalars(t, lr),
     };
-    dev.launch(
-        &kname("adamw_step", dt),
-        blocks_for(N, BLOCK),
-        BLOCK,
-        0,
-        &mut [
-            A::B(p),
-            A::B(g),
-            A::B(m),
-            A::B(v),
-            mir,
-            A::I64(N as i64),
-            A::B(&mut starts),
-            A::B(&mut decay),
-            A::I32(segs.len() as i32),
-            A::B(&mut stats),
-            A::F32(inv_scale),
-            A::F32(cfg.beta1),
-            A::F32(cfg.beta2),
-            A::F32(cfg.eps),
-            A::F32(sc.step_size),
-            A::F32(sc.inv_bc2_sqrt),
-            A::F32(sc.decay_mul),
-        ],
-    )
-    .unwrap();
+    dev.run(l.launch(geo)).unwrap();
     stats.to_f32()
 }
 

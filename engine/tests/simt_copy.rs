@@ -7,6 +7,7 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::copy;
 use ortbench_engine::backend::cpu::pool::Pool;
+use ortbench_engine::exec::gpu::launch::copy::{self as launch, copy_meta, fill_meta};
 use ortbench_simt::Buf;
 
 fn contiguous(shape: &[usize]) -> Vec<usize> {
@@ -17,26 +18,23 @@ fn contiguous(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-fn meta(parts: &[&[usize]]) -> Vec<i64> {
-    parts.iter().flat_map(|p| p.iter().map(|&v| v as i64)).collect()
-}
-
 #[test]
 fn permutes_and_splits_copy_what_the_cpu_copies() {
     let pool = Pool::new(2);
-    // (B, T, H, D) = (2, 5, 3, 7) → (B, H, T, D): the attention head split; then the middle
-    // 11 columns of rows of 29 (a split piece) into a contiguous (13, 11).
-    let perm_shape = [2usize, 3, 5, 7];
-    let src_full = [2usize, 5, 3, 7];
+    // (B, T, H, D) = (3, 11, 4, 7) → (B, H, T, D): the attention head split; then the middle
+    // 23 columns of rows of 61 (a split piece) into a contiguous (37, 23). Both (924 and 851
+    // elements) exceed the SIMT grid of 3 blocks of 256: the grid-stride loop turns.
+    let perm_shape = [3usize, 4, 11, 7];
+    let src_full = [3usize, 11, 4, 7];
     let cs = contiguous(&src_full);
     let perm_strides = [cs[0], cs[2], cs[1], cs[3]];
-    let split_shape = [13usize, 11];
-    let split_strides = [29usize, 1];
+    let split_shape = [37usize, 23];
+    let split_strides = [61usize, 1];
     for dt in FLOATS {
         let mut rng = Rng::new(21);
         for (shape, strides, src_len, base) in [
-            (&perm_shape[..], &perm_strides[..], 2 * 5 * 3 * 7, 0usize),
-            (&split_shape[..], &split_strides[..], 13 * 29, 9),
+            (&perm_shape[..], &perm_strides[..], 3 * 11 * 4 * 7, 0usize),
+            (&split_shape[..], &split_strides[..], 37 * 61, 9),
         ] {
             let x = rng.vec(src_len, -1.0, 1.0, dt);
             let n: usize = shape.iter().product();
@@ -54,41 +52,38 @@ fn permutes_and_splits_copy_what_the_cpu_copies() {
                     &dst_strides,
                 )
             };
-            let m = meta(&[&[shape.len(), shape.len()], shape, strides, shape, &dst_strides]);
+            let m = copy_meta(shape, strides, shape, &dst_strides);
             for dev in devices() {
                 let (mut out, mut src, mut mb) =
                     (Buf::poisoned(n, dt), Buf::from_f32(&x[base..], dt), Buf::from_i64(&m));
-                dev.launch(
-                    &kname("copy_strided", dt),
-                    blocks_for(n, 128),
-                    128,
-                    0,
-                    &mut [A::B(&mut out), A::B(&mut src), A::I64(n as i64), A::B(&mut mb)],
-                )
-                .unwrap();
+                let (dtype, dst, src, meta) = (dtype(dt), &mut out, &mut src, &mut mb);
+                let l = launch::CopyStrided { dtype, dst, src, n, meta };
+                dev.run(l.launch(dev.geometry())).unwrap();
                 assert_eq!(out.to_f32(), want, "copy {shape:?}/{strides:?} {dt:?} on {dev}");
             }
         }
-        // A fill of the strided (13, 11) piece inside rows of 29: the rest must stay as it was.
-        let x = rng.vec(13 * 29, -1.0, 1.0, dt);
+        // A fill of the strided (37, 23) piece inside rows of 61: the rest must stay as it was.
+        let x = rng.vec(37 * 61, -1.0, 1.0, dt);
         let mut want = x.clone();
         // SAFETY: the piece lies inside `want`.
         unsafe {
             copy::fill_strided(&pool, want.as_mut_ptr().add(9), &split_shape, &split_strides, 0.5)
         };
-        let m = meta(&[&[2], &split_shape, &split_strides]);
+        let m = fill_meta(&split_shape, &split_strides);
         for dev in devices() {
             let mut mb = Buf::from_i64(&m);
             // The piece starts at element 9: the kernel gets the buffer from there on.
             let mut piece = Buf::from_f32(&x[9..], dt);
-            dev.launch(
-                &kname("fill_strided", dt),
-                2,
-                64,
-                0,
-                &mut [A::B(&mut piece), A::I64(13 * 11), A::B(&mut mb), A::F32(0.5)],
-            )
-            .unwrap();
+            let (dtype, dst, meta) = (dtype(dt), &mut piece, &mut mb);
+            let l = launch::FillStrided {
+                dtype,
+                dst,
+                n: 37 * 23,
+                meta,
+                value: 0.5,
+                loss_scaled: false,
+            };
+            dev.run(l.launch(dev.geometry())).unwrap();
             let got: Vec<f32> = x[..9].iter().copied().chain(piece.to_f32()).collect();
             assert_eq!(
                 got,

@@ -36,18 +36,6 @@ impl std::fmt::Display for Dev {
     }
 }
 
-/// One kernel argument: a buffer (read and written in place) or a scalar.
-pub enum A<'a> {
-    B(&'a mut Buf),
-    /// A null pointer (an optional buffer left out).
-    Null,
-    I32(i32),
-    U32(u32),
-    I64(i64),
-    U64(u64),
-    F32(f32),
-}
-
 /// The devices every kernel test runs on (see the module comment).
 pub fn devices() -> Vec<Dev> {
     match std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() {
@@ -150,55 +138,6 @@ impl Dev {
         }
         Ok(())
     }
-
-    /// Runs `name` on `grid` × `block` (1-D) threads; buffers are read back (and their guard
-    /// bands checked) afterwards.
-    pub fn launch(
-        &self,
-        name: &str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &mut [A],
-    ) -> Result<(), String> {
-        match self {
-            Dev::Simt { warp, order } => {
-                let raw: Vec<ortbench_simt::Arg> = args
-                    .iter_mut()
-                    .map(|a| match a {
-                        A::B(b) => b.ptr(),
-                        A::Null => Buf::null(),
-                        A::I32(v) => ortbench_simt::Arg::I32(*v),
-                        A::U32(v) => ortbench_simt::Arg::U32(*v),
-                        A::I64(v) => ortbench_simt::Arg::I64(*v),
-                        A::U64(v) => ortbench_simt::Arg::U64(*v),
-                        A::F32(v) => ortbench_simt::Arg::F32(*v),
-                    })
-                    .collect();
-                // SAFETY: each test sizes its buffers for the kernel's contract; guards catch
-                // small overruns below.
-                unsafe {
-                    ortbench_simt::launch(
-                        name,
-                        (grid, 1, 1),
-                        (block, 1, 1),
-                        smem,
-                        *warp,
-                        *order,
-                        &raw,
-                    )
-                }?;
-            }
-            #[cfg(feature = "cuda")]
-            Dev::Cuda(d) => cuda_launch(d, name, grid, block, smem, args)?,
-        }
-        for a in args.iter() {
-            if let A::B(b) = a {
-                b.check_guards().map_err(|e| format!("{name} on {self}: {e}"))?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A test passes fixed values through the launchers' fields (`Seed::Fixed`, no loss scale).
@@ -244,49 +183,6 @@ fn cuda_run(
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
-fn cuda_launch(
-    d: &ortbench_engine::backend::cuda::device::CudaDevice,
-    name: &str,
-    grid: u32,
-    block: u32,
-    smem: u32,
-    args: &mut [A],
-) -> Result<(), String> {
-    use ortbench_engine::backend::cuda::device::KernelArg;
-    // Mirror every buffer, guard bands included, so an overrun on the device shows too.
-    let mut mirrors = Vec::new();
-    let mut kargs = Vec::new();
-    for a in args.iter() {
-        kargs.push(match a {
-            A::B(b) => {
-                let m = d.alloc(b.raw_bytes().len()).map_err(|e| e.to_string())?;
-                d.upload(&m, b.raw_bytes()).map_err(|e| e.to_string())?;
-                let p = KernelArg::Ptr(m.ptr() + ortbench_simt::GUARD as u64);
-                mirrors.push(m);
-                p
-            }
-            A::Null => KernelArg::Ptr(0),
-            A::I32(v) => KernelArg::I32(*v),
-            A::U32(v) => KernelArg::U32(*v),
-            A::I64(v) => KernelArg::I64(*v),
-            A::U64(v) => KernelArg::U64(*v),
-            A::F32(v) => KernelArg::F32(*v),
-        });
-    }
-    // SAFETY: as for the SIMT launch; the mirrors outlive the synchronise below.
-    unsafe { d.launch(name, (grid, 1, 1), (block, 1, 1), smem, &kargs) }
-        .map_err(|e| e.to_string())?;
-    d.synchronize().map_err(|e| e.to_string())?;
-    let mut it = mirrors.iter();
-    for a in args.iter_mut() {
-        if let A::B(b) = a {
-            d.download(it.next().unwrap(), b.raw_bytes_mut()).map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 /// The engine's name for a storage dtype (the typed launchers take it).
 pub fn dtype(dt: Dtype) -> DType {
     match dt {
@@ -299,11 +195,6 @@ pub fn dtype(dt: Dtype) -> DType {
 
 /// The storage dtypes every float kernel is tested in.
 pub const FLOATS: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
-
-/// `kernel_dtype` name: `add` + F16 → `add_f16`.
-pub fn kname(base: &str, dt: Dtype) -> String {
-    format!("{base}_{}", dt.suffix())
-}
 
 /// A deterministic generator (splitmix64), so failures reproduce.
 pub struct Rng(u64);
@@ -401,9 +292,4 @@ pub fn check(what: &str, got: &[f32], want: &[f32], dt: Dtype, t: Tol) {
              max|want| {scale})"
         );
     }
-}
-
-/// Blocks of `block` threads to cover `n` items, capped like a grid-stride launch.
-pub fn blocks_for(n: usize, block: u32) -> u32 {
-    (n.div_ceil(block as usize)).clamp(1, 64) as u32
 }

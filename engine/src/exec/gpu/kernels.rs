@@ -28,6 +28,9 @@ pub const ROW_WARPS: u32 = 4;
 pub const ROW_BLOCK: u32 = 128;
 /// Threads of a single-block reduction (cross-entropy's mean and count of labelled rows).
 pub const ONE_BLOCK: u32 = 256;
+/// Most blocks of the gradient-norm partials (adamw.cu `grad_sumsq_partial`): fills an H100
+/// (132 SMs) several times over; the single-block finish adds them in order.
+pub const NORM_BLOCKS: u32 = 512;
 
 /// Number of row chunks of a column reduction over `rows` rows.
 pub fn chunks(rows: usize) -> usize {

@@ -37,8 +37,8 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use kernels::{suffix, GpuKernels, EW_BLOCK};
-use launch::{attention as attn, cross_entropy as ce, elementwise as ew, embedding as emb};
+use kernels::GpuKernels;
+use launch::{attention as attn, copy, cross_entropy as ce, elementwise as ew, embedding as emb};
 use launch::{layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue};
 
 /// Words of the status block the host reads once per step (f32 unless said).
@@ -96,6 +96,8 @@ pub struct GpuExecutor<D: GpuDevice> {
     dev: D,
     graph: Graph,
     plan: Plan,
+    /// Before the nodes: the status block's bad-id flag zeroed.
+    reset: Vec<Call>,
     /// Per executed node: its node index and launches.
     steps: Vec<(usize, Vec<Call>)>,
     /// After the nodes: gradient copies and zeros, the loss into the status block.
@@ -188,13 +190,12 @@ impl<D: GpuDevice> GpuExecutor<D> {
             let calls = r.resolve(s.node, node, s.inplace, s.workspace)?;
             steps.push((s.node, calls));
         }
-        let mut tail = Vec::new();
-        for &(off, len) in &plan.grad_zeros {
-            tail.push(r.ew(
-                "fill_f32",
-                len,
-                vec![ptr(bases.grads + 4 * off as u64), i64a(len), f32a(0.0)],
-            ));
+        let mut tail: Vec<Call> = Vec::new();
+        let f32_ = DType::F32;
+        for &(off, n) in &plan.grad_zeros {
+            let out = bases.grads + 4 * off as u64;
+            let zero = ew::Fill { dtype: f32_, out, n, value: 0.0, loss_scaled: false };
+            tail.push(zero.launch(r.device()).into());
         }
         for &(t, off, len) in &plan.grad_copies {
             if dtypes[t.index()] != DType::F32 {
@@ -204,18 +205,18 @@ impl<D: GpuDevice> GpuExecutor<D> {
             let shape = graph.shape(t);
             let contig = contiguous(shape);
             let meta = r.copy_meta(shape, &p.strides, shape, &contig);
-            tail.push(r.ew(
-                "copy_strided_f32",
-                len,
-                vec![ptr(bases.grads + 4 * off as u64), ptr(r.at(t)), i64a(len), meta],
-            ));
+            let (dst, src) = (bases.grads + 4 * off as u64, r.at(t));
+            let copy = copy::CopyStrided { dtype: f32_, dst, src, n: len, meta };
+            tail.push(copy.launch(r.device()).into());
         }
-        let loss = r.at(plan.loss);
-        tail.push(r.ew(
-            "scale_f32",
-            1,
-            vec![ptr(bases.status + 4 * status::LOSS as u64), ptr(loss), i64a(1), f32a(1.0)],
-        ));
+        // The loss into the status block, the one word the host reads besides the flags.
+        let (out, x) = (bases.status + 4 * status::LOSS as u64, r.at(plan.loss));
+        tail.push(ew::Scale { dtype: f32_, out, x, n: 1, s: 1.0 }.launch(r.device()).into());
+
+        // The kernels only ever set the bad-id flag: each step zeroes it first.
+        let flag = bases.status + 4 * status::BAD_ID as u64;
+        let zero = ew::Fill { dtype: DType::F32, out: flag, n: 1, value: 0.0, loss_scaled: false };
+        let reset = vec![zero.launch(r.device()).into()];
 
         let meta_bytes: Vec<u8> = r.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
         let meta = dev.alloc_zeroed(meta_bytes.len().max(8)).map_err(gpu_err)?;
@@ -243,6 +244,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
             dev,
             graph: graph.clone(),
             plan,
+            reset,
             steps,
             tail,
             _arena: arena,
@@ -355,24 +357,12 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// status block. Nothing is waited for; [`GpuExecutor::finish_step`] reads the result.
     pub fn queue_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<(), ExecError> {
         self.bind(inputs)?;
-        // SAFETY: the status block holds WORDS words.
-        unsafe {
-            self.dev.launch(
-                "fill_f32",
-                1,
-                self.dev.warp_size(),
-                0,
-                &[
-                    KernelArg::Ptr(self.status_address() + 4 * status::BAD_ID as u64),
-                    KernelArg::I64(1),
-                    KernelArg::F32(0.0),
-                ],
-            )
-        }
-        .map_err(dev_err)?;
+        let reset = std::mem::take(&mut self.reset);
         let (steps, tail) = (std::mem::take(&mut self.steps), std::mem::take(&mut self.tail));
+        let nodes = steps.iter().map(|(n, c)| (Some(*n), c));
         let mut res = Ok(());
-        'run: for (node, calls) in steps.iter().map(|(n, c)| (Some(*n), c)).chain([(None, &tail)]) {
+        'run: for (node, calls) in [(None, &reset)].into_iter().chain(nodes).chain([(None, &tail)])
+        {
             for c in calls {
                 if let Err(e) = self.run(c, seed) {
                     res = Err(match node {
@@ -387,6 +377,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
                 }
             }
         }
+        self.reset = reset;
         self.steps = steps;
         self.tail = tail;
         res
@@ -542,12 +533,6 @@ const META_TAG: u64 = 0xfff0_0000_0000_0000;
 fn ptr(a: u64) -> Arg {
     Arg::K(KernelArg::Ptr(a))
 }
-fn i64a(v: usize) -> Arg {
-    Arg::K(KernelArg::I64(v as i64))
-}
-fn f32a(v: f32) -> Arg {
-    Arg::K(KernelArg::F32(v))
-}
 
 fn contiguous(shape: &[usize]) -> Vec<usize> {
     plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
@@ -663,28 +648,20 @@ impl Resolver<'_> {
         &self.plan.places[t.index()].strides
     }
 
-    /// A grid-stride launch over n elements.
-    fn ew(&self, name: &str, n: usize, args: Vec<Arg>) -> Call {
-        let grid = (n.div_ceil(EW_BLOCK as usize) as u64).clamp(1, self.max_blocks as u64) as u32;
-        Call::Kernel { name: name.to_string(), grid, block: EW_BLOCK, smem: 0, args }
+    /// Registers a copy_strided meta ([`copy::copy_meta`]) and returns its (tagged) address.
+    fn copy_meta(&mut self, ss: &[usize], st: &[usize], ds: &[usize], dt: &[usize]) -> u64 {
+        self.add_meta(copy::copy_meta(ss, st, ds, dt))
     }
 
-    /// Registers a copy_strided meta ([src_rank, dst_rank, src shape, src strides, dst shape,
-    /// dst strides]) and returns its (tagged) pointer argument.
-    fn copy_meta(&mut self, ss: &[usize], st: &[usize], ds: &[usize], dt: &[usize]) -> Arg {
-        let start = self.meta.len();
-        self.meta.extend([ss.len() as i64, ds.len() as i64]);
-        self.meta.extend(ss.iter().chain(st).chain(ds).chain(dt).map(|&v| v as i64));
-        self.meta_refs.push(start);
-        ptr(META_TAG + (self.meta_refs.len() - 1) as u64)
+    /// Registers a fill_strided meta ([`copy::fill_meta`]) and returns its (tagged) address.
+    fn fill_meta(&mut self, shape: &[usize], strides: &[usize]) -> u64 {
+        self.add_meta(copy::fill_meta(shape, strides))
     }
 
-    fn fill_meta(&mut self, shape: &[usize], strides: &[usize]) -> Arg {
-        let start = self.meta.len();
-        self.meta.push(shape.len() as i64);
-        self.meta.extend(shape.iter().chain(strides).map(|&v| v as i64));
-        self.meta_refs.push(start);
-        ptr(META_TAG + (self.meta_refs.len() - 1) as u64)
+    fn add_meta(&mut self, m: Vec<i64>) -> u64 {
+        self.meta_refs.push(self.meta.len());
+        self.meta.extend(m);
+        META_TAG + (self.meta_refs.len() - 1) as u64
     }
 
     /// The GEMM of a matmul plan over operands a, b (same dtype) into c (theirs, or f32 for a
@@ -784,8 +761,6 @@ impl Resolver<'_> {
         let inp = |k: usize| ia[k];
         let out = |k: usize| oa[k];
         let dt = |t: TensorId| self.dts[t.index()];
-        // The kernel `base` instantiated for tensor t's storage dtype.
-        let kn = |base: &str, t: TensorId| format!("{base}_{}", suffix(dt(t)));
         let dts = self.dts;
         let es = |t: TensorId| {
             if g.tensor(t).elem.is_float() {
@@ -816,7 +791,6 @@ impl Resolver<'_> {
                 let o = outs[0];
                 let is_seed =
                     matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
-                let v = if is_seed { Arg::Scaled(*value) } else { f32a(*value) };
                 let p = self.plan.places[o.index()].clone();
                 let sh = g.shape(o);
                 if p.strides == contiguous(sh) {
@@ -825,11 +799,16 @@ impl Resolver<'_> {
                     vec![fill.launch(self.device()).into()]
                 } else {
                     let meta = self.fill_meta(sh, &p.strides);
-                    vec![self.ew(
-                        &kn("fill_strided", o),
-                        n(o),
-                        vec![ptr(out(0)), i64a(n(o)), meta, v],
-                    )]
+                    let (dtype, n, value) = (dt(o), n(o), *value);
+                    let fill = copy::FillStrided {
+                        dtype,
+                        dst: out(0),
+                        n,
+                        meta,
+                        value,
+                        loss_scaled: is_seed,
+                    };
+                    vec![fill.launch(self.device()).into()]
                 }
             }
             Op::Embedding => {
@@ -1179,11 +1158,9 @@ impl Resolver<'_> {
                 };
                 let (ds, dst) = (g.shape(o).to_vec(), self.strides(o).to_vec());
                 let meta = self.copy_meta(&ss, &st, &ds, &dst);
-                vec![self.ew(
-                    &kn("copy_strided", o),
-                    n(o),
-                    vec![ptr(out(0)), ptr(inp(0)), i64a(n(o)), meta],
-                )]
+                let copy =
+                    copy::CopyStrided { dtype: dt(o), dst: out(0), src: inp(0), n: n(o), meta };
+                vec![copy.launch(self.device()).into()]
             }
             Op::Split { sizes } => {
                 let x = ins[0];
@@ -1196,11 +1173,9 @@ impl Resolver<'_> {
                     let os = g.shape(o).to_vec();
                     let ost = self.strides(o).to_vec();
                     let meta = self.copy_meta(&os, &xst, &os, &ost);
-                    v.push(self.ew(
-                        &kn("copy_strided", o),
-                        n(o),
-                        vec![ptr(out(k)), ptr(inp(0) + es(x) * start * ls), i64a(n(o)), meta],
-                    ));
+                    let src = inp(0) + es(x) * start * ls;
+                    let copy = copy::CopyStrided { dtype: dt(o), dst: out(k), src, n: n(o), meta };
+                    v.push(copy.launch(self.device()).into());
                     start += sz as u64;
                 }
                 v
@@ -1216,11 +1191,9 @@ impl Resolver<'_> {
                     let xs = g.shape(x).to_vec();
                     let xst = self.strides(x).to_vec();
                     let meta = self.copy_meta(&xs, &xst, &xs, &ost);
-                    v.push(self.ew(
-                        &kn("copy_strided", o),
-                        n(x),
-                        vec![ptr(out(0) + es(o) * start * ls), ptr(inp(k)), i64a(n(x)), meta],
-                    ));
+                    let dst = out(0) + es(o) * start * ls;
+                    let copy = copy::CopyStrided { dtype: dt(o), dst, src: inp(k), n: n(x), meta };
+                    v.push(copy.launch(self.device()).into());
                     start += last(x) as u64;
                 }
                 v

@@ -22,8 +22,9 @@
 
 use std::ops::Range;
 
+use super::launch::{adamw, elementwise as ew, Device};
 use super::{status, GpuExecutor};
-use crate::backend::gpu::{GpuDevice, KernelArg};
+use crate::backend::gpu::GpuDevice;
 use crate::collective::{DeviceCollective, ElementKind, ReduceOp, Sharding};
 use crate::exec::{ExecError, Inputs};
 use crate::graph::Graph;
@@ -32,10 +33,6 @@ use crate::parallel::{shard_segments, Strategy, SHARD_ALIGN};
 use crate::session::{SessionError, StepStats};
 use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor};
 use crate::DType;
-
-/// Blocks of the gradient-norm partials (adamw.cu `grad_sumsq_partial`): fills an H100
-/// (132 SMs) several times over; the single-block finish adds them in order.
-const NORM_BLOCKS: u32 = 512;
 
 /// Where a session's rank stands in a data-parallel run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +148,7 @@ impl<D: GpuDevice> GpuSession<D> {
         }
         // The same number of partials on every rank (from the chunk size, not the clipped
         // chunk): ZeRO-1 all-reduces them element-wise.
-        let parts = (chunk.unwrap_or(n).div_ceil(256) as u32).clamp(1, NORM_BLOCKS);
+        let parts = adamw::sumsq_blocks(chunk.unwrap_or(n));
         let partials = d.alloc_zeroed(parts as usize * 4).map_err(dev)?;
         Ok(GpuSession {
             exec,
@@ -298,10 +295,10 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         self.exec.queue_step(inputs, seed)?;
         if weight == 0.0 {
             let (d, n) = (self.exec.device(), self.exec.graph().num_param_elems());
-            let grads = KernelArg::Ptr(self.exec.grad_address());
-            let args = [grads, KernelArg::I64(n as i64), KernelArg::F32(0.0)];
+            let out = self.exec.grad_address();
+            let zero = ew::Fill { dtype: DType::F32, out, n, value: 0.0, loss_scaled: false };
             // SAFETY: the gradient buffer holds at least n f32.
-            unsafe { d.launch("fill_f32", grid(d, n), 256, 0, &args) }.map_err(dev)?;
+            unsafe { zero.launch(Device::of(d)).run(d) }.map_err(dev)?;
         }
         Ok(())
     }
@@ -325,14 +322,15 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
 
     fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError> {
         let d = self.exec.device();
-        let args = [
-            KernelArg::Ptr(d.address(&self.partials)),
-            KernelArg::Ptr(self.own_address(self.exec.grad_address(), 4)),
-            KernelArg::I64(self.own.len() as i64),
-            KernelArg::F32(inv_scale),
-        ];
+        let l = adamw::GradSumsqPartial {
+            partials: d.address(&self.partials),
+            parts: self.parts,
+            grads: self.own_address(self.exec.grad_address(), 4),
+            n: self.own.len(),
+            inv_scale,
+        };
         // SAFETY: `parts` partials; the own range lies inside the gradient buffer.
-        unsafe { d.launch("grad_sumsq_partial", self.parts, 256, 0, &args) }.map_err(dev)?;
+        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
         Ok(())
     }
 
@@ -350,14 +348,14 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
 
     fn grad_stats(&mut self) -> Result<(), StepError> {
         let d = self.exec.device();
-        let args = [
-            KernelArg::Ptr(self.stats_address()),
-            KernelArg::Ptr(d.address(&self.partials)),
-            KernelArg::I32(self.parts as i32),
-            KernelArg::F32(self.cfg.max_grad_norm),
-        ];
+        let l = adamw::GradStatsFinish {
+            stats: self.stats_address(),
+            partials: d.address(&self.partials),
+            parts: self.parts,
+            max_norm: self.cfg.max_grad_norm,
+        };
         // SAFETY: the status block and `parts` partials.
-        unsafe { d.launch("grad_stats_finish", 1, d.warp_size(), 0, &args) }.map_err(dev)?;
+        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
         Ok(())
     }
 
@@ -366,32 +364,28 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         // If this step is applied it is update number step + 1; `finish` counts it then.
         let sc = c.step_scalars(self.step + 1, lr);
         let dtype = self.exec.graph().dtype();
-        let p = KernelArg::Ptr;
-        let compute = self.exec.compute_address().map_or(0, |a| self.own_address(a, dtype.size()));
-        let args = [
-            p(self.own_address(self.exec.param_address(), 4)),
-            p(self.own_address(self.exec.grad_address(), 4)),
-            p(d.address(&self.m)),
-            p(d.address(&self.v)),
-            p(compute),
-            KernelArg::I64(own.len() as i64),
-            p(d.address(&self.seg_start)),
-            p(d.address(&self.seg_decay)),
-            KernelArg::I32(self.nseg as i32),
-            p(self.stats_address()),
-            KernelArg::F32(inv_scale),
-            KernelArg::F32(c.beta1),
-            KernelArg::F32(c.beta2),
-            KernelArg::F32(c.eps),
-            KernelArg::F32(sc.step_size),
-            KernelArg::F32(sc.inv_bc2_sqrt),
-            KernelArg::F32(sc.decay_mul),
-        ];
-        // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
-        let name = format!("adamw_step_{}", super::kernels::suffix(dtype));
+        let l = adamw::AdamwStep {
+            dtype,
+            params: self.own_address(self.exec.param_address(), 4),
+            grads: self.own_address(self.exec.grad_address(), 4),
+            m: d.address(&self.m),
+            v: d.address(&self.v),
+            // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
+            mirror: self.exec.compute_address().map(|a| self.own_address(a, dtype.size())),
+            n: own.len(),
+            seg_start: d.address(&self.seg_start),
+            seg_decay: d.address(&self.seg_decay),
+            nseg: self.nseg,
+            stats: self.stats_address(),
+            inv_scale,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            step: sc,
+        };
         // SAFETY: the flat buffers hold at least n f32 (own ⊆ 0..n), the moments own.len(),
         // the segments nseg, and the status block its words.
-        unsafe { d.launch(&name, grid(d, own.len()), 256, 0, &args) }.map_err(dev)?;
+        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
         Ok(())
     }
 
@@ -404,11 +398,10 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         // SAFETY: the parameter buffer holds world·k f32, the compute copy n of its dtype.
         unsafe {
             group.all_gather_on(d, params, chunk, ElementKind::F32)?;
-            if let Some(cp) = self.exec.compute_address() {
-                let cast =
-                    format!("cast_f32_{}", super::kernels::suffix(self.exec.graph().dtype()));
-                let args = [KernelArg::Ptr(cp), KernelArg::Ptr(params), KernelArg::I64(n as i64)];
-                d.launch(&cast, grid(d, n), 256, 0, &args).map_err(dev)?;
+            if let Some(out) = self.exec.compute_address() {
+                let to = self.exec.graph().dtype();
+                let cast = ew::Cast { from: DType::F32, to, out, x: params, n };
+                cast.launch(Device::of(d)).run(d).map_err(dev)?;
             }
         }
         Ok(())
@@ -423,9 +416,4 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         }
         Ok(Finished { loss: s[status::LOSS], grad_norm: s[status::STATS], finite })
     }
-}
-
-/// Blocks of a grid-stride launch over `n` elements.
-fn grid<D: GpuDevice>(d: &D, n: usize) -> u32 {
-    (n.div_ceil(256) as u64).clamp(1, d.max_blocks() as u64) as u32
 }

@@ -8,7 +8,9 @@
 //! the executor, a host buffer in the tests. Module per `.cu` file, launcher per kernel, named
 //! as the kernel (`elementwise.cu` `tanh_backward_<T>` → [`elementwise::TanhBackward`]).
 
+pub mod adamw;
 pub mod attention;
+pub mod copy;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
@@ -18,6 +20,7 @@ pub mod reduce;
 pub mod softmax;
 
 use super::kernels::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
+use crate::backend::gpu::{GpuDevice, GpuError, KernelArg};
 use crate::DType;
 
 /// What launch geometry depends on: the device's warp size, largest 1-D grid and dynamic
@@ -27,6 +30,13 @@ pub struct Device {
     pub warp: u32,
     pub max_blocks: u32,
     pub max_smem: u32,
+}
+
+impl Device {
+    /// The geometry of a [`GpuDevice`].
+    pub fn of<D: GpuDevice>(d: &D) -> Device {
+        Device { warp: d.warp_size(), max_blocks: d.max_blocks(), max_smem: d.max_shared_bytes() }
+    }
 }
 
 /// A scalar only known when a step runs: the executor fills it in each step; a test passes a
@@ -120,6 +130,33 @@ impl<P> Launch<P> {
             })
             .collect();
         Launch { name: self.name, grid: self.grid, block: self.block, smem: self.smem, args }
+    }
+}
+
+impl Launch<u64> {
+    /// Launches now on `dev`: the launches outside the executor's resolved step (the
+    /// session's optimizer, the step's status reset). A step value is refused: only the
+    /// executor's queued calls fill them in.
+    ///
+    /// # Safety
+    /// Every operand addresses live device memory as large as the kernel touches.
+    pub unsafe fn run<D: GpuDevice>(&self, dev: &D) -> Result<(), GpuError> {
+        let mut args = Vec::with_capacity(self.args.len());
+        for a in &self.args {
+            args.push(match *a {
+                Arg::Ptr(p) => KernelArg::Ptr(p),
+                Arg::Null => KernelArg::Ptr(0),
+                Arg::I32(v) => KernelArg::I32(v),
+                Arg::U32(v) => KernelArg::U32(v),
+                Arg::I64(v) => KernelArg::I64(v),
+                Arg::U64(v) => KernelArg::U64(v),
+                Arg::F32(v) => KernelArg::F32(v),
+                Arg::Step(s) => {
+                    return Err(GpuError(format!("{}: {s:?} outside a resolved step", self.name)))
+                }
+            });
+        }
+        dev.launch(&self.name, self.grid, self.block, self.smem, &args)
     }
 }
 
