@@ -24,7 +24,7 @@
 //! 4. the `python3` on `PATH`, asked where its `torch` package is (without importing it).
 //!
 //! Explicit overrides stay with their users: `ORTBENCH_CUDA_LIB_DIR` (`backend::cuda::libs`),
-//! `ORTBENCH_CUDA_INCLUDE_DIR` (`backend::kernels`), `ORTBENCH_NCCL_LIB` and
+//! `ORTBENCH_CUDA_INCLUDE_DIR` (`backend::gpu_sources`), `ORTBENCH_NCCL_LIB` and
 //! `ORTBENCH_GPU_RUNTIME_LIB` (`collective::device`) are tried before anything found here.
 //!
 //! [`load_libtorch_cuda`] loads libtorch_cuda beside the mapped libtorch_cpu: rustc links with

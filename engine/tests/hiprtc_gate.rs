@@ -10,7 +10,7 @@
 //! with `--ignored` after scripts/setup-hip installed the packages, and then a missing runtime
 //! is a failure.
 
-use ortbench_engine::backend::{hip, kernels};
+use ortbench_engine::backend::{gpu_sources, hip};
 
 const ARCHS: [&str; 3] = ["gfx90a", "gfx908", "gfx1030"];
 
@@ -24,12 +24,14 @@ fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
         ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
     let mut found = std::collections::BTreeSet::new();
     for arch in ARCHS {
-        for (file, _) in kernels::SOURCES {
+        for (file, _) in gpu_sources::SOURCES {
             let t = std::time::Instant::now();
             let code = hip::compile(file, arch).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(&code[..4], b"\x7fELF", "{file} for {arch}: not an ELF code object");
-            let names: Vec<&String> =
-                registered.iter().filter(|n| kernels::code_object_has_kernel(&code, n)).collect();
+            let names: Vec<&String> = registered
+                .iter()
+                .filter(|n| gpu_sources::code_object_has_kernel(&code, n))
+                .collect();
             assert!(
                 !names.is_empty(),
                 "{file} for {arch}: none of the registered kernels is in the code object"
@@ -46,7 +48,7 @@ fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
     for arch in ARCHS {
         let missing: Vec<&String> =
             registered.iter().filter(|n| !found.contains(&(arch, (*n).clone()))).collect();
-        assert!(missing.is_empty(), "{arch}: registered kernels in no code object (a file missing from kernels::SOURCES?): {missing:?}");
+        assert!(missing.is_empty(), "{arch}: registered kernels in no code object (a file missing from gpu_sources::SOURCES?): {missing:?}");
     }
 }
 

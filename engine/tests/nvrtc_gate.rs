@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use ortbench_engine::backend::cuda::{device, libs};
-use ortbench_engine::backend::kernels;
+use ortbench_engine::backend::gpu_sources;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
@@ -26,10 +26,10 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
     let mut entries = BTreeSet::new();
     for arch in ARCHS {
         let mut this_arch = BTreeSet::new();
-        for (file, _) in kernels::SOURCES {
+        for (file, _) in gpu_sources::SOURCES {
             let t = std::time::Instant::now();
             let ptx = device::compiled_ptx(file, arch).unwrap_or_else(|e| panic!("{e}"));
-            let names = kernels::ptx_entries(&ptx.to_src());
+            let names = gpu_sources::ptx_entries(&ptx.to_src());
             assert!(!names.is_empty(), "{file} for {arch}: no kernel entry in the PTX");
             eprintln!(
                 "{file:>18} {arch}: {:>3} kernels, {:.1} s",
@@ -48,11 +48,11 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
         ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
     let only_gpu: Vec<_> = entries.difference(&simt).collect();
     let only_host: Vec<_> = simt.difference(&entries).collect();
-    assert!(only_gpu.is_empty() && only_host.is_empty(), "kernels NVRTC built but the SIMT harness did not register (ORT_REGISTER missing?): {only_gpu:?}; registered on the host only (not in kernels::SOURCES?): {only_host:?}");
+    assert!(only_gpu.is_empty() && only_host.is_empty(), "kernels NVRTC built but the SIMT harness did not register (ORT_REGISTER missing?): {only_gpu:?}; registered on the host only (not in gpu_sources::SOURCES?): {only_host:?}");
     eprintln!(
         "{} kernels in {} files compiled for {ARCHS:?}",
         entries.len(),
-        kernels::SOURCES.len()
+        gpu_sources::SOURCES.len()
     );
 }
 

@@ -57,7 +57,7 @@ fn the_cuda_backend_searches_the_wheel_found_at_run_time() {
     // NVRTC's headers: nvidia/cu13/include beside the library folder.
     if std::env::var_os("ORTBENCH_CUDA_INCLUDE_DIR").is_none() {
         assert_eq!(
-            ortbench_engine::backend::kernels::include_dir(&dirs),
+            ortbench_engine::backend::gpu_sources::include_dir(&dirs),
             Some(site.join("nvidia/cu13/include"))
         );
     }

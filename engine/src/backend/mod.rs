@@ -7,5 +7,5 @@
 pub mod cpu;
 pub mod cuda;
 pub mod gpu;
+pub mod gpu_sources;
 pub mod hip;
-pub mod kernels;

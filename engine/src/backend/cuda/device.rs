@@ -1,6 +1,6 @@
 //! One NVIDIA GPU: context, stream, the engine's kernels compiled for it, memory and launches.
 //!
-//! Kernels are `engine/kernels/*.cu` (see [`super::kernels`]), compiled with NVRTC at run time
+//! Kernels are `engine/kernels/*.cu` (see [`super::gpu_sources`]), compiled with NVRTC at run time
 //! for the device's architecture and cached on disk as PTX, keyed by a hash of the source, the
 //! options and the architecture, so a second run loads them at once. A launch takes its
 //! arguments as [`KernelArg`]s, packed the way `cuLaunchKernel` wants them (an array of
@@ -20,7 +20,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::libs::{self, CudaLib};
 use super::CudaError;
-use crate::backend::kernels;
+use crate::backend::gpu_sources;
 
 pub use crate::backend::gpu::KernelArg;
 
@@ -76,9 +76,9 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
-        for (file, _) in kernels::SOURCES {
+        for (file, _) in gpu_sources::SOURCES {
             let ptx = compiled_ptx(file, arch)?;
-            let names = kernels::ptx_entries(&ptx.to_src());
+            let names = gpu_sources::ptx_entries(&ptx.to_src());
             let module = ctx
                 .load_module(ptx)
                 .map_err(|e| CudaError::Driver(format!("loading {file} for {arch}: {e:?}")))?;
@@ -280,12 +280,12 @@ fn fnv1a(parts: &[&str]) -> u64 {
 /// The PTX of kernel file `file` for `arch`, from the disk cache or compiled with NVRTC.
 pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
     let src =
-        kernels::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
-    let include = kernels::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
+        gpu_sources::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
+    let include = gpu_sources::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
         lib: "CUDA headers (cuda_fp16.h)",
         tried: "ORTBENCH_CUDA_INCLUDE_DIR, include/ beside the library folders, /usr/local/cuda/include".into(),
     })?;
-    let options = kernels::nvrtc_options(&include);
+    let options = gpu_sources::nvrtc_options(&include);
     let key = fnv1a(&[&src, &options.join(" "), arch]);
     let path = cache_dir().join(format!("{}-{arch}-{key:016x}.ptx", file.trim_end_matches(".cu")));
     if let Ok(text) = std::fs::read_to_string(&path) {

@@ -2,7 +2,7 @@
 //! NVRTC, launched through the CUDA driver API, with cudarc (dynamic loading, so the crate
 //! builds and its tests run on machines with no CUDA at all).
 //!
-//! - the kernel sources and NVRTC options are `backend::kernels` (shared with HIP).
+//! - the kernel sources and NVRTC options are `backend::gpu_sources` (shared with HIP).
 //! - [`libs`]: finds libcuda / libnvrtc / libcublasLt before cudarc would panic on a missing
 //!   one, so a user gets an error naming what was looked for.
 //! - [`device`]: one GPU — context, stream, kernel modules (PTX cached on disk), memory,

@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::backend::kernels;
+use crate::backend::gpu_sources;
 
 /// What can go wrong with the AMD backend.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -142,14 +142,14 @@ pub fn device_count() -> Result<usize, HipError> {
 pub fn compile(file: &str, arch: &str) -> Result<Vec<u8>, HipError> {
     let a = api()?;
     let src =
-        kernels::full_source(file).ok_or_else(|| HipError::UnknownKernel(file.to_string()))?;
+        gpu_sources::full_source(file).ok_or_else(|| HipError::UnknownKernel(file.to_string()))?;
     let csrc = CString::new(src).map_err(|e| HipError::Rtc {
         file: file.into(),
         arch: arch.into(),
         log: e.to_string(),
     })?;
     let cname = CString::new(file).unwrap_or_default();
-    let opts: Vec<CString> = kernels::hiprtc_options(arch)
+    let opts: Vec<CString> = gpu_sources::hiprtc_options(arch)
         .into_iter()
         .map(|o| CString::new(o).unwrap_or_default())
         .collect();
