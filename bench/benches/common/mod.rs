@@ -4,7 +4,7 @@
 //! warm-up and measurement, flat sampling for the slow (reference) paths. Read the results as
 //! ratios between the lines of one group, measured in one run on an idle machine.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each bench binary includes this module and uses a part of it")]
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Helpers shared by bench's integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary includes this module and uses a part of it")]
 
 use std::path::Path;
 use std::process::{Command, Output};
