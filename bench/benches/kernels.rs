@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ortbench_engine::backend::cpu::kernels::{
-    attention, elementwise, embedding, loss, norm, softmax,
+    attention, cross_entropy, elementwise, embedding, layernorm, softmax,
 };
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::ops::{self, attention::AttnCfg, attention::AttnDims, gelu::GeluApprox};
@@ -52,7 +52,9 @@ fn layernorm(c: &mut Criterion) {
     let (mut y, mut mean, mut rstd) = (vec![0f32; n], vec![0f32; ROWS], vec![0f32; ROWS]);
     let mut g = c.benchmark_group(format!("layernorm_forward ({ROWS}x{C})"));
     g.bench_function("kernel", |b| {
-        b.iter(|| norm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12))
+        b.iter(|| {
+            layernorm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &x, &w, &bias, 1e-12)
+        })
     });
     g.bench_function("reference", |b| {
         b.iter(|| {
@@ -61,11 +63,11 @@ fn layernorm(c: &mut Criterion) {
     });
     g.finish();
     let (mut dx, mut dw, mut db) = (vec![0f32; n], vec![0f32; C], vec![0f32; C]);
-    let mut ws = vec![0f32; norm::backward_workspace(pool.threads(), C)];
+    let mut ws = vec![0f32; layernorm::backward_workspace(pool.threads(), C)];
     let mut g = c.benchmark_group(format!("layernorm_backward ({ROWS}x{C})"));
     g.bench_function("kernel", |b| {
         b.iter(|| {
-            norm::layernorm_backward(
+            layernorm::layernorm_backward(
                 pool, &mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, &mut ws,
             )
         })
@@ -224,7 +226,8 @@ fn cross_entropy(c: &mut Criterion) {
     g.bench_function("kernel", |b| {
         b.iter(|| {
             black_box(
-                loss::cross_entropy_forward(pool, &logits, &labels, V, IGNORE, &mut ws).unwrap(),
+                cross_entropy::cross_entropy_forward(pool, &logits, &labels, V, IGNORE, &mut ws)
+                    .unwrap(),
             )
         })
     });
@@ -240,8 +243,16 @@ fn cross_entropy(c: &mut Criterion) {
     flat(&mut g);
     g.bench_function("kernel", |b| {
         b.iter(|| {
-            loss::cross_entropy_backward(pool, &mut dlogits, 1.0, Some(&logits), &labels, V, IGNORE)
-                .unwrap()
+            cross_entropy::cross_entropy_backward(
+                pool,
+                &mut dlogits,
+                1.0,
+                Some(&logits),
+                &labels,
+                V,
+                IGNORE,
+            )
+            .unwrap()
         })
     });
     g.bench_function("reference", |b| {
@@ -299,7 +310,7 @@ fn fused(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("add_layernorm_forward ({ROWS}x{C})"));
     g.bench_function("fused", |b| {
         b.iter(|| {
-            norm::add_layernorm_forward(
+            layernorm::add_layernorm_forward(
                 pool,
                 &mut sum,
                 &mut y,
@@ -316,7 +327,9 @@ fn fused(c: &mut Criterion) {
     g.bench_function("unfused", |b| {
         b.iter(|| {
             elementwise::map2(pool, &mut sum, &a, &r, elementwise::Add);
-            norm::layernorm_forward(pool, &mut y, &mut mean, &mut rstd, &sum, &w, &bias, 1e-12);
+            layernorm::layernorm_forward(
+                pool, &mut y, &mut mean, &mut rstd, &sum, &w, &bias, 1e-12,
+            );
         })
     });
     g.finish();

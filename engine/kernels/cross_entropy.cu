@@ -1,7 +1,7 @@
 // Cross-entropy over the last dim with int64 labels and an ignore index (Op::CrossEntropy,
 // Op::CrossEntropyBackward): the loss of every language-model and classifier head, over
 // vocabularies of 30522 (BERT) to 50257 (GPT-2) classes. CPU counterparts (the numbers to
-// match): engine/src/backend/cpu/kernels/loss.rs `cross_entropy_forward`,
+// match): engine/src/backend/cpu/kernels/cross_entropy.rs `cross_entropy_forward`,
 // `cross_entropy_backward`, `check_labels`; references: llm.c crossentropy_forward and
 // crossentropy_softmax_backward, torch.nn.functional.cross_entropy(reduction='mean').
 //
@@ -23,7 +23,7 @@
 // A label that is neither the ignore index nor in [0, V) is never used as an index: the kernel
 // sets err[0] = 1 (the host zeroes it before the step and reads it with the loss; the flag is
 // only ever set, so one flag can serve several launches), writes NaN as that row's loss and
-// NaN over that row of dlogits; the host then names the label with loss.rs `check_labels`.
+// NaN over that row of dlogits; the host then names the label with cross_entropy.rs `check_labels`.
 // err may be null. Counts are f32 (exact for fewer than 2^24 rows).
 #include "port.cuh"
 

@@ -1,5 +1,5 @@
 // LayerNorm over the last dimension, forward (plain and with the residual add fused in, ORT's
-// SkipLayerNormalization) and backward. CPU counterparts: engine/src/backend/cpu/kernels/norm.rs
+// SkipLayerNormalization) and backward. CPU counterparts: engine/src/backend/cpu/kernels/layernorm.rs
 // (`layernorm_forward`, `add_layernorm_forward`, `layernorm_backward`); references: llm.c
 // layernorm_forward/backward, torch.nn.functional.layer_norm.
 //

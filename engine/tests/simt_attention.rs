@@ -41,9 +41,9 @@ use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::attention::{self as cpu, AttnPlan};
 use ortbench_engine::backend::cpu::kernels::softmax::MaskMap;
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_engine::exec::gpu::kernels::attention_smem;
 use ortbench_engine::exec::gpu::launch::attention::{self as launch, Dims, Scores, Strided};
 use ortbench_engine::exec::gpu::launch::{Device, Mask as LMask, Seed};
+use ortbench_engine::exec::gpu::support::attention_smem;
 use ortbench_simt::{Buf, Dtype};
 
 const SEED: u64 = 77;

@@ -1,6 +1,6 @@
 //! engine/kernels/cross_entropy.cu (`cross_entropy_forward` + `cross_entropy_mean`,
 //! `cross_entropy_count` + `cross_entropy_backward`) against the CPU kernels in
-//! engine/src/backend/cpu/kernels/loss.rs, logits in f32/f16/bf16 on every test device (SIMT
+//! engine/src/backend/cpu/kernels/cross_entropy.rs, logits in f32/f16/bf16 on every test device (SIMT
 //! warp 32/64 × both thread orders; or the GPU).
 //!
 //! Cases: V = 1003 and 61 (above and below the block of 128, neither a multiple of a warp) with
@@ -29,7 +29,7 @@
 mod kernel_harness;
 
 use kernel_harness::*;
-use ortbench_engine::backend::cpu::kernels::loss as cpu;
+use ortbench_engine::backend::cpu::kernels::cross_entropy as cpu;
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::exec::gpu::launch::cross_entropy as launch;
 use ortbench_simt::{Buf, Dtype};

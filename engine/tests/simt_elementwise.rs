@@ -14,8 +14,8 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::{elementwise as ew, reduce};
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_engine::exec::gpu::kernels::chunks;
 use ortbench_engine::exec::gpu::launch::{elementwise as launch, reduce as rlaunch};
+use ortbench_engine::exec::gpu::support::chunks;
 use ortbench_engine::ops::gelu::GeluApprox;
 use ortbench_simt::Buf;
 

@@ -20,8 +20,8 @@ mod kernel_harness;
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::embedding as cpu;
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_engine::exec::gpu::kernels::ROW_BLOCK;
 use ortbench_engine::exec::gpu::launch::{embedding as launch, Device};
+use ortbench_engine::exec::gpu::support::ROW_BLOCK;
 use ortbench_simt::{Buf, Dtype};
 
 const SHAPES: [(usize, usize, usize); 3] = [(50, 61, 37), (7, 200, 37), (50, 13, 23)];

@@ -1,5 +1,5 @@
 //! engine/kernels/layernorm.cu (with reduce.cu's column_sum_finish for dw/db) against the CPU
-//! kernels in engine/src/backend/cpu/kernels/norm.rs, in f32/f16/bf16 on every test device.
+//! kernels in engine/src/backend/cpu/kernels/layernorm.rs, in f32/f16/bf16 on every test device.
 //!
 //! Tolerances: f32 2e-5 of each element (the CPU sums a row in SIMD lanes, the kernel in a warp
 //! butterfly: same terms, another order — the CPU kernel's own test uses 2e-5), plus one unit
@@ -12,10 +12,10 @@
 mod kernel_harness;
 
 use kernel_harness::*;
-use ortbench_engine::backend::cpu::kernels::norm;
+use ortbench_engine::backend::cpu::kernels::layernorm as norm;
 use ortbench_engine::backend::cpu::pool::Pool;
-use ortbench_engine::exec::gpu::kernels::chunks;
 use ortbench_engine::exec::gpu::launch::{layernorm as launch, reduce};
+use ortbench_engine::exec::gpu::support::chunks;
 use ortbench_engine::DType;
 use ortbench_simt::Buf;
 

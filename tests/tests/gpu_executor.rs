@@ -526,7 +526,7 @@ fn an_out_of_range_id_is_named() {
 /// b8×s128, the harness's CPU size.
 #[test]
 fn half_precision_plans_take_less_arena() {
-    use ortbench_engine::exec::gpu::kernels::GpuKernels;
+    use ortbench_engine::exec::gpu::support::GpuSupport;
     for (name, b, t) in [
         ("tiny-gpt2", 2, 40),
         ("tiny-bert", 2, 40),
@@ -537,7 +537,7 @@ fn half_precision_plans_take_less_arena() {
         let peak = |d: DType| {
             let g =
                 build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(d)).unwrap().graph;
-            let p = ortbench_engine::plan::build(&g, &GpuKernels::for_graph(&g)).unwrap();
+            let p = ortbench_engine::plan::build(&g, &GpuSupport::for_graph(&g)).unwrap();
             p.check(&g).unwrap();
             p.peak_bytes()
         };

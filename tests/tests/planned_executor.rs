@@ -9,7 +9,7 @@
 //! parameters (a floor for gradients that are exactly zero in exact arithmetic, e.g. attention
 //! key biases, where both executors return rounding noise).
 
-use ortbench_engine::exec::planned::{CpuKernels, PlannedExecutor};
+use ortbench_engine::exec::planned::{CpuSupport, PlannedExecutor};
 use ortbench_engine::passes::PassConfig;
 use ortbench_engine::plan;
 use ortbench_engine::RefExecutor;
@@ -96,7 +96,7 @@ fn bert_base_and_gpt2_plans_at_b8_s128() {
         let cfg = builtin_config(name).unwrap();
         let model = build_training_graph(&cfg, &GraphOptions::new(8, 128)).unwrap();
         let g = &model.graph;
-        let p = plan::build(g, &CpuKernels::new(2)).unwrap();
+        let p = plan::build(g, &CpuSupport::new(2)).unwrap();
         println!("{name}: {}", p.summary(g));
         p.check(g).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (_, copied) = p.view_counts(g);
@@ -124,7 +124,7 @@ fn bench_step() {
         println!(
             "{name}: passes {passes}: {}\n{}",
             model.pass_report,
-            ortbench_engine::plan::build(&model.graph, &CpuKernels::new(2))
+            ortbench_engine::plan::build(&model.graph, &CpuSupport::new(2))
                 .unwrap()
                 .summary(&model.graph)
         );

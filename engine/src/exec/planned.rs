@@ -17,7 +17,7 @@
 //! `add_layernorm` adding and normalising each row in one pass (its sum may overwrite a dying
 //! operand).
 //!
-//! Extending it with a fused op: add the op to [`CpuKernels::check`] (and its layout
+//! Extending it with a fused op: add the op to [`CpuSupport::check`] (and its layout
 //! requirements / in-place slots / workspace if any), and one arm in [`PlannedExecutor::exec`]
 //! calling its kernel. An op without a kernel is a [`PlanError::NoKernel`] when the executor is
 //! built, naming the node and op — never a silent fallback.
@@ -31,33 +31,33 @@ use crate::backend::cpu::kernels::elementwise::{
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
 use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
-use crate::backend::cpu::kernels::{copy, embedding, loss, norm, reduce, softmax};
+use crate::backend::cpu::kernels::{copy, cross_entropy, embedding, layernorm, reduce, softmax};
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
-use crate::plan::{self, Kernels, Place, Plan, PlanError, Root};
+use crate::plan::{self, KernelSupport, Place, Plan, PlanError, Root};
 use crate::DType;
 
-/// What the CPU kernels accept (see [`Kernels`]).
+/// What the CPU kernels accept (see [`KernelSupport`]).
 #[derive(Debug, Clone)]
-pub struct CpuKernels {
+pub struct CpuSupport {
     pub threads: usize,
     /// Row-restricted nodes (`plan::rows`), whose kernels need gather workspaces.
     pub rows: RowPlan,
 }
 
-impl CpuKernels {
+impl CpuSupport {
     /// Kernels without row skipping.
     pub fn new(threads: usize) -> Self {
-        CpuKernels { threads: threads.max(1), rows: RowPlan::default() }
+        CpuSupport { threads: threads.max(1), rows: RowPlan::default() }
     }
 
-    /// Kernels for `g`, with its row analysis unless `ORTBENCH_ROW_SKIP=0`.
+    /// KernelSupport for `g`, with its row analysis unless `ORTBENCH_ROW_SKIP=0`.
     pub fn for_graph(g: &Graph, threads: usize) -> Self {
         let rows = if rows::enabled() { rows::analyze(g) } else { RowPlan::default() };
-        CpuKernels { threads: threads.max(1), rows }
+        CpuSupport { threads: threads.max(1), rows }
     }
 
     fn row_use(&self, node: usize) -> Option<(usize, RowUse)> {
@@ -65,7 +65,7 @@ impl CpuKernels {
     }
 }
 
-impl Kernels for CpuKernels {
+impl KernelSupport for CpuSupport {
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -134,7 +134,7 @@ impl Kernels for CpuKernels {
         }
         match n.op {
             Op::LayerNormBackward => {
-                norm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
+                layernorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
             }
             Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
             Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
@@ -298,7 +298,7 @@ impl PlannedExecutor {
     pub fn new(graph: &Graph) -> Result<Self, PlanError> {
         crate::backend::cpu::blas::check().map_err(|e| PlanError::Backend(e.to_string()))?;
         let pool = Pool::global();
-        let kernels = CpuKernels::for_graph(graph, pool.threads());
+        let kernels = CpuSupport::for_graph(graph, pool.threads());
         let plan = plan::build(graph, &kernels)?;
         // Parameters' gradients stay f32 (the flat fp32 gradient buffer, as PyTorch autocast's
         // fp32 .grad and ORT's fp32 gradient buffers): a GEMM computing dW accumulates in f32
@@ -735,7 +735,7 @@ impl PlannedExecutor {
                 let (y, mean, rstd) = (wr(1), wr(2), wr(3));
                 match r.inplace {
                     // The sum overwrites a dying operand; addition commutes, so add the other.
-                    Some(k) => norm::add_layernorm_forward(
+                    Some(k) => layernorm::add_layernorm_forward(
                         pool,
                         rw(k),
                         y,
@@ -747,7 +747,7 @@ impl PlannedExecutor {
                         rd(3),
                         *eps,
                     ),
-                    None => norm::add_layernorm_forward(
+                    None => layernorm::add_layernorm_forward(
                         pool,
                         wr(0),
                         y,
@@ -789,9 +789,9 @@ impl PlannedExecutor {
                 None => ew::dropout(pool, wr(0), rd(0), *p, seed, *offset),
             },
             Op::LayerNorm { eps } => {
-                norm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps)
+                layernorm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps)
             }
-            Op::LayerNormBackward => norm::layernorm_backward(
+            Op::LayerNormBackward => layernorm::layernorm_backward(
                 pool,
                 wr(0),
                 wr(1),
@@ -934,14 +934,21 @@ impl PlannedExecutor {
             }
             Op::CrossEntropy { ignore_index } => {
                 let v = last(node.inputs[0]);
-                let l = loss::cross_entropy_forward(pool, rd(0), ids(1), v, *ignore_index, ws())?;
+                let l = cross_entropy::cross_entropy_forward(
+                    pool,
+                    rd(0),
+                    ids(1),
+                    v,
+                    *ignore_index,
+                    ws(),
+                )?;
                 wr(0)[0] = l;
             }
             Op::CrossEntropyBackward { ignore_index } => {
                 let v = last(node.inputs[1]);
                 let dloss = rd(0)[0];
                 match r.inplace {
-                    Some(_) => loss::cross_entropy_backward(
+                    Some(_) => cross_entropy::cross_entropy_backward(
                         pool,
                         rw(1),
                         dloss,
@@ -950,7 +957,7 @@ impl PlannedExecutor {
                         v,
                         *ignore_index,
                     )?,
-                    None => loss::cross_entropy_backward(
+                    None => cross_entropy::cross_entropy_backward(
                         pool,
                         wr(0),
                         dloss,

@@ -54,10 +54,10 @@ mod tests {
     use super::super::testutil::*;
     use super::super::{fuse_matmul_bias, PassConfig};
     use super::*;
-    use crate::exec::planned::CpuKernels;
+    use crate::exec::planned::CpuSupport;
 
     fn peak(g: &Graph) -> usize {
-        crate::plan::build(g, &CpuKernels::new(2)).unwrap().peak_bytes()
+        crate::plan::build(g, &CpuSupport::new(2)).unwrap().peak_bytes()
     }
 
     fn check(fwd: &Graph) {

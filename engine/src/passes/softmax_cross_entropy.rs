@@ -10,7 +10,7 @@
 //! form (softmax, then −log p at the label; gradient (p − onehot)/count) on random logits,
 //! with some rows ignored.
 
-use crate::backend::cpu::kernels::loss;
+use crate::backend::cpu::kernels::cross_entropy as ce_kernel;
 use crate::backend::cpu::pool::Pool;
 use crate::ops::cross_entropy;
 use crate::ops::softmax::softmax_forward;
@@ -55,14 +55,16 @@ fn fused_cross_entropy_matches_softmax_then_nll() {
         // on the gradient (f32 exp and sums in another order).
         let l32: Vec<f32> = logits.iter().map(|&x| x as f32).collect();
         let mut ws = vec![0f32; rows];
-        let lk =
-            loss::cross_entropy_forward(&pool, &l32, &labels, v, -100, &mut ws).unwrap() as f64;
+        let lk = ce_kernel::cross_entropy_forward(&pool, &l32, &labels, v, -100, &mut ws).unwrap()
+            as f64;
         assert!((lk - want_l).abs() <= 1e-5 * want_l.abs(), "kernel loss {lk} vs {want_l}");
         let big = want_d.iter().fold(0f64, |m, x| m.max(x.abs()));
         let mut dk = vec![f32::NAN; rows * v];
-        loss::cross_entropy_backward(&pool, &mut dk, 1.0, Some(&l32), &labels, v, -100).unwrap();
+        ce_kernel::cross_entropy_backward(&pool, &mut dk, 1.0, Some(&l32), &labels, v, -100)
+            .unwrap();
         let mut inplace = l32.clone();
-        loss::cross_entropy_backward(&pool, &mut inplace, 1.0, None, &labels, v, -100).unwrap();
+        ce_kernel::cross_entropy_backward(&pool, &mut inplace, 1.0, None, &labels, v, -100)
+            .unwrap();
         for (what, got) in [("out of place", &dk), ("in place", &inplace)] {
             let dmax = got.iter().zip(&want_d).fold(0f64, |m, (&a, b)| m.max((a as f64 - b).abs()));
             assert!(dmax <= 1e-6 * big, "kernel dlogits ({what}) differ by {dmax:e} (max {big:e})");

@@ -9,7 +9,7 @@
 //!    no data moves. Tensors connected by folded views form an *alias group* sharing one
 //!    buffer; the planner gives the group one anchor laid out densely and derives every other
 //!    member's strides from it ([`layout`]). A folding is kept only if every kernel that reads
-//!    or writes a member accepts its layout (the backend says what it accepts: [`Kernels`],
+//!    or writes a member accepts its layout (the backend says what it accepts: [`KernelSupport`],
 //!    [`Req`]); otherwise a view node is *materialised* (a strided copy) and the group is split.
 //!    For BERT and GPT-2 every view folds: head split/merge permutes become strides of the
 //!    attention and GEMM operands, GPT-2's q/k/v split and its gradient's concat become column
@@ -67,7 +67,7 @@ pub enum PlanError {
 }
 
 /// What a backend's kernels accept: the planner asks before folding views or merging buffers.
-pub trait Kernels {
+pub trait KernelSupport {
     /// The backend's name for messages ("cpu").
     fn name(&self) -> &'static str;
     /// Ok when the backend has a kernel for `node`, else [`PlanError::NoKernel`].
@@ -188,12 +188,12 @@ pub struct Plan {
     /// Gradient ranges zeroed each step (parameters the loss does not depend on).
     pub grad_zeros: Vec<GradZeros>,
     pub loss: TensorId,
-    /// Per tensor: bytes per element in the arena ([`Kernels::elem_bytes`]). Buffer offsets and
+    /// Per tensor: bytes per element in the arena ([`KernelSupport::elem_bytes`]). Buffer offsets and
     /// lengths count 4-byte units; a tensor's place offset is its buffer's offset plus its
     /// own elements into the buffer, so its first byte is 4·buffer.offset + elem_bytes·(place
     /// offset − buffer.offset) ([`Plan::arena_byte_span`]).
     pub elem_bytes: Vec<usize>,
-    /// Per tensor: [`Kernels::stored_elems`] (None: its whole extent is stored).
+    /// Per tensor: [`KernelSupport::stored_elems`] (None: its whole extent is stored).
     pub stored_elems: Vec<Option<usize>>,
 }
 
@@ -346,7 +346,7 @@ struct GroupPlace {
 
 struct Ctx<'a> {
     g: &'a Graph,
-    k: &'a dyn Kernels,
+    k: &'a dyn KernelSupport,
     /// Per tensor: (node, output slot) of its producer.
     producer: Vec<Option<(usize, usize)>>,
     /// Per tensor: (node, input slot) of every consumer.
@@ -708,7 +708,7 @@ fn choose_cut(ctx: &Ctx, fold: &[bool], members: &[TensorId]) -> usize {
 }
 
 /// Builds the plan of training graph `g` for a backend's kernels.
-pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
+pub fn build(g: &Graph, k: &dyn KernelSupport) -> Result<Plan, PlanError> {
     let loss = match (g.is_training(), g.loss()) {
         (true, Some(l)) => l,
         _ => return Err(PlanError::NotTraining),
@@ -772,7 +772,7 @@ pub fn build(g: &Graph, k: &dyn Kernels) -> Result<Plan, PlanError> {
 impl<'a> Ctx<'a> {
     /// Step 1: every node has a kernel on this backend; producer, consumers, gradient and
     /// input indices per tensor.
-    fn new(g: &'a Graph, k: &'a dyn Kernels) -> Result<Ctx<'a>, PlanError> {
+    fn new(g: &'a Graph, k: &'a dyn KernelSupport) -> Result<Ctx<'a>, PlanError> {
         let nodes = g.nodes();
         for i in 0..nodes.len() {
             k.check(g, i)?;

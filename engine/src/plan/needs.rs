@@ -1,17 +1,17 @@
 //! What a kernel of each op needs from the memory plan — the layout of each operand it reads
 //! and writes, and the inputs its output may overwrite — stated once for every backend: the CPU
 //! kernels (`backend/cpu/kernels`) and the GPU kernels (`engine/kernels/*.cu`) are written to
-//! the same contract. A backend states only where its kernel differs, through [`Kernels`]:
-//! an optional input its kernel does not read ([`Kernels::reads`]), or a dtype rule that
+//! the same contract. A backend states only where its kernel differs, through [`KernelSupport`]:
+//! an optional input its kernel does not read ([`KernelSupport::reads`]), or a dtype rule that
 //! forbids an in-place merge. Scratch space is the kernel's own and stays with each backend
-//! ([`Kernels::workspace`]).
+//! ([`KernelSupport::workspace`]).
 //!
 //! Every function here matches every op with no catch-all arm: an op added to
 //! [`crate::graph::Op`] does not compile until it says what its kernels need.
 //!
-//! [`Kernels`]: super::Kernels
-//! [`Kernels::reads`]: super::Kernels::reads
-//! [`Kernels::workspace`]: super::Kernels::workspace
+//! [`KernelSupport`]: super::KernelSupport
+//! [`KernelSupport::reads`]: super::KernelSupport::reads
+//! [`KernelSupport::workspace`]: super::KernelSupport::workspace
 
 use super::Req;
 use crate::graph::Op;

@@ -6,12 +6,12 @@
 
 use super::testgraphs::{bert_like, gpt_like, random_graph, Dims};
 use super::*;
-use crate::exec::planned::CpuKernels;
+use crate::exec::planned::CpuSupport;
 use crate::graph::GeluApprox;
 
 /// A backend that accepts only dense tensors and computes nothing in place.
 struct DenseOnly;
-impl Kernels for DenseOnly {
+impl KernelSupport for DenseOnly {
     fn name(&self) -> &'static str {
         "dense-only"
     }
@@ -32,8 +32,8 @@ impl Kernels for DenseOnly {
     }
 }
 
-fn cpu() -> CpuKernels {
-    CpuKernels::new(2)
+fn cpu() -> CpuSupport {
+    CpuSupport::new(2)
 }
 
 fn tiny() -> Dims {
@@ -44,7 +44,7 @@ fn tiny() -> Dims {
 fn invariants_hold_on_random_graphs_for_two_backends() {
     for seed in 0..60 {
         let (g, _) = random_graph(seed, 12).unwrap();
-        for k in [&cpu() as &dyn Kernels, &DenseOnly] {
+        for k in [&cpu() as &dyn KernelSupport, &DenseOnly] {
             let p = build(&g, k).unwrap();
             p.check(&g).unwrap_or_else(|e| panic!("graph {seed} on {}: {e}", k.name()));
             assert!(
@@ -209,7 +209,7 @@ fn allocator_reuses_memory_of_disjoint_lifetimes_best_fit() {
 #[test]
 fn a_missing_kernel_is_a_plan_error_naming_the_op() {
     struct NoGelu;
-    impl Kernels for NoGelu {
+    impl KernelSupport for NoGelu {
         fn name(&self) -> &'static str {
             "test"
         }

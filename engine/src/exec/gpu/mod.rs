@@ -1,7 +1,7 @@
 //! The GPU executor: a training graph's plan walked on a [`GpuDevice`], one kernel launch (or
 //! GEMM) per executed node, nothing synchronised inside a step.
 //!
-//! At build it plans the graph with the GPU kernels' requirements ([`kernels::GpuKernels`]),
+//! At build it plans the graph with the GPU kernels' requirements ([`support::GpuSupport`]),
 //! allocates every buffer once — the planned arena, the flat parameter and gradient buffers,
 //! one buffer per step input, a small array of copy shapes, a status block — and resolves each
 //! step to launches with every address, size, stride and tile fixed: a step then uploads its
@@ -20,16 +20,16 @@
 //! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
 //! parameter gradients (half GEMM operands into an f32 C for dW), f32 loss, seed, LayerNorm
-//! statistics and attention log-sum-exp ([`kernels::storage_dtypes`]) — the same rounding
+//! statistics and attention log-sum-exp ([`support::storage_dtypes`]) — the same rounding
 //! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan sizes
 //! buffers by each tensor's element bytes, so half activations take half the arena.
 
-pub mod kernels;
 pub mod launch;
 pub mod session;
+pub mod support;
 
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
-use crate::backend::cpu::kernels::{embedding, loss};
+use crate::backend::cpu::kernels::{cross_entropy, embedding};
 use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
@@ -37,9 +37,9 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use kernels::GpuKernels;
 use launch::{attention as attn, copy, cross_entropy as ce, elementwise as ew, embedding as emb};
 use launch::{layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue};
+use support::GpuSupport;
 
 /// Words of the status block the host reads once per step (f32 unless said).
 pub mod status {
@@ -108,7 +108,7 @@ pub struct GpuExecutor<D: GpuDevice> {
     /// f16/bf16 graphs: the parameters in the compute dtype, which the graph reads (written by
     /// the optimizer's step as it updates the master); None in fp32.
     compute: Option<D::Buffer>,
-    /// Per tensor: its storage dtype ([`kernels::storage_dtypes`]).
+    /// Per tensor: its storage dtype ([`support::storage_dtypes`]).
     dtypes: Vec<DType>,
     grads: D::Buffer,
     status: D::Buffer,
@@ -143,7 +143,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// in-place reduce-scatter and all-gather address (`session`). The padding starts at zero
     /// and nothing in a step writes it.
     pub fn with_flat_len(graph: &Graph, dev: D, flat_len: usize) -> Result<Self, PlanError> {
-        let kernels = GpuKernels::for_graph(graph);
+        let kernels = GpuSupport::for_graph(graph);
         let plan = plan::build(graph, &kernels)?;
         let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
         let n = flat_len.max(graph.num_param_elems());
@@ -492,7 +492,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
                 Op::Embedding => ids_of(node.inputs[1])
                     .map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
                 Op::CrossEntropy { ignore_index } => ids_of(node.inputs[1]).map(|l| {
-                    loss::check_labels(
+                    cross_entropy::check_labels(
                         l,
                         *g.shape(node.inputs[0]).last().unwrap_or(&1),
                         ignore_index,
@@ -1053,7 +1053,7 @@ impl Resolver<'_> {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = n(ins[2]);
                 let rows = n(ins[0]) / c;
-                let chunks = kernels::chunks(rows);
+                let chunks = support::chunks(rows);
                 let ws = ws_at();
                 let (dy, x, mean, rstd) = (inp(0), inp(1), inp(3), inp(4));
                 let dev = self.device();
@@ -1099,7 +1099,7 @@ impl Resolver<'_> {
                 let rows = n(ins[0]) / c.max(1);
                 let (ws, dev) = (ws_at(), self.device());
                 let part = reduce::ColumnSumPartial { dtype: dt(ins[0]), ws, x: inp(0), rows, c };
-                let chunks = kernels::chunks(rows);
+                let chunks = support::chunks(rows);
                 let fin =
                     reduce::ColumnSumFinish { dtype: dt(outs[0]), out: out(0), ws, chunks, c };
                 vec![part.launch(dev).into(), fin.launch(dev).into()]
@@ -1331,7 +1331,7 @@ impl Resolver<'_> {
                 };
                 vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
             }
-            // The passes fuse GELU into its linear layer; `GpuKernels::check` refuses the rest.
+            // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
             Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),
         };
         Ok(calls)

@@ -9,11 +9,11 @@
 
 pub mod attention;
 pub mod copy;
+pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
-pub mod loss;
+pub mod layernorm;
 pub mod matmul;
-pub mod norm;
 pub mod pointwise;
 pub mod reduce;
 pub mod simd;
@@ -84,7 +84,7 @@ mod bench {
         report(
             "layernorm",
             time(10, || {
-                norm::layernorm_forward(
+                layernorm::layernorm_forward(
                     pool,
                     &mut out[..m],
                     &mut mean,
@@ -98,12 +98,12 @@ mod bench {
             m,
         );
         let (mut dw, mut db) = (vec![0f32; c], vec![0f32; c]);
-        let mut ws = vec![0f32; norm::backward_workspace(pool.threads(), c)];
+        let mut ws = vec![0f32; layernorm::backward_workspace(pool.threads(), c)];
         let mut dx = vec![0f32; m];
         report(
             "layernorm_backward",
             time(10, || {
-                norm::layernorm_backward(
+                layernorm::layernorm_backward(
                     pool,
                     &mut dx,
                     &mut dw,
@@ -133,7 +133,8 @@ mod bench {
         report(
             "cross_entropy",
             time(3, || {
-                loss::cross_entropy_forward(pool, &logits, &labels, v, -100, &mut lws).unwrap();
+                cross_entropy::cross_entropy_forward(pool, &logits, &labels, v, -100, &mut lws)
+                    .unwrap();
             }),
             rows * v,
         );
@@ -141,8 +142,16 @@ mod bench {
         report(
             "cross_entropy_backward",
             time(3, || {
-                loss::cross_entropy_backward(pool, &mut dl, 1.0, Some(&logits), &labels, v, -100)
-                    .unwrap()
+                cross_entropy::cross_entropy_backward(
+                    pool,
+                    &mut dl,
+                    1.0,
+                    Some(&logits),
+                    &labels,
+                    v,
+                    -100,
+                )
+                .unwrap()
             }),
             rows * v,
         );

@@ -4,7 +4,7 @@
 //! (skipped on the device when not finite). CPU counterparts: `optim/adamw.rs`.
 
 use super::{grid_stride, kernel_name, opt, Arg, Device, Launch};
-use crate::exec::gpu::kernels::{EW_BLOCK, NORM_BLOCKS};
+use crate::exec::gpu::support::{EW_BLOCK, NORM_BLOCKS};
 use crate::optim::adamw::StepScalars;
 use crate::DType;
 

@@ -10,7 +10,7 @@
 //! strides ([`Strided`]).
 
 use super::{kernel_name, mask_args, Arg, Device, Launch, Mask, Seed};
-use crate::exec::gpu::kernels::{attention_smem, attention_tiles, ROW_BLOCK};
+use crate::exec::gpu::support::{attention_smem, attention_tiles, ROW_BLOCK};
 use crate::DType;
 
 /// A (B, H, T, X) operand with unit last stride: its address and the element strides of b, h

@@ -3,7 +3,7 @@
 //! losses (one block per row), then their mean (one block); backward: the count of labelled
 //! rows (one block), then dlogits (one block per row). A label out of range sets `err` (may be
 //! left out) and gives NaN instead of an out-of-bounds read. CPU counterparts:
-//! `backend/cpu/kernels/loss.rs`.
+//! `backend/cpu/kernels/cross_entropy.rs`.
 
 use super::{block_rows, kernel_name, one_block, opt, Arg, Device, Launch};
 use crate::DType;

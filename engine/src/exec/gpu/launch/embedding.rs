@@ -5,7 +5,7 @@
 //! `backend/cpu/kernels/embedding.rs`.
 
 use super::{block_rows, kernel_name, opt, Arg, Device, Launch};
-use crate::exec::gpu::kernels::ROW_BLOCK;
+use crate::exec::gpu::support::ROW_BLOCK;
 use crate::DType;
 
 /// `embedding_forward_<T>`: out[r, :] = table[ids[r], :].

@@ -1,10 +1,10 @@
 //! Launchers of `engine/kernels/layernorm.cu`: LayerNorm over the last dim of (rows, c), one
 //! warp per row, statistics (mean, rstd) in f32; the weight/bias gradients as column partials
 //! per chunk of rows, which reduce.cu's `column_sum_finish` adds ([`super::reduce`]). CPU
-//! counterparts: `backend/cpu/kernels/norm.rs`.
+//! counterparts: `backend/cpu/kernels/layernorm.rs`.
 
 use super::{columns, kernel_name, warp_rows, Arg, Device, Launch};
-use crate::exec::gpu::kernels::{chunks, ROWS_PER_CHUNK};
+use crate::exec::gpu::support::{chunks, ROWS_PER_CHUNK};
 use crate::DType;
 
 /// `layernorm_forward_<T>`: y = (x − mean)·rstd·w + b per row; mean and rstd saved for the

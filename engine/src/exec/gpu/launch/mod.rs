@@ -1,6 +1,6 @@
 //! One typed launcher per kernel of `engine/kernels/*.cu`: its arguments as named fields, in
 //! the kernel's order, and its launch geometry — written once, here, beside the host-side
-//! description of the kernels ([`super::kernels`]: block sizes, tiles), and used by the GPU
+//! description of the kernels ([`super::support`]: block sizes, tiles), and used by the GPU
 //! executor ([`super::GpuExecutor`]) and the SIMT kernel tests (`engine/tests/simt_*.rs`)
 //! alike, so the two cannot launch a kernel differently.
 //!
@@ -19,7 +19,7 @@ pub mod pointwise;
 pub mod reduce;
 pub mod softmax;
 
-use super::kernels::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
+use super::support::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
 use crate::backend::gpu::{GpuDevice, GpuError, KernelArg};
 use crate::DType;
 
@@ -194,7 +194,7 @@ fn one_block<P>(name: String, dev: Device, args: Vec<Arg<P>>) -> Launch<P> {
 
 /// The partials of a column reduction over (rows, c) (reduce.cu `column_sum_partial`,
 /// layernorm.cu `layernorm_backward_dwdb`): one block per chunk of rows
-/// ([`super::kernels::ROWS_PER_CHUNK`]) and [`COLUMN_BLOCK`] columns.
+/// ([`super::support::ROWS_PER_CHUNK`]) and [`COLUMN_BLOCK`] columns.
 fn columns<P>(name: String, rows: usize, c: usize, args: Vec<Arg<P>>) -> Launch<P> {
     let grid = (chunks(rows) * c.div_ceil(COLUMN_BLOCK as usize)) as u32;
     Launch { name, grid, block: COLUMN_BLOCK, smem: 0, args }

@@ -4,7 +4,7 @@
 //! `backend/cpu/kernels/reduce.rs` (`reduce_sum_leading`).
 
 use super::{columns, grid_stride, kernel_name, Arg, Device, Launch};
-use crate::exec::gpu::kernels::ROWS_PER_CHUNK;
+use crate::exec::gpu::support::ROWS_PER_CHUNK;
 use crate::DType;
 
 /// `column_sum_partial_<T>`: ws[k, j] = Σ x[r, j] over chunk k of [`ROWS_PER_CHUNK`] rows.
@@ -35,7 +35,7 @@ impl<P> ColumnSumPartial<P> {
 }
 
 /// `column_sum_finish_<T>`: out[j] = Σ_k ws[k, j] in chunk order; `chunks` is
-/// [`crate::exec::gpu::kernels::chunks`] of the partials' rows.
+/// [`crate::exec::gpu::support::chunks`] of the partials' rows.
 // out: (c) T; ws: (chunks, c) f32
 pub struct ColumnSumFinish<P> {
     pub dtype: DType,

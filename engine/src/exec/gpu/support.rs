@@ -1,9 +1,9 @@
-//! What the GPU kernels (`engine/kernels/*.cu`) accept, for the planner ([`Kernels`]), and the
+//! What the GPU kernels (`engine/kernels/*.cu`) accept, for the planner ([`KernelSupport`]), and the
 //! launch geometry the executor gives them.
 //!
 //! Differences from the CPU kernels that the plan must know:
 //! - attention's second output holds the rows' log-sum-exp (B, H, Tq) f32 instead of the
-//!   probabilities, and its buffer is sized for that ([`Kernels::stored_elems`]); its backward
+//!   probabilities, and its buffer is sized for that ([`KernelSupport::stored_elems`]); its backward
 //!   reads the forward's output and mask (graph inputs 5, 6);
 //! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
@@ -12,7 +12,7 @@
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
 use crate::graph::{ElemType, Graph, Op, TensorKind};
-use crate::plan::{Kernels, PlanError};
+use crate::plan::{KernelSupport, PlanError};
 use crate::DType;
 
 /// Rows of a column reduction one block walks (reduce.cu `column_sum_partial`, layernorm.cu
@@ -59,7 +59,7 @@ pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
 /// parameters' gradients — f32 in the flat gradient buffer, as the CPU executor keeps them —,
 /// autodiff's seed (f32) and attention's second output, the rows' log-sum-exp (f32). Id tensors
 /// read as f32 here (they are never addressed by dtype). The plan sizes arena buffers by these
-/// ([`Kernels::elem_bytes`]): a half tensor takes 2 bytes an element.
+/// ([`KernelSupport::elem_bytes`]): a half tensor takes 2 bytes an element.
 pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
     let mut d: Vec<DType> = g
         .tensors()
@@ -100,17 +100,17 @@ pub fn suffix(d: DType) -> &'static str {
 
 /// What the GPU kernels accept (see the module comment), for one graph (its storage dtypes).
 #[derive(Debug, Clone)]
-pub struct GpuKernels {
+pub struct GpuSupport {
     pub dtypes: Vec<DType>,
 }
 
-impl GpuKernels {
+impl GpuSupport {
     pub fn for_graph(g: &Graph) -> Self {
-        GpuKernels { dtypes: storage_dtypes(g) }
+        GpuSupport { dtypes: storage_dtypes(g) }
     }
 }
 
-impl Kernels for GpuKernels {
+impl KernelSupport for GpuSupport {
     fn name(&self) -> &'static str {
         "gpu"
     }
