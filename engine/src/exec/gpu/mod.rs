@@ -75,16 +75,10 @@ impl From<launch::Launch<u64>> for Call {
         let args = l
             .args
             .into_iter()
-            .map(|a| match a {
-                launch::Arg::Ptr(p) => Arg::K(KernelArg::Ptr(p)),
-                launch::Arg::Null => Arg::K(KernelArg::Ptr(0)),
-                launch::Arg::I32(v) => Arg::K(KernelArg::I32(v)),
-                launch::Arg::U32(v) => Arg::K(KernelArg::U32(v)),
-                launch::Arg::I64(v) => Arg::K(KernelArg::I64(v)),
-                launch::Arg::U64(v) => Arg::K(KernelArg::U64(v)),
-                launch::Arg::F32(v) => Arg::K(KernelArg::F32(v)),
-                launch::Arg::Step(StepValue::Seed) => Arg::Seed,
-                launch::Arg::Step(StepValue::LossScaled(v)) => Arg::Scaled(v),
+            .map(|a| match a.kernel_arg() {
+                Ok(k) => Arg::K(k),
+                Err(StepValue::Seed) => Arg::Seed,
+                Err(StepValue::LossScaled(v)) => Arg::Scaled(v),
             })
             .collect();
         Call::Kernel { name: l.name, grid: l.grid, block: l.block, smem: l.smem, args }
@@ -176,9 +170,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
             plan: &plan,
             b: &bases,
             dts: &dtypes,
-            warp: dev.warp_size(),
-            max_blocks: dev.max_blocks(),
-            max_smem: dev.max_shared_bytes(),
+            dev: launch::Device::of(&dev),
             meta: Vec::new(),
             meta_refs: Vec::new(),
             flops: 0.0,
@@ -578,9 +570,8 @@ struct Resolver<'a> {
     plan: &'a Plan,
     b: &'a Bases,
     dts: &'a [DType],
-    warp: u32,
-    max_blocks: u32,
-    max_smem: u32,
+    /// The device's geometry, as the typed launchers take it.
+    dev: launch::Device,
     /// The copy-shape array and, per reference, its start (in i64 words).
     meta: Vec<i64>,
     meta_refs: Vec<usize>,
@@ -590,7 +581,7 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     /// What the typed launchers' geometry depends on.
     fn device(&self) -> launch::Device {
-        launch::Device { warp: self.warp, max_blocks: self.max_blocks, max_smem: self.max_smem }
+        self.dev
     }
 
     /// Bytes per element of `t` as stored.

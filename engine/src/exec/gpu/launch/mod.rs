@@ -143,20 +143,30 @@ impl Launch<u64> {
     pub unsafe fn run<D: GpuDevice>(&self, dev: &D) -> Result<(), GpuError> {
         let mut args = Vec::with_capacity(self.args.len());
         for a in &self.args {
-            args.push(match *a {
-                Arg::Ptr(p) => KernelArg::Ptr(p),
-                Arg::Null => KernelArg::Ptr(0),
-                Arg::I32(v) => KernelArg::I32(v),
-                Arg::U32(v) => KernelArg::U32(v),
-                Arg::I64(v) => KernelArg::I64(v),
-                Arg::U64(v) => KernelArg::U64(v),
-                Arg::F32(v) => KernelArg::F32(v),
-                Arg::Step(s) => {
-                    return Err(GpuError(format!("{}: {s:?} outside a resolved step", self.name)))
-                }
-            });
+            args.push(
+                a.kernel_arg().map_err(|s| {
+                    GpuError(format!("{}: {s:?} outside a resolved step", self.name))
+                })?,
+            );
         }
         dev.launch(&self.name, self.grid, self.block, self.smem, &args)
+    }
+}
+
+impl Arg<u64> {
+    /// The argument as the device takes it (a null operand is address 0), or the step value
+    /// it stands for: only the executor's queued calls fill those in.
+    pub fn kernel_arg(&self) -> Result<KernelArg, StepValue> {
+        Ok(match *self {
+            Arg::Ptr(p) => KernelArg::Ptr(p),
+            Arg::Null => KernelArg::Ptr(0),
+            Arg::I32(v) => KernelArg::I32(v),
+            Arg::U32(v) => KernelArg::U32(v),
+            Arg::I64(v) => KernelArg::I64(v),
+            Arg::U64(v) => KernelArg::U64(v),
+            Arg::F32(v) => KernelArg::F32(v),
+            Arg::Step(s) => return Err(s),
+        })
     }
 }
 
