@@ -172,6 +172,132 @@ FIXTURES = {
 
 
 # ---------------------------------------------------------------------------------------------
+# The Llama family's configs (models/configs/): the hub's config.json of four published models,
+# written out from their pages (legacy rope_theta / rope_scaling form, transformers 4.4x), and the
+# tiny test configs. `model-configs` writes each as transformers 5.23 saves it (the config object's
+# save_pretrained: rope settings in `rope_parameters`; Qwen's sliding_window null when
+# use_sliding_window is false, and its layer_types), checks it round-trips through AutoConfig and
+# that the model it builds (on the meta device) has the published parameter count.
+
+HUB_CONFIGS = {
+    "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+        "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+        "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+        "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": False,
+        "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1", "use_cache": True, "vocab_size": 49152,
+    },
+    "qwen2.5-0.5b": {  # Qwen/Qwen2.5-0.5B
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+        "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    "qwen3-0.6b": {  # Qwen/Qwen3-0.6B
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+        "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    },
+    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
+    },
+}
+# The sizes their model pages give (safetensors parameter counts; tied lm_head counted once).
+PUBLISHED_PARAMS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+                    "llama-3.2-1b": 1_235_814_400}
+
+# Tiny test configs: sizes off multiples of 8 where HF allows (head_dim must stay even for RoPE's
+# rotate_half, hidden a multiple of heads for Llama/Mistral), GQA everywhere, tied and untied heads.
+TINY_CONFIGS = {
+    "tiny-llama": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 259, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-05,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True, "rope_theta": 10000.0,
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+    },
+    "tiny-mistral": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 263, "hidden_size": 48,
+        "intermediate_size": 90, "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-05,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "sliding_window": 64, "attention_dropout": 0.0,
+    },
+    "tiny-qwen2": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 271, "hidden_size": 56,
+        "intermediate_size": 84, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-06,
+        "bos_token_id": 269, "eos_token_id": 270, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+        "use_sliding_window": False, "sliding_window": 32, "max_window_layers": 2, "attention_dropout": 0.0,
+    },
+    "tiny-qwen3": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 251, "hidden_size": 48,
+        "intermediate_size": 76, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02,
+        "rms_norm_eps": 1e-06, "bos_token_id": 249, "eos_token_id": 250, "tie_word_embeddings": False,
+        "rope_theta": 1000000.0, "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "max_window_layers": 2, "attention_dropout": 0.0,
+    },
+}
+
+
+def hf_config(d):
+    from transformers import AutoConfig
+
+    d = dict(d)
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def saved_form(d):
+    """The config.json transformers saves for the config dict `d` (and a check that it reads back)."""
+    import tempfile
+    from transformers import AutoConfig
+
+    cfg = hf_config(d)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.save_pretrained(tmp)
+        saved = json.load(open(os.path.join(tmp, "config.json")))
+        back = AutoConfig.from_pretrained(tmp)
+    strip = lambda c: {k: v for k, v in c.to_dict().items() if k != "_name_or_path"}
+    assert strip(back) == strip(cfg), "config does not round-trip"
+    assert strip(hf_config(saved)) == strip(cfg), "saved JSON does not rebuild the config"
+    return saved, cfg
+
+
+def make_model_configs():
+    from transformers import AutoModelForCausalLM
+
+    for name, d in {**HUB_CONFIGS, **TINY_CONFIGS}.items():
+        saved, cfg = saved_form(d)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        n = sum(p.numel() for p in model.parameters())  # tied weights once
+        if name in PUBLISHED_PARAMS:
+            assert n == PUBLISHED_PARAMS[name], (name, n, PUBLISHED_PARAMS[name])
+        with open(os.path.join(ROOT, "models", "configs", f"{name}.json"), "w") as f:
+            json.dump(saved, f, indent=2, sort_keys=True)
+            f.write("\n")
+        print(name, type(model).__name__, f"{n:,} parameters", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
 # Text fixtures: a toy sentiment dataset (train.csv, eval.csv, train.jsonl) and tiny models with
 # real tokenizers trained on it — a WordPiece BERT tokenizer (BertTokenizerFast) and a byte-level
 # BPE GPT-2 tokenizer — saved as HF saves them (tokenizer.json, tokenizer_config.json, …).
@@ -266,6 +392,8 @@ def make_text_fixtures():
 
 
 FIXTURES["text"] = make_text_fixtures
+FIXTURES["model-configs"] = make_model_configs
 
-for fixture in sys.argv[1:] or FIXTURES:
-    FIXTURES[fixture]()
+if __name__ == "__main__":
+    for fixture in sys.argv[1:] or FIXTURES:
+        FIXTURES[fixture]()
