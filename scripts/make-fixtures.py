@@ -28,7 +28,9 @@ import torch
 import transformers
 from safetensors.numpy import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
-                          GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel)
+                          GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          LlamaForSequenceClassification, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -37,22 +39,49 @@ LR, WD, CLIP = 1e-3, 0.01, 1.0
 
 
 def decay_names(model):
-    # transformers.Trainer.get_decay_parameter_names
-    from transformers.trainer_pt_utils import get_parameter_names
-    from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
+    # transformers.Trainer.get_decay_parameter_names itself (it uses no Trainer state). In 5.23: no
+    # decay on nn.LayerNorm modules and on names matching bias, layernorm, rmsnorm, `.norm.`/`norm`
+    # as a whole component, or `_norm.` (so no RMSNorm weight of Llama/Qwen decays either: input_/
+    # post_attention_layernorm, model.norm, q_norm, k_norm). The BERT/GPT-2 fixtures' decay_params
+    # are the same under the older three-pattern rule this used to spell out.
+    from transformers import Trainer
 
-    return set(get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm", "rmsnorm"]))
+    return set(Trainer.get_decay_parameter_names(None, model))
 
 
-def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
+def perturb(model, seed):
+    """Moves every norm weight off HF's init (ones) and every bias off zero, so that a weight read
+    wrongly, or one left out, shows in the losses."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod_name, mod in model.named_modules():
+            norm = "Norm" in type(mod).__name__
+            for p_name, p in mod.named_parameters(recurse=False):
+                if norm and p_name == "weight":
+                    p.mul_(1 + 0.2 * torch.randn(p.shape, generator=g))
+                elif p_name == "bias":
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, left_pad=None, pad_in_text=False,
+         departures=None, **overrides):
+    """`randomise`: norm weights and biases moved off their init (perturb). `left_pad`: odd rows padded
+    on the left (default: GPT-2's fixtures). `pad_in_text`: pad_token_id planted among the real tokens
+    of rows 2 and 3 (nn.Embedding's padding_idx then takes no gradient from them) and, for sequence
+    classification, as row 4's last real token (HF pools the rightmost token that is not pad).
+    `departures`: {key: config overrides}: the step-0 loss of the same weights under those overrides
+    (e.g. without the sliding window), recorded in expected.json beside HF's."""
     cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{base or name}.json")))
-    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+              "attention_dropout"):
         if k in cfg:
             cfg[k] = 0.0
     cfg.pop("architectures", None)
     cfg.update(overrides)
     torch.manual_seed(seed)
     model = cls(cfg_cls(**cfg, attn_implementation="sdpa"))
+    if randomise:
+        perturb(model, seed)
     out = os.path.join(OUT, name)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
@@ -70,8 +99,13 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         pad = cfg.get("pad_token_id")
         pad = cfg.get("eos_token_id", cfg["vocab_size"] - 1) if pad is None else pad
         mask = (np.arange(SEQ)[None, :] < tokens[:, None]).astype(np.int64)
-        if cls in (GPT2LMHeadModel, GPT2ForSequenceClassification):
+        if cls in (GPT2LMHeadModel, GPT2ForSequenceClassification) if left_pad is None else left_pad:
             mask[1::2] = mask[1::2, ::-1]
+        if pad_in_text:
+            for row, col in ((2, 3), (3, 4)):
+                ids[row, np.flatnonzero(mask[row])[col]] = pad
+            if cls.__name__.endswith("ForSequenceClassification"):
+                ids[4, np.flatnonzero(mask[4])[-1]] = pad
         ids = np.where(mask == 1, ids, pad)
         tensors = {"input_ids": ids, "attention_mask": mask}
     if cls is BertForMaskedLM:
@@ -85,7 +119,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
     elif cls is BertForTokenClassification:  # a tag per token, -100 at padding
         tags = rng.integers(0, model.config.num_labels, size=ids.shape, dtype=np.int64)
         tensors["labels"] = np.where(tensors["attention_mask"] == 1, tags, -100)
-    elif cls in (BertForSequenceClassification, GPT2ForSequenceClassification):
+    elif cls.__name__.endswith("ForSequenceClassification"):
         n = model.config.num_labels
         if n == 1:  # regression: float targets
             tensors["labels"] = rng.normal(size=ROWS).astype(np.float32)
@@ -96,6 +130,25 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
     elif padded:
         tensors["labels"] = np.where(tensors["attention_mask"] == 1, ids, -100)
     save_file(tensors, os.path.join(out, "batches.safetensors"))
+
+    def step0_loss(m, mask=True):
+        rows = list(range(BATCH))
+        labels = torch.from_numpy(tensors["labels"][rows]) if "labels" in tensors else torch.from_numpy(ids[rows])
+        kwargs = {"attention_mask": torch.from_numpy(tensors["attention_mask"][rows])} if padded and mask else {}
+        with torch.no_grad():
+            return m(input_ids=torch.from_numpy(tensors["input_ids"][rows]), labels=labels, **kwargs).loss.item()
+
+    extra = {}
+    if padded and randomise:  # what the mask is worth here: the same step 0 without it
+        extra["loss0_without_attention_mask"] = step0_loss(model, mask=False)
+    for key, changes in (departures or {}).items():
+        other = cls(cfg_cls(**{**cfg, **changes}, attn_implementation="sdpa"))
+        other.load_state_dict(model.state_dict())
+        other.train()
+        extra[key] = step0_loss(other)
+    if extra:
+        model.train()
+        extra["loss0_check"] = step0_loss(model)
 
     decay = decay_names(model)
     params = list(model.named_parameters())
@@ -118,7 +171,14 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         opt.zero_grad()
         losses.append(loss.item())
         norms.append(norm.item())
+    for key in extra:
+        if key != "loss0_check":
+            assert abs(extra["loss0_check"] - losses[0]) < 1e-6, (extra["loss0_check"], losses[0])
+            print(f"{name}: {key} {extra[key]:.6f} vs loss0 {losses[0]:.6f}: diff {extra[key] - losses[0]:+.3e}",
+                  file=sys.stderr)
+    extra.pop("loss0_check", None)
     meta = {
+        "hf_class": cls.__name__,
         "losses": losses,
         "grad_norms": norms,
         "lr": LR,
@@ -131,6 +191,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, **overrides):
         "optim": "adamw_torch_fused",
         "transformers": transformers.__version__,
         "torch": torch.__version__,
+        **extra,
     }
     json.dump(meta, open(os.path.join(out, "expected.json"), "w"), indent=1)
     print(name, [round(l, 4) for l in losses], file=sys.stderr)
@@ -169,6 +230,57 @@ FIXTURES = {
         num_labels=1, pad_token_id=0  # HF's init: at 0.2 its gradient norms of ~90 make 8 clipped steps chaotic
     ),
 }
+
+# The Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM and the sequence
+# classification head), transformers 5.23 with sdpa. All have their norm weights and biases moved off
+# HF's init (`randomise`) and initializer_range 0.2 (attention far from uniform).
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA_FIXTURES = {
+    # GQA (4 heads, 2 kv heads), right-padded with the odd rows on the left (HF's position_ids stay
+    # 0..T-1 whatever the mask: a left-padded row's tokens sit at positions T-n..T-1), pad id 0, which
+    # also stands among the real tokens of rows 2 and 3 (padding_idx: that embedding row gets no gradient
+    # from the lookup, only from the tied lm_head).
+    "tiny-llama-padded": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5001, base="tiny-llama", padded=True,
+                              left_pad=True, pad_in_text=True, pad_token_id=0),
+    "tiny-llama-mqa": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5002, base="tiny-llama",
+                           num_key_value_heads=1),
+    # llama3 rope scaling with original_max_position_embeddings 32 (head_dim 16, theta 1e4): frequency 0
+    # kept (wavelength 6.3 < 8), 1 smoothed (19.9), 2..7 divided by 8 (wavelengths 63..19869 > 32).
+    "tiny-llama-rope-llama3": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5003, base="tiny-llama",
+                                   rope_parameters=LLAMA3_ROPE, departures={"loss0_without_rope_scaling": {
+                                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
+    "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
+                                sliding_window=8,
+                                departures={"loss0_without_sliding_window": {"sliding_window": None}}),
+    # q/k/v biases (o_proj has none).
+    "tiny-qwen2": dict(cls=Qwen2ForCausalLM, cfg_cls=Qwen2Config, seed=5005, base="tiny-qwen2"),
+    # head_dim 16 with hidden 48 / 4 heads, RMSNorm on each head's q and k before RoPE.
+    "tiny-qwen3": dict(cls=Qwen3ForCausalLM, cfg_cls=Qwen3Config, seed=5006, base="tiny-qwen3"),
+    # LlamaForSequenceClassification pools the rightmost token that is not pad_token_id (row 4's last
+    # real token is the pad id, so it pools the one before; the odd rows, padded on the left, pool the
+    # last position and need the mask). initializer_range 0.05: at 0.2 or 0.1 its gradient norms of 15-40
+    # make the 8 clipped steps move 2-3e-4 for a 1e-6 relative change of the weights (3e-6 at 0.05).
+    "tiny-llama-cls-padded": dict(cls=LlamaForSequenceClassification, cfg_cls=LlamaConfig, seed=5007,
+                                  base="tiny-llama", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                  pad_token_id=0, initializer_range=0.05),
+    # Qwen2's windowed layers: use_sliding_window with max_window_layers 1 of 2, so layer 0 is full
+    # attention and layer 1 sliding (layer_types recomputed from those).
+    "tiny-qwen2-window": dict(cls=Qwen2ForCausalLM, cfg_cls=Qwen2Config, seed=5008, base="tiny-qwen2",
+                              use_sliding_window=True, sliding_window=8, max_window_layers=1, layer_types=None,
+                              departures={"loss0_without_sliding_window": {"use_sliding_window": False,
+                                                                           "layer_types": None}}),
+}
+
+
+def _llama_fixture(name, kw):
+    kw = dict(kw)
+    return lambda: make(name, kw.pop("cls"), kw.pop("cfg_cls"), kw.pop("seed"), randomise=True,
+                        **{"initializer_range": 0.2, **kw})
+
+
+FIXTURES.update({name: _llama_fixture(name, kw) for name, kw in LLAMA_FIXTURES.items()})
 
 
 # ---------------------------------------------------------------------------------------------
