@@ -410,6 +410,63 @@ def make_model_configs():
 
 
 # ---------------------------------------------------------------------------------------------
+# `config-defaults`: what transformers 5.23's AutoConfig makes of minimal config.json files, so that
+# the Rust config reader's defaults (every field a Transformers config class gives a default for is
+# optional) are tested against HF's own. Each case: the config dict as a config.json would hold it and
+# HF's `to_dict()` of AutoConfig.for_model for it (less _name_or_path and transformers_version). The
+# `hub` cases are the published models' config.json in their legacy form (rope_theta / rope_scaling
+# at the top level), which 5.23 reads into `rope_parameters`.
+
+CONFIG_DEFAULT_CASES = [
+    ("minimal", {"model_type": "bert"}),
+    ("sized", {"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+               "intermediate_size": 100, "vocab_size": 259}),
+    ("minimal", {"model_type": "gpt2"}),
+    ("sized", {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 259,
+               "n_positions": 64}),
+    ("minimal", {"model_type": "llama"}),
+    # head_dim and num_key_value_heads derived from the sizes
+    ("sized", {"model_type": "llama", "hidden_size": 96, "num_attention_heads": 6, "num_hidden_layers": 2,
+               "intermediate_size": 100, "vocab_size": 259}),
+    # legacy rope fields; llama3 scaling without original_max_position_embeddings (HF: max_position_embeddings)
+    ("legacy-rope", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "rope_theta": 500000.0, "max_position_embeddings": 2048,
+                     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0}}),
+    ("minimal", {"model_type": "mistral"}),
+    # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
+    ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,
+               "intermediate_size": 90, "vocab_size": 263, "sliding_window": None}),
+    ("minimal", {"model_type": "qwen2"}),
+    # sliding_window given but use_sliding_window false: HF sets sliding_window to None
+    ("sized", {"model_type": "qwen2", "hidden_size": 56, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_hidden_layers": 3, "intermediate_size": 84, "vocab_size": 271, "sliding_window": 16}),
+    # windowed layers from max_window_layers (layers i >= max_window_layers slide)
+    ("window", {"model_type": "qwen2", "hidden_size": 56, "num_attention_heads": 4, "num_key_value_heads": 4,
+                "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
+    ("minimal", {"model_type": "qwen3"}),
+    # head_dim stays 128 (Qwen3Config's default), not hidden_size / num_attention_heads
+    ("sized", {"model_type": "qwen3", "hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "num_hidden_layers": 2, "intermediate_size": 76, "vocab_size": 251}),
+]
+
+
+def make_config_defaults():
+    cases = []
+    for name, d in CONFIG_DEFAULT_CASES + [(f"hub:{k}", v) for k, v in HUB_CONFIGS.items()]:
+        hf = hf_config(d).to_dict()
+        for k in ("_name_or_path", "transformers_version"):
+            hf.pop(k, None)
+        if "num_attention_heads" in hf:  # every case a model HF can run
+            assert hf["num_attention_heads"] % hf["num_key_value_heads"] == 0, name
+        cases.append({"model_type": d["model_type"], "name": name, "config": d, "hf": hf})
+    meta = {"transformers": transformers.__version__, "cases": cases}
+    with open(os.path.join(OUT, "config-defaults.json"), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print("config-defaults:", len(cases), "cases", file=sys.stderr)
+
+# ---------------------------------------------------------------------------------------------
 # Text fixtures: a toy sentiment dataset (train.csv, eval.csv, train.jsonl) and tiny models with
 # real tokenizers trained on it — a WordPiece BERT tokenizer (BertTokenizerFast) and a byte-level
 # BPE GPT-2 tokenizer — saved as HF saves them (tokenizer.json, tokenizer_config.json, …).
@@ -505,6 +562,7 @@ def make_text_fixtures():
 
 FIXTURES["text"] = make_text_fixtures
 FIXTURES["model-configs"] = make_model_configs
+FIXTURES["config-defaults"] = make_config_defaults
 
 if __name__ == "__main__":
     for fixture in sys.argv[1:] or FIXTURES:
