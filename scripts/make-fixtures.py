@@ -457,7 +457,7 @@ def make_config_defaults():
         hf = hf_config(d).to_dict()
         for k in ("_name_or_path", "transformers_version"):
             hf.pop(k, None)
-        if "num_attention_heads" in hf:  # every case a model HF can run
+        if "num_key_value_heads" in hf:  # every case a model HF can run
             assert hf["num_attention_heads"] % hf["num_key_value_heads"] == 0, name
         cases.append({"model_type": d["model_type"], "name": name, "config": d, "hf": hf})
     meta = {"transformers": transformers.__version__, "cases": cases}
