@@ -10,14 +10,20 @@ The padded fixtures (`*-padded`) have rows of random lengths, right-padded, with
 `attention_mask`; labels are -100 at padding (the collators' rule), and HF is given the mask.
 
 The training loop is HF Trainer's step written out: AdamW (torch.optim.AdamW(fused=True), what
-Trainer's default optim="adamw_torch_fused" builds for torch >= 2.8; Trainer's decay groups: no
-decay on biases and LayerNorm weights), clip_grad_norm_ at 1.0, constant LR, dropout off.
+Trainer's default optim="adamw_torch_fused" builds for torch >= 2.8; Trainer's decay groups, from
+Trainer.get_decay_parameter_names: no decay on biases, LayerNorm weights and any norm weight — RMSNorm,
+model.norm, q_norm/k_norm), clip_grad_norm_ at 1.0, constant LR, dropout off.
 
 The committed fixtures were generated before fused=True was set here (torch.optim.AdamW's
 default, the single-tensor loop on CPU); the baseline, which steps with the fused kernel,
 reproduces their losses within 7.5e-8 relative, so they were kept. Regenerating them changes
 the losses only at fp32 rounding. The fixtures added since (padded, the other heads, text) were
-made with transformers 5.23.0 and torch 2.11.0 by this script.
+made with transformers 5.23.0 and torch 2.11.0 by this script, as were the Llama family's (Llama,
+Mistral, Qwen2, Qwen3: LLAMA_FIXTURES), whose expected.json also names the HF class (`hf_class`) and
+holds step-0 losses of the same weights with one thing taken away (`loss0_without_*`).
+
+Other targets: `model-configs` writes the Llama family's configs in models/configs/ as transformers
+saves them; `config-defaults` writes tests/fixtures/config-defaults.json (HF's config defaults).
 """
 import json
 import os
