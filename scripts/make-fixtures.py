@@ -567,6 +567,61 @@ def make_text_fixtures():
 
 
 FIXTURES["text"] = make_text_fixtures
+
+
+def make_llama_text_fixture():
+    """tiny-llama-text: a tiny Llama with a Llama-3-style tokenizer trained on text/corpus.txt —
+    byte-level BPE behind a `Split` pre-tokenizer with Llama 3's regex (ByteLevel with
+    use_regex=False, as Llama 3's and Qwen2's tokenizer.json have it), `<|begin_of_text|>` added
+    in front of every text by the post-processor, pad = `<|end_of_text|>` — saved as HF saves it,
+    with `tokens.json` (what HF's AutoTokenizer gives for the eval texts) for the Rust parity test.
+    Reads the corpus the `text` target wrote; does not rewrite it."""
+    import csv
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    text = os.path.join(OUT, "text")
+    corpus = [l.rstrip("\n") for l in open(os.path.join(text, "corpus.txt"))]
+    evals = [r["text"] for r in csv.DictReader(open(os.path.join(text, "eval.csv")))][:6]
+    # Llama 3's pre-tokenizer pattern (tokenizer.json of meta-llama/Llama-3.2-1B).
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos, eos = tok.token_to_id(specials[0]), tok.token_to_id(specials[1])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+                                      special_tokens=[(specials[0], bos)]),
+    ])
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[1],
+                                     pad_token=specials[1])
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", "tiny-llama.json")))
+    cfg.pop("architectures", None)
+    cfg.pop("transformers_version", None)
+    cfg.update(vocab_size=len(hf_tok), bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(13)
+    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="sdpa"))
+    d = os.path.join(OUT, "tiny-llama-text")
+    model.save_pretrained(d)
+    hf_tok.save_pretrained(d)
+    back = AutoTokenizer.from_pretrained(d)  # what a user of the saved directory gets
+    enc = back(evals, truncation=True, max_length=16, padding="longest")
+    assert enc["input_ids"] == hf_tok(evals, truncation=True, max_length=16, padding="longest")["input_ids"]
+    json.dump({"texts": evals, "max_length": 16, "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+              open(os.path.join(d, "tokens.json"), "w"), indent=1)
+    print("tiny-llama-text:", len(hf_tok), "byte-level BPE tokens (Llama 3 split), first ids", enc["input_ids"][0][:8],
+          file=sys.stderr)
+
+
+FIXTURES["llama-text"] = make_llama_text_fixture
 FIXTURES["model-configs"] = make_model_configs
 FIXTURES["config-defaults"] = make_config_defaults
 
