@@ -127,6 +127,7 @@ fn attention(c: &mut Criterion) {
     let plan = attention::AttnPlan {
         b: B,
         h: H,
+        hkv: H,
         tq: T,
         tk: T,
         d: D,
@@ -144,7 +145,7 @@ fn attention(c: &mut Criterion) {
         dvs: s,
         mask: None,
     };
-    let dims = AttnDims { bh: B * H, tq: T, tk: T, d: D, dv: D };
+    let dims = AttnDims { bh: B * H, rep: 1, tq: T, tk: T, d: D, dv: D };
     let cfg = AttnCfg { scale, causal: false, dropout_p: p, seed, offset };
     let (mut out, mut probs) = (vec![0f32; n], vec![0f32; B * H * T * T]);
     let mut ws = vec![

@@ -76,7 +76,7 @@ fn requires_grad(g: &Graph) -> Vec<bool> {
 fn differentiable_outputs(node: &Node) -> usize {
     match node.op {
         // (y, saved statistics…), (out, probs), (y, pre-activation)
-        Op::LayerNorm { .. } | Op::Attention { .. } | Op::Linear { .. } => 1,
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Linear { .. } => 1,
         // (sum, y, mean, rstd)
         Op::AddLayerNorm { .. } => 2,
         Op::Fill { .. }
@@ -88,6 +88,7 @@ fn differentiable_outputs(node: &Node) -> usize {
         | Op::Gelu { .. }
         | Op::Tanh
         | Op::Softmax { .. }
+        | Op::Rotary { .. }
         | Op::Dropout { .. }
         | Op::Reshape
         | Op::Permute { .. }
@@ -99,6 +100,7 @@ fn differentiable_outputs(node: &Node) -> usize {
         | Op::GeluBackward { .. }
         | Op::TanhBackward
         | Op::LayerNormBackward
+        | Op::RmsNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::CrossEntropyBackward { .. }
@@ -174,6 +176,21 @@ fn rule(
         Op::LayerNorm { .. } => {
             let d = g.layer_norm_backward(gy()?, ins[0], ins[1], outs[1], outs[2])?;
             d.into_iter().map(Some).collect()
+        }
+        Op::RmsNorm { .. } => {
+            let d = g.rms_norm_backward(gy()?, ins[0], ins[1], outs[1])?;
+            d.into_iter().map(Some).collect()
+        }
+        // cos and sin have equal halves (HF's cat(freqs, freqs)), so the transposed Jacobian
+        // is the rotation by the opposite angle: the same op with sin negated (ops/rotary.rs).
+        Op::Rotary { inverse } => {
+            if need[1] || need[2] {
+                return Err(GraphError::Autodiff(
+                    "rotary: cos or sin depends on a parameter; they are fed inputs without gradient"
+                        .into(),
+                ));
+            }
+            vec![Some(g.rotary_op(gy()?, ins[1], ins[2], !inverse)?), None, None]
         }
         Op::Softmax { scale, .. } => {
             no_mask_grad(node, need, 1)?;
@@ -263,6 +280,7 @@ fn rule(
         | Op::TanhBackward
         | Op::UnaryBackward { .. }
         | Op::LayerNormBackward
+        | Op::RmsNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::CrossEntropyBackward { .. }) => {

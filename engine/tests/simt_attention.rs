@@ -233,6 +233,7 @@ impl Prob {
         AttnPlan {
             b: c.b,
             h: c.h,
+            hkv: c.h,
             tq: c.tq,
             tk: c.tk,
             d: c.d,

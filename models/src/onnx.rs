@@ -149,6 +149,11 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
     let arch = cfg.arch.hf_name();
     let unsupported =
         |msg: String| ModelError::Unsupported(format!("ONNX export of {arch}: {msg}"));
+    if matches!(cfg.family, crate::family::Family::Llama(_)) {
+        return Err(unsupported(
+            "not implemented for the Llama family (no ONNX mapping of rms_norm, rotary, repeat_kv or the rotary/sliding-window inputs yet)".into(),
+        ));
+    }
     let probes = Probes::build(&cfg)?;
     probes.check_structure().map_err(unsupported)?;
     let g = probes.graph();
@@ -944,6 +949,10 @@ impl<'a> Exporter<'a> {
             Op::Concat => {
                 let refs: Vec<&str> = x.iter().map(|s| s.as_str()).collect();
                 self.out.node("Concat", &nm, &refs, &[&y[0]], vec![attr_i("axis", -1)]);
+            }
+            // The Llama family's ops: their export comes later.
+            Op::RmsNorm { .. } | Op::Rotary { .. } => {
+                return Err(format!("ONNX export of {} is not implemented yet", node.op.name()))
             }
             other => {
                 return Err(format!(

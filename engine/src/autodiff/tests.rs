@@ -345,3 +345,51 @@ fn binary_pointwise_functions_same_shape_and_broadcast() {
         });
     }
 }
+
+#[test]
+fn rms_norm() {
+    check(16, Feeds::default(), |g| {
+        let x = g.param("x", &[2, 3, 7])?;
+        let w = g.param("w", &[7])?;
+        g.rms_norm(x, w, 1e-6)
+    });
+}
+
+/// x·cos + rotate_half(x)·sin with HF's equal-halves cos/sin fed as inputs: the rule emits the
+/// inverse rotary, checked against finite differences of the forward.
+#[test]
+fn rotary_with_hf_cos_sin() {
+    let (t, d) = (5, 6);
+    let (c, s) = crate::ops::rotary::hf_cos_sin(t, d);
+    let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+    let feeds = Feeds { floats: vec![("cos", f32s(c)), ("sin", f32s(s))], ..Default::default() };
+    check(17, feeds, |g| {
+        let x = g.param("x", &[2, 3, t, d])?;
+        let cos = g.input_float("cos", &[t, d])?;
+        let sin = g.input_float("sin", &[t, d])?;
+        let y = g.rotary(x, cos, sin)?;
+        g.scale(y, 2.0)
+    });
+}
+
+/// Grouped-query (H = 6, Hkv = 2) and multi-query (Hkv = 1) attention: the kv heads' gradients
+/// sum over the query heads that read them.
+#[test]
+fn grouped_and_multi_query_attention() {
+    let mask = vec![0.0, 0.0, -1.5, 0.0, -0.5, 0.0, 0.0, 0.0];
+    for (hkv, causal, p) in [(2, false, 0.0), (2, true, 0.25), (1, true, 0.0), (1, false, 0.3)] {
+        let feeds = Feeds { floats: vec![("mask", mask.clone())], ..Default::default() };
+        check(18, feeds, |g| {
+            let q = g.param("q", &[2, 6, 4, 3])?;
+            let k = g.param("k", &[2, hkv, 4, 3])?;
+            let v = g.param("v", &[2, hkv, 4, 3])?;
+            let mask = g.input_float("mask", &[2, 1, 1, 4])?;
+            g.attention(
+                q,
+                k,
+                v,
+                AttentionOpts { causal, scale: Some(0.7), dropout_p: p, mask: Some(mask) },
+            )
+        });
+    }
+}

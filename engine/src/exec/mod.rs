@@ -9,8 +9,8 @@ use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
 use crate::ops::{
-    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, pointwise, softmax,
-    tanh,
+    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, pointwise, rmsnorm,
+    rotary, softmax, tanh,
 };
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
@@ -310,6 +310,13 @@ fn eval<T: Real>(
             let [y, mean, rstd] = &mut outs[..] else { unreachable!("layernorm has 3 outputs") };
             layernorm::layernorm_forward(y, mean, rstd, f(0), f(1), f(2), t(*eps));
         }
+        Op::RmsNorm { eps } => {
+            let [y, rstd] = &mut outs[..] else { unreachable!("rms_norm has 2 outputs") };
+            rmsnorm::rmsnorm_forward(y, rstd, f(0), f(1), t(*eps));
+        }
+        Op::Rotary { inverse } => {
+            rotary::rotary_forward(&mut outs[0], f(0), f(1), f(2), last(0), *inverse)
+        }
         Op::Softmax { scale, causal } => {
             let s = shape(0);
             let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
@@ -387,6 +394,10 @@ fn eval<T: Real>(
             };
             layernorm::layernorm_backward(dx, dw, db, f(0), f(1), f(2), f(3), f(4));
         }
+        Op::RmsNormBackward => {
+            let [dx, dw] = &mut outs[..] else { unreachable!("rms_norm_backward has 2 outputs") };
+            rmsnorm::rmsnorm_backward(dx, dw, f(0), f(1), f(2), f(3));
+        }
         Op::SoftmaxBackward { scale } => {
             softmax::softmax_backward(&mut outs[0], f(0), f(1), last(0), t(*scale))
         }
@@ -418,9 +429,9 @@ fn eval<T: Real>(
     Ok(outs)
 }
 
-/// q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) → the kernel's sizes.
+/// q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) → the kernel's sizes.
 fn attn_dims(q: &[usize], k: &[usize], v: &[usize]) -> AttnDims {
-    AttnDims { bh: q[0] * q[1], tq: q[2], tk: k[2], d: q[3], dv: v[3] }
+    AttnDims { bh: q[0] * q[1], rep: q[1] / k[1], tq: q[2], tk: k[2], d: q[3], dv: v[3] }
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ use crate::backend::cpu::kernels::elementwise::{
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
 use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
-use crate::backend::cpu::kernels::{copy, cross_entropy, embedding, layernorm, reduce, softmax};
+use crate::backend::cpu::kernels::{
+    copy, cross_entropy, embedding, layernorm, reduce, rmsnorm, rotary, softmax,
+};
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
@@ -83,6 +85,8 @@ impl KernelSupport for CpuSupport {
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::Reshape
@@ -95,6 +99,7 @@ impl KernelSupport for CpuSupport {
             | Op::GeluBackward { .. }
             | Op::TanhBackward
             | Op::LayerNormBackward
+            | Op::RmsNormBackward
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::Linear { .. }
@@ -136,6 +141,9 @@ impl KernelSupport for CpuSupport {
             Op::LayerNormBackward => {
                 layernorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
             }
+            Op::RmsNormBackward => {
+                rmsnorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
+            }
             Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
             Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
                 let p = g.shape(n.outputs[1]);
@@ -155,6 +163,8 @@ impl KernelSupport for CpuSupport {
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::Reshape
@@ -459,6 +469,8 @@ impl PlannedExecutor {
                 | Op::Gelu { .. }
                 | Op::Tanh
                 | Op::LayerNorm { .. }
+                | Op::RmsNorm { .. }
+                | Op::Rotary { .. }
                 | Op::Softmax { .. }
                 | Op::Dropout { .. }
                 | Op::Reshape
@@ -472,6 +484,7 @@ impl PlannedExecutor {
                 | Op::GeluBackward { .. }
                 | Op::TanhBackward
                 | Op::LayerNormBackward
+                | Op::RmsNormBackward
                 | Op::SoftmaxBackward { .. }
                 | Op::CrossEntropyBackward { .. }
                 | Op::Unary { .. }
@@ -803,6 +816,17 @@ impl PlannedExecutor {
                 rd(4),
                 ws(),
             ),
+            Op::RmsNorm { eps } => rmsnorm::rmsnorm_forward(pool, wr(0), wr(1), rd(0), rd(1), *eps),
+            Op::RmsNormBackward => {
+                rmsnorm::rmsnorm_backward(pool, wr(0), wr(1), rd(0), rd(1), rd(2), rd(3), ws())
+            }
+            Op::Rotary { inverse } => {
+                let d = last(node.inputs[0]);
+                match r.inplace {
+                    Some(_) => rotary::rotary(pool, rw(0), None, rd(1), rd(2), d, *inverse),
+                    None => rotary::rotary(pool, wr(0), Some(rd(0)), rd(1), rd(2), d, *inverse),
+                }
+            }
             Op::Softmax { scale, causal } => {
                 let s = g.shape(node.inputs[0]);
                 let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
@@ -1100,6 +1124,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
             Aux::Attn(Box::new(AttnPlan {
                 b: sq[0],
                 h: sq[1],
+                hkv: sk[1],
                 tq: sq[2],
                 tk: sk[2],
                 d: sq[3],
@@ -1145,6 +1170,8 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         | Op::Gelu { .. }
         | Op::Tanh
         | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Rotary { .. }
         | Op::Dropout { .. }
         | Op::Reshape
         | Op::Permute { .. }
@@ -1157,6 +1184,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         | Op::GeluBackward { .. }
         | Op::TanhBackward
         | Op::LayerNormBackward
+        | Op::RmsNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::CrossEntropyBackward { .. }
         | Op::Unary { .. }

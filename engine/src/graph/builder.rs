@@ -291,6 +291,86 @@ impl Graph {
         Ok(self.push(Op::LayerNorm { eps }, vec![x, w, b], outs)[0])
     }
 
+    /// HF `LlamaRMSNorm` over the last dim: y = w·(x·rstd), rstd = 1/√(mean(x²) + eps), computed
+    /// in f32; w of shape (C). Returns y; the node also outputs the row rstd (f32, kept for the
+    /// backward).
+    // x: (…, C), w: (C) -> y (…, C), rstd (…)
+    pub fn rms_norm(&mut self, x: TensorId, w: TensorId, eps: f32) -> Result<TensorId> {
+        let op = "rms_norm";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        if sx.is_empty() || sw != [sx[sx.len() - 1]] {
+            return Err(shape_err(
+                op,
+                "weight must be 1-D with the size of x's last dim",
+                &[("x", &sx), ("weight", &sw)],
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sx[..sx.len() - 1].to_vec();
+        let outs = vec![(sx, ElemType::Float(dt)), (rows, ElemType::Float(DType::F32))];
+        Ok(self.push(Op::RmsNorm { eps }, vec![x, w], outs)[0])
+    }
+
+    /// HF's `apply_rotary_pos_emb` on one of q, k: x·cos + rotate_half(x)·sin, with
+    /// rotate_half(x) = cat(−x[D/2:], x[:D/2]). cos and sin are (T, D) graph inputs (HF's
+    /// cos/sin of `cat(freqs, freqs)`: equal halves, which the backward relies on), no gradient.
+    // x: (…, T, D), cos, sin: (T, D) -> (…, T, D)
+    pub fn rotary(&mut self, x: TensorId, cos: TensorId, sin: TensorId) -> Result<TensorId> {
+        self.rotary_op(x, cos, sin, false)
+    }
+
+    /// [`Graph::rotary`] with sin negated when `inverse` (its backward).
+    pub(crate) fn rotary_op(
+        &mut self,
+        x: TensorId,
+        cos: TensorId,
+        sin: TensorId,
+        inverse: bool,
+    ) -> Result<TensorId> {
+        let op = "rotary";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sc, _) = self.float_arg(op, "cos", cos)?;
+        let (ss, _) = self.float_arg(op, "sin", sin)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("cos", &sc), ("sin", &ss)];
+        if sx.len() < 2 || sc.len() != 2 || sc != ss || sc[..] != sx[sx.len() - 2..] {
+            return Err(shape_err(op, "need x (…, T, D) with cos and sin (T, D)", named));
+        }
+        if !sc[1].is_multiple_of(2) {
+            return Err(shape_err(op, "the rotated dim D must be even", named));
+        }
+        Ok(self.push(Op::Rotary { inverse }, vec![x, cos, sin], vec![(sx, ElemType::Float(dt))])[0])
+    }
+
+    /// HF's `repeat_kv` written with reshape and concat: x (B, Hkv, T, D) → (B, Hkv, 1, T·D)
+    /// → concat of `n_rep` copies of that tensor along the last dim → (B, Hkv·n_rep, T, D), so
+    /// head h of the result is head h / n_rep of x. `n_rep` = 1 returns x. `fuse_attention`
+    /// sees through it: a fused attention reads x with Hkv heads.
+    // x: (B, Hkv, T, D) -> (B, Hkv·n_rep, T, D)
+    pub fn repeat_kv(&mut self, x: TensorId, n_rep: usize) -> Result<TensorId> {
+        let op = "repeat_kv";
+        let (sx, _) = self.float_arg(op, "x", x)?;
+        if sx.len() != 4 || n_rep == 0 {
+            return Err(shape_err(
+                op,
+                format!("x must be 4-D (B, Hkv, T, D) and n_rep >= 1, got n_rep={n_rep}"),
+                &[("x", &sx)],
+            ));
+        }
+        if n_rep == 1 {
+            return Ok(x);
+        }
+        let (b, hkv, t, d) = (sx[0], sx[1], sx[2], sx[3]);
+        let flat = self.reshape(x, &[b, hkv, 1, t * d])?;
+        let rep = self.concat(&vec![flat; n_rep])?;
+        self.reshape(rep, &[b, hkv * n_rep, t, d])
+    }
+
     /// softmax(x·scale + mask) over the last dim; `causal` masks j > i over the last two dims;
     /// `mask` is additive and broadcastable to x (it gets no gradient).
     pub fn softmax(
@@ -469,8 +549,18 @@ impl Graph {
         if sq.len() != 4 || sk.len() != 4 || sv.len() != 4 {
             return Err(shape_err(op, "q, k, v must be 4-D (B, H, T, D)", named));
         }
-        if sk[..2] != sq[..2] || sk[3] != sq[3] || sv[..3] != sk[..3] {
-            return Err(shape_err(op, "need q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv)", named));
+        // Grouped-query / multi-query attention: Hkv kv heads, each read by H/Hkv query heads.
+        if sk[0] != sq[0]
+            || sk[1] == 0
+            || sq[1] % sk[1] != 0
+            || sk[3] != sq[3]
+            || sv[..3] != sk[..3]
+        {
+            return Err(shape_err(
+                op,
+                "need q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) with Hkv dividing H",
+                named,
+            ));
         }
         check_p(op, opts.dropout_p)?;
         let probs_shape = vec![sq[0], sq[1], sq[2], sk[2]];
@@ -706,6 +796,28 @@ impl Graph {
             vec![dy, x, w, mean, rstd],
             vec![(sx, f), (sw.clone(), f), (sw, f)],
         ))
+    }
+
+    /// (dy, x, w, rstd) → [dx, dw]
+    pub(crate) fn rms_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        w: TensorId,
+        rstd: TensorId,
+    ) -> Result<Vec<TensorId>> {
+        let op = "rms_norm_backward";
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        let (sx, _) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sr, _) = self.float_arg(op, "rstd", rstd)?;
+        if sd != sx || sx.is_empty() || sw != [sx[sx.len() - 1]] || sr[..] != sx[..sx.len() - 1] {
+            let named: &[(&str, &[usize])] =
+                &[("dy", &sd), ("x", &sx), ("weight", &sw), ("rstd", &sr)];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        Ok(self.push(Op::RmsNormBackward, vec![dy, x, w, rstd], vec![(sx, f), (sw, f)]))
     }
 
     /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward

@@ -35,6 +35,15 @@ pub enum Op {
     /// (x (…, C), w (C), b (C)) → (y (…, C), mean (…), rstd (…)); mean and rstd are saved for
     /// the backward and are not differentiable.
     LayerNorm { eps: f32 },
+    /// (x (…, C), w (C)) → (y (…, C), rstd (…)); HF `LlamaRMSNorm` computed in f32:
+    /// rstd = 1/√(mean(x²) + eps), y = w·(x·rstd). rstd is saved for the backward and is not
+    /// differentiable.
+    RmsNorm { eps: f32 },
+    /// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
+    /// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
+    /// sin, which is the backward of the forward (cos and sin have equal halves, as HF's
+    /// emb = cat(freqs, freqs)). cos and sin are fed inputs without gradient.
+    Rotary { inverse: bool },
     /// (x (…, N) [, mask broadcastable to x]) → softmax(x·scale + mask) over the last dim;
     /// `causal` masks j > i over the last two dims.
     Softmax { scale: f32, causal: bool },
@@ -48,9 +57,11 @@ pub enum Op {
     Split { sizes: Vec<usize> },
     /// (x_0 (…, n_0), x_1 (…, n_1), …) → (…, Σ n_i)
     Concat,
-    /// (q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) [, mask broadcastable to
+    /// (q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) [, mask broadcastable to
     /// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
-    /// pre-dropout softmax, saved for the backward, not differentiable.
+    /// pre-dropout softmax, saved for the backward, not differentiable. Hkv divides H
+    /// (grouped-query / multi-query attention): query head h reads kv head h / (H/Hkv), HF's
+    /// `repeat_kv` order, without the repeated K/V being materialised.
     Attention { scale: f32, causal: bool, dropout_p: f32, offset: u64 },
     /// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
     ///
@@ -84,6 +95,8 @@ pub enum Op {
     UnaryBackward { f: UnaryFn },
     /// (dy, x, w, mean, rstd) → (dx, dw, db)
     LayerNormBackward,
+    /// (dy, x, w, rstd) → (dx, dw)
+    RmsNormBackward,
     /// (y, dy) → dx, gradient w.r.t. the unscaled input.
     SoftmaxBackward { scale: f32 },
     /// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
@@ -108,6 +121,8 @@ impl Op {
             Op::Unary { f } => f.name(),
             Op::Binary { f } => f.name(),
             Op::LayerNorm { .. } => "layernorm",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Rotary { .. } => "rotary",
             Op::Softmax { .. } => "softmax",
             Op::Dropout { .. } => "dropout",
             Op::Reshape => "reshape",
@@ -124,6 +139,7 @@ impl Op {
             Op::TanhBackward => "tanh_backward",
             Op::UnaryBackward { f } => f.backward_name(),
             Op::LayerNormBackward => "layernorm_backward",
+            Op::RmsNormBackward => "rms_norm_backward",
             Op::SoftmaxBackward { .. } => "softmax_backward",
             Op::AttentionBackward { .. } => "attention_backward",
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
@@ -139,7 +155,10 @@ impl Op {
             Op::Gelu { approx } | Op::GeluBackward { approx } => {
                 format!("approx={}", approx.name())
             }
-            Op::LayerNorm { eps } | Op::AddLayerNorm { eps } => format!("eps={eps:e}"),
+            Op::LayerNorm { eps } | Op::AddLayerNorm { eps } | Op::RmsNorm { eps } => {
+                format!("eps={eps:e}")
+            }
+            Op::Rotary { inverse } => format!("inverse={inverse}"),
             Op::Linear { tb, gelu } => match gelu {
                 Some(a) => format!("tb={tb} gelu={}", a.name()),
                 None => format!("tb={tb}"),
@@ -166,6 +185,7 @@ impl Op {
             | Op::ReduceSumLeading
             | Op::TanhBackward
             | Op::LayerNormBackward
+            | Op::RmsNormBackward
             // The function is the op's name.
             | Op::Unary { .. }
             | Op::Binary { .. }
@@ -183,6 +203,7 @@ impl Op {
                 | Op::TanhBackward
                 | Op::UnaryBackward { .. }
                 | Op::LayerNormBackward
+                | Op::RmsNormBackward
                 | Op::SoftmaxBackward { .. }
                 | Op::AttentionBackward { .. }
                 | Op::CrossEntropyBackward { .. }

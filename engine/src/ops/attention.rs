@@ -9,10 +9,14 @@ use super::dropout::{keep, keep_scale};
 use super::softmax::softmax_in_place;
 use super::{MaskView, Real};
 
-/// Sizes: `bh` = batch·heads independent problems of Tq queries against Tk keys.
+/// Sizes: `bh` = batch·heads independent problems of Tq queries against Tk keys. `rep` query
+/// heads share one kv head (grouped-query attention; 1 = multi-head): with H query heads and
+/// Hkv = H/rep kv heads, problem i = b·H + h reads kv problem b·Hkv + h/rep = i/rep, HF's
+/// `repeat_kv` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnDims {
     pub bh: usize,
+    pub rep: usize,
     pub tq: usize,
     pub tk: usize,
     pub d: usize,
@@ -46,8 +50,8 @@ impl AttnCfg {
 // out: (BH, Tq, Dv)
 // probs: (BH, Tq, Tk), softmax before dropout
 // q: (BH, Tq, D)
-// k: (BH, Tk, D)
-// v: (BH, Tk, Dv)
+// k: (BH/rep, Tk, D)
+// v: (BH/rep, Tk, Dv)
 // mask: broadcastable to (B, H, Tq, Tk)
 #[allow(
     clippy::too_many_arguments,
@@ -63,11 +67,13 @@ pub fn attention_forward<T: Real>(
     cfg: &AttnCfg,
     mask: Option<&MaskView<'_, T>>,
 ) {
-    let AttnDims { bh, tq, tk, d, dv } = *dims;
+    let AttnDims { bh, rep, tq, tk, d, dv } = *dims;
     let scale = T::from_f64(cfg.scale as f64);
-    for b in 0..bh {
+    for qb in 0..bh {
+        // The kv head this query head reads.
+        let b = qb / rep;
         for i in 0..tq {
-            let row = b * tq + i;
+            let row = qb * tq + i;
             let qi = &q[row * d..(row + 1) * d];
             let p = &mut probs[row * tk..(row + 1) * tk];
             let moff = mask.map(|m| m.row_offset(row));
@@ -101,10 +107,11 @@ pub fn attention_forward<T: Real>(
 }
 
 /// With P = probs and Pd = dropout(P): dV = Pdᵀ·dO; dP = dropout(dO·Vᵀ);
-/// dS = P ⊙ (dP - rowsum(dP ⊙ P)); dQ = scale·dS·K; dK = scale·dSᵀ·Q.
+/// dS = P ⊙ (dP - rowsum(dP ⊙ P)); dQ = scale·dS·K; dK = scale·dSᵀ·Q. A kv head's dK and dV
+/// sum over the `rep` query heads that read it.
 // dq: (BH, Tq, D)
-// dk: (BH, Tk, D)
-// dv: (BH, Tk, Dv)
+// dk: (BH/rep, Tk, D)
+// dv: (BH/rep, Tk, Dv)
 // dout: (BH, Tq, Dv)
 // q, k, v: as in attention_forward
 // probs: (BH, Tq, Tk)
@@ -124,15 +131,16 @@ pub fn attention_backward<T: Real>(
     dims: &AttnDims,
     cfg: &AttnCfg,
 ) {
-    let AttnDims { bh, tq, tk, d, dv: dvd } = *dims;
+    let AttnDims { bh, rep, tq, tk, d, dv: dvd } = *dims;
     let scale = T::from_f64(cfg.scale as f64);
     dq.fill(T::ZERO);
     dk.fill(T::ZERO);
     dv.fill(T::ZERO);
     let mut dp = vec![T::ZERO; tk];
-    for b in 0..bh {
+    for qb in 0..bh {
+        let b = qb / rep;
         for i in 0..tq {
-            let row = b * tq + i;
+            let row = qb * tq + i;
             let p = &probs[row * tk..(row + 1) * tk];
             let go = &dout[row * dvd..(row + 1) * dvd];
             for j in 0..tk {
@@ -170,7 +178,7 @@ mod tests {
     fn backward_matches_finite_differences() {
         // (B=2, H=2, T=4, D=3), mask (B, 1, 1, T).
         let (b, h, t, d) = (2, 2, 4, 3);
-        let dims = AttnDims { bh: b * h, tq: t, tk: t, d, dv: d };
+        let dims = AttnDims { bh: b * h, rep: 1, tq: t, tk: t, d, dv: d };
         let mut rng = Rng::new(13);
         let (q, k, v) = (rng.vec(b * h * t * d), rng.vec(b * h * t * d), rng.vec(b * h * t * d));
         let mask_data = rng.vec(b * t);
@@ -201,7 +209,7 @@ mod tests {
     #[test]
     fn equals_softmax_of_scores_times_v() {
         // One head, no mask, no dropout: compare with the two-step definition.
-        let dims = AttnDims { bh: 1, tq: 2, tk: 3, d: 2, dv: 2 };
+        let dims = AttnDims { bh: 1, rep: 1, tq: 2, tk: 3, d: 2, dv: 2 };
         let cfg = AttnCfg { scale: 0.5, causal: false, dropout_p: 0.0, seed: 0, offset: 0 };
         let mut rng = Rng::new(14);
         let (q, k, v) = (rng.vec(4), rng.vec(6), rng.vec(6));

@@ -21,6 +21,8 @@ pub mod linear;
 pub mod matmul;
 pub mod pointwise;
 pub mod real;
+pub mod rmsnorm;
+pub mod rotary;
 pub mod softmax;
 pub mod tanh;
 

@@ -57,6 +57,8 @@ impl Op {
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
@@ -66,6 +68,7 @@ impl Op {
             | Op::GeluBackward { .. }
             | Op::TanhBackward
             | Op::LayerNormBackward
+            | Op::RmsNormBackward
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::Unary { .. }
@@ -98,6 +101,8 @@ impl Op {
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
@@ -107,6 +112,7 @@ impl Op {
             | Op::GeluBackward { .. }
             | Op::TanhBackward
             | Op::LayerNormBackward
+            | Op::RmsNormBackward
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
             | Op::Unary { .. }
@@ -127,6 +133,9 @@ impl Op {
             | Op::Tanh
             | Op::Unary { .. }
             | Op::Dropout { .. } => &[0],
+            // Rotary reads the pair (x[i], x[i + D/2]) before it writes (y[i], y[i + D/2]);
+            // its backward is the same op over dy.
+            Op::Rotary { .. } => &[0],
             // Backward ops over dy.
             Op::GeluBackward { .. }
             | Op::TanhBackward
@@ -137,6 +146,7 @@ impl Op {
             | Op::Embedding
             | Op::MatMul { .. }
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
             | Op::Softmax { .. }
             | Op::Reshape
             | Op::Permute { .. }
@@ -148,6 +158,7 @@ impl Op {
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
             | Op::LayerNormBackward
+            | Op::RmsNormBackward
             | Op::AttentionBackward { .. } => &[],
         }
     }

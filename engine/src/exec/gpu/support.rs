@@ -8,6 +8,8 @@
 //! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
 //!   attention backward;
+//! - RMSNorm, rotary embedding and grouped-query attention (kv heads fewer than query heads)
+//!   have no GPU kernels yet: [`PlanError::NoKernel`] naming each;
 //! - there is no standalone GELU kernel: the passes fuse GELU into its linear layer (`Op::Linear`),
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
@@ -156,14 +158,27 @@ impl KernelSupport for GpuSupport {
                     " for a GELU outside a linear layer (the passes fuse it into Op::Linear)",
                 ))
             }
+            Op::RmsNorm { .. } => return Err(err(": rms_norm has no GPU kernel yet")),
+            Op::RmsNormBackward => return Err(err(": rms_norm_backward has no GPU kernel yet")),
+            Op::Rotary { .. } => return Err(err(": rotary has no GPU kernel yet")),
             Op::Attention { .. } => {
                 if g.shape(n.inputs[0]).len() != 4 {
                     return Err(err(" for a non-4-D attention"));
+                }
+                if g.shape(n.inputs[1])[1] != g.shape(n.inputs[0])[1] {
+                    return Err(err(
+                        ": grouped-query attention (fewer kv heads than query heads) has no GPU kernel yet",
+                    ));
                 }
             }
             Op::AttentionBackward { .. } => {
                 if g.shape(n.inputs[1]).len() != 4 {
                     return Err(err(" for a non-4-D attention"));
+                }
+                if g.shape(n.inputs[2])[1] != g.shape(n.inputs[1])[1] {
+                    return Err(err(
+                        ": grouped-query attention_backward (fewer kv heads than query heads) has no GPU kernel yet",
+                    ));
                 }
                 if n.inputs.len() < 6 {
                     return Err(err(" without the forward's output among its inputs"));
@@ -260,6 +275,9 @@ impl KernelSupport for GpuSupport {
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBackward
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::Reshape

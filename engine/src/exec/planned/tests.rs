@@ -11,6 +11,7 @@
 //! biases (softmax is shift-invariant per row).
 
 use super::*;
+use crate::graph::AttentionOpts;
 use crate::plan::testgraphs::{
     bert_like, gpt_like, gpt_like_dtype, params, random_graph, Dims, Feed,
 };
@@ -22,8 +23,13 @@ const FLOOR: f32 = 1e-7;
 
 /// Runs both executors; returns the worst per-tensor ratio max|Δ| / (RTOL·max|g| + ATOL).
 fn compare(g: &Graph, feed: &Feed, seed: u64, what: &str) -> f32 {
+    compare_inputs(g, &feed.inputs(g), seed, what)
+}
+
+/// [`compare`] on the given inputs.
+fn compare_inputs(g: &Graph, inputs: &Inputs<'_>, seed: u64, what: &str) -> f32 {
     let p = params(g, seed ^ 0x55);
-    let inputs = feed.inputs(g);
+    let inputs = inputs.clone();
     let n = g.num_param_elems();
     let mut g_ref = vec![0.0f32; n];
     let l_ref = RefExecutor::new(g).train_step(&p, &inputs, seed, &mut g_ref).unwrap();
@@ -329,5 +335,67 @@ fn bench_adamw() {
         let t = std::time::Instant::now();
         opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
         println!("AdamW step on {n} parameters: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+/// A Llama-like block as the family writes it, fused: embedding → RMSNorm → q, k, v
+/// projections into (B, T, H·D) / (B, T, Hkv·D) rows, heads permuted out → rotary on q and k
+/// (HF's equal-halves cos/sin, fed) → grouped-query attention (causal, dropout) reading k, v
+/// with Hkv heads inside their (B, T, C) rows → o projection → residual → RMSNorm → tied
+/// head → cross-entropy. Through the planned executor (views folded, rotary in place, GQA
+/// strides) against the reference executor, H = 6 with Hkv = 2, 1 and 6.
+#[test]
+fn llama_like_ops_match_the_reference_executor() {
+    let (b, t, h, dh, v) = (2usize, 9usize, 6usize, 4usize, 37usize);
+    let c = h * dh;
+    let (cos, sin) = crate::ops::rotary::hf_cos_sin(t, dh);
+    let (cos, sin): (Vec<f32>, Vec<f32>) =
+        (cos.iter().map(|&x| x as f32).collect(), sin.iter().map(|&x| x as f32).collect());
+    let d = Dims { b, t, c, h, v, layers: 1, dropout: 0.0 };
+    let feed = Feed::new(&d, 4);
+    for (hkv, p) in [(2usize, 0.1f32), (1, 0.0), (6, 0.1)] {
+        let mut g = Graph::new();
+        let ids = g.input_ids("input_ids", &[b, t]).unwrap();
+        let labels = g.input_ids("labels", &[b, t]).unwrap();
+        let cos_t = g.input_float("cos", &[t, dh]).unwrap();
+        let sin_t = g.input_float("sin", &[t, dh]).unwrap();
+        let wte = g.param("wte", &[v, c]).unwrap();
+        let ln1 = g.param("ln1.weight", &[c]).unwrap();
+        let wq = g.param("q", &[c, c]).unwrap();
+        let wk = g.param("k", &[hkv * dh, c]).unwrap();
+        let wv = g.param("v", &[hkv * dh, c]).unwrap();
+        let wo = g.param("o", &[c, c]).unwrap();
+        let ln2 = g.param("ln2.weight", &[c]).unwrap();
+        let x = g.embedding(wte, ids).unwrap();
+        let hs = g.rms_norm(x, ln1, 1e-6).unwrap();
+        let heads = |g: &mut Graph, w, n: usize| {
+            let y = g.linear(hs, w, None).unwrap();
+            let y = g.reshape(y, &[b, t, n, dh]).unwrap();
+            g.permute(y, &[0, 2, 1, 3]).unwrap()
+        };
+        let q = heads(&mut g, wq, h);
+        let k = heads(&mut g, wk, hkv);
+        let vv = heads(&mut g, wv, hkv);
+        let q = g.rotary(q, cos_t, sin_t).unwrap();
+        let k = g.rotary(k, cos_t, sin_t).unwrap();
+        let opts = AttentionOpts { causal: true, scale: None, dropout_p: p, mask: None };
+        let a = g.attention(q, k, vv, opts).unwrap();
+        let a = g.permute(a, &[0, 2, 1, 3]).unwrap();
+        let a = g.reshape(a, &[b, t, c]).unwrap();
+        let a = g.linear(a, wo, None).unwrap();
+        let x = g.add(x, a).unwrap();
+        let y = g.rms_norm(x, ln2, 1e-6).unwrap();
+        let logits = g.matmul(y, wte, false, true).unwrap();
+        let loss = g.cross_entropy(logits, labels).unwrap();
+        g.set_loss(loss).unwrap();
+        let g = crate::autodiff::backward(&g, loss).unwrap();
+        let inputs = Inputs::new()
+            .ids("input_ids", &feed.ids)
+            .ids("labels", &feed.labels)
+            .floats("cos", &cos)
+            .floats("sin", &sin);
+        let what = format!("llama-like hkv={hkv} p={p}");
+        let w = compare_inputs(&g, &inputs, 9, &what);
+        println!("{what}: worst tensor at {:.1}% of tolerance", 100.0 * w);
     }
 }

@@ -8,6 +8,11 @@
 //! into leading dimensions) and two row passes. The dropout mask is regenerated from the
 //! counter-based RNG, element for element the reference's.
 //!
+//! Grouped-query / multi-query attention (Hkv kv heads, each read by H/Hkv query heads in HF's
+//! `repeat_kv` order) reads a query head's kv head through its strides, never a repeated copy;
+//! the backward runs per (batch, kv head) so that the dK and dV sums over its query heads have
+//! one writer.
+//!
 //! References: `ops::attention` (tested against), llm.c `attention_forward` /
 //! `attention_backward`, `torch.nn.functional.scaled_dot_product_attention` (math path).
 
@@ -22,7 +27,9 @@ use crate::backend::cpu::pool::{Pool, SyncPtr};
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttnPlan {
     pub b: usize,
+    /// Query heads, and kv heads (dividing h; h/hkv query heads share one kv head).
     pub h: usize,
+    pub hkv: usize,
     pub tq: usize,
     pub tk: usize,
     pub d: usize,
@@ -58,8 +65,15 @@ impl AttnPlan {
         2 * threads * self.tq * self.tk
     }
 
+    /// Offset of query problem `bh` = (b, h) in a (B, H, T, ·) operand.
     fn at(&self, s: &[usize; 3], bh: usize) -> usize {
         (bh / self.h) * s[0] + (bh % self.h) * s[1]
+    }
+
+    /// Offset of the kv head query problem `bh` reads in a (B, Hkv, T, ·) operand: head
+    /// h / (H/Hkv), HF's `repeat_kv` order.
+    fn at_kv(&self, s: &[usize; 3], bh: usize) -> usize {
+        (bh / self.h) * s[0] + (bh % self.h) / (self.h / self.hkv) * s[1]
     }
 }
 
@@ -144,7 +158,8 @@ fn blocks(p: &AttnPlan) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
 impl AttnPlan {
     /// Multiply-add FLOPs (2 per multiply-add) the kernels really compute, with causal
     /// attention's skipped key blocks left out: forward Q·Kᵀ and P·V; backward dO·Vᵀ, Pᵀ·dO,
-    /// dS·K and dSᵀ·Q. What the harness's HFU counts for attention.
+    /// dS·K and dSᵀ·Q. What the harness's HFU counts for attention. Per query head: with
+    /// grouped kv heads every query head still multiplies against its kv head's K and V.
     pub fn executed_flops(&self, backward: bool) -> f64 {
         let per_pair: usize = blocks(self).map(|(r0, r1, kn)| (r1 - r0) * kn).sum();
         let (d, dv) = (self.d as f64, self.dv as f64);
@@ -158,8 +173,8 @@ impl AttnPlan {
 /// # Safety
 /// q, k, v, out point at the operands' starts with the plan's strides; probs is (B·H, Tq, Tk)
 /// contiguous; ws has [`AttnPlan::forward_workspace`] elements; out overlaps nothing else.
-// out: (B, H, Tq, Dv) strided; probs: (B, H, Tq, Tk); q: (B, H, Tq, D); k: (B, H, Tk, D);
-// v: (B, H, Tk, Dv); mask: broadcastable to (B, H, Tq, Tk)
+// out: (B, H, Tq, Dv) strided; probs: (B, H, Tq, Tk); q: (B, H, Tq, D); k: (B, Hkv, Tk, D);
+// v: (B, Hkv, Tk, Dv); mask: broadcastable to (B, H, Tq, Tk)
 #[allow(
     clippy::too_many_arguments,
     reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
@@ -190,8 +205,8 @@ pub unsafe fn attention_forward(
             let pr = pp.slice(i * tq * tk..(i + 1) * tq * tk);
             let (qi, ki, vi, oi) = (
                 qp.ptr().add(p.at(&p.q, i)),
-                kp.ptr().add(p.at(&p.k, i)),
-                vp.ptr().add(p.at(&p.v, i)),
+                kp.ptr().add(p.at_kv(&p.k, i)),
+                vp.ptr().add(p.at_kv(&p.v, i)),
                 op.ptr().add(p.at(&p.o, i)),
             );
             let mut scratch = dm.map(|_| wp.slice(task * tq * tk..(task + 1) * tq * tk));
@@ -249,7 +264,7 @@ pub unsafe fn attention_forward(
 /// # Safety
 /// As [`attention_forward`]; dq, dk, dv overlap nothing else; ws has
 /// [`AttnPlan::backward_workspace`] elements.
-// dq: (B, H, Tq, D); dk: (B, H, Tk, D); dv: (B, H, Tk, Dv); dout: (B, H, Tq, Dv);
+// dq: (B, H, Tq, D); dk: (B, Hkv, Tk, D); dv: (B, Hkv, Tk, Dv); dout: (B, H, Tq, Dv);
 // q, k, v: as in the forward; probs: (B, H, Tq, Tk)
 #[allow(
     clippy::too_many_arguments,
@@ -269,9 +284,11 @@ pub unsafe fn attention_backward(
     seed: u64,
     ws: &mut [f32],
 ) {
-    let (bh, tq, tk) = (p.b * p.h, p.tq, p.tk);
-    let t = pool.threads().min(bh).max(1);
-    let per = bh.div_ceil(t);
+    // One task per (batch, kv head): the rep = H/Hkv query heads reading it add into its dK
+    // and dV, which no other task writes.
+    let (bkv, rep, tq, tk) = (p.b * p.hkv, p.h / p.hkv, p.tq, p.tk);
+    let t = pool.threads().min(bkv).max(1);
+    let per = bkv.div_ceil(t);
     let dm = (p.dropout_p > 0.0).then(|| DropMask::new(p.dropout_p, seed));
     let wp = SyncPtr(ws.as_mut_ptr());
     let (dqp, dkp, dvp) = (SyncPtr(dq), SyncPtr(dk), SyncPtr(dv));
@@ -285,22 +302,14 @@ pub unsafe fn attention_backward(
         // SAFETY: scratch blocks 2·task and 2·task+1 are this task's.
         let s1 = wp.slice(2 * task * tq * tk..(2 * task + 1) * tq * tk);
         let s2 = wp.slice((2 * task + 1) * tq * tk..(2 * task + 2) * tq * tk);
-        for i in task * per..((task + 1) * per).min(bh) {
-            let pr = &probs[i * tq * tk..(i + 1) * tq * tk];
-            let (qi, ki, vi, gi) = (
-                qp.ptr().add(p.at(&p.q, i)),
-                kp.ptr().add(p.at(&p.k, i)),
-                vp.ptr().add(p.at(&p.v, i)),
-                gp.ptr().add(p.at(&p.o, i)),
-            );
-            // SAFETY: (b, h) pair i's rows of dq, dk, dv are this task's.
-            let (dqi, dki, dvi) = (
-                dqp.ptr().add(p.at(&p.dq, i)),
-                dkp.ptr().add(p.at(&p.dk, i)),
-                dvp.ptr().add(p.at(&p.dvs, i)),
-            );
-            // Causal blocks accumulate into dK and dV (beta = 1) from zero.
-            let beta = if p.causal {
+        for kvi in task * per..((task + 1) * per).min(bkv) {
+            // The kv head's first query problem: (b, g·rep).
+            let i0 = (kvi / p.hkv) * p.h + (kvi % p.hkv) * rep;
+            // Causal blocks and the group's later query heads accumulate into dK and dV
+            // (beta = 1) from zero.
+            let (dki, dvi) =
+                (dkp.ptr().add(p.at_kv(&p.dk, i0)), dvp.ptr().add(p.at_kv(&p.dvs, i0)));
+            let beta0 = if p.causal || rep > 1 {
                 for j in 0..tk {
                     std::slice::from_raw_parts_mut(dki.add(j * p.dk[2]), p.d).fill(0.0);
                     std::slice::from_raw_parts_mut(dvi.add(j * p.dvs[2]), p.dv).fill(0.0);
@@ -309,84 +318,100 @@ pub unsafe fn attention_backward(
             } else {
                 0.0
             };
-            for (r0, r1, kn) in blocks(p) {
-                let rows = r1 - r0;
-                let first = p.offset + ((i * tq + r0) * tk) as u64;
-                let (pb, sb1, sb2) =
-                    (&pr[r0 * tk..r1 * tk], &mut s1[r0 * tk..r1 * tk], &mut s2[r0 * tk..r1 * tk]);
-                let (gr, qr) = (gi.add(r0 * p.o[2]), qi.add(r0 * p.q[2]));
-                // dPd = dO·Vᵀ
-                sgemm_st(
-                    false,
-                    true,
-                    rows,
-                    kn,
-                    p.dv,
-                    1.0,
-                    gr,
-                    p.o[2],
-                    vi,
-                    p.v[2],
-                    0.0,
-                    sb1.as_mut_ptr(),
-                    tk,
+            for i in i0..i0 + rep {
+                let beta = beta0;
+                let pr = &probs[i * tq * tk..(i + 1) * tq * tk];
+                let (qi, ki, vi, gi) = (
+                    qp.ptr().add(p.at(&p.q, i)),
+                    kp.ptr().add(p.at_kv(&p.k, i)),
+                    vp.ptr().add(p.at_kv(&p.v, i)),
+                    gp.ptr().add(p.at(&p.o, i)),
                 );
-                // dV = Pdᵀ·dO
-                let pd: &[f32] = match dm {
-                    Some(m) => {
-                        drop_chunk(sb2, pb, m, first);
-                        sb2
-                    }
-                    None => pb,
-                };
-                sgemm_st(
-                    true,
-                    false,
-                    kn,
-                    p.dv,
-                    rows,
-                    1.0,
-                    pd.as_ptr(),
-                    tk,
-                    gr,
-                    p.o[2],
-                    beta,
-                    dvi,
-                    p.dvs[2],
-                );
-                // dS (in s1)
-                ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first);
-                // dQ = dS·K, dK = dSᵀ·Q
-                sgemm_st(
-                    false,
-                    false,
-                    rows,
-                    p.d,
-                    kn,
-                    1.0,
-                    sb1.as_ptr(),
-                    tk,
-                    ki,
-                    p.k[2],
-                    0.0,
-                    dqi.add(r0 * p.dq[2]),
-                    p.dq[2],
-                );
-                sgemm_st(
-                    true,
-                    false,
-                    kn,
-                    p.d,
-                    rows,
-                    1.0,
-                    sb1.as_ptr(),
-                    tk,
-                    qr,
-                    p.q[2],
-                    beta,
-                    dki,
-                    p.dk[2],
-                );
+                // SAFETY: (b, h) pair i's rows of dq, and kv head kvi's rows of dk, dv, are this
+                // task's.
+                let dqi = dqp.ptr().add(p.at(&p.dq, i));
+                for (r0, r1, kn) in blocks(p) {
+                    let rows = r1 - r0;
+                    let first = p.offset + ((i * tq + r0) * tk) as u64;
+                    let (pb, sb1, sb2) = (
+                        &pr[r0 * tk..r1 * tk],
+                        &mut s1[r0 * tk..r1 * tk],
+                        &mut s2[r0 * tk..r1 * tk],
+                    );
+                    let (gr, qr) = (gi.add(r0 * p.o[2]), qi.add(r0 * p.q[2]));
+                    // dPd = dO·Vᵀ
+                    sgemm_st(
+                        false,
+                        true,
+                        rows,
+                        kn,
+                        p.dv,
+                        1.0,
+                        gr,
+                        p.o[2],
+                        vi,
+                        p.v[2],
+                        0.0,
+                        sb1.as_mut_ptr(),
+                        tk,
+                    );
+                    // dV = Pdᵀ·dO
+                    let pd: &[f32] = match dm {
+                        Some(m) => {
+                            drop_chunk(sb2, pb, m, first);
+                            sb2
+                        }
+                        None => pb,
+                    };
+                    sgemm_st(
+                        true,
+                        false,
+                        kn,
+                        p.dv,
+                        rows,
+                        1.0,
+                        pd.as_ptr(),
+                        tk,
+                        gr,
+                        p.o[2],
+                        beta,
+                        dvi,
+                        p.dvs[2],
+                    );
+                    // dS (in s1)
+                    ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first);
+                    // dQ = dS·K, dK = dSᵀ·Q
+                    sgemm_st(
+                        false,
+                        false,
+                        rows,
+                        p.d,
+                        kn,
+                        1.0,
+                        sb1.as_ptr(),
+                        tk,
+                        ki,
+                        p.k[2],
+                        0.0,
+                        dqi.add(r0 * p.dq[2]),
+                        p.dq[2],
+                    );
+                    sgemm_st(
+                        true,
+                        false,
+                        kn,
+                        p.d,
+                        rows,
+                        1.0,
+                        sb1.as_ptr(),
+                        tk,
+                        qr,
+                        p.q[2],
+                        beta,
+                        dki,
+                        p.dk[2],
+                    );
+                }
             }
         }
     });
@@ -419,7 +444,7 @@ mod tests {
             [(false, 0.0f32, true), (true, 0.0, false), (true, 0.3, false), (false, 0.5, true)]
         {
             let cfg = ra::AttnCfg { scale: 0.25, causal, dropout_p: dp, seed: 77, offset: 1000 };
-            let dims = ra::AttnDims { bh: b * h, tq: t, tk: t, d, dv: d };
+            let dims = ra::AttnDims { bh: b * h, rep: 1, tq: t, tk: t, d, dv: d };
             let full = [b, h, t, t];
             let mv = MaskView::new(&mask, &[b, 1, 1, t], &full);
             let (mut o0, mut p0) = (vec![0.0; n], vec![0.0; b * h * t * t]);
@@ -437,6 +462,7 @@ mod tests {
             let plan = AttnPlan {
                 b,
                 h,
+                hkv: h,
                 tq: t,
                 tk: t,
                 d,
@@ -506,6 +532,116 @@ mod tests {
             check(&dq1, &dq0, "dq");
             check(&dk1, &dk0, "dk");
             check(&dv1, &dv0, "dv");
+        }
+    }
+
+    /// Grouped-query (H = 6, Hkv = 2) and multi-query (Hkv = 1) attention against the reference
+    /// at T = 37 (not a multiple of the causal block), D = 5: q and out inside (B, T, H·D) rows,
+    /// k and v inside (B, T, Hkv·D) rows (the head permutes folded into strides, as the plan
+    /// gives them), causal or not, with dropout, on 3 threads (the (batch, kv head) tasks of
+    /// the backward do not split evenly); |Δ| ≤ 2e-5·max|ref| per tensor.
+    #[test]
+    fn grouped_query_forward_and_backward_match_the_reference() {
+        let pool = Pool::new(3);
+        let (b, h, t, d) = (2usize, 6usize, 37usize, 5usize);
+        for (hkv, causal, dp) in [(2usize, true, 0.2f32), (2, false, 0.0), (1, true, 0.0)] {
+            let (nq, nk) = (b * h * t * d, b * hkv * t * d);
+            let mut rng = Rng::new(40 + hkv as u64);
+            let (q, k, v, dout) =
+                (rng.vec_f32(nq), rng.vec_f32(nk), rng.vec_f32(nk), rng.vec_f32(nq));
+            // (B, H, T, D) contiguous for the reference; (B, T, H, D) rows for the kernel.
+            let rows = |x: &[f32], heads: usize| {
+                let mut y = vec![0f32; x.len()];
+                for bi in 0..b {
+                    for hi in 0..heads {
+                        for ti in 0..t {
+                            for e in 0..d {
+                                y[((bi * t + ti) * heads + hi) * d + e] =
+                                    x[((bi * heads + hi) * t + ti) * d + e];
+                            }
+                        }
+                    }
+                }
+                y
+            };
+            let strided = |heads: usize| [t * heads * d, d, heads * d];
+            let cfg = ra::AttnCfg { scale: 0.4, causal, dropout_p: dp, seed: 5, offset: 7 };
+            let dims = ra::AttnDims { bh: b * h, rep: h / hkv, tq: t, tk: t, d, dv: d };
+            let (mut o0, mut p0) = (vec![0.0; nq], vec![0.0; b * h * t * t]);
+            ra::attention_forward(&mut o0, &mut p0, &q, &k, &v, &dims, &cfg, None);
+            let (mut dq0, mut dk0, mut dv0) = (vec![0.0; nq], vec![0.0; nk], vec![0.0; nk]);
+            ra::attention_backward(
+                &mut dq0, &mut dk0, &mut dv0, &dout, &q, &k, &v, &p0, &dims, &cfg,
+            );
+            let (sq, sk) = (strided(h), strided(hkv));
+            let plan = AttnPlan {
+                b,
+                h,
+                hkv,
+                tq: t,
+                tk: t,
+                d,
+                dv: d,
+                scale: 0.4,
+                causal,
+                dropout_p: dp,
+                offset: 7,
+                q: sq,
+                k: sk,
+                v: sk,
+                o: sq,
+                dq: sq,
+                dk: sk,
+                dvs: sk,
+                mask: None,
+            };
+            let (qr, kr, vr, gr) = (rows(&q, h), rows(&k, hkv), rows(&v, hkv), rows(&dout, h));
+            let (mut o1, mut p1) = (vec![f32::NAN; nq], vec![f32::NAN; b * h * t * t]);
+            let (mut dq1, mut dk1, mut dv1) =
+                (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
+            let mut ws = vec![0.0; plan.backward_workspace(3)];
+            unsafe {
+                attention_forward(
+                    &pool,
+                    &plan,
+                    o1.as_mut_ptr(),
+                    &mut p1,
+                    qr.as_ptr(),
+                    kr.as_ptr(),
+                    vr.as_ptr(),
+                    None,
+                    5,
+                    &mut ws,
+                );
+                attention_backward(
+                    &pool,
+                    &plan,
+                    dq1.as_mut_ptr(),
+                    dk1.as_mut_ptr(),
+                    dv1.as_mut_ptr(),
+                    gr.as_ptr(),
+                    qr.as_ptr(),
+                    kr.as_ptr(),
+                    vr.as_ptr(),
+                    &p1,
+                    5,
+                    &mut ws,
+                );
+            }
+            let check = |a: &[f32], r: &[f32], what: &str| {
+                let scale = r.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (i, (x, y)) in a.iter().zip(r).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 2e-5 * scale,
+                        "{what} hkv={hkv} causal={causal} p={dp} [{i}]: {x} vs {y}"
+                    );
+                }
+            };
+            check(&p1, &p0, "probs");
+            check(&o1, &rows(&o0, h), "out");
+            check(&dq1, &rows(&dq0, h), "dq");
+            check(&dk1, &rows(&dk0, hkv), "dk");
+            check(&dv1, &rows(&dv0, hkv), "dv");
         }
     }
 }

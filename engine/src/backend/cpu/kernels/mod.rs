@@ -16,6 +16,8 @@ pub mod layernorm;
 pub mod matmul;
 pub mod pointwise;
 pub mod reduce;
+pub mod rmsnorm;
+pub mod rotary;
 pub mod simd;
 pub mod softmax;
 
@@ -174,6 +176,7 @@ mod bench {
         let plan = attention::AttnPlan {
             b: bb,
             h,
+            hkv: h,
             tq: t,
             tk: t,
             d,

@@ -1,0 +1,107 @@
+//! RMSNorm over the last dim, with a weight and no bias or mean subtraction.
+//!
+//! Mirrors HF's `LlamaRMSNorm` (also Mistral's, Qwen2's and Qwen3's): the row is taken to f32,
+//! rstd = 1/√(mean(x²) + eps) (eps inside the square root, as `torch.rsqrt(variance + eps)`),
+//! y = w·(x·rstd). The forward also returns each row's rstd so the backward does not recompute
+//! it, as [`super::layernorm`] returns its mean and rstd.
+
+use super::Real;
+
+/// y = w·(x·rstd), rstd = 1/√(mean(x²) + eps) per row.
+// y: (R, C)
+// rstd: (R)
+// x: (R, C)
+// w: (C)
+pub fn rmsnorm_forward<T: Real>(y: &mut [T], rstd: &mut [T], x: &[T], w: &[T], eps: T) {
+    let c = w.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    for (r, (xr, yr)) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)).enumerate() {
+        let mut ms = T::ZERO;
+        for &v in xr {
+            ms += v * v;
+        }
+        ms *= inv_c;
+        let s = T::ONE / (ms + eps).sqrt();
+        for i in 0..c {
+            yr[i] = w[i] * (xr[i] * s);
+        }
+        rstd[r] = s;
+    }
+}
+
+/// With x̂ = x·rstd and g = w·dy: dx = rstd·(g − x̂·mean(g·x̂)); dw = Σ_rows dy·x̂. (The mean
+/// term is the derivative of rstd: ∂rstd/∂x_i = −rstd³·x_i/C.)
+// dx: (R, C)
+// dw: (C)
+// dy, x: (R, C)
+// w: (C)
+// rstd: (R)
+pub fn rmsnorm_backward<T: Real>(
+    dx: &mut [T],
+    dw: &mut [T],
+    dy: &[T],
+    x: &[T],
+    w: &[T],
+    rstd: &[T],
+) {
+    let c = w.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    dw.fill(T::ZERO);
+    for (r, &s) in rstd.iter().enumerate() {
+        let (xr, dyr) = (&x[r * c..(r + 1) * c], &dy[r * c..(r + 1) * c]);
+        let mut gx = T::ZERO;
+        for i in 0..c {
+            let xh = xr[i] * s;
+            gx += w[i] * dyr[i] * xh;
+            dw[i] += dyr[i] * xh;
+        }
+        gx *= inv_c;
+        for i in 0..c {
+            let xh = xr[i] * s;
+            dx[r * c + i] = s * (w[i] * dyr[i] - xh * gx);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    /// HF `LlamaRMSNorm(4, eps=1e-6)` with weight [1.1, 0.9, -0.5, 2.0] on two rows, computed
+    /// by hand in f64 from its definition (x·rsqrt(mean(x²) + eps)·w): agreement to 1e-12.
+    #[test]
+    fn matches_the_definition() {
+        let x = [0.3f64, -1.2, 2.0, 0.7, 1.5, 0.1, -0.4, -2.2];
+        let w = [1.1f64, 0.9, -0.5, 2.0];
+        let (mut y, mut s) = ([0.0f64; 8], [0.0f64; 2]);
+        rmsnorm_forward(&mut y, &mut s, &x, &w, 1e-6);
+        for r in 0..2 {
+            let ms: f64 = x[r * 4..r * 4 + 4].iter().map(|v| v * v).sum::<f64>() / 4.0;
+            let want_s = 1.0 / (ms + 1e-6).sqrt();
+            assert!((s[r] - want_s).abs() < 1e-12);
+            for i in 0..4 {
+                assert!((y[r * 4 + i] - w[i] * x[r * 4 + i] * want_s).abs() < 1e-12);
+            }
+        }
+    }
+
+    /// dx and dw of Σ y·dy against central finite differences (f64, FD_TOL) at C = 7.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (r, c) = (3, 7);
+        let mut rng = Rng::new(61);
+        let (x, w, dy) = (rng.vec(r * c), rng.vec(c), rng.vec(r * c));
+        let loss = |x: &[f64], w: &[f64]| {
+            let (mut y, mut s) = (vec![0.0; r * c], vec![0.0; r]);
+            rmsnorm_forward(&mut y, &mut s, x, w, 1e-5);
+            dot(&y, &dy)
+        };
+        let (mut y, mut s) = (vec![0.0; r * c], vec![0.0; r]);
+        rmsnorm_forward(&mut y, &mut s, &x, &w, 1e-5);
+        let (mut dx, mut dw) = (vec![0.0; r * c], vec![0.0; c]);
+        rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &s);
+        assert_close(&dx, &fd_grad(&x, FD_STEP, |x| loss(x, &w)), FD_TOL, "dx");
+        assert_close(&dw, &fd_grad(&w, FD_STEP, |w| loss(&x, w)), FD_TOL, "dw");
+    }
+}
