@@ -46,6 +46,8 @@ pub enum Activation {
     GeluErf,
     /// `gelu_new` / `gelu_pytorch_tanh`: the tanh approximation.
     GeluTanh,
+    /// `silu` / `swish`: x·σ(x) (nn.SiLU).
+    Silu,
 }
 
 /// HF's `ACT2FN[name]`, among those we implement (a family checks its config's at parse time).
@@ -53,8 +55,9 @@ pub(crate) fn parse_activation(name: &str) -> Result<Activation, ModelError> {
     match name {
         "gelu" => Ok(Activation::GeluErf),
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
+        "silu" | "swish" => Ok(Activation::Silu),
         other => Err(ModelError::Unsupported(format!(
-            "activation '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)"
+            "activation '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh, silu)"
         ))),
     }
 }

@@ -11,8 +11,22 @@ use crate::family::{Architecture, TASKS};
 use crate::ModelError;
 
 /// Configs shipped with ortbench (models/configs/*.json), by their HF names.
-pub const BUILTIN_NAMES: &[&str] =
-    &["bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", "tiny-bert", "tiny-gpt2"];
+pub const BUILTIN_NAMES: &[&str] = &[
+    "bert-base-uncased",
+    "bert-large-uncased",
+    "gpt2",
+    "gpt2-medium",
+    "tiny-bert",
+    "tiny-gpt2",
+    "smollm2-135m",
+    "qwen2.5-0.5b",
+    "qwen3-0.6b",
+    "llama-3.2-1b",
+    "tiny-llama",
+    "tiny-mistral",
+    "tiny-qwen2",
+    "tiny-qwen3",
+];
 
 /// Short names users type.
 pub const ALIASES: &[(&str, &str)] = &[
@@ -20,6 +34,11 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("bert-large", "bert-large-uncased"),
     ("gpt2", "gpt2"),
     ("gpt2-medium", "gpt2-medium"),
+    // The Llama family; SmolLM2-135M is its benchmark default.
+    ("smollm2-135m", "smollm2-135m"),
+    ("qwen2.5-0.5b", "qwen2.5-0.5b"),
+    ("qwen3-0.6b", "qwen3-0.6b"),
+    ("llama-3.2-1b", "llama-3.2-1b"),
 ];
 
 fn builtin_json(name: &str) -> Option<&'static str> {
@@ -30,6 +49,14 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "gpt2-medium" => include_str!("../configs/gpt2-medium.json"),
         "tiny-bert" => include_str!("../configs/tiny-bert.json"),
         "tiny-gpt2" => include_str!("../configs/tiny-gpt2.json"),
+        "smollm2-135m" => include_str!("../configs/smollm2-135m.json"),
+        "qwen2.5-0.5b" => include_str!("../configs/qwen2.5-0.5b.json"),
+        "qwen3-0.6b" => include_str!("../configs/qwen3-0.6b.json"),
+        "llama-3.2-1b" => include_str!("../configs/llama-3.2-1b.json"),
+        "tiny-llama" => include_str!("../configs/tiny-llama.json"),
+        "tiny-mistral" => include_str!("../configs/tiny-mistral.json"),
+        "tiny-qwen2" => include_str!("../configs/tiny-qwen2.json"),
+        "tiny-qwen3" => include_str!("../configs/tiny-qwen3.json"),
         _ => return None,
     })
 }

@@ -18,6 +18,7 @@ pub mod bert;
 mod flops;
 pub mod gpt2;
 mod head;
+pub mod llama;
 
 pub use flops::FlopCount;
 pub use head::{Architecture, Head, TASKS};
@@ -32,7 +33,8 @@ use crate::ModelError;
 
 /// Every family ortbench implements: where a config.json's `architectures` (or `model_type`)
 /// is looked up.
-pub static FAMILIES: &[&FamilyInfo] = &[&bert::INFO, &gpt2::INFO];
+pub static FAMILIES: &[&FamilyInfo] =
+    &[&bert::INFO, &gpt2::INFO, &llama::LLAMA, &llama::MISTRAL, &llama::QWEN2, &llama::QWEN3];
 
 /// What a family is before a config is read.
 #[derive(Debug)]
@@ -74,6 +76,8 @@ impl FamilyInfo {
 pub enum Family {
     Bert(bert::BertConfig),
     Gpt2(gpt2::Gpt2Config),
+    /// Llama, Mistral, Qwen2 and Qwen3 (one module: `LlamaConfig::variant` tells them apart).
+    Llama(llama::LlamaConfig),
 }
 
 impl Family {
@@ -82,6 +86,7 @@ impl Family {
         match self {
             Family::Bert(c) => c,
             Family::Gpt2(c) => c,
+            Family::Llama(c) => c,
         }
     }
 
@@ -90,6 +95,7 @@ impl Family {
         match self {
             Family::Bert(c) => c,
             Family::Gpt2(c) => c,
+            Family::Llama(c) => c,
         }
     }
 }
@@ -132,6 +138,16 @@ pub(crate) trait FamilyModel {
     fn param_specs(&self, cfg: &ModelConfig) -> Vec<ParamSpec>;
     /// The pad ids the graph's derived inputs use.
     fn pads(&self) -> Pads;
+    /// The window of the model's sliding-window attention layers (`kv_idx > q_idx − window`),
+    /// whose mask the graph then takes as a derived input; None when no layer slides.
+    fn sliding_window(&self) -> Option<usize> {
+        None
+    }
+    /// Graph inputs that depend on the config and the sequence length only (a rotary
+    /// embedding's cos/sin tables): (name, row-major values), fed as they are.
+    fn fixed_inputs(&self, _seq_len: usize) -> Vec<(&'static str, Vec<f32>)> {
+        Vec::new()
+    }
     /// The sizes of `cfg`'s forward FLOP count.
     fn flop_count(&self, cfg: &ModelConfig) -> FlopCount;
 

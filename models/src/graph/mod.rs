@@ -27,6 +27,7 @@ pub mod trainer;
 use std::collections::HashMap;
 
 use ortbench_engine::graph::{GeluApprox, Graph, GraphError, TensorId};
+use ortbench_engine::ops::pointwise::UnaryFn;
 use ortbench_engine::passes::{self, PassConfig, PassReport};
 use ortbench_engine::{autodiff, DType, Inputs, RefExecutor};
 
@@ -63,6 +64,15 @@ pub const TARGETS: &str = "regression_targets";
 /// A last-token-pooling classifier (GPT2ForSequenceClassification): 1.0 at each row's pooled
 /// token (the last that is not [`Pads::pooling`], HF's rule), (B, 1, T) in the graph's dtype.
 pub const LAST_TOKEN: &str = "last_token_selector";
+/// A rotary embedding's cos table, (T, D) in the graph's dtype: HF's `cos(cat(freqs, freqs))`
+/// at positions 0..T, computed on the host in f32 (`FamilyModel::fixed_inputs`).
+pub const ROPE_COS: &str = "rope_cos";
+/// The sin table beside [`ROPE_COS`].
+pub const ROPE_SIN: &str = "rope_sin";
+/// A sliding-window layer's additive mask, (B, 1, T, T) in the graph's dtype: 0 where key j
+/// may be read by query i (j ≤ i, j > i − window, and j is not padding), −∞ elsewhere — HF's
+/// `create_sliding_window_causal_mask`. Built only when the window bites (T > window).
+pub const SLIDING_WINDOW_MASK: &str = "sliding_window_mask";
 
 /// What to build: the static sizes of a step, the storage dtype of activations and the graph
 /// passes to run.
@@ -143,6 +153,10 @@ pub struct EngineModel {
     pub task: Task,
     vocab_size: usize,
     num_labels: usize,
+    /// The family's sliding window (its mask is fed when the graph takes one).
+    sliding_window: Option<usize>,
+    /// Inputs that depend on the config and sizes only (rotary tables), fed as they are.
+    fixed: std::sync::Arc<Vec<(&'static str, Vec<f32>)>>,
 }
 
 /// The forward graph of `cfg` for steps of `opts` as the builder writes it (HF's eager form,
@@ -248,6 +262,8 @@ pub fn build_training_graph(
         task,
         vocab_size: cfg.vocab_size(),
         num_labels,
+        sliding_window: cfg.family.model().sliding_window(),
+        fixed: std::sync::Arc::new(cfg.family.model().fixed_inputs(opts.seq_len)),
     })
 }
 
@@ -324,6 +340,8 @@ impl EngineModel {
             pads: self.pads,
             task: self.task,
             vocab_size: self.vocab_size,
+            sliding_window: self.sliding_window,
+            fixed: self.fixed.clone(),
         }
     }
 
@@ -349,7 +367,7 @@ impl EngineModel {
 }
 
 /// What feeding a graph of a model needs to know beyond the graph.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct FeedInfo {
     arch: Architecture,
     batch_size: usize,
@@ -357,6 +375,8 @@ struct FeedInfo {
     pads: Pads,
     task: Task,
     vocab_size: usize,
+    sliding_window: Option<usize>,
+    fixed: std::sync::Arc<Vec<(&'static str, Vec<f32>)>>,
 }
 
 impl FeedInfo {
@@ -451,7 +471,25 @@ impl FeedInfo {
                             .collect(),
                     )
                 }
-                other => unreachable!("the builders declare no input '{other}'"),
+                SLIDING_WINDOW_MASK => {
+                    let w = self.sliding_window.expect("a window mask exists only with a window");
+                    let mask = batch.attention_mask.as_deref();
+                    let mut m = vec![f32::NEG_INFINITY; b * t * t];
+                    for row in 0..b {
+                        for i in 0..t {
+                            for j in (i + 1).saturating_sub(w)..=i {
+                                if !mask.is_some_and(|m| m[row * t + j] == 0) {
+                                    m[(row * t + i) * t + j] = 0.0;
+                                }
+                            }
+                        }
+                    }
+                    FeedData::Floats(m)
+                }
+                other => match self.fixed.iter().find(|(n, _)| *n == other) {
+                    Some((_, values)) => FeedData::Floats(values.clone()),
+                    None => unreachable!("the builders declare no input '{other}'"),
+                },
             };
             entries.push((name.to_string(), data));
         }
@@ -498,6 +536,8 @@ impl InferenceModel {
             pads: cfg.family.model().pads(),
             task: Task::for_config(cfg),
             vocab_size: cfg.vocab_size(),
+            sliding_window: cfg.family.model().sliding_window(),
+            fixed: std::sync::Arc::new(cfg.family.model().fixed_inputs(opts.seq_len)),
         };
         Ok(InferenceModel { graph, logits, info })
     }
@@ -600,6 +640,11 @@ impl Builder {
         Ok(Builder { g, params, attention_mask: None })
     }
 
+    /// The additive key-padding mask (B, 1, 1, T), when the graph has one.
+    pub fn attention_mask(&self) -> Option<TensorId> {
+        self.attention_mask
+    }
+
     /// The parameter `name` (a missing one is a bug of this module: the specs declare all).
     pub fn p(&self, name: &str) -> TensorId {
         *self.params.get(name).unwrap_or_else(|| panic!("param_specs declares no '{name}'"))
@@ -646,11 +691,26 @@ impl Builder {
         causal: bool,
         dropout_p: f64,
     ) -> BResult<TensorId> {
+        self.eager_attention_masked(q, k, v, causal, dropout_p, self.attention_mask)
+    }
+
+    /// [`eager_attention`](Self::eager_attention) with the additive `mask` (broadcast to
+    /// (B, H, T, T)) in place of the graph's padding mask: a sliding-window layer's.
+    // q, k, v: (B, H, T, D) -> (B, H, T, D)
+    pub fn eager_attention_masked(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        causal: bool,
+        dropout_p: f64,
+        mask: Option<TensorId>,
+    ) -> BResult<TensorId> {
         let d = self.g.shape(q)[3];
         let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
         let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
         let scores = self.g.scale(scores, 1.0 / (d as f32).sqrt())?;
-        let probs = self.g.softmax(scores, 1.0, causal, self.attention_mask)?;
+        let probs = self.g.softmax(scores, 1.0, causal, mask)?;
         let probs = self.dropout(probs, dropout_p)?;
         Ok(self.g.matmul(probs, v, false, false)?)
     }
@@ -699,6 +759,7 @@ impl Builder {
         let approx = match act {
             Activation::GeluErf => GeluApprox::Erf,
             Activation::GeluTanh => GeluApprox::Tanh,
+            Activation::Silu => return Ok(self.g.apply(UnaryFn::Silu, x)?),
         };
         Ok(self.g.gelu(x, approx)?)
     }

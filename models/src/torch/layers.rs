@@ -79,6 +79,7 @@ pub fn activation(act: Activation, gelu_new_literal: bool, x: &Tensor) -> Tensor
             x * 0.5 * (inner.tanh() + 1.0)
         }
         Activation::GeluTanh => x.gelu("tanh"),
+        Activation::Silu => x.silu(),
     }
 }
 

@@ -1,0 +1,187 @@
+//! The Llama family as an engine graph: the same function as `torch.rs` beside it, in HF's
+//! eager form (modeling_llama.py's `eager_attention_forward`: repeat_kv, q·kᵀ·scale + mask,
+//! softmax, dropout, ·v — the engine passes fuse it), on the engine's rms_norm, rotary and
+//! repeat_kv ops. The rotary cos/sin tables are fed graph inputs ([`ROPE_COS`], [`ROPE_SIN`])
+//! computed on the host in f32 as HF computes them; a sliding window that bites is the fed
+//! additive mask [`SLIDING_WINDOW_MASK`].
+
+use ortbench_engine::graph::TensorId;
+use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
+
+use super::{LayerType, LlamaConfig, EMBED};
+use crate::config::ModelConfig;
+use crate::graph::{
+    BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK, ROPE_COS,
+    ROPE_SIN, SLIDING_WINDOW_MASK,
+};
+use crate::ModelError;
+
+/// nn.Linear `{prefix}` with or without its bias.
+fn proj(b: &mut Builder, x: TensorId, prefix: &str, bias: bool) -> BResult<TensorId> {
+    if bias {
+        b.linear(x, prefix)
+    } else {
+        let w = b.p(&format!("{prefix}.weight"));
+        Ok(b.g.linear(x, w, None)?)
+    }
+}
+
+/// LlamaRMSNorm `{prefix}.weight`.
+fn rms_norm(b: &mut Builder, x: TensorId, prefix: &str, eps: f64) -> BResult<TensorId> {
+    let w = b.p(&format!("{prefix}.weight"));
+    Ok(b.g.rms_norm(x, w, eps as f32)?)
+}
+
+/// The rotary tables and masks every layer reads.
+struct Shared {
+    cos: TensorId,
+    sin: TensorId,
+    /// The additive mask of sliding layers (padding + window), when the window bites.
+    sliding_mask: Option<TensorId>,
+}
+
+/// LlamaDecoderLayer: input_layernorm → LlamaAttention → residual; post_attention_layernorm →
+/// LlamaMLP (down(silu(gate(x)) · up(x))) → residual.
+// x: (B, T, C) -> (B, T, C)
+fn decoder_layer(
+    b: &mut Builder,
+    x: TensorId,
+    i: usize,
+    c: &LlamaConfig,
+    s: &Shared,
+) -> BResult<TensorId> {
+    let p = format!("model.layers.{i}");
+    let (bs, t) = (b.g.shape(x)[0], b.g.shape(x)[1]);
+    let (d, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+    let h = rms_norm(b, x, &format!("{p}.input_layernorm"), c.rms_norm_eps)?;
+    // view(B, T, -1, D) [q_norm / k_norm over D] .transpose(1, 2)
+    let split = |b: &mut Builder, y: TensorId, n: usize, norm: Option<&str>| -> BResult<TensorId> {
+        let y = b.g.reshape(y, &[bs, t, n, d])?;
+        let y = match norm {
+            Some(name) => rms_norm(b, y, &format!("{p}.self_attn.{name}"), c.rms_norm_eps)?,
+            None => y,
+        };
+        Ok(b.g.permute(y, &[0, 2, 1, 3])?) // (B, n, T, D)
+    };
+    let q = proj(b, h, &format!("{p}.self_attn.q_proj"), c.qkv_bias)?;
+    let k = proj(b, h, &format!("{p}.self_attn.k_proj"), c.qkv_bias)?;
+    let v = proj(b, h, &format!("{p}.self_attn.v_proj"), c.qkv_bias)?;
+    let q = split(b, q, heads, c.qk_norm.then_some("q_norm"))?;
+    let k = split(b, k, kv_heads, c.qk_norm.then_some("k_norm"))?;
+    let v = split(b, v, kv_heads, None)?;
+    let q = b.g.rotary(q, s.cos, s.sin)?;
+    let k = b.g.rotary(k, s.cos, s.sin)?;
+    let k = b.g.repeat_kv(k, c.n_rep())?; // (B, H, T, D)
+    let v = b.g.repeat_kv(v, c.n_rep())?;
+    let mask = match (c.layer_types[i], s.sliding_mask) {
+        (LayerType::Sliding, Some(m)) => Some(m),
+        _ => b.attention_mask(),
+    };
+    let ctx = b.eager_attention_masked(q, k, v, true, c.attention_dropout, mask)?; // (B, H, T, D)
+    let ctx = b.merge_heads(ctx)?; // (B, T, H·D)
+    let a = proj(b, ctx, &format!("{p}.self_attn.o_proj"), c.o_bias)?;
+    let x = b.g.add(x, a)?;
+    let h = rms_norm(b, x, &format!("{p}.post_attention_layernorm"), c.rms_norm_eps)?;
+    let gate = proj(b, h, &format!("{p}.mlp.gate_proj"), c.mlp_bias)?;
+    let up = proj(b, h, &format!("{p}.mlp.up_proj"), c.mlp_bias)?;
+    let act = b.g.apply(UnaryFn::Silu, gate)?;
+    let m = b.g.apply2(BinaryFn::Mul, act, up)?;
+    let m = proj(b, m, &format!("{p}.mlp.down_proj"), c.mlp_bias)?;
+    Ok(b.g.add(x, m)?)
+}
+
+/// The word-embedding lookup with `padding_idx` (the padding row gets no gradient from it), as
+/// BERT's builder writes it: x·keep + stop_gradient(x)·pad with the fed 0/1 masks.
+// ids: (B, T) -> (B, T, C)
+fn padded_embedding(
+    b: &mut Builder,
+    table: TensorId,
+    ids: TensorId,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
+    let x = b.g.embedding(table, ids)?; // (B, T, C)
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let c = b.g.shape(x)[2];
+    let keep = b.g.input_float(NOT_PAD_MASK, &[bs, t, 1, 1])?;
+    let pad = b.g.input_float(PAD_MASK, &[bs, t, 1, 1])?;
+    let x4 = b.g.reshape(x, &[bs, t, 1, c])?;
+    let frozen = b.stop_gradient(x4)?;
+    let kept = b.g.matmul(keep, x4, false, false)?;
+    let padded = b.g.matmul(pad, frozen, false, false)?;
+    let y = b.g.add(kept, padded)?;
+    Ok(b.g.reshape(y, &[bs, t, c])?)
+}
+
+/// LlamaModel: embed_tokens, the rotary tables, the layers, norm.
+// returns (B, T, C)
+fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult<TensorId> {
+    let (bs, t) = (opts.batch_size, opts.seq_len);
+    let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?;
+    let table = b.p(EMBED);
+    let mut x = match c.padding_idx() {
+        Some(_) => padded_embedding(b, table, ids, opts)?,
+        None => b.g.embedding(table, ids)?,
+    };
+    let cos = b.g.input_float(ROPE_COS, &[t, c.head_dim])?; // (T, D)
+    let sin = b.g.input_float(ROPE_SIN, &[t, c.head_dim])?;
+    let sliding_mask = match c.biting_window(t) {
+        Some(_) => Some(b.g.input_float(SLIDING_WINDOW_MASK, &[bs, 1, t, t])?),
+        None => None,
+    };
+    let s = Shared { cos, sin, sliding_mask };
+    for i in 0..c.num_hidden_layers {
+        x = decoder_layer(b, x, i, c, &s)?;
+    }
+    rms_norm(b, x, "model.norm", c.rms_norm_eps)
+}
+
+fn check_len(c: &LlamaConfig, cfg: &ModelConfig, t: usize) -> BResult<()> {
+    if t < 2 && cfg.arch.head() == crate::family::Head::CausalLm {
+        return Err(ModelError::Data(format!(
+            "{} needs a sequence length of at least 2 (its loss pairs token t with t+1), got {t}",
+            cfg.arch.hf_name()
+        ))
+        .into());
+    }
+    let _ = c;
+    Ok(())
+}
+
+/// `…ForCausalLM`: the model, lm_head (no bias; embed_tokens when tied). Returns the logits
+/// (B, T, V); the caller's loss reads the shifted labels (see `EngineModel::feed`).
+pub(super) fn for_causal_lm(
+    b: &mut Builder,
+    c: &LlamaConfig,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
+    check_len(c, cfg, opts.seq_len)?;
+    let x = llama_model(b, c, opts)?;
+    let head = if c.tie_word_embeddings { EMBED } else { "lm_head.weight" };
+    Ok(b.g.matmul(x, b.p(head), false, true)?) // (B, T, V)
+}
+
+/// `…ForSequenceClassification` (GenericForSequenceClassification): the model, score (no bias)
+/// at each row's last non-pad token (the fed one-hot selector, as GPT-2's builder). Returns the
+/// logits (B, num_labels).
+pub(super) fn for_sequence_classification(
+    b: &mut Builder,
+    c: &LlamaConfig,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
+    let bs = opts.batch_size;
+    if c.pad_token_id.is_none() && bs != 1 {
+        return Err(ModelError::BadConfig(format!(
+            "{} without a pad_token_id cannot find the last token of padded rows (HF refuses batches > 1): set pad_token_id in config.json",
+            cfg.arch.hf_name()
+        ))
+        .into());
+    }
+    check_len(c, cfg, opts.seq_len)?;
+    let x = llama_model(b, c, opts)?;
+    let sel = b.g.input_float(LAST_TOKEN, &[bs, 1, opts.seq_len])?;
+    let pooled = b.g.matmul(sel, x, false, false)?; // (B, 1, C)
+    let pooled = b.g.reshape(pooled, &[bs, c.hidden_size])?;
+    Ok(b.g.matmul(pooled, b.p("score.weight"), false, true)?)
+}

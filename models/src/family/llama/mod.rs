@@ -1,0 +1,667 @@
+//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3}): four HF model types that
+//! compute one function — RMSNorm pre-norm blocks, rotary position embeddings, grouped-query
+//! attention, a SwiGLU MLP — and differ in a few switches (attention biases, Qwen3's q/k norms,
+//! sliding windows, defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
+//! pad ids and rotary tables here; its engine graph in `graph`, its tch module in `torch`.
+
+mod graph;
+#[cfg(feature = "torch")]
+mod torch;
+
+use ortbench_engine::graph::TensorId;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Family, FamilyInfo, FamilyModel, FlopCount, Head, Pads};
+use crate::config::{hf_fields, parse_activation, Activation, ModelConfig};
+use crate::graph::{BResult, Builder, GraphOptions};
+use crate::params::{Init, Layout, ParamSpec};
+use crate::ModelError;
+
+const HEADS_LLAMA: &[(Head, &str)] = &[
+    (Head::CausalLm, "LlamaForCausalLM"),
+    (Head::SequenceClassification, "LlamaForSequenceClassification"),
+];
+const HEADS_MISTRAL: &[(Head, &str)] = &[
+    (Head::CausalLm, "MistralForCausalLM"),
+    (Head::SequenceClassification, "MistralForSequenceClassification"),
+];
+const HEADS_QWEN2: &[(Head, &str)] = &[
+    (Head::CausalLm, "Qwen2ForCausalLM"),
+    (Head::SequenceClassification, "Qwen2ForSequenceClassification"),
+];
+const HEADS_QWEN3: &[(Head, &str)] = &[
+    (Head::CausalLm, "Qwen3ForCausalLM"),
+    (Head::SequenceClassification, "Qwen3ForSequenceClassification"),
+];
+
+/// `model.embed_tokens.weight`: the input embedding the LM head ties to.
+const EMBED: &str = "model.embed_tokens.weight";
+
+macro_rules! info {
+    ($name:expr, $model_type:expr, $heads:expr, $parse:ident) => {
+        FamilyInfo {
+            name: $name,
+            model_type: $model_type,
+            heads: $heads,
+            base_prefix: "model",
+            word_embedding: EMBED,
+            untied_head: "lm_head.weight",
+            checkpoint_aliases: &[],
+            parse: $parse,
+        }
+    };
+}
+
+/// LlamaForCausalLM, LlamaForSequenceClassification.
+pub static LLAMA: FamilyInfo = info!("Llama", "llama", HEADS_LLAMA, parse_llama);
+/// MistralForCausalLM, MistralForSequenceClassification.
+pub static MISTRAL: FamilyInfo = info!("Mistral", "mistral", HEADS_MISTRAL, parse_mistral);
+/// Qwen2ForCausalLM, Qwen2ForSequenceClassification.
+pub static QWEN2: FamilyInfo = info!("Qwen2", "qwen2", HEADS_QWEN2, parse_qwen2);
+/// Qwen3ForCausalLM, Qwen3ForSequenceClassification.
+pub static QWEN3: FamilyInfo = info!("Qwen3", "qwen3", HEADS_QWEN3, parse_qwen3);
+
+/// Which of the four HF model types a config is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Variant {
+    pub fn info(self) -> &'static FamilyInfo {
+        match self {
+            Variant::Llama => &LLAMA,
+            Variant::Mistral => &MISTRAL,
+            Variant::Qwen2 => &QWEN2,
+            Variant::Qwen3 => &QWEN3,
+        }
+    }
+}
+
+/// HF's rotary embedding type (`rope_parameters["rope_type"]`), among those implemented.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `default`: inv_freq = 1 / θ^(2i/D).
+    Default,
+    /// `llama3` (`_compute_llama3_parameters`): low frequencies divided by `factor`, a smooth
+    /// interpolation between `low_freq_factor` and `high_freq_factor` wavelengths.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// HF's standardised `rope_parameters`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+impl Rope {
+    /// HF's `inv_freq` (D/2 values), computed in f32 as torch does.
+    pub fn inv_freq(&self, head_dim: usize) -> Vec<f32> {
+        let base = self.theta as f32;
+        let dim = head_dim as f32;
+        // 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+        let inv: Vec<f32> =
+            (0..head_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim)).collect();
+        match self.scaling {
+            RopeScaling::Default => inv,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                let (factor, low, high) = (factor as f32, low_freq_factor, high_freq_factor);
+                let low_wavelen = (old / low) as f32;
+                let high_wavelen = (old / high) as f32;
+                inv.iter()
+                    .map(|&f| {
+                        // wavelen = 2π / inv_freq (reciprocal, then times the scalar)
+                        let wavelen = (1.0 / f) * (2.0 * std::f64::consts::PI) as f32;
+                        let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                        let smooth =
+                            ((1.0 / wavelen) * old as f32 - low as f32) / (high - low) as f32;
+                        let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                        let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                        if medium {
+                            smoothed
+                        } else {
+                            scaled
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// HF's `LlamaRotaryEmbedding.forward` at positions 0..T: cos and sin, each (T, D) row-major,
+    /// of cat(freqs, freqs) with freqs = position · inv_freq in f32 (attention_scaling is 1 for
+    /// both types implemented).
+    pub fn tables(&self, head_dim: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv = self.inv_freq(head_dim);
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (vec![0.0; t * head_dim], vec![0.0; t * head_dim]);
+        for p in 0..t {
+            for (i, &f) in inv.iter().enumerate() {
+                let a = p as f32 * f;
+                let (c, s) = (a.cos(), a.sin());
+                for j in [i, i + half] {
+                    cos[p * head_dim + j] = c;
+                    sin[p * head_dim + j] = s;
+                }
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// The attention of one decoder layer: HF's `layer_types` entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    Full,
+    Sliding,
+}
+
+/// `LlamaConfig` / `MistralConfig` / `Qwen2Config` / `Qwen3Config` after HF 5.23's
+/// `__post_init__` (every default applied, derived fields resolved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub variant: Variant,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub hidden_act: String,
+    pub max_position_embeddings: usize,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub pad_token_id: Option<i64>,
+    pub tie_word_embeddings: bool,
+    pub rope: Rope,
+    /// Biases of q_proj, k_proj, v_proj.
+    pub qkv_bias: bool,
+    /// Bias of o_proj (Llama and Qwen3: `attention_bias`; Qwen2: never).
+    pub o_bias: bool,
+    /// Biases of the MLP's three projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Qwen3's q_norm / k_norm (RMSNorm over head_dim before the rotary embedding).
+    pub qk_norm: bool,
+    pub attention_dropout: f64,
+    /// The window of sliding layers (`kv_idx > q_idx − window`), None when no layer slides.
+    pub sliding_window: Option<usize>,
+    pub layer_types: Vec<LayerType>,
+}
+
+/// The config.json fields any of the four reads; absent ones take the type's HF default.
+#[derive(Deserialize)]
+struct Raw {
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    hidden_act: Option<String>,
+    max_position_embeddings: Option<usize>,
+    initializer_range: Option<f64>,
+    rms_norm_eps: Option<f64>,
+    pad_token_id: Option<i64>,
+    tie_word_embeddings: Option<bool>,
+    rope_parameters: Option<Value>,
+    rope_scaling: Option<Value>,
+    rope_theta: Option<f64>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+    attention_bias: Option<bool>,
+    attention_dropout: Option<f64>,
+    mlp_bias: Option<bool>,
+    #[serde(default, deserialize_with = "nullable_window")]
+    sliding_window: Option<Option<usize>>,
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+}
+
+/// `sliding_window`: absent (HF's default) vs an explicit null (no window).
+fn nullable_window<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<usize>>, D::Error> {
+    Ok(Some(Option::<usize>::deserialize(d)?))
+}
+
+fn parse_llama(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    parse(raw, origin, Variant::Llama)
+}
+fn parse_mistral(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    parse(raw, origin, Variant::Mistral)
+}
+fn parse_qwen2(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    parse(raw, origin, Variant::Qwen2)
+}
+fn parse_qwen3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    parse(raw, origin, Variant::Qwen3)
+}
+
+fn unsupported(origin: &str, what: String) -> ModelError {
+    ModelError::Unsupported(format!("{origin}: {what}"))
+}
+
+/// [`FamilyInfo::parse`] of one model type: HF 5.23's defaults and `__post_init__`, then the
+/// options not implemented refused by name.
+pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Family, ModelError> {
+    let r: Raw = hf_fields(raw, origin)?;
+    use Variant::*;
+    let hidden_size = r.hidden_size.unwrap_or(4096);
+    let heads = r.num_attention_heads.unwrap_or(32);
+    if heads == 0 {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: num_attention_heads must be positive"
+        )));
+    }
+    let kv_default = match variant {
+        Mistral => Some(8),
+        Qwen2 | Qwen3 => Some(32),
+        Llama => None,
+    };
+    // An explicit null is None in both: HF then takes num_attention_heads.
+    let kv_present = raw.get("num_key_value_heads").is_some();
+    let num_key_value_heads =
+        if kv_present { r.num_key_value_heads } else { kv_default }.unwrap_or(heads);
+    let head_dim = match (r.head_dim, variant) {
+        (Some(d), _) => d,
+        (None, Qwen3) if raw.get("head_dim").is_none() => 128,
+        (None, _) => hidden_size / heads,
+    };
+    let hidden_act = r.hidden_act.clone().unwrap_or_else(|| "silu".into());
+    if parse_activation(&hidden_act)? != Activation::Silu {
+        return Err(unsupported(
+            origin,
+            format!("{} hidden_act '{hidden_act}' (only silu is implemented)", variant.info().name),
+        ));
+    }
+    let max_position_embeddings = r.max_position_embeddings.unwrap_or(match variant {
+        Llama => 2048,
+        Mistral => 4096 * 32,
+        Qwen2 | Qwen3 => 32768,
+    });
+    // Attention and MLP biases: which fields each type reads.
+    let attention_bias = r.attention_bias.unwrap_or(false);
+    let (qkv_bias, o_bias) = match variant {
+        Llama | Qwen3 => (attention_bias, attention_bias),
+        Mistral => (false, false),
+        Qwen2 => (true, false),
+    };
+    let mlp_bias = variant == Llama && r.mlp_bias.unwrap_or(false);
+    let layers = r.num_hidden_layers.unwrap_or(32);
+
+    // Sliding windows (configuration_mistral / configuration_qwen2 / configuration_qwen3).
+    let window_field = match r.sliding_window {
+        None => Some(4096), // absent: the class default
+        Some(w) => w,
+    };
+    let (sliding_window, layer_types) = match variant {
+        Llama => (None, vec![LayerType::Full; layers]),
+        Mistral => (window_field, vec![LayerType::Sliding; layers]),
+        Qwen2 | Qwen3 => {
+            let window = window_field.filter(|_| r.use_sliding_window.unwrap_or(false));
+            let types = match &r.layer_types {
+                Some(names) => {
+                    if names.len() != layers {
+                        return Err(ModelError::BadConfig(format!(
+                            "{origin}: layer_types has {} entries for {layers} layers",
+                            names.len()
+                        )));
+                    }
+                    names
+                        .iter()
+                        .map(|n| match n.as_str() {
+                            "full_attention" => Ok(LayerType::Full),
+                            "sliding_attention" => Ok(LayerType::Sliding),
+                            other => Err(unsupported(origin, format!("layer type '{other}'"))),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                }
+                None => {
+                    let from = r.max_window_layers.unwrap_or(28);
+                    (0..layers)
+                        .map(|i| {
+                            if window.is_some() && i >= from {
+                                LayerType::Sliding
+                            } else {
+                                LayerType::Full
+                            }
+                        })
+                        .collect()
+                }
+            };
+            if window.is_none() && types.contains(&LayerType::Sliding) {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: layer_types has sliding_attention layers but no sliding_window (use_sliding_window is false or sliding_window null)"
+                )));
+            }
+            (window, types)
+        }
+    };
+    let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
+    let layer_types =
+        if sliding_window.is_some() { layer_types } else { vec![LayerType::Full; layers] };
+    if sliding_window == Some(0) {
+        return Err(ModelError::BadConfig(format!("{origin}: sliding_window must be positive")));
+    }
+
+    let rope = parse_rope(&r, origin, max_position_embeddings)?;
+    let attention_dropout = r.attention_dropout.unwrap_or(0.0);
+    let c = LlamaConfig {
+        variant,
+        vocab_size: r.vocab_size.unwrap_or(match variant {
+            Llama | Mistral => 32000,
+            Qwen2 | Qwen3 => 151936,
+        }),
+        hidden_size,
+        intermediate_size: r.intermediate_size.unwrap_or(match variant {
+            Llama => 11008,
+            Mistral => 14336,
+            Qwen2 | Qwen3 => 22016,
+        }),
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads,
+        head_dim,
+        hidden_act,
+        max_position_embeddings,
+        initializer_range: r.initializer_range.unwrap_or(0.02),
+        rms_norm_eps: r.rms_norm_eps.unwrap_or(1e-6),
+        pad_token_id: r.pad_token_id,
+        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(false),
+        rope,
+        qkv_bias,
+        o_bias,
+        mlp_bias,
+        qk_norm: variant == Qwen3,
+        attention_dropout,
+        sliding_window,
+        layer_types,
+    };
+    if c.num_key_value_heads == 0 || c.num_attention_heads % c.num_key_value_heads != 0 {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+            c.num_attention_heads, c.num_key_value_heads
+        )));
+    }
+    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: head_dim {} must be even (rotary embeddings rotate halves)",
+            c.head_dim
+        )));
+    }
+    if !(0.0..1.0).contains(&c.attention_dropout) {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: attention_dropout {} is not in [0, 1)",
+            c.attention_dropout
+        )));
+    }
+    Ok(Family::Llama(c))
+}
+
+/// HF's `convert_rope_params_to_dict` + `standardize_rope_params`: `rope_scaling` (legacy) or
+/// `rope_parameters`, `rope_theta` from the dict, else the top level, else 10000; the type from
+/// `rope_type` (or legacy `type`); llama3's `original_max_position_embeddings` from the top
+/// level, else the dict, else `max_position_embeddings`.
+fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, ModelError> {
+    let params = r
+        .rope_scaling
+        .clone()
+        .filter(|v| !v.is_null())
+        .or_else(|| r.rope_parameters.clone().filter(|v| !v.is_null()))
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let obj = params.as_object().ok_or_else(|| {
+        ModelError::BadConfig(format!("{origin}: rope_parameters must be an object, got {params}"))
+    })?;
+    let num = |key: &str| obj.get(key).and_then(Value::as_f64);
+    let theta = num("rope_theta").or(r.rope_theta).unwrap_or(10_000.0);
+    let rope_type = obj
+        .get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let partial = num("partial_rotary_factor").or(r.partial_rotary_factor);
+    if partial.is_some_and(|p| p != 1.0) {
+        return Err(unsupported(
+            origin,
+            format!(
+                "partial_rotary_factor {} (only full rotary embeddings are implemented)",
+                partial.unwrap()
+            ),
+        ));
+    }
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "llama3" => {
+            let need = |key: &str| {
+                num(key).ok_or_else(|| {
+                    ModelError::BadConfig(format!("{origin}: llama3 rope_parameters need '{key}'"))
+                })
+            };
+            let old = r
+                .original_max_position_embeddings
+                .or(num("original_max_position_embeddings"))
+                .unwrap_or(max_positions as f64);
+            RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position_embeddings: old,
+            }
+        }
+        other => {
+            return Err(unsupported(
+                origin,
+                format!("rope_type '{other}' (implemented: default, llama3)"),
+            ))
+        }
+    };
+    Ok(Rope { theta, scaling })
+}
+
+/// HF Trainer's `get_decay_parameter_names`: no decay for names matching `bias`, `layernorm`,
+/// `rmsnorm`, `(^|\.)norm($|\.)` or `_norm($|\.)` (none of this family's modules is an
+/// nn.LayerNorm).
+fn hf_decays(name: &str) -> bool {
+    let lower = name.to_lowercase();
+    let parts: Vec<&str> = lower.split('.').collect();
+    let forbidden = lower.contains("bias")
+        || lower.contains("layernorm")
+        || lower.contains("rmsnorm")
+        || parts.contains(&"norm")
+        || parts.iter().any(|p| p.ends_with("_norm"));
+    !forbidden
+}
+
+impl LlamaConfig {
+    /// Query heads per K/V head.
+    pub fn n_rep(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// `embed_tokens`' `padding_idx`: `pad_token_id` when it is a row of the table.
+    pub fn padding_idx(&self) -> Option<i64> {
+        self.pad_token_id.filter(|&p| p >= 0 && (p as usize) < self.vocab_size)
+    }
+
+    /// The window when it bites at `seq_len` (HF builds the window's mask when
+    /// kv_length ≥ window; below that it changes nothing).
+    pub fn biting_window(&self, seq_len: usize) -> Option<usize> {
+        self.sliding_window.filter(|&w| seq_len > w)
+    }
+}
+
+impl FamilyModel for LlamaConfig {
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+    fn num_layers(&self) -> usize {
+        self.num_hidden_layers
+    }
+    fn num_heads(&self) -> usize {
+        self.num_attention_heads
+    }
+    fn intermediate_size(&self) -> usize {
+        self.intermediate_size
+    }
+    fn max_positions(&self) -> usize {
+        self.max_position_embeddings
+    }
+    fn initializer_range(&self) -> f64 {
+        self.initializer_range
+    }
+    fn layer_norm_eps(&self) -> f64 {
+        self.rms_norm_eps
+    }
+    fn tie_word_embeddings(&self) -> bool {
+        self.tie_word_embeddings
+    }
+    fn activation(&self) -> Activation {
+        Activation::Silu
+    }
+
+    fn set_dropout(&mut self, p: f64) {
+        self.attention_dropout = p;
+    }
+    fn dropout_keys(&self) -> &'static [&'static str] {
+        &["attention_dropout"]
+    }
+
+    fn param_specs(&self, cfg: &ModelConfig) -> Vec<ParamSpec> {
+        let std = self.initializer_range;
+        let mut l = Layout::new(std);
+        let (h, d) = (self.hidden_size, self.head_dim);
+        let (q, kv) = (self.num_attention_heads * d, self.num_key_value_heads * d);
+        let push = |l: &mut Layout, name: String, shape: &[usize], init: Init| {
+            let decay = hf_decays(&name);
+            l.push(name, shape, init, decay);
+        };
+        let emb_init = match self.padding_idx() {
+            Some(row) => Init::NormalPadRow { std, row: row as usize },
+            None => Init::Normal { std },
+        };
+        push(&mut l, EMBED.into(), &[self.vocab_size, h], emb_init);
+        let linear = |l: &mut Layout, prefix: &str, out: usize, inp: usize, bias: bool| {
+            push(l, format!("{prefix}.weight"), &[out, inp], Init::Normal { std });
+            if bias {
+                push(l, format!("{prefix}.bias"), &[out], Init::Zeros);
+            }
+        };
+        for i in 0..self.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            // named_parameters() order: self_attn (q, k, v, o, q_norm, k_norm), mlp (gate, up,
+            // down), input_layernorm, post_attention_layernorm.
+            linear(&mut l, &format!("{p}.self_attn.q_proj"), q, h, self.qkv_bias);
+            linear(&mut l, &format!("{p}.self_attn.k_proj"), kv, h, self.qkv_bias);
+            linear(&mut l, &format!("{p}.self_attn.v_proj"), kv, h, self.qkv_bias);
+            linear(&mut l, &format!("{p}.self_attn.o_proj"), h, q, self.o_bias);
+            if self.qk_norm {
+                l.push(format!("{p}.self_attn.q_norm.weight"), &[d], Init::Ones, false);
+                l.push(format!("{p}.self_attn.k_norm.weight"), &[d], Init::Ones, false);
+            }
+            let inter = self.intermediate_size;
+            linear(&mut l, &format!("{p}.mlp.gate_proj"), inter, h, self.mlp_bias);
+            linear(&mut l, &format!("{p}.mlp.up_proj"), inter, h, self.mlp_bias);
+            linear(&mut l, &format!("{p}.mlp.down_proj"), h, inter, self.mlp_bias);
+            l.push(format!("{p}.input_layernorm.weight"), &[h], Init::Ones, false);
+            l.push(format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones, false);
+        }
+        l.push("model.norm.weight".into(), &[h], Init::Ones, false);
+        if cfg.arch.head() == Head::SequenceClassification {
+            // nn.Linear(hidden_size, num_labels, bias=False)
+            l.weight("score.weight".into(), &[cfg.num_labels(), h]);
+        } else if !self.tie_word_embeddings {
+            l.weight("lm_head.weight".into(), &[self.vocab_size, h]);
+        }
+        l.into_specs()
+    }
+
+    fn pads(&self) -> Pads {
+        Pads { embedding: self.padding_idx(), pooling: self.pad_token_id }
+    }
+
+    fn sliding_window(&self) -> Option<usize> {
+        self.sliding_window
+    }
+
+    fn fixed_inputs(&self, seq_len: usize) -> Vec<(&'static str, Vec<f32>)> {
+        let (cos, sin) = self.rope.tables(self.head_dim, seq_len);
+        vec![(crate::graph::ROPE_COS, cos), (crate::graph::ROPE_SIN, sin)]
+    }
+
+    fn flop_count(&self, cfg: &ModelConfig) -> FlopCount {
+        FlopCount {
+            layers: self.num_hidden_layers,
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            mlp_gemms: 3,
+            q_heads: self.num_attention_heads,
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            vocab: self.vocab_size,
+            head: cfg.arch.head(),
+            num_labels: cfg.num_labels(),
+            head_dense: 0,
+        }
+    }
+
+    fn build_logits(
+        &self,
+        b: &mut Builder,
+        cfg: &ModelConfig,
+        opts: &GraphOptions,
+    ) -> BResult<TensorId> {
+        match cfg.arch.head() {
+            Head::CausalLm => graph::for_causal_lm(b, self, cfg, opts),
+            Head::SequenceClassification => graph::for_sequence_classification(b, self, cfg, opts),
+            Head::MaskedLm | Head::TokenClassification => {
+                unreachable!(
+                    "{} lists no {} head",
+                    self.variant.info().name,
+                    cfg.arch.head().task_name()
+                )
+            }
+        }
+    }
+
+    #[cfg(feature = "torch")]
+    fn torch_model(
+        &self,
+        cfg: &ModelConfig,
+        vars: &crate::torch::Vars,
+    ) -> Box<dyn crate::torch::TorchLoss> {
+        match cfg.arch.head() {
+            Head::CausalLm => Box::new(torch::LlamaForCausalLM::new(self, cfg, vars)),
+            Head::SequenceClassification => {
+                Box::new(torch::LlamaForSequenceClassification::new(self, cfg, vars))
+            }
+            Head::MaskedLm | Head::TokenClassification => {
+                unreachable!(
+                    "{} lists no {} head",
+                    self.variant.info().name,
+                    cfg.arch.head().task_name()
+                )
+            }
+        }
+    }
+}

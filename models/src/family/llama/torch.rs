@@ -1,0 +1,344 @@
+//! The Llama family as transformers/models/{llama,mistral,qwen2,qwen3}/modeling_*.py write it
+//! (HF 5.23, sdpa attention: `integrations/sdpa_attention.py`; masks as `masking_utils` builds
+//! them for sdpa).
+
+use tch::{Kind, Tensor};
+
+use super::{LayerType, LlamaConfig, RopeScaling, EMBED};
+use crate::config::{ModelConfig, ProblemType};
+use crate::torch::layers::{causal_lm_loss, classification_loss, padding_mask};
+use crate::torch::{TorchLoss, Vars};
+
+/// nn.Linear with an optional bias.
+struct Proj {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Proj {
+    fn new(v: &Vars, prefix: &str, bias: bool) -> Self {
+        Proj {
+            weight: v.get(&format!("{prefix}.weight")),
+            bias: bias.then(|| v.get(&format!("{prefix}.bias"))),
+        }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// LlamaRMSNorm: in f32, `weight * hidden_states.to(input_dtype)`.
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(v: &Vars, prefix: &str, eps: f64) -> Self {
+        RmsNorm { weight: v.get(&format!("{prefix}.weight")), eps }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let input_dtype = x.kind();
+        let h = x.to_kind(Kind::Float);
+        let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, None);
+        let h = &h * (variance + self.eps).rsqrt();
+        &self.weight * h.to_kind(input_dtype)
+    }
+}
+
+/// HF's `compute_default_rope_parameters` / `_compute_llama3_parameters`: inv_freq (D/2,) f32,
+/// op by op as HF writes it.
+fn inv_freq(c: &LlamaConfig, device: tch::Device) -> Tensor {
+    let dim = c.head_dim as i64;
+    let exps = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
+        / dim as f64;
+    let inv = Tensor::pow_scalar(c.rope.theta, &exps).reciprocal();
+    match c.rope.scaling {
+        RopeScaling::Default => inv,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: old,
+        } => {
+            let low_freq_wavelen = old / low_freq_factor;
+            let high_freq_wavelen = old / high_freq_factor;
+            let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+            // torch.where(cond, a, b) is a.where_self(cond, b) in tch.
+            let inv_freq_llama = (&inv / factor).where_self(&wavelen.gt(low_freq_wavelen), &inv);
+            let smooth_factor = (wavelen.reciprocal() * old - low_freq_factor)
+                / (high_freq_factor - low_freq_factor);
+            let smoothed = (-&smooth_factor + 1.0) * &inv_freq_llama / factor
+                + &smooth_factor * &inv_freq_llama;
+            let is_medium = wavelen
+                .lt(high_freq_wavelen)
+                .logical_not()
+                .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
+            smoothed.where_self(&is_medium, &inv_freq_llama)
+        }
+    }
+}
+
+/// LlamaRotaryEmbedding.forward: cos, sin (1, T, D) of cat(freqs, freqs), freqs =
+/// position_ids · inv_freq in f32 (attention_scaling 1 for default and llama3).
+fn rotary_tables(c: &LlamaConfig, t: i64, like: &Tensor) -> (Tensor, Tensor) {
+    let inv = inv_freq(c, like.device());
+    let pos = Tensor::arange(t, (Kind::Int64, like.device())).unsqueeze(0); // (1, T)
+    let freqs = pos.unsqueeze(-1).to_kind(Kind::Float) * inv; // (1, T, D/2)
+    let emb = Tensor::cat(&[&freqs, &freqs], -1);
+    ((emb.cos() * 1.0).to_kind(like.kind()), (emb.sin() * 1.0).to_kind(like.kind()))
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let d = x.size()[x.dim() - 1];
+    let x1 = x.narrow(-1, 0, d / 2);
+    let x2 = x.narrow(-1, d / 2, d - d / 2);
+    Tensor::cat(&[&(-x2), &x1], -1)
+}
+
+/// apply_rotary_pos_emb for one tensor (cos/sin unsqueezed at dim 1).
+// x: (B, H, T, D), cos/sin: (1, T, D)
+fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
+    x * &cos + rotate_half(x) * &sin
+}
+
+/// repeat_kv: (B, KV, T, D) → (B, KV·n_rep, T, D).
+fn repeat_kv(x: &Tensor, n_rep: i64) -> Tensor {
+    if n_rep == 1 {
+        return x.shallow_clone();
+    }
+    let (b, kv, t, d) = x.size4().expect("(B, KV, T, D)");
+    x.unsqueeze(2).expand([b, kv, n_rep, t, d], false).reshape([b, kv * n_rep, t, d])
+}
+
+struct DecoderLayer {
+    q_proj: Proj,
+    k_proj: Proj,
+    v_proj: Proj,
+    o_proj: Proj,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    gate_proj: Proj,
+    up_proj: Proj,
+    down_proj: Proj,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    sliding: bool,
+}
+
+/// What every layer shares: sizes and the step's position embeddings and masks.
+struct Ctx<'a> {
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    dropout: f64,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    /// HF's boolean sdpa masks (true = attend) of full and sliding layers, None where HF
+    /// passes none (sdpa's is_causal instead).
+    full_mask: Option<&'a Tensor>,
+    sliding_mask: Option<&'a Tensor>,
+}
+
+impl DecoderLayer {
+    fn new(c: &LlamaConfig, v: &Vars, i: usize) -> Self {
+        let p = format!("model.layers.{i}");
+        let eps = c.rms_norm_eps;
+        let norm =
+            |name: &str| c.qk_norm.then(|| RmsNorm::new(v, &format!("{p}.self_attn.{name}"), eps));
+        DecoderLayer {
+            q_proj: Proj::new(v, &format!("{p}.self_attn.q_proj"), c.qkv_bias),
+            k_proj: Proj::new(v, &format!("{p}.self_attn.k_proj"), c.qkv_bias),
+            v_proj: Proj::new(v, &format!("{p}.self_attn.v_proj"), c.qkv_bias),
+            o_proj: Proj::new(v, &format!("{p}.self_attn.o_proj"), c.o_bias),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
+            gate_proj: Proj::new(v, &format!("{p}.mlp.gate_proj"), c.mlp_bias),
+            up_proj: Proj::new(v, &format!("{p}.mlp.up_proj"), c.mlp_bias),
+            down_proj: Proj::new(v, &format!("{p}.mlp.down_proj"), c.mlp_bias),
+            input_layernorm: RmsNorm::new(v, &format!("{p}.input_layernorm"), eps),
+            post_attention_layernorm: RmsNorm::new(
+                v,
+                &format!("{p}.post_attention_layernorm"),
+                eps,
+            ),
+            sliding: c.layer_types[i] == LayerType::Sliding,
+        }
+    }
+
+    // x: (B, T, C) -> (B, T, C)
+    fn forward(&self, x: &Tensor, ctx: &Ctx, train: bool) -> Tensor {
+        let (b, t, _) = x.size3().expect("(B, T, C)");
+        let h = self.input_layernorm.forward(x);
+        let d = ctx.head_dim;
+        // view(B, T, -1, D) [q_norm / k_norm] .transpose(1, 2)
+        let heads = |y: Tensor, norm: &Option<RmsNorm>| {
+            let y = y.view([b, t, -1, d]);
+            let y = match norm {
+                Some(n) => n.forward(&y),
+                None => y,
+            };
+            y.transpose(1, 2)
+        };
+        let q = heads(self.q_proj.forward(&h), &self.q_norm);
+        let k = heads(self.k_proj.forward(&h), &self.k_norm);
+        let v = heads(self.v_proj.forward(&h), &None);
+        let q = apply_rotary(&q, ctx.cos, ctx.sin);
+        let k = apply_rotary(&k, ctx.cos, ctx.sin);
+        let mask = if self.sliding { ctx.sliding_mask } else { ctx.full_mask };
+        let p = if train { ctx.dropout } else { 0.0 };
+        let n_rep = ctx.heads / ctx.kv_heads;
+        // sdpa_attention_forward: enable_gqa when there is no mask (and D ≤ 256), else repeat_kv.
+        let gqa = n_rep > 1 && mask.is_none() && d <= 256;
+        let (k, v) =
+            if n_rep > 1 && !gqa { (repeat_kv(&k, n_rep), repeat_kv(&v, n_rep)) } else { (k, v) };
+        let is_causal = t > 1 && mask.is_none();
+        let scale = (d as f64).powf(-0.5);
+        let ctx_out =
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, is_causal, Some(scale), gqa); // (B, H, T, D)
+        let a = ctx_out.transpose(1, 2).contiguous().reshape([b, t, -1]).contiguous();
+        let x = x + self.o_proj.forward(&a);
+        let h = self.post_attention_layernorm.forward(&x);
+        let m =
+            self.down_proj.forward(&(self.gate_proj.forward(&h).silu() * self.up_proj.forward(&h)));
+        &x + m
+    }
+}
+
+/// LlamaModel: embed_tokens (padding_idx = pad_token_id), rotary tables, masks, layers, norm.
+struct LlamaModel {
+    embed_tokens: Tensor,
+    padding_idx: i64,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    config: LlamaConfig,
+}
+
+impl LlamaModel {
+    fn new(c: &LlamaConfig, v: &Vars) -> Self {
+        LlamaModel {
+            embed_tokens: v.get(EMBED),
+            padding_idx: c.padding_idx().unwrap_or(-1),
+            layers: (0..c.num_hidden_layers).map(|i| DecoderLayer::new(c, v, i)).collect(),
+            norm: RmsNorm::new(v, "model.norm", c.rms_norm_eps),
+            config: c.clone(),
+        }
+    }
+
+    // input_ids: (B, T), attention_mask: (B, T) 0/1 -> (B, T, C)
+    fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
+        let c = &self.config;
+        let (_, t) = input_ids.size2().expect("(B, T) ids");
+        let x = Tensor::embedding(&self.embed_tokens, input_ids, self.padding_idx, false, false);
+        // create_causal_mask: None without padding (sdpa's is_causal), else causal ∧ key.
+        let full = attention_mask.map(|m| padding_mask(m, true));
+        // create_sliding_window_causal_mask: the mask also when the window bites (kv ≥ window),
+        // with kv_idx > q_idx − window.
+        let sliding = match c.sliding_window {
+            Some(w) if attention_mask.is_some() || t >= w as i64 => {
+                let dev = input_ids.device();
+                let q = Tensor::arange(t, (Kind::Int64, dev)).view([t, 1]);
+                let kv = Tensor::arange(t, (Kind::Int64, dev)).view([1, t]);
+                let window = kv.gt_tensor(&(q - w as i64)).view([1, 1, t, t]);
+                let base = match &full {
+                    Some(m) => m.shallow_clone(),
+                    None => Tensor::ones([t, t], (Kind::Bool, dev)).tril(0).view([1, 1, t, t]),
+                };
+                Some(base.logical_and(&window))
+            }
+            _ => None,
+        };
+        let (cos, sin) = rotary_tables(c, t, &x);
+        let ctx = Ctx {
+            heads: c.num_attention_heads as i64,
+            kv_heads: c.num_key_value_heads as i64,
+            head_dim: c.head_dim as i64,
+            dropout: c.attention_dropout,
+            cos: &cos,
+            sin: &sin,
+            full_mask: full.as_ref(),
+            sliding_mask: sliding.as_ref(),
+        };
+        let mut x = x;
+        for layer in &self.layers {
+            x = layer.forward(&x, &ctx, train);
+        }
+        self.norm.forward(&x)
+    }
+}
+
+/// LlamaForCausalLM (and Mistral/Qwen2/Qwen3's): LlamaModel, lm_head (no bias, tied to
+/// embed_tokens when `tie_word_embeddings`), ForCausalLMLoss.
+pub struct LlamaForCausalLM {
+    model: LlamaModel,
+    lm_head: Tensor,
+}
+
+impl LlamaForCausalLM {
+    pub(super) fn new(c: &LlamaConfig, _cfg: &ModelConfig, v: &Vars) -> Self {
+        let lm_head = v.get(if c.tie_word_embeddings { EMBED } else { "lm_head.weight" });
+        LlamaForCausalLM { model: LlamaModel::new(c, v), lm_head }
+    }
+}
+
+impl TorchLoss for LlamaForCausalLM {
+    fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        _targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let x = self.model.forward(input_ids, attention_mask, train);
+        let logits = x.linear::<Tensor>(&self.lm_head, None);
+        causal_lm_loss(&logits, &labels.view([b, t]))
+    }
+}
+
+/// GenericForSequenceClassification: LlamaModel, score (no bias) over every position, the
+/// logits of each row's last token that is not pad_token_id (the last position without one).
+pub struct LlamaForSequenceClassification {
+    model: LlamaModel,
+    score: Tensor,
+    pad_token_id: Option<i64>,
+    problem: ProblemType,
+}
+
+impl LlamaForSequenceClassification {
+    pub(super) fn new(c: &LlamaConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        LlamaForSequenceClassification {
+            model: LlamaModel::new(c, v),
+            score: v.get("score.weight"),
+            pad_token_id: c.pad_token_id,
+            problem: cfg.problem_type().expect("checked when the config was parsed"),
+        }
+    }
+}
+
+impl TorchLoss for LlamaForSequenceClassification {
+    fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let (b, t) = input_ids.size2().expect("(B, T) ids");
+        let h = self.model.forward(input_ids, attention_mask, train);
+        let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
+        let last = match self.pad_token_id {
+            Some(pad) => {
+                let positions = Tensor::arange(t, (Kind::Int64, input_ids.device()));
+                (positions * input_ids.ne(pad).to_kind(Kind::Int64)).argmax(-1, false)
+            }
+            None => Tensor::full([b], t - 1, (Kind::Int64, input_ids.device())),
+        };
+        let rows = Tensor::arange(b, (Kind::Int64, input_ids.device()));
+        let pooled = logits.index(&[Some(rows), Some(last)]);
+        classification_loss(&pooled, labels, targets, self.problem)
+    }
+}
