@@ -42,23 +42,35 @@ fn default_abs() -> String {
     "absolute".into()
 }
 
-/// `BertConfig` (transformers/models/bert/configuration_bert.py).
+/// `BertConfig` (transformers/models/bert/configuration_bert.py): a field missing from
+/// config.json takes HF 5.23's default.
 #[derive(Clone, Debug, Deserialize)]
 pub struct BertConfig {
+    #[serde(default = "d::vocab")]
     pub vocab_size: usize,
+    #[serde(default = "d::hidden")]
     pub hidden_size: usize,
+    #[serde(default = "d::twelve")]
     pub num_hidden_layers: usize,
+    #[serde(default = "d::twelve")]
     pub num_attention_heads: usize,
+    #[serde(default = "d::intermediate")]
     pub intermediate_size: usize,
+    #[serde(default = "d::act")]
     pub hidden_act: String,
+    #[serde(default = "d::dropout")]
     pub hidden_dropout_prob: f64,
+    #[serde(default = "d::dropout")]
     pub attention_probs_dropout_prob: f64,
+    #[serde(default = "d::positions")]
     pub max_position_embeddings: usize,
     #[serde(default = "default_type_vocab")]
     pub type_vocab_size: usize,
+    #[serde(default = "d::init")]
     pub initializer_range: f64,
+    #[serde(default = "d::eps")]
     pub layer_norm_eps: f64,
-    #[serde(default)]
+    #[serde(default = "d::pad")]
     pub pad_token_id: Option<i64>,
     #[serde(default = "default_abs")]
     pub position_embedding_type: String,
@@ -66,6 +78,40 @@ pub struct BertConfig {
     pub classifier_dropout: Option<f64>,
     #[serde(default = "default_true")]
     pub tie_word_embeddings: bool,
+}
+
+/// HF 5.23's `BertConfig` defaults.
+mod d {
+    pub fn vocab() -> usize {
+        30522
+    }
+    pub fn hidden() -> usize {
+        768
+    }
+    pub fn twelve() -> usize {
+        12
+    }
+    pub fn intermediate() -> usize {
+        3072
+    }
+    pub fn act() -> String {
+        "gelu".into()
+    }
+    pub fn dropout() -> f64 {
+        0.1
+    }
+    pub fn positions() -> usize {
+        512
+    }
+    pub fn init() -> f64 {
+        0.02
+    }
+    pub fn eps() -> f64 {
+        1e-12
+    }
+    pub fn pad() -> Option<i64> {
+        Some(0)
+    }
 }
 
 impl BertConfig {

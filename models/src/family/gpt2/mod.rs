@@ -34,21 +34,33 @@ fn default_true() -> bool {
     true
 }
 
-/// `GPT2Config` (transformers/models/gpt2/configuration_gpt2.py).
+/// `GPT2Config` (transformers/models/gpt2/configuration_gpt2.py): a field missing from
+/// config.json takes HF 5.23's default.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Gpt2Config {
+    #[serde(default = "d::vocab")]
     pub vocab_size: usize,
+    #[serde(default = "d::positions")]
     pub n_positions: usize,
+    #[serde(default = "d::embd")]
     pub n_embd: usize,
+    #[serde(default = "d::twelve")]
     pub n_layer: usize,
+    #[serde(default = "d::twelve")]
     pub n_head: usize,
     #[serde(default)]
     pub n_inner: Option<usize>,
+    #[serde(default = "d::act")]
     pub activation_function: String,
+    #[serde(default = "d::dropout")]
     pub resid_pdrop: f64,
+    #[serde(default = "d::dropout")]
     pub embd_pdrop: f64,
+    #[serde(default = "d::dropout")]
     pub attn_pdrop: f64,
+    #[serde(default = "d::eps")]
     pub layer_norm_epsilon: f64,
+    #[serde(default = "d::init")]
     pub initializer_range: f64,
     #[serde(default = "default_true")]
     pub scale_attn_weights: bool,
@@ -61,6 +73,34 @@ pub struct Gpt2Config {
     /// GPT2ForSequenceClassification pools the last token that is not `pad_token_id`.
     #[serde(default)]
     pub pad_token_id: Option<i64>,
+}
+
+/// HF 5.23's `GPT2Config` defaults.
+mod d {
+    pub fn vocab() -> usize {
+        50257
+    }
+    pub fn positions() -> usize {
+        1024
+    }
+    pub fn embd() -> usize {
+        768
+    }
+    pub fn twelve() -> usize {
+        12
+    }
+    pub fn act() -> String {
+        "gelu_new".into()
+    }
+    pub fn dropout() -> f64 {
+        0.1
+    }
+    pub fn eps() -> f64 {
+        1e-5
+    }
+    pub fn init() -> f64 {
+        0.02
+    }
 }
 
 impl Gpt2Config {
