@@ -26,6 +26,18 @@ column names; the last line printed is a one-line summary. Peak memory on CUDA i
 took from the device, without the CUDA context), on the CPU the process's peak RSS.
 `--no-compile` runs the same loop eagerly (the check that the loop is HF's: tests compare it
 with the fixtures' HF losses).
+
+    torch-compile.py --worker SPEC.json
+
+is the `torch-compile` config of `ortbench run` (bench/src/torch_compile.rs starts it with the
+venv's python instead of `ortbench worker`). SPEC.json is the run spec the Rust workers get, plus
+a `torch_compile` object the harness adds: `model_dir` (config.json + model.safetensors: the
+initial weights the Rust configs build from the seed or load, saved by the harness), `data` (the
+run's global batches, steps × batch rows in step order, as DataSource made them), `threads` (the
+intra-op threads the Rust workers use) and `compile` (false: eager, for tests). It trains the
+same loop as above and speaks the Rust workers' protocol on stdout, one JSON object a line: a
+`step` record per step, then a `summary` (with `compile_s`, the first step's wall time: inductor
+compiles the forward and backward graphs there) — or an `error`. Everything else goes to stderr.
 """
 import argparse
 import csv
@@ -34,16 +46,36 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 
-import torch
-import transformers
-from safetensors.torch import load_file
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    # Worker mode: an import failure is the run's error record, not a traceback.
+    try:
+        import torch
+        import transformers
+        from safetensors.torch import load_file
+    except Exception as e:  # noqa: BLE001 - reported to the harness
+        print(json.dumps({"event": "error", "message": f"torch-compile worker: cannot import torch/transformers/safetensors ({e}); run scripts/setup", "oom": False}), flush=True)
+        sys.exit(1)
+else:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
 
 KNOWN = {"input_ids", "labels", "attention_mask"}
 
 
+class Refused(Exception):
+    """A refusal of the user's input (worker mode: the run's error record)."""
+
+
+WORKER = False
+
+
 def fail(msg):
+    if WORKER:
+        raise Refused(msg)
     print(f"torch-compile.py: {msg}", file=sys.stderr)
     sys.exit(2)
 
@@ -153,6 +185,73 @@ def peak_bytes(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def train(model, batch, steps, device, precision, lr, weight_decay, max_grad_norm, compile_model, schedule=None, on_step=None):
+    """HF Trainer's step, `steps` times: forward (compiled unless told not to) under autocast,
+    backward (GradScaler for fp16), global-norm clipping, torch's fused AdamW with HF's decay
+    groups, the learning-rate schedule. Returns per step (loss, wall ms, gradient norm before
+    clipping, loss scale, skipped, device ms or None); `on_step` gets each as it ends."""
+    # HF Trainer's default optim="adamw_torch_fused" (fused on the CPU too in torch 2.11).
+    opt = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, fused=True)
+    sched = None
+    if schedule is not None:
+        kind, warmup_steps = schedule
+        if kind == "linear":
+            sched = transformers.get_linear_schedule_with_warmup(opt, warmup_steps, steps)
+        else:
+            sched = transformers.get_constant_schedule_with_warmup(opt, warmup_steps)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+    step_fn = torch.compile(model) if compile_model else model
+    cuda = device.startswith("cuda")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    multi_label = getattr(model.config, "problem_type", None) == "multi_label_classification"
+    params = [p for p in model.parameters()]
+    out = []
+    for s in range(steps):
+        b = batch(s)
+        if multi_label:
+            b["labels"] = b["labels"].float()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        if cuda:
+            start.record()
+        b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
+        with torch.autocast(device_type=device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+            loss = step_fn(**b).loss
+        opt.zero_grad(set_to_none=True)
+        scale = 1.0
+        if scaler is not None:
+            scale = float(scaler.get_scale())
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
+        if max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        skipped = False
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+            skipped = float(scaler.get_scale()) < scale
+        else:
+            opt.step()
+        if sched is not None and not skipped:
+            sched.step()
+        if cuda:
+            end.record()
+        loss_v, norm_v = loss.item(), float(norm)
+        sync()
+        ms = (time.perf_counter() - t0) * 1e3
+        rec = (loss_v, ms, norm_v, scale, skipped, start.elapsed_time(end) if cuda else None)
+        out.append(rec)
+        if on_step is not None:
+            on_step(s, rec)
+    return out
+
+
 def main():
     a = parse()
     torch.manual_seed(0)
@@ -162,37 +261,17 @@ def main():
     batch, seq = batches(a.data, arch, a.batch_size)
     transformers.utils.logging.disable_progress_bar()
     model = load_model(a.model, cfg, arch, a.dropout, device)
-    # HF Trainer's default optim="adamw_torch_fused" (fused on the CPU too in torch 2.11).
-    opt = torch.optim.AdamW(decay_groups(model, a.weight_decay), lr=a.lr, fused=True)
-    scaler = torch.amp.GradScaler("cuda") if a.precision == "fp16" else None
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[a.precision]
-    step_fn = model if a.no_compile else torch.compile(model)
     config = "pytorch-eager" if a.no_compile else "torch-compile"
-    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
 
     rows, times = [], []
-    for s in range(a.steps):
-        b = {k: v.to(device, non_blocking=True) for k, v in batch(s).items()}
-        t0 = time.perf_counter()
-        with torch.autocast(device_type=device.split(":")[0], dtype=dtype, enabled=dtype is not None):
-            loss = step_fn(**b).loss
-        opt.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-        else:
-            loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm) if a.max_grad_norm > 0 else torch.tensor(0.0)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        sync()
-        ms = (time.perf_counter() - t0) * 1e3
+
+    def log(s, rec):
+        loss, ms, norm = rec[0], rec[1], rec[2]
         times.append(ms)
-        rows.append({"model": a.model, "config": config, "precision": a.precision, "rank": 0, "step": s, "loss": loss.item(), "step_ms": ms, "grad_norm": float(norm)})
-        print(f"step {s + 1}/{a.steps} loss {loss.item():.6f} {ms:.1f} ms", file=sys.stderr)
+        rows.append({"model": a.model, "config": config, "precision": a.precision, "rank": 0, "step": s, "loss": loss, "step_ms": ms, "grad_norm": norm})
+        print(f"step {s + 1}/{a.steps} loss {loss:.6f} {ms:.1f} ms", file=sys.stderr)
+
+    train(model, batch, a.steps, device, a.precision, a.lr, a.weight_decay, a.max_grad_norm, not a.no_compile, on_step=log)
 
     timed = times[a.warmup:]
     med = statistics.median(timed)
@@ -212,5 +291,105 @@ def main():
     print(json.dumps(result))
 
 
+def emit(event):
+    # One JSON object a line on stdout, as the Rust workers write them (bench/src/worker.rs).
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+class DeviceMemory:
+    """A GPU run's peak memory as the Rust workers' DeviceWatch measures it: device memory in
+    use (cudaMemGetInfo), polled, minus what was in use when the watch started."""
+
+    def __init__(self, device):
+        self.device = device
+        free, total = torch.cuda.mem_get_info(device)
+        self.base = self.peak = total - free
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def poll(self):
+        while not self.stop.wait(0.002):
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peak = max(self.peak, total - free)
+
+    def peak_bytes(self):
+        self.stop.set()
+        self.thread.join()
+        free, total = torch.cuda.mem_get_info(self.device)
+        return max(self.peak, total - free) - self.base
+
+
+def worker(spec_path):
+    """`ortbench run`'s torch-compile config: the run spec in, the worker protocol out."""
+    global WORKER
+    WORKER = True
+    spec = json.load(open(spec_path))
+    tc = spec["torch_compile"]
+    device = {"cuda": "cuda:0"}.get(spec["device"], spec["device"])
+    precision = spec["precision"]
+    if device != "cpu" and not device.startswith("cuda"):
+        fail(f"unknown device '{spec['device']}': use cpu, cuda or cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device {spec['device']}: torch sees no CUDA device")
+    if precision == "fp16" and device == "cpu":
+        fail("fp16 autocast needs a CUDA device (GradScaler), as the pytorch config")
+    if int(spec.get("ranks", 1)) != 1:
+        fail("torch-compile runs one rank")
+    torch.set_num_threads(int(tc["threads"]))
+    torch.manual_seed(int(spec["seed"]))
+    transformers.utils.logging.disable_progress_bar()
+    cfg, arch = architecture(tc["model_dir"])
+    batch, _ = batches(tc["data"], arch, int(spec["batch_size"]))
+    watch = DeviceMemory(device) if device.startswith("cuda") else None
+    model, info = getattr(transformers, arch).from_pretrained(tc["model_dir"], attn_implementation="sdpa", output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if missing or unexpected:
+        fail(f"the weights the harness saved do not fit {arch}: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    model = model.to(device).train()
+    if not tc.get("compile", True):
+        print("torch-compile worker: eager (compile=false): no torch.compile", file=sys.stderr)
+
+    def step(s, rec):
+        loss, ms, norm, scale, skipped, device_ms = rec
+        if not (loss == loss and abs(loss) != float("inf")) and not skipped:
+            raise RuntimeError(f"loss is {loss} at step {s}")
+        emit({"event": "step", "rank": 0, "step": s, "loss": loss, "step_ms": ms, "device_ms": device_ms, "grad_norm": norm, "loss_scale": scale, "skipped": skipped})
+
+    recs = train(model, batch, int(spec["steps"]), device, precision, float(spec["lr"]), float(spec["weight_decay"]), float(spec["max_grad_norm"]),
+                 tc.get("compile", True), schedule=(spec["lr_schedule"], int(spec["lr_warmup_steps"])), on_step=step)
+    params = sum(p.numel() for p in model.parameters())
+    emit({
+        "event": "summary",
+        "param_count": params,
+        "peak_mem_bytes": watch.peak_bytes() if watch else peak_bytes("cpu"),
+        # torch.optim.AdamW: exp_avg and exp_avg_sq in fp32 for every parameter.
+        "optimizer_bytes_per_rank": 8 * params,
+        "hw_flops_per_sample": None,
+        "compile_s": recs[0][1] / 1e3,
+    })
+
+
+def worker_main():
+    if len(sys.argv) != 3:
+        print("usage: torch-compile.py --worker SPEC.json", file=sys.stderr)
+        sys.exit(2)
+    try:
+        worker(sys.argv[2])
+    except Exception as e:  # noqa: BLE001 - every failure is the run's error record
+        message = f"{e}" if isinstance(e, Refused) else f"{type(e).__name__}: {e}"
+        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in message.lower() or "not enough memory" in message.lower()
+        emit({"event": "error", "message": f"torch-compile: {message}".strip(), "oom": oom})
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:
+        worker_main()
+    else:
+        main()

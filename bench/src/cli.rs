@@ -59,7 +59,8 @@ pub struct RunArgs {
     /// tiny-gpt2), HF-format directories, or hub ids (org/name, from the HF cache).
     #[arg(long, value_delimiter = ',', required = true)]
     pub models: Vec<String>,
-    /// Comma-separated configs (default: every config this build implements).
+    /// Comma-separated configs: pytorch, torch-compile, ort, ort-zero1 (`list` says what each
+    /// is) [default: pytorch,ort,ort-zero1].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Comma-separated precisions: fp32, fp16, bf16 [default: fp32 on cpu, bf16 on cuda].
@@ -227,7 +228,16 @@ pub fn print_list() {
     println!("  <org/name>   a hub id, resolved through the HF cache");
     println!("configs:");
     for c in CONFIGS {
-        let state = if IMPLEMENTED_CONFIGS.contains(c) { "" } else { " (not in this build yet)" };
+        let state = if !IMPLEMENTED_CONFIGS.contains(c) {
+            " (not in this build yet)".to_string()
+        } else if *c == crate::torch_compile::CONFIG {
+            format!(
+                "  HF Transformers + torch.compile (inductor), run by {}; needs a C++ compiler ($CXX, else g++); not in the default --configs",
+                crate::torch_compile::python().display()
+            )
+        } else {
+            String::new()
+        };
         println!("  {c}{state}");
     }
     println!("precisions: {}", PRECISIONS.join(", "));

@@ -224,13 +224,18 @@ fn aggregate(
     row.final_loss = timed.first().and_then(|r| r.final_loss);
     row.peak_mem_bytes = timed.iter().filter_map(|r| r.peak_mem_bytes).max();
     row.wall_s = Some(timed.iter().chain(probe).filter_map(|r| r.wall_s).sum());
-    // The baseline computes every row of every product: its hardware FLOPs are the model's.
+    // Compilation (torch-compile): the median over the runs; each run compiled afresh.
+    let mut compile: Vec<f64> = ok.iter().filter_map(|r| r.compile_s).collect();
+    compile.sort_by(f64::total_cmp);
+    row.compile_s = (!compile.is_empty()).then(|| crate::metrics::percentile(&compile, 0.5));
+    // The baselines compute every row of every product: their hardware FLOPs are the model's.
     let hw: Vec<f64> = ok.iter().filter_map(|r| r.hw_flops_per_sample).collect();
-    row.hw_flops_per_sample = if spec.config == "pytorch" {
-        flops
-    } else {
-        (!hw.is_empty()).then(|| hw.iter().sum::<f64>() / hw.len() as f64)
-    };
+    row.hw_flops_per_sample =
+        if spec.config == "pytorch" || spec.config == crate::torch_compile::CONFIG {
+            flops
+        } else {
+            (!hw.is_empty()).then(|| hw.iter().sum::<f64>() / hw.len() as f64)
+        };
     if !ok.is_empty() {
         let pooled: Vec<f64> = crate::metrics::timed_runs(steps, &row).concat();
         fill_throughput(&mut row, &pooled, peak.for_precision(&spec.precision));
@@ -391,16 +396,34 @@ fn execute(
     let n = if spec.ranks > 1 && spec.launch == "processes" { spec.ranks } else { 1 };
     let port = if n > 1 { free_port()? } else { 0 };
     let spec_json = serde_json::to_string(spec)?;
+    // torch-compile: the python worker, on the weights and batches written for it here (one
+    // rank: the plan refuses more).
+    let scratch = if spec.config == crate::torch_compile::CONFIG {
+        match crate::torch_compile::Scratch::prepare(spec) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let mut row = base_row(spec);
+                row.status = "error".into();
+                row.error = format!("torch-compile: writing the run's weights and batches: {e:#}");
+                row.wall_s = Some(start.elapsed().as_secs_f64());
+                return Ok((Vec::new(), row));
+            }
+        }
+    } else {
+        None
+    };
     let (tx, rx) = mpsc::channel::<(usize, String)>();
     let mut procs: Vec<Proc> = Vec::with_capacity(n);
     for r in 0..n {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("worker")
-            .arg("--spec")
-            .arg(&spec_json)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = match &scratch {
+            Some(s) => s.command(),
+            None => {
+                let mut c = Command::new(&exe);
+                c.arg("worker").arg("--spec").arg(&spec_json);
+                c
+            }
+        };
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         if n > 1 {
             cmd.env("RANK", r.to_string())
                 .env("WORLD_SIZE", n.to_string())
@@ -524,12 +547,14 @@ fn execute(
                     peak_mem_bytes,
                     optimizer_bytes_per_rank,
                     hw_flops_per_sample,
+                    compile_s,
                 }) => {
                     summaries[r] = Some((
                         param_count,
                         peak_mem_bytes,
                         optimizer_bytes_per_rank,
                         hw_flops_per_sample,
+                        compile_s,
                     ))
                 }
                 Ok(Event::Error { message, oom }) => errors[r] = Some((message, oom)),
@@ -588,6 +613,7 @@ fn execute(
             let sums: Vec<_> = summaries.iter().flatten().collect();
             row.param_count = Some(sums[0].0);
             row.hw_flops_per_sample = sums[0].3;
+            row.compile_s = sums[0].4;
             // Per rank: the largest rank's peak and optimizer state.
             row.peak_mem_bytes = sums.iter().map(|s| s.1).max();
             row.optimizer_bytes_per_rank = sums.iter().map(|s| s.2).max();

@@ -6,7 +6,8 @@
 //! back as Polars DataFrames: [`results::load_run`].
 //!
 //! - `cli`: the command line; `plan`: arguments → validated runs (`spec`);
-//! - `harness`: one worker process per run (`worker`), statuses, Ctrl-C, timeouts;
+//! - `harness`: one worker process per run (`worker`; `torch_compile`: the python worker of the
+//!   `torch-compile` config and the files it reads), statuses, Ctrl-C, timeouts;
 //! - `metrics`: step-time statistics, throughput, FLOPs and MFU, speedup and loss parity;
 //! - `results`: the tables as DataFrames (Parquet + CSV), `load_run`; `output`: the rows;
 //! - `env`: the environment block of run.json (`ortbench env`);
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod progress;
 pub mod run_plan;
 pub mod run_spec;
+pub mod torch_compile;
 pub mod train;
 pub mod worker;
 

@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use ortbench_models::{resolve, DataSource, HubOptions, ResolvedModel, Weights};
 
 use crate::cli::RunArgs;
-use crate::run_spec::{RunSpec, WeightsSource, CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS};
+use crate::run_spec::{
+    RunSpec, WeightsSource, CONFIGS, DEFAULT_CONFIGS, IMPLEMENTED_CONFIGS, PRECISIONS,
+};
 use crate::worker::parse_device;
 
 pub struct RunPlan {
@@ -200,7 +202,7 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
     }
     let configs: Vec<String> = if args.configs.is_empty() {
-        IMPLEMENTED_CONFIGS.iter().map(|s| s.to_string()).collect()
+        DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect()
     } else {
         args.configs.iter().map(|s| s.trim().to_string()).collect()
     };
@@ -214,6 +216,16 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
                 IMPLEMENTED_CONFIGS.join(", ")
             );
         }
+    }
+    if configs.iter().any(|c| c == crate::torch_compile::CONFIG) {
+        let tc = crate::torch_compile::CONFIG;
+        if ranks > 1 {
+            bail!("config '{tc}' runs one rank (HF + torch.compile without DDP): drop --ranks {ranks} or the config");
+        }
+        if steps < 2 {
+            bail!("config '{tc}' needs --steps ≥ 2: its first step compiles and is never timed");
+        }
+        crate::torch_compile::check_available()?;
     }
     for p in &precisions {
         if !PRECISIONS.contains(&p.as_str()) {
@@ -320,7 +332,12 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
                     launch: args.launch.clone(),
                     seq_len,
                     steps,
-                    warmup,
+                    // torch-compile's first step compiles: it is never a timed step.
+                    warmup: if config == crate::torch_compile::CONFIG {
+                        warmup.max(1)
+                    } else {
+                        warmup
+                    },
                     seed: args.seed,
                     lr: args.lr,
                     weight_decay: args.weight_decay,

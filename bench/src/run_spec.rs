@@ -4,10 +4,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The three configurations `run` compares (defined beside the charts, which order by it).
+/// The configurations `run` compares (defined beside the charts, which order by it).
 pub use ortbench_report::CONFIGS;
 /// The ones this build implements.
-pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
+pub const IMPLEMENTED_CONFIGS: &[&str] = &["pytorch", "torch-compile", "ort", "ort-zero1"];
+/// What `run` compares when `--configs` is not given: `torch-compile` is asked for by name (it
+/// needs the venv's python and a C++ compiler, and compiles for minutes on a CPU).
+pub const DEFAULT_CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
 pub const PRECISIONS: &[&str] = &["fp32", "fp16", "bf16"];
 
 /// Where initial weights come from.

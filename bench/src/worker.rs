@@ -13,6 +13,7 @@ use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::parallel::Strategy;
 use ortbench_engine::passes::PassConfig;
 use ortbench_engine::DType;
+use ortbench_models::config::ModelConfig;
 use ortbench_models::graph::trainer::{EngineOptions, EngineTrainer, GpuEngineTrainer};
 use ortbench_models::graph::GraphOptions;
 use ortbench_models::torch::{panic_text, InjectedError, Precision, TorchTrainer, TrainOptions};
@@ -46,6 +47,10 @@ pub enum Event {
         /// when the trainer cannot count them (the baseline).
         #[serde(default)]
         hw_flops_per_sample: Option<f64>,
+        /// Seconds spent compiling before the first step ended (the `torch-compile` worker:
+        /// its first step's wall time); None for the Rust workers, which compile nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compile_s: Option<f64>,
     },
     Error {
         message: String,
@@ -366,7 +371,11 @@ impl RankTrainer for GpuRank {
     }
 }
 
-fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
+/// What a run trains: the model's config (task and dropout applied), its initial weights (HF
+/// initialisation from the seed, or the file's) and its global batches (batch_size × ranks
+/// rows). Every config's worker gets them from here — the `torch-compile` one through the
+/// files the harness writes from them (`torch_compile::prepare`) — so all train the same.
+pub fn model_inputs(spec: &RunSpec) -> Result<(ModelConfig, Weights, DataSource)> {
     let resolved = ortbench_models::resolve(&spec.model, &HubOptions::from_env())?;
     let mut cfg = ortbench_models::with_task(resolved.config, spec.task.as_deref(), &spec.model)?;
     if let Some(p) = spec.dropout {
@@ -376,6 +385,19 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         WeightsSource::Random => Weights::init(&cfg, spec.seed),
         WeightsSource::File(path) => Weights::load(&cfg, path, spec.seed)?.0,
     };
+    // The global batch is --batch-size × --ranks; rank r takes rows r·b .. (r+1)·b.
+    let global_batch = spec.batch_size * spec.ranks.max(1);
+    let data = match &spec.data {
+        Some(path) => {
+            DataSource::from_file(&cfg, path, global_batch, Some(spec.seq_len), spec.seed)?
+        }
+        None => DataSource::synthetic(&cfg, global_batch, spec.seq_len, spec.seed)?,
+    };
+    Ok((cfg, weights, data))
+}
+
+fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
+    let (cfg, weights, data) = model_inputs(spec)?;
     let ranks = spec.ranks.max(1);
     // Ranks are processes when a launcher set RANK (the harness, torchrun, srun…): this worker is
     // one of them and joins the others over TCP; else they are threads of this worker.
@@ -389,14 +411,6 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             Some(TcpGroup::from_env().map_err(|e| anyhow::anyhow!("joining the ranks: {e}"))?)
         }
         Err(_) => None,
-    };
-    // The global batch is --batch-size × --ranks; rank r takes rows r·b .. (r+1)·b.
-    let global_batch = spec.batch_size * ranks;
-    let data = match &spec.data {
-        Some(path) => {
-            DataSource::from_file(&cfg, path, global_batch, Some(spec.seq_len), spec.seed)?
-        }
-        None => DataSource::synthetic(&cfg, global_batch, spec.seq_len, spec.seed)?,
     };
     let schedule = match spec.lr_schedule.as_str() {
         "constant" => LrSchedule::Constant { warmup_steps: spec.lr_warmup_steps },
@@ -641,6 +655,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             peak_mem_bytes,
             optimizer_bytes_per_rank: optimizer_bytes,
             hw_flops_per_sample,
+            compile_s: None,
         },
     );
     Ok(())

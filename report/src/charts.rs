@@ -51,6 +51,7 @@ fn axis_number(v: f64, decimals: usize) -> String {
 pub fn config_color(config: &str) -> RGBColor {
     match config {
         "pytorch" => RGBColor(0xEE, 0x4C, 0x2C),
+        "torch-compile" => RGBColor(0x94, 0x67, 0xBD),
         "ort" => RGBColor(0x1F, 0x77, 0xB4),
         "ort-zero1" => RGBColor(0x2C, 0xA0, 0x2C),
         _ => RGBColor(0x7F, 0x7F, 0x7F),
@@ -120,21 +121,38 @@ pub fn configs(results: &[ResultRow]) -> Vec<String> {
 pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>> {
     let groups = groups(results);
     let configs = configs(results);
-    let mut charts = vec![
-        Chart {
-            id: "speedup".into(),
-            title: "Speedup over pytorch (ratio of median step times)".into(),
+    let mut charts = vec![Chart {
+        id: "speedup".into(),
+        title: "Speedup over pytorch (ratio of median step times)".into(),
+        svg: bar_chart(
+            "Speedup over pytorch",
+            "× pytorch (median step time)",
+            &groups,
+            &configs,
+            results,
+            |r| r.speedup,
+            Some(1.0),
+            2,
+        )?,
+    }];
+    // With a torch-compile row: the engine's speedup over it, beside the one over pytorch.
+    if results.iter().any(|r| r.speedup_vs_torch_compile.is_some()) {
+        charts.push(Chart {
+            id: "speedup-torch-compile".into(),
+            title: "Speedup of the engine over torch-compile (ratio of median step times)".into(),
             svg: bar_chart(
-                "Speedup over pytorch",
-                "× pytorch (median step time)",
+                "Speedup over torch-compile",
+                "× torch-compile (median step time)",
                 &groups,
                 &configs,
                 results,
-                |r| r.speedup,
+                |r| r.speedup_vs_torch_compile,
                 Some(1.0),
                 2,
             )?,
-        },
+        });
+    }
+    charts.extend([
         Chart {
             id: "throughput".into(),
             title: "Throughput (samples/s)".into(),
@@ -163,7 +181,7 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
                 0,
             )?,
         },
-    ];
+    ]);
     for (i, g) in groups.iter().enumerate() {
         let runs: Vec<&ResultRow> = results.iter().filter(|r| g.contains(r)).collect();
         let of = |r: &ResultRow| -> Vec<&StepRow> {
@@ -206,7 +224,12 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
             .map(|r| {
                 let mut per: std::collections::BTreeMap<(usize, usize), f64> =
                     std::collections::BTreeMap::new();
-                for s in of(r).into_iter().filter(|s| s.phase == "timed") {
+                // torch-compile's first step is its compilation (the table's compile column),
+                // orders of magnitude above a step: left out so the other steps stay readable.
+                let compiles = r.config == "torch-compile";
+                for s in
+                    of(r).into_iter().filter(|s| s.phase == "timed" && !(compiles && s.step == 0))
+                {
                     let e = per.entry((s.step, s.repeat)).or_insert(0.0);
                     *e = e.max(s.step_ms);
                 }
@@ -231,9 +254,14 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
             })
             .collect();
         let warmup = runs.first().map(|r| r.warmup as f64 - 0.5);
+        let note = if runs.iter().any(|r| r.config == "torch-compile") {
+            "; torch-compile's first step, its compilation, left out"
+        } else {
+            ""
+        };
         charts.push(Chart {
             id: format!("steptime-{i}"),
-            title: format!("Step time: {}", g.label),
+            title: format!("Step time: {}{note}", g.label),
             svg: line_chart(
                 &format!("Step time · {} (median of the repeats; dashed: end of warm-up)", g.label),
                 "ms per step (slowest rank)",

@@ -30,8 +30,9 @@ use crate::results::load_run;
 
 pub use polars;
 
-/// The three configurations `ortbench run` compares, in the order tables and charts show them.
-pub const CONFIGS: &[&str] = &["pytorch", "ort", "ort-zero1"];
+/// The configurations `ortbench run` compares, in the order tables and charts show them: the
+/// libtorch eager baseline, HF + torch.compile, the engine, the engine under ZeRO-1.
+pub const CONFIGS: &[&str] = &["pytorch", "torch-compile", "ort", "ort-zero1"];
 
 /// A JSON value as a person reads it: strings bare, lists comma-separated, null as "-".
 pub fn display_value(v: &Value) -> String {

@@ -63,12 +63,24 @@ pub struct ResultRow {
     pub speedup_hi: Option<f64>,
     /// Whether the interval excludes 1.0; false marks a speedup that is not significant.
     pub speedup_significant: Option<bool>,
+    /// The engine's configs (`ort`, `ort-zero1`): the `torch-compile` row's median step time
+    /// over this row's (same model, precision, ranks), with its interval and significance
+    /// computed as `speedup`'s; None for the other configs or without a torch-compile row.
+    pub speedup_vs_torch_compile: Option<f64>,
+    pub speedup_vs_torch_compile_lo: Option<f64>,
+    pub speedup_vs_torch_compile_hi: Option<f64>,
+    pub speedup_vs_torch_compile_significant: Option<bool>,
     pub step_ms_median: Option<f64>,
     pub step_ms_p90: Option<f64>,
     pub step_ms_min: Option<f64>,
     pub step_ms_max: Option<f64>,
     /// Population standard deviation of the measured step times.
     pub step_ms_std: Option<f64>,
+    /// `torch-compile`: the first step's wall time in seconds — inductor compiles the forward
+    /// and backward graphs there (one step's compute included) — the median over the runs,
+    /// each compiling with a fresh cache. Never part of the step times (that step is warm-up).
+    /// None for the other configs.
+    pub compile_s: Option<f64>,
     /// Model FLOPs of one training sample, as the literature counts them for MFU
     /// (metrics::train_flops_per_sample: every position's LM head included).
     pub train_flops_per_sample: Option<f64>,
@@ -159,11 +171,16 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "speedup_lo",
     "speedup_hi",
     "speedup_significant",
+    "speedup_vs_torch_compile",
+    "speedup_vs_torch_compile_lo",
+    "speedup_vs_torch_compile_hi",
+    "speedup_vs_torch_compile_significant",
     "step_ms_median",
     "step_ms_p90",
     "step_ms_min",
     "step_ms_max",
     "step_ms_std",
+    "compile_s",
     "train_flops_per_sample",
     "hw_flops_per_sample",
     "tflops",

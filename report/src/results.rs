@@ -142,11 +142,21 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
             "speedup_significant",
             rows.iter().map(|r| r.speedup_significant).collect::<Vec<Option<bool>>>(),
         ),
+        col("speedup_vs_torch_compile", f(|r| r.speedup_vs_torch_compile)),
+        col("speedup_vs_torch_compile_lo", f(|r| r.speedup_vs_torch_compile_lo)),
+        col("speedup_vs_torch_compile_hi", f(|r| r.speedup_vs_torch_compile_hi)),
+        col(
+            "speedup_vs_torch_compile_significant",
+            rows.iter()
+                .map(|r| r.speedup_vs_torch_compile_significant)
+                .collect::<Vec<Option<bool>>>(),
+        ),
         col("step_ms_median", f(|r| r.step_ms_median)),
         col("step_ms_p90", f(|r| r.step_ms_p90)),
         col("step_ms_min", f(|r| r.step_ms_min)),
         col("step_ms_max", f(|r| r.step_ms_max)),
         col("step_ms_std", f(|r| r.step_ms_std)),
+        col("compile_s", f(|r| r.compile_s)),
         col("train_flops_per_sample", f(|r| r.train_flops_per_sample)),
         col("hw_flops_per_sample", f(|r| r.hw_flops_per_sample)),
         col("tflops", f(|r| r.tflops)),
@@ -288,6 +298,14 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
     );
     // Runs written before --repeat existed were one run each.
     let repeats = c.u64s("repeats")?;
+    // Runs written before the torch-compile config: nulls.
+    let (tc, tc_lo, tc_hi, tc_sig, compile) = (
+        f("speedup_vs_torch_compile")?,
+        f("speedup_vs_torch_compile_lo")?,
+        f("speedup_vs_torch_compile_hi")?,
+        c.bools("speedup_vs_torch_compile_significant")?,
+        f("compile_s")?,
+    );
     Ok((0..df.height())
         .map(|i| ResultRow {
             model: model[i].clone(),
@@ -308,11 +326,16 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
             speedup_lo: lo[i],
             speedup_hi: hi[i],
             speedup_significant: sig[i],
+            speedup_vs_torch_compile: tc[i],
+            speedup_vs_torch_compile_lo: tc_lo[i],
+            speedup_vs_torch_compile_hi: tc_hi[i],
+            speedup_vs_torch_compile_significant: tc_sig[i],
             step_ms_median: med[i],
             step_ms_p90: p90[i],
             step_ms_min: min[i],
             step_ms_max: max[i],
             step_ms_std: std[i],
+            compile_s: compile[i],
             train_flops_per_sample: flops[i],
             hw_flops_per_sample: hw[i],
             tflops: tflops[i],
@@ -390,6 +413,9 @@ mod tests {
             samples_per_s: Some(1.5),
             speedup_lo: Some(1.25),
             speedup_significant: Some(true),
+            speedup_vs_torch_compile: Some(1.1),
+            speedup_vs_torch_compile_significant: Some(false),
+            compile_s: Some(12.5),
             hfu: Some(0.5),
             param_count: Some(123),
             error: "a, \"quoted\" error".into(),

@@ -5,15 +5,17 @@ use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 
 use crate::output::ResultRow;
 
-pub const SUMMARY_HEADER: [&str; 13] = [
+pub const SUMMARY_HEADER: [&str; 15] = [
     "model",
     "config",
     "prec",
     "ranks",
     "runs",
     "step ms median (p90)",
+    "compile s",
     "samples/s",
     "speedup [95% CI]",
+    "vs torch-compile [95% CI]",
     "MFU / HFU",
     "peak MiB",
     "optim MiB/rank",
@@ -51,12 +53,36 @@ pub fn ordered(results: &[ResultRow]) -> Vec<&ResultRow> {
 
 /// "1.59× [1.52–1.66]", with " n.s." when the interval contains 1.0.
 pub fn speedup_cell(r: &ResultRow) -> String {
-    let Some(x) = r.speedup.filter(|x| x.is_finite()) else { return "-".into() };
+    ratio_cell(
+        r.speedup,
+        r.speedup_lo,
+        r.speedup_hi,
+        r.speedup_significant.filter(|_| r.config != "pytorch"),
+    )
+}
+
+/// The engine's speedup over `torch-compile`, as [`speedup_cell`] writes it.
+pub fn speedup_vs_torch_compile_cell(r: &ResultRow) -> String {
+    ratio_cell(
+        r.speedup_vs_torch_compile,
+        r.speedup_vs_torch_compile_lo,
+        r.speedup_vs_torch_compile_hi,
+        r.speedup_vs_torch_compile_significant,
+    )
+}
+
+fn ratio_cell(
+    x: Option<f64>,
+    lo: Option<f64>,
+    hi: Option<f64>,
+    significant: Option<bool>,
+) -> String {
+    let Some(x) = x.filter(|x| x.is_finite()) else { return "-".into() };
     let mut s = format!("{x:.2}×");
-    if let (Some(lo), Some(hi)) = (r.speedup_lo, r.speedup_hi) {
+    if let (Some(lo), Some(hi)) = (lo, hi) {
         s.push_str(&format!(" [{lo:.2}–{hi:.2}]"));
     }
-    if r.speedup_significant == Some(false) && r.config != "pytorch" {
+    if significant == Some(false) {
         s.push_str(" n.s.");
     }
     s
@@ -74,8 +100,10 @@ pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
         r.ranks.to_string(),
         r.repeats.to_string(),
         format!("{} ({})", f(r.step_ms_median, 1), f(r.step_ms_p90, 1)),
+        f(r.compile_s, 1),
         f(r.samples_per_s, 2),
         speedup_cell(r),
+        speedup_vs_torch_compile_cell(r),
         format!("{} / {}", pct(r.mfu), pct(r.hfu)),
         mib(r.peak_mem_bytes, 0),
         mib(r.optimizer_bytes_per_rank.map(|b| b as u64), 1),
