@@ -37,6 +37,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use ortbench_engine::graph::{GeluApprox, Graph, Op, TensorId, TensorKind};
+use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
 use prost::Message;
 
 use crate::config::ModelConfig;
@@ -149,11 +150,17 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
     let arch = cfg.arch.hf_name();
     let unsupported =
         |msg: String| ModelError::Unsupported(format!("ONNX export of {arch}: {msg}"));
-    if matches!(cfg.family, crate::family::Family::Llama(_)) {
-        return Err(unsupported(
-            "not implemented for the Llama family (no ONNX mapping of rms_norm, rotary, repeat_kv or the rotary/sliding-window inputs yet)".into(),
-        ));
+    let family = cfg.family.model();
+    if let Some(w) = family.sliding_window() {
+        // The engine builds the window's mask only where it bites (T > window); the probes'
+        // sequences are shorter, so an export would read keys beyond the window at run time.
+        return Err(unsupported(format!(
+            "sliding-window attention (window {w}) has no ONNX export yet: the exported graph would attend beyond the window at sequences longer than {w}"
+        )));
     }
+    // Tables that depend on the sequence length only (rotary cos/sin): computed once at the
+    // model's every position, sliced to the run's T in the graph.
+    let fixed = family.fixed_inputs(cfg.max_positions());
     let probes = Probes::build(&cfg)?;
     probes.check_structure().map_err(unsupported)?;
     let g = probes.graph();
@@ -165,7 +172,7 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
         )));
     }
     let pads = cfg.family.model().pads();
-    let mut ex = Exporter::new(&probes);
+    let mut ex = Exporter::new(&probes, fixed, cfg.max_positions());
     ex.export(&pads).map_err(unsupported)?;
     let Exporter { out, engine_ops, .. } = ex;
     let mut initializer = out.inits;
@@ -550,10 +557,13 @@ struct Exporter<'a> {
     sizes: HashMap<Dim, String>,
     causal: HashMap<(Dim, Dim), String>,
     engine_ops: BTreeMap<&'static str, usize>,
+    /// `FamilyModel::fixed_inputs` at every position (name, (P, D) row-major), P = `positions`.
+    fixed: Vec<(&'static str, Vec<f32>)>,
+    positions: usize,
 }
 
 impl<'a> Exporter<'a> {
-    fn new(probes: &'a Probes) -> Self {
+    fn new(probes: &'a Probes, fixed: Vec<(&'static str, Vec<f32>)>, positions: usize) -> Self {
         let g = probes.graph();
         let producers = g.producers();
         let logits = probes.logits;
@@ -584,6 +594,8 @@ impl<'a> Exporter<'a> {
             sizes: HashMap::new(),
             causal: HashMap::new(),
             engine_ops: BTreeMap::new(),
+            fixed,
+            positions,
         }
     }
 
@@ -807,9 +819,24 @@ impl<'a> Exporter<'a> {
                 o.node("Unsqueeze", &y, &[&f, &axes], &[&y], vec![]); // (B, 1, T)
             }
             other => {
-                return Err(format!(
-                    "the graph takes an input '{other}' that the ONNX export cannot compute"
-                ))
+                // A table of the sequence length only (rotary cos/sin, (T, D)): the (P, D)
+                // table at every position as an initializer, its first T rows sliced at run
+                // time — the same values FeedInfo::feed gives at T, row t being position t
+                // whatever T is (https://onnx.ai/onnx/operators/onnx__Slice.html).
+                let Some((_, table)) = self.fixed.iter().find(|(n, _)| *n == other) else {
+                    return Err(format!(
+                        "the graph takes an input '{other}' that the ONNX export cannot compute"
+                    ));
+                };
+                let (p, d) = (self.positions, table.len() / self.positions.max(1));
+                if p == 0 || p * d != table.len() {
+                    return Err(format!("the table '{other}' is not (positions {p}, D)"));
+                }
+                let init = format!("{other}_table");
+                self.out.inits.push(tensor_f32(&init, &[p, d], table));
+                let t = self.size(Dim::SEQUENCE);
+                let (zero, axis) = (self.out.i64s(&[0], false), self.out.i64s(&[0], false));
+                self.out.node("Slice", &y, &[&init, &zero, &t, &axis], &[&y], vec![]);
             }
         }
         Ok(())
@@ -950,9 +977,54 @@ impl<'a> Exporter<'a> {
                 let refs: Vec<&str> = x.iter().map(|s| s.as_str()).collect();
                 self.out.node("Concat", &nm, &refs, &[&y[0]], vec![attr_i("axis", -1)]);
             }
-            // The Llama family's ops: their export comes later.
-            Op::RmsNorm { .. } | Op::Rotary { .. } => {
-                return Err(format!("ONNX export of {} is not implemented yet", node.op.name()))
+            // f(x) elementwise (engine/src/ops/pointwise.rs); every function says its export.
+            Op::Unary { f } => match f {
+                // SiLU: x·σ(x) (https://onnx.ai/onnx/operators/onnx__Sigmoid.html; opset 17
+                // has no Swish).
+                UnaryFn::Silu => {
+                    let s = self.out.op("Sigmoid", &format!("{nm}_sigmoid"), &[&x[0]], vec![]);
+                    self.out.node("Mul", &nm, &[&x[0], &s], &[&y[0]], vec![]);
+                }
+            },
+            // f(a, b), b's shape a suffix of a's: numpy broadcasting aligns trailing axes.
+            Op::Binary { f } => match f {
+                BinaryFn::Mul => self.out.node("Mul", &nm, &[&x[0], &x[1]], &[&y[0]], vec![]),
+            },
+            // HF's LlamaRMSNorm: x (…, C), w (C) → w·(x·1/√(mean(x²) + eps)) over the last
+            // axis, in f32 (opset 17 has no RMSNormalization: it arrives in 23)
+            // (https://onnx.ai/onnx/operators/onnx__ReduceMean.html, axes an attribute in 13).
+            Op::RmsNorm { eps } => {
+                let [_, rstd_t] = node.outputs[..] else { unreachable!("rms_norm has 2 outputs") };
+                if live[rstd_t.index()] {
+                    return Err("the rstd output of an RMSNorm is read: only y has an export".into());
+                }
+                let o = &mut self.out;
+                let sq = o.op("Mul", &format!("{nm}_sq"), &[&x[0], &x[0]], vec![]);
+                let attrs = vec![attr_ints("axes", &[-1]), attr_i("keepdims", 1)];
+                let ms = o.op("ReduceMean", &format!("{nm}_ms"), &[&sq], attrs); // (…, 1)
+                let eps = o.f32(*eps);
+                let v = o.op("Add", &format!("{nm}_var"), &[&ms, &eps], vec![]);
+                let sd = o.op("Sqrt", &format!("{nm}_sqrt"), &[&v], vec![]);
+                let rstd = o.op("Reciprocal", &format!("{nm}_rstd"), &[&sd], vec![]);
+                let xh = o.op("Mul", &format!("{nm}_xhat"), &[&x[0], &rstd], vec![]);
+                o.node("Mul", &nm, &[&x[1], &xh], &[&y[0]], vec![]);
+            }
+            // HF's apply_rotary_pos_emb: x (…, T, D), cos, sin (T, D) → x·cos +
+            // rotate_half(x)·sin, rotate_half(x) = cat(−x[D/2:], x[:D/2]); `inverse` negates
+            // sin (the backward's rotation, not expected in an inference graph but exact).
+            Op::Rotary { inverse } => {
+                let dims = self.probes.dims(node.inputs[0])?;
+                let d = dims.last().and_then(|d| d.as_const()).ok_or("rotary's head size must be fixed")?;
+                let halves = self.out.i64s(&[d / 2, d / 2], false);
+                let (x1, x2) = (format!("{nm}_x1"), format!("{nm}_x2"));
+                let o = &mut self.out;
+                o.node("Split", &format!("{nm}_split"), &[&x[0], &halves], &[&x1, &x2], vec![attr_i("axis", -1)]);
+                let neg = o.op("Neg", &format!("{nm}_neg"), &[&x2], vec![]);
+                let rot = o.op("Concat", &format!("{nm}_rot"), &[&neg, &x1], vec![attr_i("axis", -1)]);
+                let sin = if *inverse { o.op("Neg", &format!("{nm}_nsin"), &[&x[2]], vec![]) } else { x[2].clone() };
+                let a = o.op("Mul", &format!("{nm}_cos"), &[&x[0], &x[1]], vec![]);
+                let b = o.op("Mul", &format!("{nm}_sin"), &[&rot, &sin], vec![]);
+                o.node("Add", &nm, &[&a, &b], &[&y[0]], vec![]);
             }
             other => {
                 return Err(format!(

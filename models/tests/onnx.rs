@@ -1,6 +1,7 @@
 //! The ONNX export computes the engine's logits: for the five architectures (tiny-bert MLM,
 //! tiny-gpt2 LM, a tiny BERT classifier and a tiny GPT-2 classifier, both with pad_token_id 0,
-//! and a tiny BERT token classifier)
+//! and a tiny BERT token classifier) and the Llama family's (tiny Llama, Qwen2 and Qwen3 LMs,
+//! Llama with Llama 3's rope scaling, a tiny Llama classifier)
 //! with random weights, one export runs on onnxruntime (CPU execution provider, through
 //! `scripts/onnx-check.py`) at three batch shapes — 2×9 and 3×16 with right-padded,
 //! left-padded and unpadded rows, and 1×64 — and its logits match `InferenceModel::logits` at the same size within
@@ -27,7 +28,20 @@ use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 const TOL: f32 = 1e-4;
 
 fn config(base: &str, arch: Option<&str>) -> ModelConfig {
-    let mut raw = builtin_config(base).unwrap().raw;
+    let mut raw = match base {
+        // tiny-llama with Llama 3's rope scaling, biting at these positions (as the HF
+        // fixture tiny-llama-rope-llama3: factor 8 over an original 32 positions).
+        "tiny-llama-rope-llama3" => {
+            let mut raw = builtin_config("tiny-llama").unwrap().raw;
+            raw["rope_parameters"] = serde_json::json!({
+                "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32
+            });
+            raw
+        }
+        _ => builtin_config(base).unwrap().raw,
+    };
     if let Some(arch) = arch {
         raw["architectures"] = serde_json::json!([arch]);
         raw["num_labels"] = serde_json::json!(3);
@@ -131,6 +145,14 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-bert", Some("BertForSequenceClassification")),
         ("tiny-gpt2", Some("GPT2ForSequenceClassification")),
         ("tiny-bert", Some("BertForTokenClassification")),
+        // The Llama family: GQA (4 heads, 2 K/V), tied head; Qwen2's q/k/v biases; Qwen3's
+        // q/k norms and head_dim ≠ hidden/heads, untied; Llama 3's rope scaling; the
+        // last-token classifier.
+        ("tiny-llama", None),
+        ("tiny-qwen2", None),
+        ("tiny-qwen3", None),
+        ("tiny-llama-rope-llama3", None),
+        ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
     // row at the models' 64 positions.
@@ -198,4 +220,20 @@ fn onnxruntime_computes_the_engine_logits() {
             assert!(at_pads <= TOL * big, "{name} {b}×{t}: logits at padded positions differ by {at_pads:e} (largest {big:e})");
         }
     }
+}
+
+/// A sliding window is refused in one line, naming it: the engine builds its mask only where
+/// it bites, so an export made at short probe sequences would attend beyond the window.
+#[test]
+fn export_refuses_a_sliding_window_in_one_line() {
+    let cfg = config("tiny-mistral", None);
+    let params = build_training_graph(&cfg, &GraphOptions::new(1, 8))
+        .unwrap()
+        .flatten(&Weights::init(&cfg, 0))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.onnx");
+    let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
+    assert!(e.contains("sliding-window attention (window 64)") && !e.contains('\n'), "{e}");
+    assert!(!path.exists(), "nothing half-written");
 }
