@@ -253,6 +253,60 @@ fn saved_language_models_load_in_hf() {
     }
 }
 
+/// The Llama family through every user path: `train` on a text file with a byte-level BPE
+/// tokenizer (Llama 3's split), the saved directory loads in Transformers with the engine's
+/// logits, and its ONNX export computes them under onnxruntime.
+#[test]
+fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("llama");
+    let (ok, _, stderr) = ortbench(
+        &[
+            "train",
+            "--model",
+            fixture("tiny-llama-text").to_str().unwrap(),
+            "--dataset",
+            fixture("text/corpus.txt").to_str().unwrap(),
+            "--max-steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--lr",
+            "1e-3",
+            "--output-dir",
+            out.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(ok, "{stderr}");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    hf_agrees(&out, "LlamaForCausalLM (trained)");
+
+    let onnx = tmp.path().join("llama.onnx");
+    let (ok, stdout, stderr) = ortbench(
+        &["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()],
+        tmp.path(),
+    );
+    assert!(ok, "{stderr}");
+    println!("{stdout}");
+    let (cfg, batch) = inputs(&out, "text/eval.csv");
+    let (inp, res) = (tmp.path().join("in.safetensors"), tmp.path().join("ort.safetensors"));
+    write_inputs(&inp, &batch);
+    let o = Command::new(python())
+        .arg(root().join("scripts/onnx-check.py"))
+        .args([&onnx, &inp, &res])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "onnx-check.py: {}", String::from_utf8_lossy(&o.stderr));
+    let d = rel_diff(&engine_logits(&out, &cfg, &batch), &read_logits(&res).0);
+    println!("exported Llama under onnxruntime: logits max |engine − ort| / max|ort| = {d:.2e}");
+    assert!(d < 1e-4);
+}
+
 /// 20 steps straight, and the same run resumed from its checkpoint at step 10: the same
 /// losses and gradient norms, bit for bit, and the same final weights.
 #[test]

@@ -1200,7 +1200,7 @@ mod tests {
 
     fn export_err(probes: &Probes) -> String {
         probes.check_structure().unwrap();
-        Exporter::new(probes).export(&Pads::default()).unwrap_err()
+        Exporter::new(probes, Vec::new(), 0).export(&Pads::default()).unwrap_err()
     }
 
     /// An op with no mapping and a size not of the fitted form are errors naming the node.
