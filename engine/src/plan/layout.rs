@@ -55,6 +55,23 @@ pub fn extent(shape: &[usize], strides: &[isize]) -> isize {
     1 + shape.iter().zip(strides).map(|(&n, &s)| (n as isize - 1) * s).sum::<isize>()
 }
 
+/// No two elements share an address: sorted by stride, each dim (of size > 1) steps past
+/// everything the smaller-stride dims reach. (Sufficient, not necessary: an interleaved layout
+/// that fails it is refused and the planner copies instead.)
+pub fn non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
+    let mut dims: Vec<(isize, usize)> =
+        shape.iter().zip(strides).filter(|(&n, _)| n > 1).map(|(&n, &s)| (s.abs(), n)).collect();
+    dims.sort_unstable();
+    let mut reach = 0isize;
+    for (s, n) in dims {
+        if s <= reach {
+            return false;
+        }
+        reach += s * (n as isize - 1);
+    }
+    true
+}
+
 /// Whether a layout meets a kernel's requirement.
 pub fn satisfies(shape: &[usize], strides: &[isize], req: Req) -> bool {
     let r = shape.len();
@@ -207,6 +224,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn overlapping_layouts_are_told_apart() {
+        assert!(non_overlapping(&[2, 3, 4], &contiguous_strides(&[2, 3, 4])));
+        assert!(non_overlapping(&[2, 2, 3, 4], &[72, 4, 24, 1])); // heads inside (B, T, 3C)
+        assert!(non_overlapping(&[2, 1, 5], &[5, 0, 1])); // size-1 dims have any stride
+                                                          // A split piece's outer strides on the whole it was cut from: rows overlap.
+        assert!(!non_overlapping(&[2, 2, 1, 36], &[24, 12, 0, 1]));
+        assert!(!non_overlapping(&[3, 4], &[0, 1])); // a broadcast
     }
 
     #[test]

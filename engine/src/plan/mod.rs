@@ -47,8 +47,8 @@ mod tests;
 use crate::graph::{ElemType, Graph, Op, TensorId, TensorKind};
 pub use layout::Req;
 use layout::{
-    contiguous_strides, extent, is_contiguous, permute_strides, reshape_strides, satisfies,
-    unpermute_strides,
+    contiguous_strides, extent, is_contiguous, non_overlapping, permute_strides, reshape_strides,
+    satisfies, unpermute_strides,
 };
 use std::collections::HashMap;
 
@@ -514,9 +514,14 @@ fn try_anchor(
         }
     }
     let lays: Vec<Lay> = lays.into_iter().collect::<Option<_>>().ok_or(())?;
-    // Kernels must accept every layout they read or write.
+    // Kernels must accept every layout they read or write, and no layout may give two
+    // elements one address (a split's input derived from a piece's strides, a concat's
+    // output from an input's, can: the group then needs a copy).
     for (&t, l) in members.iter().zip(&lays) {
         let shape = ctx.shape(t);
+        if !non_overlapping(shape, &l.strides) {
+            return Err(());
+        }
         for &(n, slot) in &ctx.consumers[t.index()] {
             if !fold[n] && !satisfies(shape, &l.strides, ctx.k.read_req(ctx.g, n, slot)) {
                 return Err(());
@@ -818,7 +823,17 @@ impl Groups {
     /// [`choose_cut`] picks) until every group places.
     fn place(ctx: &Ctx) -> Groups {
         let (g, nt) = (ctx.g, ctx.g.tensors().len());
-        let mut fold: Vec<bool> = g.nodes().iter().map(|n| is_view(&n.op)).collect();
+        // A concat reading one tensor more than once (HF's repeat_kv as `Graph::repeat_kv`
+        // writes it) is a copy: a tensor has one place, not one per piece of the concat.
+        let mut fold: Vec<bool> = g
+            .nodes()
+            .iter()
+            .map(|n| {
+                is_view(&n.op)
+                    && !(matches!(n.op, Op::Concat)
+                        && n.inputs.iter().enumerate().any(|(i, x)| n.inputs[..i].contains(x)))
+            })
+            .collect();
         let (members, placed) = loop {
             let groups = components(g, &fold);
             let mut placed = Vec::with_capacity(groups.len());

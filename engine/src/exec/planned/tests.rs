@@ -399,3 +399,37 @@ fn llama_like_ops_match_the_reference_executor() {
         println!("{what}: worst tensor at {:.1}% of tolerance", 100.0 * w);
     }
 }
+
+/// HF's repeat_kv written with reshape and concat, in front of a transposed product (as eager
+/// attention reads k), through the planned executor against the reference executor: the
+/// concat reading one tensor three times must be a copy (one tensor has one place), and the
+/// backward's split of the transposed gradient must not lay out its input with a piece's
+/// strides (rows that overlap): `plan::layout::non_overlapping`.
+#[test]
+fn repeated_concat_and_split_of_a_transposed_gradient_match_the_reference() {
+    for transposed in [false, true] {
+        let mut g = Graph::new();
+        let x0 = g.param("x", &[2, 3, 8]).unwrap();
+        let wx = g.param("wx", &[8, 8]).unwrap();
+        let x1 = g.matmul(x0, wx, false, false).unwrap();
+        let x1 = g.reshape(x1, &[2, 3, 2, 4]).unwrap();
+        let x = g.permute(x1, &[0, 2, 1, 3]).unwrap(); // (B, Hkv, T, D) with head strides
+        let r = g.repeat_kv(x, 3).unwrap(); // (2, 6, 3, 4)
+        let a = g.param("a", &[2, 6, 4, 4]).unwrap();
+        let y = if transposed {
+            let rt = g.transpose(r, 2, 3).unwrap();
+            g.matmul(a, rt, false, false).unwrap() // (2, 6, 4, 3)
+        } else {
+            let w = g.param("w", &[4, 3]).unwrap();
+            g.matmul(r, w, false, false).unwrap() // (2, 6, 3, 3)
+        };
+        let rows = g.shape(y)[..3].to_vec();
+        let labels = g.input_ids("labels", &rows).unwrap();
+        let loss = g.cross_entropy(y, labels).unwrap();
+        g.set_loss(loss).unwrap();
+        let g = crate::autodiff::backward(&g, loss).unwrap();
+        let l: Vec<i64> = (0..rows.iter().product::<usize>()).map(|i| (i % 3) as i64).collect();
+        let what = format!("repeat_kv transposed={transposed}");
+        compare_inputs(&g, &Inputs::new().ids("labels", &l), 9, &what);
+    }
+}
