@@ -151,6 +151,7 @@ fn tiny_gpt2_compares_pytorch_torch_compile_and_ort() {
     println!("pytorch,torch-compile,ort on tiny-gpt2: {:.1} s", t.elapsed().as_secs_f64());
     assert!(o.status.success(), "{}", stderr(&o));
     let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(h, ortbench::output::RESULT_COLUMNS, "results.csv columns");
     let configs: Vec<&str> = rows.iter().map(|r| r[col(&h, "config")].as_str()).collect();
     assert_eq!(configs, ["pytorch", "torch-compile", "ort"]);
     for c in ["pytorch", "torch-compile", "ort"] {

@@ -3,7 +3,8 @@
 //! the fixtures (`expected.json`, made by HF's own training loop in scripts/make-fixtures.py),
 //! so its loop, data order (step s takes rows (s·B + i) mod N, as ortbench) and optimizer are
 //! HF Trainer's; compiled (inductor) it trains the same losses within 1e-4; a data file with
-//! a tensor it would not use is refused.
+//! a tensor it would not use is refused. Its worker mode (`--worker`: the `torch-compile` config
+//! of `ortbench run`) is tested through the binary in bench/tests/torch_compile.rs.
 //!
 //! Needs the venv's torch + transformers (`ORTBENCH_PYTHON`, which scripts/test sets; else the
 //! checkout's .venv). The compiled run is the slow one: inductor compiles C++ (time:
