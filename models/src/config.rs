@@ -262,12 +262,17 @@ mod tests {
     #[test]
     fn unsupported_architecture_lists_supported() {
         let e = ModelConfig::from_json_str(
-            r#"{"architectures":["LlamaForCausalLM"]}"#,
+            r#"{"architectures":["FalconForCausalLM"]}"#,
             "x/config.json",
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("LlamaForCausalLM") && e.contains("GPT2LMHeadModel"), "{e}");
+        assert!(
+            e.contains("FalconForCausalLM")
+                && e.contains("GPT2LMHeadModel")
+                && e.contains("Qwen3ForSequenceClassification"),
+            "{e}"
+        );
         let e = ModelConfig::from_json_str(r#"{"model_type":"t5"}"#, "c").unwrap_err().to_string();
         assert!(e.contains("t5") && e.contains("BertForMaskedLM"), "{e}");
     }

@@ -195,11 +195,14 @@ fn step0(f: &Fixture, cfg: &ModelConfig, mask: bool) -> f64 {
     torch.step(&batch).unwrap().loss
 }
 
+/// (fixture, HF's step-0 loss without the feature, the config edit removing it, keep the mask)
+type Departure = (&'static str, &'static str, fn(&mut serde_json::Value), bool);
+
 /// With the feature ignored, our step-0 loss is HF's `loss0_without_…` (1e-4), and both are
 /// far (> 1e-3 relative) from HF's loss with it: the parity tests check the feature.
 #[test]
 fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
-    let cases: [(&str, &str, fn(&mut serde_json::Value), bool); 5] = [
+    let cases: [Departure; 5] = [
         (
             "tiny-llama-rope-llama3",
             "loss0_without_rope_scaling",
@@ -309,13 +312,10 @@ fn batch(cfg: &ModelConfig, b: usize, t: usize, seed: u64, padded: bool) -> Batc
     let mut batch = DataSource::synthetic(cfg, b, t, seed).unwrap().batch(0);
     if padded {
         let mut mask = vec![1i64; b * t];
-        for j in t - 5..t {
+        // Row 0: the last 5 positions; row 1: the first 3.
+        for j in (t - 5..t).chain(t..t + 3) {
             mask[j] = 0;
             batch.input_ids[j] = 0;
-        }
-        for j in 0..3 {
-            mask[t + j] = 0;
-            batch.input_ids[t + j] = 0;
         }
         if batch.labels.len() == b * t {
             for (l, m) in batch.labels.iter_mut().zip(&mask) {
@@ -385,5 +385,20 @@ fn llama_sequence_classification_engine_gradients_match_torch() {
             r["pad_token_id"] = serde_json::json!(0);
         });
         check_gradients(&format!("{name} classifier"), &cfg, &batch(&cfg, 3, 16, 27, true));
+    }
+}
+
+/// `ort --device cuda`: the GPU kernels the family needs do not exist yet; planning for the GPU
+/// refuses the graph in one line naming the op (what `ortbench run` reports).
+#[test]
+fn gpu_planning_refuses_the_family_naming_the_missing_kernels() {
+    use ortbench_engine::exec::gpu::support::GpuSupport;
+    for name in ["tiny-llama", "tiny-qwen3"] {
+        let cfg = config(name, |_| {});
+        let model = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap();
+        let g = &model.graph;
+        let e = ortbench_engine::plan::build(g, &GpuSupport::for_graph(g)).unwrap_err().to_string();
+        println!("{name}: {e}");
+        assert!(e.contains("rms_norm") && e.contains("no GPU kernel") && !e.contains('\n'), "{e}");
     }
 }

@@ -128,6 +128,6 @@ mod tests {
         for name in Architecture::supported() {
             assert_eq!(Architecture::from_hf_name(name).unwrap().hf_name(), name);
         }
-        assert!(Architecture::from_hf_name("LlamaForCausalLM").is_none());
+        assert!(Architecture::from_hf_name("FalconForCausalLM").is_none());
     }
 }

@@ -478,7 +478,7 @@ impl FeedInfo {
                     for row in 0..b {
                         for i in 0..t {
                             for j in (i + 1).saturating_sub(w)..=i {
-                                if !mask.is_some_and(|m| m[row * t + j] == 0) {
+                                if mask.is_none_or(|m| m[row * t + j] != 0) {
                                     m[(row * t + i) * t + j] = 0.0;
                                 }
                             }

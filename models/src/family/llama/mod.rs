@@ -131,7 +131,8 @@ impl Rope {
                         let smooth =
                             ((1.0 / wavelen) * old as f32 - low as f32) / (high - low) as f32;
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                        let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                        // ~(wavelen < high) * ~(wavelen > low); wavelengths are never NaN
+                        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                         if medium {
                             smoothed
                         } else {
@@ -395,13 +396,13 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         sliding_window,
         layer_types,
     };
-    if c.num_key_value_heads == 0 || c.num_attention_heads % c.num_key_value_heads != 0 {
+    if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(ModelError::BadConfig(format!(
             "{origin}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
             c.num_attention_heads, c.num_key_value_heads
         )));
     }
-    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
         return Err(ModelError::BadConfig(format!(
             "{origin}: head_dim {} must be even (rotary embeddings rotate halves)",
             c.head_dim
@@ -663,5 +664,176 @@ impl FamilyModel for LlamaConfig {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{build_training_graph, GraphOptions};
+    use crate::spec::builtin_config;
+
+    fn parse_json(v: serde_json::Value) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_value(v, "test/config.json")
+    }
+
+    fn llama(c: &ModelConfig) -> &LlamaConfig {
+        match &c.family {
+            Family::Llama(l) => l,
+            _ => panic!("not a Llama-family config"),
+        }
+    }
+
+    /// The published parameter counts (the hub's model cards; scripts/make-fixtures.py checks
+    /// the configs against HF with the same numbers).
+    #[test]
+    fn builtin_configs_have_the_published_parameter_counts() {
+        for (name, want) in [
+            ("smollm2-135m", 134_515_008),
+            ("qwen2.5-0.5b", 494_032_768),
+            ("qwen3-0.6b", 596_049_920),
+            ("llama-3.2-1b", 1_235_814_400),
+        ] {
+            let cfg = builtin_config(name).unwrap();
+            assert_eq!(crate::params::param_count(&cfg), want, "{name}");
+        }
+        let l = builtin_config("llama-3.2-1b").unwrap();
+        assert!(
+            matches!(llama(&l).rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0)
+        );
+        assert_eq!(llama(&builtin_config("qwen2.5-0.5b").unwrap()).variant, Variant::Qwen2);
+    }
+
+    /// What is not implemented is refused in one line naming it.
+    #[test]
+    fn unimplemented_options_are_refused_by_name() {
+        let base = builtin_config("tiny-llama").unwrap().raw;
+        let refused = |edit: &dyn Fn(&mut serde_json::Value), what: &str| {
+            let mut raw = base.clone();
+            edit(&mut raw);
+            let e = parse_json(raw).unwrap_err().to_string();
+            assert!(e.contains(what) && !e.contains('\n'), "{what}: {e}");
+        };
+        refused(
+            &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("yarn"),
+            "rope_type 'yarn'",
+        );
+        refused(
+            &|r| r["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}),
+            "rope_type 'dynamic'",
+        );
+        refused(&|r| r["hidden_act"] = serde_json::json!("gelu"), "hidden_act 'gelu'");
+        refused(&|r| r["hidden_act"] = serde_json::json!("relu2"), "activation 'relu2'");
+        refused(&|r| r["partial_rotary_factor"] = serde_json::json!(0.5), "partial_rotary_factor");
+        refused(
+            &|r| r["rope_parameters"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
+            "need 'low_freq_factor'",
+        );
+        refused(&|r| r["num_key_value_heads"] = serde_json::json!(3), "not a multiple");
+        // A Qwen2 layer_types naming sliding layers without a window.
+        let mut q = builtin_config("tiny-qwen2").unwrap().raw;
+        q["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+        q["use_sliding_window"] = serde_json::json!(false);
+        let e = parse_json(q).unwrap_err().to_string();
+        assert!(e.contains("no sliding_window"), "{e}");
+    }
+
+    /// HF's legacy forms: rope_theta at the top level, rope_scaling with `type`.
+    #[test]
+    fn legacy_rope_fields_are_read() {
+        let mut raw = builtin_config("tiny-llama").unwrap().raw;
+        raw.as_object_mut().unwrap().remove("rope_parameters");
+        raw["rope_theta"] = serde_json::json!(500000.0);
+        let c = parse_json(raw.clone()).unwrap();
+        assert_eq!(llama(&c).rope, Rope { theta: 500000.0, scaling: RopeScaling::Default });
+        raw["rope_scaling"] = serde_json::json!({"type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0});
+        let c = parse_json(raw).unwrap();
+        assert_eq!(
+            llama(&c).rope.scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 128.0
+            }
+        );
+    }
+
+    /// The tables are HF's layout: cos/sin of cat(freqs, freqs), position 0 → (1, 0); llama3
+    /// leaves high frequencies alone and divides the lowest by `factor`.
+    #[test]
+    fn rotary_tables_follow_hf() {
+        let rope = Rope { theta: 10000.0, scaling: RopeScaling::Default };
+        let (cos, sin) = rope.tables(8, 3);
+        assert!(cos[..8].iter().all(|&c| c == 1.0) && sin[..8].iter().all(|&s| s == 0.0));
+        for p in 0..3 {
+            assert_eq!(cos[p * 8..p * 8 + 4], cos[p * 8 + 4..p * 8 + 8]);
+        }
+        assert_eq!(cos[8], 1f32.cos());
+        let inv = rope.inv_freq(8);
+        let scaled = Rope {
+            theta: 10000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 32.0,
+            },
+        }
+        .inv_freq(8);
+        // wavelengths 2π/inv: 6.3 (< 8: kept), 63 and 628 (> 32: divided), 6283 (divided).
+        assert_eq!(scaled[0], inv[0]);
+        assert_eq!(scaled[3], inv[3] / 8.0);
+    }
+
+    /// Decay groups: HF Trainer's patterns on this family's names.
+    #[test]
+    fn decay_follows_hf_trainer_patterns() {
+        for (name, decays) in [
+            ("model.embed_tokens.weight", true),
+            ("model.layers.0.self_attn.q_proj.weight", true),
+            ("model.layers.0.self_attn.q_proj.bias", false),
+            ("model.layers.0.self_attn.q_norm.weight", false),
+            ("model.layers.0.input_layernorm.weight", false),
+            ("model.layers.0.post_attention_layernorm.weight", false),
+            ("model.norm.weight", false),
+            ("lm_head.weight", true),
+            ("score.weight", true),
+        ] {
+            assert_eq!(hf_decays(name), decays, "{name}");
+        }
+    }
+
+    /// The FLOP count: three MLP GEMMs, K/V at the kv heads' width, the untied or tied head.
+    #[test]
+    fn flop_count_has_gated_mlp_and_kv_width() {
+        let cfg = builtin_config("smollm2-135m").unwrap();
+        let f = cfg.flop_count();
+        assert_eq!((f.mlp_gemms, f.q_heads, f.kv_heads, f.head_dim), (3, 9, 3, 64));
+        let t = 128.0;
+        let (l, h, i, v) = (30.0, 576.0, 1536.0, 49152.0);
+        let (q, kv) = (576.0, 192.0);
+        let want = l
+            * (4.0 * t * h * q + 4.0 * t * h * kv + 4.0 * t * t * q + 3.0 * 2.0 * t * h * i)
+            + 2.0 * t * h * v;
+        assert_eq!(f.forward_per_sample(128), want);
+    }
+
+    /// The window's mask is an input only when the window bites, and every builtin config
+    /// builds; the graph runs on the reference executor with a biting window.
+    #[test]
+    fn window_mask_input_only_when_the_window_bites() {
+        let mut raw = builtin_config("tiny-mistral").unwrap().raw;
+        raw["sliding_window"] = serde_json::json!(4);
+        let cfg = parse_json(raw).unwrap();
+        let has = |t: usize| {
+            let m = build_training_graph(&cfg, &GraphOptions::new(1, t)).unwrap();
+            m.graph
+                .inputs()
+                .iter()
+                .any(|&i| m.graph.input_name(i) == Some(crate::graph::SLIDING_WINDOW_MASK))
+        };
+        assert!(!has(4) && has(5));
     }
 }
