@@ -311,4 +311,45 @@ mod tests {
         assert!(attention_smem(bq, bk, 64, 64).iter().all(|&b| b <= 48 * 1024));
         assert_eq!(attention_tiles(4096, 4096, 48 * 1024), None);
     }
+
+    /// RMSNorm, rotary and grouped-query attention (forward and backward) are refused by name,
+    /// one line each, never run by a fallback; multi-head attention still passes.
+    #[test]
+    fn the_llama_ops_without_gpu_kernels_are_refused_by_name() {
+        use crate::graph::AttentionOpts;
+        let mut g = Graph::new();
+        let x = g.param("x", &[2, 3, 5, 4]).unwrap();
+        let w = g.param("w", &[4]).unwrap();
+        let k = g.param("k", &[2, 1, 5, 4]).unwrap();
+        let cos = g.input_float("cos", &[5, 4]).unwrap();
+        let sin = g.input_float("sin", &[5, 4]).unwrap();
+        let y = g.rms_norm(x, w, 1e-6).unwrap();
+        let q = g.rotary(y, cos, sin).unwrap();
+        let gqa = g.attention(q, k, k, AttentionOpts::default()).unwrap();
+        let mha = g.attention(gqa, q, q, AttentionOpts::default()).unwrap();
+        let labels = g.input_ids("labels", &[2, 3, 5]).unwrap();
+        let loss = g.cross_entropy(mha, labels).unwrap();
+        let g = crate::autodiff::backward(&g, loss).unwrap();
+        let sup = GpuSupport::for_graph(&g);
+        let mut refused = Vec::new();
+        for (i, n) in g.nodes().iter().enumerate() {
+            match sup.check(&g, i) {
+                Ok(()) => {}
+                Err(e) => refused.push((n.op.name(), e.to_string())),
+            }
+        }
+        let why = |op: &str| -> Vec<&str> {
+            refused.iter().filter(|(o, _)| *o == op).map(|(_, e)| e.as_str()).collect()
+        };
+        assert!(why("rms_norm")[0].contains("rms_norm has no GPU kernel yet"), "{refused:?}");
+        assert!(why("rms_norm_backward")[0].contains("rms_norm_backward has no GPU kernel yet"));
+        // The forward rotary of q and the inverse rotary of its gradient.
+        assert_eq!(why("rotary").len(), 2, "{refused:?}");
+        assert!(why("rotary").iter().all(|e| e.contains("rotary has no GPU kernel yet")));
+        for op in ["attention", "attention_backward"] {
+            let e = why(op);
+            assert_eq!(e.len(), 1, "only the grouped-query {op} is refused: {refused:?}");
+            assert!(e[0].contains("grouped-query") && !e[0].contains('\n'), "{e:?}");
+        }
+    }
 }
