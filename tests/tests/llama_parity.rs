@@ -256,12 +256,23 @@ const ATOL: f64 = 1e-9;
 /// loss within 1e-5 relative, each gradient tensor within 1e-9 + 1e-5·max|g|. Returns the
 /// worst tensor's diff/max|g|.
 fn check_gradients(label: &str, cfg: &ModelConfig, batch: &Batch) -> f64 {
+    check_gradients_with(label, cfg, batch, ortbench_engine::passes::PassConfig::all())
+}
+
+/// [`check_gradients`] with the engine passes `passes` (`none()`: the builder's eager graph).
+fn check_gradients_with(
+    label: &str,
+    cfg: &ModelConfig,
+    batch: &Batch,
+    passes: ortbench_engine::passes::PassConfig,
+) -> f64 {
     let weights = Weights::init(cfg, 0);
     let mut torch =
         TorchTrainer::new(cfg, &weights, tch::Device::Cpu, TrainOptions::default()).unwrap();
     let torch_loss = torch.eval_loss(batch);
     let torch_grads = torch.gradients_of(batch);
     let gopts = GraphOptions::new(batch.batch_size, batch.seq_len)
+        .with_passes(passes)
         .with_attention_mask(batch.attention_mask.is_some());
     let model = build_training_graph(cfg, &gopts).unwrap();
     let params = model.flatten(&weights).unwrap();
@@ -401,4 +412,24 @@ fn gpu_planning_refuses_the_family_naming_the_missing_kernels() {
         println!("{name}: {e}");
         assert!(e.contains("rms_norm") && e.contains("no GPU kernel") && !e.contains('\n'), "{e}");
     }
+}
+
+/// The builder's eager graph without any pass (repeat_kv as reshape/concat/reshape, the
+/// softmax reading the padding or window mask) on the planned executor: the same numbers.
+#[test]
+fn unfused_llama_engine_gradients_match_torch() {
+    let none = ortbench_engine::passes::PassConfig::none();
+    let llama = config("tiny-llama", |r| r["pad_token_id"] = serde_json::json!(0));
+    check_gradients_with(
+        "tiny-llama padded, no passes",
+        &llama,
+        &batch(&llama, 3, 16, 31, true),
+        none,
+    );
+    let mistral = config("tiny-mistral", |r| {
+        r["sliding_window"] = serde_json::json!(5);
+        r["pad_token_id"] = serde_json::json!(0);
+    });
+    let b = batch(&mistral, 3, 16, 32, true);
+    check_gradients_with("tiny-mistral window 5 padded, no passes", &mistral, &b, none);
 }

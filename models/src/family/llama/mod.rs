@@ -836,4 +836,18 @@ mod tests {
         };
         assert!(!has(4) && has(5));
     }
+
+    /// With the default passes every layer's eager attention (repeat_kv included, the window's
+    /// mask too) becomes one fused attention reading the un-repeated K/V.
+    #[test]
+    fn passes_fuse_each_layers_attention() {
+        let mut raw = builtin_config("tiny-mistral").unwrap().raw;
+        raw["sliding_window"] = serde_json::json!(4);
+        for cfg in [builtin_config("tiny-llama").unwrap(), parse_json(raw).unwrap()] {
+            let m = build_training_graph(&cfg, &GraphOptions::new(2, 8)).unwrap();
+            let counts = ortbench_engine::passes::op_counts(&m.forward);
+            assert_eq!(counts.get("attention"), Some(&cfg.num_layers()), "{counts:?}");
+            assert_eq!(counts.get("softmax"), None, "{counts:?}");
+        }
+    }
 }
