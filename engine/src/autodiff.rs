@@ -78,7 +78,7 @@ fn differentiable_outputs(node: &Node) -> usize {
         // (y, saved statistics…), (out, probs), (y, pre-activation)
         Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Linear { .. } => 1,
         // (sum, y, mean, rstd)
-        Op::AddLayerNorm { .. } => 2,
+        Op::AddLayerNorm { .. } | Op::AddRmsNorm { .. } => 2,
         Op::Fill { .. }
         | Op::Embedding
         | Op::MatMul { .. }
@@ -272,6 +272,20 @@ fn rule(
                 (dw, db) = (Some(d[1]), Some(d[2]));
             }
             vec![dsum, dsum, dw, db]
+        }
+        Op::AddRmsNorm { .. } => {
+            // RMSNorm's backward on the saved sum, plus the gradient reaching the sum from its
+            // other uses (the residual stream); both addends get that total.
+            let (mut dsum, mut dw) = (gout[0], None);
+            if let Some(dy) = gout[1] {
+                let d = g.rms_norm_backward(dy, outs[0], ins[2], outs[2])?;
+                dsum = Some(match dsum {
+                    Some(other) => g.add(other, d[0])?,
+                    None => d[0],
+                });
+                dw = Some(d[1]);
+            }
+            vec![dsum, dsum, dw]
         }
         // Backward-only ops: no double backward.
         op @ (Op::EmbeddingBackward

@@ -378,6 +378,10 @@ fn eval<T: Real>(
             };
             layernorm::add_layernorm_forward(sum, y, mean, rstd, f(0), f(1), f(2), f(3), t(*eps));
         }
+        Op::AddRmsNorm { eps } => {
+            let [sum, y, rstd] = &mut outs[..] else { unreachable!("add_rms_norm has 3 outputs") };
+            rmsnorm::add_rmsnorm_forward(sum, y, rstd, f(0), f(1), f(2), t(*eps));
+        }
         Op::EmbeddingBackward => {
             let c = g.shape(node.outputs[0])[1];
             embedding::embedding_backward(&mut outs[0], ids(0), f(1), c)?;

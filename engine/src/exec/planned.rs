@@ -104,6 +104,7 @@ impl KernelSupport for CpuSupport {
             | Op::CrossEntropyBackward { .. }
             | Op::Linear { .. }
             | Op::AddLayerNorm { .. }
+            | Op::AddRmsNorm { .. }
             | Op::Unary { .. }
             | Op::Binary { .. }
             | Op::UnaryBackward { .. } => {}
@@ -173,6 +174,7 @@ impl KernelSupport for CpuSupport {
             | Op::Concat
             | Op::Linear { .. }
             | Op::AddLayerNorm { .. }
+            | Op::AddRmsNorm { .. }
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
             | Op::GeluBackward { .. }
@@ -479,6 +481,7 @@ impl PlannedExecutor {
                 | Op::Concat
                 | Op::CrossEntropy { .. }
                 | Op::AddLayerNorm { .. }
+                | Op::AddRmsNorm { .. }
                 | Op::EmbeddingBackward
                 | Op::ReduceSumLeading
                 | Op::GeluBackward { .. }
@@ -770,6 +773,32 @@ impl PlannedExecutor {
                         rd(1),
                         rd(2),
                         rd(3),
+                        *eps,
+                    ),
+                }
+            }
+            Op::AddRmsNorm { eps } => {
+                let (y, rstd) = (wr(1), wr(2));
+                match r.inplace {
+                    // The sum overwrites a dying operand; addition commutes, so add the other.
+                    Some(k) => rmsnorm::add_rmsnorm_forward(
+                        pool,
+                        rw(k),
+                        y,
+                        rstd,
+                        None,
+                        rd(1 - k),
+                        rd(2),
+                        *eps,
+                    ),
+                    None => rmsnorm::add_rmsnorm_forward(
+                        pool,
+                        wr(0),
+                        y,
+                        rstd,
+                        Some(rd(0)),
+                        rd(1),
+                        rd(2),
                         *eps,
                     ),
                 }
@@ -1179,6 +1208,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         | Op::Concat
         | Op::CrossEntropy { .. }
         | Op::AddLayerNorm { .. }
+        | Op::AddRmsNorm { .. }
         | Op::EmbeddingBackward
         | Op::ReduceSumLeading
         | Op::GeluBackward { .. }

@@ -702,6 +702,40 @@ impl Graph {
         Ok((o[0], o[1]))
     }
 
+    /// [`Op::AddRmsNorm`]: (sum = a + b, RmsNorm(sum)) over the last dim; a and b of the same
+    /// shape. Returns (sum, y); the node also outputs the row rstd.
+    // a, b: (…, C); w: (C) -> (…, C), (…, C)
+    pub fn add_rms_norm(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        w: TensorId,
+        eps: f32,
+    ) -> Result<(TensorId, TensorId)> {
+        let op = "add_rms_norm";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        if sa != sb || sa.is_empty() || sw != [sa[sa.len() - 1]] {
+            return Err(shape_err(
+                op,
+                "a and b must have the same shape, weight the size of its last dim",
+                &[("a", &sa), ("b", &sb), ("weight", &sw)],
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sa[..sa.len() - 1].to_vec();
+        let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
+        let outs = vec![(sa.clone(), f), (sa, f), (rows, stats)];
+        let o = self.push(Op::AddRmsNorm { eps }, vec![a, b, w], outs);
+        Ok((o[0], o[1]))
+    }
+
     // ---------------------------------------------------------------- backward ops (autodiff)
 
     /// A dropout reusing a forward site's counters: the backward regenerates its mask.

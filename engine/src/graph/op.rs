@@ -81,6 +81,10 @@ pub enum Op {
     /// residual add + LayerNorm of every transformer block in one pass over the rows (ORT's
     /// `SkipLayerNormalization`, Apex's `FusedAddLayerNorm`).
     AddLayerNorm { eps: f32 },
+    /// (a (…, C), b (…, C), w (C)) → (sum (…, C) = a + b, y (…, C) = RmsNorm(sum), rstd (…));
+    /// sum and y are differentiable, rstd is the saved statistic. The residual add + RMSNorm of
+    /// every Llama block in one pass over the rows (ORT's `SkipSimplifiedLayerNormalization`).
+    AddRmsNorm { eps: f32 },
 
     // ---- backward-only ops (emitted by autodiff) ----
     /// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
@@ -133,6 +137,7 @@ impl Op {
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::Linear { .. } => "linear",
             Op::AddLayerNorm { .. } => "add_layernorm",
+            Op::AddRmsNorm { .. } => "add_rms_norm",
             Op::EmbeddingBackward => "embedding_backward",
             Op::ReduceSumLeading => "reduce_sum_leading",
             Op::GeluBackward { .. } => "gelu_backward",
@@ -155,7 +160,10 @@ impl Op {
             Op::Gelu { approx } | Op::GeluBackward { approx } => {
                 format!("approx={}", approx.name())
             }
-            Op::LayerNorm { eps } | Op::AddLayerNorm { eps } | Op::RmsNorm { eps } => {
+            Op::LayerNorm { eps }
+            | Op::AddLayerNorm { eps }
+            | Op::RmsNorm { eps }
+            | Op::AddRmsNorm { eps } => {
                 format!("eps={eps:e}")
             }
             Op::Rotary { inverse } => format!("inverse={inverse}"),

@@ -29,6 +29,27 @@ pub fn rmsnorm_forward<T: Real>(y: &mut [T], rstd: &mut [T], x: &[T], w: &[T], e
     }
 }
 
+/// The residual add + RMSNorm of `Op::AddRmsNorm`: sum = a + b, then [`rmsnorm_forward`] of
+/// sum (its backward is RMSNorm's, the residual gradient passing through the add unchanged).
+// sum, y: (R, C)
+// rstd: (R)
+// a, b: (R, C)
+// w: (C)
+pub fn add_rmsnorm_forward<T: Real>(
+    sum: &mut [T],
+    y: &mut [T],
+    rstd: &mut [T],
+    a: &[T],
+    b: &[T],
+    w: &[T],
+    eps: T,
+) {
+    for ((s, &x), &r) in sum.iter_mut().zip(a).zip(b) {
+        *s = x + r;
+    }
+    rmsnorm_forward(y, rstd, sum, w, eps);
+}
+
 /// With x̂ = x·rstd and g = w·dy: dx = rstd·(g − x̂·mean(g·x̂)); dw = Σ_rows dy·x̂. (The mean
 /// term is the derivative of rstd: ∂rstd/∂x_i = −rstd³·x_i/C.)
 // dx: (R, C)

@@ -17,6 +17,7 @@
 //! | `fuse_attention` | forward | matmul(q, kᵀ) → [scale] → softmax(+mask, causal) → [dropout] → matmul(·, v) ⇒ [`Op::Attention`] |
 //! | `fuse_matmul_bias` | forward | matmul → bias add (→ GELU) ⇒ [`Op::Linear`] |
 //! | `fuse_add_layernorm` | forward | add → LayerNorm ⇒ [`Op::AddLayerNorm`] |
+//! | `fuse_add_rmsnorm` | forward | add → RMSNorm ⇒ [`Op::AddRmsNorm`] |
 //! | `recompute_gelu` | training, off by default | the GELU output the backward reads is recomputed from its input right before that read |
 //!
 //! Softmax + cross-entropy needs no pass: [`Op::CrossEntropy`] already *is* that fusion (a
@@ -42,6 +43,7 @@
 pub mod eliminate;
 pub mod fold_transpose;
 pub mod fuse_add_layernorm;
+pub mod fuse_add_rmsnorm;
 pub mod fuse_attention;
 pub mod fuse_matmul_bias;
 pub mod fuse_softmax;
@@ -96,6 +98,12 @@ const PASSES: &[PassDef] = &[
         training: false,
         default_on: true,
         run: fuse_add_layernorm::run,
+    },
+    PassDef {
+        name: "fuse_add_rmsnorm",
+        training: false,
+        default_on: true,
+        run: fuse_add_rmsnorm::run,
     },
     PassDef { name: "recompute_gelu", training: true, default_on: false, run: recompute_gelu::run },
 ];

@@ -63,6 +63,7 @@ impl Op {
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
             | Op::AddLayerNorm { .. }
+            | Op::AddRmsNorm { .. }
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
             | Op::GeluBackward { .. }
@@ -107,6 +108,7 @@ impl Op {
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
             | Op::AddLayerNorm { .. }
+            | Op::AddRmsNorm { .. }
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
             | Op::GeluBackward { .. }
@@ -126,7 +128,9 @@ impl Op {
     /// aliasing notes in `engine/kernels/*.cu` and `backend/cpu/kernels`).
     pub fn inplace_inputs(&self) -> &'static [usize] {
         match self {
-            Op::Add | Op::Binary { .. } | Op::AddLayerNorm { .. } => &[0, 1],
+            Op::Add | Op::Binary { .. } | Op::AddLayerNorm { .. } | Op::AddRmsNorm { .. } => {
+                &[0, 1]
+            }
             Op::BiasAdd
             | Op::Scale { .. }
             | Op::Gelu { .. }

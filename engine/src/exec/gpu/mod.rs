@@ -1325,7 +1325,10 @@ impl Resolver<'_> {
             // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
             Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),
             // `GpuSupport::check` refuses these (no GPU kernels yet); never a silent fallback.
-            Op::RmsNorm { .. } | Op::RmsNormBackward | Op::Rotary { .. } => {
+            Op::RmsNorm { .. }
+            | Op::RmsNormBackward
+            | Op::AddRmsNorm { .. }
+            | Op::Rotary { .. } => {
                 return Err(no(&format!(": {} has no GPU kernel yet", node.op.name())))
             }
         };

@@ -160,6 +160,7 @@ impl KernelSupport for GpuSupport {
             }
             Op::RmsNorm { .. } => return Err(err(": rms_norm has no GPU kernel yet")),
             Op::RmsNormBackward => return Err(err(": rms_norm_backward has no GPU kernel yet")),
+            Op::AddRmsNorm { .. } => return Err(err(": add_rms_norm has no GPU kernel yet")),
             Op::Rotary { .. } => return Err(err(": rotary has no GPU kernel yet")),
             Op::Attention { .. } => {
                 if g.shape(n.inputs[0]).len() != 4 {
@@ -277,6 +278,7 @@ impl KernelSupport for GpuSupport {
             | Op::LayerNorm { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBackward
+            | Op::AddRmsNorm { .. }
             | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::Dropout { .. }

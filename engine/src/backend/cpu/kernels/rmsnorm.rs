@@ -59,6 +59,84 @@ pub fn rmsnorm_forward(
     });
 }
 
+/// Rows of the residual add + RMSNorm: s = x + r (or s += r in place when `x` is None), then
+/// RMSNorm of s while the row is in cache (as LayerNorm's `add_fwd_rows`).
+#[inline(always)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/rmsnorm.rs"
+)]
+fn add_fwd_rows(
+    s: &mut [f32],
+    x: Option<&[f32]>,
+    r: &[f32],
+    y: &mut [f32],
+    rstd: &mut [f32],
+    w: &[f32],
+    eps: f32,
+) {
+    let c = w.len();
+    for row in 0..rstd.len() {
+        let e = row * c..(row + 1) * c;
+        let sr = &mut s[e.clone()];
+        match x {
+            Some(x) => {
+                for ((o, &u), &v) in sr.iter_mut().zip(&x[e.clone()]).zip(&r[e.clone()]) {
+                    *o = u + v;
+                }
+            }
+            None => {
+                for (o, &v) in sr.iter_mut().zip(&r[e.clone()]) {
+                    *o += v;
+                }
+            }
+        }
+        fwd_rows(&mut y[e], &mut rstd[row..row + 1], sr, w, eps);
+    }
+}
+multiversion!(fn add_fwd_chunk<>(s: &mut [f32], x: Option<&[f32]>, r: &[f32], y: &mut [f32], rstd: &mut [f32], w: &[f32], eps: f32) => add_fwd_rows);
+
+/// sum = a + b and y = RMSNorm(sum) in one pass over the rows (`ops::rmsnorm::
+/// add_rmsnorm_forward`; ORT's `SkipSimplifiedLayerNormalization`). `a` None: `sum` already
+/// holds a (the plan put the sum over a dying operand) and b is added in place.
+// sum, y, a, b: (R, C); rstd: (R); w: (C)
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a kernel's operands and dimensions, as its reference in ops/rmsnorm.rs"
+)]
+pub fn add_rmsnorm_forward(
+    pool: &Pool,
+    sum: &mut [f32],
+    y: &mut [f32],
+    rstd: &mut [f32],
+    a: Option<&[f32]>,
+    b: &[f32],
+    w: &[f32],
+    eps: f32,
+) {
+    let c = w.len();
+    let rows = rstd.len();
+    assert!(sum.len() == rows * c && y.len() == rows * c && b.len() == rows * c);
+    assert!(a.is_none_or(|a| a.len() == rows * c));
+    let (sp, yp, rp) =
+        (SyncPtr(sum.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), SyncPtr(rstd.as_mut_ptr()));
+    pool.for_ranges(rows, min_rows(c), 1, &|r| {
+        let e = r.start * c..r.end * c;
+        // SAFETY: row ranges are disjoint; each task writes its rows of sum, y and rstd.
+        unsafe {
+            add_fwd_chunk(
+                sp.slice(e.clone()),
+                a.map(|a| &a[e.clone()]),
+                &b[e.clone()],
+                yp.slice(e),
+                rp.slice(r.clone()),
+                w,
+                eps,
+            )
+        }
+    });
+}
+
 #[inline(always)]
 fn bwd_rows(dx: &mut [f32], dw: &mut [f32], dy: &[f32], x: &[f32], w: &[f32], rstd: &[f32]) {
     let c = w.len();
@@ -194,6 +272,52 @@ mod tests {
             rmsnorm_backward(&pool, &mut dx1, &mut dw1, &dy, &x, &w, &s0, &mut ws);
             check(&dx1, &dx0, "dx");
             check(&dw1, &dw0, "dw");
+        }
+    }
+
+    /// The fused residual add + RMSNorm against the reference (`ops::rmsnorm::
+    /// add_rmsnorm_forward`), out of place and in place over either operand, C = 37 and 67 on
+    /// 3 threads: the sum exact, y and rstd within 2e-5·max|ref|.
+    #[test]
+    fn add_rmsnorm_kernel_matches_the_reference_in_and_out_of_place() {
+        let pool = Pool::new(3);
+        for &(rows, c) in &[(2000usize, 37usize), (53, 67)] {
+            let mut rng = Rng::new(rows as u64 * 13 + c as u64);
+            let (a, b, w) = (rng.vec_f32(rows * c), rng.vec_f32(rows * c), rng.vec_f32(c));
+            let (mut s0, mut y0, mut r0) =
+                (vec![0.0; rows * c], vec![0.0; rows * c], vec![0.0; rows]);
+            rref::add_rmsnorm_forward(&mut s0, &mut y0, &mut r0, &a, &b, &w, 1e-6);
+            let scale = y0.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for mode in 0..3 {
+                let (mut y, mut r) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows]);
+                let sum = match mode {
+                    0 => {
+                        let mut s = vec![f32::NAN; rows * c];
+                        add_rmsnorm_forward(&pool, &mut s, &mut y, &mut r, Some(&a), &b, &w, 1e-6);
+                        s
+                    }
+                    1 => {
+                        let mut s = a.clone();
+                        add_rmsnorm_forward(&pool, &mut s, &mut y, &mut r, None, &b, &w, 1e-6);
+                        s
+                    }
+                    _ => {
+                        let mut s = b.clone();
+                        add_rmsnorm_forward(&pool, &mut s, &mut y, &mut r, None, &a, &w, 1e-6);
+                        s
+                    }
+                };
+                assert_eq!(sum, s0, "sum ({rows}x{c}, mode {mode})");
+                for (i, (x, want)) in y.iter().zip(&y0).enumerate() {
+                    assert!(
+                        (x - want).abs() <= 2e-5 * scale,
+                        "y ({rows}x{c}, mode {mode}) [{i}]: {x} vs {want}"
+                    );
+                }
+                for (x, want) in r.iter().zip(&r0) {
+                    assert!((x - want).abs() <= 2e-5 * want.abs(), "rstd: {x} vs {want}");
+                }
+            }
         }
     }
 }
