@@ -8,7 +8,9 @@
 //! - a tiny-gpt2 run of pytorch, torch-compile and ort has the torch-compile row, its compile
 //!   time, the engine's second speedup (over torch-compile) and parity ok for all three;
 //! - bad input is refused in one line: a data tensor no config uses, no C++ compiler for
-//!   inductor, ranks > 1; an unknown config names torch-compile among the known ones.
+//!   inductor, ranks > 1; an unknown config names torch-compile among the known ones;
+//! - the worker's own error record (fp16 on the CPU) is the row's error, and the run's scratch
+//!   directory is gone after it.
 //!
 //! Needs the venv's torch + transformers (`ORTBENCH_PYTHON`, which scripts/test sets; else the
 //! active venv or the checkout's .venv) and g++. The compiled runs are the slow part: inductor
@@ -275,4 +277,31 @@ fn the_config_is_listed_and_named_among_the_known_ones() {
             && err.contains("pytorch, torch-compile, ort, ort-zero1"),
         "{err}"
     );
+}
+
+#[test]
+fn a_worker_error_is_the_runs_error_and_its_scratch_dir_goes() {
+    // fp16 autocast needs CUDA (GradScaler), as for the pytorch config: the python worker's
+    // error record becomes the row's error, and the run's scratch directory (weights, batches,
+    // compile caches) is removed.
+    let dir = tempfile::tempdir().unwrap();
+    let (out, tmp) = (dir.path().join("o"), dir.path().join("tmp"));
+    std::fs::create_dir(&tmp).unwrap();
+    let o = ortbench(
+        &[
+            &["run", "--models", "tiny-gpt2", "--configs", "torch-compile", "--precision", "fp16"],
+            common::QUICK,
+            &["--out", out.to_str().unwrap()],
+        ]
+        .concat(),
+        &[("TMPDIR", tmp.to_str().unwrap())],
+        false,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(cell(&h, &rows, "torch-compile", "status"), "error");
+    let err = cell(&h, &rows, "torch-compile", "error");
+    assert!(err.starts_with("torch-compile: fp16 autocast needs a CUDA device"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }
