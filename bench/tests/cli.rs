@@ -175,16 +175,16 @@ fn bad_input_is_a_one_line_error_with_nothing_written() {
 
     let dir = tempfile::tempdir().unwrap();
     // An unsupported architecture.
-    let llama = dir.path().join("llama");
-    std::fs::create_dir(&llama).unwrap();
+    let falcon = dir.path().join("falcon");
+    std::fs::create_dir(&falcon).unwrap();
     std::fs::write(
-        llama.join("config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#,
+        falcon.join("config.json"),
+        r#"{"architectures": ["FalconForCausalLM"], "model_type": "falcon"}"#,
     )
     .unwrap();
     rejects(
-        &["run", "--models", llama.to_str().unwrap()],
-        "unsupported architecture 'LlamaForCausalLM'",
+        &["run", "--models", falcon.to_str().unwrap()],
+        "unsupported architecture 'FalconForCausalLM'",
     );
     // An unreadable weights file.
     let bad = dir.path().join("bad.safetensors");
