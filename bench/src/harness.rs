@@ -57,6 +57,11 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let mut peak = device_peak(&device);
     eprintln!("ortbench: MFU against {}", describe_peak(&peak));
     let environment = crate::env::collect();
+    let torch_compile = plan
+        .runs
+        .iter()
+        .any(|r| r.config == crate::torch_compile::CONFIG)
+        .then(crate::torch_compile::describe);
     let meta = |peak: &DevicePeak,
                 finished: Option<f64>,
                 interrupted: bool,
@@ -81,6 +86,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             "quick": args.quick,
             "parity": { "steps": args.parity_steps(), "lr": args.parity_lr, "dropout": 0.0, "tolerance": args.diverge_tol.map_or("from the precision (metrics::parity_tol)".to_string(), |t| t.to_string()) },
             "environment": environment,
+            "torch_compile": torch_compile,
             "runs": plan.runs,
         })
     };

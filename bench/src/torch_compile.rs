@@ -86,6 +86,39 @@ pub fn check_available() -> Result<()> {
     }
 }
 
+/// What the torch-compile runs ran on, for run.json: the python, its torch and transformers
+/// versions (`python -c`, a few seconds: transformers' import), inductor's C++ compiler and the
+/// compile-cache rule.
+pub fn describe() -> serde_json::Value {
+    let py = python();
+    let code = "import json, torch, transformers; print(json.dumps({'torch': torch.__version__, 'transformers': transformers.__version__}))";
+    let versions = Command::new(&py)
+        .args(["-c", code])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let cxx = cxx();
+    let cxx_version = Command::new(&cxx)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_string));
+    serde_json::json!({
+        "python": py,
+        "versions": versions,
+        "cxx": cxx,
+        "cxx_version": cxx_version,
+        "mode": if std::env::var(MODE_VAR).is_ok_and(|v| v.trim() == "eager") { "eager (ORTBENCH_TORCH_COMPILE=eager: no torch.compile)" } else { "torch.compile, inductor, default mode" },
+        "compile_cache": "fresh per run (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR in the run's scratch directory): never shared between runs",
+        "compile_s": "the first step's wall time (compilation of forward and backward, and that step's compute); never a timed step",
+    })
+}
+
 /// A torch-compile run's scratch directory: the model, the batches, the spec, the script and
 /// the compile caches. Removed on drop.
 pub struct Scratch {

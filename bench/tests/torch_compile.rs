@@ -184,6 +184,12 @@ fn tiny_gpt2_compares_pytorch_torch_compile_and_ort() {
     let (c, p) = (col(&sh, "config"), col(&sh, "phase"));
     let probe = |cfg: &str| steps.iter().filter(|r| r[c] == cfg && r[p] == "parity").count();
     assert_eq!((probe("pytorch"), probe("torch-compile"), probe("ort")), (3, 3, 3));
+    // run.json says what torch-compile ran on.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    let tc = &meta["torch_compile"];
+    assert!(tc["versions"]["transformers"].as_str().is_some_and(|v| v.starts_with("5.")), "{tc}");
+    assert!(tc["compile_cache"].as_str().unwrap().contains("never shared"), "{tc}");
     // The table and the report show both.
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("compile s") && table.contains("vs torch-compile"), "{table}");
