@@ -400,7 +400,7 @@ fn llama_sequence_classification_engine_gradients_match_torch() {
 }
 
 /// `ort --device cuda`: the GPU kernels the family needs do not exist yet; planning for the GPU
-/// refuses the graph in one line naming the op (what `ortbench run` reports).
+/// refuses the graph in one line naming every op without a kernel (what `ortbench run` reports).
 #[test]
 fn gpu_planning_refuses_the_family_naming_the_missing_kernels() {
     use ortbench_engine::exec::gpu::support::GpuSupport;
@@ -410,7 +410,11 @@ fn gpu_planning_refuses_the_family_naming_the_missing_kernels() {
         let g = &model.graph;
         let e = ortbench_engine::plan::build(g, &GpuSupport::for_graph(g)).unwrap_err().to_string();
         println!("{name}: {e}");
-        assert!(e.contains("rms_norm") && e.contains("no GPU kernel") && !e.contains('\n'), "{e}");
+        assert!(e.contains("no GPU kernel") && !e.contains('\n'), "{e}");
+        // Every missing kernel named, not only the first node's.
+        for op in ["rms_norm", "rotary", "attention", "rms_norm_backward"] {
+            assert!(e.contains("no kernel for: ") && e.contains(op), "{op}: {e}");
+        }
     }
 }
 

@@ -62,6 +62,10 @@ pub enum PlanError {
     NotTraining,
     #[error("node {node} ({op}): the {backend} backend has no kernel for it{why}; add one (one match arm in the executor) or run the reference executor (ORTBENCH_EXECUTOR=ref)")]
     NoKernel { node: usize, op: &'static str, backend: &'static str, why: String },
+    /// Several ops without a kernel: each named once (in graph order), so a user sees all that
+    /// is missing (a model family the GPU backend does not have yet), then the first's reason.
+    #[error("the {backend} backend has no kernel for: {ops}; the first: {first}")]
+    NoKernels { backend: &'static str, ops: String, first: Box<PlanError> },
     #[error("{0}")]
     Backend(String),
 }
@@ -779,8 +783,31 @@ impl<'a> Ctx<'a> {
     /// input indices per tensor.
     fn new(g: &'a Graph, k: &'a dyn KernelSupport) -> Result<Ctx<'a>, PlanError> {
         let nodes = g.nodes();
+        let mut missing: Vec<PlanError> = Vec::new();
         for i in 0..nodes.len() {
-            k.check(g, i)?;
+            match k.check(g, i) {
+                Ok(()) => {}
+                Err(e @ PlanError::NoKernel { .. }) => missing.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if missing.len() == 1 {
+            return Err(missing.remove(0));
+        }
+        if !missing.is_empty() {
+            let mut ops: Vec<&str> = Vec::new();
+            for e in &missing {
+                if let PlanError::NoKernel { op, .. } = e {
+                    if !ops.contains(op) {
+                        ops.push(op);
+                    }
+                }
+            }
+            return Err(PlanError::NoKernels {
+                backend: k.name(),
+                ops: ops.join(", "),
+                first: Box::new(missing.remove(0)),
+            });
         }
         let nt = g.tensors().len();
         let mut producer = vec![None; nt];
