@@ -55,8 +55,10 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Comma-separated models: aliases (bert, gpt2, bert-large, gpt2-medium, tiny-bert,
-    /// tiny-gpt2), HF-format directories, or hub ids (org/name, from the HF cache).
+    /// Comma-separated models: aliases (bert, gpt2, bert-large, gpt2-medium, smollm2-135m,
+    /// qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, and tiny-bert, tiny-gpt2, tiny-llama,
+    /// tiny-mistral, tiny-qwen2, tiny-qwen3 for tests: `ortbench list`), HF-format directories,
+    /// or hub ids (org/name, from the HF cache).
     #[arg(long, value_delimiter = ',', required = true)]
     pub models: Vec<String>,
     /// Comma-separated configs: pytorch, torch-compile, ort, ort-zero1 (`list` says what each
