@@ -130,8 +130,12 @@ def load_model(model_dir, cfg, arch, dropout, device):
         # A directory with only config.json: HF's random initialisation (throughput runs).
         print(f"torch-compile.py: no weights in {model_dir}: HF's random initialisation", file=sys.stderr)
         config = transformers.AutoConfig.from_pretrained(model_dir, **overrides)
-        return cls._from_config(config, attn_implementation="sdpa").to(device).train()
-    model, info = cls.from_pretrained(model_dir, attn_implementation="sdpa", output_loading_info=True, **overrides)
+        return cls._from_config(config, attn_implementation="sdpa", dtype=torch.float32).to(device).train()
+    # dtype float32: transformers 5 loads in the config's `dtype` by default (SmolLM2's and
+    # Qwen's say bfloat16), which would train pure bf16 weights instead of fp32 masters under
+    # autocast, as the other configs do.
+    model, info = cls.from_pretrained(model_dir, attn_implementation="sdpa", output_loading_info=True,
+                                      dtype=torch.float32, **overrides)
     missing = info.get("missing_keys") or []
     if missing:
         print(f"torch-compile.py: {len(missing)} weights newly initialised (not in {model_dir}): {sorted(missing)[:5]}…", file=sys.stderr)
@@ -139,11 +143,12 @@ def load_model(model_dir, cfg, arch, dropout, device):
 
 
 def decay_groups(model, weight_decay):
-    # HF Trainer's get_decay_parameter_names: every weight but biases and LayerNorm's.
-    from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
-    from transformers.trainer_pt_utils import get_parameter_names
+    # HF Trainer's get_decay_parameter_names itself (it reads no Trainer state): every weight but
+    # biases, LayerNorm's and every norm's (RMSNorm weights of Llama/Qwen included: model.norm,
+    # q_norm, k_norm), as scripts/make-fixtures.py.
+    from transformers import Trainer
 
-    decay = set(get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm", "rmsnorm"]))
+    decay = set(Trainer.get_decay_parameter_names(None, model))
     params = dict(model.named_parameters())
     return [
         {"params": [p for n, p in params.items() if n in decay], "weight_decay": weight_decay},
@@ -343,7 +348,9 @@ def worker(spec_path):
     cfg, arch = architecture(tc["model_dir"])
     batch, _ = batches(tc["data"], arch, int(spec["batch_size"]))
     watch = DeviceMemory(device) if device.startswith("cuda") else None
-    model, info = getattr(transformers, arch).from_pretrained(tc["model_dir"], attn_implementation="sdpa", output_loading_info=True)
+    # fp32 weights whatever the config's `dtype` says (load_model says why).
+    model, info = getattr(transformers, arch).from_pretrained(tc["model_dir"], attn_implementation="sdpa",
+                                                              output_loading_info=True, dtype=torch.float32)
     missing = sorted(info.get("missing_keys") or [])
     unexpected = sorted(info.get("unexpected_keys") or [])
     if missing or unexpected:
