@@ -145,6 +145,32 @@ fn hf_agrees(dir: &Path, label: &str) {
     assert!(d < 1e-4, "{label}: {d}");
 }
 
+/// `ortbench export --onnx` of the saved directory `out`, run under onnxruntime on the eval
+/// texts: its logits are the engine's within 1e-4 of the largest.
+fn onnx_computes_the_engine_logits(out: &Path, tmp: &Path, label: &str) {
+    let onnx = tmp.join(format!("{label}.onnx"));
+    let (ok, stdout, stderr) = ortbench(
+        &["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()],
+        tmp,
+    );
+    assert!(ok, "{stderr}");
+    println!("{stdout}");
+    let (cfg, batch) = inputs(out, "text/eval.csv");
+    let (inp, res) = (tmp.join("in.safetensors"), tmp.join("ort.safetensors"));
+    write_inputs(&inp, &batch);
+    let o = Command::new(python())
+        .arg(root().join("scripts/onnx-check.py"))
+        .args([&onnx, &inp, &res])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "onnx-check.py: {}", String::from_utf8_lossy(&o.stderr));
+    let d = rel_diff(&engine_logits(out, &cfg, &batch), &read_logits(&res).0);
+    println!(
+        "{label}: exported ONNX under onnxruntime: logits max |engine − ort| / max|ort| = {d:.2e}"
+    );
+    assert!(d < 1e-4, "{label}: {d}");
+}
+
 #[test]
 fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
     let tmp = tempfile::tempdir().unwrap();
@@ -195,25 +221,7 @@ fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
     hf_agrees(&out, "BertForSequenceClassification (trained)");
 
     // Export the trained model and run it under onnxruntime.
-    let onnx = tmp.path().join("sentiment.onnx");
-    let (ok, stdout, stderr) = ortbench(
-        &["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()],
-        tmp.path(),
-    );
-    assert!(ok, "{stderr}");
-    println!("{stdout}");
-    let (cfg, batch) = inputs(&out, "text/eval.csv");
-    let (inp, res) = (tmp.path().join("in.safetensors"), tmp.path().join("ort.safetensors"));
-    write_inputs(&inp, &batch);
-    let o = Command::new(python())
-        .arg(root().join("scripts/onnx-check.py"))
-        .args([&onnx, &inp, &res])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "onnx-check.py: {}", String::from_utf8_lossy(&o.stderr));
-    let d = rel_diff(&engine_logits(&out, &cfg, &batch), &read_logits(&res).0);
-    println!("exported ONNX under onnxruntime: logits max |engine − ort| / max|ort| = {d:.2e}");
-    assert!(d < 1e-4);
+    onnx_computes_the_engine_logits(&out, tmp.path(), "sentiment");
 }
 
 /// A masked LM (the sentiment checkpoint with --task masked-lm: a new head) and a causal LM
@@ -286,25 +294,7 @@ fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
     }
     hf_agrees(&out, "LlamaForCausalLM (trained)");
 
-    let onnx = tmp.path().join("llama.onnx");
-    let (ok, stdout, stderr) = ortbench(
-        &["export", "--model", out.to_str().unwrap(), "--onnx", onnx.to_str().unwrap()],
-        tmp.path(),
-    );
-    assert!(ok, "{stderr}");
-    println!("{stdout}");
-    let (cfg, batch) = inputs(&out, "text/eval.csv");
-    let (inp, res) = (tmp.path().join("in.safetensors"), tmp.path().join("ort.safetensors"));
-    write_inputs(&inp, &batch);
-    let o = Command::new(python())
-        .arg(root().join("scripts/onnx-check.py"))
-        .args([&onnx, &inp, &res])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "onnx-check.py: {}", String::from_utf8_lossy(&o.stderr));
-    let d = rel_diff(&engine_logits(&out, &cfg, &batch), &read_logits(&res).0);
-    println!("exported Llama under onnxruntime: logits max |engine − ort| / max|ort| = {d:.2e}");
-    assert!(d < 1e-4);
+    onnx_computes_the_engine_logits(&out, tmp.path(), "llama");
 }
 
 /// 20 steps straight, and the same run resumed from its checkpoint at step 10: the same
