@@ -35,8 +35,10 @@ import transformers
 from safetensors.numpy import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
                           GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          LlamaForSequenceClassification, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaForSequenceClassification, MistralConfig, MistralForCausalLM,
+                          MistralForSequenceClassification, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3ForSequenceClassification)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -270,6 +272,18 @@ LLAMA_FIXTURES = {
     # make the 8 clipped steps move 2-3e-4 for a 1e-6 relative change of the weights (3e-6 at 0.05).
     "tiny-llama-cls-padded": dict(cls=LlamaForSequenceClassification, cfg_cls=LlamaConfig, seed=5007,
                                   base="tiny-llama", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                  pad_token_id=0, initializer_range=0.05),
+    # The other three families' classifiers (HF's generic ForSequenceClassification: last non-pad
+    # token, score without bias), padded as tiny-llama-cls-padded; Qwen2's q/k/v biases and Qwen3's
+    # q/k norms under the pooled head.
+    "tiny-mistral-cls-padded": dict(cls=MistralForSequenceClassification, cfg_cls=MistralConfig, seed=5009,
+                                    base="tiny-mistral", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                    pad_token_id=0, initializer_range=0.05),
+    "tiny-qwen2-cls-padded": dict(cls=Qwen2ForSequenceClassification, cfg_cls=Qwen2Config, seed=5010,
+                                  base="tiny-qwen2", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                  pad_token_id=0, initializer_range=0.05),
+    "tiny-qwen3-cls-padded": dict(cls=Qwen3ForSequenceClassification, cfg_cls=Qwen3Config, seed=5011,
+                                  base="tiny-qwen3", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
                                   pad_token_id=0, initializer_range=0.05),
     # Qwen2's windowed layers: use_sliding_window with max_window_layers 1 of 2, so layer 0 is full
     # attention and layer 1 sliding (layer_types recomputed from those).

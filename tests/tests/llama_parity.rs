@@ -177,6 +177,13 @@ fn tiny_llama_sequence_classification_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-llama-cls-padded");
 }
 
+#[test]
+fn tiny_mistral_qwen2_qwen3_sequence_classification_match_hf_for_pytorch_and_ort() {
+    for name in ["tiny-mistral-cls-padded", "tiny-qwen2-cls-padded", "tiny-qwen3-cls-padded"] {
+        check_fixture(name);
+    }
+}
+
 /// The fixture's config with `edit` applied, everything else (weights, batches) unchanged.
 fn edited(f: &Fixture, edit: impl FnOnce(&mut serde_json::Value)) -> ModelConfig {
     let mut raw = f.cfg.raw.clone();
