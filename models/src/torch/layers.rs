@@ -114,6 +114,23 @@ pub fn padding_mask(attention_mask: &Tensor, causal: bool) -> Tensor {
     }
 }
 
+/// HF's pooling of a last-token classifier (GPT-2, Llama, Mistral, Qwen): each row's logits at
+/// its rightmost token that is not `pad_token_id` (position 0 when all are); the last position
+/// without a pad token.
+// logits: (B, T, L), input_ids: (B, T) -> (B, L)
+pub fn last_token(logits: &Tensor, input_ids: &Tensor, pad_token_id: Option<i64>) -> Tensor {
+    let (b, t) = input_ids.size2().expect("(B, T) ids");
+    let last = match pad_token_id {
+        Some(pad) => {
+            let positions = Tensor::arange(t, (Kind::Int64, input_ids.device()));
+            (positions * input_ids.ne(pad).to_kind(Kind::Int64)).argmax(-1, false)
+        }
+        None => Tensor::full([b], t - 1, (Kind::Int64, input_ids.device())),
+    };
+    let rows = Tensor::arange(b, (Kind::Int64, input_ids.device()));
+    logits.index(&[Some(rows), Some(last)])
+}
+
 /// The loss of HF's `…ForSequenceClassification` for `problem`: CrossEntropyLoss over
 /// (B, L) logits and (B,) labels; BCEWithLogitsLoss against (B, L) 0/1 labels as floats; MSELoss
 /// of the squeezed (B, 1) logits against (B,) float targets.

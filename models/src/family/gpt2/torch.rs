@@ -5,7 +5,8 @@ use tch::{Kind, Tensor};
 use super::{Gpt2Config, INFO};
 use crate::config::{Activation, ModelConfig, ProblemType};
 use crate::torch::layers::{
-    activation, causal_lm_loss, classification_loss, padding_mask, sdpa, Conv1D, LayerNorm,
+    activation, causal_lm_loss, classification_loss, last_token, padding_mask, sdpa, Conv1D,
+    LayerNorm,
 };
 use crate::torch::{TorchLoss, Vars};
 
@@ -159,18 +160,9 @@ impl TorchLoss for Gpt2ForSequenceClassification {
         targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
-        let (b, t) = input_ids.size2().expect("(B, T) ids");
         let h = self.transformer.forward(input_ids, attention_mask, train);
         let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
-        let last = match self.pad_token_id {
-            Some(pad) => {
-                let positions = Tensor::arange(t, (Kind::Int64, input_ids.device()));
-                (positions * input_ids.ne(pad).to_kind(Kind::Int64)).argmax(-1, false)
-            }
-            None => Tensor::full([b], t - 1, (Kind::Int64, input_ids.device())),
-        };
-        let rows = Tensor::arange(b, (Kind::Int64, input_ids.device()));
-        let pooled = logits.index(&[Some(rows), Some(last)]); // (B, L)
+        let pooled = last_token(&logits, input_ids, self.pad_token_id); // (B, L)
         classification_loss(&pooled, labels, targets, self.problem)
     }
 }

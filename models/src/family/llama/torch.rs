@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 
 use super::{LayerType, LlamaConfig, RopeScaling, EMBED};
 use crate::config::{ModelConfig, ProblemType};
-use crate::torch::layers::{causal_lm_loss, classification_loss, padding_mask};
+use crate::torch::layers::{causal_lm_loss, classification_loss, last_token, padding_mask};
 use crate::torch::{TorchLoss, Vars};
 
 /// nn.Linear with an optional bias.
@@ -327,18 +327,9 @@ impl TorchLoss for LlamaForSequenceClassification {
         targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
-        let (b, t) = input_ids.size2().expect("(B, T) ids");
         let h = self.model.forward(input_ids, attention_mask, train);
         let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
-        let last = match self.pad_token_id {
-            Some(pad) => {
-                let positions = Tensor::arange(t, (Kind::Int64, input_ids.device()));
-                (positions * input_ids.ne(pad).to_kind(Kind::Int64)).argmax(-1, false)
-            }
-            None => Tensor::full([b], t - 1, (Kind::Int64, input_ids.device())),
-        };
-        let rows = Tensor::arange(b, (Kind::Int64, input_ids.device()));
-        let pooled = logits.index(&[Some(rows), Some(last)]);
+        let pooled = last_token(&logits, input_ids, self.pad_token_id);
         classification_loss(&pooled, labels, targets, self.problem)
     }
 }
