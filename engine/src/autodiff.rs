@@ -95,6 +95,7 @@ fn differentiable_outputs(node: &Node) -> usize {
         | Op::Split { .. }
         | Op::Concat
         | Op::CrossEntropy { .. }
+        | Op::LinearCrossEntropy { .. }
         | Op::EmbeddingBackward
         | Op::ReduceSumLeading
         | Op::GeluBackward { .. }
@@ -104,6 +105,7 @@ fn differentiable_outputs(node: &Node) -> usize {
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::CrossEntropyBackward { .. }
+        | Op::LinearCrossEntropyBackward { .. }
         | Op::Unary { .. }
         | Op::Binary { .. }
         | Op::UnaryBackward { .. } => node.outputs.len(),
@@ -246,6 +248,24 @@ fn rule(
         Op::CrossEntropy { ignore_index } => {
             vec![Some(g.cross_entropy_backward(gy()?, ins[0], ins[1], *ignore_index)?), None]
         }
+        Op::LinearCrossEntropy { ignore_index } => {
+            // One node gives dx, dw and dbias (and the loss again, unused here: the training
+            // pass `fuse_linear_cross_entropy_backward` makes it the loss and drops the forward).
+            let bias = ins.get(3).copied();
+            let d = g.linear_cross_entropy_backward(
+                gy()?,
+                ins[0],
+                ins[1],
+                ins[2],
+                bias,
+                *ignore_index,
+            )?;
+            let mut grads = vec![Some(d[1]), Some(d[2]), None];
+            if bias.is_some() {
+                grads.push(Some(d[3]));
+            }
+            grads
+        }
         Op::Linear { tb, gelu } => {
             // GELU's backward from the saved pre-activation, then what MatMul and BiasAdd
             // would emit: the same backward nodes as the unfused graph.
@@ -297,7 +317,8 @@ fn rule(
         | Op::RmsNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::AttentionBackward { .. }
-        | Op::CrossEntropyBackward { .. }) => {
+        | Op::CrossEntropyBackward { .. }
+        | Op::LinearCrossEntropyBackward { .. }) => {
             return Err(GraphError::Autodiff(format!(
                 "{} has no gradient rule (double backward is not supported)",
                 op.name()

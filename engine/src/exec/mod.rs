@@ -9,8 +9,8 @@ use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
 use crate::ops::{
-    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, pointwise, rmsnorm,
-    rotary, softmax, tanh,
+    add, cross_entropy, dropout, embedding, gelu, layernorm, layout, linear, linear_cross_entropy,
+    pointwise, rmsnorm, rotary, softmax, tanh,
 };
 use crate::ops::{MaskView, OpError, Real};
 use std::borrow::Cow;
@@ -363,6 +363,18 @@ fn eval<T: Real>(
             outs[0][0] =
                 cross_entropy::cross_entropy_forward(f(0), ids(1), last(0), *ignore_index)?;
         }
+        Op::LinearCrossEntropy { ignore_index } => {
+            let bias = (node.inputs.len() > 3).then(|| f(3));
+            outs[0][0] = linear_cross_entropy::linear_cross_entropy(
+                f(0),
+                f(1),
+                ids(2),
+                bias,
+                last(0),
+                *ignore_index,
+                None,
+            )?;
+        }
         Op::Linear { tb, gelu } => {
             let k = last(0);
             let (y, pre) = match &mut outs[..] {
@@ -427,6 +439,27 @@ fn eval<T: Real>(
                 ids(2),
                 last(1),
                 *ignore_index,
+            )?;
+        }
+        Op::LinearCrossEntropyBackward { ignore_index } => {
+            let bias = (node.inputs.len() > 4).then(|| f(4));
+            let (loss, grads) = outs.split_at_mut(1);
+            let (dx, rest) = grads.split_at_mut(1);
+            let (dw, db) = rest.split_at_mut(1);
+            let grads = linear_cross_entropy::LceGrads {
+                dloss: f(0)[0],
+                dx: &mut dx[0],
+                dw: &mut dw[0],
+                db: db.first_mut().map(|d| &mut d[..]),
+            };
+            loss[0][0] = linear_cross_entropy::linear_cross_entropy(
+                f(1),
+                f(2),
+                ids(3),
+                bias,
+                last(1),
+                *ignore_index,
+                Some(grads),
             )?;
         }
     }

@@ -32,7 +32,8 @@ use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
 use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
 use crate::backend::cpu::kernels::{
-    copy, cross_entropy, embedding, layernorm, reduce, rmsnorm, rotary, softmax,
+    copy, cross_entropy, embedding, layernorm, linear_cross_entropy as lce, reduce, rmsnorm,
+    rotary, softmax,
 };
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
@@ -102,6 +103,8 @@ impl KernelSupport for CpuSupport {
             | Op::RmsNormBackward
             | Op::SoftmaxBackward { .. }
             | Op::CrossEntropyBackward { .. }
+            | Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
             | Op::Linear { .. }
             | Op::AddLayerNorm { .. }
             | Op::AddRmsNorm { .. }
@@ -146,6 +149,13 @@ impl KernelSupport for CpuSupport {
                 rmsnorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
             }
             Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
+            // One chunk of logits, gathered rows, dx rows and row losses.
+            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+                let x = if matches!(n.op, Op::LinearCrossEntropy { .. }) { 0 } else { 1 };
+                let (c, v) = (g.shape(n.inputs[x + 1])[1], g.shape(n.inputs[x + 1])[0]);
+                let rows = g.tensor(n.inputs[x + 2]).numel();
+                lce::workspace(rows, c, v, lce::chunk_rows(v, t))
+            }
             Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
                 let p = g.shape(n.outputs[1]);
                 t * p[2] * p[3]
@@ -281,6 +291,9 @@ pub struct PlannedExecutor {
     /// instead (dynamic loss scaling: the whole backward then runs on scaled values).
     seed_node: Option<usize>,
     loss_scale: f32,
+    /// GEMM FLOPs the linear + cross-entropy nodes ran in the last step (their labelled rows
+    /// are known only at run time).
+    lce_flops: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for PlannedExecutor {
@@ -402,6 +415,7 @@ impl PlannedExecutor {
             sel,
             seed_node,
             loss_scale: 1.0,
+            lce_flops: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -462,6 +476,8 @@ impl PlannedExecutor {
                     let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
                     a.executed_flops(matches!(g.nodes()[r.node].op, Op::AttentionBackward { .. }))
                 }
+                // Counted by the kernels' calls (labelled rows only), added once below.
+                Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => 0.0,
                 // Element-wise, normalisation, loss and data movement: not counted (above).
                 Op::Fill { .. }
                 | Op::Embedding
@@ -494,7 +510,8 @@ impl PlannedExecutor {
                 | Op::Binary { .. }
                 | Op::UnaryBackward { .. } => 0.0,
             })
-            .sum()
+            .sum::<f64>()
+            + self.lce_flops.load(std::sync::atomic::Ordering::Relaxed) as f64
     }
 
     /// One training step: forward and backward; every parameter's gradient is written into
@@ -517,6 +534,7 @@ impl PlannedExecutor {
         }
         self.bind(inputs)?;
         self.select_rows();
+        *self.lce_flops.get_mut() = 0;
         let g = &self.graph;
         for pad in g.param_pads() {
             grads[pad].fill(0.0);
@@ -997,6 +1015,36 @@ impl PlannedExecutor {
                 )?;
                 wr(0)[0] = l;
             }
+            Op::LinearCrossEntropy { ignore_index }
+            | Op::LinearCrossEntropyBackward { ignore_index } => {
+                // Operands from x on: the backward's slot 0 is dloss.
+                let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward { .. }));
+                let (v, c) = (g.shape(node.inputs[at + 1])[0], g.shape(node.inputs[at + 1])[1]);
+                let labels = ids(at + 2);
+                let p = lce::Lce {
+                    x: rd(at),
+                    w: rd(at + 1),
+                    labels,
+                    bias: (node.inputs.len() > at + 3).then(|| rd(at + 3)),
+                    c,
+                    v,
+                    ignore_index: *ignore_index,
+                    chunk: lce::chunk_rows(v, pool.threads()),
+                };
+                let grads = (at == 1).then(|| lce::LceGrads {
+                    dloss: rd(0)[0],
+                    dx: wr(1),
+                    dw: wr(2),
+                    db: (node.outputs.len() > 3).then(|| wr(3)),
+                });
+                let gemms = if at == 1 { 3 } else { 1 };
+                wr(0)[0] = lce::linear_cross_entropy(pool, &p, ws(), grads)?;
+                let rows = labels.iter().filter(|&&l| l != *ignore_index).count();
+                self.lce_flops.fetch_add(
+                    (gemms * 2 * rows * c * v) as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
             Op::CrossEntropyBackward { ignore_index } => {
                 let v = last(node.inputs[1]);
                 let dloss = rd(0)[0];
@@ -1217,6 +1265,8 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         | Op::RmsNormBackward
         | Op::SoftmaxBackward { .. }
         | Op::CrossEntropyBackward { .. }
+        | Op::LinearCrossEntropy { .. }
+        | Op::LinearCrossEntropyBackward { .. }
         | Op::Unary { .. }
         | Op::Binary { .. }
         | Op::UnaryBackward { .. } => Aux::None,

@@ -85,6 +85,12 @@ pub enum Op {
     /// sum and y are differentiable, rstd is the saved statistic. The residual add + RMSNorm of
     /// every Llama block in one pass over the rows (ORT's `SkipSimplifiedLayerNormalization`).
     AddRmsNorm { eps: f32 },
+    /// (x (…, C), w (V, C), labels (…) i64 [, bias (V)]) → () the mean cross-entropy of the
+    /// logits x·wᵀ + bias over labels != ignore_index, without the (…, V) logits ever being
+    /// stored: the kernels compute them a chunk of rows at a time (the pass
+    /// `fuse_linear_cross_entropy` makes it from an LM head's matmul [+ bias add] and its
+    /// cross-entropy). Liger-Kernel's `LigerFusedLinearCrossEntropy`, Apple's Cut Cross-Entropy.
+    LinearCrossEntropy { ignore_index: i64 },
 
     // ---- backward-only ops (emitted by autodiff) ----
     /// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
@@ -108,6 +114,13 @@ pub enum Op {
     AttentionBackward { scale: f32, causal: bool, dropout_p: f32, offset: u64 },
     /// (dloss (), logits (…, V), labels (…)) → dlogits (…, V)
     CrossEntropyBackward { ignore_index: i64 },
+    /// (dloss (), x (…, C), w (V, C), labels (…) [, bias (V)]) → (loss (), dx (…, C),
+    /// dw (V, C) [, dbias (V)]): [`Op::LinearCrossEntropy`]'s gradients, each chunk's logits
+    /// recomputed and turned into dloss/count·(softmax − onehot) in place, then dx += g·w and
+    /// dw += gᵀ·x (accumulated in f32). It outputs the loss too (the same sweep computes it):
+    /// the training pass `fuse_linear_cross_entropy_backward` drops the forward node and
+    /// lets this one sweep give both — the unfused graph's three head GEMMs, not four.
+    LinearCrossEntropyBackward { ignore_index: i64 },
 }
 
 impl Op {
@@ -135,6 +148,7 @@ impl Op {
             Op::Concat => "concat",
             Op::Attention { .. } => "attention",
             Op::CrossEntropy { .. } => "cross_entropy",
+            Op::LinearCrossEntropy { .. } => "linear_cross_entropy",
             Op::Linear { .. } => "linear",
             Op::AddLayerNorm { .. } => "add_layernorm",
             Op::AddRmsNorm { .. } => "add_rms_norm",
@@ -148,6 +162,7 @@ impl Op {
             Op::SoftmaxBackward { .. } => "softmax_backward",
             Op::AttentionBackward { .. } => "attention_backward",
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
+            Op::LinearCrossEntropyBackward { .. } => "linear_cross_entropy_backward",
         }
     }
 
@@ -180,7 +195,10 @@ impl Op {
             | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
                 format!("scale={scale} causal={causal} p={dropout_p} offset={offset}")
             }
-            Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
+            Op::CrossEntropy { ignore_index }
+            | Op::CrossEntropyBackward { ignore_index }
+            | Op::LinearCrossEntropy { ignore_index }
+            | Op::LinearCrossEntropyBackward { ignore_index } => {
                 format!("ignore_index={ignore_index}")
             }
             Op::Embedding
@@ -215,6 +233,7 @@ impl Op {
                 | Op::SoftmaxBackward { .. }
                 | Op::AttentionBackward { .. }
                 | Op::CrossEntropyBackward { .. }
+                | Op::LinearCrossEntropyBackward { .. }
         )
     }
 }

@@ -18,6 +18,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod layout;
 pub mod linear;
+pub mod linear_cross_entropy;
 pub mod matmul;
 pub mod pointwise;
 pub mod real;

@@ -15,9 +15,11 @@
 //! | `fold_transpose` | forward | permute swapping the last two dims feeding a matmul ⇒ the matmul's `ta`/`tb` flag |
 //! | `fuse_softmax` | forward | scale → (mask add) → softmax ⇒ softmax with the scale and additive mask folded in |
 //! | `fuse_attention` | forward | matmul(q, kᵀ) → [scale] → softmax(+mask, causal) → [dropout] → matmul(·, v) ⇒ [`Op::Attention`] |
+//! | `fuse_linear_cross_entropy` | forward | matmul(x, wᵀ) → [bias add] → cross-entropy ⇒ [`Op::LinearCrossEntropy`]: the logits are never stored |
 //! | `fuse_matmul_bias` | forward | matmul → bias add (→ GELU) ⇒ [`Op::Linear`] |
 //! | `fuse_add_layernorm` | forward | add → LayerNorm ⇒ [`Op::AddLayerNorm`] |
 //! | `fuse_add_rmsnorm` | forward | add → RMSNorm ⇒ [`Op::AddRmsNorm`] |
+//! | `fuse_linear_cross_entropy_backward` | training | the loss's `linear_cross_entropy` and its backward ⇒ the backward node alone, moved to the forward's place, giving the loss too (one sweep over the logits chunks) |
 //! | `recompute_gelu` | training, off by default | the GELU output the backward reads is recomputed from its input right before that read |
 //!
 //! Softmax + cross-entropy needs no pass: [`Op::CrossEntropy`] already *is* that fusion (a
@@ -45,6 +47,7 @@ pub mod fold_transpose;
 pub mod fuse_add_layernorm;
 pub mod fuse_add_rmsnorm;
 pub mod fuse_attention;
+pub mod fuse_linear_cross_entropy;
 pub mod fuse_matmul_bias;
 pub mod fuse_softmax;
 pub mod recompute_gelu;
@@ -88,6 +91,12 @@ const PASSES: &[PassDef] = &[
     PassDef { name: "fuse_softmax", training: false, default_on: true, run: fuse_softmax::run },
     PassDef { name: "fuse_attention", training: false, default_on: true, run: fuse_attention::run },
     PassDef {
+        name: "fuse_linear_cross_entropy",
+        training: false,
+        default_on: true,
+        run: fuse_linear_cross_entropy::run,
+    },
+    PassDef {
         name: "fuse_matmul_bias",
         training: false,
         default_on: true,
@@ -104,6 +113,12 @@ const PASSES: &[PassDef] = &[
         training: false,
         default_on: true,
         run: fuse_add_rmsnorm::run,
+    },
+    PassDef {
+        name: "fuse_linear_cross_entropy_backward",
+        training: true,
+        default_on: true,
+        run: fuse_linear_cross_entropy::merge_backward,
     },
     PassDef { name: "recompute_gelu", training: true, default_on: false, run: recompute_gelu::run },
 ];

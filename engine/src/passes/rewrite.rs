@@ -115,6 +115,15 @@ impl Rewrite {
         Ok(r)
     }
 
+    /// Moves original node `i` (as edited) before original node `at`: the caller guarantees
+    /// that its inputs are computed before `at` and every reader of its outputs comes after.
+    pub fn move_before(&mut self, i: usize, at: usize) {
+        assert!(i < self.n && at <= self.n, "only original nodes are moved");
+        let node = self.g.nodes[i].clone();
+        self.dead[i] = true;
+        self.before[at].push(node);
+    }
+
     /// Drops original node `i` (its outputs must be unused once substitutions apply).
     pub fn remove(&mut self, i: usize) {
         self.dead[i] = true;

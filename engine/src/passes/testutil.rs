@@ -79,6 +79,12 @@ fn id_range(g: &Graph, t: TensorId) -> (usize, bool) {
             Op::CrossEntropy { .. } if n.inputs[1] == t => {
                 return (*g.shape(n.inputs[0]).last().expect("logits"), true)
             }
+            Op::LinearCrossEntropy { .. } if n.inputs[2] == t => {
+                return (g.shape(n.inputs[1])[0], true)
+            }
+            Op::LinearCrossEntropyBackward { .. } if n.inputs[3] == t => {
+                return (g.shape(n.inputs[2])[0], true)
+            }
             _ => {}
         }
     }

@@ -62,6 +62,8 @@ impl Op {
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
+            | Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
             | Op::AddLayerNorm { .. }
             | Op::AddRmsNorm { .. }
             | Op::EmbeddingBackward
@@ -107,6 +109,8 @@ impl Op {
             | Op::Softmax { .. }
             | Op::Dropout { .. }
             | Op::CrossEntropy { .. }
+            | Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
             | Op::AddLayerNorm { .. }
             | Op::AddRmsNorm { .. }
             | Op::EmbeddingBackward
@@ -158,6 +162,8 @@ impl Op {
             | Op::Concat
             | Op::Attention { .. }
             | Op::CrossEntropy { .. }
+            | Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
             | Op::Linear { .. }
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading

@@ -38,7 +38,8 @@ use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
 use launch::{attention as attn, copy, cross_entropy as ce, elementwise as ew, embedding as emb};
-use launch::{layernorm as ln, pointwise as pw, reduce, softmax as sm, StepValue};
+use launch::{layernorm as ln, linear_cross_entropy as lce, pointwise as pw, reduce};
+use launch::{softmax as sm, StepValue};
 use support::GpuSupport;
 
 /// Words of the status block the host reads once per step (f32 unless said).
@@ -137,12 +138,23 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// in-place reduce-scatter and all-gather address (`session`). The padding starts at zero
     /// and nothing in a step writes it.
     pub fn with_flat_len(graph: &Graph, dev: D, flat_len: usize) -> Result<Self, PlanError> {
-        let kernels = GpuSupport::for_graph(graph);
+        Self::with_support(graph, dev, flat_len, GpuSupport::for_graph(graph))
+    }
+
+    /// As [`GpuExecutor::with_flat_len`], planned with `kernels` (the graph's
+    /// [`GpuSupport::for_graph`], a tunable changed: tests shrink the linear cross-entropy's
+    /// chunk to run several chunks at small sizes).
+    pub fn with_support(
+        graph: &Graph,
+        dev: D,
+        flat_len: usize,
+        kernels: GpuSupport,
+    ) -> Result<Self, PlanError> {
         let plan = plan::build(graph, &kernels)?;
         let arena = dev.alloc_zeroed(plan.arena_len * 4).map_err(gpu_err)?;
         let n = flat_len.max(graph.num_param_elems());
         let params = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
-        let dtypes = kernels.dtypes;
+        let dtypes = kernels.dtypes.clone();
         let compute = match graph.dtype() {
             DType::F32 => None,
             d => Some(dev.alloc_zeroed(n * d.size()).map_err(gpu_err)?),
@@ -170,6 +182,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
             plan: &plan,
             b: &bases,
             dts: &dtypes,
+            sup: &kernels,
             dev: launch::Device::of(&dev),
             meta: Vec::new(),
             meta_refs: Vec::new(),
@@ -491,7 +504,15 @@ impl<D: GpuDevice> GpuExecutor<D> {
                     )
                     .map(|_| ())
                 }),
-                // The only ops that index with ids: embedding rows and cross-entropy labels.
+                Op::LinearCrossEntropy { ignore_index }
+                | Op::LinearCrossEntropyBackward { ignore_index } => {
+                    let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward { .. }));
+                    let v = g.shape(node.inputs[at + 1])[0];
+                    ids_of(node.inputs[at + 2])
+                        .map(|l| cross_entropy::check_labels(l, v, ignore_index).map(|_| ()))
+                }
+                // The only ops that index with ids: embedding rows and (linear) cross-entropy
+                // labels.
                 _ => None,
             };
             if let Some(Err(source)) = res {
@@ -570,6 +591,8 @@ struct Resolver<'a> {
     plan: &'a Plan,
     b: &'a Bases,
     dts: &'a [DType],
+    /// The kernel rules the plan was made with (the linear cross-entropy's workspace layout).
+    sup: &'a GpuSupport,
     /// The device's geometry, as the typed launchers take it.
     dev: launch::Device,
     /// The copy-shape array and, per reference, its start (in i64 words).
@@ -720,6 +743,44 @@ impl Resolver<'_> {
             aux: 0,
         };
         Ok(Call::Gemm(shape, ptrs))
+    }
+
+    /// A plain row-major GEMM C (m, n) = op(A)·op(B) over dense operands of storage `ab`, C in
+    /// f32 (the linear cross-entropy's: logits, dx rows and dw, accumulated in f32); with
+    /// `accumulate`, C += the product.
+    fn gemm2(
+        &mut self,
+        ab: DType,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        (lda, ldb, ldc): (usize, usize, usize),
+        (a, b, c): (u64, u64, u64),
+        accumulate: bool,
+    ) -> Call {
+        self.flops += 2.0 * (m * n * k) as f64;
+        let dtype = match ab {
+            DType::F32 => GemmDtype::F32 { tf32: false },
+            DType::F16 => GemmDtype::F16,
+            DType::BF16 => GemmDtype::BF16,
+        };
+        let shape = GemmShape {
+            dtype,
+            ta,
+            tb,
+            m: m as u64,
+            n: n as u64,
+            k: k as u64,
+            lda: lda as i64,
+            ldb: ldb as i64,
+            ldc: ldc as i64,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            epilogue: if accumulate { Epilogue::Accumulate } else { Epilogue::None },
+            c_f32: ab != DType::F32,
+        };
+        Call::Gemm(shape, GemmPtrs { a, b, c, bias: 0, aux: 0 })
     }
 
     /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
@@ -1321,6 +1382,125 @@ impl Resolver<'_> {
                     ignore_index,
                 };
                 vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
+            }
+            Op::LinearCrossEntropy { ignore_index }
+            | Op::LinearCrossEntropyBackward { ignore_index } => {
+                // linear_cross_entropy.cu's launches around three GEMMs per chunk (see there):
+                // the labelled rows compacted on the device, then ⌈rows / k⌉ chunks of their
+                // positions (those past the count are zero rows), then the mean.
+                let bwd = matches!(node.op, Op::LinearCrossEntropyBackward { .. });
+                let at = usize::from(bwd);
+                let (x, w) = (ins[at], ins[at + 1]);
+                let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
+                let rows = n(ins[at + 2]);
+                let lw = self.sup.lce_workspace(g, i);
+                let base = ws_at();
+                let wa = |o: usize| base + 4 * o as u64;
+                let t = dt(x);
+                let (idx, count, losses, logits, xs) =
+                    (wa(lw.idx), wa(lw.count), wa(lw.losses), wa(lw.logits), wa(lw.xs));
+                let (xp, wp, labels, ignore_index) =
+                    (inp(at), inp(at + 1), inp(at + 2), *ignore_index);
+                let bias = ins.get(at + 3).map(|_| inp(at + 3));
+                let dev = self.device();
+                let compact =
+                    lce::LceCompact { idx, count, err: Some(err), labels, rows, v, ignore_index };
+                let mut calls: Vec<Call> = vec![compact.launch(dev).into()];
+                // Gradient targets: dw and dbias accumulate in f32, in their outputs when
+                // stored so (parameters' gradients), else in the workspace and cast at the end.
+                let dw = lw.dw.map_or_else(|| if bwd { out(2) } else { 0 }, wa);
+                let db = if outs.len() > 3 { Some(lw.db.map_or_else(|| out(3), wa)) } else { None };
+                if bwd {
+                    let (dtype, n) = (dt(outs[1]), n(outs[1]));
+                    let zero = ew::Fill { dtype, out: out(1), n, value: 0.0, loss_scaled: false };
+                    calls.push(zero.launch(dev).into());
+                }
+                // f32 GEMMs read g in place in the logits; half ones its copy in T.
+                let gp = lw.g16.map_or(logits, wa);
+                for (ci, start) in (0..rows).step_by(lw.k).enumerate() {
+                    let k = lw.k.min(rows - start);
+                    let gather = lce::LceGather { dtype: t, xs, x: xp, idx, count, start, k, c };
+                    calls.push(gather.launch(dev).into());
+                    // logits (k, V) = xs (k, C) · wᵀ
+                    calls.push(self.gemm2(
+                        t,
+                        (false, true),
+                        (k, v, c),
+                        (c, c, v),
+                        (xs, wp, logits),
+                        false,
+                    ));
+                    let rows_pass = lce::LceRows {
+                        dtype: t,
+                        logits,
+                        g16: lw.g16.map(wa),
+                        losses,
+                        err: Some(err),
+                        labels,
+                        idx,
+                        count,
+                        bias,
+                        dloss: bwd.then(|| inp(0)),
+                        start,
+                        k,
+                        v,
+                        ignore_index,
+                    };
+                    calls.push(rows_pass.launch(dev).into());
+                    if !bwd {
+                        continue;
+                    }
+                    // dx rows (k, C) = g (k, V) · w (V, C), scattered to their rows.
+                    let dxs = wa(lw.dxs.expect("the backward's workspace has dx rows"));
+                    calls.push(self.gemm2(
+                        t,
+                        (false, false),
+                        (k, c, v),
+                        (v, c, c),
+                        (gp, wp, dxs),
+                        false,
+                    ));
+                    let scatter = lce::LceScatter {
+                        dtype: dt(outs[1]),
+                        dx: out(1),
+                        dxs,
+                        idx,
+                        count,
+                        start,
+                        k,
+                        c,
+                    };
+                    calls.push(scatter.launch(dev).into());
+                    // dw (V, C) (+)= gᵀ (V, k) · xs (k, C): β = 1 after the first chunk.
+                    calls.push(self.gemm2(
+                        t,
+                        (true, false),
+                        (v, c, k),
+                        (v, c, c),
+                        (gp, xs, dw),
+                        ci > 0,
+                    ));
+                    if let Some(db) = db {
+                        let sum = lce::LceColumnSum { db, g: logits, k, v, accumulate: ci > 0 };
+                        calls.push(sum.launch(dev).into());
+                    }
+                }
+                let mean =
+                    ce::CrossEntropyMean { loss: out(0), losses, labels, rows, ignore_index };
+                calls.push(mean.launch(dev).into());
+                for (acc, o) in [(lw.dw, 2), (lw.db, 3)] {
+                    if let (Some(a), true) = (acc, bwd) {
+                        let cast = ew::Cast {
+                            from: DType::F32,
+                            to: dt(outs[o]),
+                            out: out(o),
+                            x: wa(a),
+                            n: n(outs[o]),
+                        };
+                        calls.push(cast.launch(dev).into());
+                    }
+                }
+                calls
             }
             // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
             Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),

@@ -104,11 +104,100 @@ pub fn suffix(d: DType) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct GpuSupport {
     pub dtypes: Vec<DType>,
+    /// Rows per chunk of the linear cross-entropy; None: [`lce_chunk_rows`] (tests set a few
+    /// rows, to run several chunks at small sizes).
+    pub lce_chunk: Option<usize>,
 }
 
 impl GpuSupport {
     pub fn for_graph(g: &Graph) -> Self {
-        GpuSupport { dtypes: storage_dtypes(g) }
+        GpuSupport { dtypes: storage_dtypes(g), lce_chunk: None }
+    }
+
+    /// The workspace of linear cross-entropy node `node` (forward or backward), laid out.
+    pub fn lce_workspace(&self, g: &Graph, node: usize) -> LceWorkspace {
+        let n = &g.nodes()[node];
+        // Operands from x on: the backward's slot 0 is dloss.
+        let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward { .. }));
+        let (x, w, labels) = (n.inputs[at], n.inputs[at + 1], n.inputs[at + 2]);
+        let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
+        let rows = g.tensor(labels).numel();
+        let k = self.lce_chunk.unwrap_or_else(|| lce_chunk_rows(v, rows)).clamp(1, rows.max(1));
+        let d = |t: crate::graph::TensorId| self.dtypes[t.index()];
+        let grads = (at == 1).then(|| (d(n.outputs[2]), n.outputs.get(3).map(|&t| d(t))));
+        LceWorkspace::new(rows, c, v, k, d(x), grads)
+    }
+}
+
+/// Target size of the linear cross-entropy's f32 logits chunk on the GPU: tens of MiB, next to
+/// the (rows, V) logits it replaces (gpt2 at b16 × s1024: 3.3 GB in f32), with enough rows
+/// (320 at V = 50257) that the chunk's GEMMs and its one-block-per-row pass fill a GPU's SMs.
+pub const LCE_CHUNK_BYTES: usize = 64 << 20;
+
+/// Rows per linear cross-entropy chunk over a vocabulary of `v` and `rows` rows: the logits
+/// chunk near [`LCE_CHUNK_BYTES`], a multiple of 64 rows (at least 64), at most `rows`.
+pub fn lce_chunk_rows(v: usize, rows: usize) -> usize {
+    let by_bytes = LCE_CHUNK_BYTES / (4 * v.max(1)) / 64 * 64;
+    by_bytes.max(64).min(rows.max(1))
+}
+
+/// The linear cross-entropy's workspace (linear_cross_entropy.cu): where each part starts, in
+/// f32 words from the workspace's start, each 64 words (256 bytes) aligned for cuBLASLt.
+/// k rows per chunk; T is x's (and w's) storage dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LceWorkspace {
+    /// Rows per chunk.
+    pub k: usize,
+    /// (k, V) f32: the chunk's logits, then g in place.
+    pub logits: usize,
+    /// (k, V) T: g in T for the half GEMMs (None in f32, which read the logits buffer).
+    pub g16: Option<usize>,
+    /// (k, C) T: the gathered x rows.
+    pub xs: usize,
+    /// (k, C) f32: the chunk's dx rows (the backward).
+    pub dxs: Option<usize>,
+    /// (R) f32: per-position losses.
+    pub losses: usize,
+    /// (R) i32: the labelled rows, compacted.
+    pub idx: usize,
+    /// (1) f32: how many.
+    pub count: usize,
+    /// (V, C) f32: dw's sum when dw is not stored in f32 (a half part of a tied weight's
+    /// gradient), cast at the end.
+    pub dw: Option<usize>,
+    /// (V) f32: dbias's sum when dbias is not stored in f32.
+    pub db: Option<usize>,
+    /// Total f32 words.
+    pub len: usize,
+}
+
+impl LceWorkspace {
+    /// `grads`: the backward's (dw, dbias) storage dtypes; None for the forward.
+    pub fn new(
+        rows: usize,
+        c: usize,
+        v: usize,
+        k: usize,
+        t: DType,
+        grads: Option<(DType, Option<DType>)>,
+    ) -> LceWorkspace {
+        let mut len = 0usize;
+        let mut take = |words: usize| {
+            let at = len;
+            len += words.next_multiple_of(64);
+            at
+        };
+        let half = t != DType::F32;
+        let logits = take(k * v);
+        let g16 = (half && grads.is_some()).then(|| take((k * v).div_ceil(2)));
+        let xs = take((k * c * t.size()).div_ceil(4));
+        let dxs = grads.map(|_| take(k * c));
+        let losses = take(rows);
+        let idx = take(rows);
+        let count = take(1);
+        let dw = grads.and_then(|(dw, _)| (dw != DType::F32).then(|| take(v * c)));
+        let db = grads.and_then(|(_, db)| db.filter(|&d| d != DType::F32).map(|_| take(v)));
+        LceWorkspace { k, logits, g16, xs, dxs, losses, idx, count, dw, db, len }
     }
 }
 
@@ -162,6 +251,23 @@ impl KernelSupport for GpuSupport {
             Op::RmsNormBackward => return Err(err(": rms_norm_backward has no GPU kernel yet")),
             Op::AddRmsNorm { .. } => return Err(err(": add_rms_norm has no GPU kernel yet")),
             Op::Rotary { .. } => return Err(err(": rotary has no GPU kernel yet")),
+            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+                // One storage type for x, w and the bias: the GEMMs' operands and the row
+                // kernel's bias are one T.
+                let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward { .. }));
+                let d = |t: crate::graph::TensorId| self.dtypes[t.index()];
+                let (x, w) = (n.inputs[at], n.inputs[at + 1]);
+                if d(w) != d(x) || n.inputs.get(at + 3).is_some_and(|&b| d(b) != d(x)) {
+                    return Err(err(" for x, w and bias stored in different dtypes"));
+                }
+                if at == 1 && d(n.inputs[0]) != DType::F32 {
+                    return Err(err(" for a non-f32 loss gradient"));
+                }
+                // Row indices are i32 and the labelled count f32 (exact below 2^24).
+                if g.tensor(n.inputs[at + 2]).numel() >= 1 << 24 {
+                    return Err(err(" for 2^24 rows or more"));
+                }
+            }
             Op::Attention { .. } => {
                 if g.shape(n.inputs[0]).len() != 4 {
                     return Err(err(" for a non-4-D attention"));
@@ -267,6 +373,9 @@ impl KernelSupport for GpuSupport {
             Op::AttentionBackward { .. } => {
                 let q = g.shape(n.inputs[1]);
                 q[0] * q[1] * q[2]
+            }
+            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+                self.lce_workspace(g, node).len
             }
             Op::Fill { .. }
             | Op::Embedding

@@ -14,7 +14,7 @@ use crate::ops::OpError;
 
 /// log Σ exp(row), max-subtracted.
 #[inline(always)]
-fn lse(row: &[f32]) -> f32 {
+pub(super) fn lse(row: &[f32]) -> f32 {
     let m = simd::max(row);
     let mut acc = [0f32; simd::LANES];
     let chunks = row.chunks_exact(simd::LANES);

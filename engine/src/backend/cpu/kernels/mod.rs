@@ -13,6 +13,7 @@ pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
 pub mod layernorm;
+pub mod linear_cross_entropy;
 pub mod matmul;
 pub mod pointwise;
 pub mod reduce;

@@ -1,0 +1,343 @@
+//! Linear + cross-entropy without the logits: the labelled rows of x are taken a chunk at a
+//! time; each chunk's logits (chunk, V) are made by one GEMM into the workspace, reduced to
+//! their log-sum-exp and loss, and — when gradients are asked for — turned in place into
+//! g = dloss/count·(softmax − onehot), from which two more GEMMs give the chunk's dx rows and
+//! add its part of dw (f32 accumulation in the GEMM), and a column sum its part of dbias.
+//! The chunk's buffer is then reused: the workspace holds one chunk, never the (R, V) logits.
+//!
+//! One sweep gives the loss and every gradient: the unfused graph's three head GEMMs (logits,
+//! dx, dw), not the four of a forward that keeps only the log-sum-exp and a backward that
+//! recomputes the logits (`Op::LinearCrossEntropyBackward` is that sweep; the training pass
+//! `fuse_linear_cross_entropy_backward` makes it give the loss too). Rows whose label is the
+//! ignore index are never gathered (a masked LM's 85 %): dx is zero there.
+//!
+//! Chunks are `chunk_rows(V, threads)` rows: about 32 MiB of logits, at least 8 rows per
+//! thread, at most [`MAX_CHUNK`]. Per-row losses are summed in row order, so the loss does not
+//! depend on the thread count; dw and dbias add chunk after chunk in row order too.
+//!
+//! References: `ops::linear_cross_entropy` (tested against); Liger-Kernel's
+//! `fused_linear_cross_entropy_forward` (chunks of rows, gradients in the same pass); Apple's
+//! Cut Cross-Entropy.
+
+use super::cross_entropy::{check_labels, lse};
+use super::simd::{self, multiversion};
+use crate::backend::cpu::blas::sgemm_par;
+use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::ops::OpError;
+
+/// The most rows one chunk holds (its row indices live on the stack).
+pub const MAX_CHUNK: usize = 1024;
+
+/// Rows per chunk for a vocabulary of `v` on `threads`: the logits chunk near 32 MiB (in L3's
+/// reach on a server, small next to the (R, V) buffer it replaces), at least 8 rows per thread
+/// so the row pass splits, a multiple of 8, at most [`MAX_CHUNK`].
+pub fn chunk_rows(v: usize, threads: usize) -> usize {
+    let by_bytes = (32 << 20) / (4 * v.max(1));
+    by_bytes.max(8 * threads.max(1)).next_multiple_of(8).min(MAX_CHUNK)
+}
+
+/// Workspace elements (f32) for `rows` rows of width `c` over a vocabulary of `v` in chunks of
+/// `chunk`: logits (chunk, V), gathered x (chunk, C), dx rows (chunk, C), row losses (chunk).
+pub fn workspace(rows: usize, c: usize, v: usize, chunk: usize) -> usize {
+    let k = chunk.min(rows.max(1));
+    k * v + 2 * k * c + k
+}
+
+/// The operands of one call.
+// x: (R, C); w: (V, C); labels: (R); bias: (V)
+pub struct Lce<'a> {
+    pub x: &'a [f32],
+    pub w: &'a [f32],
+    pub labels: &'a [i64],
+    pub bias: Option<&'a [f32]>,
+    pub c: usize,
+    pub v: usize,
+    pub ignore_index: i64,
+    pub chunk: usize,
+}
+
+/// Where the gradients go.
+// dx: (R, C); dw: (V, C); db: (V)
+pub struct LceGrads<'a> {
+    pub dloss: f32,
+    pub dx: &'a mut [f32],
+    pub dw: &'a mut [f32],
+    pub db: Option<&'a mut [f32]>,
+}
+
+/// One chunk's logits rows: bias added, per-row loss lse − z[y], and with `g` the row
+/// overwritten by g·softmax − g·onehot.
+#[inline(always)]
+fn rows_pass(
+    logits: &mut [f32],
+    losses: &mut [f32],
+    labels: &[i64],
+    bias: Option<&[f32]>,
+    v: usize,
+    g: Option<f32>,
+) {
+    for ((row, loss), &y) in logits.chunks_exact_mut(v).zip(losses.iter_mut()).zip(labels) {
+        if let Some(b) = bias {
+            for (z, &bj) in row.iter_mut().zip(b) {
+                *z += bj;
+            }
+        }
+        let l = lse(row);
+        *loss = l - row[y as usize];
+        if let Some(g) = g {
+            for z in row.iter_mut() {
+                *z = g * simd::exp(*z - l);
+            }
+            row[y as usize] -= g;
+        }
+    }
+}
+multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>) => rows_pass);
+
+/// dbias[j] += Σ_rows g[row, j] over columns `cols`.
+#[inline(always)]
+fn colsum_pass(db: &mut [f32], g: &[f32], n: usize, v: usize, cols: std::ops::Range<usize>) {
+    for r in 0..n {
+        let row = &g[r * v + cols.start..r * v + cols.end];
+        for (d, &x) in db.iter_mut().zip(row) {
+            *d += x;
+        }
+    }
+}
+multiversion!(fn colsum_chunk<>(db: &mut [f32], g: &[f32], n: usize, v: usize, cols: std::ops::Range<usize>) => colsum_pass);
+
+/// The mean loss over labelled rows (NaN when none is); with `grads`, dx (zero on ignored
+/// rows), dw and dbias of dloss × that mean, overwritten.
+pub fn linear_cross_entropy(
+    pool: &Pool,
+    p: &Lce<'_>,
+    ws: &mut [f32],
+    mut grads: Option<LceGrads<'_>>,
+) -> Result<f32, OpError> {
+    let (c, v) = (p.c, p.v);
+    let count = check_labels(p.labels, v, p.ignore_index).map_err(|e| match e {
+        OpError::IndexOutOfRange { index, position, limit, .. } => {
+            OpError::IndexOutOfRange { op: "linear_cross_entropy", index, position, limit }
+        }
+    })?;
+    let chunk = p.chunk.clamp(1, MAX_CHUNK);
+    let k = chunk.min(p.labels.len().max(1));
+    let (logits, rest) = ws.split_at_mut(k * v);
+    let (xs, rest) = rest.split_at_mut(k * c);
+    let (dxs, rest) = rest.split_at_mut(k * c);
+    let losses = &mut rest[..k];
+    let g = grads.as_ref().map(|gr| gr.dloss / count.max(1) as f32);
+    if let Some(gr) = grads.as_mut() {
+        gr.dx.fill(0.0);
+        gr.dw.fill(0.0);
+        if let Some(db) = gr.db.as_deref_mut() {
+            db.fill(0.0);
+        }
+    }
+    let mut idx = [0u32; MAX_CHUNK];
+    let mut sum = 0f32;
+    let mut rows = p.labels.iter().enumerate().filter(|(_, &y)| y != p.ignore_index);
+    loop {
+        // The next chunk of labelled rows, gathered.
+        let mut n = 0;
+        for (r, _) in rows.by_ref().take(k) {
+            idx[n] = r as u32;
+            xs[n * c..(n + 1) * c].copy_from_slice(&p.x[r * c..(r + 1) * c]);
+            n += 1;
+        }
+        if n == 0 {
+            break;
+        }
+        let labels: [i64; MAX_CHUNK] =
+            std::array::from_fn(|i| if i < n { p.labels[idx[i] as usize] } else { 0 });
+        // logits (n, V) = xs (n, C) · wᵀ
+        // SAFETY: xs (n, C), w (V, C) and logits (n, V) are valid and disjoint.
+        unsafe {
+            sgemm_par(
+                pool,
+                false,
+                true,
+                n,
+                v,
+                c,
+                1.0,
+                xs.as_ptr(),
+                c,
+                p.w.as_ptr(),
+                c,
+                0.0,
+                logits.as_mut_ptr(),
+                v,
+            )
+        };
+        let lp = SyncPtr(logits.as_mut_ptr());
+        let sp = SyncPtr(losses.as_mut_ptr());
+        pool.for_ranges(n, ((1 << 14) / v).max(1), 1, &|r| {
+            // SAFETY: row ranges are disjoint and inside the chunk's logits and losses.
+            rows_chunk(
+                unsafe { lp.slice(r.start * v..r.end * v) },
+                unsafe { sp.slice(r.clone()) },
+                &labels[r],
+                p.bias,
+                v,
+                g,
+            )
+        });
+        for &l in &losses[..n] {
+            sum += l;
+        }
+        let Some(gr) = grads.as_mut() else { continue };
+        // dx rows (n, C) = g (n, V) · w (V, C), scattered to the chunk's rows.
+        // dw (V, C) += gᵀ (V, n) · xs (n, C).
+        // SAFETY: all operands valid at these sizes; outputs disjoint from inputs.
+        unsafe {
+            sgemm_par(
+                pool,
+                false,
+                false,
+                n,
+                c,
+                v,
+                1.0,
+                logits.as_ptr(),
+                v,
+                p.w.as_ptr(),
+                c,
+                0.0,
+                dxs.as_mut_ptr(),
+                c,
+            );
+            sgemm_par(
+                pool,
+                true,
+                false,
+                v,
+                c,
+                n,
+                1.0,
+                logits.as_ptr(),
+                v,
+                xs.as_ptr(),
+                c,
+                1.0,
+                gr.dw.as_mut_ptr(),
+                c,
+            );
+        }
+        for (i, &r) in idx[..n].iter().enumerate() {
+            let r = r as usize;
+            gr.dx[r * c..(r + 1) * c].copy_from_slice(&dxs[i * c..(i + 1) * c]);
+        }
+        if let Some(db) = gr.db.as_deref_mut() {
+            let dp = SyncPtr(db.as_mut_ptr());
+            let gl = &*logits;
+            pool.for_ranges(v, 1024, 16, &|cols| {
+                // SAFETY: column ranges are disjoint and inside dbias.
+                colsum_chunk(unsafe { dp.slice(cols.clone()) }, gl, n, v, cols)
+            });
+        }
+    }
+    Ok(sum / count as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::linear_cross_entropy as reference;
+    use crate::ops::testutil::Rng;
+
+    fn max_abs(a: &[f32]) -> f32 {
+        a.iter().fold(0f32, |m, x| m.max(x.abs()))
+    }
+
+    /// The chunked kernel against the row-by-row reference (f64), at row counts that are not
+    /// multiples of the chunk (3, 7 and one chunk of everything), vocabularies that are not
+    /// multiples of the SIMD width, with a bias and without, some rows ignored: loss within
+    /// 2e-6 relative, every gradient within 2e-5 of its largest element (f32 GEMMs over K = V
+    /// or K = rows in another order). A chunk boundary off by one drops or repeats a row and
+    /// fails these comparisons.
+    #[test]
+    fn chunked_kernel_matches_the_row_by_row_reference() {
+        let pool = Pool::new(2);
+        for &(r, c, v, chunk, bias) in &[
+            (29usize, 24usize, 131usize, 3usize, true),
+            (29, 24, 131, 7, false),
+            (40, 16, 1000, 64, true),
+            (1, 8, 9, 3, false),
+        ] {
+            let mut rng = Rng::new((r * 1000 + v + chunk) as u64);
+            let x: Vec<f32> = rng.vec_f32(r * c).iter().map(|a| 1.5 * a).collect();
+            let w: Vec<f32> = rng.vec_f32(v * c).iter().map(|a| 0.8 * a).collect();
+            let b: Vec<f32> = rng.vec_f32(v);
+            let labels: Vec<i64> =
+                (0..r).map(|i| if i % 4 == 1 { -100 } else { rng.below(v) as i64 }).collect();
+            let labels = if r == 1 { vec![5] } else { labels };
+            let bias = bias.then_some(&b[..]);
+            let f64s = |a: &[f32]| a.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+            let (x64, w64, b64) = (f64s(&x), f64s(&w), f64s(&b));
+            let (mut dx0, mut dw0, mut db0) = (vec![0.0; r * c], vec![0.0; v * c], vec![0.0; v]);
+            let want = reference::linear_cross_entropy(
+                &x64,
+                &w64,
+                &labels,
+                bias.map(|_| &b64[..]),
+                c,
+                -100,
+                Some(reference::LceGrads {
+                    dloss: 0.7,
+                    dx: &mut dx0,
+                    dw: &mut dw0,
+                    db: Some(&mut db0),
+                }),
+            )
+            .unwrap();
+            let p = Lce { x: &x, w: &w, labels: &labels, bias, c, v, ignore_index: -100, chunk };
+            let mut ws = vec![f32::NAN; workspace(r, c, v, chunk)];
+            let (mut dx, mut dw, mut db) =
+                (vec![f32::NAN; r * c], vec![f32::NAN; v * c], vec![f32::NAN; v]);
+            let grads = LceGrads { dloss: 0.7, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
+            let got = linear_cross_entropy(&pool, &p, &mut ws, Some(grads)).unwrap() as f64;
+            assert!((got - want).abs() <= 2e-6 * want.abs(), "loss {got} vs {want}");
+            let fwd = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap() as f64;
+            assert_eq!(fwd, got, "the loss without gradients is the same sum");
+            let what = format!("r {r} v {v} chunk {chunk} bias {}", bias.is_some());
+            for (name, got, want) in [("dx", &dx, &dx0), ("dw", &dw, &dw0), ("dbias", &db, &db0)] {
+                if name == "dbias" && bias.is_none() {
+                    continue;
+                }
+                let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+                let tol = 2e-5 * max_abs(&want);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() <= tol, "{what}: {name}[{i}] {a} vs {b} (tol {tol:e})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_labels_are_errors_naming_the_op() {
+        let pool = Pool::new(1);
+        let (x, w) = ([0.5f32; 6], [0.25f32; 12]);
+        let p = Lce {
+            x: &x,
+            w: &w,
+            labels: &[4, 0],
+            bias: None,
+            c: 3,
+            v: 4,
+            ignore_index: -100,
+            chunk: 8,
+        };
+        let mut ws = vec![0.0; workspace(2, 3, 4, 8)];
+        let e = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap_err();
+        assert!(e.to_string().starts_with("linear_cross_entropy: index 4"), "{e}");
+    }
+
+    #[test]
+    fn chunks_hold_about_32_mib_of_logits() {
+        assert_eq!(chunk_rows(50257, 2), 168);
+        assert_eq!(chunk_rows(49152, 16), 176);
+        assert_eq!(chunk_rows(8, 2), MAX_CHUNK);
+        assert_eq!(chunk_rows(1 << 24, 4), 32);
+    }
+}

@@ -1,0 +1,183 @@
+//! Linear + cross-entropy: the mean cross-entropy of the logits x·wᵀ [+ bias] over the rows
+//! whose label is not the ignore index, and its gradients, row by row without a (rows, V)
+//! logits buffer.
+//!
+//! The numerical definition of [`crate::graph::Op::LinearCrossEntropy`] and its backward: the
+//! same function as `ops::matmul` (x·wᵀ), `ops::add` (bias) and `ops::cross_entropy` composed
+//! (tested against that composition below), as `torch.nn.functional.cross_entropy(x @ w.T + b,
+//! labels, ignore_index=-100)`. Rows with an ignored label cost nothing and get dx = 0, as
+//! their logits' gradient is 0 in the composition. References: Liger-Kernel's
+//! `fused_linear_cross_entropy`, Apple's Cut Cross-Entropy (Wijmans et al., 2024).
+
+use super::{OpError, Real};
+
+/// Where the gradients go: dx (R, C), dw (V, C), dbias (V) when there is a bias.
+pub struct LceGrads<'a, T> {
+    pub dloss: T,
+    pub dx: &'a mut [T],
+    pub dw: &'a mut [T],
+    pub db: Option<&'a mut [T]>,
+}
+
+/// The mean loss over labelled rows (NaN when none is, as torch's 0/0); with `grads`, writes
+/// dx = dloss/count·(softmax − onehot)·w, dw = its transpose product with x, dbias = its row
+/// sum (ignored rows contribute nothing).
+// x: (R, C); w: (V, C); labels: (R); bias: (V)
+pub fn linear_cross_entropy<T: Real>(
+    x: &[T],
+    w: &[T],
+    labels: &[i64],
+    bias: Option<&[T]>,
+    c: usize,
+    ignore_index: i64,
+    mut grads: Option<LceGrads<'_, T>>,
+) -> Result<T, OpError> {
+    let v = w.len() / c;
+    let mut count = 0usize;
+    for (position, &l) in labels.iter().enumerate() {
+        if l == ignore_index {
+            continue;
+        }
+        if l < 0 || l as usize >= v {
+            return Err(OpError::IndexOutOfRange {
+                op: "linear_cross_entropy",
+                index: l,
+                position,
+                limit: v,
+            });
+        }
+        count += 1;
+    }
+    let scale = |dloss: T| dloss / T::from_f64(count.max(1) as f64);
+    if let Some(gr) = grads.as_mut() {
+        gr.dx.fill(T::ZERO);
+        gr.dw.fill(T::ZERO);
+        if let Some(db) = gr.db.as_deref_mut() {
+            db.fill(T::ZERO);
+        }
+    }
+    let mut z = vec![T::ZERO; v]; // one row's logits
+    let mut sum = T::ZERO;
+    for (r, (xr, &label)) in x.chunks_exact(c).zip(labels).enumerate() {
+        if label == ignore_index {
+            continue;
+        }
+        let y = label as usize;
+        for (j, (zj, wj)) in z.iter_mut().zip(w.chunks_exact(c)).enumerate() {
+            let mut acc = bias.map_or(T::ZERO, |b| b[j]);
+            for (&a, &b) in xr.iter().zip(wj) {
+                acc += a * b;
+            }
+            *zj = acc;
+        }
+        let mut max = T::NEG_INFINITY;
+        for &s in &z {
+            max = max.max(s);
+        }
+        let mut se = T::ZERO;
+        for &s in &z {
+            se += (s - max).exp();
+        }
+        let lse = max + se.ln();
+        sum += lse - z[y];
+        let Some(gr) = grads.as_mut() else { continue };
+        // g_j = dloss/count·(softmax_j − [j = y]), then its products with w and x.
+        let gs = scale(gr.dloss);
+        let dxr = &mut gr.dx[r * c..(r + 1) * c];
+        for (j, &zj) in z.iter().enumerate() {
+            let mut gj = gs * (zj - lse).exp();
+            if j == y {
+                gj -= gs;
+            }
+            let wj = &w[j * c..(j + 1) * c];
+            for (d, &b) in dxr.iter_mut().zip(wj) {
+                *d += gj * b;
+            }
+            for (d, &a) in gr.dw[j * c..(j + 1) * c].iter_mut().zip(xr) {
+                *d += gj * a;
+            }
+            if let Some(db) = gr.db.as_deref_mut() {
+                db[j] += gj;
+            }
+        }
+    }
+    Ok(sum / T::from_f64(count as f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::cross_entropy;
+    use crate::ops::testutil::*;
+
+    const IGNORE: i64 = -100;
+
+    /// (loss, dlogits) of the composition: logits = x·wᵀ + b, then `ops::cross_entropy`.
+    fn composed(
+        x: &[f64],
+        w: &[f64],
+        b: &[f64],
+        labels: &[i64],
+        c: usize,
+    ) -> (f64, Vec<f64>, Vec<f64>) {
+        let (r, v) = (labels.len(), b.len());
+        let mut logits = vec![0.0; r * v];
+        for i in 0..r {
+            for j in 0..v {
+                logits[i * v + j] = b[j] + (0..c).map(|k| x[i * c + k] * w[j * c + k]).sum::<f64>();
+            }
+        }
+        let l = cross_entropy::cross_entropy_forward(&logits, labels, v, IGNORE).unwrap();
+        let mut d = vec![0.0; r * v];
+        cross_entropy::cross_entropy_backward(&mut d, 1.3, &logits, labels, v, IGNORE).unwrap();
+        (l, d, logits)
+    }
+
+    /// The fused reference against matmul + bias + cross-entropy (f64, 1e-12): loss, dx, dw,
+    /// dbias, with ignored rows; and its gradient against finite differences of its loss.
+    #[test]
+    fn matches_matmul_bias_then_cross_entropy_and_finite_differences() {
+        let (r, c, v) = (7, 5, 11);
+        let mut rng = Rng::new(41);
+        let x: Vec<f64> = rng.vec(r * c).iter().map(|a| 2.0 * a).collect();
+        let w: Vec<f64> = rng.vec(v * c).iter().map(|a| 1.5 * a).collect();
+        let b: Vec<f64> = rng.vec(v);
+        let labels = [3, IGNORE, 0, 10, IGNORE, 7, 7];
+        let (want, dlogits, _) = composed(&x, &w, &b, &labels, c);
+        let (mut dx, mut dw, mut db) = (vec![0.0; r * c], vec![0.0; v * c], vec![0.0; v]);
+        let grads = LceGrads { dloss: 1.3, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
+        let l = linear_cross_entropy(&x, &w, &labels, Some(&b), c, IGNORE, Some(grads)).unwrap();
+        assert!((l - want).abs() <= 1e-12 * want.abs(), "loss {l} vs {want}");
+        // dx = dlogits·w, dw = dlogitsᵀ·x, db = Σ_rows dlogits.
+        let mut want_dx = vec![0.0; r * c];
+        let mut want_dw = vec![0.0; v * c];
+        let mut want_db = vec![0.0; v];
+        for i in 0..r {
+            for j in 0..v {
+                let g = dlogits[i * v + j];
+                want_db[j] += g;
+                for k in 0..c {
+                    want_dx[i * c + k] += g * w[j * c + k];
+                    want_dw[j * c + k] += g * x[i * c + k];
+                }
+            }
+        }
+        assert_close(&dx, &want_dx, 1e-12, "dx");
+        assert_close(&dw, &want_dw, 1e-12, "dw");
+        assert_close(&db, &want_db, 1e-12, "dbias");
+        assert!(dx[c..2 * c].iter().all(|&g| g == 0.0), "an ignored row gets no gradient");
+        let loss = |x: &[f64]| {
+            1.3 * linear_cross_entropy(x, &w, &labels, Some(&b), c, IGNORE, None).unwrap()
+        };
+        assert_close(&dx, &fd_grad(&x, FD_STEP, loss), FD_TOL, "dx vs finite differences");
+    }
+
+    #[test]
+    fn bad_label_is_an_error_and_all_ignored_is_nan() {
+        let (x, w) = ([0.5f32; 6], [0.25f32; 12]);
+        assert!(linear_cross_entropy(&x, &w, &[4, 0], None, 3, IGNORE, None).is_err());
+        assert!(linear_cross_entropy(&x, &w, &[-1, 0], None, 3, IGNORE, None).is_err());
+        let l = linear_cross_entropy(&x, &w, &[IGNORE, IGNORE], None, 3, IGNORE, None).unwrap();
+        assert!(l.is_nan());
+    }
+}
