@@ -6,7 +6,7 @@ use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::output::{ResultRow, StepRow};
+use crate::output::{MemSplit, ResultRow, StepRow};
 use crate::CONFIGS;
 
 /// One chart of the report.
@@ -169,17 +169,8 @@ pub fn all_charts(results: &[ResultRow], steps: &[StepRow]) -> Result<Vec<Chart>
         },
         Chart {
             id: "memory".into(),
-            title: "Peak memory (MiB)".into(),
-            svg: bar_chart(
-                "Peak memory",
-                "MiB",
-                &groups,
-                &configs,
-                results,
-                |r| r.peak_mem_bytes.map(|b| b as f64 / (1u64 << 20) as f64),
-                None,
-                0,
-            )?,
+            title: MEMORY_SPLIT_CAPTION.into(),
+            svg: memory_split_chart(&groups, &configs, results)?,
         },
     ]);
     for (i, g) in groups.iter().enumerate() {
@@ -371,6 +362,172 @@ fn bar_chart(
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK.mix(0.4))
             .label_font((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// The colour of each part of the memory split, in stacking order (`MemSplit::parts`), and of
+/// what the parts leave of the measured peak; the same categorical palette as the configs'.
+const PART_COLORS: [RGBColor; 5] = [
+    RGBColor(0x1F, 0x77, 0xB4),
+    RGBColor(0x2C, 0xA0, 0x2C),
+    RGBColor(0x94, 0x67, 0xBD),
+    RGBColor(0xFF, 0x7F, 0x0E),
+    RGBColor(0xD6, 0x27, 0x28),
+];
+const UNATTRIBUTED: RGBColor = RGBColor(0xC7, 0xC7, 0xC7);
+
+/// The memory chart's caption: how each part is obtained, so that a reader can weigh it.
+pub const MEMORY_SPLIT_CAPTION: &str = "Peak memory per rank (MiB), split by what holds it; \
+the tick and number over each bar are the measured peak. Engine configs (plan): parameters, \
+gradients and optimizer state are its flat buffers; its memory plan's arena (one block sized by \
+its peak) is split by address into logits (the bytes that hold the loss head's logits, their \
+gradient or its scratch) and activations (the rest of the arena); grey is what the process holds \
+beyond them (runtime, libraries, data). Torch configs (analytic): fp32 parameters, gradients \
+and both AdamW moments from the parameter count; pytorch's logits are the three B·T·V fp32 \
+tensors libtorch's cross-entropy holds at its backward; its activations are what the measured \
+peak leaves (activations and the rest). A part not known is not drawn and is named over the bar.";
+
+/// Stacked bars of the memory split: per model group one bar per config, its known parts
+/// stacked (`MemSplit::parts`' order), the measured peak marked by a tick and its value, what
+/// the parts leave of it grey; a part not known is named over the bar, never drawn.
+fn memory_split_chart(
+    groups: &[Group],
+    configs: &[String],
+    results: &[ResultRow],
+) -> Result<String> {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT + 40)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let n = groups.len().max(1);
+        let max = results
+            .iter()
+            .flat_map(|r| [r.peak_mem_bytes.unwrap_or(0), r.mem_split().known_bytes()])
+            .map(mib)
+            .fold(0.0, f64::max);
+        let top = if max > 0.0 { max * 1.3 } else { 1.0 };
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Peak memory per rank, split", (FONT, 22))
+            .margin(12)
+            .x_label_area_size(56)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..top)
+            .map_err(err)?;
+        let dec = axis_decimals(0.0, top);
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .y_label_formatter(&|v| axis_number(*v, dec))
+            .y_desc("MiB")
+            .y_label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        let k = configs.len().max(1) as f64;
+        let width = 0.8 / k;
+        // (x0, x1, row) of every bar.
+        let mut bars: Vec<(f64, f64, &ResultRow)> = Vec::new();
+        for (i, g) in groups.iter().enumerate() {
+            for (j, config) in configs.iter().enumerate() {
+                if let Some(r) = results.iter().find(|r| g.contains(r) && &r.config == config) {
+                    let x0 = i as f64 - 0.4 + j as f64 * width;
+                    bars.push((x0 + 0.08 * width, x0 + 0.92 * width, r));
+                }
+            }
+        }
+        for (p, color) in PART_COLORS.iter().enumerate() {
+            let mut rects = Vec::new();
+            for &(x0, x1, r) in &bars {
+                let parts = r.mem_split().parts();
+                let below: u64 = parts[..p].iter().filter_map(|q| q.1).sum();
+                if let Some(b) = parts[p].1.filter(|&b| b > 0) {
+                    rects.push([(x0, mib(below)), (x1, mib(below + b))]);
+                }
+            }
+            let (name, color) = (MemSplit::default().parts()[p].0, *color);
+            chart
+                .draw_series(rects.iter().map(|q| Rectangle::new(*q, color.filled())))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
+                });
+        }
+        // What the known parts leave of the measured peak.
+        let rest: Vec<[(f64, f64); 2]> = bars
+            .iter()
+            .filter_map(|&(x0, x1, r)| {
+                let known = r.mem_split().known_bytes();
+                let peak = r.peak_mem_bytes?;
+                (peak > known).then(|| [(x0, mib(known)), (x1, mib(peak))])
+            })
+            .collect();
+        chart
+            .draw_series(rest.iter().map(|q| Rectangle::new(*q, UNATTRIBUTED.filled())))
+            .map_err(err)?
+            .label("not attributed (runtime, libraries, data; unknown parts)")
+            .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], UNATTRIBUTED.filled()));
+        // The measured peak: a tick over the bar and its value; unknown parts named above it.
+        let above =
+            TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+        for &(x0, x1, r) in &bars {
+            let split = r.mem_split();
+            let known = mib(split.known_bytes());
+            let top_of_bar = r.peak_mem_bytes.map(mib).unwrap_or(known).max(known);
+            if let Some(peak) = r.peak_mem_bytes.map(mib) {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x0 - 0.04 * width, peak), (x1 + 0.04 * width, peak)],
+                        BLACK.stroke_width(2),
+                    )))
+                    .map_err(err)?;
+            }
+            let unknown: Vec<&str> =
+                split.parts().iter().filter(|p| p.1.is_none()).map(|p| p.0).collect();
+            let mut label = match r.peak_mem_bytes {
+                Some(b) => format!("{:.0}", mib(b)),
+                None => "peak n/a".to_string(),
+            };
+            if split.known_bytes() > r.peak_mem_bytes.unwrap_or(u64::MAX) {
+                label.push_str(" < parts!");
+            }
+            let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), top_of_bar));
+            root.draw(&Text::new(label, (x, y - 2), above.clone())).map_err(err)?;
+            if !unknown.is_empty() {
+                let text = if unknown.len() == 5 {
+                    "split unknown".to_string()
+                } else {
+                    format!("unknown: {}", unknown.join(", "))
+                };
+                let small = TextStyle::from((FONT, 10).into_font())
+                    .pos(Pos::new(HPos::Center, VPos::Bottom));
+                root.draw(&Text::new(text, (x, y - 16), small)).map_err(err)?;
+            }
+        }
+        // Under each bar its config, under each group its label.
+        let under = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+        for &(x0, x1, r) in &bars {
+            let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), 0.0));
+            root.draw(&Text::new(r.config.clone(), (x, y + 6), under.clone())).map_err(err)?;
+        }
+        let group = TextStyle::from((FONT, 15).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+        for (i, g) in groups.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(i as f64, 0.0));
+            root.draw(&Text::new(g.label.clone(), (x, y + 26), group.clone())).map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 13))
             .draw()
             .map_err(err)?;
         root.present().map_err(err)?;
@@ -630,6 +787,81 @@ mod tests {
         }
         assert!(charts[0].svg.contains("1.50"), "bar values are printed");
         assert!(charts[0].svg.contains("&lt;b&gt;m&lt;/b&gt;"));
+    }
+
+    /// A row with a memory split: `parts` in MiB (None: unknown) and the measured peak.
+    fn split_row(model: &str, config: &str, parts: [Option<u64>; 5], peak: u64) -> ResultRow {
+        let mut r = row(model, config, 10.0);
+        let b = |p: Option<u64>| p.map(|m| m << 20);
+        r.set_mem_split(Some(&MemSplit {
+            params_bytes: b(parts[0]),
+            grads_bytes: b(parts[1]),
+            optimizer_bytes: b(parts[2]),
+            activations_bytes: b(parts[3]),
+            logits_bytes: b(parts[4]),
+            source: "test".into(),
+        }));
+        r.peak_mem_bytes = Some(peak << 20);
+        r
+    }
+
+    /// The SVG's texts, trimmed (plotters writes each on a line of its own).
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>')?.1.split("</text>").next())
+            .map(|t| t.trim().to_string())
+            .collect()
+    }
+
+    /// How many rectangles of `color` the SVG has (plotters writes fills as #RRGGBB).
+    fn rects_of(svg: &str, color: RGBColor) -> usize {
+        let fill = format!("fill=\"#{:02X}{:02X}{:02X}\"", color.0, color.1, color.2);
+        svg.split("<rect")
+            .skip(1)
+            .filter(|r| r.split('>').next().unwrap_or("").contains(&fill))
+            .count()
+    }
+
+    #[test]
+    fn memory_chart_stacks_the_known_parts_of_every_config() {
+        let all = |a, b, c, d, e| [Some(a), Some(b), Some(c), Some(d), Some(e)];
+        let results = vec![
+            split_row("gpt2", "pytorch", all(475, 475, 950, 963, 1150), 4013),
+            split_row("gpt2", "torch-compile", [Some(475), Some(475), Some(950), None, None], 3507),
+            split_row("gpt2", "ort", all(475, 475, 950, 700, 400), 3111),
+            split_row("bert", "pytorch", all(420, 420, 840, 991, 350), 3021),
+            split_row("bert", "ort", all(420, 420, 840, 500, 120), 2417),
+        ];
+        let charts = all_charts(&results, &[]).unwrap();
+        let svg = &charts.iter().find(|c| c.id == "memory").unwrap().svg;
+        let text = texts(svg);
+        let count = |s: &str| text.iter().filter(|t| *t == s).count();
+        for name in ["parameters", "gradients", "optimizer state", "activations", "logits"] {
+            assert_eq!(count(name), 1, "the legend names {name}");
+        }
+        // One rectangle per config that knows the part, plus the legend's swatch.
+        for (p, color) in PART_COLORS.iter().enumerate() {
+            let known = results.iter().filter(|r| r.mem_split().parts()[p].1.is_some()).count();
+            assert_eq!(rects_of(svg, *color), known + 1, "part {p}");
+        }
+        // Every bar is named by its config and topped by its measured peak.
+        for (config, n) in [("pytorch", 2), ("torch-compile", 1), ("ort", 2)] {
+            assert_eq!(count(config), n, "{config}");
+        }
+        for peak in ["4013", "3507", "3111", "3021", "2417"] {
+            assert_eq!(count(peak), 1, "peak {peak}");
+        }
+        assert_eq!(count("unknown: activations, logits"), 1);
+        // Grey: what the known parts leave of the peak (not for pytorch, whose activations are
+        // the remainder here).
+        assert_eq!(rects_of(svg, UNATTRIBUTED), 3 + 1);
+        assert!(!text.iter().any(|t| t.contains("parts!")), "no split exceeds its peak");
+        // A split above its measured peak is a bug, and the chart says so.
+        let over = split_row("gpt2", "ort", all(475, 475, 950, 700, 400), 2000);
+        let svg = memory_split_chart(&groups(&[over.clone()]), &configs(&[over.clone()]), &[over])
+            .unwrap();
+        assert!(texts(&svg).contains(&"2000 &lt; parts!".to_string()), "{svg}");
     }
 
     #[test]

@@ -102,6 +102,17 @@ pub struct ResultRow {
     /// Optimizer-state bytes one rank holds (fp32 Adam moments, plus the fp32 master shard
     /// under ZeRO-1).
     pub optimizer_bytes_per_rank: Option<usize>,
+    /// Peak memory per rank split by what holds it (the report's memory chart); each None where
+    /// that part is not known. How each part is derived depends on the config and is named by
+    /// `mem_split_source` (docs/usage.md, "Output and reports").
+    pub mem_params_bytes: Option<u64>,
+    pub mem_grads_bytes: Option<u64>,
+    pub mem_optimizer_bytes: Option<u64>,
+    pub mem_activations_bytes: Option<u64>,
+    pub mem_logits_bytes: Option<u64>,
+    /// `plan` (the engine: flat buffers and its memory plan's arena), `analytic` (the torch
+    /// configs: parameter counts and tensor shapes), empty when no split was recorded.
+    pub mem_split_source: String,
     pub final_loss: Option<f64>,
     /// Parity probe: largest relative difference of this config's losses from pytorch's over
     /// their common (rank, step) pairs; 0 for the pytorch row.
@@ -113,9 +124,79 @@ pub struct ResultRow {
     pub grad_norm_rel_diff_step0: Option<f64>,
     /// The tolerance both differences were held to (from the precision, or --diverge-tol).
     pub parity_tol: Option<f64>,
+    /// `--batch-size auto`: the memory budget of one worker process (one rank), in bytes;
+    /// None without auto.
+    pub memory_budget_bytes: Option<u64>,
+    /// `--batch-size auto`: the largest batch (rows per rank) whose run peaked within the
+    /// budget, searched on one grid for every config; None when none fitted or without auto.
+    pub max_batch_size: Option<usize>,
+    /// Throughput and measured peak of the run at `max_batch_size` (one run, the row's steps
+    /// and warm-up).
+    pub max_batch_samples_per_s: Option<f64>,
+    pub max_batch_tokens_per_s: Option<f64>,
+    pub max_batch_peak_mem_bytes: Option<u64>,
+    /// The batches the search tried, in order, ✓ fits / ✗ does not ("1✓ 2✓ 4✗ 3✓ · run 3✓");
+    /// run.json's `batch_search` has each one's bytes and how it was judged.
+    pub max_batch_search: String,
     /// Wall-clock seconds of the worker process (start-up and model build included).
     pub wall_s: Option<f64>,
     pub error: String,
+}
+
+/// A worker's memory split, one rank's bytes by what holds them (the `mem_*` columns of
+/// [`ResultRow`]); a part is None where it is not known.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct MemSplit {
+    pub params_bytes: Option<u64>,
+    pub grads_bytes: Option<u64>,
+    pub optimizer_bytes: Option<u64>,
+    pub activations_bytes: Option<u64>,
+    pub logits_bytes: Option<u64>,
+    /// How the parts were obtained (`mem_split_source`).
+    pub source: String,
+}
+
+impl MemSplit {
+    /// The parts in the order the chart stacks them, with their names.
+    pub fn parts(&self) -> [(&'static str, Option<u64>); 5] {
+        [
+            ("parameters", self.params_bytes),
+            ("gradients", self.grads_bytes),
+            ("optimizer state", self.optimizer_bytes),
+            ("activations", self.activations_bytes),
+            ("logits", self.logits_bytes),
+        ]
+    }
+
+    /// The sum of the known parts.
+    pub fn known_bytes(&self) -> u64 {
+        self.parts().iter().filter_map(|p| p.1).sum()
+    }
+}
+
+impl ResultRow {
+    /// This row's memory split (its `mem_*` columns).
+    pub fn mem_split(&self) -> MemSplit {
+        MemSplit {
+            params_bytes: self.mem_params_bytes,
+            grads_bytes: self.mem_grads_bytes,
+            optimizer_bytes: self.mem_optimizer_bytes,
+            activations_bytes: self.mem_activations_bytes,
+            logits_bytes: self.mem_logits_bytes,
+            source: self.mem_split_source.clone(),
+        }
+    }
+
+    /// Sets the `mem_*` columns from `split` (None: no split, every part unknown).
+    pub fn set_mem_split(&mut self, split: Option<&MemSplit>) {
+        let s = split.cloned().unwrap_or_default();
+        self.mem_params_bytes = s.params_bytes;
+        self.mem_grads_bytes = s.grads_bytes;
+        self.mem_optimizer_bytes = s.optimizer_bytes;
+        self.mem_activations_bytes = s.activations_bytes;
+        self.mem_logits_bytes = s.logits_bytes;
+        self.mem_split_source = s.source;
+    }
 }
 
 /// Writes `bytes` to `path` atomically.
@@ -191,10 +272,22 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "peak_mem_bytes",
     "param_count",
     "optimizer_bytes_per_rank",
+    "mem_params_bytes",
+    "mem_grads_bytes",
+    "mem_optimizer_bytes",
+    "mem_activations_bytes",
+    "mem_logits_bytes",
+    "mem_split_source",
     "final_loss",
     "max_loss_rel_diff",
     "grad_norm_rel_diff_step0",
     "parity_tol",
+    "memory_budget_bytes",
+    "max_batch_size",
+    "max_batch_samples_per_s",
+    "max_batch_tokens_per_s",
+    "max_batch_peak_mem_bytes",
+    "max_batch_search",
     "wall_s",
     "error",
 ];

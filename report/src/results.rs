@@ -167,10 +167,22 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
         col("peak_mem_bytes", ou(|r| r.peak_mem_bytes)),
         col("param_count", ou(|r| r.param_count.map(|v| v as u64))),
         col("optimizer_bytes_per_rank", ou(|r| r.optimizer_bytes_per_rank.map(|v| v as u64))),
+        col("mem_params_bytes", ou(|r| r.mem_params_bytes)),
+        col("mem_grads_bytes", ou(|r| r.mem_grads_bytes)),
+        col("mem_optimizer_bytes", ou(|r| r.mem_optimizer_bytes)),
+        col("mem_activations_bytes", ou(|r| r.mem_activations_bytes)),
+        col("mem_logits_bytes", ou(|r| r.mem_logits_bytes)),
+        col("mem_split_source", s(|r| &r.mem_split_source)),
         col("final_loss", f(|r| r.final_loss)),
         col("max_loss_rel_diff", f(|r| r.max_loss_rel_diff)),
         col("grad_norm_rel_diff_step0", f(|r| r.grad_norm_rel_diff_step0)),
         col("parity_tol", f(|r| r.parity_tol)),
+        col("memory_budget_bytes", ou(|r| r.memory_budget_bytes)),
+        col("max_batch_size", ou(|r| r.max_batch_size.map(|v| v as u64))),
+        col("max_batch_samples_per_s", f(|r| r.max_batch_samples_per_s)),
+        col("max_batch_tokens_per_s", f(|r| r.max_batch_tokens_per_s)),
+        col("max_batch_peak_mem_bytes", ou(|r| r.max_batch_peak_mem_bytes)),
+        col("max_batch_search", s(|r| &r.max_batch_search)),
         col("wall_s", f(|r| r.wall_s)),
         col("error", s(|r| &r.error)),
     ];
@@ -296,6 +308,24 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
         f("grad_norm_rel_diff_step0")?,
         f("parity_tol")?,
     );
+    // Runs written before the memory split: nulls (the chart shows every part unknown).
+    let (m_params, m_grads, m_opt, m_act, m_logits, m_source) = (
+        c.u64s("mem_params_bytes")?,
+        c.u64s("mem_grads_bytes")?,
+        c.u64s("mem_optimizer_bytes")?,
+        c.u64s("mem_activations_bytes")?,
+        c.u64s("mem_logits_bytes")?,
+        c.strs("mem_split_source")?,
+    );
+    // Runs written before --batch-size auto: nulls.
+    let (budget, max_b, max_sps, max_tps, max_peak, max_log) = (
+        c.u64s("memory_budget_bytes")?,
+        c.u64s("max_batch_size")?,
+        f("max_batch_samples_per_s")?,
+        f("max_batch_tokens_per_s")?,
+        c.u64s("max_batch_peak_mem_bytes")?,
+        c.strs("max_batch_search")?,
+    );
     // Runs written before --repeat existed were one run each.
     let repeats = c.u64s("repeats")?;
     // Runs written before the torch-compile config: nulls.
@@ -346,10 +376,22 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
             peak_mem_bytes: mem[i],
             param_count: params[i].map(|v| v as usize),
             optimizer_bytes_per_rank: opt[i].map(|v| v as usize),
+            mem_params_bytes: m_params[i],
+            mem_grads_bytes: m_grads[i],
+            mem_optimizer_bytes: m_opt[i],
+            mem_activations_bytes: m_act[i],
+            mem_logits_bytes: m_logits[i],
+            mem_split_source: m_source[i].clone(),
             final_loss: final_loss[i],
             max_loss_rel_diff: rel[i],
             grad_norm_rel_diff_step0: gn_rel[i],
             parity_tol: tol[i],
+            memory_budget_bytes: budget[i],
+            max_batch_size: max_b[i].map(|v| v as usize),
+            max_batch_samples_per_s: max_sps[i],
+            max_batch_tokens_per_s: max_tps[i],
+            max_batch_peak_mem_bytes: max_peak[i],
+            max_batch_search: max_log[i].clone(),
             wall_s: wall[i],
             error: error[i].clone(),
         })
@@ -418,7 +460,17 @@ mod tests {
             compile_s: Some(12.5),
             hfu: Some(0.5),
             param_count: Some(123),
+            mem_params_bytes: Some(492),
+            mem_grads_bytes: Some(492),
+            mem_optimizer_bytes: Some(984),
+            mem_activations_bytes: None,
+            mem_logits_bytes: Some(4096),
+            mem_split_source: "analytic".into(),
             error: "a, \"quoted\" error".into(),
+            memory_budget_bytes: Some(8 << 30),
+            max_batch_size: Some(24),
+            max_batch_samples_per_s: Some(3.5),
+            max_batch_search: "1✓ 2✓ 4✗ 3✓ · run 3✓".into(),
             ..Default::default()
         };
         let s = StepRow {
