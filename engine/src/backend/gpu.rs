@@ -112,6 +112,9 @@ pub enum Epilogue {
     /// C = product, and bias = column sums of the B operand (cuBLAS's B: the engine's A, i.e.
     /// the bias gradient Σ_rows dY when A = dYᵀ).
     BGradB,
+    /// C += product (β = 1, no epilogue op): a sum over several GEMMs into one f32 C, e.g.
+    /// the linear cross-entropy's dW chunk after chunk (cuBLASLt's default epilogue, β = 1).
+    Accumulate,
 }
 
 /// A row-major, possibly batched GEMM: C[b] (m×n) = α·op(A[b]) (m×k) · op(B[b]) (k×n) + β·C[b].

@@ -16,6 +16,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
     ("layernorm.cu", include_str!("../../kernels/layernorm.cu")),
+    ("linear_cross_entropy.cu", include_str!("../../kernels/linear_cross_entropy.cu")),
     ("pointwise.cu", include_str!("../../kernels/pointwise.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),

@@ -114,7 +114,7 @@ fn compute_type(d: GemmDtype) -> sys::cublasComputeType_t {
 
 fn epilogue(e: Epilogue) -> sys::cublasLtEpilogue_t {
     match e {
-        Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+        Epilogue::None | Epilogue::Accumulate => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
         Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
         Epilogue::BiasGeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
         Epilogue::DGelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU,
@@ -276,7 +276,7 @@ impl Gemm {
                     &p.bias,
                 )?;
             }
-            Epilogue::None | Epilogue::DGelu => {}
+            Epilogue::None | Epilogue::DGelu | Epilogue::Accumulate => {}
         }
         if matches!(s.epilogue, Epilogue::BiasGeluAux | Epilogue::DGelu) {
             set_desc(

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUdevice_attribute;
 use super::device::{CudaDevice, DeviceBuffer};
 use super::gemm::Gemm;
 use super::CudaError;
-use crate::backend::gpu::{GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
+use crate::backend::gpu::{Epilogue, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
 
 /// One GPU with its kernels and a cuBLASLt handle (plans cached per shape).
 pub struct CudaGpu {
@@ -81,7 +81,9 @@ impl GpuDevice for CudaGpu {
         self.dev.launch(name, (grid, 1, 1), (block, 1, 1), shared_bytes, args).map_err(err)
     }
     unsafe fn gemm(&self, shape: &GemmShape, ptrs: &GemmPtrs) -> Result<(), GpuError> {
-        self.gemm.borrow_mut().run(self.dev.cu_stream() as _, shape, ptrs, 1.0, 0.0).map_err(err)
+        // β = 1 only where the shape asks to add into C.
+        let beta = if shape.epilogue == Epilogue::Accumulate { 1.0 } else { 0.0 };
+        self.gemm.borrow_mut().run(self.dev.cu_stream() as _, shape, ptrs, 1.0, beta).map_err(err)
     }
     fn synchronize(&self) -> Result<(), GpuError> {
         self.dev.synchronize().map_err(err)

@@ -15,6 +15,7 @@ pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
 pub mod layernorm;
+pub mod linear_cross_entropy;
 pub mod pointwise;
 pub mod reduce;
 pub mod softmax;

@@ -1,0 +1,378 @@
+//! engine/kernels/linear_cross_entropy.cu (`lce_compact`, `lce_gather`, `lce_rows`,
+//! `lce_scatter`, `lce_column_sum`) with cross_entropy.cu's `cross_entropy_mean`, as the GPU
+//! executor launches them around its GEMMs (`exec/gpu/mod.rs`, `Op::LinearCrossEntropy[Backward]`),
+//! against the reference `ops::linear_cross_entropy` (f64 on the same rounded inputs).
+//!
+//! The whole device path runs: each graph goes through the GPU executor (planning, workspace
+//! layout, launches, GEMM shapes) on the host SIMT harness as a device — the kernels on its
+//! fibers at warp 32 and 64, threads in forward, reverse and greedy order, a grid of at most 3
+//! blocks (every grid-stride loop takes several turns) — with a host loop GEMM (f32
+//! accumulation, f32 C from half A/B, β = 1 for `Epilogue::Accumulate`, as cuBLASLt).
+//!
+//! Graphs (R = 37 rows as (B, T) = (1, 37), C = 24, V = 131; none a multiple of a block, warp
+//! or chunk), the chunk 5 rows (8 chunks, the last of 2) and one chunk of all rows:
+//! - untied, with bias: x = embedding(e, ids = 0..R) (so e's gradient is dx), loss =
+//!   linear_cross_entropy(x, w, labels, bias): dx (in x's dtype, then e's f32 gradient), dw and
+//!   dbias (parameters' f32 gradients, accumulated chunk after chunk);
+//! - tied, no bias: x = embedding(w, ids random < V): dw is a part summed with the embedding's
+//!   scatter (stored in x's dtype: the f32 workspace sum cast at the end);
+//! - each as autodiff makes it (the forward node and the backward node) and after the training
+//!   pass `fuse_linear_cross_entropy_backward` (the backward alone gives the loss);
+//! - every 4th label the ignore index (−100), labels 0 and V − 1 included; f32, f16, bf16.
+//!
+//! Tolerances, per element |got − want| ≤ rel·|want| + of_largest·max|want|:
+//! - loss: 2e-6 relative (f32 GEMM sums of C = 24 terms and the block lse in another order than
+//!   f64; the mean of ≤ 37 rows), in every dtype (the loss is f32 from f32 logits of the same
+//!   rounded inputs).
+//! - f32 gradients: rel 1e-5 + 2e-5 of the tensor's largest element: dx and dw are sums over V
+//!   = 131 and the labelled rows of terms g·w, g·x of both signs (softmax − onehot), which
+//!   cancel, so their error follows the terms, not the result (as the CPU kernel's test).
+//! - f16/bf16 gradients: g is rounded to the storage type for the half GEMMs (as under
+//!   autocast) and dx is stored in it: each term carries up to u/2 relative, the sums cancel,
+//!   so rel u plus 3·u of the largest element (f16 u = 2^-10, bf16 2^-7).
+//!
+//! Measured worst (2026-11-26): printed by each case (`worst ... of tolerance`).
+
+use ortbench_engine::backend::gpu::{
+    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
+};
+use ortbench_engine::exec::gpu::support::GpuSupport;
+use ortbench_engine::exec::gpu::GpuExecutor;
+use ortbench_engine::graph::Graph;
+use ortbench_engine::ops::linear_cross_entropy as reference;
+use ortbench_engine::{DType, Inputs};
+use ortbench_simt::Order;
+
+const IGNORE: i64 = -100;
+const R: usize = 37;
+const C: usize = 24;
+const V: usize = 131;
+
+/// The host SIMT harness as a GPU: host memory, the kernels on its fibers at `warp` in `order`,
+/// a plain-loop GEMM.
+struct Simt {
+    warp: u32,
+    order: Order,
+}
+
+/// Zeroed host memory, 16-byte aligned (as device allocations are at least).
+struct HostBuf(Box<[u128]>);
+
+impl GpuDevice for Simt {
+    type Buffer = HostBuf;
+    fn describe(&self) -> String {
+        format!("simt warp {} {:?}", self.warp, self.order)
+    }
+    fn warp_size(&self) -> u32 {
+        self.warp
+    }
+    fn max_blocks(&self) -> u32 {
+        3
+    }
+    fn max_shared_bytes(&self) -> u32 {
+        48 * 1024
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
+        Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
+    }
+    fn address(&self, b: &HostBuf) -> u64 {
+        b.0.as_ptr() as u64
+    }
+    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
+        Ok(())
+    }
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
+        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
+        Ok(())
+    }
+    unsafe fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        use ortbench_simt::Arg;
+        let raw: Vec<Arg> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
+                KernelArg::I32(v) => Arg::I32(v),
+                KernelArg::U32(v) => Arg::U32(v),
+                KernelArg::I64(v) => Arg::I64(v),
+                KernelArg::U64(v) => Arg::U64(v),
+                KernelArg::F32(v) => Arg::F32(v),
+            })
+            .collect();
+        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
+            .map_err(|e| GpuError(format!("{name}: {e}")))
+    }
+    unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
+        let acc0 = match s.epilogue {
+            Epilogue::None => false,
+            Epilogue::Accumulate => true,
+            e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
+        };
+        // Row-major C[b] (+)= op(A[b])·op(B[b]), f32 accumulation, A and B in the shape's dtype,
+        // C in it or in f32.
+        let ab = s.dtype;
+        let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
+        let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
+            match d {
+                GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
+                GemmDtype::F16 => {
+                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
+                GemmDtype::BF16 => {
+                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
+            }
+        };
+        let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
+            GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
+            GemmDtype::F16 => {
+                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
+            }
+            GemmDtype::BF16 => {
+                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
+            }
+        };
+        for bi in 0..s.batch as i64 {
+            let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
+            for i in 0..s.m as i64 {
+                for j in 0..s.n as i64 {
+                    let at = oc + i * s.ldc + j;
+                    let mut acc = if acc0 { ld(p.c, at, cd) } else { 0f32 };
+                    for k in 0..s.k as i64 {
+                        let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
+                        let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
+                        acc = x.mul_add(y, acc);
+                    }
+                    st(p.c, at, cd, acc);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+}
+
+/// A deterministic generator (splitmix64).
+struct Rng(u64);
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in ±[0.05, 1)·scale: never zero.
+    fn val(&mut self, scale: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        let m = 0.05 + 0.95 * u;
+        scale * if self.next_u64() & 1 == 0 { m } else { -m }
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+fn round(d: DType, x: f32) -> f32 {
+    match d {
+        DType::F32 => x,
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+    }
+}
+
+fn unit_roundoff(d: DType) -> f64 {
+    match d {
+        DType::F32 => 0.0,
+        DType::F16 => 1.0 / 1024.0,
+        DType::BF16 => 1.0 / 128.0,
+    }
+}
+
+/// One case's graph: the training graph (optionally with the forward merged into the
+/// backward), its parameters, inputs, and the reference's loss and gradients (f64).
+struct Case {
+    what: String,
+    graph: Graph,
+    params: Vec<f32>,
+    ids: Vec<i64>,
+    labels: Vec<i64>,
+    loss: f64,
+    /// Per parameter name: the reference gradient.
+    grads: Vec<(String, Vec<f64>)>,
+}
+
+fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let mut g = Graph::with_dtype(dtype);
+    let w = g.param("w", &[V, C]).unwrap();
+    let (table, rows_of_table) = if tied { (w, V) } else { (g.param("e", &[R, C]).unwrap(), R) };
+    let bias = (!tied).then(|| g.param("bias", &[V]).unwrap());
+    let ids_t = g.input_ids("ids", &[1, R]).unwrap();
+    let labels_t = g.input_ids("labels", &[1, R]).unwrap();
+    let x = g.embedding(table, ids_t).unwrap();
+    let loss = g.linear_cross_entropy(x, w, labels_t, bias, IGNORE).unwrap();
+    let mut graph = ortbench_engine::autodiff::backward(&g, loss).unwrap();
+    if merged {
+        let (m, n) =
+            ortbench_engine::passes::fuse_linear_cross_entropy::merge_backward(&graph).unwrap();
+        assert_eq!(n, 1, "the backward takes the forward's place");
+        graph = m;
+    }
+    let ids: Vec<i64> = (0..R).map(|r| if tied { rng.below(V) as i64 } else { r as i64 }).collect();
+    let labels: Vec<i64> = (0..R)
+        .map(|r| match r {
+            _ if r % 4 == 2 => IGNORE,
+            0 => 0,
+            1 => V as i64 - 1,
+            _ => rng.below(V) as i64,
+        })
+        .collect();
+    // Parameters rounded to the storage dtype: the reference sees what the kernels read.
+    let mut params = vec![0f32; graph.num_param_elems()];
+    for p in graph.params() {
+        let scale = if p.name == "bias" { 0.5 } else { 1.2 };
+        for v in &mut params[p.offset..p.offset + p.len] {
+            *v = round(dtype, rng.val(scale));
+        }
+    }
+    let get = |name: &str| -> Vec<f64> {
+        let p = graph.param_by_name(name).unwrap();
+        params[p.offset..p.offset + p.len].iter().map(|&v| v as f64).collect()
+    };
+    let w64 = get("w");
+    let t64 = if tied { w64.clone() } else { get("e") };
+    let b64 = bias.map(|_| get("bias"));
+    let x64: Vec<f64> =
+        ids.iter().flat_map(|&i| t64[i as usize * C..(i as usize + 1) * C].to_vec()).collect();
+    let (mut dx, mut dw, mut db) = (vec![0.0; R * C], vec![0.0; V * C], vec![0.0; V]);
+    let grads = reference::LceGrads { dloss: 1.0, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
+    let loss = reference::linear_cross_entropy(
+        &x64,
+        &w64,
+        &labels,
+        b64.as_deref(),
+        C,
+        IGNORE,
+        Some(grads),
+    )
+    .unwrap();
+    // The embedding's gradient: dx's rows added into the table's rows ids[r].
+    let mut dtable = vec![0.0; rows_of_table * C];
+    for (r, &i) in ids.iter().enumerate() {
+        for k in 0..C {
+            dtable[i as usize * C + k] += dx[r * C + k];
+        }
+    }
+    let grads = if tied {
+        vec![("w".to_string(), dw.iter().zip(&dtable).map(|(a, b)| a + b).collect())]
+    } else {
+        vec![("w".to_string(), dw), ("bias".to_string(), db), ("e".to_string(), dtable)]
+    };
+    let what = format!(
+        "{dtype:?} {} {}",
+        if tied { "tied" } else { "untied+bias" },
+        if merged { "merged" } else { "fwd+bwd" }
+    );
+    Case { what, graph, params, ids, labels, loss, grads }
+}
+
+/// Runs one step of `c` on the SIMT device with chunks of `chunk` rows; checks it against the
+/// reference and returns the worst error as a share of its tolerance.
+fn check_case(c: &Case, dev: Simt, chunk: usize) -> f64 {
+    let label = format!("{} chunk {chunk} on {}", c.what, dev.describe());
+    let dtype = c.graph.dtype();
+    let mut sup = GpuSupport::for_graph(&c.graph);
+    sup.lce_chunk = Some(chunk);
+    let n = c.graph.num_param_elems();
+    let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+    ex.plan().check(&c.graph).unwrap();
+    // The chunks the executor issued: per chunk one logits GEMM in each linear cross-entropy
+    // node and the backward's two more, its dw adding from the second chunk on.
+    let chunks = R.div_ceil(chunk);
+    let gemms = ex.gemms();
+    let nodes = if c.what.ends_with("merged") { 1 } else { 2 };
+    assert_eq!(gemms.len(), chunks * (nodes + 2), "{label}: GEMMs");
+    let acc = gemms.iter().filter(|(s, _)| s.epilogue == Epilogue::Accumulate).count();
+    assert_eq!(acc, chunks - 1, "{label}: accumulating GEMMs");
+    ex.upload_params(&c.params).unwrap();
+    let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+    let loss = ex.train_step(&inputs, 1).unwrap() as f64;
+    let rel = ((loss - c.loss) / c.loss).abs();
+    assert!(rel <= 2e-6, "{label}: loss {loss} vs reference {}", c.loss);
+    println!("{label}: loss rel {rel:.1e}");
+    let grads = ex.download_grads().unwrap();
+    let u = unit_roundoff(dtype);
+    let (rel_t, big_t) = if dtype == DType::F32 { (1e-5, 2e-5) } else { (u, 3.0 * u) };
+    let mut worst = 0f64;
+    for (name, want) in &c.grads {
+        let p = c.graph.param_by_name(name).unwrap();
+        let got = &grads[p.offset..p.offset + p.len];
+        let big = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+            let tol = rel_t * b.abs() + big_t * big;
+            let err = (a as f64 - b).abs();
+            assert!(
+                err <= tol,
+                "{label}: gradient of {name}[{i}] = {a}, want {b} (|err| {err:.3e} > {tol:.3e})"
+            );
+            worst = worst.max(err / tol);
+        }
+    }
+    worst
+}
+
+/// Every dtype, tied and untied, with and without the merge, chunks of 5 rows (and one of all
+/// rows), on every SIMT device: loss and gradients against the reference.
+#[test]
+fn gpu_executor_linear_cross_entropy_matches_the_reference() {
+    let devs = [
+        (32, Order::Forward),
+        (32, Order::Reverse),
+        (32, Order::Greedy),
+        (64, Order::Forward),
+        (64, Order::Reverse),
+        (64, Order::Greedy),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for tied in [false, true] {
+            for merged in [false, true] {
+                let c = case(dtype, tied, merged, 7 + tied as u64);
+                let mut worst = 0f64;
+                for &(warp, order) in &devs {
+                    worst = worst.max(check_case(&c, Simt { warp, order }, 5));
+                }
+                worst = worst.max(check_case(&c, Simt { warp: 32, order: Order::Forward }, R));
+                println!("{}: worst error at {:.1}% of tolerance", c.what, 100.0 * worst);
+            }
+        }
+    }
+}
+
+/// A label out of range (V, or negative and not the ignore index) is not read as an index: the
+/// kernels set the error flag and the step fails naming the op, as on the CPU.
+#[test]
+fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
+    for bad in [V as i64, -3] {
+        let mut c = case(DType::F32, false, true, 3);
+        c.labels[5] = bad;
+        let mut sup = GpuSupport::for_graph(&c.graph);
+        sup.lce_chunk = Some(5);
+        let n = c.graph.num_param_elems();
+        let dev = Simt { warp: 32, order: Order::Forward };
+        let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+        ex.upload_params(&c.params).unwrap();
+        let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+        let e = ex.train_step(&inputs, 1).unwrap_err().to_string();
+        assert!(e.contains("linear_cross_entropy") && e.contains(&format!("{bad}")), "{e}");
+    }
+}
