@@ -79,9 +79,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub warmup: Option<i64>,
     /// Rows per step and rank [default: 8 on cpu, 32 on cuda]; the global batch is
-    /// --batch-size × --ranks.
+    /// --batch-size × --ranks. `auto`: the fixed-batch comparison at the default batch, then
+    /// per config the largest batch whose peak memory fits --memory-budget, searched on one
+    /// grid for every config (powers of two, then bisection), and its throughput there.
     #[arg(long)]
-    pub batch_size: Option<i64>,
+    pub batch_size: Option<String>,
+    /// With --batch-size auto: the memory one worker process (one rank) may peak at, in MiB
+    /// [default: 70 % of the memory available now on the CPU (divided among rank processes),
+    /// 90 % of the GPU's memory].
+    #[arg(long)]
+    pub memory_budget: Option<f64>,
     /// Data-parallel ranks for every config (on the CPU they split the cores).
     #[arg(long)]
     pub ranks: Option<i64>,
@@ -189,7 +196,7 @@ impl RunArgs {
         if a.quick {
             a.steps = a.steps.or(Some(6));
             a.warmup = a.warmup.or(Some(1));
-            a.batch_size = a.batch_size.or(Some(4));
+            a.batch_size = a.batch_size.or(Some("4".into()));
             a.repeat = a.repeat.or(Some(2));
             if a.data.is_none() && a.dataset.is_none() {
                 a.seq_len = a.seq_len.or(Some(64));

@@ -204,6 +204,12 @@ fn rocm_gpus() -> Option<Vec<Gpu>> {
     (!gpus.is_empty()).then_some(gpus)
 }
 
+/// Memory of GPU `index` in MiB (nvidia-smi or rocm-smi), for `--batch-size auto`'s default
+/// budget.
+pub fn gpu_memory_mb(index: usize) -> Option<u64> {
+    nvidia_gpus().or_else(rocm_gpus)?.get(index)?.memory_mb
+}
+
 /// The GPU names, in device order (for the MFU table).
 pub fn gpu_names() -> Vec<String> {
     nvidia_gpus().or_else(rocm_gpus).unwrap_or_default().into_iter().map(|g| g.name).collect()

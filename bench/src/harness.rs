@@ -127,7 +127,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         );
         progress.start_run(i, &label, spec.steps);
         let timeout = args.timeout_s.map(Duration::from_secs_f64);
-        let (mut run_steps, row) = execute(&spec, timeout, &progress, &label)?;
+        let (mut run_steps, row) = execute(&spec, timeout, &progress, &label, None)?;
         for s in run_steps.iter_mut() {
             s.repeat = job.repeat;
             s.phase = job.phase.name().into();
@@ -159,6 +159,21 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         }
     }
     progress.finish();
+    // --batch-size auto: each config's largest batch, after the fixed-batch comparison.
+    let mut batch_search = Vec::new();
+    let mut search_failed = false;
+    if let (Some(auto), false) = (&plan.auto_batch, interrupted) {
+        let timeout = args.timeout_s.map(Duration::from_secs_f64);
+        (interrupted, search_failed) = search_batches(
+            auto,
+            &plan,
+            timeout,
+            &mut results,
+            &mut steps,
+            &out,
+            &mut batch_search,
+        )?;
+    }
     if interrupted {
         eprintln!(
             "ortbench: interrupted: kept the {} run(s) recorded; writing the report",
@@ -178,16 +193,17 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         // The peak is an upper bound by construction; past it, one of its inputs is wrong.
         eprintln!("ortbench: warning: {} {} reaches {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * top(r), peak.source);
     }
-    write_text(
-        &out.join(RUN_JSON),
-        &serde_json::to_string_pretty(&meta(&peak, Some(unix_now()), interrupted, &results))?,
-    )?;
+    let mut meta_json = meta(&peak, Some(unix_now()), interrupted, &results);
+    if let Some(auto) = &plan.auto_batch {
+        meta_json["batch_search"] = json!({ "budget": auto, "stop_line_bytes": auto.stop_bytes(), "configs": batch_search });
+    }
+    write_text(&out.join(RUN_JSON), &serde_json::to_string_pretty(&meta_json)?)?;
     let index = crate::report::write_report(&out)?;
     println!("{}", crate::report::table::summary_table(&results));
     eprintln!("ortbench: results in {}, report {}", out.display(), index.display());
     Ok(if interrupted {
         130
-    } else if results.iter().all(|r| r.status == "ok") {
+    } else if results.iter().all(|r| r.status == "ok") && !search_failed {
         0
     } else {
         1
@@ -247,6 +263,103 @@ fn aggregate(
         fill_throughput(&mut row, &pooled, peak.for_precision(&spec.precision));
     }
     row
+}
+
+/// `--batch-size auto`: per spec, the largest batch within the budget ([`crate::batch_search`]),
+/// its probes and run stopped at the budget's stop line on the CPU. The run's throughput and
+/// measured peak go on the spec's fixed-batch row (the `max_batch_*` columns), its steps into
+/// the steps table as phase `max-batch`, every batch tried into `log` (run.json). Returns
+/// (interrupted, some search stopped on a failure other than memory).
+fn search_batches(
+    auto: &crate::batch_search::AutoBatch,
+    plan: &crate::run_plan::RunPlan,
+    timeout: Option<Duration>,
+    results: &mut [ResultRow],
+    steps: &mut Vec<StepRow>,
+    out: &Path,
+    log: &mut Vec<serde_json::Value>,
+) -> Result<(bool, bool)> {
+    use crate::batch_search::{search, Purpose};
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    // On a GPU the budget is the device's memory: a probe's out-of-memory error answers.
+    let stop = plan.runs.first().filter(|r| r.device == "cpu").map(|_| auto.stop_bytes());
+    eprintln!(
+        "ortbench: --batch-size auto: per config the largest batch whose peak stays under {:.0} MiB ({:.0} % of the {:.0} MiB budget; {})",
+        mib(auto.stop_bytes()),
+        crate::batch_search::STOP_SHARE * 100.0,
+        mib(auto.budget_bytes),
+        auto.source
+    );
+    let progress = Progress::new(plan.runs.len());
+    let mut failed = false;
+    for (k, spec) in plan.runs.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            progress.finish();
+            return Ok((true, failed));
+        }
+        let name = format!("{} · {} · {}", spec.model, spec.config, spec.precision);
+        progress.start_run(k, &format!("{name} · largest batch"), 0);
+        let mut run = |s: &RunSpec, purpose: Purpose| {
+            let what = if purpose == Purpose::Probe { "probe" } else { "run" };
+            let label = format!("{name} · batch {} {what}", s.batch_size);
+            progress.println(&format!("  {label}"));
+            let r = execute(s, timeout, &progress, &label, stop);
+            if let Ok((_, row)) = &r {
+                let peak = row.peak_mem_bytes.map_or("-".into(), |p| format!("{:.0} MiB", mib(p)));
+                progress.println(&format!("    {}: peak {peak} {}", row.status, row.error));
+            }
+            r
+        };
+        let outcome = search(spec, auto, &mut run)?;
+        let row = results.iter_mut().find(|r| {
+            (r.model.as_str(), r.config.as_str(), r.precision.as_str(), r.ranks)
+                == (spec.model.as_str(), spec.config.as_str(), spec.precision.as_str(), spec.ranks)
+        });
+        if let Some(row) = row {
+            row.memory_budget_bytes = Some(auto.budget_bytes);
+            row.max_batch_search = outcome.log();
+            if let (Some(b), Some((run_steps, run_row))) = (outcome.batch, &outcome.run) {
+                let mut at = run_row.clone();
+                crate::metrics::fill_throughput(
+                    &mut at,
+                    &crate::metrics::step_times(run_steps, spec.warmup),
+                    None,
+                );
+                row.max_batch_size = Some(b);
+                row.max_batch_samples_per_s = at.samples_per_s;
+                row.max_batch_tokens_per_s = at.tokens_per_s;
+                row.max_batch_peak_mem_bytes = run_row.peak_mem_bytes;
+            }
+        }
+        if let Some((run_steps, _)) = &outcome.run {
+            steps.extend(run_steps.iter().cloned().map(|mut s| {
+                s.phase = "max-batch".into();
+                s
+            }));
+        }
+        let status = match (&outcome.error, outcome.batch) {
+            (Some(e), _) => {
+                failed |= !INTERRUPTED.load(Ordering::SeqCst);
+                ("error", format!("batch search stopped: {e}"))
+            }
+            (None, Some(b)) => {
+                progress.println(&format!("  {name}: largest batch {b} ({})", outcome.log()));
+                ("ok", String::new())
+            }
+            (None, None) => ("none fits", format!("not even batch 1 fits ({})", outcome.log())),
+        };
+        progress.end_run(status.0, &status.1);
+        log.push(json!({
+            "model": spec.model,
+            "config": spec.config,
+            "precision": spec.precision,
+            "ranks": spec.ranks,
+            "outcome": outcome,
+        }));
+        write_tables(out, results, steps)?;
+    }
+    progress.finish();
+    Ok((INTERRUPTED.load(Ordering::SeqCst), failed))
 }
 
 /// Ctrl-C stops the current worker and the plan (the run loop polls the flag); a second
@@ -360,6 +473,8 @@ fn describe_peak(p: &DevicePeak) -> String {
 enum Kill {
     Timeout,
     Interrupt,
+    /// `--batch-size auto`: its RSS (bytes) reached the budget's stop line.
+    OverBudget(u64),
 }
 
 /// One worker process of a run (a rank, or all ranks as threads).
@@ -390,12 +505,14 @@ fn free_port() -> Result<u16> {
 
 /// Runs one spec in its worker process(es) and turns their records into rows. Ranks > 1 with
 /// `launch = processes` are one worker each, joined over TCP with torchrun's variables on a
-/// free loopback port; their peak memory is each process's own.
+/// free loopback port; their peak memory is each process's own. `stop_at` (bytes, CPU runs of
+/// `--batch-size auto`): a worker whose RSS reaches it is killed, recorded as `oom`.
 fn execute(
     spec: &RunSpec,
     timeout: Option<Duration>,
     progress: &Progress,
     label: &str,
+    stop_at: Option<u64>,
 ) -> Result<(Vec<StepRow>, ResultRow)> {
     let exe = std::env::current_exe().context("cannot find the ortbench executable")?;
     let start = Instant::now();
@@ -498,7 +615,15 @@ fn execute(
         } else if timeout.is_some_and(|t| start.elapsed() >= t) {
             Some(Kill::Timeout)
         } else {
-            None
+            // Sampled every 20 ms (below): stopped here, never by the kernel's OOM killer.
+            stop_at.and_then(|limit| {
+                procs
+                    .iter()
+                    .filter(|p| p.exit.is_none())
+                    .filter_map(|p| crate::batch_search::rss_bytes(p.pid))
+                    .find(|&rss| rss >= limit)
+                    .map(Kill::OverBudget)
+            })
         };
         let peer_failed = procs
             .iter()
@@ -517,7 +642,8 @@ fn execute(
         Ok(())
     };
     loop {
-        match rx.recv_timeout(Duration::from_millis(50)) {
+        let tick = if stop_at.is_some() { 20 } else { 50 };
+        match rx.recv_timeout(Duration::from_millis(tick)) {
             Ok((r, line)) => match serde_json::from_str::<Event>(&line) {
                 Ok(Event::Step {
                     rank,
@@ -608,6 +734,14 @@ fn execute(
         && errors.iter().all(Option::is_none);
     let (status, message) = match killed {
         Some(Kill::Interrupt) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
+        Some(Kill::OverBudget(rss)) => (
+            "oom",
+            format!(
+                "stopped by ortbench {at}: RSS {:.0} MiB reached the memory budget's stop line {:.0} MiB",
+                rss as f64 / (1u64 << 20) as f64,
+                stop_at.unwrap_or(0) as f64 / (1u64 << 20) as f64
+            ),
+        ),
         Some(Kill::Timeout) => (
             "timeout",
             format!(

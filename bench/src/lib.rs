@@ -12,8 +12,10 @@
 //! - `results`: the tables as DataFrames (Parquet + CSV), `load_run`; `output`: the rows;
 //! - `env`: the environment block of run.json (`ortbench env`);
 //! - `report`: terminal table, SVG charts, index.html; `compare`: two runs side by side;
+//! - `batch_search`: `--batch-size auto`, the largest batch within a memory budget;
 //! - `progress`: the progress bars.
 
+pub mod batch_search;
 pub mod cli;
 pub mod compare;
 pub mod cpu_peak;

@@ -22,6 +22,9 @@ pub struct RunPlan {
     pub train_flops_per_sample: Vec<f64>,
     /// Human-readable settings, printed before the runs start.
     pub settings: String,
+    /// `--batch-size auto`: after the fixed-batch runs, each spec's largest batch within this
+    /// budget ([`crate::batch_search`]).
+    pub auto_batch: Option<crate::batch_search::AutoBatch>,
 }
 
 /// Which kind of run a job is.
@@ -143,7 +146,16 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         bail!("--warmup ({warmup}) must be less than --steps ({steps}): no step would be measured");
     }
     // On a GPU the defaults are what a user trains at there: bf16 autocast, batch 32 × seq 512.
-    let batch_size = positive("--batch-size", args.batch_size, if cuda { 32 } else { 8 })?;
+    // `auto` runs the fixed-batch comparison at the default, then searches each config's largest.
+    let default_batch = if cuda { 32 } else { 8 };
+    let (batch_size, auto) = match args.batch_size.as_deref().map(str::trim) {
+        None => (default_batch, false),
+        Some("auto") => (default_batch, true),
+        Some(v) => match v.parse::<i64>() {
+            Ok(n) => (positive("--batch-size", Some(n), default_batch)?, false),
+            Err(_) => bail!("--batch-size must be a positive integer or auto, got '{v}'"),
+        },
+    };
     let precisions: Vec<String> = if args.precision.is_empty() {
         vec![if cuda { "bf16" } else { "fp32" }.to_string()]
     } else {
@@ -153,6 +165,9 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
     if !matches!(args.launch.as_str(), "processes" | "threads") {
         bail!("unknown --launch '{}': use processes or threads", args.launch);
     }
+    let processes = if args.launch == "processes" { ranks } else { 1 };
+    let auto_batch =
+        crate::batch_search::plan_budget(auto, args.memory_budget, &device, processes)?;
     // GPU ranks: one process per GPU, cuda:0 .. cuda:N-1 (LOCAL_RANK), joined by NCCL.
     if ranks > 1 && cuda {
         if args.launch == "threads" {
@@ -361,13 +376,20 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
     } else {
         "no parity probe".into()
     };
+    let auto_note = auto_batch.as_ref().map_or(String::new(), |a| {
+        format!(
+            ", then per config the largest batch within {:.0} MiB per process ({})",
+            a.budget_bytes as f64 / (1u64 << 20) as f64,
+            a.source
+        )
+    });
     let settings = format!(
-        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         precisions.join("/"),
         args.seed
     );
-    Ok(RunPlan { runs, jobs, train_flops_per_sample, settings })
+    Ok(RunPlan { runs, jobs, train_flops_per_sample, settings, auto_batch })
 }
 
 /// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.

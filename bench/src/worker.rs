@@ -371,16 +371,22 @@ impl RankTrainer for GpuRank {
     }
 }
 
-/// What a run trains: the model's config (task and dropout applied), its initial weights (HF
-/// initialisation from the seed, or the file's) and its global batches (batch_size × ranks
-/// rows). Every config's worker gets them from here — the `torch-compile` one through the
-/// files the harness writes from them (`torch_compile::prepare`) — so all train the same.
-pub fn model_inputs(spec: &RunSpec) -> Result<(ModelConfig, Weights, DataSource)> {
+/// The model's config as a run trains it: `--task`'s head and `--dropout` applied.
+pub fn model_config(spec: &RunSpec) -> Result<ModelConfig> {
     let resolved = ortbench_models::resolve(&spec.model, &HubOptions::from_env())?;
     let mut cfg = ortbench_models::with_task(resolved.config, spec.task.as_deref(), &spec.model)?;
     if let Some(p) = spec.dropout {
         cfg.set_dropout(p);
     }
+    Ok(cfg)
+}
+
+/// What a run trains: the model's config (task and dropout applied), its initial weights (HF
+/// initialisation from the seed, or the file's) and its global batches (batch_size × ranks
+/// rows). Every config's worker gets them from here — the `torch-compile` one through the
+/// files the harness writes from them (`torch_compile::prepare`) — so all train the same.
+pub fn model_inputs(spec: &RunSpec) -> Result<(ModelConfig, Weights, DataSource)> {
+    let cfg = model_config(spec)?;
     let weights = match &spec.weights {
         WeightsSource::Random => Weights::init(&cfg, spec.seed),
         WeightsSource::File(path) => Weights::load(&cfg, path, spec.seed)?.0,

@@ -5,7 +5,7 @@ use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 
 use crate::output::ResultRow;
 
-pub const SUMMARY_HEADER: [&str; 15] = [
+pub const SUMMARY_HEADER: [&str; 16] = [
     "model",
     "config",
     "prec",
@@ -19,6 +19,7 @@ pub const SUMMARY_HEADER: [&str; 15] = [
     "MFU / HFU",
     "peak MiB",
     "optim MiB/rank",
+    "max batch: samples/s (peak MiB)",
     "parity Δloss / Δgnorm₀",
     "status",
 ];
@@ -88,6 +89,23 @@ fn ratio_cell(
     s
 }
 
+/// `--batch-size auto`: "48: 61.20 (7712)" — the largest batch within the budget, the
+/// throughput and measured peak of its run; "none fits" when not even batch 1 did, "search
+/// stopped" when a probe failed for another reason than memory (`max_batch_search` says
+/// which); "-" without auto.
+pub fn max_batch_cell(r: &ResultRow) -> String {
+    match (r.max_batch_size, r.memory_budget_bytes) {
+        (Some(b), _) => format!(
+            "{b}: {} ({})",
+            f(r.max_batch_samples_per_s, 2),
+            mib(r.max_batch_peak_mem_bytes, 0)
+        ),
+        (None, Some(_)) if r.max_batch_search.contains("stopped:") => "search stopped".into(),
+        (None, Some(_)) => "none fits".into(),
+        (None, None) => "-".into(),
+    }
+}
+
 /// The cells of one row; the model is named on the first row of its group only.
 pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
     let pct = |v: Option<f64>| {
@@ -107,6 +125,7 @@ pub fn summary_cells(r: &ResultRow, show_model: bool) -> Vec<String> {
         format!("{} / {}", pct(r.mfu), pct(r.hfu)),
         mib(r.peak_mem_bytes, 0),
         mib(r.optimizer_bytes_per_rank.map(|b| b as u64), 1),
+        max_batch_cell(r),
         match (r.max_loss_rel_diff, r.grad_norm_rel_diff_step0) {
             (None, None) => "-".into(),
             (l, g) => format!("{} / {}", rel(l), rel(g)),
