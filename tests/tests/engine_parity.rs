@@ -365,3 +365,49 @@ fn tiny_bert_training_curve_matches_torch() {
 fn tiny_gpt2_training_curve_matches_torch() {
     check_training_curve("tiny-gpt2");
 }
+
+/// `base` (an LM) at gpt2's vocabulary, its head tied to the embedding or not. At 50 257
+/// tokens the fused head's chunk is `chunk_rows(50257, threads)` rows (168 on 2 threads, 168
+/// on 16), so a 4 × 64 batch with every row labelled takes two chunks, the second partial.
+fn lm_at_gpt2_vocab(base: &str, tied: bool) -> ModelConfig {
+    let mut raw = builtin_config(base).unwrap().raw;
+    raw["vocab_size"] = serde_json::json!(50257);
+    raw["tie_word_embeddings"] = serde_json::json!(tied);
+    let label = format!("{base} at vocab 50257, tied {tied}");
+    fp32_no_dropout(ModelConfig::from_value(raw, &label).unwrap())
+}
+
+/// The fused LM head (`fuse_linear_cross_entropy`, on by default: no logits, loss and
+/// gradients in one sweep) against torch's unfused `lm_head` + `CrossEntropyLoss`, planned
+/// executor, tolerances as above: GPT-2 CLM and BERT MLM, tied and untied, on padded batches
+/// (HF's attention mask, padding right and left, label −100 at pads) — BERT with the
+/// collator's sparse labels and with every token labelled (several chunks).
+#[test]
+fn fused_lm_heads_tied_and_untied_planned_engine_match_torch() {
+    for base in ["tiny-gpt2", "tiny-bert"] {
+        for tied in [true, false] {
+            let cfg = lm_at_gpt2_vocab(base, tied);
+            let densities: &[bool] = if base == "tiny-bert" { &[false, true] } else { &[true] };
+            for &dense in densities {
+                let raw = DataSource::synthetic(&cfg, 4, 64, 21).unwrap().batch(0);
+                let mut batch = padded(raw.clone(), if base == "tiny-bert" { 0 } else { 999 });
+                let mask = batch.attention_mask.clone().unwrap();
+                for (i, l) in batch.labels.iter_mut().enumerate() {
+                    *l = match (mask[i], dense) {
+                        (0, _) => IGNORE_INDEX,
+                        (_, true) => raw.input_ids[i],
+                        (_, false) => *l,
+                    };
+                }
+                let opts = GraphOptions::new(4, 64).with_attention_mask(true);
+                let counts = ortbench_engine::passes::op_counts(
+                    &build_training_graph(&cfg, &opts).unwrap().graph,
+                );
+                assert_eq!(counts.get("linear_cross_entropy_backward"), Some(&1), "{counts:?}");
+                let label =
+                    format!("{base} tied {tied}, labels {}", if dense { "all" } else { "15 %" });
+                check_parity_on(&label, &cfg, &batch, true, PassConfig::all());
+            }
+        }
+    }
+}

@@ -1080,6 +1080,16 @@ mod tests {
                     co["linear"] >= 4 * layers && co["add_layernorm"] >= 2 * layers - 1,
                     "{name}: {co:?}"
                 );
+                // The LM head and its loss: one node giving the loss and the gradients, and
+                // no (…, V) logits tensor left in the training graph.
+                assert_eq!(
+                    (co.get("linear_cross_entropy_backward"), co.get("cross_entropy")),
+                    (Some(&1), None),
+                    "{name}: {co:?}"
+                );
+                let v = cfg.vocab_size();
+                let widest = opt.graph.tensors().iter().filter(|t| t.shape.last() == Some(&v));
+                assert!(widest.clone().all(|t| t.shape.len() <= 2), "{name}: logits left");
                 let p_dropouts = opt
                     .graph
                     .nodes()
