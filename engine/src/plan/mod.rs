@@ -30,7 +30,9 @@
 //!    bytes. [`Plan::peak_bytes`] against [`Plan::naive_bytes`] (every node output allocated
 //!    separately, as the reference executor does) is the saving.
 //!
-//! [`rows`] is a separate analysis the executor uses to skip the rows a cross-entropy ignores.
+//! [`rows`] is a separate analysis the executor uses to skip the rows a cross-entropy ignores;
+//! [`split`] divides the memory a plan implies into parameters, gradients, optimizer state,
+//! activations and logits (the report's memory chart).
 //!
 //! Reference: TFLite `simple_memory_arena.cc` / `greedy_memory_planner.cc`; PyTorch
 //! `computeStride` for the reshape view rule.
@@ -38,6 +40,7 @@
 pub mod layout;
 mod needs;
 pub mod rows;
+pub mod split;
 
 #[cfg(test)]
 pub(crate) mod testgraphs;
