@@ -49,6 +49,10 @@ pub enum CollectiveError {
     Unavailable(String),
     #[error("GPU collective failed: {0}")]
     Device(String),
+    /// A peer did not answer within the collective timeout (a stopped, hung or unreachable
+    /// rank): the collective is abandoned rather than waited for forever.
+    #[error("collective {collective}: rank {rank} silent for {:.1} s (the collective timeout)", .after.as_secs_f64())]
+    Timeout { collective: String, rank: usize, after: std::time::Duration },
 }
 
 /// The element types collectives move (for transports that need to name them, as NCCL does).

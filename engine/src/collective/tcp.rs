@@ -22,8 +22,15 @@ use std::time::{Duration, Instant};
 
 use super::{check_chunks, chunk, Collective, CollectiveError, Element, ReduceOp};
 
-/// How long a rank waits for the others (to connect, or to answer a collective).
+/// How long a rank waits for the others to connect (they load the model first).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long a rank waits for a peer inside a collective on the CPU (`--collective-timeout-s`).
+/// Every rank does the same work between collectives, so what a rank waits for there is the
+/// other ranks' lag plus the transfer — seconds on one machine. Two minutes leaves room for a
+/// rank descheduled on a loaded machine and still ends a stopped or hung peer's run five times
+/// sooner than torch's 10-minute default, which is sized for NCCL's queued GPU work.
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -68,6 +75,8 @@ pub struct TcpGroup {
     world: usize,
     /// Rank 0: a stream to each rank 1..N (index r-1). Others: one stream to rank 0.
     peers: Mutex<Vec<TcpStream>>,
+    /// The read and write deadline of every socket operation inside a collective.
+    timeout: Duration,
 }
 
 fn io(what: &str) -> impl Fn(std::io::Error) -> CollectiveError + '_ {
@@ -125,7 +134,42 @@ impl TcpGroup {
         };
         let (rank, world) = (num("RANK")?, num("WORLD_SIZE")?);
         let addr = format!("{}:{}", var("MASTER_ADDR")?, num("MASTER_PORT")?);
-        Self::connect(rank, world, &addr, DEFAULT_TIMEOUT)
+        Self::connect(rank, world, &addr, DEFAULT_TIMEOUT)?
+            .with_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT)
+    }
+
+    /// Sets how long a collective waits for a peer (read or write) before it fails with
+    /// [`CollectiveError::Timeout`] naming that peer.
+    pub fn with_collective_timeout(self, timeout: Duration) -> Result<Self, CollectiveError> {
+        if timeout.is_zero() {
+            return Err(CollectiveError::Env("the collective timeout must be positive".into()));
+        }
+        for s in self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?.iter() {
+            s.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
+            s.set_write_timeout(Some(timeout)).map_err(io("socket"))?;
+        }
+        Ok(TcpGroup { timeout, ..self })
+    }
+
+    /// The error of a socket operation with `peer` inside `code`: a timeout names the silent
+    /// peer; anything else (a closed socket: the peer died) says what was being done.
+    fn peer_err(
+        &self,
+        code: OpCode,
+        peer: usize,
+        what: &'static str,
+    ) -> impl Fn(std::io::Error) -> CollectiveError + '_ {
+        move |e| match e.kind() {
+            // SO_RCVTIMEO/SO_SNDTIMEO expiring reads as EAGAIN (WouldBlock) on Linux.
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                CollectiveError::Timeout {
+                    collective: format!("{code:?}"),
+                    rank: peer,
+                    after: self.timeout,
+                }
+            }
+            _ => CollectiveError::Io(format!("{code:?}: {what} rank {peer}: {e}")),
+        }
     }
 
     /// Rank 0 binds `addr` and waits for the others; rank r > 0 connects to it (retrying until
@@ -170,7 +214,7 @@ impl TcpGroup {
         stream.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
         send_msg(&mut stream, 0, rank as u64, &(world as u64).to_le_bytes())
             .map_err(io("handshake"))?;
-        Ok(TcpGroup { rank, world, peers: Mutex::new(vec![stream]) })
+        Ok(TcpGroup { rank, world, peers: Mutex::new(vec![stream]), timeout })
     }
 
     /// Rank 0 of a group whose other ranks connect to `listener`.
@@ -218,6 +262,7 @@ impl TcpGroup {
             rank: 0,
             world,
             peers: Mutex::new(slots.into_iter().map(|s| s.expect("all connected")).collect()),
+            timeout,
         })
     }
 
@@ -235,7 +280,7 @@ impl TcpGroup {
         let want = expect_len.unwrap_or(input.len());
         let inputs = self.collect(&mut peers, code, input, |_| want)?;
         let out_len = output.len();
-        self.answer(&mut peers, inputs, output, |_| out_len, answer)
+        self.answer(code, &mut peers, inputs, output, |_| out_len, answer)
     }
 
     /// First half of an exchange: a rank > 0 sends `input` to rank 0 (None); rank 0 receives
@@ -251,15 +296,14 @@ impl TcpGroup {
     ) -> Result<Option<Vec<Vec<T>>>, CollectiveError> {
         if self.rank != 0 {
             send_msg(&mut peers[0], code as u8, input.len() as u64, as_bytes(input))
-                .map_err(io("sending to rank 0"))?;
+                .map_err(self.peer_err(code, 0, "sending to"))?;
             return Ok(None);
         }
         let mut inputs: Vec<Vec<T>> = vec![input.to_vec()];
         for (i, s) in peers.iter_mut().enumerate() {
             let r = i + 1;
-            let from =
-                |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
-            let (c, len) = recv_head(s).map_err(from)?;
+            let from = self.peer_err(code, r, "receiving from");
+            let (c, len) = recv_head(s).map_err(&from)?;
             let want = expect_len(r);
             // The length is checked before anything is allocated or read: a peer that sends a
             // wrong or garbage header ends the collective with its rank named, and the stream
@@ -279,7 +323,7 @@ impl TcpGroup {
                 return Err(CollectiveError::Remote(msg));
             }
             let mut buf: Vec<T> = vec![input.first().copied().unwrap_or(T::from_f64(0.0)); want];
-            s.read_exact(as_bytes_mut(&mut buf)).map_err(from)?;
+            s.read_exact(as_bytes_mut(&mut buf)).map_err(&from)?;
             inputs.push(buf);
         }
         Ok(Some(inputs))
@@ -290,6 +334,7 @@ impl TcpGroup {
     /// receives its answer into `output`.
     fn answer<T: Element>(
         &self,
+        code: OpCode,
         peers: &mut [TcpStream],
         inputs: Option<Vec<Vec<T>>>,
         output: &mut [T],
@@ -297,14 +342,18 @@ impl TcpGroup {
         answer: impl Fn(&[Vec<T>], usize, &mut [T]),
     ) -> Result<(), CollectiveError> {
         let Some(inputs) = inputs else {
-            return read_answer(&mut peers[0], output);
+            return self.read_answer(code, &mut peers[0], output);
         };
         let mut ans = Vec::new();
         for (i, s) in peers.iter_mut().enumerate() {
             ans.clear();
             ans.resize(answer_len(i + 1), T::from_f64(0.0));
             answer(&inputs, i + 1, &mut ans);
-            send_msg(s, OK, ans.len() as u64, as_bytes(&ans)).map_err(io("answering a rank"))?;
+            send_msg(s, OK, ans.len() as u64, as_bytes(&ans)).map_err(self.peer_err(
+                code,
+                i + 1,
+                "answering",
+            ))?;
         }
         answer(&inputs, 0, output);
         Ok(())
@@ -331,12 +380,20 @@ impl TcpGroup {
             let s = &mut peers[0];
             let mine = part(self.rank);
             // The header alone; the data follows chunk by chunk.
-            send_msg(s, code as u8, len as u64, &[]).map_err(io("sending to rank 0"))?;
+            send_msg(s, code as u8, len as u64, &[]).map_err(self.peer_err(
+                code,
+                0,
+                "sending to",
+            ))?;
             let mut at = 0;
             loop {
                 let end = (at + STREAM_CHUNK).min(len);
-                s.write_all(as_bytes(&buf[at..end])).map_err(io("sending to rank 0"))?;
-                read_answer(s, &mut buf[overlap(&mine, at, end)])?;
+                s.write_all(as_bytes(&buf[at..end])).map_err(self.peer_err(
+                    code,
+                    0,
+                    "sending to",
+                ))?;
+                self.read_answer(code, s, &mut buf[overlap(&mine, at, end)])?;
                 at = end;
                 if at >= len {
                     return Ok(());
@@ -348,8 +405,7 @@ impl TcpGroup {
         let mut bad = None;
         for (i, s) in peers.iter_mut().enumerate() {
             let r = i + 1;
-            let (c, n) = recv_head(s)
-                .map_err(|e| CollectiveError::Io(format!("receiving from rank {r}: {e}")))?;
+            let (c, n) = recv_head(s).map_err(self.peer_err(code, r, "receiving from"))?;
             if c != code as u8 || n != len as u64 {
                 bad = Some(mismatch(code, r, c, n, len));
                 break;
@@ -370,9 +426,11 @@ impl TcpGroup {
             for (i, (s, x)) in peers.iter_mut().zip(theirs.iter_mut()).enumerate() {
                 x.clear();
                 x.resize(end - at, zero);
-                s.read_exact(as_bytes_mut(x)).map_err(|e| {
-                    CollectiveError::Io(format!("receiving from rank {}: {e}", i + 1))
-                })?;
+                s.read_exact(as_bytes_mut(x)).map_err(self.peer_err(
+                    code,
+                    i + 1,
+                    "receiving from",
+                ))?;
             }
             // Rank order 0..N, f64 accumulation, one rounding: `reduce_at`'s arithmetic.
             reduced.clear();
@@ -391,7 +449,7 @@ impl TcpGroup {
             for (i, s) in peers.iter_mut().enumerate() {
                 let o = overlap(&part(i + 1), at, end);
                 send_msg(s, OK, o.len() as u64, as_bytes(&reduced[o.start - at..o.end - at]))
-                    .map_err(io("answering a rank"))?;
+                    .map_err(self.peer_err(code, i + 1, "answering"))?;
             }
             let o = overlap(&mine, at, end);
             buf[o.clone()].copy_from_slice(&reduced[o.start - at..o.end - at]);
@@ -432,27 +490,35 @@ fn overlap(p: &std::ops::Range<usize>, at: usize, end: usize) -> std::ops::Range
     }
 }
 
-/// Reads one answer of rank 0 into `out` (its length must be what rank 0 sends), or the error
-/// it sends instead.
-fn read_answer<T: Element>(s: &mut TcpStream, out: &mut [T]) -> Result<(), CollectiveError> {
-    let (status, len) = recv_head(s).map_err(io("waiting for rank 0"))?;
-    if status == ERR {
-        if len > MAX_ERROR_BYTES {
+impl TcpGroup {
+    /// Reads one answer of rank 0 to `code` into `out` (its length must be what rank 0 sends), or
+    /// the error it sends instead.
+    fn read_answer<T: Element>(
+        &self,
+        code: OpCode,
+        s: &mut TcpStream,
+        out: &mut [T],
+    ) -> Result<(), CollectiveError> {
+        let from = self.peer_err(code, 0, "waiting for");
+        let (status, len) = recv_head(s).map_err(&from)?;
+        if status == ERR {
+            if len > MAX_ERROR_BYTES {
+                return Err(CollectiveError::Io(format!(
+                    "rank 0 sent an error message of {len} bytes"
+                )));
+            }
+            let mut msg = vec![0u8; len as usize];
+            s.read_exact(&mut msg).map_err(&from)?;
+            return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
+        }
+        if len as usize != out.len() {
             return Err(CollectiveError::Io(format!(
-                "rank 0 sent an error message of {len} bytes"
+                "rank 0 answered {len} elements, expected {}",
+                out.len()
             )));
         }
-        let mut msg = vec![0u8; len as usize];
-        s.read_exact(&mut msg).map_err(io("waiting for rank 0"))?;
-        return Err(CollectiveError::Remote(String::from_utf8_lossy(&msg).into_owned()));
+        s.read_exact(as_bytes_mut(out)).map_err(&from)
     }
-    if len as usize != out.len() {
-        return Err(CollectiveError::Io(format!(
-            "rank 0 answered {len} elements, expected {}",
-            out.len()
-        )));
-    }
-    s.read_exact(as_bytes_mut(out)).map_err(io("waiting for rank 0"))
 }
 
 fn reduce_at<T: Element>(inputs: &[Vec<T>], i: usize, op: ReduceOp) -> T {
@@ -543,22 +609,25 @@ impl Collective for TcpGroup {
         if self.rank != 0 {
             let mine = chunk(len, k, self.rank);
             send_msg(&mut peers[0], code as u8, mine.len() as u64, as_bytes(&buf[mine]))
-                .map_err(io("sending to rank 0"))?;
-            return read_answer(&mut peers[0], buf);
+                .map_err(self.peer_err(code, 0, "sending to"))?;
+            return self.read_answer(code, &mut peers[0], buf);
         }
         for r in 1..world {
             let want = chunk(len, k, r);
-            let from =
-                |e: std::io::Error| CollectiveError::Io(format!("receiving from rank {r}: {e}"));
-            let (c, n) = recv_head(&mut peers[r - 1]).map_err(from)?;
+            let from = self.peer_err(code, r, "receiving from");
+            let (c, n) = recv_head(&mut peers[r - 1]).map_err(&from)?;
             // Checked before anything is read: rank r's chunk must be chunk(len, k, r) long.
             if c != code as u8 || n != want.len() as u64 {
                 return Err(refuse(&mut peers, mismatch(code, r, c, n, want.len())));
             }
-            peers[r - 1].read_exact(as_bytes_mut(&mut buf[want])).map_err(from)?;
+            peers[r - 1].read_exact(as_bytes_mut(&mut buf[want])).map_err(&from)?;
         }
-        for s in peers.iter_mut() {
-            send_msg(s, OK, len as u64, as_bytes(buf)).map_err(io("answering a rank"))?;
+        for (i, s) in peers.iter_mut().enumerate() {
+            send_msg(s, OK, len as u64, as_bytes(buf)).map_err(self.peer_err(
+                code,
+                i + 1,
+                "answering",
+            ))?;
         }
         Ok(())
     }
@@ -727,6 +796,47 @@ mod tests {
         let e = TcpGroup::root(listener, 2, Duration::from_secs(10)).err().unwrap().to_string();
         assert!(e.contains("RANK 7"), "{e}");
         peer.join().unwrap();
+    }
+
+    /// A peer that joins and then says nothing (a stopped process keeps its socket open):
+    /// the collective fails after the collective timeout naming it, on rank 0 and on a rank
+    /// waiting for rank 0 alike.
+    #[test]
+    fn a_silent_peer_ends_the_collective_after_the_timeout_naming_it() {
+        let t = Duration::from_millis(300);
+        for silent in [1usize, 0] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let join = |rank: usize, listener: Option<TcpListener>| match listener {
+                Some(l) => TcpGroup::root(l, 2, Duration::from_secs(10)).unwrap(),
+                None => TcpGroup::connect(rank, 2, &addr, Duration::from_secs(10)).unwrap(),
+            };
+            let (mut root_listener, talker) = (Some(listener), 1 - silent);
+            let quiet_listener = if silent == 0 { root_listener.take() } else { None };
+            let g = std::thread::scope(|s| {
+                let join = &join;
+                let quiet = s.spawn(move || {
+                    let g = join(silent, quiet_listener);
+                    // Holds the connection open, calling nothing, until the other rank gave up.
+                    done_rx.recv().unwrap();
+                    drop(g);
+                });
+                let g = join(talker, root_listener).with_collective_timeout(t).unwrap();
+                let e = g.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum).unwrap_err();
+                done_tx.send(()).unwrap();
+                quiet.join().unwrap();
+                e
+            });
+            let e = g;
+            assert!(
+                matches!(&e, CollectiveError::Timeout { rank, collective, after }
+                    if *rank == silent && collective == "AllReduceSum" && *after == t),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("rank {silent} silent for 0.3 s")), "{msg}");
+        }
     }
 
     #[test]
