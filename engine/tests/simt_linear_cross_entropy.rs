@@ -376,3 +376,24 @@ fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
         assert!(e.contains("linear_cross_entropy") && e.contains(&format!("{bad}")), "{e}");
     }
 }
+
+/// Every label ignored: the loss is NaN (the reference's 0/0) and every gradient zero, with
+/// the chunks still issued over rows the host cannot know are empty.
+#[test]
+fn gpu_executor_linear_cross_entropy_with_every_label_ignored_gives_nan_and_zero_gradients() {
+    for dtype in [DType::F32, DType::BF16] {
+        let mut c = case(dtype, false, true, 5);
+        c.labels.fill(IGNORE);
+        let mut sup = GpuSupport::for_graph(&c.graph);
+        sup.lce_chunk = Some(5);
+        let n = c.graph.num_param_elems();
+        let dev = Simt { warp: 64, order: Order::Greedy };
+        let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+        ex.upload_params(&c.params).unwrap();
+        let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+        let loss = ex.train_step(&inputs, 1).unwrap();
+        assert!(loss.is_nan(), "{dtype:?}: loss {loss}");
+        let grads = ex.download_grads().unwrap();
+        assert!(grads.iter().all(|&g| g == 0.0), "{dtype:?}: a nonzero gradient");
+    }
+}

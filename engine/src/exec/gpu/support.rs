@@ -7,7 +7,8 @@
 //!   reads the forward's output and mask (graph inputs 5, 6);
 //! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
-//!   attention backward;
+//!   attention backward; the linear cross-entropy's chunk of logits, gathered rows, compacted
+//!   row indices and per-row losses ([`LceWorkspace`]);
 //! - RMSNorm, rotary embedding and grouped-query attention (kv heads fewer than query heads)
 //!   have no GPU kernels yet: [`PlanError::NoKernel`] naming each;
 //! - there is no standalone GELU kernel: the passes fuse GELU into its linear layer (`Op::Linear`),
@@ -421,6 +422,36 @@ mod tests {
         assert!(bq < 64 || bk < 64);
         assert!(attention_smem(bq, bk, 64, 64).iter().all(|&b| b <= 48 * 1024));
         assert_eq!(attention_tiles(4096, 4096, 48 * 1024), None);
+    }
+
+    /// The linear cross-entropy's chunk holds about 64 MiB of f32 logits at real vocabularies
+    /// (gpt2's 50257, bert's 30522), never fewer than 64 rows nor more than the rows; the
+    /// workspace's parts are 256-byte aligned (cuBLASLt's operands) and do not overlap.
+    #[test]
+    fn lce_chunks_hold_about_64_mib_and_workspace_parts_are_aligned_and_disjoint() {
+        assert_eq!(lce_chunk_rows(50257, 16384), 320);
+        assert_eq!(lce_chunk_rows(30522, 16384), 512);
+        assert_eq!(lce_chunk_rows(1 << 24, 4096), 64);
+        assert_eq!(lce_chunk_rows(131, 37), 37);
+        let (k, r, c, v) = (5, 37, 24, 131);
+        let w = LceWorkspace::new(r, c, v, k, DType::BF16, Some((DType::BF16, Some(DType::F32))));
+        assert!(w.db.is_none(), "an f32 dbias accumulates in place");
+        let parts = [
+            (w.logits, k * v),
+            (w.g16.unwrap(), (k * v).div_ceil(2)),
+            (w.xs, (k * c * 2).div_ceil(4)),
+            (w.dxs.unwrap(), k * c),
+            (w.losses, r),
+            (w.idx, r),
+            (w.count, 1),
+            (w.dw.unwrap(), v * c),
+        ];
+        for (i, &(at, len)) in parts.iter().enumerate() {
+            let end = parts.get(i + 1).map_or(w.len, |p| p.0);
+            assert!(at % 64 == 0 && at + len <= end, "part {i} at {at}+{len}, next at {end}");
+        }
+        let f = LceWorkspace::new(r, c, v, k, DType::F32, None);
+        assert!(f.g16.is_none() && f.dxs.is_none() && f.dw.is_none() && f.db.is_none());
     }
 
     /// RMSNorm, rotary and grouped-query attention (forward and backward) are refused by name,
