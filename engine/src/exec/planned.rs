@@ -294,6 +294,8 @@ pub struct PlannedExecutor {
     /// GEMM FLOPs the linear + cross-entropy nodes ran in the last step (their labelled rows
     /// are known only at run time).
     lce_flops: std::sync::atomic::AtomicU64,
+    /// `plan::rows::enabled()`: the fused LM head leaves unlabelled rows out of its GEMMs.
+    row_skip: bool,
 }
 
 impl std::fmt::Debug for PlannedExecutor {
@@ -416,6 +418,7 @@ impl PlannedExecutor {
             seed_node,
             loss_scale: 1.0,
             lce_flops: std::sync::atomic::AtomicU64::new(0),
+            row_skip: rows::enabled(),
         })
     }
 
@@ -1030,6 +1033,7 @@ impl PlannedExecutor {
                     v,
                     ignore_index: *ignore_index,
                     chunk: lce::chunk_rows(v, pool.threads()),
+                    skip_ignored: self.row_skip,
                 };
                 let grads = (at == 1).then(|| lce::LceGrads {
                     dloss: rd(0)[0],
@@ -1039,7 +1043,10 @@ impl PlannedExecutor {
                 });
                 let gemms = if at == 1 { 3 } else { 1 };
                 wr(0)[0] = lce::linear_cross_entropy(pool, &p, ws(), grads)?;
-                let rows = labels.iter().filter(|&&l| l != *ignore_index).count();
+                let rows = match self.row_skip {
+                    true => labels.iter().filter(|&&l| l != *ignore_index).count(),
+                    false => labels.len(),
+                };
                 self.lce_flops.fetch_add(
                     (gemms * 2 * rows * c * v) as u64,
                     std::sync::atomic::Ordering::Relaxed,

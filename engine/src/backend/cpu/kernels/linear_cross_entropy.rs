@@ -56,6 +56,10 @@ pub struct Lce<'a> {
     pub v: usize,
     pub ignore_index: i64,
     pub chunk: usize,
+    /// Whether rows with an ignored label are left out of the GEMMs (the row skip,
+    /// `plan::rows`); when not, they are computed and their loss and gradient zeroed — the
+    /// same results, the unskipped work (`ORTBENCH_ROW_SKIP=0`).
+    pub skip_ignored: bool,
 }
 
 /// Where the gradients go.
@@ -77,8 +81,15 @@ fn rows_pass(
     bias: Option<&[f32]>,
     v: usize,
     g: Option<f32>,
+    ignore_index: i64,
 ) {
     for ((row, loss), &y) in logits.chunks_exact_mut(v).zip(losses.iter_mut()).zip(labels) {
+        if y == ignore_index {
+            // A row computed without the row skip: no loss, no gradient.
+            *loss = 0.0;
+            row.fill(0.0);
+            continue;
+        }
         if let Some(b) = bias {
             for (z, &bj) in row.iter_mut().zip(b) {
                 *z += bj;
@@ -94,7 +105,7 @@ fn rows_pass(
         }
     }
 }
-multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>) => rows_pass);
+multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>, ignore_index: i64) => rows_pass);
 
 /// dbias[j] += Σ_rows g[row, j] over columns `cols`.
 #[inline(always)]
@@ -138,7 +149,8 @@ pub fn linear_cross_entropy(
     }
     let mut idx = [0u32; MAX_CHUNK];
     let mut sum = 0f32;
-    let mut rows = p.labels.iter().enumerate().filter(|(_, &y)| y != p.ignore_index);
+    let skip = p.skip_ignored;
+    let mut rows = p.labels.iter().enumerate().filter(|(_, &y)| !skip || y != p.ignore_index);
     loop {
         // The next chunk of labelled rows, gathered.
         let mut n = 0;
@@ -183,6 +195,7 @@ pub fn linear_cross_entropy(
                 p.bias,
                 v,
                 g,
+                p.ignore_index,
             )
         });
         for &l in &losses[..n] {
@@ -252,7 +265,7 @@ mod tests {
         a.iter().fold(0f32, |m, x| m.max(x.abs()))
     }
 
-    /// The chunked kernel against the row-by-row reference (f64), at row counts that are not
+    /// The chunked kernel, with the row skip and without, against the row-by-row reference (f64), at row counts that are not
     /// multiples of the chunk (3, 7 and one chunk of everything), vocabularies that are not
     /// multiples of the SIMD width, with a bias and without, some rows ignored: loss within
     /// 2e-6 relative, every gradient within 2e-5 of its largest element (f32 GEMMs over K = V
@@ -293,24 +306,44 @@ mod tests {
                 }),
             )
             .unwrap();
-            let p = Lce { x: &x, w: &w, labels: &labels, bias, c, v, ignore_index: -100, chunk };
-            let mut ws = vec![f32::NAN; workspace(r, c, v, chunk)];
-            let (mut dx, mut dw, mut db) =
-                (vec![f32::NAN; r * c], vec![f32::NAN; v * c], vec![f32::NAN; v]);
-            let grads = LceGrads { dloss: 0.7, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
-            let got = linear_cross_entropy(&pool, &p, &mut ws, Some(grads)).unwrap() as f64;
-            assert!((got - want).abs() <= 2e-6 * want.abs(), "loss {got} vs {want}");
-            let fwd = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap() as f64;
-            assert_eq!(fwd, got, "the loss without gradients is the same sum");
-            let what = format!("r {r} v {v} chunk {chunk} bias {}", bias.is_some());
-            for (name, got, want) in [("dx", &dx, &dx0), ("dw", &dw, &dw0), ("dbias", &db, &db0)] {
-                if name == "dbias" && bias.is_none() {
-                    continue;
-                }
-                let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
-                let tol = 2e-5 * max_abs(&want);
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    assert!((a - b).abs() <= tol, "{what}: {name}[{i}] {a} vs {b} (tol {tol:e})");
+            for skip_ignored in [true, false] {
+                let p = Lce {
+                    x: &x,
+                    w: &w,
+                    labels: &labels,
+                    bias,
+                    c,
+                    v,
+                    ignore_index: -100,
+                    chunk,
+                    skip_ignored,
+                };
+                let mut ws = vec![f32::NAN; workspace(r, c, v, chunk)];
+                let (mut dx, mut dw, mut db) =
+                    (vec![f32::NAN; r * c], vec![f32::NAN; v * c], vec![f32::NAN; v]);
+                let grads = LceGrads { dloss: 0.7, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
+                let got = linear_cross_entropy(&pool, &p, &mut ws, Some(grads)).unwrap() as f64;
+                assert!((got - want).abs() <= 2e-6 * want.abs(), "loss {got} vs {want}");
+                let fwd = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap() as f64;
+                assert_eq!(fwd, got, "the loss without gradients is the same sum");
+                let what = format!(
+                    "r {r} v {v} chunk {chunk} bias {} skip {skip_ignored}",
+                    bias.is_some()
+                );
+                for (name, got, want) in
+                    [("dx", &dx, &dx0), ("dw", &dw, &dw0), ("dbias", &db, &db0)]
+                {
+                    if name == "dbias" && bias.is_none() {
+                        continue;
+                    }
+                    let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+                    let tol = 2e-5 * max_abs(&want);
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= tol,
+                            "{what}: {name}[{i}] {a} vs {b} (tol {tol:e})"
+                        );
+                    }
                 }
             }
         }
@@ -329,6 +362,7 @@ mod tests {
             v: 4,
             ignore_index: -100,
             chunk: 8,
+            skip_ignored: true,
         };
         let mut ws = vec![0.0; workspace(2, 3, 4, 8)];
         let e = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap_err();
