@@ -155,6 +155,21 @@ pub struct RunArgs {
     /// [default: no limit].
     #[arg(long)]
     pub timeout_s: Option<f64>,
+    /// How long a rank's collective waits for a silent peer (stopped, hung, unreachable)
+    /// before the rank fails naming the peer, the collective and the step [default: 120 on the
+    /// CPU; 600 on GPUs, torch's NCCL default].
+    #[arg(long)]
+    pub collective_timeout_s: Option<f64>,
+    /// A hang is a failure: after its first step, a worker that reports no step for longer
+    /// than max(this, 10 × the run's median step time) is killed with its peers and the run
+    /// recorded as `error` naming the silent rank [default: the collective timeout + 60, so
+    /// that a rank's own collective error, which names the collective, normally comes first].
+    #[arg(long)]
+    pub hang_deadline_s: Option<f64>,
+    /// The allowance for a worker's first step report, from its start: loading the model,
+    /// kernel compilation, GEMM heuristics, torch-compile's compilation [default: 900].
+    #[arg(long)]
+    pub first_step_deadline_s: Option<f64>,
     /// Timed runs per (model, config, precision): run interleaved with the other configs, the
     /// order rotated each time, and their step times pooled; the speedup's interval comes
     /// from them [default: 3].

@@ -12,7 +12,9 @@
 //!   libtorch's out-of-memory message on stderr, or was killed by a SIGKILL it was not sent by
 //!   us while its peak RSS was ≥ 80 % of the memory it may use (the cgroup limit, else RAM):
 //!   the signature of the kernel's OOM killer;
-//! - `error` — anything else, with the message, the exit code or the signal.
+//! - `error` — anything else, with the message, the exit code or the signal; among them a
+//!   worker that went silent past the hang deadlines (`hang::StepWatch`: a stopped or hung
+//!   rank), killed with its peers and named.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::cli::RunArgs;
+use crate::hang::{is_stopped, HangLimits, Silence, StepWatch};
 use crate::metrics::{compare_with_baseline, fill_throughput, gpu_peak, DevicePeak};
 use crate::output::{write_text, ResultRow, StepRow};
 use crate::progress::Progress;
@@ -127,7 +130,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         );
         progress.start_run(i, &label, spec.steps);
         let timeout = args.timeout_s.map(Duration::from_secs_f64);
-        let (mut run_steps, row) = execute(&spec, timeout, &progress, &label, None)?;
+        let (mut run_steps, row) =
+            execute(&spec, timeout, hang_limits(args), &progress, &label, None)?;
         for s in run_steps.iter_mut() {
             s.repeat = job.repeat;
             s.phase = job.phase.name().into();
@@ -168,6 +172,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             auto,
             &plan,
             timeout,
+            hang_limits(args),
             &mut results,
             &mut steps,
             &out,
@@ -274,6 +279,7 @@ fn search_batches(
     auto: &crate::batch_search::AutoBatch,
     plan: &crate::run_plan::RunPlan,
     timeout: Option<Duration>,
+    hang: HangLimits,
     results: &mut [ResultRow],
     steps: &mut Vec<StepRow>,
     out: &Path,
@@ -303,7 +309,7 @@ fn search_batches(
             let what = if purpose == Purpose::Probe { "probe" } else { "run" };
             let label = format!("{name} · batch {} {what}", s.batch_size);
             progress.println(&format!("  {label}"));
-            let r = execute(s, timeout, &progress, &label, stop);
+            let r = execute(s, timeout, hang, &progress, &label, stop);
             if let Ok((_, row)) = &r {
                 let peak = row.peak_mem_bytes.map_or("-".into(), |p| format!("{:.0} MiB", mib(p)));
                 progress.println(&format!("    {}: peak {peak} {}", row.status, row.error));
@@ -475,6 +481,13 @@ enum Kill {
     Interrupt,
     /// `--batch-size auto`: its RSS (bytes) reached the budget's stop line.
     OverBudget(u64),
+    /// A worker reported no step within the hang deadlines (the `Silence` says which).
+    Hang,
+}
+
+/// The hang deadlines the user gave.
+fn hang_limits(args: &RunArgs) -> HangLimits {
+    HangLimits { first_step_s: args.first_step_deadline_s, step_floor_s: args.hang_deadline_s }
 }
 
 /// One worker process of a run (a rank, or all ranks as threads).
@@ -510,6 +523,7 @@ fn free_port() -> Result<u16> {
 fn execute(
     spec: &RunSpec,
     timeout: Option<Duration>,
+    hang: HangLimits,
     progress: &Progress,
     label: &str,
     stop_at: Option<u64>,
@@ -602,18 +616,30 @@ fn execute(
     let mut summaries = vec![None; n];
     let mut errors: Vec<Option<(String, bool)>> = vec![None; n];
     let mut killed: Option<Kill> = None;
-    // Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout, or
-    // once a rank has failed and the others had PEER_GRACE to end on their own.
-    let poll = |procs: &mut Vec<Proc>, killed: &mut Option<Kill>| -> Result<()> {
-        for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
-            if let Some((w, rss)) = wait4_nohang(p.pid)? {
-                p.exit = Some((w, rss, Instant::now()));
+    let mut watch = StepWatch::new(spec, hang, n, start);
+    let mut silence: Option<Silence> = None;
+    // Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout,
+    // when one went silent past the hang deadlines, or once a rank has failed and the others
+    // had PEER_GRACE to end on their own.
+    let poll = |procs: &mut Vec<Proc>,
+                killed: &mut Option<Kill>,
+                watch: &mut StepWatch,
+                silence: &mut Option<Silence>|
+     -> Result<()> {
+        for (w, p) in procs.iter_mut().enumerate().filter(|(_, p)| p.exit.is_none()) {
+            if let Some((status, rss)) = wait4_nohang(p.pid)? {
+                p.exit = Some((status, rss, Instant::now()));
+                watch.done(w);
             }
         }
+        let quiet = || watch.silent(Instant::now(), |w| is_stopped(procs[w].pid));
         let why = if INTERRUPTED.load(Ordering::SeqCst) {
             Some(Kill::Interrupt)
         } else if timeout.is_some_and(|t| start.elapsed() >= t) {
             Some(Kill::Timeout)
+        } else if let Some(s) = killed.is_none().then(quiet).flatten() {
+            *silence = Some(s);
+            Some(Kill::Hang)
         } else {
             // Sampled every 20 ms (below): stopped here, never by the kernel's OOM killer.
             stop_at.and_then(|limit| {
@@ -635,7 +661,8 @@ fn execute(
                 *killed = why;
             }
             for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
-                // SIGKILL; the child is not reaped yet (wait4 above), so its pid is still ours.
+                // SIGKILL (which also ends a stopped process); the child is not reaped yet
+                // (wait4 above), so its pid is still ours.
                 let _ = p.child.kill();
             }
         }
@@ -655,6 +682,7 @@ fn execute(
                     loss_scale,
                     skipped,
                 }) => {
+                    watch.step(r, step, step_ms, Instant::now());
                     if rank == 0 {
                         progress.step(label, step, spec.steps, loss, step_ms);
                     }
@@ -681,6 +709,7 @@ fn execute(
                     hw_flops_per_sample,
                     compile_s,
                 }) => {
+                    watch.done(r);
                     summaries[r] = Some((
                         param_count,
                         peak_mem_bytes,
@@ -689,7 +718,10 @@ fn execute(
                         compile_s,
                     ))
                 }
-                Ok(Event::Error { message, oom }) => errors[r] = Some((message, oom)),
+                Ok(Event::Error { message, oom }) => {
+                    watch.done(r);
+                    errors[r] = Some((message, oom))
+                }
                 Err(_) => progress.println(&format!(
                     "  worker{}: {line}",
                     if n > 1 { format!(" rank {r}") } else { String::new() }
@@ -698,12 +730,12 @@ fn execute(
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        poll(&mut procs, &mut killed)?;
+        poll(&mut procs, &mut killed, &mut watch, &mut silence)?;
     }
     // Every worker closed its stdout: reap them (polling, so that one that lingers is still
     // subject to the timeout, to Ctrl-C and to a failed peer).
     while procs.iter().any(|p| p.exit.is_none()) {
-        poll(&mut procs, &mut killed)?;
+        poll(&mut procs, &mut killed, &mut watch, &mut silence)?;
         std::thread::sleep(Duration::from_millis(20));
     }
     let wall_s = start.elapsed().as_secs_f64();
@@ -740,6 +772,13 @@ fn execute(
                 "stopped by ortbench {at}: RSS {:.0} MiB reached the memory budget's stop line {:.0} MiB",
                 rss as f64 / (1u64 << 20) as f64,
                 stop_at.unwrap_or(0) as f64 / (1u64 << 20) as f64
+            ),
+        ),
+        Some(Kill::Hang) => (
+            "error",
+            format!(
+                "{}; killed with its peers",
+                silence.map_or_else(|| "a worker went silent".into(), |s| s.message)
             ),
         ),
         Some(Kill::Timeout) => (

@@ -21,6 +21,7 @@ pub mod compare;
 pub mod cpu_peak;
 pub mod dataset;
 pub mod env;
+pub mod hang;
 pub mod harness;
 pub mod metrics;
 pub mod progress;

@@ -199,9 +199,14 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
             bail!("--dropout must be in [0, 1), got {p}");
         }
     }
-    if let Some(t) = args.timeout_s {
-        if !t.is_finite() || t <= 0.0 {
-            bail!("--timeout-s must be a positive number of seconds, got {t}");
+    for (flag, v) in [
+        ("--timeout-s", args.timeout_s),
+        ("--collective-timeout-s", args.collective_timeout_s),
+        ("--hang-deadline-s", args.hang_deadline_s),
+        ("--first-step-deadline-s", args.first_step_deadline_s),
+    ] {
+        if let Some(t) = v.filter(|t| !t.is_finite() || *t <= 0.0) {
+            bail!("{flag} must be a positive number of seconds, got {t}");
         }
     }
     if let Some(t) = args.diverge_tol {
@@ -366,6 +371,7 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
                         .name()
                         .to_string(),
                     weights: weights.clone(),
+                    collective_timeout_s: args.collective_timeout_s,
                 });
             }
         }

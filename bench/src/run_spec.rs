@@ -60,4 +60,7 @@ pub struct RunSpec {
     #[serde(default)]
     pub task_name: String,
     pub weights: WeightsSource,
+    /// `--collective-timeout-s` (None: the device's default, `hang::collective_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_timeout_s: Option<f64>,
 }

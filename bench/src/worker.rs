@@ -122,6 +122,8 @@ pub const FAULT_VAR: &str = "ORTBENCH_FAULT";
 ///   1 GiB, so the allocator really fails and Rust aborts with "memory allocation of … bytes
 ///   failed" (`oom` alone means `oom-at-step:0`);
 /// - `hang`: the step never ends (for `--timeout-s` and interrupt tests);
+/// - `stop`: the process stops itself with SIGSTOP, as a debugger or a frozen node would: it
+///   keeps its sockets open and says nothing (for the hang deadlines and collective timeouts);
 /// - `sigkill`: the process sends itself SIGKILL, as the kernel's OOM killer would;
 /// - `torch-error`: the baseline's step N runs a libtorch op on mismatched shapes, which fails
 ///   inside libtorch as a real CUDA error would (tch panics on it; the step returns it);
@@ -146,6 +148,7 @@ pub enum FaultKind {
     Crash,
     Oom,
     Hang,
+    Stop,
     Sigkill,
     /// A libtorch error inside the baseline's step.
     Torch(InjectedError),
@@ -182,10 +185,11 @@ impl Fault {
             "crash" => FaultKind::Crash,
             "oom" => FaultKind::Oom,
             "hang" => FaultKind::Hang,
+            "stop" => FaultKind::Stop,
             "sigkill" => FaultKind::Sigkill,
             "torch-error" => FaultKind::Torch(InjectedError::ShapeMismatch),
             "cuda-oom" => FaultKind::Torch(InjectedError::CudaOom),
-            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang, sigkill, torch-error or cuda-oom, as KIND-at-step:N[@CONFIG], or grad-scale:F[@CONFIG])"),
+            other => bail!("{FAULT_VAR}={s}: unknown fault '{other}' (crash, oom, hang, stop, sigkill, torch-error or cuda-oom, as KIND-at-step:N[@CONFIG], or grad-scale:F[@CONFIG])"),
         };
         let config = match (kind, config) {
             (FaultKind::Torch(_), None) => Some("pytorch".to_string()),
@@ -216,6 +220,10 @@ impl Fault {
             FaultKind::Sigkill => {
                 // SAFETY: signalling our own process.
                 unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            FaultKind::Stop => {
+                // SAFETY: signalling our own process; it resumes only on SIGCONT.
+                unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
             }
             FaultKind::Oom => {
                 let vm = std::fs::read_to_string("/proc/self/status")
@@ -418,6 +426,11 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         }
         Err(_) => None,
     };
+    // A silent peer fails a collective after this long, naming it (crate::hang).
+    let tcp = tcp
+        .map(|g| g.with_collective_timeout(crate::hang::collective_timeout(spec)))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--collective-timeout-s: {e}"))?;
     let schedule = match spec.lr_schedule.as_str() {
         "constant" => LrSchedule::Constant { warmup_steps: spec.lr_warmup_steps },
         "linear" => {
@@ -576,7 +589,14 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         if let Some(w) = timed {
                             w.begin_step().map_err(|e| anyhow::anyhow!("{e}"))?;
                         }
-                        let st = trainer.step(&batch)?;
+                        // A failed collective (a silent peer) names its step, as the engine's
+                        // trainer says "engine step k" itself.
+                        let st = match spec.config.as_str() {
+                            "pytorch" => trainer
+                                .step(&batch)
+                                .with_context(|| format!("pytorch step {step}"))?,
+                            _ => trainer.step(&batch)?,
+                        };
                         let device_ms = match timed {
                             Some(w) => Some(w.end_step().map_err(|e| anyhow::anyhow!("{e}"))?),
                             None => None,
