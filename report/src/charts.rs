@@ -379,6 +379,9 @@ const PART_COLORS: [RGBColor; 5] = [
     RGBColor(0xD6, 0x27, 0x28),
 ];
 const UNATTRIBUTED: RGBColor = RGBColor(0xC7, 0xC7, 0xC7);
+/// Activations that are what the measured peak leaves of the other parts: activations' orange,
+/// lighter.
+const REMAINDER: RGBColor = RGBColor(0xFF, 0xBB, 0x78);
 
 /// The memory chart's caption: how each part is obtained, so that a reader can weigh it.
 pub const MEMORY_SPLIT_CAPTION: &str = "Peak memory per rank (MiB), split by what holds it; \
@@ -389,7 +392,8 @@ gradient or its scratch) and activations (the rest of the arena); grey is what t
 beyond them (runtime, libraries, data). Torch configs (analytic): fp32 parameters, gradients \
 and both AdamW moments from the parameter count; pytorch's logits are the three B·T·V fp32 \
 tensors libtorch's cross-entropy holds at its backward; its activations are what the measured \
-peak leaves (activations and the rest). A part not known is not drawn and is named over the bar.";
+peak leaves of the other four (light orange: activations and the rest, its runtime included). \
+A part not known is not drawn and is named over the bar.";
 
 /// Stacked bars of the memory split: per model group one bar per config, its known parts
 /// stacked (`MemSplit::parts`' order), the measured peak marked by a tick and its value, what
@@ -442,13 +446,22 @@ fn memory_split_chart(
                 }
             }
         }
+        // Activations that are what a peak leaves (`MemSplit::activations_are_remainder`) are
+        // drawn in their own, lighter colour: they hold the process's runtime too.
+        let mut remainders = Vec::new();
         for (p, color) in PART_COLORS.iter().enumerate() {
             let mut rects = Vec::new();
             for &(x0, x1, r) in &bars {
-                let parts = r.mem_split().parts();
+                let split = r.mem_split();
+                let parts = split.parts();
                 let below: u64 = parts[..p].iter().filter_map(|q| q.1).sum();
                 if let Some(b) = parts[p].1.filter(|&b| b > 0) {
-                    rects.push([(x0, mib(below)), (x1, mib(below + b))]);
+                    let q = [(x0, mib(below)), (x1, mib(below + b))];
+                    if p == 3 && split.activations_are_remainder() {
+                        remainders.push(q);
+                    } else {
+                        rects.push(q);
+                    }
                 }
             }
             let (name, color) = (MemSplit::default().parts()[p].0, *color);
@@ -459,6 +472,13 @@ fn memory_split_chart(
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
                 });
+        }
+        if !remainders.is_empty() {
+            chart
+                .draw_series(remainders.iter().map(|q| Rectangle::new(*q, REMAINDER.filled())))
+                .map_err(err)?
+                .label("activations and the rest (the peak less the other parts)")
+                .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], REMAINDER.filled()));
         }
         // What the known parts leave of the measured peak.
         let rest: Vec<[(f64, f64); 2]> = bars
@@ -799,7 +819,8 @@ mod tests {
             optimizer_bytes: b(parts[2]),
             activations_bytes: b(parts[3]),
             logits_bytes: b(parts[4]),
-            source: "test".into(),
+            source: if config.starts_with("ort") { MemSplit::PLAN } else { MemSplit::ANALYTIC }
+                .into(),
         }));
         r.peak_mem_bytes = Some(peak << 20);
         r
@@ -842,9 +863,16 @@ mod tests {
         }
         // One rectangle per config that knows the part, plus the legend's swatch.
         for (p, color) in PART_COLORS.iter().enumerate() {
-            let known = results.iter().filter(|r| r.mem_split().parts()[p].1.is_some()).count();
+            let known = results
+                .iter()
+                .filter(|r| r.mem_split().parts()[p].1.is_some())
+                .filter(|r| p != 3 || !r.mem_split().activations_are_remainder())
+                .count();
             assert_eq!(rects_of(svg, *color), known + 1, "part {p}");
         }
+        // The analytic rows' activations are what their peaks leave: drawn as such.
+        assert_eq!(rects_of(svg, REMAINDER), 2 + 1);
+        assert_eq!(count("activations and the rest (the peak less the other parts)"), 1);
         // Every bar is named by its config and topped by its measured peak.
         for (config, n) in [("pytorch", 2), ("torch-compile", 1), ("ort", 2)] {
             assert_eq!(count(config), n, "{config}");
@@ -859,8 +887,8 @@ mod tests {
         assert!(!text.iter().any(|t| t.contains("parts!")), "no split exceeds its peak");
         // A split above its measured peak is a bug, and the chart says so.
         let over = split_row("gpt2", "ort", all(475, 475, 950, 700, 400), 2000);
-        let svg = memory_split_chart(&groups(&[over.clone()]), &configs(&[over.clone()]), &[over])
-            .unwrap();
+        let one = std::slice::from_ref(&over);
+        let svg = memory_split_chart(&groups(one), &configs(one), one).unwrap();
         assert!(texts(&svg).contains(&"2000 &lt; parts!".to_string()), "{svg}");
     }
 

@@ -157,6 +157,18 @@ pub struct MemSplit {
 }
 
 impl MemSplit {
+    /// `source` of the engine's split: its flat buffers and its memory plan's arena.
+    pub const PLAN: &'static str = "plan";
+    /// `source` of the torch configs' split: parameter counts and tensor shapes; the
+    /// activations, when known, are what the measured peak leaves of the other parts.
+    pub const ANALYTIC: &'static str = "analytic";
+
+    /// Whether the activations are what the measured peak leaves of the other parts (so they
+    /// hold the process's runtime too), not a count of their own.
+    pub fn activations_are_remainder(&self) -> bool {
+        self.source == Self::ANALYTIC
+    }
+
     /// The parts in the order the chart stacks them, with their names.
     pub fn parts(&self) -> [(&'static str, Option<u64>); 5] {
         [
