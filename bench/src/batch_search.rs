@@ -233,6 +233,15 @@ impl EnginePlanner {
         })
     }
 
+    /// Ranks in one worker process: all of them with `--launch threads`, each its own session.
+    pub fn ranks_per_process(&self) -> u64 {
+        if self.spec.launch == "threads" {
+            self.spec.ranks.max(1) as u64
+        } else {
+            1
+        }
+    }
+
     /// One rank's plan bytes at `batch` rows per rank.
     pub fn bytes(&self, batch: usize) -> Result<PlanBytes> {
         let opts = GraphOptions::new(batch, self.spec.seq_len)
@@ -372,19 +381,21 @@ pub fn search(
             }
             let trial = match (&planner, outside) {
                 (Some(p), Some(o)) => p.bytes(b).map(|pb| {
-                    let predicted = (pb.total() as i64 + o).max(0) as u64;
+                    let planned = pb.total() * p.ranks_per_process();
+                    let predicted = (planned as i64 + o).max(0) as u64;
                     Trial {
                         batch: b,
                         fits: predicted < stop,
                         by: "plan",
                         peak_bytes: Some(predicted),
                         detail: format!(
-                            "plan {} (arena {}, parameters {}, gradients {}, optimizer {}) + {} outside it = {}",
+                            "plan {} per rank (arena {}, parameters {}, gradients {}, optimizer {}) × {} rank(s) in the process + {} outside it = {}",
                             mib(pb.total()),
                             mib(pb.arena),
                             mib(pb.params),
                             mib(pb.grads),
                             mib(pb.optimizer),
+                            p.ranks_per_process(),
                             mib(o.max(0) as u64),
                             mib(predicted)
                         ),
@@ -393,7 +404,8 @@ pub fn search(
                 _ => run(&spec_at(spec, b, Purpose::Probe), Purpose::Probe).and_then(|(_, row)| {
                     let (fits, detail) = verdict(&row, stop)?;
                     if let (Some(p), Some(peak)) = (&planner, row.peak_mem_bytes) {
-                        outside = Some(peak as i64 - p.bytes(b)?.total() as i64);
+                        let planned = p.bytes(b)?.total() * p.ranks_per_process();
+                        outside = Some(peak as i64 - planned as i64);
                     }
                     Ok(Trial { batch: b, fits, by: "probe", peak_bytes: row.peak_mem_bytes, detail })
                 }),
