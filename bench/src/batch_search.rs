@@ -503,6 +503,41 @@ mod tests {
         }
     }
 
+    /// The plan's specs for tiny-gpt2 at seq 16 with `extra` flags.
+    fn tiny_specs(extra: &[&str]) -> Vec<RunSpec> {
+        use clap::Parser;
+        let argv = [&["ortbench", "run", "--models", "tiny-gpt2", "--seq-len", "16"][..], extra];
+        let cli = crate::cli::Cli::try_parse_from(argv.concat()).unwrap();
+        let crate::cli::Command::Run(args) = cli.command else { unreachable!() };
+        crate::run_plan::make_plan(&args).unwrap().runs
+    }
+
+    #[test]
+    fn the_engines_plan_bytes_hold_its_flat_buffers_and_its_arena_grows_with_the_batch() {
+        let specs = tiny_specs(&["--configs", "ort,ort-zero1", "--ranks", "2"]);
+        let (ort, zero) =
+            (EnginePlanner::new(&specs[0]).unwrap(), EnginePlanner::new(&specs[1]).unwrap());
+        let (b1, b8) = (ort.bytes(1).unwrap(), ort.bytes(8).unwrap());
+        // fp32: the parameters, their gradients (same layout) and Adam's two moments.
+        assert!(b1.params > 0);
+        assert_eq!((b1.grads, b1.optimizer), (b1.params, 2 * b1.params));
+        assert_eq!((b8.params, b8.grads, b8.optimizer), (b1.params, b1.grads, b1.optimizer));
+        assert!(b8.arena > b1.arena, "{b1:?} {b8:?}");
+        assert_eq!(b8.total(), b8.arena + 4 * b8.params);
+        // ZeRO-1 on 2 ranks: each holds about half the moments (its shard, padding not stored).
+        let z = zero.bytes(1).unwrap();
+        assert!(z.optimizer < b1.optimizer && 2 * z.optimizer + 8 * 16 >= b1.optimizer, "{z:?}");
+        assert_eq!(z.arena, b1.arena);
+        // Rank processes hold one rank each; thread ranks share one process.
+        assert_eq!(ort.ranks_per_process(), 1);
+        let threads = tiny_specs(&["--configs", "ort", "--ranks", "2", "--launch", "threads"]);
+        assert_eq!(EnginePlanner::new(&threads[0]).unwrap().ranks_per_process(), 2);
+        // bf16 keeps the fp32 master parameters and the rounded compute copy.
+        let bf16 = tiny_specs(&["--configs", "ort", "--precision", "bf16"]);
+        let h = EnginePlanner::new(&bf16[0]).unwrap().bytes(1).unwrap();
+        assert_eq!((h.params, h.grads), (2 * b1.params, b1.params));
+    }
+
     #[test]
     fn budgets_are_refused_without_auto_or_when_not_positive() {
         let e = plan_budget(false, Some(100.0), "cpu", 1).unwrap_err().to_string();

@@ -561,6 +561,12 @@ fn execute(
             }
         };
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // The harness is its workers' launcher: none inherits the variables of whatever started
+        // `ortbench run` (an sbatch step's SLURM_PROCID, torchrun's or mpirun's rank), which
+        // place the harness, not them (launch_env).
+        for v in crate::launch_env::LAUNCH_VARS {
+            cmd.env_remove(v);
+        }
         if n > 1 {
             cmd.env("RANK", r.to_string())
                 .env("WORLD_SIZE", n.to_string())
@@ -568,18 +574,6 @@ fn execute(
                 .env("LOCAL_WORLD_SIZE", n.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string());
-        } else {
-            // A harness started by a launcher must not hand its rank to a one-process worker.
-            for v in [
-                "RANK",
-                "WORLD_SIZE",
-                "LOCAL_RANK",
-                "LOCAL_WORLD_SIZE",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-            ] {
-                cmd.env_remove(v);
-            }
         }
         let mut child = match cmd.spawn() {
             Ok(c) => c,

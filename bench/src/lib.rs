@@ -8,6 +8,7 @@
 //! - `cli`: the command line; `plan`: arguments → validated runs (`spec`);
 //! - `harness`: one worker process per run (`worker`; `torch_compile`: the python worker of the
 //!   `torch-compile` config and the files it reads), statuses, Ctrl-C, timeouts;
+//! - `launch_env`: a rank's place from its launcher's variables (torchrun, srun, mpirun);
 //! - `metrics`: step-time statistics, throughput, FLOPs and MFU, speedup and loss parity;
 //! - `results`: the tables as DataFrames (Parquet + CSV), `load_run`; `output`: the rows;
 //! - `env`: the environment block of run.json (`ortbench env`);
@@ -23,6 +24,7 @@ pub mod dataset;
 pub mod env;
 pub mod hang;
 pub mod harness;
+pub mod launch_env;
 pub mod metrics;
 pub mod progress;
 pub mod run_plan;

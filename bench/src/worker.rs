@@ -6,6 +6,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use ortbench_engine::collective::tcp::DEFAULT_TIMEOUT;
 use ortbench_engine::collective::{
     AnyGroup, Collective, DeviceGroup, LocalGroup, TcpGroup, Vendor,
 };
@@ -20,6 +21,7 @@ use ortbench_models::torch::{panic_text, InjectedError, Precision, TorchTrainer,
 use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
 
+use crate::launch_env::LaunchEnv;
 use crate::run_spec::{RunSpec, WeightsSource};
 
 /// One line of the worker's output.
@@ -411,20 +413,24 @@ pub fn model_inputs(spec: &RunSpec) -> Result<(ModelConfig, Weights, DataSource)
 }
 
 fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
-    let (cfg, weights, data) = model_inputs(spec)?;
+    // Ranks are processes when a launcher started this worker (torchrun, srun, mpirun, or the
+    // harness with torchrun's variables): it is one of them and joins the others over TCP; else
+    // they are threads of this worker. Read and checked before the model loads, so that a bad
+    // launch fails at once rather than after the load or while waiting for peers.
+    let launch = LaunchEnv::from_env()?;
     let ranks = spec.ranks.max(1);
-    // Ranks are processes when a launcher set RANK (the harness, torchrun, srun…): this worker is
-    // one of them and joins the others over TCP; else they are threads of this worker.
-    let tcp = match std::env::var("RANK") {
-        Ok(_) => {
-            // Checked before waiting for peers that would never come.
-            let world = std::env::var("WORLD_SIZE").unwrap_or_default();
-            if world.trim().parse::<usize>().ok() != Some(ranks) {
-                bail!("WORLD_SIZE is '{world}' but the run has --ranks {ranks}");
-            }
-            Some(TcpGroup::from_env().map_err(|e| anyhow::anyhow!("joining the ranks: {e}"))?)
+    if let Some(l) = &launch {
+        if l.world != ranks {
+            bail!("{} is '{}' but the run has --ranks {ranks}", l.launcher.world_var(), l.world);
         }
-        Err(_) => None,
+    }
+    let (cfg, weights, data) = model_inputs(spec)?;
+    let tcp = match &launch {
+        Some(l) => Some(
+            TcpGroup::connect(l.rank, l.world, &l.master(), DEFAULT_TIMEOUT)
+                .map_err(|e| anyhow::anyhow!("joining the ranks ({}): {e}", l.launcher.name()))?,
+        ),
+        None => None,
     };
     // A silent peer fails a collective after this long, naming it (crate::hang).
     let tcp = tcp
@@ -444,11 +450,10 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     if let tch::Device::Cuda(_) = device {
         crate::run_plan::load_libtorch_cuda(&spec.device)?;
     }
-    // One GPU per rank process, as torchrun's convention: `--device cuda` means cuda:LOCAL_RANK.
-    if let (Some(_), "cuda") = (&tcp, spec.device.as_str()) {
-        if let Some(lr) = std::env::var("LOCAL_RANK").ok().and_then(|v| v.parse::<usize>().ok()) {
-            device = tch::Device::Cuda(lr);
-        }
+    // One GPU per rank process: `--device cuda` means the one GPU CUDA_VISIBLE_DEVICES leaves
+    // the rank (srun's per-task binding), else cuda:LOCAL_RANK (torchrun's convention).
+    if let (Some(l), "cuda") = (&launch, spec.device.as_str()) {
+        device = tch::Device::Cuda(l.gpu()?);
     }
     // Ranks on GPUs: one process per GPU, the gradients reduced by NCCL in device memory (the
     // engine's flat buffers, the baseline's DDP buckets); the TCP group only exchanges NCCL's
@@ -474,16 +479,10 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         ),
         _ => None,
     };
-    // On the CPU, the ranks on this machine split its cores (LOCAL_WORLD_SIZE of them when a
-    // launcher says so).
+    // On the CPU, the ranks on this machine split its cores (the launcher's local world size
+    // when it says one).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let local = match &tcp {
-        Some(_) => std::env::var("LOCAL_WORLD_SIZE")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(ranks),
-        None => ranks,
-    };
+    let local = launch.as_ref().and_then(|l| l.local_world).unwrap_or(ranks);
     let threads = (cores / local.max(1)).max(1);
     tch::set_num_threads(threads as i32);
     ortbench_engine::backend::cpu::gemm::set_num_threads(threads);
