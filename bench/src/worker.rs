@@ -463,7 +463,8 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
         }
         (tch::Device::Cuda(i), Some(g)) => {
-            let d = DeviceGroup::new(Vendor::Nvidia, g, i)
+            let timeout = crate::hang::collective_timeout(spec);
+            let d = DeviceGroup::with_timeout(Vendor::Nvidia, g, i, timeout)
                 .map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
             Some(d)
         }

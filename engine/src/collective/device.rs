@@ -7,13 +7,22 @@
 //! as torch.distributed does through its TCPStore. The [`Collective`] impl stages host
 //! buffers through device memory; the `*_device` methods take device pointers directly for
 //! device-resident engine buffers.
+//!
+//! The communicator is non-blocking (`ncclCommInitRankConfig` with `blocking = 0`), so no
+//! NCCL call and no wait for a collective blocks the host: the [`watchdog`] polls the stream and
+//! `ncclCommGetAsyncError`, and past the collective timeout aborts the communicator
+//! (`ncclCommAbort`) — a rank whose peer stopped fails naming the collective rather than
+//! hanging in the driver (torch's NCCL watchdog and `timeout`).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use libloading::Library;
 
+use super::watchdog::{self, Progress, Watched};
 use super::{
     check_chunks, chunk, Collective, CollectiveError, Element, ElementKind, ReduceOp, TcpGroup,
 };
@@ -86,10 +95,52 @@ pub type Stream = *mut c_void;
 #[derive(Clone, Copy)]
 struct UniqueId([c_char; 128]);
 
+/// `ncclConfig_t` as NCCL 2.14 introduced it; NCCL reads `size` and `version` and takes this
+/// prefix of its current layout, so newer libraries accept it.
+#[repr(C)]
+struct NcclConfig {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+}
+
+impl NcclConfig {
+    /// NCCL_CONFIG_INITIALIZER of NCCL 2.14 with `blocking = 0`.
+    fn non_blocking() -> Self {
+        const UNDEF: c_int = c_int::MIN; // NCCL_CONFIG_UNDEF_INT
+        NcclConfig {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: 0xcafe_beef,
+            version: 21400, // NCCL_VERSION(2, 14, 0)
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+        }
+    }
+}
+
+/// ncclInProgress: a non-blocking communicator's call is still running.
+const NCCL_IN_PROGRESS: c_int = 7;
+/// cudaErrorNotReady / hipErrorNotReady: the stream still has work.
+const NOT_READY: c_int = 600;
+
+/// How long a collective may take on a GPU unless told otherwise: torch's NCCL default.
+pub const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// The entry points we use, resolved once.
 struct Api {
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> c_int,
-    comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int) -> c_int,
+    comm_init_rank_config:
+        unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int, *mut NcclConfig) -> c_int,
+    comm_get_async_error: unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int,
+    comm_abort: unsafe extern "C" fn(NcclComm) -> c_int,
     comm_destroy: unsafe extern "C" fn(NcclComm) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     all_reduce: unsafe extern "C" fn(
@@ -129,7 +180,7 @@ struct Api {
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
     memset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_int,
     stream_create: unsafe extern "C" fn(*mut Stream) -> c_int,
-    stream_sync: unsafe extern "C" fn(Stream) -> c_int,
+    stream_query: unsafe extern "C" fn(Stream) -> c_int,
     rt_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     _libs: (Library, Library),
 }
@@ -177,7 +228,10 @@ impl Api {
         let rt_sym = |n: &str| format!("{p}{n}\0").into_bytes();
         let api = Api {
             get_unique_id: sym!(coll, b"ncclGetUniqueId\0"),
-            comm_init_rank: sym!(coll, b"ncclCommInitRank\0"),
+            // NCCL ≥ 2.14 (torch wheels ship 2.2x): an older library is refused by name here.
+            comm_init_rank_config: sym!(coll, b"ncclCommInitRankConfig\0"),
+            comm_get_async_error: sym!(coll, b"ncclCommGetAsyncError\0"),
+            comm_abort: sym!(coll, b"ncclCommAbort\0"),
             comm_destroy: sym!(coll, b"ncclCommDestroy\0"),
             get_error_string: sym!(coll, b"ncclGetErrorString\0"),
             all_reduce: sym!(coll, b"ncclAllReduce\0"),
@@ -191,7 +245,7 @@ impl Api {
             memcpy: sym!(rt, &rt_sym("Memcpy")[..]),
             memset: sym!(rt, &rt_sym("Memset")[..]),
             stream_create: sym!(rt, &rt_sym("StreamCreate")[..]),
-            stream_sync: sym!(rt, &rt_sym("StreamSynchronize")[..]),
+            stream_query: sym!(rt, &rt_sym("StreamQuery")[..]),
             rt_error_string: sym!(rt, &rt_sym("GetErrorString")[..]),
             _libs: (coll, rt),
         };
@@ -254,6 +308,45 @@ pub struct DeviceGroup {
     world: usize,
     /// A device staging buffer for host collectives, grown on demand.
     staging: Mutex<(*mut c_void, usize)>,
+    /// How long the watchdog lets a collective run before aborting the communicator.
+    timeout: Duration,
+    /// Set once the watchdog aborted the communicator (it is then not destroyed again).
+    aborted: AtomicBool,
+}
+
+/// What the watchdog polls for one of our collectives: the communicator's asynchronous error,
+/// and with a stream, whether the stream's work (the collective and what precedes it) is done.
+struct InFlight<'a> {
+    group: &'a DeviceGroup,
+    stream: Option<Stream>,
+}
+
+impl Watched for InFlight<'_> {
+    fn poll(&self) -> Result<Progress, CollectiveError> {
+        let (g, a) = (self.group, &self.group.api);
+        let mut state: c_int = 0;
+        // SAFETY: our own communicator, a valid out-pointer.
+        a.nccl(unsafe { (a.comm_get_async_error)(g.comm, &mut state) }, "ncclCommGetAsyncError")?;
+        if state == NCCL_IN_PROGRESS {
+            return Ok(Progress::Pending);
+        }
+        a.nccl(state, "the communicator's asynchronous error")?;
+        let Some(stream) = self.stream else { return Ok(Progress::Done) };
+        // SAFETY: a stream of this device, live while the group is.
+        match unsafe { (a.stream_query)(stream) } {
+            0 => Ok(Progress::Done),
+            NOT_READY => Ok(Progress::Pending),
+            rc => a.rt(rc, "querying the stream").map(|()| Progress::Done),
+        }
+    }
+
+    fn abort(&self) {
+        let g = self.group;
+        if !g.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: our own communicator, aborted once; nothing uses it afterwards.
+            unsafe { (g.api.comm_abort)(g.comm) };
+        }
+    }
 }
 
 // SAFETY: the communicator and stream are used by one thread at a time, as NCCL requires per
@@ -264,11 +357,22 @@ unsafe impl Send for DeviceGroup {}
 
 impl DeviceGroup {
     /// Joins a communicator of `world` ranks on device `local_rank`; ranks exchange the
-    /// unique id through `store` (rank 0 creates it).
+    /// unique id through `store` (rank 0 creates it). Collectives time out after 600 s.
     pub fn new(
         vendor: Vendor,
         store: &TcpGroup,
         local_rank: usize,
+    ) -> Result<Self, CollectiveError> {
+        Self::with_timeout(vendor, store, local_rank, DEFAULT_DEVICE_TIMEOUT)
+    }
+
+    /// As [`DeviceGroup::new`], with `timeout` for the join and for every collective
+    /// (`--collective-timeout-s`).
+    pub fn with_timeout(
+        vendor: Vendor,
+        store: &TcpGroup,
+        local_rank: usize,
+        timeout: Duration,
     ) -> Result<Self, CollectiveError> {
         let api = Api::load(vendor)?;
         let mut n: c_int = 0;
@@ -294,22 +398,51 @@ impl DeviceGroup {
         let (mut comm, mut stream): (NcclComm, Stream) =
             (std::ptr::null_mut(), std::ptr::null_mut());
         let (rank, world) = (store.rank(), store.world_size());
+        let mut config = NcclConfig::non_blocking();
         // SAFETY: valid out-pointers; every rank passes the same id and world size.
-        unsafe {
-            api.nccl(
-                (api.comm_init_rank)(&mut comm, world as c_int, id, rank as c_int),
-                "ncclCommInitRank",
-            )?;
-            api.rt((api.stream_create)(&mut stream), "creating a stream")?;
+        let rc = unsafe {
+            (api.comm_init_rank_config)(&mut comm, world as c_int, id, rank as c_int, &mut config)
+        };
+        if rc != NCCL_IN_PROGRESS {
+            api.nccl(rc, "ncclCommInitRankConfig")?;
         }
-        Ok(DeviceGroup {
+        // SAFETY: a valid out-pointer.
+        unsafe { api.rt((api.stream_create)(&mut stream), "creating a stream")? };
+        let group = DeviceGroup {
             api,
             comm,
             stream,
             rank,
             world,
             staging: Mutex::new((std::ptr::null_mut(), 0)),
-        })
+            timeout,
+            aborted: AtomicBool::new(false),
+        };
+        // The non-blocking init runs on: wait for it under the watchdog (a peer that never
+        // joins is a timeout, not a hang).
+        group.watch(None, "ncclCommInitRankConfig")?;
+        Ok(group)
+    }
+
+    /// Waits under the watchdog for `stream`'s work (None: for the communicator's pending
+    /// call only); past the timeout, or on an asynchronous error, the communicator is aborted
+    /// and the error names `collective`.
+    pub fn watch(&self, stream: Option<Stream>, collective: &str) -> Result<(), CollectiveError> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(CollectiveError::Device(format!(
+                "{collective}: the communicator was aborted by an earlier collective"
+            )));
+        }
+        watchdog::watch(&InFlight { group: self, stream }, collective, self.timeout)
+    }
+
+    /// The result of a queuing call: a non-blocking communicator may still be queuing
+    /// (ncclInProgress), which the watchdog waits for.
+    fn queued(&self, rc: c_int, what: &str) -> Result<(), CollectiveError> {
+        match rc {
+            NCCL_IN_PROGRESS => self.watch(None, what),
+            rc => self.api.nccl(rc, what),
+        }
     }
 
     /// Queues an in-place all-reduce of `count` elements of `kind` at device address `buf` on
@@ -327,7 +460,7 @@ impl DeviceGroup {
         stream: Stream,
     ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
-        a.nccl(
+        self.queued(
             (a.all_reduce)(p, p, count, nccl_dtype(kind), nccl_op(op), self.comm, stream),
             "ncclAllReduce",
         )
@@ -348,7 +481,7 @@ impl DeviceGroup {
     ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
         let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
-        a.nccl(
+        self.queued(
             (a.reduce_scatter)(p, mine, k, nccl_dtype(kind), nccl_op(op), self.comm, stream),
             "ncclReduceScatter",
         )
@@ -368,7 +501,10 @@ impl DeviceGroup {
     ) -> Result<(), CollectiveError> {
         let (a, p) = (&self.api, buf as *mut c_void);
         let mine = p.cast::<u8>().add(self.rank * k * kind_size(kind)).cast();
-        a.nccl((a.all_gather)(mine, p, k, nccl_dtype(kind), self.comm, stream), "ncclAllGather")
+        self.queued(
+            (a.all_gather)(mine, p, k, nccl_dtype(kind), self.comm, stream),
+            "ncclAllGather",
+        )
     }
 
     /// Stages `bytes` of host data on the device, runs `op(device ptr)`, copies `back` bytes
@@ -459,11 +595,9 @@ impl DeviceGroup {
         )
     }
 
-    /// Waits for the collective queued on our stream.
+    /// Waits for the collective queued on our stream, under the watchdog.
     fn finish(&self) -> Result<(), CollectiveError> {
-        let a = &self.api;
-        // SAFETY: our own stream.
-        a.rt(unsafe { (a.stream_sync)(self.stream) }, "waiting for the collective")
+        self.watch(Some(self.stream), "a host-staged collective")
     }
 
     /// Runs an in-place collective over the host buffer `buf` through a staging buffer that
@@ -538,7 +672,10 @@ impl Drop for DeviceGroup {
                     (self.api.free)(st.0);
                 }
             }
-            (self.api.comm_destroy)(self.comm);
+            // An aborted communicator is already freed.
+            if !self.aborted.load(Ordering::SeqCst) {
+                (self.api.comm_destroy)(self.comm);
+            }
         }
     }
 }
@@ -566,7 +703,7 @@ impl Collective for DeviceGroup {
         let a = &self.api;
         self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
             // SAFETY: p holds n elements of T on the device.
-            a.nccl(
+            self.queued(
                 unsafe { (a.all_reduce)(p, p, n, dt, nccl_op(op), self.comm, self.stream) },
                 "ncclAllReduce",
             )
@@ -594,7 +731,7 @@ impl Collective for DeviceGroup {
         let total = (send.len() + k) * esz;
         self.staged(bytes(send), total, bytes_mut(recv), send.len() * esz, |p| {
             // SAFETY: p holds N·k + k elements; recv starts after send.
-            a.nccl(
+            self.queued(
                 unsafe {
                     (a.reduce_scatter)(
                         p,
@@ -626,7 +763,7 @@ impl Collective for DeviceGroup {
         // Layout on the device: [send (k) | recv (N·k)].
         self.staged(bytes(send), (k + recv.len()) * esz, bytes_mut(recv), k * esz, |p| {
             // SAFETY: p holds k + N·k elements; recv starts after send.
-            a.nccl(
+            self.queued(
                 unsafe {
                     (a.all_gather)(
                         p,
@@ -653,7 +790,7 @@ impl Collective for DeviceGroup {
         let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
         self.staged_in_place(buf, &layout, |p| {
             // SAFETY: p holds N·k elements; recv = p + r·k (NCCL's in-place reduce-scatter).
-            a.nccl(
+            self.queued(
                 unsafe {
                     (a.reduce_scatter)(
                         p,
@@ -680,7 +817,7 @@ impl Collective for DeviceGroup {
         let (dt, esz, a) = (nccl_dtype(T::KIND), std::mem::size_of::<T>(), &self.api);
         self.staged_in_place(buf, &layout, |p| {
             // SAFETY: p holds N·k elements; send = p + r·k (NCCL's in-place all-gather).
-            a.nccl(
+            self.queued(
                 unsafe {
                     (a.all_gather)(
                         p.cast::<u8>().add(self.rank * k * esz).cast(),
@@ -705,7 +842,7 @@ impl Collective for DeviceGroup {
         let a = &self.api;
         self.staged(&input, input.len(), bytes_mut(buf), 0, |p| {
             // SAFETY: p holds n elements.
-            a.nccl(
+            self.queued(
                 unsafe { (a.broadcast)(p, p, n, dt, root as c_int, self.comm, self.stream) },
                 "ncclBroadcast",
             )

@@ -4,16 +4,18 @@
 //!
 //! - [`local::LocalGroup`]: ranks as threads of one process sharing memory (CPU ranks, or
 //!   several ranks on one device).
-//! - [`tcp::TcpGroup`]: ranks as processes or machines, started by torchrun-style variables.
+//! - [`tcp::TcpGroup`]: ranks as processes or machines, started by a launcher (torchrun, srun,
+//!   mpirun).
 //! - [`device::DeviceGroup`]: NCCL (NVIDIA) or RCCL (AMD), loaded at run time.
 //!
 //! [`on_device::DeviceCollective`] runs them over GPU memory for the GPU session's data
-//! parallelism.
+//! parallelism; [`watchdog`] bounds the wait for an asynchronous (NCCL) collective.
 
 pub mod device;
 pub mod local;
 pub mod on_device;
 pub mod tcp;
+pub mod watchdog;
 
 pub use device::{DeviceGroup, Vendor};
 pub use local::LocalGroup;
@@ -53,6 +55,10 @@ pub enum CollectiveError {
     /// rank): the collective is abandoned rather than waited for forever.
     #[error("collective {collective}: rank {rank} silent for {:.1} s (the collective timeout)", .after.as_secs_f64())]
     Timeout { collective: String, rank: usize, after: std::time::Duration },
+    /// An asynchronous collective (NCCL's) did not complete within the collective timeout: the
+    /// watchdog aborted its communicator ([`watchdog`]).
+    #[error("collective {collective} did not complete within {:.1} s (the collective timeout): its communicator was aborted", .after.as_secs_f64())]
+    Stalled { collective: String, after: std::time::Duration },
 }
 
 /// The element types collectives move (for transports that need to name them, as NCCL does).

@@ -150,8 +150,10 @@ mod nccl {
     use crate::backend::cuda::gpu::CudaGpu;
     use crate::collective::DeviceGroup;
 
-    /// NCCL on the engine's stream: queued after the backward's kernels and before the
-    /// optimizer's, nothing waited for on the host.
+    /// NCCL on the engine's stream, queued after the backward's kernels, then waited for under
+    /// the watchdog (`DeviceGroup::watch`): the step's later wait, its status read, would block
+    /// in the driver for ever behind a collective whose peer stopped. The wait costs the host's
+    /// run-ahead of queuing the next kernels, not GPU time: the stream's order is unchanged.
     impl DeviceCollective<CudaGpu> for DeviceGroup {
         unsafe fn all_reduce_on(
             &self,
@@ -161,7 +163,9 @@ mod nccl {
             kind: ElementKind,
             op: ReduceOp,
         ) -> Result<(), CollectiveError> {
-            self.queue_all_reduce(addr, len, kind, op, dev.device().cu_stream() as _)
+            let stream = dev.device().cu_stream() as _;
+            self.queue_all_reduce(addr, len, kind, op, stream)?;
+            self.watch(Some(stream), "ncclAllReduce")
         }
         unsafe fn reduce_scatter_on(
             &self,
@@ -171,7 +175,9 @@ mod nccl {
             kind: ElementKind,
             op: ReduceOp,
         ) -> Result<(), CollectiveError> {
-            self.queue_reduce_scatter(addr, k, kind, op, dev.device().cu_stream() as _)
+            let stream = dev.device().cu_stream() as _;
+            self.queue_reduce_scatter(addr, k, kind, op, stream)?;
+            self.watch(Some(stream), "ncclReduceScatter")
         }
         unsafe fn all_gather_on(
             &self,
@@ -180,7 +186,9 @@ mod nccl {
             k: usize,
             kind: ElementKind,
         ) -> Result<(), CollectiveError> {
-            self.queue_all_gather(addr, k, kind, dev.device().cu_stream() as _)
+            let stream = dev.device().cu_stream() as _;
+            self.queue_all_gather(addr, k, kind, stream)?;
+            self.watch(Some(stream), "ncclAllGather")
         }
     }
 }

@@ -389,6 +389,11 @@ impl TorchTrainer {
                                 )
                             }
                             .map_err(err)?;
+                            // Under the watchdog: a peer that stopped fails the step after the
+                            // collective timeout instead of blocking the step's synchronise.
+                            group
+                                .watch(Some(std::ptr::null_mut()), "ncclAllReduce")
+                                .map_err(err)?;
                             let mut at = 0i64;
                             for g in part {
                                 let k = g.numel() as i64;
