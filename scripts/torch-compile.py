@@ -376,6 +376,11 @@ def worker(spec_path):
         "optimizer_bytes_per_rank": 8 * params,
         "hw_flops_per_sample": None,
         "compile_s": recs[0][1] / 1e3,
+        # The memory split (bench/src/mem_split.rs): fp32 parameters (the worker loads them so),
+        # their gradients and both AdamW moments from the count; what inductor keeps of the
+        # logits and the activations is not known, so they are left unknown, not guessed.
+        "mem_split": {"params_bytes": 4 * params, "grads_bytes": 4 * params, "optimizer_bytes": 8 * params,
+                      "activations_bytes": None, "logits_bytes": None, "source": "analytic"},
     })
 
 

@@ -248,6 +248,11 @@ fn aggregate(
     let first = timed.first().or(probe);
     row.param_count = first.and_then(|r| r.param_count);
     row.optimizer_bytes_per_rank = first.and_then(|r| r.optimizer_bytes_per_rank);
+    // The split of the timed run with that peak: a torch config's activations are what that
+    // run's peak leaves.
+    let peak_run =
+        timed.iter().filter(|r| r.peak_mem_bytes.is_some()).max_by_key(|r| r.peak_mem_bytes);
+    row.set_mem_split(peak_run.map(|r| r.mem_split()).as_ref().filter(|s| !s.source.is_empty()));
     row.final_loss = timed.first().and_then(|r| r.final_loss);
     row.peak_mem_bytes = timed.iter().filter_map(|r| r.peak_mem_bytes).max();
     row.wall_s = Some(timed.iter().chain(probe).filter_map(|r| r.wall_s).sum());
@@ -701,6 +706,7 @@ fn execute(
                     peak_mem_bytes,
                     optimizer_bytes_per_rank,
                     hw_flops_per_sample,
+                    mem_split,
                     compile_s,
                 }) => {
                     watch.done(r);
@@ -709,6 +715,7 @@ fn execute(
                         peak_mem_bytes,
                         optimizer_bytes_per_rank,
                         hw_flops_per_sample,
+                        mem_split,
                         compile_s,
                     ))
                 }
@@ -789,6 +796,8 @@ fn execute(
             row.compile_s = sums[0].4;
             // Per rank: the largest rank's peak and optimizer state.
             row.peak_mem_bytes = sums.iter().map(|s| s.1).max();
+            // The split of the rank with that peak (its parts are that rank's).
+            row.set_mem_split(sums.iter().max_by_key(|s| s.1).and_then(|s| s.5.as_ref()));
             row.optimizer_bytes_per_rank = sums.iter().map(|s| s.2).max();
             ("ok", String::new())
         }

@@ -9,6 +9,8 @@
 //! - `harness`: one worker process per run (`worker`; `torch_compile`: the python worker of the
 //!   `torch-compile` config and the files it reads), statuses, Ctrl-C, timeouts;
 //! - `launch_env`: a rank's place from its launcher's variables (torchrun, srun, mpirun);
+//! - `mem_split`: the memory split a worker reports (parameters, gradients, optimizer state,
+//!   activations, logits);
 //! - `metrics`: step-time statistics, throughput, FLOPs and MFU, speedup and loss parity;
 //! - `results`: the tables as DataFrames (Parquet + CSV), `load_run`; `output`: the rows;
 //! - `env`: the environment block of run.json (`ortbench env`);
@@ -25,6 +27,7 @@ pub mod env;
 pub mod hang;
 pub mod harness;
 pub mod launch_env;
+pub mod mem_split;
 pub mod metrics;
 pub mod progress;
 pub mod run_plan;

@@ -22,7 +22,10 @@ use ortbench_models::{Batch, DataSource, HubOptions, LrSchedule, Task, Weights};
 use serde::{Deserialize, Serialize};
 
 use crate::launch_env::LaunchEnv;
+use crate::mem_split::TorchShapes;
 use crate::run_spec::{RunSpec, WeightsSource};
+use ortbench_engine::plan::split::MemorySplit;
+use ortbench_report::output::MemSplit;
 
 /// One line of the worker's output.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -53,6 +56,10 @@ pub enum Event {
         /// its first step's wall time); None for the Rust workers, which compile nothing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         compile_s: Option<f64>,
+        /// The largest rank's memory by what holds it (`mem_split`); None when the worker
+        /// cannot say (a worker written before it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mem_split: Option<MemSplit>,
     },
     Error {
         message: String,
@@ -267,6 +274,10 @@ pub fn parse_device(d: &str) -> Result<tch::Device> {
     })
 }
 
+/// What a rank reports when its steps are done: its optimizer state's bytes, the FLOPs it
+/// executed over the measured steps (None: not counted) and its memory split (the engine's).
+type RankEnd = (usize, Option<f64>, Option<MemorySplit>);
+
 /// What a rank's step reports, whichever trainer ran it.
 struct RankStep {
     loss: f64,
@@ -284,6 +295,11 @@ trait RankTrainer {
     /// FLOPs of the GEMMs and attention products the last step executed on this rank, when
     /// the trainer counts them.
     fn last_step_flops(&self) -> Option<f64> {
+        None
+    }
+    /// This rank's memory by what holds it, from the engine's plan; None for the baseline
+    /// (its split is derived from the run's shapes: `mem_split::torch`).
+    fn memory_split(&self) -> Option<MemorySplit> {
         None
     }
     /// Makes the next step fail inside libtorch (the baseline only).
@@ -352,6 +368,9 @@ impl RankTrainer for EngineTrainer {
     fn last_step_flops(&self) -> Option<f64> {
         EngineTrainer::last_step_flops(self)
     }
+    fn memory_split(&self) -> Option<MemorySplit> {
+        EngineTrainer::memory_split(self)
+    }
 }
 
 /// An `ort` / `ort-zero1` rank on a GPU: alone, or one GPU of an NCCL group.
@@ -378,6 +397,9 @@ impl RankTrainer for GpuRank {
     }
     fn last_step_flops(&self) -> Option<f64> {
         Some(self.trainer.step_flops())
+    }
+    fn memory_split(&self) -> Option<MemorySplit> {
+        Some(self.trainer.memory_split())
     }
 }
 
@@ -556,7 +578,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // Ranks are threads of this worker; their records go through one channel to stdout.
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
-    let results: Vec<Result<(usize, Option<f64>)>> = std::thread::scope(|s| {
+    let results: Vec<Result<RankEnd>> = std::thread::scope(|s| {
         let groups: Vec<AnyGroup> = match tcp {
             Some(g) => vec![g.into()],
             None => LocalGroup::new(ranks).into_iter().map(AnyGroup::from).collect(),
@@ -565,7 +587,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             .into_iter()
             .map(|group| {
                 let (tx, make, data) = (tx.clone(), &make, &data);
-                s.spawn(move || -> Result<(usize, Option<f64>)> {
+                s.spawn(move || -> Result<RankEnd> {
                     let rank = group.rank();
                     let mut trainer = make(group)?;
                     // This rank's executed FLOPs over the measured steps (None: not counted).
@@ -631,7 +653,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                             skipped: st.skipped,
                         });
                     }
-                    Ok((trainer.optimizer_bytes(), flops))
+                    Ok((trainer.optimizer_bytes(), flops, trainer.memory_split()))
                 })
             })
             .collect();
@@ -652,10 +674,15 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
     });
     let mut optimizer_bytes = 0;
     let mut flops = Some(0.0);
+    // Per rank: the largest rank's split, as the peak and the optimizer state are.
+    let mut plan_split: Option<MemorySplit> = None;
     for r in results {
-        let (bytes, f) = r?;
+        let (bytes, f, split) = r?;
         optimizer_bytes = optimizer_bytes.max(bytes);
         flops = flops.zip(f).map(|(a, b)| a + b);
+        if split.is_some_and(|s| plan_split.is_none_or(|p| s.total() > p.total())) {
+            plan_split = split;
+        }
     }
     // Samples this process's ranks trained (all of them with thread ranks, one rank's share in
     // a rank process: each reports its own, the same per sample).
@@ -674,6 +701,26 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         Some(w) => w.peak_bytes(),
         None => peak_rss_bytes().context("reading peak memory")?,
     };
+    let mem_split = match spec.config.as_str() {
+        "pytorch" => {
+            // A cross-entropy over fp32 logits: a language model's head (every position, as
+            // HF computes them) or a token classifier's; other heads and autocast: unknown.
+            let classes = match task {
+                Task::MaskedLm | Task::CausalLm => Some(cfg.vocab_size()),
+                Task::TokenClassification { num_labels } => Some(num_labels),
+                Task::SequenceClassification { .. } => None,
+            };
+            let rows = (spec.batch_size * spec.seq_len) as u64;
+            let shapes = TorchShapes {
+                params: param_count as u64,
+                optimizer_bytes: optimizer_bytes as u64,
+                ce_logits: classes.filter(|_| spec.precision == "fp32").map(|c| (rows, c as u64)),
+                ranks_in_process: in_process,
+            };
+            Some(crate::mem_split::torch(&shapes, Some(peak_mem_bytes)))
+        }
+        _ => plan_split.as_ref().map(crate::mem_split::from_plan),
+    };
     emit(
         out,
         &Event::Summary {
@@ -682,6 +729,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             optimizer_bytes_per_rank: optimizer_bytes,
             hw_flops_per_sample,
             compile_s: None,
+            mem_split,
         },
     );
     Ok(())

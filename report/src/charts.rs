@@ -414,7 +414,8 @@ fn memory_split_chart(
             .flat_map(|r| [r.peak_mem_bytes.unwrap_or(0), r.mem_split().known_bytes()])
             .map(mib)
             .fold(0.0, f64::max);
-        let top = if max > 0.0 { max * 1.3 } else { 1.0 };
+        // Room above the bars for their labels and the legend's seven entries.
+        let top = if max > 0.0 { max * 1.8 } else { 1.0 };
         let mut chart = ChartBuilder::on(&root)
             .caption("Peak memory per rank, split", (FONT, 22))
             .margin(12)

@@ -10,6 +10,7 @@ use ortbench_engine::collective::{AnyGroup, DeviceCollective, LocalGroup};
 use ortbench_engine::exec::gpu::session::RankLayout;
 use ortbench_engine::optim::{AdamWConfig, Segment};
 use ortbench_engine::parallel::{DataParallel, Strategy};
+use ortbench_engine::plan::split::MemorySplit;
 use ortbench_engine::session::{StepStats, TrainSession};
 use ortbench_engine::DType;
 
@@ -246,6 +247,22 @@ impl EngineTrainer {
         self.dp.optimizer_bytes()
     }
 
+    /// This rank's memory by what holds it: its flat buffers and its plan's arena split
+    /// ([`MemorySplit`]); None on the reference executor, which has no plan.
+    pub fn memory_split(&self) -> Option<MemorySplit> {
+        let s = &self.dp.session;
+        // The fp32 master parameters and, in fp16/bf16, the rounded copy the graph reads (f32
+        // slots on the CPU).
+        let params = 4 * (s.params.len() + s.compute.len());
+        Some(MemorySplit::new(
+            s.plan()?,
+            s.graph(),
+            params,
+            4 * s.grads.len(),
+            self.optimizer_bytes(),
+        ))
+    }
+
     /// Dynamic loss scaling (what fp16 training uses).
     pub fn set_loss_scaler(&mut self, scaler: Option<ortbench_engine::optim::LossScaler>) {
         self.dp.set_loss_scaler(scaler);
@@ -389,5 +406,26 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
     /// updates).
     pub fn optimizer_bytes(&self) -> usize {
         self.session.state_bytes()
+    }
+
+    /// This rank's device memory by what holds it: the flat buffers the executor allocates and
+    /// its plan's arena split ([`MemorySplit`]).
+    pub fn memory_split(&self) -> MemorySplit {
+        let (g, l) = (self.session.graph(), self.session.layout());
+        // The flat buffers' length: Ψ, padded under ZeRO-1 to a multiple of the ranks as the
+        // session pads them (`GpuSession::ranked`).
+        let n = match l.strategy {
+            Strategy::Zero1 if l.world > 1 => ortbench_engine::collective::Sharding::new(
+                g.num_param_elems(),
+                l.world,
+                ortbench_engine::parallel::SHARD_ALIGN,
+            )
+            .padded(),
+            _ => g.num_param_elems(),
+        };
+        // fp32 master parameters, and in fp16/bf16 their copy in the compute dtype.
+        let compute = if g.dtype() == DType::F32 { 0 } else { n * g.dtype().size() };
+        let plan = self.session.executor().plan();
+        MemorySplit::new(plan, g, 4 * n + compute, 4 * n, self.optimizer_bytes())
     }
 }
