@@ -195,6 +195,7 @@ fn launchers_that_place_the_rank_differently_are_refused_in_one_line() {
     let e: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     let msg = e["message"].as_str().unwrap();
     assert!(!msg.contains('\n'), "one line: {msg}");
+    println!("{msg}");
     assert!(
         msg.starts_with("launch variables disagree: RANK=1 WORLD_SIZE=2 (torchrun) but SLURM_PROCID=0 SLURM_NTASKS=2"),
         "{msg}"

@@ -1,5 +1,6 @@
-//! Ranks in separate processes or machines, joined over TCP the way torchrun starts them:
-//! `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (and `LOCAL_RANK` for the device).
+//! Ranks in separate processes or machines, joined over TCP the way torchrun starts them: a
+//! rank, a world size and rank 0's address ([`TcpGroup::connect`]; ortbench's worker reads
+//! them from torchrun's, srun's or mpirun's variables: `bench/src/launch_env.rs`).
 //!
 //! Rank 0 listens on MASTER_ADDR:MASTER_PORT and every other rank connects to it (a star, as
 //! torch.distributed's TCPStore). On CPU this is the data path of the collectives — gloo's role
@@ -122,22 +123,6 @@ const OK: u8 = 0;
 const ERR: u8 = 1;
 
 impl TcpGroup {
-    /// Joins the group described by torchrun's variables.
-    pub fn from_env() -> Result<Self, CollectiveError> {
-        let var = |k: &str| {
-            std::env::var(k).map_err(|_| CollectiveError::Env(format!("{k} is not set (launch with torchrun or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")))
-        };
-        let num = |k: &str| -> Result<usize, CollectiveError> {
-            var(k)?
-                .parse()
-                .map_err(|_| CollectiveError::Env(format!("{k} must be a non-negative integer")))
-        };
-        let (rank, world) = (num("RANK")?, num("WORLD_SIZE")?);
-        let addr = format!("{}:{}", var("MASTER_ADDR")?, num("MASTER_PORT")?);
-        Self::connect(rank, world, &addr, DEFAULT_TIMEOUT)?
-            .with_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT)
-    }
-
     /// Sets how long a collective waits for a peer (read or write) before it fails with
     /// [`CollectiveError::Timeout`] naming that peer.
     pub fn with_collective_timeout(self, timeout: Duration) -> Result<Self, CollectiveError> {
