@@ -167,12 +167,10 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let mut batch_search = Vec::new();
     let mut search_failed = false;
     if let (Some(auto), false) = (&plan.auto_batch, interrupted) {
-        let timeout = args.timeout_s.map(Duration::from_secs_f64);
         (interrupted, search_failed) = search_batches(
             auto,
             &plan,
-            timeout,
-            hang_limits(args),
+            args,
             &mut results,
             &mut steps,
             &out,
@@ -283,14 +281,15 @@ fn aggregate(
 fn search_batches(
     auto: &crate::batch_search::AutoBatch,
     plan: &crate::run_plan::RunPlan,
-    timeout: Option<Duration>,
-    hang: HangLimits,
+    args: &RunArgs,
     results: &mut [ResultRow],
     steps: &mut Vec<StepRow>,
     out: &Path,
     log: &mut Vec<serde_json::Value>,
 ) -> Result<(bool, bool)> {
     use crate::batch_search::{search, Purpose};
+    // Probes and runs are held to --timeout-s and the hang limits as every run is.
+    let (timeout, hang) = (args.timeout_s.map(Duration::from_secs_f64), hang_limits(args));
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     // On a GPU the budget is the device's memory: a probe's out-of-memory error answers.
     let stop = plan.runs.first().filter(|r| r.device == "cpu").map(|_| auto.stop_bytes());
