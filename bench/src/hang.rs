@@ -33,13 +33,20 @@ const STEP_FACTOR: f64 = 10.0;
 const FLOOR_OVER_COLLECTIVE: Duration = Duration::from_secs(60);
 
 /// The collective timeout of a run's workers: `--collective-timeout-s`, else 600 s on a GPU
-/// and the TCP group's default on the CPU.
-pub fn collective_timeout(spec: &RunSpec) -> Duration {
-    match spec.collective_timeout_s {
-        Some(s) => Duration::from_secs_f64(s),
+/// and the TCP group's default on the CPU. A spec written by hand may hold any number: one
+/// that is not a positive number of seconds is an error, not a default.
+pub fn collective_timeout(spec: &RunSpec) -> anyhow::Result<Duration> {
+    Ok(match spec.collective_timeout_s {
+        Some(s) => {
+            Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "collective_timeout_s must be a positive number of seconds, got {s}"
+                )
+            })?
+        }
         None if spec.device.starts_with("cuda") => GPU_COLLECTIVE_TIMEOUT,
         None => ortbench_engine::collective::tcp::DEFAULT_COLLECTIVE_TIMEOUT,
-    }
+    })
 }
 
 /// The user's hang deadlines (`--first-step-deadline-s`, `--hang-deadline-s`); unset ones
@@ -78,17 +85,23 @@ pub struct Silence {
 }
 
 impl StepWatch {
-    pub fn new(spec: &RunSpec, limits: HangLimits, workers: usize, start: Instant) -> StepWatch {
-        let floor = limits
-            .step_floor_s
-            .map_or(collective_timeout(spec) + FLOOR_OVER_COLLECTIVE, Duration::from_secs_f64);
-        StepWatch {
+    pub fn new(
+        spec: &RunSpec,
+        limits: HangLimits,
+        workers: usize,
+        start: Instant,
+    ) -> anyhow::Result<StepWatch> {
+        let floor = match limits.step_floor_s {
+            Some(s) => Duration::from_secs_f64(s),
+            None => collective_timeout(spec)? + FLOOR_OVER_COLLECTIVE,
+        };
+        Ok(StepWatch {
             first_step: limits.first_step_s.map_or(FIRST_STEP_DEADLINE, Duration::from_secs_f64),
             floor,
             step_deadline: floor,
             step_ms: Vec::new(),
             workers: vec![Worker { last: start, steps: 0, last_step: None, done: false }; workers],
-        }
+        })
     }
 
     /// Worker `w` reported `step`, which took `step_ms`.
@@ -180,9 +193,14 @@ mod tests {
 
     #[test]
     fn collective_timeouts_default_by_device_and_follow_the_flag() {
-        assert_eq!(collective_timeout(&spec("cpu", None)), Duration::from_secs(120));
-        assert_eq!(collective_timeout(&spec("cuda", None)), Duration::from_secs(600));
-        assert_eq!(collective_timeout(&spec("cuda:1", Some(2.5))), Duration::from_millis(2500));
+        let t = |device, s| collective_timeout(&spec(device, s)).map_err(|e| e.to_string());
+        assert_eq!(t("cpu", None), Ok(Duration::from_secs(120)));
+        assert_eq!(t("cuda", None), Ok(Duration::from_secs(600)));
+        assert_eq!(t("cuda:1", Some(2.5)), Ok(Duration::from_millis(2500)));
+        for bad in [0.0, -1.0, f64::NAN] {
+            let e = t("cpu", Some(bad)).unwrap_err();
+            assert!(e.contains("must be a positive number of seconds"), "{e}");
+        }
     }
 
     #[test]
@@ -190,7 +208,7 @@ mod tests {
         let t0 = Instant::now();
         let s = |x: f64| Duration::from_secs_f64(x);
         let limits = HangLimits { first_step_s: Some(30.0), step_floor_s: Some(2.0) };
-        let mut w = StepWatch::new(&spec("cpu", None), limits, 2, t0);
+        let mut w = StepWatch::new(&spec("cpu", None), limits, 2, t0).unwrap();
         // Before any report: the first step's allowance.
         assert_eq!(w.silent(t0 + s(29.0), |_| false), None);
         let first = w.silent(t0 + s(31.0), |_| false).unwrap();
@@ -219,7 +237,7 @@ mod tests {
         let t0 = Instant::now();
         let s = |x: f64| Duration::from_secs_f64(x);
         let limits = HangLimits { first_step_s: None, step_floor_s: Some(1.0) };
-        let mut w = StepWatch::new(&spec("cpu", None), limits, 3, t0);
+        let mut w = StepWatch::new(&spec("cpu", None), limits, 3, t0).unwrap();
         for r in 0..3 {
             w.step(r, 0, 10.0, t0);
         }

@@ -614,7 +614,7 @@ fn execute(
     let mut summaries = vec![None; n];
     let mut errors: Vec<Option<(String, bool)>> = vec![None; n];
     let mut killed: Option<Kill> = None;
-    let mut watch = StepWatch::new(spec, hang, n, start);
+    let mut watch = StepWatch::new(spec, hang, n, start)?;
     let mut silence: Option<Silence> = None;
     // Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout,
     // when one went silent past the hang deadlines, or once a rank has failed and the others

@@ -455,8 +455,9 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
         None => None,
     };
     // A silent peer fails a collective after this long, naming it (crate::hang).
+    let collective_timeout = crate::hang::collective_timeout(spec)?;
     let tcp = tcp
-        .map(|g| g.with_collective_timeout(crate::hang::collective_timeout(spec)))
+        .map(|g| g.with_collective_timeout(collective_timeout))
         .transpose()
         .map_err(|e| anyhow::anyhow!("--collective-timeout-s: {e}"))?;
     let schedule = match spec.lr_schedule.as_str() {
@@ -485,8 +486,7 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
         }
         (tch::Device::Cuda(i), Some(g)) => {
-            let timeout = crate::hang::collective_timeout(spec);
-            let d = DeviceGroup::with_timeout(Vendor::Nvidia, g, i, timeout)
+            let d = DeviceGroup::with_timeout(Vendor::Nvidia, g, i, collective_timeout)
                 .map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
             Some(d)
         }

@@ -128,3 +128,27 @@ fn a_stopped_rank_fails_its_peers_collective_naming_it() {
     }
     assert_eq!(workers_with(seed), 0, "worker processes left behind");
 }
+
+/// A deadline that is not a positive number of seconds is refused in one line naming its flag,
+/// before anything runs.
+#[test]
+fn deadline_flags_that_are_not_positive_seconds_are_one_line_errors() {
+    for flag in ["--collective-timeout-s", "--hang-deadline-s", "--first-step-deadline-s"] {
+        for bad in ["0", "-3", "nan", "inf"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("out");
+            // `--flag=-3`: as a separate word, clap would read "-3" as a flag.
+            let given = format!("{flag}={bad}");
+            let o = ortbench(
+                &["run", "--models", "tiny-gpt2", "--out", out.to_str().unwrap(), &given],
+                &[],
+                false,
+            );
+            let err = stderr(&o);
+            assert!(!o.status.success(), "{flag} {bad} succeeded");
+            assert!(err.contains(&format!("{flag} must be a positive number of seconds")), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{flag} {bad}: not one line: {err}");
+            assert!(!out.exists(), "{flag} {bad}: wrote {out:?}");
+        }
+    }
+}
