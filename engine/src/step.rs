@@ -254,8 +254,8 @@ impl<D: GpuDevice> DeviceCollective<D> for Alone {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuError, KernelArg};
-    use crate::collective::{HostMemory, LocalGroup};
+    use crate::backend::simt_device::SimtGpu;
+    use crate::collective::LocalGroup;
     use crate::exec::gpu::session::{GpuSession, RankLayout};
     use crate::graph::Graph;
     use crate::optim::{AdamWConfig, Segment};
@@ -263,93 +263,12 @@ mod tests {
     use crate::session::{ExecutorKind, TrainSession};
     use crate::DType;
 
-    /// The host SIMT harness as a GPU (as in tests/tests/gpu_executor.rs): host memory, the
-    /// kernels on its fibers, a plain-loop f32 GEMM.
-    struct Simt;
-
-    /// Zeroed host memory, 16-byte aligned (as device allocations are at least).
-    struct HostBuf(Box<[u128]>);
-
-    impl GpuDevice for Simt {
-        type Buffer = HostBuf;
-        fn describe(&self) -> String {
-            "simt".into()
-        }
-        fn warp_size(&self) -> u32 {
-            32
-        }
-        fn max_blocks(&self) -> u32 {
-            4
-        }
-        fn max_shared_bytes(&self) -> u32 {
-            16 * 1024
-        }
-        fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
-            Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
-        }
-        fn address(&self, b: &HostBuf) -> u64 {
-            b.0.as_ptr() as u64
-        }
-        unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
-            Ok(())
-        }
-        unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
-            std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
-            Ok(())
-        }
-        unsafe fn launch(
-            &self,
-            name: &str,
-            grid: u32,
-            block: u32,
-            smem: u32,
-            args: &[KernelArg],
-        ) -> Result<(), GpuError> {
-            use ortbench_simt::Arg;
-            let raw: Vec<Arg> = args
-                .iter()
-                .map(|a| match *a {
-                    KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
-                    KernelArg::I32(v) => Arg::I32(v),
-                    KernelArg::U32(v) => Arg::U32(v),
-                    KernelArg::I64(v) => Arg::I64(v),
-                    KernelArg::U64(v) => Arg::U64(v),
-                    KernelArg::F32(v) => Arg::F32(v),
-                })
-                .collect();
-            let order = ortbench_simt::Order::Forward;
-            ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, 32, order, &raw)
-                .map_err(|e| GpuError(format!("{name}: {e}")))
-        }
-        unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
-            if s.epilogue != Epilogue::None || !matches!(s.dtype, GemmDtype::F32 { .. }) {
-                return Err(GpuError(format!("the host GEMM is f32 without epilogue: {s:?}")));
-            }
-            // Row-major C[b] = op(A[b])·op(B[b]).
-            let (a, b, c) = (p.a as *const f32, p.b as *const f32, p.c as *mut f32);
-            for bi in 0..s.batch as i64 {
-                let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
-                for i in 0..s.m as i64 {
-                    for j in 0..s.n as i64 {
-                        let mut acc = 0f32;
-                        for k in 0..s.k as i64 {
-                            let ia = oa + if s.ta { k * s.lda + i } else { i * s.lda + k };
-                            let ib = ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j };
-                            acc = (*a.offset(ia as isize)).mul_add(*b.offset(ib as isize), acc);
-                        }
-                        *c.offset((oc + i * s.ldc + j) as isize) = acc;
-                    }
-                }
-            }
-            Ok(())
-        }
-        fn synchronize(&self) -> Result<(), GpuError> {
-            Ok(())
-        }
+    /// The host SIMT harness as a GPU (`backend::simt_device`, as tests/tests/gpu_executor.rs
+    /// uses it): host memory, the kernels on its fibers at warp 32 in forward order, 4 blocks,
+    /// a plain-loop GEMM.
+    fn simt() -> SimtGpu {
+        SimtGpu::new(32, ortbench_simt::Order::Forward)
     }
-
-    impl HostMemory for Simt {}
 
     const T: usize = 4;
     const C: usize = 8;
@@ -468,7 +387,7 @@ mod tests {
 
     fn gpu_one_rank() -> Run {
         let (params, segs) = setup();
-        let mut s = GpuSession::new(graph(2), Simt, &params, segs, CFG, DType::F32).unwrap();
+        let mut s = GpuSession::new(graph(2), simt(), &params, segs, CFG, DType::F32).unwrap();
         s.set_loss_scaler(scaler());
         let stats = (0..STEPS)
             .map(|i| s.step(&Feed::new(i, 0..2).inputs(), LR, i as u64).unwrap())
@@ -519,7 +438,8 @@ mod tests {
             let (params, segs) = setup();
             let layout = RankLayout { rank: r, world: 2, strategy: Strategy::Zero1 };
             let mut s =
-                GpuSession::ranked(graph(1), Simt, &params, segs, CFG, DType::F32, layout).unwrap();
+                GpuSession::ranked(graph(1), simt(), &params, segs, CFG, DType::F32, layout)
+                    .unwrap();
             s.set_loss_scaler(scaler());
             let stats = (0..STEPS)
                 .map(|i| {

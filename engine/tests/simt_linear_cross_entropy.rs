@@ -44,9 +44,8 @@
 
 mod kernel_harness;
 
-use ortbench_engine::backend::gpu::{
-    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
-};
+use ortbench_engine::backend::gpu::{Epilogue, GpuDevice};
+use ortbench_engine::backend::simt_device::SimtGpu;
 use ortbench_engine::exec::gpu::support::GpuSupport;
 use ortbench_engine::exec::gpu::GpuExecutor;
 use ortbench_engine::graph::Graph;
@@ -60,116 +59,10 @@ const C: usize = 24;
 const V: usize = 131;
 
 /// The host SIMT harness as a GPU: host memory, the kernels on its fibers at `warp` in `order`,
-/// a plain-loop GEMM.
-struct Simt {
-    warp: u32,
-    order: Order,
-}
-
-/// Zeroed host memory, 16-byte aligned (as device allocations are at least).
-struct HostBuf(Box<[u128]>);
-
-impl GpuDevice for Simt {
-    type Buffer = HostBuf;
-    fn describe(&self) -> String {
-        format!("simt warp {} {:?}", self.warp, self.order)
-    }
-    fn warp_size(&self) -> u32 {
-        self.warp
-    }
-    fn max_blocks(&self) -> u32 {
-        3
-    }
-    fn max_shared_bytes(&self) -> u32 {
-        48 * 1024
-    }
-    fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
-        Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
-    }
-    fn address(&self, b: &HostBuf) -> u64 {
-        b.0.as_ptr() as u64
-    }
-    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
-        Ok(())
-    }
-    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
-        Ok(())
-    }
-    unsafe fn launch(
-        &self,
-        name: &str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &[KernelArg],
-    ) -> Result<(), GpuError> {
-        use ortbench_simt::Arg;
-        let raw: Vec<Arg> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
-                KernelArg::I32(v) => Arg::I32(v),
-                KernelArg::U32(v) => Arg::U32(v),
-                KernelArg::I64(v) => Arg::I64(v),
-                KernelArg::U64(v) => Arg::U64(v),
-                KernelArg::F32(v) => Arg::F32(v),
-            })
-            .collect();
-        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
-            .map_err(|e| GpuError(format!("{name}: {e}")))
-    }
-    unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
-        let acc0 = match s.epilogue {
-            Epilogue::None => false,
-            Epilogue::Accumulate => true,
-            e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
-        };
-        // Row-major C[b] (+)= op(A[b])·op(B[b]), f32 accumulation, A and B in the shape's dtype,
-        // C in it or in f32.
-        let ab = s.dtype;
-        let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
-        let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
-            match d {
-                GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
-                GemmDtype::F16 => {
-                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-                GemmDtype::BF16 => {
-                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-            }
-        };
-        let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
-            GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
-            GemmDtype::F16 => {
-                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
-            }
-            GemmDtype::BF16 => {
-                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
-            }
-        };
-        for bi in 0..s.batch as i64 {
-            let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
-            for i in 0..s.m as i64 {
-                for j in 0..s.n as i64 {
-                    let at = oc + i * s.ldc + j;
-                    let mut acc = if acc0 { ld(p.c, at, cd) } else { 0f32 };
-                    for k in 0..s.k as i64 {
-                        let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
-                        let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
-                        acc = x.mul_add(y, acc);
-                    }
-                    st(p.c, at, cd, acc);
-                }
-            }
-        }
-        Ok(())
-    }
-    fn synchronize(&self) -> Result<(), GpuError> {
-        Ok(())
-    }
+/// a grid of at most 3 blocks, 48 KiB of shared memory, a plain-loop GEMM (β = 1 for
+/// `Epilogue::Accumulate`).
+fn simt(warp: u32, order: Order) -> SimtGpu {
+    SimtGpu::new(warp, order).with_max_blocks(3).with_max_shared_bytes(48 * 1024)
 }
 
 /// A deterministic generator (splitmix64).
@@ -299,7 +192,7 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
 
 /// Runs one step of `c` on the SIMT device with chunks of `chunk` rows; checks it against the
 /// reference and returns the worst error as a share of its tolerance.
-fn check_case(c: &Case, dev: Simt, chunk: usize) -> f64 {
+fn check_case(c: &Case, dev: SimtGpu, chunk: usize) -> f64 {
     let label = format!("{} chunk {chunk} on {}", c.what, dev.describe());
     let dtype = c.graph.dtype();
     let mut sup = GpuSupport::for_graph(&c.graph);
@@ -360,9 +253,9 @@ fn gpu_executor_linear_cross_entropy_matches_the_reference() {
                 let c = case(dtype, tied, merged, 7 + tied as u64);
                 let mut worst = 0f64;
                 for &(warp, order) in &devs {
-                    worst = worst.max(check_case(&c, Simt { warp, order }, 5));
+                    worst = worst.max(check_case(&c, simt(warp, order), 5));
                 }
-                worst = worst.max(check_case(&c, Simt { warp: 32, order: Order::Forward }, R));
+                worst = worst.max(check_case(&c, simt(32, Order::Forward), R));
                 println!("{}: worst error at {:.1}% of tolerance", c.what, 100.0 * worst);
             }
         }
@@ -379,7 +272,7 @@ fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
         let mut sup = GpuSupport::for_graph(&c.graph);
         sup.lce_chunk = Some(5);
         let n = c.graph.num_param_elems();
-        let dev = Simt { warp: 32, order: Order::Forward };
+        let dev = simt(32, Order::Forward);
         let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
         ex.upload_params(&c.params).unwrap();
         let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
@@ -398,7 +291,7 @@ fn gpu_executor_linear_cross_entropy_with_every_label_ignored_gives_nan_and_zero
         let mut sup = GpuSupport::for_graph(&c.graph);
         sup.lce_chunk = Some(5);
         let n = c.graph.num_param_elems();
-        let dev = Simt { warp: 64, order: Order::Greedy };
+        let dev = simt(64, Order::Greedy);
         let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
         ex.upload_params(&c.params).unwrap();
         let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);

@@ -5,11 +5,11 @@
 //!
 //! `cargo test --release -p ortbench-tests --test fingerprints -- --ignored --nocapture`
 //!
-//! The launches are recorded by a device that runs nothing (`Rec`), so the full-size models
+//! The launches are recorded by a device that runs nothing (`recorder()`), so the full-size models
 //! take seconds. `ORTBENCH_FINGERPRINT_DIR=dir` also writes each launch sequence there, one
 //! launch a line, for a diff.
 
-use ortbench_engine::backend::gpu::{GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
+use ortbench_engine::backend::simt_device::SimtGpu;
 use ortbench_engine::exec::gpu::support::GpuSupport;
 use ortbench_engine::exec::gpu::GpuExecutor;
 use ortbench_engine::exec::planned::CpuSupport;
@@ -18,66 +18,17 @@ use ortbench_engine::DType;
 use ortbench_models::graph::{build_training_graph, GraphOptions};
 use ortbench_models::spec::builtin_config;
 use ortbench_models::DataSource;
-use std::cell::RefCell;
+use ortbench_simt::Order;
 use std::hash::{Hash, Hasher};
 
 /// An H100-like device that records each launch (kernel, grid, block, shared memory, scalar
-/// arguments; pointers as `P`) and GEMM shape, and runs nothing.
-struct Rec(RefCell<Vec<String>>);
-struct HostBuf(Box<[u128]>);
-impl GpuDevice for Rec {
-    type Buffer = HostBuf;
-    fn describe(&self) -> String {
-        "recorder".into()
-    }
-    fn warp_size(&self) -> u32 {
-        32
-    }
-    fn max_blocks(&self) -> u32 {
-        2112
-    }
-    fn max_shared_bytes(&self) -> u32 {
-        227 * 1024
-    }
-    fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
-        Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
-    }
-    fn address(&self, b: &HostBuf) -> u64 {
-        b.0.as_ptr() as u64
-    }
-    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
-        Ok(())
-    }
-    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
-        Ok(())
-    }
-    unsafe fn launch(
-        &self,
-        name: &str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &[KernelArg],
-    ) -> Result<(), GpuError> {
-        let a: Vec<String> = args
-            .iter()
-            .map(|a| match a {
-                KernelArg::Ptr(_) => "P".to_string(),
-                o => format!("{o:?}"),
-            })
-            .collect();
-        self.0.borrow_mut().push(format!("{name} {grid} {block} {smem} {}", a.join(",")));
-        Ok(())
-    }
-    unsafe fn gemm(&self, s: &GemmShape, _p: &GemmPtrs) -> Result<(), GpuError> {
-        self.0.borrow_mut().push(format!("gemm {s:?}"));
-        Ok(())
-    }
-    fn synchronize(&self) -> Result<(), GpuError> {
-        Ok(())
-    }
+/// arguments; pointers as `P`) and GEMM shape, and runs nothing: the SIMT device as a recorder.
+fn recorder() -> SimtGpu {
+    SimtGpu::new(32, Order::Forward)
+        .with_max_blocks(2112)
+        .with_max_shared_bytes(227 * 1024)
+        .recording()
+        .dry_run()
 }
 
 fn hash_of<T: Hash>(t: &T) -> u64 {
@@ -111,10 +62,10 @@ fn print_plan_and_launch_fingerprints() {
             }
             let batch = DataSource::synthetic(&cfg, 8, 128, 17).unwrap().batch(0);
             let feed = model.feed(&batch).unwrap();
-            let mut ex = GpuExecutor::new(g, Rec(RefCell::new(Vec::new()))).unwrap();
-            ex.device().0.borrow_mut().clear();
+            let mut ex = GpuExecutor::new(g, recorder()).unwrap();
+            ex.device().take_trace();
             ex.queue_step(&feed.inputs(), 7).unwrap();
-            let t = ex.device().0.borrow().clone();
+            let t = ex.device().take_trace();
             let gemms = t.iter().filter(|l| l.starts_with("gemm")).count();
             println!(
                 "launches {name} {dt:?}: {} ({} kernels, {gemms} GEMMs), hash {:016x}",

@@ -18,9 +18,8 @@
 //! 1e-5 absolute (lr 1e-3: an update moves a weight by ~lr, so a wrong update is ~100× that)
 //! and 1e-3 of the update in L2 (measured 2.9e-6 and 1.0e-5). f16/bf16: see the tests.
 
-use ortbench_engine::backend::gpu::{
-    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
-};
+use ortbench_engine::backend::gpu::{Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice};
+use ortbench_engine::backend::simt_device::SimtGpu;
 use ortbench_engine::exec::gpu::session::GpuSession;
 use ortbench_engine::exec::gpu::GpuExecutor;
 use ortbench_engine::exec::planned::PlannedExecutor;
@@ -33,114 +32,12 @@ use ortbench_models::spec::builtin_config;
 use ortbench_models::{DataSource, Weights};
 use ortbench_simt::Order;
 
-/// The host SIMT harness as a GPU: host memory, kernels on the harness's fibers, a plain-loop GEMM.
-struct Simt {
-    warp: u32,
-    order: Order,
-}
-
-/// Zeroed host memory, 16-byte aligned (as device allocations are at least).
-struct HostBuf(Box<[u128]>);
-
-impl GpuDevice for Simt {
-    type Buffer = HostBuf;
-    fn describe(&self) -> String {
-        format!("simt warp {} {:?}", self.warp, self.order)
-    }
-    fn warp_size(&self) -> u32 {
-        self.warp
-    }
-    fn max_blocks(&self) -> u32 {
-        // Few blocks: the harness runs them one after another; grid-stride loops cover the rest.
-        6
-    }
-    fn max_shared_bytes(&self) -> u32 {
-        // Small, so attention gets tiles smaller than the sequence (several tiles, a partial one).
-        16 * 1024
-    }
-    fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
-        Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
-    }
-    fn address(&self, b: &HostBuf) -> u64 {
-        b.0.as_ptr() as u64
-    }
-    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
-        Ok(())
-    }
-    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
-        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
-        Ok(())
-    }
-    unsafe fn launch(
-        &self,
-        name: &str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &[KernelArg],
-    ) -> Result<(), GpuError> {
-        let raw: Vec<ortbench_simt::Arg> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => ortbench_simt::Arg::Ptr(p as *mut std::ffi::c_void),
-                KernelArg::I32(v) => ortbench_simt::Arg::I32(v),
-                KernelArg::U32(v) => ortbench_simt::Arg::U32(v),
-                KernelArg::I64(v) => ortbench_simt::Arg::I64(v),
-                KernelArg::U64(v) => ortbench_simt::Arg::U64(v),
-                KernelArg::F32(v) => ortbench_simt::Arg::F32(v),
-            })
-            .collect();
-        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
-            .map_err(|e| GpuError(format!("{name}: {e}")))
-    }
-    unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
-        if s.epilogue != Epilogue::None {
-            return Err(GpuError(format!("the host GEMM has no {:?} epilogue", s.epilogue)));
-        }
-        // Row-major C[b] = op(A[b])·op(B[b]), f32 accumulation (cuBLAS's CUBLAS_COMPUTE_32F),
-        // A and B in the shape's dtype, C in it or in f32.
-        let ab = s.dtype;
-        let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
-        let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
-            match d {
-                GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
-                GemmDtype::F16 => {
-                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-                GemmDtype::BF16 => {
-                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-            }
-        };
-        let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
-            GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
-            GemmDtype::F16 => {
-                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
-            }
-            GemmDtype::BF16 => {
-                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
-            }
-        };
-        for bi in 0..s.batch as i64 {
-            let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
-            for i in 0..s.m as i64 {
-                for j in 0..s.n as i64 {
-                    let mut acc = 0f32;
-                    for k in 0..s.k as i64 {
-                        let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
-                        let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
-                        acc = x.mul_add(y, acc);
-                    }
-                    st(p.c, oc + i * s.ldc + j, cd, acc);
-                }
-            }
-        }
-        Ok(())
-    }
-    fn synchronize(&self) -> Result<(), GpuError> {
-        Ok(())
-    }
+/// The host SIMT harness as a GPU (`ortbench_engine::backend::simt_device`): host memory,
+/// kernels on the harness's fibers at `warp` in `order`, a plain-loop GEMM. Few blocks (the
+/// harness runs them one after another; grid-stride loops cover the rest) and little shared
+/// memory (attention gets tiles smaller than the sequence: several tiles, a partial one).
+fn simt_gpu(warp: u32, order: Order) -> SimtGpu {
+    SimtGpu::new(warp, order).with_max_blocks(6).with_max_shared_bytes(16 * 1024)
 }
 
 /// A check run once per device: given the device's label and a way to open a fresh one.
@@ -154,7 +51,7 @@ fn on_simt(simt: &[(u32, Order)], f: &PerDevice<'_>) {
         Ok("simt") | Err(_) => {
             for &(warp, order) in simt {
                 let label = format!("simt warp {warp} {order:?}");
-                f(&label, &mut || Box::new(Simt { warp, order }));
+                f(&label, &mut || Box::new(simt_gpu(warp, order)));
             }
         }
         Ok(other) => panic!("ORTBENCH_KERNEL_DEVICE={other}: expected simt or cuda"),
@@ -489,9 +386,7 @@ fn an_op_without_a_gpu_kernel_is_refused_at_build() {
         &GraphOptions::new(1, 8).with_passes(ortbench_engine::passes::PassConfig::none()),
     )
     .unwrap();
-    let e = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward })
-        .unwrap_err()
-        .to_string();
+    let e = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap_err().to_string();
     assert!(e.contains("gelu") && e.contains("gpu"), "{e}");
 }
 
@@ -516,7 +411,7 @@ fn an_out_of_range_id_is_named() {
             ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
         };
     }
-    let mut ex = GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap();
+    let mut ex = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
     ex.upload_params(&params).unwrap();
     let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
     assert!(e.contains("5000") && e.contains("embedding"), "{e}");
@@ -601,8 +496,7 @@ fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
             // then do not hide a misaligned base.
             let model =
                 build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype)).unwrap();
-            let exec =
-                GpuExecutor::new(&model.graph, Simt { warp: 32, order: Order::Forward }).unwrap();
+            let exec = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
             let gemms = exec.gemms();
             assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
             let (mut lds, mut small_strides) =
@@ -694,8 +588,6 @@ fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
     assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
 }
 
-impl ortbench_engine::collective::HostMemory for Simt {}
-
 /// Data parallelism on the GPU session: `world` ranks as threads, each its own SIMT device,
 /// joined by a LocalGroup through `DeviceCollective` (what NCCL does on GPUs: in place on the
 /// device's flat buffers), against one rank on the global batch, 2 steps with clipping on (the
@@ -741,7 +633,7 @@ fn data_parallel_case(
             g
         })
         .collect();
-    let simt = || Simt { warp: 32, order: Order::Forward };
+    let simt = || simt_gpu(32, Order::Forward);
     let mut one = GpuEngineTrainer::new(
         &cfg,
         &weights,

@@ -9,3 +9,7 @@ pub mod cuda;
 pub mod gpu;
 pub mod gpu_sources;
 pub mod hip;
+/// The host SIMT harness as a GPU device (for tests: the engine's own and, under the `simt`
+/// feature, the `tests` crate's).
+#[cfg(any(test, feature = "simt"))]
+pub mod simt_device;

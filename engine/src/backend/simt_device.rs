@@ -1,0 +1,209 @@
+//! The host SIMT harness (`engine/kernels/simt`, crate `ortbench-simt`) as a [`GpuDevice`]: host
+//! memory, the kernels on the harness's fibers at a warp size and thread order, and a plain-loop
+//! GEMM — so the GPU executor's whole device path runs without a GPU (the engine's drift check in
+//! `step.rs`, `tests/tests/gpu_executor.rs`, `engine/tests/simt_linear_cross_entropy.rs`). With
+//! [`SimtGpu::recording`] it also lists every launch and GEMM, and with [`SimtGpu::dry_run`] it
+//! runs none of them (`tests/tests/fingerprints.rs`: full-size models' launch fingerprints).
+//!
+//! Compiled for the engine's unit tests and under the `simt` feature (which the `tests` crate
+//! and the engine's own integration tests turn on); the `ortbench` binary does not use it.
+
+use std::sync::Mutex;
+
+use ortbench_simt::{Arg, Order};
+
+use crate::backend::gpu::{
+    Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
+};
+use crate::collective::HostMemory;
+
+/// The host SIMT harness as a GPU (see the module comment).
+pub struct SimtGpu {
+    warp: u32,
+    order: Order,
+    max_blocks: u32,
+    max_shared_bytes: u32,
+    /// Each launch and GEMM, one line each, when recording.
+    trace: Option<Mutex<Vec<String>>>,
+    /// Run the kernels and GEMMs (false: only record them).
+    execute: bool,
+}
+
+/// Zeroed host memory, 16-byte aligned (as device allocations are at least).
+pub struct HostBuf(Box<[u128]>);
+
+impl SimtGpu {
+    /// Kernels at `warp` (32 or 64) with threads taking turns in `order`; 4 blocks at most (the
+    /// harness runs them one after another, so grid-stride loops take several turns) and 16 KiB
+    /// of shared memory (attention gets tiles smaller than a short sequence).
+    pub fn new(warp: u32, order: Order) -> Self {
+        SimtGpu {
+            warp,
+            order,
+            max_blocks: 4,
+            max_shared_bytes: 16 * 1024,
+            trace: None,
+            execute: true,
+        }
+    }
+
+    /// At most `n` blocks fill the device ([`GpuDevice::max_blocks`]).
+    pub fn with_max_blocks(mut self, n: u32) -> Self {
+        self.max_blocks = n;
+        self
+    }
+
+    /// `bytes` of dynamic shared memory per block ([`GpuDevice::max_shared_bytes`]).
+    pub fn with_max_shared_bytes(mut self, bytes: u32) -> Self {
+        self.max_shared_bytes = bytes;
+        self
+    }
+
+    /// Records each launch (`kernel grid block shared args`, scalar arguments as `{:?}` of
+    /// [`KernelArg`], pointers as `P`) and each GEMM (`gemm {shape:?}`): see [`SimtGpu::take_trace`].
+    pub fn recording(mut self) -> Self {
+        self.trace = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// Runs no kernel and no GEMM (memory still works): a recorder of what a step launches.
+    pub fn dry_run(mut self) -> Self {
+        self.execute = false;
+        self
+    }
+
+    /// The launches and GEMMs recorded since the last call (empty unless [`SimtGpu::recording`]).
+    pub fn take_trace(&self) -> Vec<String> {
+        self.trace.as_ref().map(|t| std::mem::take(&mut *t.lock().unwrap())).unwrap_or_default()
+    }
+
+    fn record(&self, line: impl FnOnce() -> String) {
+        if let Some(t) = &self.trace {
+            t.lock().unwrap().push(line());
+        }
+    }
+}
+
+impl GpuDevice for SimtGpu {
+    type Buffer = HostBuf;
+    fn describe(&self) -> String {
+        let what = if self.execute { "simt" } else { "simt recorder" };
+        format!("{what} warp {} {:?}", self.warp, self.order)
+    }
+    fn warp_size(&self) -> u32 {
+        self.warp
+    }
+    fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+    fn max_shared_bytes(&self) -> u32 {
+        self.max_shared_bytes
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
+        Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))
+    }
+    fn address(&self, b: &HostBuf) -> u64 {
+        b.0.as_ptr() as u64
+    }
+    unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
+        Ok(())
+    }
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
+        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
+        Ok(())
+    }
+    unsafe fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        self.record(|| {
+            let a: Vec<String> = args
+                .iter()
+                .map(|a| match a {
+                    KernelArg::Ptr(_) => "P".to_string(),
+                    o => format!("{o:?}"),
+                })
+                .collect();
+            format!("{name} {grid} {block} {smem} {}", a.join(","))
+        });
+        if !self.execute {
+            return Ok(());
+        }
+        let raw: Vec<Arg> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
+                KernelArg::I32(v) => Arg::I32(v),
+                KernelArg::U32(v) => Arg::U32(v),
+                KernelArg::I64(v) => Arg::I64(v),
+                KernelArg::U64(v) => Arg::U64(v),
+                KernelArg::F32(v) => Arg::F32(v),
+            })
+            .collect();
+        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
+            .map_err(|e| GpuError(format!("{name}: {e}")))
+    }
+    /// Row-major C[b] (+)= op(A[b])·op(B[b]) in plain loops: f32 accumulation (cuBLAS's
+    /// CUBLAS_COMPUTE_32F), A and B in the shape's dtype, C in it or in f32; β = 1 for
+    /// `Epilogue::Accumulate` (as cuBLASLt). The other epilogues are not implemented.
+    unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
+        self.record(|| format!("gemm {s:?}"));
+        if !self.execute {
+            return Ok(());
+        }
+        let acc0 = match s.epilogue {
+            Epilogue::None => false,
+            Epilogue::Accumulate => true,
+            e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
+        };
+        let ab = s.dtype;
+        let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
+        let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
+            match d {
+                GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
+                GemmDtype::F16 => {
+                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
+                GemmDtype::BF16 => {
+                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+                }
+            }
+        };
+        let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
+            GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
+            GemmDtype::F16 => {
+                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
+            }
+            GemmDtype::BF16 => {
+                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
+            }
+        };
+        for bi in 0..s.batch as i64 {
+            let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
+            for i in 0..s.m as i64 {
+                for j in 0..s.n as i64 {
+                    let at = oc + i * s.ldc + j;
+                    let mut acc = if acc0 { ld(p.c, at, cd) } else { 0f32 };
+                    for k in 0..s.k as i64 {
+                        let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
+                        let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
+                        acc = x.mul_add(y, acc);
+                    }
+                    st(p.c, at, cd, acc);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+}
+
+/// Its "device memory" is the host's (collectives work on it in place).
+impl HostMemory for SimtGpu {}
