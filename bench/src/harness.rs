@@ -714,8 +714,8 @@ fn execute(
                         peak_mem_bytes,
                         optimizer_bytes_per_rank,
                         hw_flops_per_sample,
-                        mem_split,
                         compile_s,
+                        mem_split,
                     ))
                 }
                 Ok(Event::Error { message, oom }) => {
