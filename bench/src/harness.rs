@@ -167,15 +167,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let mut batch_search = Vec::new();
     let mut search_failed = false;
     if let (Some(auto), false) = (&plan.auto_batch, interrupted) {
-        (interrupted, search_failed) = search_batches(
-            auto,
-            &plan,
-            args,
-            &mut results,
-            &mut steps,
-            &out,
-            &mut batch_search,
-        )?;
+        (interrupted, search_failed) =
+            search_batches(auto, &plan, args, &mut results, &mut steps, &out, &mut batch_search)?;
     }
     if interrupted {
         eprintln!(
