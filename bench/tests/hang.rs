@@ -23,13 +23,16 @@ fn workers_with(marker: &str) -> usize {
         .count()
 }
 
+/// results.csv as (header, rows).
+type Table = (Vec<String>, Vec<Vec<String>>);
+
 /// A 2-rank tiny-gpt2 run of every config in which rank 1 stops itself before step 2, with
-/// `deadlines` (flags); returns its exit code, its stderr and its results (header, rows).
+/// `deadlines` (flags); returns its exit code, its stderr and its results.
 fn run_with_rank_1_stopped(
     out: &Path,
     seed: &str,
     deadlines: &[&str],
-) -> (Option<i32>, String, (Vec<String>, Vec<Vec<String>>)) {
+) -> (Option<i32>, String, Table) {
     let configs = CONFIGS.join(",");
     let args = [
         &[
