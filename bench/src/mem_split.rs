@@ -12,10 +12,9 @@ pub const PLAN: &str = MemSplit::PLAN;
 pub const ANALYTIC: &str = MemSplit::ANALYTIC;
 
 /// B·T·V-sized fp32 tensors libtorch's cross-entropy holds at once: at its backward the
-/// log-probabilities it saved, their gradient and the logits' gradient. Measured on the CPU
-/// (torch 2.11) as the growth of the peak RSS over a cross-entropy forward and backward of
-/// 390 MiB logits: 2.0× after the forward (logits and log-probabilities), 3.0× after the
-/// backward (scripts/torch-ce-memory.py).
+/// log-probabilities it saved, their gradient and the logits' gradient
+/// (`scripts/torch-ce-memory.py` measures it; the figures: docs/measurements.md, "Memory
+/// split: torch's cross-entropy").
 pub const TORCH_CE_LOGITS_COPIES: u64 = 3;
 
 /// The engine's split as a worker reports it.
