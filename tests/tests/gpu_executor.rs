@@ -734,6 +734,75 @@ fn data_parallel_gpu_sessions_reproduce_one_rank() {
     data_parallel_case(2, Zero1, DType::BF16, 1e-3, (2.5e-3, 5e-2));
 }
 
+/// A hung peer on the SIMT device (issue 27): rank 1 of a DDP pair never reaches its first
+/// gradient all-reduce, so rank 0's never completes. The collective runs under the watchdog
+/// that waits for NCCL's on a GPU (`collective::watchdog::watch`, through
+/// `collective::on_device`): past the collective timeout it aborts the group, and rank 0's step
+/// fails naming the step, the rank and the collective, instead of waiting for ever. Rank 1,
+/// stepping afterwards, fails at its first collective: an aborted group runs none again.
+/// SIMT only (NCCL's own path is checked on a GPU by `nccl_on_one_gpu`).
+#[test]
+fn a_hung_peer_on_the_simt_device_is_aborted_by_the_watchdog_naming_step_rank_and_collective() {
+    use ortbench_engine::collective::LocalGroup;
+    use ortbench_engine::exec::gpu::session::RankLayout;
+    use ortbench_engine::parallel::Strategy;
+    use ortbench_models::graph::trainer::{EngineOptions, GpuEngineTrainer};
+    use std::time::{Duration, Instant};
+    if std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() == Ok("cuda") {
+        return;
+    }
+    let mut cfg = builtin_config("tiny-gpt2").unwrap();
+    if let ortbench_models::Family::Gpt2(c) = &mut cfg.family {
+        c.vocab_size = 999;
+    }
+    let (b, t, timeout) = (1, 8, Duration::from_secs(1));
+    let weights = Weights::init(&cfg, 3);
+    let opts = EngineOptions {
+        lr: 1e-3,
+        weight_decay: 0.01,
+        max_grad_norm: 1.0,
+        schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
+        precision: DType::F32,
+        seed: 7,
+    };
+    let batch = DataSource::synthetic(&cfg, 2 * b, t, 17).unwrap().batch(0);
+    let trainer = |rank| {
+        let layout = RankLayout { rank, world: 2, strategy: Strategy::Ddp };
+        let gpu = simt_gpu(32, Order::Forward);
+        let opts = opts.clone();
+        GpuEngineTrainer::ranked(&cfg, &weights, &GraphOptions::new(b, t), opts, gpu, layout)
+            .unwrap()
+    };
+    let (mut t0, mut t1) = (trainer(0), trainer(1));
+    let mut ranks = LocalGroup::new(2).into_iter();
+    let g0 = ranks.next().unwrap().with_collective_timeout(timeout);
+    let g1 = ranks.next().unwrap();
+    // Rank 0 on a thread of its own, so that a watchdog that fails to end the wait fails the
+    // test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let global = batch.clone();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let e = t0.step_ranked(&g0, &global).map(|_| ()).map_err(|e| e.to_string());
+        tx.send((e, start.elapsed())).unwrap();
+    });
+    let (e, took) = rx.recv_timeout(Duration::from_secs(120)).expect("rank 0 still waits");
+    let e = e.expect_err("rank 0's step completed without its peer");
+    println!("rank 0 after {:.2} s: {e}", took.as_secs_f64());
+    assert!(took >= timeout, "{took:?}");
+    for part in [
+        "engine step 0",
+        "rank 0 of 2",
+        "collective all_reduce did not complete within 1.0 s",
+        "aborted",
+    ] {
+        assert!(e.contains(part), "{part:?} not in {e:?}");
+    }
+    let late = t1.step_ranked(&g1, &batch).map(|_| ()).unwrap_err().to_string();
+    println!("rank 1 then: {late}");
+    assert!(late.contains("rank 1 of 2") && late.contains("the group was aborted"), "{late}");
+}
+
 /// On a GPU (scripts/gpu-validate): NCCL from the torch wheel on device buffers of the engine's
 /// CUDA device, a group of one (one GPU cannot host two NCCL ranks). Each in-place collective
 /// is then a copy or the identity, but the calls go through the real library on the engine's

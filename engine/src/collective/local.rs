@@ -6,15 +6,86 @@
 //! bit-identical results and runs are reproducible (as NCCL's ring is not, but as a
 //! correctness reference should be).
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use super::{check_chunks, chunk, Collective, CollectiveError, Element, ReduceOp};
+use super::tcp::DEFAULT_COLLECTIVE_TIMEOUT;
+use super::{check_chunks, chunk, Abortable, Collective, CollectiveError, Element, ReduceOp};
 
 struct Shared {
     world: usize,
-    barrier: Barrier,
+    gate: Gate,
     /// Per rank: (send address, send len, recv address, recv len) of the current collective.
     slots: Mutex<Vec<(usize, usize, usize, usize)>>,
+}
+
+/// std's `Barrier`, with an abort ([`Abortable::abort`]). Only the wait for every rank to
+/// *enter* a collective gives way to it: a peer that never comes (hung, stopped) is what a
+/// watchdog gives up on. Once every rank has entered, the phase barriers are always waited out:
+/// every rank in them has only memory work left before it arrives, and a rank must not return
+/// while another may still read or write its buffer.
+struct Gate {
+    world: usize,
+    state: Mutex<GateState>,
+    turn: Condvar,
+}
+
+struct GateState {
+    arrived: usize,
+    generation: u64,
+    aborted: bool,
+}
+
+/// Which of a collective's barriers a wait is (see [`Gate`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Entry,
+    Phase,
+}
+
+impl Gate {
+    fn new(world: usize) -> Self {
+        Gate {
+            world,
+            state: Mutex::new(GateState { arrived: 0, generation: 0, aborted: false }),
+            turn: Condvar::new(),
+        }
+    }
+
+    fn wait(&self, which: Wait, op: &'static str) -> Result<(), CollectiveError> {
+        let poisoned = |_| CollectiveError::Poisoned(op);
+        let mut s = self.state.lock().map_err(poisoned)?;
+        if which == Wait::Entry && s.aborted {
+            return Err(CollectiveError::Aborted(op));
+        }
+        let generation = s.generation;
+        s.arrived += 1;
+        if s.arrived == self.world {
+            s.arrived = 0;
+            s.generation += 1;
+            self.turn.notify_all();
+            return Ok(());
+        }
+        loop {
+            s = self.turn.wait(s).map_err(poisoned)?;
+            // A release wins over an abort that came after it (checked first).
+            if s.generation != generation {
+                return Ok(());
+            }
+            if which == Wait::Entry && s.aborted {
+                s.arrived -= 1;
+                return Err(CollectiveError::Aborted(op));
+            }
+        }
+    }
+
+    fn abort(&self) {
+        // A poisoned lock means a rank panicked holding it: the group is dead either way.
+        if let Ok(mut s) = self.state.lock() {
+            s.aborted = true;
+        }
+        self.turn.notify_all();
+    }
 }
 
 /// One rank of an in-process group. Make all ranks with [`LocalGroup::new`] and move one to
@@ -22,6 +93,8 @@ struct Shared {
 pub struct LocalGroup {
     rank: usize,
     shared: Arc<Shared>,
+    /// How long a watchdog lets one of this rank's collectives run ([`Abortable`]).
+    timeout: Duration,
 }
 
 impl LocalGroup {
@@ -30,10 +103,26 @@ impl LocalGroup {
         assert!(world > 0, "a group needs at least one rank");
         let shared = Arc::new(Shared {
             world,
-            barrier: Barrier::new(world),
+            gate: Gate::new(world),
             slots: Mutex::new(vec![(0, 0, 0, 0); world]),
         });
-        (0..world).map(|rank| LocalGroup { rank, shared: shared.clone() }).collect()
+        (0..world)
+            .map(|rank| LocalGroup {
+                rank,
+                shared: shared.clone(),
+                timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+            })
+            .collect()
+    }
+
+    /// Sets how long a watchdog waits for one of this rank's collectives before it aborts the
+    /// group ([`Abortable`]; the collectives themselves wait as long as it takes).
+    pub fn with_collective_timeout(self, timeout: Duration) -> Self {
+        LocalGroup { timeout, ..self }
+    }
+
+    fn phase(&self, op: &'static str) -> Result<(), CollectiveError> {
+        self.shared.gate.wait(Wait::Phase, op)
     }
 
     fn publish(
@@ -48,7 +137,7 @@ impl LocalGroup {
             let mut s = self.shared.slots.lock().map_err(|_| CollectiveError::Poisoned(op))?;
             s[self.rank] = (send, send_len, recv, recv_len);
         }
-        self.shared.barrier.wait();
+        self.shared.gate.wait(Wait::Entry, op)?;
         let s = self.shared.slots.lock().map_err(|_| CollectiveError::Poisoned(op))?.clone();
         Ok(s)
     }
@@ -64,7 +153,7 @@ impl LocalGroup {
             if pick(s) != expected {
                 // Every rank sees the same slots, so every rank returns this error; the
                 // trailing barrier keeps the group in step.
-                self.shared.barrier.wait();
+                self.phase(op)?;
                 return Err(CollectiveError::Size { op, rank, expected, got: pick(s) });
             }
         }
@@ -85,7 +174,7 @@ impl LocalGroup {
         self.check_equal(&slots, |s| s.3, k, op)?;
         if let Err(e) = check_chunks(op, self.rank, len, k, self.shared.world) {
             // Same len and k everywhere (checked): every rank fails here, in step.
-            self.shared.barrier.wait();
+            self.phase(op)?;
             return Err(e);
         }
         Ok(slots)
@@ -128,14 +217,14 @@ impl Collective for LocalGroup {
         let mine: Vec<T> = (lo..hi)
             .map(|i| reduce(slots.iter().map(|s| unsafe { *(s.0 as *const T).add(i) }), op, n))
             .collect();
-        self.shared.barrier.wait();
+        self.phase("all_reduce")?;
         // ...then writes it into every rank's buffer (chunks are disjoint across ranks).
         for s in &slots {
             // SAFETY: only rank r writes chunk r of any buffer, and nobody reads in this phase.
             let dst = unsafe { std::slice::from_raw_parts_mut((s.0 as *mut T).add(lo), hi - lo) };
             dst.copy_from_slice(&mine);
         }
-        self.shared.barrier.wait();
+        self.phase("all_reduce")?;
         Ok(())
     }
 
@@ -161,7 +250,7 @@ impl Collective for LocalGroup {
             // SAFETY: every send buffer has N·k elements (checked) and is only read here.
             *out = reduce(slots.iter().map(|s| unsafe { *(s.0 as *const T).add(base + j) }), op, n);
         }
-        self.shared.barrier.wait();
+        self.phase("reduce_scatter")?;
         Ok(())
     }
 
@@ -183,7 +272,7 @@ impl Collective for LocalGroup {
             let src = unsafe { std::slice::from_raw_parts(s.0 as *const T, k) };
             recv[r * k..(r + 1) * k].copy_from_slice(src);
         }
-        self.shared.barrier.wait();
+        self.phase("all_gather")?;
         Ok(())
     }
 
@@ -206,7 +295,7 @@ impl Collective for LocalGroup {
                 *base.add(j) = reduce(slots.iter().map(|s| *(s.0 as *const T).add(j)), op, n)
             };
         }
-        self.shared.barrier.wait();
+        self.phase("reduce_scatter_in_place")?;
         Ok(())
     }
 
@@ -230,7 +319,7 @@ impl Collective for LocalGroup {
                 )
             };
         }
-        self.shared.barrier.wait();
+        self.phase("all_gather_in_place")?;
         Ok(())
     }
 
@@ -248,13 +337,21 @@ impl Collective for LocalGroup {
             let src = unsafe { std::slice::from_raw_parts(slots[root].0 as *const T, len) };
             buf.copy_from_slice(src);
         }
-        self.shared.barrier.wait();
+        self.phase("broadcast")?;
         Ok(())
     }
 
     fn barrier(&self) -> Result<(), CollectiveError> {
-        self.shared.barrier.wait();
-        Ok(())
+        self.shared.gate.wait(Wait::Entry, "barrier")
+    }
+}
+
+impl Abortable for LocalGroup {
+    fn collective_timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn abort(&self) {
+        self.shared.gate.abort();
     }
 }
 
@@ -429,6 +526,28 @@ mod tests {
                 assert!(h.iter().all(|x| x.to_f32() == 0.5 * world as f32));
             }
         }
+    }
+
+    /// A rank waiting for a peer that never enters the collective is released by an abort
+    /// from another thread (the watchdog's); afterwards no collective runs on the group, on
+    /// any rank.
+    #[test]
+    fn an_abort_releases_a_rank_waiting_for_a_peer_that_never_comes() {
+        let mut ranks = LocalGroup::new(2).into_iter();
+        let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
+        // Not a scoped thread: an abort that fails to release it fails the test, not hangs it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let e = r0.all_reduce(&mut [1.0f32; 3], ReduceOp::Sum);
+            tx.send((e, r0.barrier())).unwrap();
+        });
+        let wait = std::time::Duration::from_millis(50);
+        assert!(rx.recv_timeout(wait).is_err(), "returned without its peer");
+        r1.abort();
+        let (e, later) = rx.recv_timeout(wait * 100).expect("still waiting after the abort");
+        assert_eq!(e, Err(CollectiveError::Aborted("all_reduce")));
+        assert_eq!(later, Err(CollectiveError::Aborted("barrier")));
+        assert_eq!(r1.all_reduce(&mut [1.0f32; 3], ReduceOp::Sum), e);
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub enum CollectiveError {
     Root { root: usize, world: usize },
     #[error("{0}: a rank of the group failed or left")]
     Poisoned(&'static str),
+    /// The group was aborted ([`Abortable::abort`]): no collective runs on it again.
+    #[error("{0}: the group was aborted after a collective timed out")]
+    Aborted(&'static str),
     #[error("collective transport: {0}")]
     Io(String),
     #[error("rank 0 reports: {0}")]
@@ -175,6 +178,16 @@ pub trait Collective: Send {
     fn barrier(&self) -> Result<(), CollectiveError>;
 }
 
+/// A host transport that a watchdog on another thread can stop ([`watchdog`]; what
+/// `ncclCommAbort` is to NCCL): the collectives blocked waiting for a peer, and every later one,
+/// fail with [`CollectiveError::Aborted`].
+pub trait Abortable: Collective + Sync {
+    /// How long the watchdog lets one of this rank's collectives run (`--collective-timeout-s`).
+    fn collective_timeout(&self) -> std::time::Duration;
+    /// Ends the group for good.
+    fn abort(&self);
+}
+
 /// Chunk `rank` of a flat buffer of `len` elements cut into chunks of `k` (the in-place
 /// collectives' layout): `rank·k .. (rank+1)·k`, clipped to the stored `len` elements.
 pub fn chunk(len: usize, k: usize, rank: usize) -> std::ops::Range<usize> {
@@ -297,5 +310,14 @@ impl Collective for AnyGroup {
     }
     fn barrier(&self) -> Result<(), CollectiveError> {
         any_group!(self, g => g.barrier())
+    }
+}
+
+impl Abortable for AnyGroup {
+    fn collective_timeout(&self) -> std::time::Duration {
+        any_group!(self, g => g.collective_timeout())
+    }
+    fn abort(&self) {
+        any_group!(self, g => g.abort())
     }
 }

@@ -18,10 +18,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{check_chunks, chunk, Collective, CollectiveError, Element, ReduceOp};
+use super::{check_chunks, chunk, Abortable, Collective, CollectiveError, Element, ReduceOp};
 
 /// How long a rank waits for the others to connect (they load the model first).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -78,6 +79,10 @@ pub struct TcpGroup {
     peers: Mutex<Vec<TcpStream>>,
     /// The read and write deadline of every socket operation inside a collective.
     timeout: Duration,
+    /// Handles on the same sockets outside the lock a running collective holds, so that
+    /// [`Abortable::abort`] can shut them down under it.
+    shutters: Vec<TcpStream>,
+    aborted: AtomicBool,
 }
 
 fn io(what: &str) -> impl Fn(std::io::Error) -> CollectiveError + '_ {
@@ -123,13 +128,41 @@ const OK: u8 = 0;
 const ERR: u8 = 1;
 
 impl TcpGroup {
+    fn new(
+        rank: usize,
+        world: usize,
+        peers: Vec<TcpStream>,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let shutters = peers.iter().map(TcpStream::try_clone).collect::<Result<_, _>>();
+        Ok(TcpGroup {
+            rank,
+            world,
+            peers: Mutex::new(peers),
+            timeout,
+            shutters: shutters.map_err(io("socket"))?,
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    /// The peers' streams for one collective (`op`), unless the group was aborted.
+    fn lock_peers(
+        &self,
+        op: &'static str,
+    ) -> Result<std::sync::MutexGuard<'_, Vec<TcpStream>>, CollectiveError> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(CollectiveError::Aborted(op));
+        }
+        self.peers.lock().map_err(|_| CollectiveError::Poisoned(op))
+    }
+
     /// Sets how long a collective waits for a peer (read or write) before it fails with
     /// [`CollectiveError::Timeout`] naming that peer.
     pub fn with_collective_timeout(self, timeout: Duration) -> Result<Self, CollectiveError> {
         if timeout.is_zero() {
             return Err(CollectiveError::Env("the collective timeout must be positive".into()));
         }
-        for s in self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?.iter() {
+        for s in self.lock_peers("collective")?.iter() {
             s.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
             s.set_write_timeout(Some(timeout)).map_err(io("socket"))?;
         }
@@ -199,7 +232,7 @@ impl TcpGroup {
         stream.set_read_timeout(Some(timeout)).map_err(io("socket"))?;
         send_msg(&mut stream, 0, rank as u64, &(world as u64).to_le_bytes())
             .map_err(io("handshake"))?;
-        Ok(TcpGroup { rank, world, peers: Mutex::new(vec![stream]), timeout })
+        TcpGroup::new(rank, world, vec![stream], timeout)
     }
 
     /// Rank 0 of a group whose other ranks connect to `listener`.
@@ -243,12 +276,8 @@ impl TcpGroup {
                 Err(e) => return Err(CollectiveError::Io(format!("rank 0: accept: {e}"))),
             }
         }
-        Ok(TcpGroup {
-            rank: 0,
-            world,
-            peers: Mutex::new(slots.into_iter().map(|s| s.expect("all connected")).collect()),
-            timeout,
-        })
+        let peers = slots.into_iter().map(|s| s.expect("all connected")).collect();
+        TcpGroup::new(0, world, peers, timeout)
     }
 
     /// The generic exchange: every rank sends (code, its buffer) to rank 0; rank 0 validates
@@ -261,7 +290,7 @@ impl TcpGroup {
         output: &mut [T],
         answer: impl Fn(&[Vec<T>], usize, &mut [T]),
     ) -> Result<(), CollectiveError> {
-        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        let mut peers = self.lock_peers("collective")?;
         let want = expect_len.unwrap_or(input.len());
         let inputs = self.collect(&mut peers, code, input, |_| want)?;
         let out_len = output.len();
@@ -359,7 +388,7 @@ impl TcpGroup {
         op: ReduceOp,
         part: impl Fn(usize) -> std::ops::Range<usize>,
     ) -> Result<(), CollectiveError> {
-        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        let mut peers = self.lock_peers("collective")?;
         let len = buf.len();
         if self.rank != 0 {
             let s = &mut peers[0];
@@ -586,7 +615,7 @@ impl Collective for TcpGroup {
     ) -> Result<(), CollectiveError> {
         let (len, world) = (buf.len(), self.world);
         check_chunks("all_gather_in_place", self.rank, len, k, world)?;
-        let mut peers = self.peers.lock().map_err(|_| CollectiveError::Poisoned("collective"))?;
+        let mut peers = self.lock_peers("collective")?;
         let code = OpCode::AllGatherInPlace;
         // Each rank sends only its chunk and receives the whole buffer in place. Rank 0 reads
         // each chunk straight into its place in its own buffer, which then is the answer: no
@@ -630,6 +659,20 @@ impl Collective for TcpGroup {
     fn barrier(&self) -> Result<(), CollectiveError> {
         let mut none: [u8; 0] = [];
         self.exchange(OpCode::Barrier, &[] as &[u8], Some(0), &mut none, |_, _, _| {})
+    }
+}
+
+impl Abortable for TcpGroup {
+    fn collective_timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// Shuts the sockets down: a read or write blocked on them returns at once, and the peers'
+    /// reads see the connection end (they fail naming this rank rather than wait out theirs).
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        for s in &self.shutters {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -822,6 +865,33 @@ mod tests {
             let msg = e.to_string();
             assert!(msg.contains(&format!("rank {silent} silent for 0.3 s")), "{msg}");
         }
+    }
+
+    /// An abort from another thread (the watchdog's) ends a collective blocked on a silent
+    /// peer at once, long before the socket deadline, and every later collective.
+    #[test]
+    fn an_abort_ends_a_collective_blocked_on_a_silent_peer_and_all_later_ones() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let quiet = std::thread::spawn(move || {
+            let g = TcpGroup::connect(1, 2, &addr, Duration::from_secs(10)).unwrap();
+            done_rx.recv().unwrap();
+            drop(g);
+        });
+        let g = std::sync::Arc::new(TcpGroup::root(listener, 2, Duration::from_secs(60)).unwrap());
+        // Not a scoped thread: an abort that fails to release it fails the test, not hangs it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let blocked = g.clone();
+        std::thread::spawn(move || tx.send(blocked.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum)));
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "returned without rank 1");
+        g.abort();
+        // Well before the 60 s socket deadline.
+        let e = rx.recv_timeout(Duration::from_secs(10)).expect("still blocked").unwrap_err();
+        assert!(e.to_string().contains("rank 1"), "{e}");
+        assert_eq!(g.barrier().unwrap_err(), CollectiveError::Aborted("collective"));
+        done_tx.send(()).unwrap();
+        quiet.join().unwrap();
     }
 
     #[test]
