@@ -5,6 +5,7 @@
 //! loss scaling for fp16).
 
 mod autocast;
+pub(crate) mod heads;
 pub(crate) mod layers;
 mod optim;
 mod trainer;

@@ -235,10 +235,8 @@ impl FamilyModel for Gpt2Config {
         vars: &crate::torch::Vars,
     ) -> Box<dyn crate::torch::TorchLoss> {
         match cfg.arch.head() {
-            Head::CausalLm => Box::new(torch::Gpt2LMHeadModel::new(self, cfg, vars)),
-            Head::SequenceClassification => {
-                Box::new(torch::Gpt2ForSequenceClassification::new(self, cfg, vars))
-            }
+            Head::CausalLm => torch::causal_lm(self, cfg, vars),
+            Head::SequenceClassification => torch::classifier(self, cfg, vars),
             Head::MaskedLm | Head::TokenClassification => {
                 unreachable!("GPT-2 lists no {} head", cfg.arch.head().task_name())
             }

@@ -3,11 +3,9 @@
 use tch::{Kind, Tensor};
 
 use super::{Gpt2Config, INFO};
-use crate::config::{Activation, ModelConfig, ProblemType};
-use crate::torch::layers::{
-    activation, causal_lm_loss, classification_loss, last_token, padding_mask, sdpa, Conv1D,
-    LayerNorm,
-};
+use crate::config::{Activation, ModelConfig};
+use crate::torch::heads::{CausalLm, Decoder, LastTokenClassifier};
+use crate::torch::layers::{activation, padding_mask, sdpa, Conv1D, LayerNorm};
 use crate::torch::{TorchLoss, Vars};
 
 /// GPT2Block: ln_1 → GPT2Attention → residual, ln_2 → GPT2MLP → residual.
@@ -80,7 +78,9 @@ impl Gpt2Model {
             embd_pdrop: c.embd_pdrop,
         }
     }
+}
 
+impl Decoder for Gpt2Model {
     // input_ids: (B, T), attention_mask: (B, T) 0/1 -> (B, T, C)
     fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
         let (_, t) = input_ids.size2().expect("(B, T) ids");
@@ -96,73 +96,13 @@ impl Gpt2Model {
     }
 }
 
-/// GPT2LMHeadModel: GPT2Model and an lm_head tied to wte.
-pub struct Gpt2LMHeadModel {
-    transformer: Gpt2Model,
-    lm_head: Tensor,
+/// GPT2LMHeadModel: lm_head tied to wte unless the config unties it (`crate::torch::heads`).
+pub(super) fn causal_lm(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Box<dyn TorchLoss> {
+    let head = if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head };
+    Box::new(CausalLm::new(Gpt2Model::new(c, cfg, v), v, head))
 }
 
-impl Gpt2LMHeadModel {
-    pub(super) fn new(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Self {
-        let lm_head =
-            v.get(if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head });
-        Gpt2LMHeadModel { transformer: Gpt2Model::new(c, cfg, v), lm_head }
-    }
-}
-
-impl TorchLoss for Gpt2LMHeadModel {
-    // input_ids: (B, T), attention_mask: (B, T) 0/1, labels: (B·T,) -> scalar
-    fn loss(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        labels: &Tensor,
-        _targets: Option<&Tensor>,
-        train: bool,
-    ) -> Tensor {
-        let (b, t) = input_ids.size2().expect("(B, T) ids");
-        let x = self.transformer.forward(input_ids, attention_mask, train);
-        // lm_head: nn.Linear(bias=False) whose weight is wte.
-        let logits = x.linear::<Tensor>(&self.lm_head, None);
-        // HF 5.x's ForCausalLMLoss: shift the labels, not the logits.
-        causal_lm_loss(&logits, &labels.view([b, t]))
-    }
-}
-
-/// GPT2ForSequenceClassification: GPT2Model, score (no bias) over every position, the logits of
-/// each row's last token that is not pad_token_id (HF: argmax of position·[id ≠ pad]; the last
-/// position without a pad token), HF's loss for the problem type.
-pub struct Gpt2ForSequenceClassification {
-    transformer: Gpt2Model,
-    score: Tensor,
-    pad_token_id: Option<i64>,
-    problem: ProblemType,
-}
-
-impl Gpt2ForSequenceClassification {
-    pub(super) fn new(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Self {
-        Gpt2ForSequenceClassification {
-            transformer: Gpt2Model::new(c, cfg, v),
-            score: v.get("score.weight"),
-            pad_token_id: c.pad_token_id,
-            problem: cfg.problem_type().expect("checked when the config was parsed"),
-        }
-    }
-}
-
-impl TorchLoss for Gpt2ForSequenceClassification {
-    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
-    fn loss(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        labels: &Tensor,
-        targets: Option<&Tensor>,
-        train: bool,
-    ) -> Tensor {
-        let h = self.transformer.forward(input_ids, attention_mask, train);
-        let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
-        let pooled = last_token(&logits, input_ids, self.pad_token_id); // (B, L)
-        classification_loss(&pooled, labels, targets, self.problem)
-    }
+/// GPT2ForSequenceClassification (`crate::torch::heads`).
+pub(super) fn classifier(c: &Gpt2Config, cfg: &ModelConfig, v: &Vars) -> Box<dyn TorchLoss> {
+    Box::new(LastTokenClassifier::new(Gpt2Model::new(c, cfg, v), cfg, v, c.pad_token_id))
 }

@@ -652,10 +652,8 @@ impl FamilyModel for LlamaConfig {
         vars: &crate::torch::Vars,
     ) -> Box<dyn crate::torch::TorchLoss> {
         match cfg.arch.head() {
-            Head::CausalLm => Box::new(torch::LlamaForCausalLM::new(self, cfg, vars)),
-            Head::SequenceClassification => {
-                Box::new(torch::LlamaForSequenceClassification::new(self, cfg, vars))
-            }
+            Head::CausalLm => torch::causal_lm(self, vars),
+            Head::SequenceClassification => torch::classifier(self, cfg, vars),
             Head::MaskedLm | Head::TokenClassification => {
                 unreachable!(
                     "{} lists no {} head",

@@ -5,8 +5,9 @@
 use tch::{Kind, Tensor};
 
 use super::{LayerType, LlamaConfig, RopeScaling, EMBED};
-use crate::config::{ModelConfig, ProblemType};
-use crate::torch::layers::{causal_lm_loss, classification_loss, last_token, padding_mask};
+use crate::config::ModelConfig;
+use crate::torch::heads::{CausalLm, Decoder, LastTokenClassifier};
+use crate::torch::layers::padding_mask;
 use crate::torch::{TorchLoss, Vars};
 
 /// nn.Linear with an optional bias.
@@ -225,7 +226,9 @@ impl LlamaModel {
             config: c.clone(),
         }
     }
+}
 
+impl Decoder for LlamaModel {
     // input_ids: (B, T), attention_mask: (B, T) 0/1 -> (B, T, C)
     fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
         let c = &self.config;
@@ -268,68 +271,14 @@ impl LlamaModel {
     }
 }
 
-/// LlamaForCausalLM (and Mistral/Qwen2/Qwen3's): LlamaModel, lm_head (no bias, tied to
-/// embed_tokens when `tie_word_embeddings`), ForCausalLMLoss.
-pub struct LlamaForCausalLM {
-    model: LlamaModel,
-    lm_head: Tensor,
+/// LlamaForCausalLM, and Mistral/Qwen2/Qwen3's: lm_head tied to embed_tokens when
+/// `tie_word_embeddings` (`crate::torch::heads`).
+pub(super) fn causal_lm(c: &LlamaConfig, v: &Vars) -> Box<dyn TorchLoss> {
+    let head = if c.tie_word_embeddings { EMBED } else { "lm_head.weight" };
+    Box::new(CausalLm::new(LlamaModel::new(c, v), v, head))
 }
 
-impl LlamaForCausalLM {
-    pub(super) fn new(c: &LlamaConfig, _cfg: &ModelConfig, v: &Vars) -> Self {
-        let lm_head = v.get(if c.tie_word_embeddings { EMBED } else { "lm_head.weight" });
-        LlamaForCausalLM { model: LlamaModel::new(c, v), lm_head }
-    }
-}
-
-impl TorchLoss for LlamaForCausalLM {
-    fn loss(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        labels: &Tensor,
-        _targets: Option<&Tensor>,
-        train: bool,
-    ) -> Tensor {
-        let (b, t) = input_ids.size2().expect("(B, T) ids");
-        let x = self.model.forward(input_ids, attention_mask, train);
-        let logits = x.linear::<Tensor>(&self.lm_head, None);
-        causal_lm_loss(&logits, &labels.view([b, t]))
-    }
-}
-
-/// GenericForSequenceClassification: LlamaModel, score (no bias) over every position, the
-/// logits of each row's last token that is not pad_token_id (the last position without one).
-pub struct LlamaForSequenceClassification {
-    model: LlamaModel,
-    score: Tensor,
-    pad_token_id: Option<i64>,
-    problem: ProblemType,
-}
-
-impl LlamaForSequenceClassification {
-    pub(super) fn new(c: &LlamaConfig, cfg: &ModelConfig, v: &Vars) -> Self {
-        LlamaForSequenceClassification {
-            model: LlamaModel::new(c, v),
-            score: v.get("score.weight"),
-            pad_token_id: c.pad_token_id,
-            problem: cfg.problem_type().expect("checked when the config was parsed"),
-        }
-    }
-}
-
-impl TorchLoss for LlamaForSequenceClassification {
-    fn loss(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        labels: &Tensor,
-        targets: Option<&Tensor>,
-        train: bool,
-    ) -> Tensor {
-        let h = self.model.forward(input_ids, attention_mask, train);
-        let logits = h.linear::<Tensor>(&self.score, None); // (B, T, L)
-        let pooled = last_token(&logits, input_ids, self.pad_token_id);
-        classification_loss(&pooled, labels, targets, self.problem)
-    }
+/// LlamaForSequenceClassification, and Mistral/Qwen2/Qwen3's (`crate::torch::heads`).
+pub(super) fn classifier(c: &LlamaConfig, cfg: &ModelConfig, v: &Vars) -> Box<dyn TorchLoss> {
+    Box::new(LastTokenClassifier::new(LlamaModel::new(c, v), cfg, v, c.pad_token_id))
 }
