@@ -747,7 +747,7 @@ impl Resolver<'_> {
 
     /// A plain row-major GEMM C (m, n) = op(A)·op(B) over dense operands of storage `ab`, C in
     /// f32 (the linear cross-entropy's: logits, dx rows and dw, accumulated in f32); with
-    /// `accumulate`, C += the product.
+    /// `accumulate`, C += the product. A one-matrix plan through [`Resolver::gemm_at`].
     fn gemm2(
         &mut self,
         ab: DType,
@@ -757,30 +757,16 @@ impl Resolver<'_> {
         (a, b, c): (u64, u64, u64),
         accumulate: bool,
     ) -> Call {
-        self.flops += 2.0 * (m * n * k) as f64;
-        let dtype = match ab {
-            DType::F32 => GemmDtype::F32 { tf32: false },
-            DType::F16 => GemmDtype::F16,
-            DType::BF16 => GemmDtype::BF16,
-        };
-        let shape = GemmShape {
-            dtype,
-            ta,
-            tb,
-            m: m as u64,
-            n: n as u64,
-            k: k as u64,
-            lda: lda as i64,
-            ldb: ldb as i64,
-            ldc: ldc as i64,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            epilogue: if accumulate { Epilogue::Accumulate } else { Epilogue::None },
-            c_f32: ab != DType::F32,
-        };
-        Call::Gemm(shape, GemmPtrs { a, b, c, bias: 0, aux: 0 })
+        let plan = MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs: vec![(0, 0, 0)] };
+        // One matrix is evenly strided, and (ab, ab) into f32 is a supported mix.
+        let no = |why: &str| -> PlanError { unreachable!("a dense {ab:?} GEMM into f32{why}") };
+        match self.gemm_at(&plan, (ab, ab, DType::F32), (a, b, c), &no) {
+            Ok(Call::Gemm(shape, ptrs)) if accumulate => {
+                Call::Gemm(GemmShape { epilogue: Epilogue::Accumulate, ..shape }, ptrs)
+            }
+            Ok(call) => call,
+            Err(e) => unreachable!("{e}"),
+        }
     }
 
     /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
