@@ -28,13 +28,11 @@ use crate::ops::OpError;
 /// The most rows one chunk holds (its row indices live on the stack).
 pub const MAX_CHUNK: usize = 1024;
 
-/// Rows per chunk for a vocabulary of `v` on `threads`: the logits chunk near 64 MiB — small
-/// next to the (R, V) buffer it replaces (0.82 GB for gpt2 at b8×s512), large enough that the
-/// dw GEMM's K (the chunk's rows) keeps re-reading dw (V, C) once per chunk a small part of
-/// that GEMM's time —, at least 8 rows per thread so the row pass splits, a multiple of 8, at
-/// most [`MAX_CHUNK`].
+/// Rows per chunk for a vocabulary of `v` on `threads`: the logits chunk near
+/// [`crate::ops::linear_cross_entropy::CHUNK_LOGITS_BYTES`], at least 8 rows per thread so the
+/// row pass splits, a multiple of 8, at most [`MAX_CHUNK`].
 pub fn chunk_rows(v: usize, threads: usize) -> usize {
-    let by_bytes = (64 << 20) / (4 * v.max(1));
+    let by_bytes = crate::ops::linear_cross_entropy::rows_in_chunk_bytes(v);
     by_bytes.max(8 * threads.max(1)).next_multiple_of(8).min(MAX_CHUNK)
 }
 
