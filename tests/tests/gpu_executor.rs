@@ -588,6 +588,30 @@ fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
     assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
 }
 
+/// The data-parallel cases' model and training options in `dtype`: tiny-gpt2 without dropout
+/// (the same masks on one rank and on N ranks need none: a rank's rows sit elsewhere in its
+/// tensors, so their counter-based masks differ) and with 999 tokens (Ψ = 168 128, a multiple
+/// of 2·16 but not of 3·16, the shard alignment, so the ZeRO-1 buffers of 3 ranks carry
+/// padding); clipping at 0.5.
+fn ranks_case(
+    dtype: DType,
+) -> (ortbench_models::ModelConfig, ortbench_models::graph::trainer::EngineOptions) {
+    let mut cfg = builtin_config("tiny-gpt2").unwrap();
+    cfg.set_dropout(0.0);
+    if let ortbench_models::Family::Gpt2(c) = &mut cfg.family {
+        c.vocab_size = 999;
+    }
+    let opts = ortbench_models::graph::trainer::EngineOptions {
+        lr: 1e-3,
+        weight_decay: 0.01,
+        max_grad_norm: 0.5,
+        schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
+        precision: dtype,
+        seed: 7,
+    };
+    (cfg, opts)
+}
+
 /// Data parallelism on the GPU session: `world` ranks as threads, each its own SIMT device,
 /// joined by a LocalGroup through `DeviceCollective` (what NCCL does on GPUs: in place on the
 /// device's flat buffers), against one rank on the global batch, 2 steps with clipping on (the
@@ -604,27 +628,11 @@ fn data_parallel_case(
     param: (f32, f64),
 ) {
     use ortbench_engine::exec::gpu::session::RankLayout;
-    use ortbench_models::graph::trainer::{EngineOptions, GpuEngineTrainer};
+    use ortbench_models::graph::trainer::GpuEngineTrainer;
     let t0 = std::time::Instant::now();
-    let mut cfg = builtin_config("tiny-gpt2").unwrap();
-    // The same masks on one rank and on N ranks need no dropout (a rank's rows sit elsewhere
-    // in its tensors, so their counter-based masks differ).
-    cfg.set_dropout(0.0);
-    // 999 tokens: Ψ = 168 128, a multiple of 2·16 but not of 3·16 (the shard alignment), so the
-    // ZeRO-1 buffers of 3 ranks carry padding.
-    if let ortbench_models::Family::Gpt2(c) = &mut cfg.family {
-        c.vocab_size = 999;
-    }
+    let (cfg, opts) = ranks_case(dtype);
     let (b, t, steps) = (1, 8, 2);
     let weights = Weights::init(&cfg, 3);
-    let opts = EngineOptions {
-        lr: 1e-3,
-        weight_decay: 0.01,
-        max_grad_norm: 0.5,
-        schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
-        precision: dtype,
-        seed: 7,
-    };
     let data = DataSource::synthetic(&cfg, b * world, t, 17).unwrap();
     let batches: Vec<_> = (0..steps)
         .map(|i| {
@@ -746,25 +754,14 @@ fn a_hung_peer_on_the_simt_device_is_aborted_by_the_watchdog_naming_step_rank_an
     use ortbench_engine::collective::LocalGroup;
     use ortbench_engine::exec::gpu::session::RankLayout;
     use ortbench_engine::parallel::Strategy;
-    use ortbench_models::graph::trainer::{EngineOptions, GpuEngineTrainer};
+    use ortbench_models::graph::trainer::GpuEngineTrainer;
     use std::time::{Duration, Instant};
     if std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() == Ok("cuda") {
         return;
     }
-    let mut cfg = builtin_config("tiny-gpt2").unwrap();
-    if let ortbench_models::Family::Gpt2(c) = &mut cfg.family {
-        c.vocab_size = 999;
-    }
+    let (cfg, opts) = ranks_case(DType::F32);
     let (b, t, timeout) = (1, 8, Duration::from_secs(1));
     let weights = Weights::init(&cfg, 3);
-    let opts = EngineOptions {
-        lr: 1e-3,
-        weight_decay: 0.01,
-        max_grad_norm: 1.0,
-        schedule: ortbench_models::LrSchedule::Constant { warmup_steps: 0 },
-        precision: DType::F32,
-        seed: 7,
-    };
     let batch = DataSource::synthetic(&cfg, 2 * b, t, 17).unwrap().batch(0);
     let trainer = |rank| {
         let layout = RankLayout { rank, world: 2, strategy: Strategy::Ddp };
