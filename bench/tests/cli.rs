@@ -1,30 +1,16 @@
 //! `ortbench run` end to end through the real binary: outputs, and bad input.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
+use std::process::Output;
 
-fn ortbench(args: &[&str]) -> std::process::Output {
-    // The CPU peak is given, not measured, to keep these tests quick (e2e.rs measures it).
-    Command::new(env!("CARGO_BIN_EXE_ortbench"))
-        .args(args)
-        .env("ORTBENCH_CPU_PEAK_GFLOPS", "100")
-        .env_remove("ORTBENCH_FAULT")
-        .output()
-        .expect("run ortbench")
-}
+use common::{col, read_csv};
 
-fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut r = csv::Reader::from_path(path).unwrap();
-    let header = r.headers().unwrap().iter().map(String::from).collect();
-    let rows = r.records().map(|rec| rec.unwrap().iter().map(String::from).collect()).collect();
-    (header, rows)
-}
-
-fn col(header: &[String], name: &str) -> usize {
-    header
-        .iter()
-        .position(|h| h == name)
-        .unwrap_or_else(|| panic!("no column {name} in {header:?}"))
+/// ortbench with `args`, the CPU peak given, not measured, to keep these tests quick (e2e.rs
+/// measures it).
+fn ortbench(args: &[&str]) -> Output {
+    common::ortbench(args, &[], false)
 }
 
 #[test]
@@ -450,8 +436,9 @@ fn a_parquet_text_dataset_runs_through_the_harness() {
     let pq = dir.path().join("train.parquet");
     ParquetWriter::new(std::fs::File::create(&pq).unwrap()).finish(&mut df).unwrap();
     let out = dir.path().join("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
-        .args([
+    let cache = dir.path().to_str().unwrap();
+    let o = common::ortbench(
+        &[
             "run",
             "--models",
             src.join("tiny-bert-sentiment").to_str().unwrap(),
@@ -475,10 +462,10 @@ fn a_parquet_text_dataset_runs_through_the_harness() {
             "0",
             "--out",
             out.to_str().unwrap(),
-        ])
-        .env("ORTBENCH_CACHE_DIR", dir.path())
-        .output()
-        .unwrap();
+        ],
+        &[("ORTBENCH_CACHE_DIR", cache)],
+        false,
+    );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(stderr.contains("tokenised into"), "{stderr}");
