@@ -11,17 +11,13 @@
 
 use super::{OpError, Real};
 
-/// What a backend's chunk of rows is sized by: its f32 logits (chunk, V) near 64 MiB — small
-/// next to the (R, V) logits it replaces (0.82 GB for gpt2 at b8×s512 in f32, 3.3 GB at
-/// b16×s1024), large enough that the dw GEMM's K (the chunk's rows) keeps the re-reads of dw
-/// (V, C), once per chunk, a small part of that GEMM's time, and that a GPU's SMs fill. Each
-/// backend rounds the row count its own way (`backend::cpu::kernels::linear_cross_entropy::
-/// chunk_rows`, `exec::gpu::support::lce_chunk_rows`).
-pub const CHUNK_LOGITS_BYTES: usize = 64 << 20;
-
-/// Rows of a vocabulary of `v` whose f32 logits fill [`CHUNK_LOGITS_BYTES`].
-pub fn rows_in_chunk_bytes(v: usize) -> usize {
-    CHUNK_LOGITS_BYTES / (4 * v.max(1))
+/// Rows of a vocabulary of `v` whose f32 logits fill `bytes`: what a backend sizes its chunk of
+/// rows by, to its own target (`backend::cpu::kernels::linear_cross_entropy::CHUNK_LOGITS_BYTES`,
+/// `exec::gpu::support::LCE_CHUNK_BYTES`) — small next to the (R, V) logits it replaces (0.82 GB
+/// for gpt2 at b8×s512 in f32, 3.3 GB at b16×s1024), large enough that the dw GEMM's K (the
+/// chunk's rows) keeps its re-reads of dw (V, C), once per chunk, a small part of its time.
+pub fn rows_of_logits(bytes: usize, v: usize) -> usize {
+    bytes / (4 * v.max(1))
 }
 
 /// Where the gradients go: dx (R, C), dw (V, C), dbias (V) when there is a bias.

@@ -130,12 +130,16 @@ impl GpuSupport {
     }
 }
 
+/// Target size of the linear cross-entropy's f32 logits chunk on the GPU: 64 MiB, with enough
+/// rows (320 at V = 50257) that the chunk's GEMMs and its one-block-per-row pass fill a GPU's
+/// SMs. Not measured on a GPU yet (the CPU's kernel measured larger chunks faster:
+/// `backend::cpu::kernels::linear_cross_entropy::CHUNK_LOGITS_BYTES`).
+pub const LCE_CHUNK_BYTES: usize = 64 << 20;
+
 /// Rows per linear cross-entropy chunk over a vocabulary of `v` and `rows` rows: the logits
-/// chunk near [`crate::ops::linear_cross_entropy::CHUNK_LOGITS_BYTES`] (320 rows at
-/// V = 50257: the chunk's GEMMs and its one-block-per-row pass fill a GPU's SMs), a multiple
-/// of 64 rows (at least 64), at most `rows`.
+/// chunk near [`LCE_CHUNK_BYTES`], a multiple of 64 rows (at least 64), at most `rows`.
 pub fn lce_chunk_rows(v: usize, rows: usize) -> usize {
-    let by_bytes = crate::ops::linear_cross_entropy::rows_in_chunk_bytes(v) / 64 * 64;
+    let by_bytes = crate::ops::linear_cross_entropy::rows_of_logits(LCE_CHUNK_BYTES, v) / 64 * 64;
     by_bytes.max(64).min(rows.max(1))
 }
 

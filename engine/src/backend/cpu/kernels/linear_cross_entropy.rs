@@ -11,8 +11,8 @@
 //! `fuse_linear_cross_entropy_backward` makes it give the loss too). Rows whose label is the
 //! ignore index are never gathered (a masked LM's 85 %): dx is zero there.
 //!
-//! Chunks are `chunk_rows(V, threads)` rows: about 64 MiB of logits, at least 8 rows per
-//! thread, at most [`MAX_CHUNK`]. Per-row losses are summed in row order, so the loss does not
+//! Chunks are `chunk_rows(V, threads)` rows: about [`CHUNK_LOGITS_BYTES`] of logits, at least
+//! 8 rows per thread, at most [`MAX_CHUNK`]. Per-row losses are summed in row order, so the loss does not
 //! depend on the thread count; dw and dbias add chunk after chunk in row order too.
 //!
 //! References: `ops::linear_cross_entropy` (tested against); Liger-Kernel's
@@ -28,11 +28,18 @@ use crate::ops::OpError;
 /// The most rows one chunk holds (its row indices live on the stack).
 pub const MAX_CHUNK: usize = 1024;
 
+/// The f32 logits of one chunk: 128 MiB (672 rows at gpt2's vocabulary). Each chunk's dw GEMM
+/// re-reads and re-writes dw (V, C), and a small K runs that GEMM below its peak, so the fused
+/// kernel's time falls towards the unfused kernels' as chunks grow; past this size little is
+/// left to gain for the memory (`bench_lm_head` at several sizes: docs/measurements.md,
+/// "Fused LM head").
+pub const CHUNK_LOGITS_BYTES: usize = 128 << 20;
+
 /// Rows per chunk for a vocabulary of `v` on `threads`: the logits chunk near
-/// [`crate::ops::linear_cross_entropy::CHUNK_LOGITS_BYTES`], at least 8 rows per thread so the
-/// row pass splits, a multiple of 8, at most [`MAX_CHUNK`].
+/// [`CHUNK_LOGITS_BYTES`], at least 8 rows per thread so the row pass splits, a multiple of 8,
+/// at most [`MAX_CHUNK`].
 pub fn chunk_rows(v: usize, threads: usize) -> usize {
-    let by_bytes = crate::ops::linear_cross_entropy::rows_in_chunk_bytes(v);
+    let by_bytes = crate::ops::linear_cross_entropy::rows_of_logits(CHUNK_LOGITS_BYTES, v);
     by_bytes.max(8 * threads.max(1)).next_multiple_of(8).min(MAX_CHUNK)
 }
 
@@ -368,9 +375,9 @@ mod tests {
     }
 
     #[test]
-    fn chunks_hold_about_64_mib_of_logits() {
-        assert_eq!(chunk_rows(50257, 2), 336);
-        assert_eq!(chunk_rows(49152, 16), 344);
+    fn chunks_hold_about_128_mib_of_logits() {
+        assert_eq!(chunk_rows(50257, 2), 672);
+        assert_eq!(chunk_rows(49152, 16), 688);
         assert_eq!(chunk_rows(8, 2), MAX_CHUNK);
         assert_eq!(chunk_rows(1 << 24, 4), 32);
     }
