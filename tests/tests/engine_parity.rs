@@ -367,8 +367,9 @@ fn tiny_gpt2_training_curve_matches_torch() {
 }
 
 /// `base` (an LM) at gpt2's vocabulary, its head tied to the embedding or not. At 50 257
-/// tokens the fused head's chunk is `chunk_rows(50257, threads)` rows (336 on 2 to 32
-/// threads), so an 8 × 64 batch with every row labelled takes two chunks, the second partial.
+/// tokens the fused head's chunk is `chunk_rows(50257, threads)` rows (672 on 2 to 84
+/// threads), so a 16 × 64 batch with every unpadded row labelled takes two chunks, the second
+/// partial (asserted below).
 fn lm_at_gpt2_vocab(base: &str, tied: bool) -> ModelConfig {
     let mut raw = builtin_config(base).unwrap().raw;
     raw["vocab_size"] = serde_json::json!(50257);
@@ -389,7 +390,7 @@ fn fused_lm_heads_tied_and_untied_planned_engine_match_torch() {
             let cfg = lm_at_gpt2_vocab(base, tied);
             let densities: &[bool] = if base == "tiny-bert" { &[false, true] } else { &[true] };
             for &dense in densities {
-                let raw = DataSource::synthetic(&cfg, 8, 64, 21).unwrap().batch(0);
+                let raw = DataSource::synthetic(&cfg, 16, 64, 21).unwrap().batch(0);
                 let mut batch = padded(raw.clone(), if base == "tiny-bert" { 0 } else { 999 });
                 let mask = batch.attention_mask.clone().unwrap();
                 for (i, l) in batch.labels.iter_mut().enumerate() {
@@ -399,7 +400,17 @@ fn fused_lm_heads_tied_and_untied_planned_engine_match_torch() {
                         (_, false) => *l,
                     };
                 }
-                let opts = GraphOptions::new(8, 64).with_attention_mask(true);
+                if dense {
+                    use ortbench_engine::backend::cpu::{kernels::linear_cross_entropy, pool};
+                    let labelled = batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+                    let chunk =
+                        linear_cross_entropy::chunk_rows(50257, pool::Pool::global().threads());
+                    assert!(
+                        labelled > chunk && labelled < 2 * chunk,
+                        "{labelled} rows, chunk {chunk}"
+                    );
+                }
+                let opts = GraphOptions::new(16, 64).with_attention_mask(true);
                 let counts = ortbench_engine::passes::op_counts(
                     &build_training_graph(&cfg, &opts).unwrap().graph,
                 );
