@@ -12,17 +12,6 @@ use common::*;
 
 const CONFIGS: [&str; 3] = ["pytorch", "ort", "ort-zero1"];
 
-/// Worker processes whose command line carries `marker` (the run's unique seed), stopped ones
-/// included.
-fn workers_with(marker: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(" worker ") && c.contains(marker))
-        .count()
-}
-
 /// results.csv as (header, rows).
 type Table = (Vec<String>, Vec<Vec<String>>);
 

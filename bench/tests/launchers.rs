@@ -13,46 +13,6 @@ use std::process::{Command, Output};
 
 use common::*;
 
-/// What a launcher's ranks must reproduce: the per-step losses of a one-rank tiny-gpt2 `ort`
-/// run of 4 rows, and the spec of the same run as 2 ranks of 2 rows (what a launcher hands
-/// each worker).
-fn one_rank(dir: &Path) -> (Vec<f64>, serde_json::Value) {
-    let out = dir.join("one");
-    let mut args = vec!["run", "--models", "tiny-gpt2", "--configs", "ort", "--out"];
-    args.push(out.to_str().unwrap());
-    args.extend([
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-        "--dropout",
-        "0",
-        "--repeat",
-        "1",
-        "--parity-steps",
-        "0",
-    ]);
-    let o = ortbench(&args, &[], false);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let (h, rows) = read_csv(&out.join("steps.csv"));
-    let mut steps: Vec<(usize, f64)> = rows
-        .iter()
-        .filter(|r| r[col(&h, "phase")] == "timed")
-        .map(|r| (r[col(&h, "step")].parse().unwrap(), r[col(&h, "loss")].parse().unwrap()))
-        .collect();
-    steps.sort_by_key(|s| s.0);
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
-    let mut spec = meta["runs"][0].clone();
-    spec["ranks"] = 2.into();
-    spec["batch_size"] = 2.into();
-    (steps.into_iter().map(|s| s.1).collect(), spec)
-}
-
 /// A shell command for a launcher to start on every rank: the worker, its stdout to
 /// `<prefix>.<rank>` by the launcher's own rank variable (so ranks' lines never interleave).
 fn worker_to_file(spec: &serde_json::Value, prefix: &Path, rank_var: &str) -> Vec<String> {
@@ -117,7 +77,7 @@ fn two_ranks_under_mpirun_reproduce_one_rank() {
         "mpirun not found: install Open MPI (scripts/setup-mpi: apt-get install openmpi-bin)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (want, spec) = one_rank(dir.path());
+    let (want, spec) = one_rank_reference(dir.path());
     let prefix = dir.path().join("mpirun.out");
     // As a cluster would run it, on loopback: MASTER_ADDR/MASTER_PORT exported to every rank
     // (-x), root allowed (CI runs as root), more ranks than cores allowed.
@@ -150,7 +110,7 @@ fn two_ranks_under_mpirun_reproduce_one_rank() {
 #[test]
 fn two_ranks_with_the_variables_srun_sets_reproduce_one_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let (want, spec) = one_rank(dir.path());
+    let (want, spec) = one_rank_reference(dir.path());
     let prefix = dir.path().join("srun.out");
     // No MASTER_ADDR: rank 0's host is SLURM_JOB_NODELIST's first (localhost). The port is
     // given, as a test that runs beside others cannot take the fixed default.
@@ -168,7 +128,7 @@ fn two_ranks_with_the_variables_srun_sets_reproduce_one_rank() {
 #[test]
 fn launchers_that_place_the_rank_differently_are_refused_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, spec) = one_rank(dir.path());
+    let (_, spec) = one_rank_reference(dir.path());
     // A wrapper under `srun -n 2` that exported RANK=1 to task 0. (Were it not refused, it
     // would wait for a rank 0 that never comes: ended after a minute.)
     let port = free_port();

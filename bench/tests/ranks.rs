@@ -11,22 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Per-step rank-0 losses of `config` in a finished run.
-fn losses(out: &Path, config: &str) -> Vec<f64> {
-    let (h, rows) = read_csv(&out.join("steps.csv"));
-    let mut v: Vec<(usize, f64)> = rows
-        .iter()
-        .filter(|r| {
-            r[col(&h, "config")] == config
-                && r[col(&h, "rank")] == "0"
-                && r[col(&h, "phase")] == "timed"
-        })
-        .map(|r| (r[col(&h, "step")].parse().unwrap(), r[col(&h, "loss")].parse().unwrap()))
-        .collect();
-    v.sort_by_key(|x| x.0);
-    v.into_iter().map(|x| x.1).collect()
-}
-
 fn run(out: &Path, ranks: usize, global: usize, extra: &[&str]) {
     let (r, b) = (ranks.to_string(), (global / ranks).to_string());
     let mut args: Vec<&str> = vec![
@@ -104,49 +88,11 @@ fn threads_still_run_ranks_when_asked() {
     }
 }
 
-/// The spec a finished run gave its first worker, as JSON.
-fn spec_of(out: &Path) -> serde_json::Value {
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
-    meta["runs"][0].clone()
-}
-
 #[test]
 fn workers_started_by_hand_with_launcher_variables_join() {
     let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    let o = ortbench(
-        &[
-            "run",
-            "--models",
-            "tiny-gpt2",
-            "--configs",
-            "ort",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--dropout",
-            "0",
-            "--repeat",
-            "1",
-            "--parity-steps",
-            "0",
-            "--out",
-            one.to_str().unwrap(),
-        ],
-        &[],
-        false,
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
     // The same run as two ranks of 2 rows, started the way torchrun starts a script.
-    let mut spec = spec_of(&one);
-    spec["ranks"] = 2.into();
-    spec["batch_size"] = 2.into();
+    let (want, spec) = one_rank_reference(dir.path());
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let children: Vec<_> = (0..2)
         .map(|r| {
@@ -166,7 +112,6 @@ fn workers_started_by_hand_with_launcher_variables_join() {
         })
         .collect();
     let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
-    let want = losses(&one, "ort");
     for (r, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {r}: {}", stderr(o));
         let events: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
@@ -187,16 +132,6 @@ fn workers_started_by_hand_with_launcher_variables_join() {
             assert!(((x - y) / x).abs() <= 1e-5, "rank {r} step {s}: {y} vs one rank {x}");
         }
     }
-}
-
-/// Worker processes whose command line carries `marker` (the run's unique seed).
-fn workers_with(marker: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(" worker ") && c.contains(marker))
-        .count()
 }
 
 #[test]

@@ -74,3 +74,54 @@ pub const QUICK: &[&str] = &[
     "--parity-steps",
     "0",
 ];
+
+/// A run's per-step losses of `config` on rank 0 (timed steps, in step order).
+pub fn losses(out: &Path, config: &str) -> Vec<f64> {
+    let (h, rows) = read_csv(&out.join("steps.csv"));
+    let mut v: Vec<(usize, f64)> = rows
+        .iter()
+        .filter(|r| {
+            r[col(&h, "config")] == config
+                && r[col(&h, "rank")] == "0"
+                && r[col(&h, "phase")] == "timed"
+        })
+        .map(|r| (r[col(&h, "step")].parse().unwrap(), r[col(&h, "loss")].parse().unwrap()))
+        .collect();
+    v.sort_by_key(|x| x.0);
+    v.into_iter().map(|x| x.1).collect()
+}
+
+/// The spec a finished run gave its first worker, as JSON.
+pub fn spec_of(out: &Path) -> serde_json::Value {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    meta["runs"][0].clone()
+}
+
+/// What ranks started by a launcher must reproduce: the per-step losses of a one-rank
+/// tiny-gpt2 `ort` run of 4 rows (3 steps, dropout 0) in `dir`/one, and the spec of the same run
+/// as 2 ranks of 2 rows (what a launcher hands each worker).
+pub fn one_rank_reference(dir: &Path) -> (Vec<f64>, serde_json::Value) {
+    let out = dir.join("one");
+    let mut args = vec!["run", "--models", "tiny-gpt2", "--configs", "ort", "--out"];
+    args.push(out.to_str().unwrap());
+    args.extend(["--steps", "3", "--warmup", "1", "--batch-size", "4", "--seq-len", "16"]);
+    args.extend(["--dropout", "0", "--repeat", "1", "--parity-steps", "0"]);
+    let o = ortbench(&args, &[], false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut spec = spec_of(&out);
+    spec["ranks"] = 2.into();
+    spec["batch_size"] = 2.into();
+    (losses(&out, "ort"), spec)
+}
+
+/// Worker processes whose command line carries `marker` (the run's unique seed), stopped ones
+/// included.
+pub fn workers_with(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(" worker ") && c.contains(marker))
+        .count()
+}
