@@ -42,6 +42,7 @@ compiles the forward and backward graphs there) — or an `error`. Everything el
 import argparse
 import csv
 import json
+import math
 import os
 import resource
 import statistics
@@ -296,9 +297,19 @@ def main():
     print(json.dumps(result))
 
 
+def finite_or_name(v):
+    # JSON has no NaN or infinity (json.dumps would write the non-JSON tokens NaN/Infinity): an
+    # overflowed step's loss is written "NaN", "inf" or "-inf", as bench/src/worker.rs's
+    # maybe_finite reads it.
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if v != v else ("inf" if v > 0 else "-inf")
+    return v
+
+
 def emit(event):
     # One JSON object a line on stdout, as the Rust workers write them (bench/src/worker.rs).
-    sys.stdout.write(json.dumps(event) + "\n")
+    event = {k: finite_or_name(v) for k, v in event.items()}
+    sys.stdout.write(json.dumps(event, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

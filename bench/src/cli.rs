@@ -191,9 +191,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub diverge_tol: Option<f64>,
     /// A first look in a few minutes on the CPU: what is not given defaults to the pytorch and
-    /// ort configs, batch 4 × seq 64, 6 steps (1 warm-up) × 2 repeats and a 3-step parity
-    /// probe. It trades precision for time: two short repeats give wide intervals, and a
-    /// small batch weighs each step's fixed costs more than a training batch does.
+    /// ort configs, batch 4 × seq 64, 6 steps (1 warm-up) × 3 repeats (the fewest that give a
+    /// speedup interval) and a 3-step parity probe. It trades precision for time: three short
+    /// repeats give wide intervals, and a small batch weighs each step's fixed costs more than
+    /// a training batch does.
     #[arg(long)]
     pub quick: bool,
 }
@@ -212,7 +213,7 @@ impl RunArgs {
             a.steps = a.steps.or(Some(6));
             a.warmup = a.warmup.or(Some(1));
             a.batch_size = a.batch_size.or(Some("4".into()));
-            a.repeat = a.repeat.or(Some(2));
+            a.repeat = a.repeat.or(Some(3));
             if a.data.is_none() && a.dataset.is_none() {
                 a.seq_len = a.seq_len.or(Some(64));
             }

@@ -6,10 +6,16 @@
 //!
 //! - **cores**: the threads the runs may use (`available_parallelism`, which honours affinity
 //!   and cgroup quotas). SMT siblings count as cores, which can only raise the peak.
-//! - **clock**: the larger of the nominal clock (`/proc/cpuinfo`'s "cpu MHz", or the "@ X GHz"
-//!   of the model name) and the clock measured by timing a chain of dependent integer adds
-//!   (one per cycle on every x86 core since the P6). The measurement sees turbo clocks that
-//!   `cpu MHz` inside a VM does not; the larger of the two is the upper bound.
+//! - **clock**: the largest of the nominal clock (`/proc/cpuinfo`'s "cpu MHz", or the "@ X GHz"
+//!   of the model name), cpufreq's maximum (`cpuinfo_max_freq` / `scaling_max_freq`, where the
+//!   machine exposes them) and the clock measured by timing a chain of dependent 64-bit `imul`s
+//!   (3 cycles each on every x86 core since Nehalem and Zen, Agner Fog's tables). A chain of
+//!   `add reg, 1` no longer serves: Golden Cove and later Intel cores (Sapphire Rapids) fold
+//!   such adds at register rename, several per cycle, and it read 19.3 GHz on a 2.6 GHz Xeon;
+//!   a multiply is no rename-time operation. The measurement sees turbo clocks that `cpu MHz`
+//!   inside a VM does not. A measured clock outside 0.5–6.5 GHz, or more than 10 % above
+//!   cpufreq's maximum, is discarded — never used — with the reason in run.json
+//!   (`clock_rejected`).
 //! - **fp32 FMA lanes per cycle** (per core), from the ISA and vendor: 2 FMA pipes × 16 lanes
 //!   with AVX-512 on Intel and on AMD family 0x1A (Zen 5), 2 × 8 with AVX-512 on AMD family
 //!   0x19 (Zen 4 executes 512-bit FMAs as two 256-bit halves), 2 × 8 with AVX2 + FMA, 2 × 4
@@ -26,8 +32,12 @@ use serde::Serialize;
 pub struct CpuPeak {
     pub cores: usize,
     pub nominal_ghz: Option<f64>,
+    /// cpufreq's maximum clock, where the machine exposes it.
+    pub cpufreq_max_ghz: Option<f64>,
     pub measured_ghz: Option<f64>,
-    /// The clock used: the larger of the two.
+    /// Why the measured clock was discarded, if it was ([`choose_clock`]).
+    pub clock_rejected: Option<String>,
+    /// The clock used: the largest of the accepted ones.
     pub ghz: f64,
     pub fma_lanes_per_cycle: usize,
     pub isa: String,
@@ -82,22 +92,61 @@ pub fn nominal_ghz(cpuinfo: &str) -> Option<f64> {
     }
 }
 
-/// The core clock in GHz, measured by timing dependent integer adds (best of several
-/// 20-ms trials: interruptions only ever make a trial slower).
+/// cpufreq's maximum clock of cpu0 in GHz (`cpuinfo_max_freq`, else `scaling_max_freq`, in
+/// kHz), where the machine exposes it (VMs often do not).
+pub fn cpufreq_max_ghz() -> Option<f64> {
+    ["cpuinfo_max_freq", "scaling_max_freq"].iter().find_map(|f| {
+        let p = format!("/sys/devices/system/cpu/cpu0/cpufreq/{f}");
+        let khz: f64 = std::fs::read_to_string(p).ok()?.trim().parse().ok()?;
+        (khz > 0.0).then_some(khz / 1e6)
+    })
+}
+
+/// The clocks a measurement must fall within to be believed, GHz.
+pub const PLAUSIBLE_GHZ: (f64, f64) = (0.5, 6.5);
+
+/// The clock of the peak formula: the largest of the nominal clock, cpufreq's maximum and the
+/// measured clock — the latter only when plausible (within [`PLAUSIBLE_GHZ`] and at most 10 %
+/// above cpufreq's maximum, where known). Returns the clock and, when the measurement was
+/// discarded, why.
+pub fn choose_clock(
+    nominal: Option<f64>,
+    cpufreq_max: Option<f64>,
+    measured: Option<f64>,
+) -> (f64, Option<String>) {
+    let (lo, hi) = PLAUSIBLE_GHZ;
+    let rejected = measured.and_then(|m| {
+        if !(lo..=hi).contains(&m) {
+            Some(format!("measured {m:.2} GHz is outside {lo}–{hi} GHz: a clock no core runs at (a chain the core shortcut?)"))
+        } else {
+            cpufreq_max.filter(|&max| m > 1.1 * max).map(|max| {
+                format!("measured {m:.2} GHz is more than 10 % above cpufreq's maximum {max:.2} GHz")
+            })
+        }
+    });
+    let accepted = measured.filter(|_| rejected.is_none());
+    let ghz = [nominal, cpufreq_max, accepted].into_iter().flatten().fold(0.0, f64::max);
+    (ghz, rejected)
+}
+
+/// The core clock in GHz, measured by timing a chain of dependent 64-bit multiplies, 3 cycles
+/// each (module comment); best of several ~20-ms trials: interruptions only ever make a trial
+/// slower.
 #[cfg(target_arch = "x86_64")]
 pub fn measure_ghz() -> Option<f64> {
-    const ITERS: u64 = 4_000_000; // × 8 adds ≈ 32 M cycles ≈ 10–20 ms
+    const ITERS: u64 = 1_000_000; // × 8 imuls × 3 cycles ≈ 24 M cycles ≈ 10–20 ms
+    const CYCLES_PER_IMUL: f64 = 3.0;
     let mut best = f64::MAX;
     for _ in 0..7 {
         let t0 = std::time::Instant::now();
-        let mut x: u64 = 0;
+        let mut x: u64 = 3;
         let mut n = ITERS;
         // SAFETY: register-only arithmetic; no memory is touched.
         unsafe {
             std::arch::asm!(
                 "2:",
-                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
+                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
                 "dec {n}",
                 "jnz 2b",
                 x = inout(reg) x,
@@ -108,7 +157,7 @@ pub fn measure_ghz() -> Option<f64> {
         std::hint::black_box((x, n));
         best = best.min(t0.elapsed().as_secs_f64());
     }
-    (best > 0.0).then(|| 8.0 * ITERS as f64 / best / 1e9)
+    (best > 0.0).then(|| 8.0 * CYCLES_PER_IMUL * ITERS as f64 / best / 1e9)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -133,21 +182,27 @@ pub fn cpu_peak(cores: usize) -> CpuPeak {
     let flags: Vec<&str> = flags_line.split_whitespace().collect();
     let (lanes, isa) = fma_lanes(&vendor, family, &flags);
     let nominal = nominal_ghz(&cpuinfo);
+    let cpufreq_max = cpufreq_max_ghz();
     let measured = measure_ghz();
-    let ghz = nominal.unwrap_or(0.0).max(measured.unwrap_or(0.0));
+    let (ghz, clock_rejected) = choose_clock(nominal, cpufreq_max, measured);
     let fp32 = peak_tflops(cores, ghz, lanes);
     let bf16 = if flags.contains(&"avx512_bf16") { 2.0 * fp32 } else { fp32 };
     let fp16 = if flags.contains(&"avx512_fp16") { 2.0 * fp32 } else { fp32 };
+    let g = |v: Option<f64>| v.map_or("?".into(), |g| format!("{g:.2}"));
     let formula = format!(
-        "{cores} cores × {ghz:.2} GHz (max of nominal {} and measured {}) × {lanes} fp32 FMA lanes/cycle ({isa}) × 2 FLOP = {:.3} TFLOP/s fp32",
-        nominal.map_or("?".into(), |g| format!("{g:.2}")),
-        measured.map_or("?".into(), |g| format!("{g:.2}")),
+        "{cores} cores × {ghz:.2} GHz (max of nominal {}, cpufreq max {} and measured {}{}) × {lanes} fp32 FMA lanes/cycle ({isa}) × 2 FLOP = {:.3} TFLOP/s fp32",
+        g(nominal),
+        g(cpufreq_max),
+        g(measured),
+        if clock_rejected.is_some() { ", discarded" } else { "" },
         fp32
     );
     CpuPeak {
         cores,
         nominal_ghz: nominal,
+        cpufreq_max_ghz: cpufreq_max,
         measured_ghz: measured,
+        clock_rejected,
         ghz,
         fma_lanes_per_cycle: lanes,
         isa,
@@ -237,6 +292,37 @@ mod tests {
         assert_eq!(fma_lanes("AuthenticAMD", 0x17, &["avx2", "fma"]).0, 16);
         // 2 Sapphire Rapids cores at 3.0 GHz: 2 × 3 × 32 × 2 = 384 GFLOP/s.
         assert!((peak_tflops(2, 3.0, 32) - 0.384).abs() < 1e-12);
+    }
+
+    /// A fooled measurement (the 19.33 GHz a chain of adds read on a Sapphire Rapids Xeon) is
+    /// discarded with its reason, and the peak uses the nominal clock; so is one above cpufreq's
+    /// maximum; a plausible one above the nominal clock (turbo in a VM) is used.
+    #[test]
+    fn a_fooled_clock_measurement_is_rejected_and_never_used() {
+        let (ghz, why) = choose_clock(Some(2.6), None, Some(19.33));
+        assert_eq!(ghz, 2.6);
+        assert!(why.unwrap().contains("outside 0.5–6.5 GHz"));
+        let (ghz, why) = choose_clock(Some(2.0), Some(3.8), Some(4.5));
+        assert_eq!(ghz, 3.8);
+        assert!(why.unwrap().contains("above cpufreq's maximum 3.80"));
+        assert_eq!(choose_clock(Some(2.0), None, Some(3.4)), (3.4, None));
+        assert_eq!(choose_clock(Some(2.6), Some(3.5), Some(0.2)).0, 3.5);
+        assert_eq!(choose_clock(None, None, None).0, 0.0);
+    }
+
+    /// On this machine, whatever its CPU: the clock used is one the checks accept.
+    #[test]
+    fn this_machines_clock_is_plausible() {
+        let p = cpu_peak(1);
+        println!(
+            "{}{}",
+            p.formula,
+            p.clock_rejected.as_deref().map_or(String::new(), |w| format!(" ({w})"))
+        );
+        assert!(p.ghz <= PLAUSIBLE_GHZ.1, "{}", p.formula);
+        if let Some(m) = p.measured_ghz.filter(|_| p.clock_rejected.is_none()) {
+            assert!(m >= PLAUSIBLE_GHZ.0 && m <= PLAUSIBLE_GHZ.1, "{}", p.formula);
+        }
     }
 
     #[test]

@@ -471,6 +471,16 @@ fn describe_peak(p: &DevicePeak) -> String {
     )
 }
 
+/// SIGKILL to a worker's process group (it leads one: `process_group(0)` at spawn), so that
+/// its own children — inductor's compile subprocesses — do not outlive it; the worker itself
+/// too, should the group be gone.
+fn kill_group(child: &mut std::process::Child) {
+    // SAFETY: signalling the group this worker leads; the child is not reaped yet, so its pid
+    // (the group's id) is still ours.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    let _ = child.kill();
+}
+
 /// Why the harness killed a worker.
 #[derive(Clone, Copy, PartialEq)]
 enum Kill {
@@ -558,6 +568,9 @@ fn execute(
             }
         };
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Its own process group, so that a kill reaches what the worker started too
+        // (inductor's compile workers under torch-compile): see kill_group.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         // The harness is its workers' launcher: none inherits the variables of whatever started
         // `ortbench run` (an sbatch step's SLURM_PROCID, torchrun's or mpirun's rank), which
         // place the harness, not them (launch_env).
@@ -576,7 +589,7 @@ fn execute(
             Ok(c) => c,
             Err(e) => {
                 for p in &mut procs {
-                    let _ = p.child.kill();
+                    kill_group(&mut p.child);
                     let _ = p.child.wait();
                 }
                 return Err(e).context("cannot start a worker process");
@@ -654,7 +667,7 @@ fn execute(
             for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
                 // SIGKILL (which also ends a stopped process); the child is not reaped yet
                 // (wait4 above), so its pid is still ours.
-                let _ = p.child.kill();
+                kill_group(&mut p.child);
             }
         }
         Ok(())
@@ -791,7 +804,12 @@ fn execute(
             // The split of the rank with that peak (its parts are that rank's).
             row.set_mem_split(sums.iter().max_by_key(|s| s.1).and_then(|s| s.5.as_ref()));
             row.optimizer_bytes_per_rank = sums.iter().map(|s| s.2).max();
-            ("ok", String::new())
+            // Ended well, but did it train? Mostly skipped steps or a non-finite final loss
+            // is no `ok` run.
+            match crate::metrics::step_status(&steps, spec.warmup) {
+                Some(why) => ("diverged", why),
+                None => ("ok", String::new()),
+            }
         }
         None => {
             // The rank that failed first is the cause; the others failed because it did.

@@ -22,14 +22,44 @@ pub struct StepStats {
     pub total_ms: f64,
 }
 
-/// Step times of one run per step (the slowest rank), for steps ≥ `warmup`.
+/// Step times of one run per step (the slowest rank), for steps ≥ `warmup` that were not
+/// skipped: a skipped (overflowed) step's optimizer update did not run, so its time is not a
+/// training step's.
 pub fn step_times(steps: &[StepRow], warmup: usize) -> Vec<f64> {
     let mut per_step: BTreeMap<usize, f64> = BTreeMap::new();
-    for s in steps.iter().filter(|s| s.step >= warmup) {
+    for s in steps.iter().filter(|s| s.step >= warmup && !s.skipped) {
         let e = per_step.entry(s.step).or_insert(0.0);
         *e = e.max(s.step_ms);
     }
     per_step.into_values().collect()
+}
+
+/// How a run whose worker ended well trained, from its rank-0 steps: `diverged` with the count
+/// when more than half of its timed steps (≥ `warmup`) were skipped (their gradients overflowed:
+/// the loss scale halved each time) or when its final loss is not finite; None when it trained.
+pub fn step_status(steps: &[StepRow], warmup: usize) -> Option<String> {
+    let rank0: Vec<&StepRow> = steps.iter().filter(|s| s.rank == 0).collect();
+    let timed: Vec<&&StepRow> = rank0.iter().filter(|s| s.step >= warmup).collect();
+    let skipped = timed.iter().filter(|s| s.skipped).count();
+    let scales =
+        |v: &[&&StepRow]| v.first().zip(v.last()).map(|(a, b)| (a.loss_scale, b.loss_scale));
+    if !timed.is_empty() && 2 * skipped > timed.len() {
+        let (from, to) = scales(&timed).unwrap();
+        return Some(format!(
+            "{skipped} of {} timed steps skipped (non-finite gradients; loss scale {from} → {to})",
+            timed.len()
+        ));
+    }
+    let last = rank0.last()?;
+    (!last.loss.is_finite()).then(|| {
+        let all = rank0.iter().filter(|s| s.skipped).count();
+        format!(
+            "final loss {} at step {} ({all} of {} steps skipped)",
+            last.loss,
+            last.step,
+            rank0.len()
+        )
+    })
 }
 
 pub fn step_stats(times_ms: &[f64]) -> Option<StepStats> {
@@ -293,17 +323,25 @@ pub fn compare_with_baseline(results: &mut [ResultRow], steps: &[StepRow], tol: 
         row.parity_tol = (row.max_loss_rel_diff.is_some()
             || row.grad_norm_rel_diff_step0.is_some())
         .then_some(tol);
-        if row.status == "ok" || row.status == "diverged" {
+        // The probe's skipped steps (overflowed gradients) must be pytorch's.
+        let skips = |r: &ResultRow| parity_curve(steps, r, |s| s.skipped as u8 as f64);
+        let skip_differs = base.and_then(|b| {
+            let (a, o) = (skips(b), skips(row));
+            a.iter().find(|(k, v)| o.get(k).is_some_and(|w| w != *v)).map(|(k, _)| k.1)
+        });
+        if row.status == "ok" || row.status == "diverged" && row.error.starts_with("parity probe") {
             let over = |d: Option<f64>| d.is_some_and(|d| d > tol || d.is_nan());
             let diverged = over(row.max_loss_rel_diff) || over(row.grad_norm_rel_diff_step0);
-            row.status = if diverged { "diverged" } else { "ok" }.into();
-            if diverged {
+            row.status = if diverged || skip_differs.is_some() { "diverged" } else { "ok" }.into();
+            if let Some(step) = skip_differs {
+                row.error = format!("parity probe: step {step} was skipped (overflow) by one of this config and pytorch only");
+            } else if diverged {
                 row.error = format!(
                     "parity probe: loss differs from pytorch's by {} and the first step's gradient norm by {} (relative) > tolerance {tol:.1e}",
                     crate::report::table::rel(row.max_loss_rel_diff),
                     crate::report::table::rel(row.grad_norm_rel_diff_step0),
                 );
-            } else if row.error.starts_with("parity probe: loss differs") {
+            } else if row.error.starts_with("parity probe: ") {
                 row.error.clear();
             }
         }
@@ -339,11 +377,20 @@ fn speedup_over(
     if base.config != "pytorch" {
         seed = base.config.bytes().fold(seed, |h, c| h.wrapping_mul(31).wrapping_add(c as u64));
     }
+    let enough = |r: &[Vec<f64>]| r.iter().filter(|r| !r.is_empty()).count() >= MIN_INTERVAL_RUNS;
+    if !(enough(&b_runs) && enough(&runs)) {
+        return (Some(x), None, None, None);
+    }
     match speedup_interval(&b_runs, &runs, BOOTSTRAP_RESAMPLES, seed) {
         Some((lo, hi)) => (Some(x), Some(lo), Some(hi), Some(!(lo <= 1.0 && 1.0 <= hi))),
         None => (Some(x), None, None, None),
     }
 }
+
+/// Timed runs each side needs for a speedup interval: the bootstrap resamples runs first, and
+/// two runs have three distinct resamples — no 95 % interval. Fewer give the ratio alone (the
+/// table says `n<3`).
+pub const MIN_INTERVAL_RUNS: usize = 3;
 
 /// Each timed run's measured step times (slowest rank per step, steps ≥ the row's warm-up).
 pub fn timed_runs(steps: &[StepRow], run: &ResultRow) -> Vec<Vec<f64>> {
@@ -388,7 +435,8 @@ pub fn max_rel_diff(
     let mut max: Option<f64> = None;
     for (k, a) in base {
         let Some(b) = other.get(k) else { continue };
-        let d = if a == b {
+        let d = if a == b || !a.is_finite() && !b.is_finite() {
+            // Equal, or both not finite (both overflowed at this step: compared as skipped).
             0.0
         } else if !a.is_finite() || !b.is_finite() {
             f64::NAN
@@ -590,6 +638,87 @@ mod tests {
         let drift = vec![vec![20.0; 5], vec![20.0; 5], vec![26.0; 5]];
         let (lo, hi) = speedup_interval(&base, &drift, BOOTSTRAP_RESAMPLES, 1).unwrap();
         assert!(lo < 1.2 && hi >= 1.5, "{lo} {hi}");
+    }
+
+    /// Two runs a side give the ratio without an interval (the bootstrap over two runs has
+    /// three distinct top-level resamples); three give one.
+    #[test]
+    fn fewer_than_three_runs_give_no_interval() {
+        for (runs, interval) in [(1, false), (2, false), (3, true)] {
+            let mut steps = Vec::new();
+            for r in 0..runs {
+                steps.extend(timed("pytorch", r, &[30.0, 31.0, 29.0, 30.5, 29.5]));
+                steps.extend(timed("ort", r, &[20.0, 20.5, 19.5, 20.2, 19.8]));
+            }
+            let mut results = vec![row("pytorch"), row("ort")];
+            compare_with_baseline(&mut results, &steps, None);
+            let ort = &results[1];
+            assert!((ort.speedup.unwrap() - 1.5).abs() < 1e-12, "{runs} runs");
+            assert_eq!(ort.speedup_lo.is_some(), interval, "{runs} runs: {:?}", ort.speedup_lo);
+            assert_eq!(ort.speedup_hi.is_some(), interval, "{runs} runs");
+            assert_eq!(ort.speedup_significant.is_some(), interval, "{runs} runs");
+        }
+    }
+
+    /// Mostly skipped steps, or a non-finite final loss, make a finished run `diverged`; a
+    /// skipped step's time is left out of the step times.
+    #[test]
+    fn a_run_of_skipped_steps_is_not_ok_and_its_skipped_steps_are_not_timed() {
+        let run = |skips: &[bool], last_loss: f64| -> Vec<StepRow> {
+            let n = skips.len();
+            skips
+                .iter()
+                .enumerate()
+                .map(|(k, &sk)| {
+                    let loss = if sk {
+                        f64::NAN
+                    } else if k + 1 == n {
+                        last_loss
+                    } else {
+                        2.0
+                    };
+                    StepRow {
+                        skipped: sk,
+                        loss_scale: 65536.0 / 2f64.powi(k as i32),
+                        ..step("ort", 0, k, loss, if sk { 5.0 } else { 10.0 })
+                    }
+                })
+                .collect()
+        };
+        let most = run(&[false, true, true, true, true, true, true, true], 2.0);
+        let why = step_status(&most, 0).unwrap();
+        assert!(why.starts_with("7 of 8 timed steps skipped"), "{why}");
+        assert_eq!(step_times(&most, 0), vec![10.0]);
+        // Half skipped, the last not: trained (the scaler found its scale).
+        assert_eq!(step_status(&run(&[true, true, false, false], 2.0), 0), None);
+        // The warm-up does not count.
+        assert!(step_status(&run(&[true, true, true, false, false, false], 2.0), 3).is_none());
+        let nan = step_status(&run(&[false, false, false, false], f64::NAN), 0).unwrap();
+        assert!(nan.starts_with("final loss NaN at step 3"), "{nan}");
+    }
+
+    /// The parity probe compares which steps were skipped: the same overflow on both sides is
+    /// no difference, one side's only is `diverged`.
+    #[test]
+    fn parity_compares_the_skipped_steps() {
+        let skip = |c: &str, at: Option<usize>| -> Vec<StepRow> {
+            parity(c, &[10.0, 9.0, 8.0], &[2.0, 1.5, 1.2])
+                .into_iter()
+                .map(|s| {
+                    let sk = Some(s.step) == at;
+                    StepRow { skipped: sk, loss: if sk { f64::NAN } else { s.loss }, ..s }
+                })
+                .collect()
+        };
+        let mut steps = skip("pytorch", Some(1));
+        steps.extend(skip("ort", Some(1)));
+        steps.extend(skip("ort-zero1", Some(2)));
+        let mut results = vec![row("pytorch"), row("ort"), row("ort-zero1")];
+        compare_with_baseline(&mut results, &steps, None);
+        assert_eq!(results[1].status, "ok", "{}", results[1].error);
+        assert_eq!(results[1].max_loss_rel_diff, Some(0.0));
+        assert_eq!(results[2].status, "diverged");
+        assert!(results[2].error.contains("step 1 was skipped"), "{}", results[2].error);
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub fn interleave(first: usize, n: usize, repeat: usize, probe: bool) -> Vec<Job
 
 /// The spec a parity probe runs: `spec` with dropout 0, `steps` steps, no warm-up, and a
 /// constant learning rate `lr`.
+/// The longest time limit a flag takes, in seconds (about 31 years): anything a Duration can
+/// hold with room to add it to an Instant.
+pub const MAX_SECONDS: f64 = 1e9;
+
 pub fn parity_spec(spec: &RunSpec, steps: usize, lr: f64) -> RunSpec {
     RunSpec {
         steps,
@@ -208,6 +212,13 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         if let Some(t) = v.filter(|t| !t.is_finite() || *t <= 0.0) {
             bail!("{flag} must be a positive number of seconds, got {t}");
         }
+        // A finite value can still be too long for a Duration (which would panic later).
+        if let Some(t) = v.filter(|&t| t > MAX_SECONDS) {
+            bail!("{flag} {t} is too long: at most {MAX_SECONDS:e} seconds (~31 years)");
+        }
+    }
+    if args.collective_timeout_s.is_some() && args.launch == "threads" {
+        bail!("--collective-timeout-s with --launch threads: thread ranks share one process and wait on in-process channels, with no collective timeout to set; use --launch processes or drop the flag");
     }
     if let Some(t) = args.diverge_tol {
         if !t.is_finite() || t < 0.0 {

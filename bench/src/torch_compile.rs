@@ -15,7 +15,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{bail, Context, Result};
 use ortbench_models::config::ProblemType;
@@ -32,6 +31,20 @@ pub const SCRIPT: &str = include_str!("../../scripts/torch-compile.py");
 /// `ORTBENCH_TORCH_COMPILE=eager` runs the torch-compile worker without `torch.compile` (HF
 /// eager through the same loop): for tests that compare its losses with HF's own.
 pub const MODE_VAR: &str = "ORTBENCH_TORCH_COMPILE";
+
+/// Whether the worker compiles: yes unless `ORTBENCH_TORCH_COMPILE=eager`; any other value is
+/// an error (never read as "compile").
+pub fn compiles() -> Result<bool> {
+    compiles_with(std::env::var(MODE_VAR).ok().as_deref())
+}
+
+fn compiles_with(mode: Option<&str>) -> Result<bool> {
+    match mode.map(str::trim) {
+        None | Some("") => Ok(true),
+        Some("eager") => Ok(false),
+        Some(other) => bail!("{MODE_VAR}={other}: the only value it takes is eager (HF eager through the torch-compile worker's loop); unset it to compile"),
+    }
+}
 
 /// The python that runs the worker: `ORTBENCH_PYTHON`, else the active venv's
 /// (`$VIRTUAL_ENV`, which scripts/env.sh sets), else this checkout's `.venv`, else `python3`.
@@ -60,6 +73,7 @@ pub fn cxx() -> String {
 /// Whether this machine can run the config: a C++ compiler for inductor, found the way inductor
 /// finds one, and a python with torch, transformers and safetensors. The error is one line.
 pub fn check_available() -> Result<()> {
+    compiles()?;
     let cxx = cxx();
     let ok = Command::new(&cxx)
         .arg("--version")
@@ -113,39 +127,42 @@ pub fn describe() -> serde_json::Value {
         "versions": versions,
         "cxx": cxx,
         "cxx_version": cxx_version,
-        "mode": if std::env::var(MODE_VAR).is_ok_and(|v| v.trim() == "eager") { "eager (ORTBENCH_TORCH_COMPILE=eager: no torch.compile)" } else { "torch.compile, inductor, default mode" },
+        "mode": if compiles().is_ok_and(|c| !c) { "eager (ORTBENCH_TORCH_COMPILE=eager: no torch.compile)" } else { "torch.compile, inductor, default mode" },
         "compile_cache": "fresh per run (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR in the run's scratch directory): never shared between runs",
         "compile_s": "the first step's wall time (compilation of forward and backward, and that step's compute); never a timed step",
     })
 }
 
 /// A torch-compile run's scratch directory: the model, the batches, the spec, the script and
-/// the compile caches. Removed on drop.
+/// the compile caches (inductor's compiled libraries, which the worker loads and runs). A
+/// private directory of an unpredictable name (`tempfile`, created anew with mode 0700 — its
+/// default follows the umask, 0755 here), so no other user can plant, read or swap what runs;
+/// removed on drop.
 pub struct Scratch {
+    tmp: tempfile::TempDir,
     dir: PathBuf,
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 impl Scratch {
     /// Writes everything the worker reads for `spec`.
     pub fn prepare(spec: &RunSpec) -> Result<Scratch> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "ortbench-torch-compile-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        let scratch = Scratch { dir };
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::Builder::new()
+            .prefix("ortbench-torch-compile-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .with_context(|| {
+                format!("cannot create a directory in {}", std::env::temp_dir().display())
+            })?;
+        let dir = tmp.path().to_path_buf();
+        let scratch = Scratch { tmp, dir };
         scratch.write(spec)?;
         Ok(scratch)
+    }
+
+    /// The directory (removed when the scratch is dropped).
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
     }
 
     fn write(&self, spec: &RunSpec) -> Result<()> {
@@ -160,7 +177,7 @@ impl Scratch {
         write_batches(&data, spec.steps, &batches)?;
         // The threads a one-rank Rust worker gives libtorch and the engine (worker::run).
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let compile = std::env::var(MODE_VAR).map_or(true, |v| v.trim() != "eager");
+        let compile = compiles()?;
         let mut json = serde_json::to_value(spec)?;
         json["torch_compile"] = serde_json::json!({
             "model_dir": model_dir,
@@ -234,4 +251,47 @@ pub fn write_batches(data: &DataSource, steps: usize, path: &Path) -> Result<()>
     safetensors::serialize_to_file(views, None, path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mode_variable_takes_eager_or_nothing() {
+        assert!(compiles_with(None).unwrap());
+        assert!(compiles_with(Some("")).unwrap());
+        assert!(!compiles_with(Some(" eager")).unwrap());
+        let e = compiles_with(Some("compile")).unwrap_err().to_string();
+        assert!(e.contains("ORTBENCH_TORCH_COMPILE=compile") && e.contains("eager"), "{e}");
+    }
+
+    /// The worker's scratch (which holds the script and the compiled libraries it runs) is a
+    /// fresh private directory: mode 0700, a random name (not the pid and a counter), and gone
+    /// once dropped.
+    #[test]
+    fn the_scratch_directory_is_private_fresh_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let spec: RunSpec = serde_json::from_value(serde_json::json!({
+            "model": "tiny-gpt2", "config": "torch-compile", "precision": "fp32", "device": "cpu",
+            "batch_size": 2, "ranks": 1, "seq_len": 16, "steps": 2, "warmup": 1, "seed": 0,
+            "lr": 1e-3, "weight_decay": 0.0, "max_grad_norm": 1.0, "lr_schedule": "constant",
+            "lr_warmup_steps": 0, "dropout": null, "data": null, "weights": "Random"
+        }))
+        .unwrap();
+        let (a, b) = (Scratch::prepare(&spec).unwrap(), Scratch::prepare(&spec).unwrap());
+        assert_ne!(a.path(), b.path());
+        for s in [&a, &b] {
+            let mode = std::fs::metadata(s.path()).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", s.path().display());
+            let name = s.path().file_name().unwrap().to_string_lossy().into_owned();
+            // tempfile's random suffix, not `ortbench-torch-compile-PID-N`.
+            let suffix = name.strip_prefix("ortbench-torch-compile-").unwrap();
+            assert!(suffix.len() >= 6 && !suffix.contains('-'), "{name}");
+            assert!(s.path().join("torch-compile.py").is_file());
+        }
+        let gone = a.path().to_path_buf();
+        drop(a);
+        assert!(!gone.exists());
+    }
 }

@@ -289,6 +289,28 @@ fn load_state(dir: &Path, state: &serde_json::Value) -> Result<EngineState> {
     })
 }
 
+/// `--overwrite`: the earlier run's `checkpoint-N/` folders go, so that a later `--resume` can
+/// only continue this run (its other files are replaced as this run writes them).
+fn remove_checkpoints(out: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    let mut removed = 0;
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.strip_prefix("checkpoint-").is_some_and(|n| n.parse::<usize>().is_ok()) {
+            std::fs::remove_dir_all(e.path())
+                .with_context(|| format!("--overwrite: cannot remove {}", e.path().display()))?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        eprintln!(
+            "--overwrite: removed {removed} checkpoint folder(s) of the earlier run in {}",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 /// The checkpoint with the highest step in `out`.
 fn latest_checkpoint(out: &Path) -> Option<(usize, PathBuf)> {
     std::fs::read_dir(out)
@@ -366,6 +388,9 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
             "--output-dir {} is not empty (use --resume to continue it, or --overwrite)",
             out.display()
         );
+    }
+    if args.overwrite && !args.resume {
+        remove_checkpoints(out)?;
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
 

@@ -34,12 +34,16 @@ pub enum Event {
     Step {
         rank: usize,
         step: usize,
+        /// NaN or ±inf on a skipped (overflowed) step: written as strings ([`maybe_finite`]).
+        #[serde(with = "maybe_finite")]
         loss: f64,
         step_ms: f64,
         /// On a GPU: the step's device time between CUDA events (`DeviceWatch`).
         #[serde(default)]
         device_ms: Option<f64>,
+        #[serde(with = "maybe_finite")]
         grad_norm: f64,
+        #[serde(with = "maybe_finite")]
         loss_scale: f64,
         skipped: bool,
     },
@@ -65,6 +69,40 @@ pub enum Event {
         message: String,
         oom: bool,
     },
+}
+
+/// A step's loss, gradient norm or loss scale in the workers' JSON lines: a number when finite,
+/// else the string "NaN", "inf" or "-inf". JSON has no non-finite numbers — serde_json writes
+/// them as null, Python's json module as the non-JSON tokens NaN and Infinity — and an
+/// overflowed, skipped step has exactly those, which the harness must read to record the step.
+/// Read back: a number, one of those strings (or Python's "Infinity"), or null (NaN).
+pub mod maybe_finite {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        match *v {
+            v if v.is_finite() => s.serialize_f64(v),
+            v if v.is_nan() => s.serialize_str("NaN"),
+            v if v > 0.0 => s.serialize_str("inf"),
+            _ => s.serialize_str("-inf"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Null => Ok(f64::NAN),
+            serde_json::Value::Number(n) => {
+                n.as_f64().ok_or_else(|| serde::de::Error::custom(format!("not an f64: {n}")))
+            }
+            serde_json::Value::String(t) => match t.as_str() {
+                "NaN" | "nan" => Ok(f64::NAN),
+                "inf" | "Infinity" => Ok(f64::INFINITY),
+                "-inf" | "-Infinity" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!("not a number: {other:?}"))),
+            },
+            other => Err(serde::de::Error::custom(format!("not a number: {other}"))),
+        }
+    }
 }
 
 fn emit(out: &mut impl Write, e: &Event) {
@@ -223,9 +261,19 @@ impl Fault {
             // Not triggered here: injected into the trainer (`RankTrainer::inject`).
             FaultKind::GradScale(_) | FaultKind::Torch(_) => {}
             FaultKind::Crash => std::process::abort(),
-            FaultKind::Hang => loop {
-                std::thread::sleep(std::time::Duration::from_secs(3600));
-            },
+            FaultKind::Hang => {
+                // A child of its own first, as inductor's compile workers are: a kill of the
+                // worker must end it too (harness::kill_group). Named for the test that looks.
+                if let Ok(m) = std::env::var("ORTBENCH_FAULT_MARKER") {
+                    let _ = std::process::Command::new("sh")
+                        .args(["-c", "sleep 3600; :", &format!("ortbench-fault-child-{m}")])
+                        .stdin(std::process::Stdio::null())
+                        .spawn();
+                }
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
             FaultKind::Sigkill => {
                 // SAFETY: signalling our own process.
                 unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };

@@ -498,6 +498,18 @@ fn bad_harness_options_are_rejected_before_anything_is_written() {
         &["run", "--models", "tiny-gpt2", "--steps", "2", "--warmup", "5"],
         "must be less than --steps",
     );
+    // Finite but beyond what a Duration holds: an error, not a panic.
+    for flag in
+        ["--timeout-s", "--hang-deadline-s", "--first-step-deadline-s", "--collective-timeout-s"]
+    {
+        rejects(&[&tiny[..], &[flag, "1e300"]].concat(), &format!("{flag} 1e300 is too long"));
+    }
+    // Thread ranks have no collective timeout: the flag is refused, not ignored.
+    rejects(
+        &[&tiny[..], &["--ranks", "2", "--launch", "threads", "--collective-timeout-s", "5"]]
+            .concat(),
+        "--collective-timeout-s with --launch threads",
+    );
 }
 
 #[test]

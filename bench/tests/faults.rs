@@ -85,6 +85,42 @@ fn a_hanging_worker_times_out() {
     assert_eq!(cell(&h, &rows, "ort-zero1", "status"), "ok");
 }
 
+/// A killed worker's own children go with it (its process group is killed, not its pid): the
+/// hanging worker first starts a child, as torch-compile's inductor starts compile workers.
+#[test]
+fn a_timed_out_workers_children_are_killed_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let marker = format!("{}-{}", std::process::id(), out.display().to_string().len());
+    let args = [
+        &["run", "--models", "tiny-gpt2", "--configs", "ort", "--out", out.to_str().unwrap()],
+        QUICK,
+        &["--timeout-s", "4"],
+    ]
+    .concat();
+    let o = ortbench(
+        &args,
+        &[("ORTBENCH_FAULT", "hang-at-step:1@ort"), ("ORTBENCH_FAULT_MARKER", &marker)],
+        false,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let alive = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+            .filter(|c| {
+                String::from_utf8_lossy(c).contains(&format!("ortbench-fault-child-{marker}"))
+            })
+            .count()
+    };
+    // The kill is asynchronous for the orphan: allow it a moment.
+    let t = Instant::now();
+    while alive() > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(alive(), 0, "the worker's child outlived it");
+}
+
 #[test]
 fn sigint_keeps_the_finished_runs_and_writes_the_report() {
     let dir = tempfile::tempdir().unwrap();
@@ -172,4 +208,53 @@ fn a_cuda_out_of_memory_in_the_baseline_step_is_oom() {
     let err = cell(&h, &rows, "pytorch", "error");
     assert_eq!(cell(&h, &rows, "pytorch", "status"), "oom", "{err}");
     assert!(err.contains("libtorch: CUDA out of memory. Tried to allocate 2.00 GiB."), "{err}");
+}
+
+/// fp16 at a learning rate of 100: after the first step every step's gradients overflow, the
+/// loss scale halves each time and the step is skipped. Every step reaches steps.csv (the
+/// workers write the NaN losses as strings JSON can carry), flagged `skipped`, with the loss
+/// scale; the run is `diverged` with the count, never `ok`, and its final loss is no number.
+#[test]
+fn an_fp16_run_whose_steps_overflow_records_every_step_and_is_not_ok() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = [
+        "run",
+        "--models",
+        "tiny-gpt2",
+        "--configs",
+        "ort",
+        "--precision",
+        "fp16",
+        "--lr",
+        "100",
+        "--steps",
+        "8",
+        "--warmup",
+        "0",
+        "--repeat",
+        "1",
+        "--parity-steps",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let o = ortbench(&args, &[], false);
+    let (sh, steps) = read_csv(&out.join("steps.csv"));
+    let get = |r: &Vec<String>, c: &str| r[col(&sh, c)].clone();
+    let text = format!("{}\n{steps:?}", stderr(&o));
+    assert_eq!(steps.len(), 8, "{text}");
+    let skipped: Vec<bool> = steps.iter().map(|r| get(r, "skipped") == "true").collect();
+    let n_skipped = skipped.iter().filter(|&&s| s).count();
+    assert!(n_skipped > 4, "{n_skipped} skipped: {text}");
+    // The rows whose loss JSON cannot carry as a number are there (what used to be lost).
+    let losses: Vec<f64> = steps.iter().map(|r| get(r, "loss").parse().unwrap()).collect();
+    assert!(losses.iter().any(|l| !l.is_finite()), "no non-finite loss: {losses:?}");
+    let scales: Vec<f64> = steps.iter().map(|r| get(r, "loss_scale").parse().unwrap()).collect();
+    assert!(scales.last() < scales.first(), "the loss scale never came down: {scales:?}");
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    assert_eq!(cell(&h, &rows, "ort", "status"), "diverged", "{text}");
+    let err = cell(&h, &rows, "ort", "error");
+    assert!(err.contains(&format!("{n_skipped} of 8 timed steps skipped")), "{err}");
+    assert_eq!(o.status.code(), Some(1), "{text}");
 }

@@ -1,10 +1,12 @@
 //! `scripts/gpu-validate`, rehearsed without a GPU (`--rehearse`): the validation a GPU lease
 //! runs in one command must end within its budget, leave at most 8 files (the device tool's
 //! limit) and say per step what happened — so here, with a 60-second budget, the steps a CPU
-//! can run (the NVRTC gate, the kernel tests and the GPU executor test on the host SIMT
-//! harness) run under their time slices, the longest is cut by its slice and reported as
-//! such, and the GPU-only steps are reported as not run. A SIGTERM mid-step still leaves the
-//! summary and the archive.
+//! can run (the kernel tests and the GPU executor test on the host SIMT harness, the NVRTC
+//! gate) run under their time slices, the longest is cut by its slice and reported as
+//! such, and the GPU-only steps are reported as not run; the exit status says the run was
+//! incomplete (3) and the summary's first line says so. A SIGTERM mid-step still leaves the
+//! summary and the archive. A pack built from another commit or other sources is refused in one
+//! line before anything runs (exit 2).
 //!
 //! The test binaries are the ones cargo built beside this one (GPU_VALIDATE_DEPS), which
 //! `cargo test --workspace` (scripts/test) builds before running any test.
@@ -31,10 +33,13 @@ fn deps_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
 }
 
-fn rehearsal(out: &Path) -> Command {
+/// A rehearsal writing to `out`, with `pack` as its pack folder (GPU_VALIDATE_BIN): an empty
+/// folder unless a test puts a BUILD there, so that a pack left in the checkout plays no part.
+fn rehearsal(out: &Path, pack: &Path) -> Command {
     let mut c = Command::new(root().join("scripts/gpu-validate"));
     c.args(["--rehearse", "--budget-s", &BUDGET_S.to_string(), "--out", out.to_str().unwrap()])
         .env("GPU_VALIDATE_DEPS", deps_dir())
+        .env("GPU_VALIDATE_BIN", pack)
         .env_remove("OUT")
         .env_remove("ORTBENCH_KERNEL_DEVICE")
         .stdout(Stdio::piped())
@@ -116,7 +121,7 @@ fn the_rehearsal_ends_within_its_budget_with_a_step_cut_by_its_slice() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let t = Instant::now();
-    let o = rehearsal(&out).output().unwrap();
+    let o = rehearsal(&out, dir.path()).output().unwrap();
     let wall = t.elapsed();
     println!("rehearsal: {:.1} s\n{}", wall.as_secs_f64(), String::from_utf8_lossy(&o.stdout));
     assert!(
@@ -125,8 +130,14 @@ fn the_rehearsal_ends_within_its_budget_with_a_step_cut_by_its_slice() {
         wall.as_secs_f64(),
         text(&o)
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A step was cut (below): incomplete, exit 3, and the verdict first.
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let summary = check_out_folder(&out, &o);
+    let first = summary.lines().next().unwrap();
+    assert!(
+        first.starts_with("verdict: INCOMPLETE (exit 3) — nothing failed; cut or not reached: "),
+        "{summary}"
+    );
 
     // Each step's verdict was printed when it ended, before the summary.
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -135,7 +146,7 @@ fn the_rehearsal_ends_within_its_budget_with_a_step_cut_by_its_slice() {
     for gpu_only in ["speed", "kernel-times", "memcheck", "racecheck", "compile", "nccl"] {
         assert_eq!(verdict(&summary, gpu_only), "not run (no GPU)", "{summary}");
     }
-    let cpu = ["nvrtc-gate", "kernels", "executor", "parity"];
+    let cpu = ["kernels", "executor", "parity", "nvrtc-gate"];
     for step in cpu {
         let v = verdict(&summary, step);
         assert!(
@@ -162,7 +173,7 @@ fn a_sigterm_mid_step_still_leaves_the_summary_and_the_archive() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let child = rehearsal(&out).spawn().unwrap();
+    let child = rehearsal(&out, dir.path()).spawn().unwrap();
     // Into the kernel tests, or at least past the preflight.
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
@@ -191,6 +202,52 @@ fn a_sigterm_mid_step_still_leaves_the_summary_and_the_archive() {
     assert_eq!(o.status.code(), Some(143), "{}", text(&o));
     let summary = check_out_folder(&out, &o);
     assert!(summary.contains("cut (script killed by SIGTERM)"), "{summary}");
+    assert!(summary.starts_with("verdict: STOPPED by SIGTERM (exit 143)"), "{summary}");
     assert!(summary.contains("not reached (script killed by SIGTERM)"), "{summary}");
     assert!(!summary.contains("(in progress)"), "{summary}");
+}
+
+/// A pack whose BUILD names another commit, or this commit with other sources (uncommitted
+/// changes since), is refused in one line, exit 2, before any step: the summary holds the
+/// verdict alone.
+#[test]
+fn a_pack_built_from_another_commit_or_other_sources_is_refused_in_one_line() {
+    let head = Command::new("git")
+        .args(["-C", root().to_str().unwrap(), "rev-parse", "HEAD"])
+        .output()
+        .unwrap();
+    assert!(head.status.success(), "git rev-parse HEAD in {}", root().display());
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let other = if head.starts_with('0') { "1" } else { "0" }.repeat(40);
+    for (commit, want) in [
+        (other.as_str(), "the pack was built from commit"),
+        (head.as_str(), "the pack was built from other sources"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, pack) = (dir.path().join("out"), dir.path().join("pack"));
+        std::fs::create_dir_all(&pack).unwrap();
+        let build = format!("commit {commit}\ndirty yes\nsources 0123456789abcdef\ntorch 2.11.0 cuda 13.0\ndate 2026-11-28 00:00:00 UTC\n");
+        std::fs::write(pack.join("BUILD"), build).unwrap();
+        let t = Instant::now();
+        let o = rehearsal(&out, &pack).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}\n{}", t.elapsed(), text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{}", text(&o));
+        assert!(
+            err.starts_with("gpu-validate: refused: ")
+                && err.contains(want)
+                && err.contains("--pack"),
+            "{}",
+            text(&o)
+        );
+        assert!(String::from_utf8_lossy(&o.stdout).is_empty(), "a step ran:\n{}", text(&o));
+        let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+        assert_eq!(summary.lines().count(), 1, "{summary}");
+        assert!(
+            summary.starts_with("verdict: REFUSED (exit 2) — ") && summary.contains(want),
+            "{summary}"
+        );
+        println!("{commit:.12}: {}", err.trim());
+    }
 }

@@ -389,3 +389,38 @@ fn run_err(tmp: &tempfile::TempDir, args: &[&str]) -> String {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     stderr
 }
+
+/// `--overwrite` on a folder holding an earlier run's checkpoints removes them: a later
+/// `--resume` then continues this run, not the earlier one's state.
+#[test]
+fn overwrite_removes_the_earlier_runs_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let old = out.join("checkpoint-500");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("trainer_state.json"), "{}").unwrap();
+    std::fs::write(out.join("notes.txt"), "kept").unwrap();
+    let (model, data) = (fixture("tiny-bert-sentiment"), fixture("text/train.csv"));
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--dataset",
+        data.to_str().unwrap(),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ];
+    // Without --overwrite: refused, nothing touched.
+    let (ok, _, stderr) = ortbench(&args, tmp.path());
+    assert!(!ok && stderr.contains("is not empty"), "{stderr}");
+    assert!(old.is_dir());
+    let (ok, _, stderr) = ortbench(&[&args[..], &["--overwrite"]].concat(), tmp.path());
+    assert!(ok, "{stderr}");
+    assert!(!old.exists(), "checkpoint-500 survived --overwrite:\n{stderr}");
+    assert!(stderr.contains("removed 1 checkpoint folder"), "{stderr}");
+    assert!(out.join("notes.txt").is_file());
+}

@@ -2,6 +2,11 @@
 //! CUDA headers) for sm_80 (A100) and sm_90 (H100/H200), no GPU needed; and the kernels NVRTC
 //! finds are exactly the ones the host SIMT harness registered (so none escapes its tests).
 //!
+//! Each file is compiled once per architecture, always by NVRTC (no cache is read: the gate
+//! compiles), and the PTX is written to the kernel cache (`kernel_cache::cache_dir`), so a GPU
+//! opened afterwards in the same cache (scripts/gpu-validate's) loads it instead of compiling
+//! the sm_90 files again.
+//!
 //! It needs NVRTC, so it is `#[ignore]`d: a plain `cargo test` lists it as ignored with the
 //! reason instead of passing without compiling anything. scripts/test (which installs the wheel)
 //! and scripts/gpu-validate run it with `--ignored`, and then a missing NVRTC is a failure.
@@ -9,7 +14,7 @@
 
 use std::collections::BTreeSet;
 
-use ortbench_engine::backend::cuda::{device, libs};
+use ortbench_engine::backend::cuda::{kernel_cache, libs};
 use ortbench_engine::backend::gpu_sources;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
@@ -20,16 +25,15 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
     if let Err(e) = libs::load(libs::CudaLib::Nvrtc) {
         panic!("this test needs NVRTC (scripts/setup installs the torch wheel with it): {e}");
     }
-    // A fresh cache folder: this test compiles, it does not read old PTX.
-    let cache = std::env::temp_dir().join(format!("ortbench-nvrtc-gate-{}", std::process::id()));
-    std::env::set_var("ORTBENCH_CACHE_DIR", &cache);
     let mut entries = BTreeSet::new();
     for arch in ARCHS {
         let mut this_arch = BTreeSet::new();
         for (file, _) in gpu_sources::SOURCES {
             let t = std::time::Instant::now();
-            let ptx = device::compiled_ptx(file, arch).unwrap_or_else(|e| panic!("{e}"));
-            let names = gpu_sources::ptx_entries(&ptx.to_src());
+            let ptx = kernel_cache::compile_ptx(file, arch).unwrap_or_else(|e| panic!("{e}"));
+            let key = kernel_cache::key(file, arch).unwrap_or_else(|e| panic!("{e}"));
+            kernel_cache::store_ptx(file, arch, key, &ptx);
+            let names = gpu_sources::ptx_entries(&ptx);
             assert!(!names.is_empty(), "{file} for {arch}: no kernel entry in the PTX");
             eprintln!(
                 "{file:>18} {arch}: {:>3} kernels, {:.1} s",
@@ -43,7 +47,6 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
         }
         entries = this_arch;
     }
-    let _ = std::fs::remove_dir_all(&cache);
     let simt: BTreeSet<String> =
         ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
     let only_gpu: Vec<_> = entries.difference(&simt).collect();
@@ -59,7 +62,13 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_matches_the_simt_registry() {
 #[test]
 fn opening_a_gpu_is_an_error_or_a_device_never_a_panic() {
     match ortbench_engine::backend::cuda::open(0) {
-        Ok(d) => eprintln!("GPU 0: {} ({})", d.name(), d.arch()),
+        Ok(d) => {
+            eprintln!("GPU 0: {} ({})", d.name(), d.arch());
+            // scripts/gpu-validate's preflight reads these lines: did the pack's cubins load?
+            for (file, origin) in d.kernel_origins() {
+                eprintln!("kernels {file}: {origin}");
+            }
+        }
         Err(e) => {
             let msg = e.to_string();
             assert!(msg.contains("libcuda") || msg.contains("CUDA driver"), "{msg}");

@@ -7,7 +7,9 @@
 //! layout, launches, GEMM shapes) on the host SIMT harness as a device — the kernels on its
 //! fibers at warp 32 and 64, threads in forward, reverse and greedy order, a grid of at most 3
 //! blocks (every grid-stride loop takes several turns) — with a host loop GEMM (f32
-//! accumulation, f32 C from half A/B, β = 1 for `Epilogue::Accumulate`, as cuBLASLt).
+//! accumulation, f32 C from half A/B, β = 1 for `Epilogue::Accumulate`, as cuBLASLt). With
+//! `ORTBENCH_KERNEL_DEVICE=cuda` (scripts/gpu-validate) every test here runs on GPU 0 instead,
+//! kernels and cuBLASLt, and fails in one line where there is none.
 //!
 //! Graphs (R = 37 rows as (B, T) = (1, 37), C = 24, V = 131; none a multiple of a block, warp
 //! or chunk), the chunk 5 rows (8 chunks, the last of 2) and one chunk of all rows:
@@ -55,6 +57,23 @@ const V: usize = 131;
 /// `Epilogue::Accumulate`).
 fn simt(warp: u32, order: Order) -> SimtGpu {
     SimtGpu::new(warp, order).with_max_blocks(3).with_max_shared_bytes(48 * 1024)
+}
+
+/// Runs `$body` with `$dev` bound to each device the executor-level tests use: the SIMT
+/// harness at each (warp, order) of `$simt`, or GPU 0 under `ORTBENCH_KERNEL_DEVICE=cuda` (a
+/// macro, not a function: the executor is generic over the device type).
+macro_rules! on_devices {
+    ($simt:expr, |$dev:ident| $body:expr) => {
+        if kernel_harness::on_gpu() {
+            let $dev = kernel_harness::cuda_gpu();
+            $body;
+        } else {
+            for &(warp, order) in $simt {
+                let $dev = simt(warp, order);
+                $body;
+            }
+        }
+    };
 }
 
 /// A deterministic generator (splitmix64).
@@ -182,9 +201,9 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
     Case { what, graph, params, ids, labels, loss, grads }
 }
 
-/// Runs one step of `c` on the SIMT device with chunks of `chunk` rows; checks it against the
-/// reference and returns the worst error as a share of its tolerance.
-fn check_case(c: &Case, dev: SimtGpu, chunk: usize) -> f64 {
+/// Runs one step of `c` on `dev` with chunks of `chunk` rows; checks it against the reference
+/// and returns the worst error as a share of its tolerance.
+fn check_case<D: GpuDevice>(c: &Case, dev: D, chunk: usize) -> f64 {
     let label = format!("{} chunk {chunk} on {}", c.what, dev.describe());
     let dtype = c.graph.dtype();
     let mut sup = GpuSupport::for_graph(&c.graph);
@@ -228,7 +247,7 @@ fn check_case(c: &Case, dev: SimtGpu, chunk: usize) -> f64 {
 }
 
 /// Every dtype, tied and untied, with and without the merge, chunks of 5 rows (and one of all
-/// rows), on every SIMT device: loss and gradients against the reference.
+/// rows), on every test device: loss and gradients against the reference.
 #[test]
 fn gpu_executor_linear_cross_entropy_matches_the_reference() {
     let devs = [
@@ -244,10 +263,8 @@ fn gpu_executor_linear_cross_entropy_matches_the_reference() {
             for merged in [false, true] {
                 let c = case(dtype, tied, merged, 7 + tied as u64);
                 let mut worst = 0f64;
-                for &(warp, order) in &devs {
-                    worst = worst.max(check_case(&c, simt(warp, order), 5));
-                }
-                worst = worst.max(check_case(&c, simt(32, Order::Forward), R));
+                on_devices!(&devs, |dev| worst = worst.max(check_case(&c, dev, 5)));
+                on_devices!(&devs[..1], |dev| worst = worst.max(check_case(&c, dev, R)));
                 println!("{}: worst error at {:.1}% of tolerance", c.what, 100.0 * worst);
             }
         }
@@ -261,15 +278,16 @@ fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
     for bad in [V as i64, -3] {
         let mut c = case(DType::F32, false, true, 3);
         c.labels[5] = bad;
-        let mut sup = GpuSupport::for_graph(&c.graph);
-        sup.lce_chunk = Some(5);
-        let n = c.graph.num_param_elems();
-        let dev = simt(32, Order::Forward);
-        let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
-        ex.upload_params(&c.params).unwrap();
-        let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
-        let e = ex.train_step(&inputs, 1).unwrap_err().to_string();
-        assert!(e.contains("linear_cross_entropy") && e.contains(&format!("{bad}")), "{e}");
+        on_devices!(&[(32, Order::Forward)], |dev| {
+            let mut sup = GpuSupport::for_graph(&c.graph);
+            sup.lce_chunk = Some(5);
+            let n = c.graph.num_param_elems();
+            let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+            ex.upload_params(&c.params).unwrap();
+            let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+            let e = ex.train_step(&inputs, 1).unwrap_err().to_string();
+            assert!(e.contains("linear_cross_entropy") && e.contains(&format!("{bad}")), "{e}");
+        });
     }
 }
 
@@ -280,17 +298,50 @@ fn gpu_executor_linear_cross_entropy_with_every_label_ignored_gives_nan_and_zero
     for dtype in [DType::F32, DType::BF16] {
         let mut c = case(dtype, false, true, 5);
         c.labels.fill(IGNORE);
-        let mut sup = GpuSupport::for_graph(&c.graph);
-        sup.lce_chunk = Some(5);
-        let n = c.graph.num_param_elems();
-        let dev = simt(64, Order::Greedy);
-        let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
-        ex.upload_params(&c.params).unwrap();
-        let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
-        let loss = ex.train_step(&inputs, 1).unwrap();
-        assert!(loss.is_nan(), "{dtype:?}: loss {loss}");
-        let grads = ex.download_grads().unwrap();
-        assert!(grads.iter().all(|&g| g == 0.0), "{dtype:?}: a nonzero gradient");
+        on_devices!(&[(64, Order::Greedy)], |dev| {
+            let mut sup = GpuSupport::for_graph(&c.graph);
+            sup.lce_chunk = Some(5);
+            let n = c.graph.num_param_elems();
+            let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+            ex.upload_params(&c.params).unwrap();
+            let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+            let loss = ex.train_step(&inputs, 1).unwrap();
+            assert!(loss.is_nan(), "{dtype:?}: loss {loss}");
+            let grads = ex.download_grads().unwrap();
+            assert!(grads.iter().all(|&g| g == 0.0), "{dtype:?}: a nonzero gradient");
+        });
+    }
+}
+
+/// Asked for the GPU (`ORTBENCH_KERNEL_DEVICE=cuda`), a test of this file runs there or fails
+/// saying in one line why it cannot — never passes on the SIMT harness instead. Checked by
+/// running this binary again on one test: where no GPU opens (here, CI) it must fail with the
+/// open error; where one does (scripts/gpu-validate) it must pass.
+#[test]
+fn asked_for_cuda_a_fused_head_test_runs_there_or_fails_in_one_line() {
+    if kernel_harness::on_gpu() {
+        return; // the child run below; its parent checks it
+    }
+    let test = "gpu_executor_linear_cross_entropy_names_a_bad_label";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1"])
+        .env("ORTBENCH_KERNEL_DEVICE", "cuda")
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("running 1 test"), "{text}");
+    match ortbench_engine::backend::cuda::open(0) {
+        Ok(_) => assert!(out.status.success(), "a GPU opens, yet:\n{text}"),
+        Err(e) => {
+            assert!(!out.status.success(), "no GPU ({e}), yet the test passed:\n{text}");
+            let line = text
+                .lines()
+                .find(|l| l.contains("ORTBENCH_KERNEL_DEVICE=cuda: "))
+                .unwrap_or_else(|| panic!("no one-line reason:\n{text}"));
+            assert!(line.contains(&e.to_string()), "{line}\nvs the open error: {e}");
+            println!("without a GPU, as it should: {line}");
+        }
     }
 }
 

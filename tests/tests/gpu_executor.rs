@@ -376,216 +376,284 @@ fn fp16_training_with_loss_scaling_matches_the_cpu_session() {
     train_case(DType::F16, 1e-3, (2.5e-3, 5e-2));
 }
 
-#[test]
-fn an_op_without_a_gpu_kernel_is_refused_at_build() {
-    // Without the passes, GELU is its own node: there is no standalone GELU kernel, and the
-    // executor says so instead of falling back to anything.
-    let cfg = builtin_config("tiny-gpt2").unwrap();
-    let model = build_training_graph(
-        &cfg,
-        &GraphOptions::new(1, 8).with_passes(ortbench_engine::passes::PassConfig::none()),
-    )
-    .unwrap();
-    let e = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap_err().to_string();
-    assert!(e.contains("gelu") && e.contains("gpu"), "{e}");
-}
+/// Tests that plan, or run on the SIMT device whatever `ORTBENCH_KERNEL_DEVICE` says: nothing
+/// in them reaches a GPU, so scripts/gpu-validate skips them by this module's name
+/// (`--skip cpu_only::`) to spend its GPU time on the tests above and below.
+mod cpu_only {
+    use super::*;
 
-#[test]
-fn an_out_of_range_id_is_named() {
-    let cfg = builtin_config("tiny-gpt2").unwrap();
-    let model = build_training_graph(&cfg, &GraphOptions::new(1, 8)).unwrap();
-    let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
-    let batch = DataSource::synthetic(&cfg, 1, 8, 17).unwrap().batch(0);
-    let feed = model.feed(&batch).unwrap();
-    // Past the feed's own check: the kernels must flag it and the executor name it.
-    let mut ids = batch.input_ids.clone();
-    ids[3] = 5000;
-    let good = feed.inputs();
-    let mut inputs = ortbench_engine::Inputs::new();
-    for name in good.names() {
-        inputs = match good.get(name).unwrap() {
-            ortbench_engine::exec::InputData::Ids(d) if d == &batch.input_ids[..] => {
-                inputs.ids(name, &ids)
-            }
-            ortbench_engine::exec::InputData::Ids(d) => inputs.ids(name, d),
-            ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
-        };
+    #[test]
+    fn an_op_without_a_gpu_kernel_is_refused_at_build() {
+        // Without the passes, GELU is its own node: there is no standalone GELU kernel, and the
+        // executor says so instead of falling back to anything.
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let model = build_training_graph(
+            &cfg,
+            &GraphOptions::new(1, 8).with_passes(ortbench_engine::passes::PassConfig::none()),
+        )
+        .unwrap();
+        let e =
+            GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap_err().to_string();
+        assert!(e.contains("gelu") && e.contains("gpu"), "{e}");
     }
-    let mut ex = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
-    ex.upload_params(&params).unwrap();
-    let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
-    assert!(e.contains("5000") && e.contains("embedding"), "{e}");
-}
 
-/// The GPU plan sizes buffers by element bytes: in bf16 the arena holds half activations (the
-/// f32 parameter gradients, statistics and log-sum-exp stay 4 bytes). Also on bert-base at
-/// b8×s128, the harness's CPU size. Checked with the unfused LM head; the fused head's scratch
-/// is f32 whatever the dtype (a ~64 MiB logits chunk and, for a tied head in half precision,
-/// dw accumulated in f32: V·C·4 bytes), a fixed cost that outweighs half logits at these small
-/// token counts — see `fused_lm_head_saves_gpu_arena_at_the_gpu_default_batch`.
-#[test]
-fn half_precision_plans_take_less_arena() {
-    use ortbench_engine::exec::gpu::support::GpuSupport;
-    for (name, b, t) in [
-        ("tiny-gpt2", 2, 40),
-        ("tiny-bert", 2, 40),
-        ("bert-base-uncased", 8, 128),
-        ("gpt2", 8, 128),
-    ] {
-        let cfg = builtin_config(name).unwrap();
-        let peak = |d: DType, passes: PassConfig| {
-            let opts = GraphOptions::new(b, t).with_dtype(d).with_passes(passes);
-            let g = build_training_graph(&cfg, &opts).unwrap().graph;
-            let p = ortbench_engine::plan::build(&g, &GpuSupport::for_graph(&g)).unwrap();
-            p.check(&g).unwrap();
-            p.peak_bytes()
-        };
-        let unfused = PassConfig::all().with("fuse_linear_cross_entropy", false);
-        for (head, passes) in [("unfused head", unfused), ("fused head", PassConfig::all())] {
-            let (f, h) = (peak(DType::F32, passes), peak(DType::BF16, passes));
-            println!(
-                "{name} b{b}×s{t}, {head}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)",
-                f as f64 / 1048576.0,
-                h as f64 / 1048576.0,
-                h as f64 / f as f64
-            );
-            // The fused head's f32 scratch does not halve (see below).
-            if head == "unfused head" {
-                assert!(h * 10 <= f * 7, "{name}, {head}: bf16 arena {h} vs fp32 {f}");
+    #[test]
+    fn an_out_of_range_id_is_named() {
+        let cfg = builtin_config("tiny-gpt2").unwrap();
+        let model = build_training_graph(&cfg, &GraphOptions::new(1, 8)).unwrap();
+        let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
+        let batch = DataSource::synthetic(&cfg, 1, 8, 17).unwrap().batch(0);
+        let feed = model.feed(&batch).unwrap();
+        // Past the feed's own check: the kernels must flag it and the executor name it.
+        let mut ids = batch.input_ids.clone();
+        ids[3] = 5000;
+        let good = feed.inputs();
+        let mut inputs = ortbench_engine::Inputs::new();
+        for name in good.names() {
+            inputs = match good.get(name).unwrap() {
+                ortbench_engine::exec::InputData::Ids(d) if d == &batch.input_ids[..] => {
+                    inputs.ids(name, &ids)
+                }
+                ortbench_engine::exec::InputData::Ids(d) => inputs.ids(name, d),
+                ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
+            };
+        }
+        let mut ex = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
+        ex.upload_params(&params).unwrap();
+        let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
+        assert!(e.contains("5000") && e.contains("embedding"), "{e}");
+    }
+
+    /// The GPU plan sizes buffers by element bytes: in bf16 the arena holds half activations (the
+    /// f32 parameter gradients, statistics and log-sum-exp stay 4 bytes). Also on bert-base at
+    /// b8×s128, the harness's CPU size. Checked with the unfused LM head; the fused head's scratch
+    /// is f32 whatever the dtype (a ~64 MiB logits chunk and, for a tied head in half precision,
+    /// dw accumulated in f32: V·C·4 bytes), a fixed cost that outweighs half logits at these small
+    /// token counts — see `fused_lm_head_saves_gpu_arena_at_the_gpu_default_batch`.
+    #[test]
+    fn half_precision_plans_take_less_arena() {
+        use ortbench_engine::exec::gpu::support::GpuSupport;
+        for (name, b, t) in [
+            ("tiny-gpt2", 2, 40),
+            ("tiny-bert", 2, 40),
+            ("bert-base-uncased", 8, 128),
+            ("gpt2", 8, 128),
+        ] {
+            let cfg = builtin_config(name).unwrap();
+            let peak = |d: DType, passes: PassConfig| {
+                let opts = GraphOptions::new(b, t).with_dtype(d).with_passes(passes);
+                let g = build_training_graph(&cfg, &opts).unwrap().graph;
+                let p = ortbench_engine::plan::build(&g, &GpuSupport::for_graph(&g)).unwrap();
+                p.check(&g).unwrap();
+                p.peak_bytes()
+            };
+            let unfused = PassConfig::all().with("fuse_linear_cross_entropy", false);
+            for (head, passes) in [("unfused head", unfused), ("fused head", PassConfig::all())] {
+                let (f, h) = (peak(DType::F32, passes), peak(DType::BF16, passes));
+                println!(
+                    "{name} b{b}×s{t}, {head}: GPU arena fp32 {:.1} MiB, bf16 {:.1} MiB ({:.2}×)",
+                    f as f64 / 1048576.0,
+                    h as f64 / 1048576.0,
+                    h as f64 / f as f64
+                );
+                // The fused head's f32 scratch does not halve (see below).
+                if head == "unfused head" {
+                    assert!(h * 10 <= f * 7, "{name}, {head}: bf16 arena {h} vs fp32 {f}");
+                }
             }
         }
     }
-}
 
-/// At the GPU's default batch (32 × 512) the fused LM head's plan is smaller than the unfused
-/// one in every dtype: gpt2's logits are then 1.6 GB in bf16 (3.3 GB in f32) against the fused
-/// head's fixed f32 scratch.
-#[test]
-fn fused_lm_head_saves_gpu_arena_at_the_gpu_default_batch() {
-    use ortbench_engine::exec::gpu::support::GpuSupport;
-    let cfg = builtin_config("gpt2").unwrap();
-    let unfused = PassConfig::all().with("fuse_linear_cross_entropy", false);
-    for d in [DType::F32, DType::BF16] {
-        let peak = |passes: PassConfig| {
-            let opts = GraphOptions::new(32, 512).with_dtype(d).with_passes(passes);
-            let g = build_training_graph(&cfg, &opts).unwrap().graph;
-            ortbench_engine::plan::build(&g, &GpuSupport::for_graph(&g)).unwrap().peak_bytes()
-        };
-        let (u, f) = (peak(unfused), peak(PassConfig::all()));
-        let mib = |x: usize| x as f64 / 1048576.0;
-        println!("gpt2 b32×s512 {d}: GPU arena unfused {:.0} MiB, fused {:.0} MiB", mib(u), mib(f));
-        assert!(f < u, "{d}: the fused head's arena {f} is not below the unfused {u}");
+    /// At the GPU's default batch (32 × 512) the fused LM head's plan is smaller than the unfused
+    /// one in every dtype: gpt2's logits are then 1.6 GB in bf16 (3.3 GB in f32) against the fused
+    /// head's fixed f32 scratch.
+    #[test]
+    fn fused_lm_head_saves_gpu_arena_at_the_gpu_default_batch() {
+        use ortbench_engine::exec::gpu::support::GpuSupport;
+        let cfg = builtin_config("gpt2").unwrap();
+        let unfused = PassConfig::all().with("fuse_linear_cross_entropy", false);
+        for d in [DType::F32, DType::BF16] {
+            let peak = |passes: PassConfig| {
+                let opts = GraphOptions::new(32, 512).with_dtype(d).with_passes(passes);
+                let g = build_training_graph(&cfg, &opts).unwrap().graph;
+                ortbench_engine::plan::build(&g, &GpuSupport::for_graph(&g)).unwrap().peak_bytes()
+            };
+            let (u, f) = (peak(unfused), peak(PassConfig::all()));
+            let mib = |x: usize| x as f64 / 1048576.0;
+            println!(
+                "gpt2 b32×s512 {d}: GPU arena unfused {:.0} MiB, fused {:.0} MiB",
+                mib(u),
+                mib(f)
+            );
+            assert!(f < u, "{d}: the fused head's arena {f} is not below the unfused {u}");
+        }
     }
-}
 
-/// cuBLASLt on sm90 refuses (or faults on) operands that are not 16-byte aligned unless told:
-/// every GEMM of bert-base's and gpt2's GPU plans, fp32/fp16/bf16, has its A, B and C/D
-/// pointers (and batch strides) 16-byte aligned — parameters, their compute copy and their
-/// f32 gradients at aligned offsets in the flat buffers, activations at the arena's aligned
-/// offsets — and the alignments cuBLASLt's preferences get ([`GemmAlign::of`]) say so. The
-/// device buffers here are 16-byte aligned (`HostBuf`), as cudaMalloc's (256) at least are.
-/// Before the flat buffers were padded, bert's `cls.predictions.bias` (30 522 elements) put the
-/// next parameter at ≡ 4 mod 16 bytes in half precision.
-#[test]
-fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
-    use ortbench_engine::backend::gpu::GemmAlign;
-    for name in ["bert-base-uncased", "gpt2"] {
-        let cfg = builtin_config(name).unwrap();
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            // A batch and sequence that are not multiples of 8: row offsets into activations
-            // then do not hide a misaligned base.
-            let model =
-                build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype)).unwrap();
-            let exec = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
-            let gemms = exec.gemms();
-            assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
-            let (mut lds, mut small_strides) =
-                (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
-            for (s, p) in &gemms {
-                for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
-                    assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
-                }
-                // No epilogue with a bias or aux operand is planned yet; when one is, its
-                // pointers must be checked here too.
-                assert_eq!(
-                    (s.epilogue, p.bias, p.aux),
-                    (Epilogue::None, 0, 0),
-                    "{name} {dtype:?}: {s:?}"
-                );
-                // The preferences are 16 or more, except where a batch stride is itself under
-                // 16 bytes (a batch of 1-element operands: BERT's LayerNorm-mean products) —
-                // there they must say so, or cuBLASLt would assume every batch aligned.
-                let al = GemmAlign::of(s, p);
-                let es = if matches!(s.dtype, GemmDtype::F32 { .. }) { 4 } else { 2 };
-                let c_es = if s.c_f32 { 4 } else { es };
-                for (what, got, stride, e) in [
-                    ("A", al.a, s.stride_a, es),
-                    ("B", al.b, s.stride_b, es),
-                    ("C", al.c, s.stride_c, c_es),
-                ] {
-                    let step = (stride.unsigned_abs() * e) as u32;
-                    if s.batch > 1 && !step.is_multiple_of(16) {
-                        assert!(got < 16 && step.is_multiple_of(got), "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
-                        small_strides.insert(format!("{what}: batch {} × {} B", s.batch, step));
-                    } else {
-                        assert!(
-                            got >= 16,
-                            "{name} {dtype:?}: {what} of {s:?} gets preference {got}"
-                        );
+    /// cuBLASLt on sm90 refuses (or faults on) operands that are not 16-byte aligned unless told:
+    /// every GEMM of bert-base's and gpt2's GPU plans, fp32/fp16/bf16, has its A, B and C/D
+    /// pointers (and batch strides) 16-byte aligned — parameters, their compute copy and their
+    /// f32 gradients at aligned offsets in the flat buffers, activations at the arena's aligned
+    /// offsets — and the alignments cuBLASLt's preferences get ([`GemmAlign::of`]) say so. The
+    /// device buffers here are 16-byte aligned (`HostBuf`), as cudaMalloc's (256) at least are.
+    /// Before the flat buffers were padded, bert's `cls.predictions.bias` (30 522 elements) put the
+    /// next parameter at ≡ 4 mod 16 bytes in half precision.
+    #[test]
+    fn gemm_operands_of_bert_base_and_gpt2_are_16_byte_aligned() {
+        use ortbench_engine::backend::gpu::GemmAlign;
+        for name in ["bert-base-uncased", "gpt2"] {
+            let cfg = builtin_config(name).unwrap();
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                // A batch and sequence that are not multiples of 8: row offsets into activations
+                // then do not hide a misaligned base.
+                let model = build_training_graph(&cfg, &GraphOptions::new(3, 37).with_dtype(dtype))
+                    .unwrap();
+                let exec = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
+                let gemms = exec.gemms();
+                assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
+                let (mut lds, mut small_strides) =
+                    (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+                for (s, p) in &gemms {
+                    for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
+                        assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
+                    }
+                    // No epilogue with a bias or aux operand is planned yet; when one is, its
+                    // pointers must be checked here too.
+                    assert_eq!(
+                        (s.epilogue, p.bias, p.aux),
+                        (Epilogue::None, 0, 0),
+                        "{name} {dtype:?}: {s:?}"
+                    );
+                    // The preferences are 16 or more, except where a batch stride is itself under
+                    // 16 bytes (a batch of 1-element operands: BERT's LayerNorm-mean products) —
+                    // there they must say so, or cuBLASLt would assume every batch aligned.
+                    let al = GemmAlign::of(s, p);
+                    let es = if matches!(s.dtype, GemmDtype::F32 { .. }) { 4 } else { 2 };
+                    let c_es = if s.c_f32 { 4 } else { es };
+                    for (what, got, stride, e) in [
+                        ("A", al.a, s.stride_a, es),
+                        ("B", al.b, s.stride_b, es),
+                        ("C", al.c, s.stride_c, c_es),
+                    ] {
+                        let step = (stride.unsigned_abs() * e) as u32;
+                        if s.batch > 1 && !step.is_multiple_of(16) {
+                            assert!(got < 16 && step.is_multiple_of(got), "{name} {dtype:?}: {what} of {s:?} steps {step} bytes per batch, preference {got}");
+                            small_strides.insert(format!("{what}: batch {} × {} B", s.batch, step));
+                        } else {
+                            assert!(
+                                got >= 16,
+                                "{name} {dtype:?}: {what} of {s:?} gets preference {got}"
+                            );
+                        }
+                    }
+                    for ld in [s.lda, s.ldb] {
+                        lds.insert((ld.unsigned_abs() * es % 16 == 0, ld));
                     }
                 }
-                for ld in [s.lda, s.ldb] {
-                    lds.insert((ld.unsigned_abs() * es % 16 == 0, ld));
-                }
+                // Leading dimensions are in the matrix layouts the heuristic reads; the vocabulary
+                // (30 522, 50 257) is the one that is not a multiple of 16 bytes, as in PyTorch —
+                // and 1, the row stride of the one-element operands above.
+                let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
+                println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}", gemms.len());
+                assert!(
+                    odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()),
+                    "{name} {dtype:?}: unaligned leading dimensions {odd:?}"
+                );
             }
-            // Leading dimensions are in the matrix layouts the heuristic reads; the vocabulary
-            // (30 522, 50 257) is the one that is not a multiple of 16 bytes, as in PyTorch —
-            // and 1, the row stride of the one-element operands above.
-            let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
-            println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}", gemms.len());
-            assert!(
-                odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()),
-                "{name} {dtype:?}: unaligned leading dimensions {odd:?}"
-            );
         }
     }
-}
 
-#[test]
-fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
-    use ortbench_engine::backend::gpu::{address_alignment, GemmAlign};
-    assert_eq!(
-        [
-            address_alignment(0x1000),
-            address_alignment(0x1004),
-            address_alignment(0x1010),
-            address_alignment(0)
-        ],
-        [256, 4, 16, 256]
-    );
-    let s = GemmShape {
-        dtype: GemmDtype::BF16,
-        ta: false,
-        tb: true,
-        m: 5,
-        n: 7,
-        k: 3,
-        lda: 3,
-        ldb: 3,
-        ldc: 7,
-        batch: 1,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-        epilogue: Epilogue::None,
-        c_f32: true,
-    };
-    let p = GemmPtrs { a: 0x10_0000 + 2 * 30_522, b: 0x20_0000, c: 0x30_0008, bias: 0, aux: 0 };
-    assert_eq!(GemmAlign::of(&s, &p), GemmAlign { a: 4, b: 256, c: 8 });
-    // A strided batch: every batch's pointer counts (bf16: a stride of 12 elements = 24 bytes).
-    let batched = GemmShape { batch: 4, stride_a: 12, stride_b: 64, stride_c: 35, ..s };
-    let q = GemmPtrs { a: 0x10_0000, ..p };
-    assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
+    #[test]
+    fn gemm_alignment_preferences_follow_pointers_and_batch_strides() {
+        use ortbench_engine::backend::gpu::{address_alignment, GemmAlign};
+        assert_eq!(
+            [
+                address_alignment(0x1000),
+                address_alignment(0x1004),
+                address_alignment(0x1010),
+                address_alignment(0)
+            ],
+            [256, 4, 16, 256]
+        );
+        let s = GemmShape {
+            dtype: GemmDtype::BF16,
+            ta: false,
+            tb: true,
+            m: 5,
+            n: 7,
+            k: 3,
+            lda: 3,
+            ldb: 3,
+            ldc: 7,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            epilogue: Epilogue::None,
+            c_f32: true,
+        };
+        let p = GemmPtrs { a: 0x10_0000 + 2 * 30_522, b: 0x20_0000, c: 0x30_0008, bias: 0, aux: 0 };
+        assert_eq!(GemmAlign::of(&s, &p), GemmAlign { a: 4, b: 256, c: 8 });
+        // A strided batch: every batch's pointer counts (bf16: a stride of 12 elements = 24 bytes).
+        let batched = GemmShape { batch: 4, stride_a: 12, stride_b: 64, stride_c: 35, ..s };
+        let q = GemmPtrs { a: 0x10_0000, ..p };
+        assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
+    }
+
+    /// A hung peer on the SIMT device (issue 27): rank 1 of a DDP pair never reaches its first
+    /// gradient all-reduce, so rank 0's never completes. The collective runs under the watchdog
+    /// that waits for NCCL's on a GPU (`collective::watchdog::watch`, through
+    /// `collective::on_device`): past the collective timeout it aborts the group, and rank 0's step
+    /// fails naming the step, the rank and the collective, instead of waiting for ever. Rank 1,
+    /// stepping afterwards, fails at its first collective: an aborted group runs none again.
+    /// SIMT only, whatever ORTBENCH_KERNEL_DEVICE says (NCCL's own path is checked on a GPU by
+    /// `nccl_on_one_gpu`).
+    #[test]
+    fn a_hung_peer_on_the_simt_device_is_aborted_by_the_watchdog_naming_step_rank_and_collective() {
+        use ortbench_engine::collective::LocalGroup;
+        use ortbench_engine::exec::gpu::session::RankLayout;
+        use ortbench_engine::parallel::Strategy;
+        use ortbench_models::graph::trainer::GpuEngineTrainer;
+        use std::time::{Duration, Instant};
+        let (cfg, opts) = ranks_case(DType::F32);
+        let (b, t, timeout) = (1, 8, Duration::from_secs(1));
+        let weights = Weights::init(&cfg, 3);
+        let batch = DataSource::synthetic(&cfg, 2 * b, t, 17).unwrap().batch(0);
+        let trainer = |rank| {
+            let layout = RankLayout { rank, world: 2, strategy: Strategy::Ddp };
+            let gpu = simt_gpu(32, Order::Forward);
+            let opts = opts.clone();
+            GpuEngineTrainer::ranked(&cfg, &weights, &GraphOptions::new(b, t), opts, gpu, layout)
+                .unwrap()
+        };
+        let (mut t0, mut t1) = (trainer(0), trainer(1));
+        let mut ranks = LocalGroup::new(2).into_iter();
+        let g0 = ranks.next().unwrap().with_collective_timeout(timeout);
+        let g1 = ranks.next().unwrap();
+        // Rank 0 on a thread of its own, so that a watchdog that fails to end the wait fails the
+        // test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let global = batch.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let e = t0.step_ranked(&g0, &global).map(|_| ()).map_err(|e| e.to_string());
+            tx.send((e, start.elapsed())).unwrap();
+        });
+        let (e, took) = rx.recv_timeout(Duration::from_secs(120)).expect("rank 0 still waits");
+        let e = e.expect_err("rank 0's step completed without its peer");
+        println!("rank 0 after {:.2} s: {e}", took.as_secs_f64());
+        assert!(took >= timeout, "{took:?}");
+        for part in [
+            "engine step 0",
+            "rank 0 of 2",
+            "collective all_reduce did not complete within 1.0 s",
+            "aborted",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e:?}");
+        }
+        let late = t1.step_ranked(&g1, &batch).map(|_| ()).unwrap_err().to_string();
+        println!("rank 1 then: {late}");
+        assert!(late.contains("rank 1 of 2") && late.contains("the group was aborted"), "{late}");
+    }
 }
 
 /// The data-parallel cases' model and training options in `dtype`: tiny-gpt2 without dropout
@@ -740,64 +808,6 @@ fn data_parallel_gpu_sessions_reproduce_one_rank() {
     data_parallel_case(3, Zero1, DType::F32, 1e-5, (1e-5, 1e-4));
     // bf16: the compute copy the next forward reads is cast from the gathered fp32 parameters.
     data_parallel_case(2, Zero1, DType::BF16, 1e-3, (2.5e-3, 5e-2));
-}
-
-/// A hung peer on the SIMT device (issue 27): rank 1 of a DDP pair never reaches its first
-/// gradient all-reduce, so rank 0's never completes. The collective runs under the watchdog
-/// that waits for NCCL's on a GPU (`collective::watchdog::watch`, through
-/// `collective::on_device`): past the collective timeout it aborts the group, and rank 0's step
-/// fails naming the step, the rank and the collective, instead of waiting for ever. Rank 1,
-/// stepping afterwards, fails at its first collective: an aborted group runs none again.
-/// SIMT only (NCCL's own path is checked on a GPU by `nccl_on_one_gpu`).
-#[test]
-fn a_hung_peer_on_the_simt_device_is_aborted_by_the_watchdog_naming_step_rank_and_collective() {
-    use ortbench_engine::collective::LocalGroup;
-    use ortbench_engine::exec::gpu::session::RankLayout;
-    use ortbench_engine::parallel::Strategy;
-    use ortbench_models::graph::trainer::GpuEngineTrainer;
-    use std::time::{Duration, Instant};
-    if std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() == Ok("cuda") {
-        return;
-    }
-    let (cfg, opts) = ranks_case(DType::F32);
-    let (b, t, timeout) = (1, 8, Duration::from_secs(1));
-    let weights = Weights::init(&cfg, 3);
-    let batch = DataSource::synthetic(&cfg, 2 * b, t, 17).unwrap().batch(0);
-    let trainer = |rank| {
-        let layout = RankLayout { rank, world: 2, strategy: Strategy::Ddp };
-        let gpu = simt_gpu(32, Order::Forward);
-        let opts = opts.clone();
-        GpuEngineTrainer::ranked(&cfg, &weights, &GraphOptions::new(b, t), opts, gpu, layout)
-            .unwrap()
-    };
-    let (mut t0, mut t1) = (trainer(0), trainer(1));
-    let mut ranks = LocalGroup::new(2).into_iter();
-    let g0 = ranks.next().unwrap().with_collective_timeout(timeout);
-    let g1 = ranks.next().unwrap();
-    // Rank 0 on a thread of its own, so that a watchdog that fails to end the wait fails the
-    // test instead of hanging it.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let global = batch.clone();
-    std::thread::spawn(move || {
-        let start = Instant::now();
-        let e = t0.step_ranked(&g0, &global).map(|_| ()).map_err(|e| e.to_string());
-        tx.send((e, start.elapsed())).unwrap();
-    });
-    let (e, took) = rx.recv_timeout(Duration::from_secs(120)).expect("rank 0 still waits");
-    let e = e.expect_err("rank 0's step completed without its peer");
-    println!("rank 0 after {:.2} s: {e}", took.as_secs_f64());
-    assert!(took >= timeout, "{took:?}");
-    for part in [
-        "engine step 0",
-        "rank 0 of 2",
-        "collective all_reduce did not complete within 1.0 s",
-        "aborted",
-    ] {
-        assert!(e.contains(part), "{part:?} not in {e:?}");
-    }
-    let late = t1.step_ranked(&g1, &batch).map(|_| ()).unwrap_err().to_string();
-    println!("rank 1 then: {late}");
-    assert!(late.contains("rank 1 of 2") && late.contains("the group was aborted"), "{late}");
 }
 
 /// On a GPU (scripts/gpu-validate): NCCL from the torch wheel on device buffers of the engine's

@@ -53,6 +53,28 @@ pub fn devices() -> Vec<Dev> {
     }
 }
 
+/// Whether the executor-level tests (whole graphs through `GpuExecutor`) run on the GPU:
+/// `ORTBENCH_KERNEL_DEVICE=cuda`, as [`devices`] reads it.
+pub fn on_gpu() -> bool {
+    match std::env::var("ORTBENCH_KERNEL_DEVICE").as_deref() {
+        Ok("cuda") => true,
+        Ok("simt") | Err(_) => false,
+        Ok(other) => panic!("ORTBENCH_KERNEL_DEVICE={other}: expected simt or cuda"),
+    }
+}
+
+/// GPU 0 as the GPU executor drives it (kernels and cuBLASLt), or the one-line reason there is
+/// none, as a panic (never a pass).
+#[cfg(feature = "cuda")]
+pub fn cuda_gpu() -> ortbench_engine::backend::cuda::gpu::CudaGpu {
+    ortbench_engine::backend::cuda::gpu::CudaGpu::open(0)
+        .unwrap_or_else(|e| panic!("ORTBENCH_KERNEL_DEVICE=cuda: {e}"))
+}
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_gpu() -> ortbench_engine::backend::simt_device::SimtGpu {
+    panic!("ORTBENCH_KERNEL_DEVICE=cuda: the engine was built without its `cuda` feature")
+}
+
 #[cfg(feature = "cuda")]
 fn cuda_devices() -> Vec<Dev> {
     use std::sync::OnceLock;

@@ -1,26 +1,23 @@
 //! One NVIDIA GPU: context, stream, the engine's kernels compiled for it, memory and launches.
 //!
-//! Kernels are `engine/kernels/*.cu` (see [`super::gpu_sources`]), compiled with NVRTC at run time
-//! for the device's architecture and cached on disk as PTX, keyed by a hash of the source, the
-//! options and the architecture, so a second run loads them at once. A launch takes its
-//! arguments as [`KernelArg`]s, packed the way `cuLaunchKernel` wants them (an array of
-//! pointers to the values) — the same convention as the host SIMT harness, so the kernel
-//! tests run unchanged on either.
+//! Kernels are `engine/kernels/*.cu` (see [`super::gpu_sources`]), loaded for the device's
+//! architecture from an ahead-of-time cubin, the PTX cache or NVRTC ([`super::kernel_cache`]).
+//! A launch takes its arguments as [`KernelArg`]s, packed the way `cuLaunchKernel` wants them
+//! (an array of pointers to the values) — the same convention as the host SIMT harness, so the
+//! kernel tests run unchanged on either.
 //!
 //! References: cudarc's `driver`/`nvrtc` safe API (context, stream, modules) and its `result`
 //! layer for the raw launch; candle's `cuda_backend` for the compile-once module cache.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
-use cudarc::nvrtc::{CompileOptions, Ptx};
-
+use super::kernel_cache;
 use super::libs::{self, CudaLib};
 use super::CudaError;
 use crate::backend::gpu_sources;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 pub use crate::backend::gpu::KernelArg;
 
@@ -56,6 +53,7 @@ pub struct CudaDevice {
     name: String,
     arch: &'static str,
     functions: HashMap<String, CudaFunction>,
+    origins: Vec<(&'static str, kernel_cache::Origin)>,
 }
 
 impl CudaDevice {
@@ -76,20 +74,21 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
+        let mut origins = Vec::new();
         for (file, _) in gpu_sources::SOURCES {
-            let ptx = compiled_ptx(file, arch)?;
-            let names = gpu_sources::ptx_entries(&ptx.to_src());
-            let module = ctx
-                .load_module(ptx)
-                .map_err(|e| CudaError::Driver(format!("loading {file} for {arch}: {e:?}")))?;
-            for name in names {
+            let k = kernel_cache::image(file, arch)?;
+            let module = ctx.load_module(k.image).map_err(|e| {
+                CudaError::Driver(format!("loading {file} for {arch} ({}): {e:?}", k.origin))
+            })?;
+            origins.push((*file, k.origin));
+            for name in k.entries {
                 let f = module
                     .load_function(&name)
                     .map_err(|e| CudaError::Driver(format!("kernel {name} in {file}: {e:?}")))?;
                 functions.insert(name, f);
             }
         }
-        Ok(CudaDevice { ctx, stream, name, arch, functions })
+        Ok(CudaDevice { ctx, stream, name, arch, functions, origins })
     }
 
     pub fn name(&self) -> &str {
@@ -99,6 +98,11 @@ impl CudaDevice {
     /// `sm_XY` of the device.
     pub fn arch(&self) -> &'static str {
         self.arch
+    }
+
+    /// Where each kernel file's code came from (an ahead-of-time cubin, cached PTX or NVRTC).
+    pub fn kernel_origins(&self) -> &[(&'static str, kernel_cache::Origin)] {
+        &self.origins
     }
 
     /// Names of the loaded kernels.
@@ -254,67 +258,6 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
     }
 }
 
-/// Where compiled PTX is cached: `ORTBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/ortbench`, else
-/// `~/.cache/ortbench`, with a `ptx/` folder under it.
-pub fn cache_dir() -> PathBuf {
-    let base = std::env::var_os("ORTBENCH_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ortbench")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ortbench")))
-        .unwrap_or_else(|| std::env::temp_dir().join("ortbench-cache"));
-    base.join("ptx")
-}
-
-/// FNV-1a, 64 bit: a cache key stable across Rust versions (std's hasher is not).
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain([0u8]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
-/// The PTX of kernel file `file` for `arch`, from the disk cache or compiled with NVRTC.
-pub fn compiled_ptx(file: &str, arch: &'static str) -> Result<Ptx, CudaError> {
-    let src =
-        gpu_sources::full_source(file).ok_or_else(|| CudaError::UnknownKernel(file.to_string()))?;
-    let include = gpu_sources::include_dir(&libs::search_dirs()).ok_or_else(|| CudaError::LibraryNotFound {
-        lib: "CUDA headers (cuda_fp16.h)",
-        tried: "ORTBENCH_CUDA_INCLUDE_DIR, include/ beside the library folders, /usr/local/cuda/include".into(),
-    })?;
-    let options = gpu_sources::nvrtc_options(&include);
-    let key = fnv1a(&[&src, &options.join(" "), arch]);
-    let path = cache_dir().join(format!("{}-{arch}-{key:016x}.ptx", file.trim_end_matches(".cu")));
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        return Ok(Ptx::from_src(text));
-    }
-    let opts = CompileOptions { arch: Some(arch), options, ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Nvrtc {
-        file: file.to_string(),
-        arch,
-        log: compile_log(&e),
-    })?;
-    // Best effort: a read-only cache only costs the next run a compile.
-    if std::fs::create_dir_all(cache_dir()).is_ok() {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, ptx.to_src()).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
-    }
-    Ok(ptx)
-}
-
-/// NVRTC's log from a failed compile, or the error itself.
-pub fn compile_log(e: &cudarc::nvrtc::CompileError) -> String {
-    match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-        other => format!("{other:?}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,15 +269,5 @@ mod tests {
         assert_eq!(KernelArg::Ptr(0xdead_beef_0000).word(), 0xdead_beef_0000);
         assert_eq!(arch_name(9, 0), "sm_90");
         assert_eq!(arch_name(11, 3), "sm_113");
-    }
-
-    #[test]
-    fn the_cache_key_changes_with_source_options_and_arch() {
-        let k = fnv1a(&["src", "-O3", "sm_90"]);
-        assert_ne!(k, fnv1a(&["src ", "-O3", "sm_90"]));
-        assert_ne!(k, fnv1a(&["src", "-O2", "sm_90"]));
-        assert_ne!(k, fnv1a(&["src", "-O3", "sm_80"]));
-        // Part boundaries count: ("ab", "c") is not ("a", "bc").
-        assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
     }
 }

@@ -74,13 +74,41 @@ impl ColMajor {
     }
 }
 
-/// Descriptors and the chosen algorithm of one shape (destroyed with the [`Gemm`]).
+/// Descriptors and the chosen algorithm of one shape. It owns its handles from the moment each
+/// is created: a plan given up half-built (an attribute refused, no algorithm found) frees
+/// what it holds on drop, as a cached one does when the [`Gemm`] goes.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
     c: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each non-null handle was created for this plan and is destroyed once.
+        unsafe {
+            for l in [self.a, self.b, self.c] {
+                if !l.is_null() {
+                    let _ = result::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = result::destroy_matmul_desc(self.desc);
+            }
+        }
+    }
+}
+
+/// A matmul preference, destroyed when it goes out of scope (on every path).
+struct Pref(sys::cublasLtMatmulPreference_t);
+
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by create_matmul_pref and destroyed once, here.
+        let _ = unsafe { result::destroy_matmul_pref(self.0) };
+    }
 }
 
 /// cuBLASLt handle, workspace and the plans of every shape seen so far.
@@ -185,71 +213,73 @@ impl Gemm {
     fn plan(&mut self, s: &GemmShape, al: GemmAlign) -> Result<&Plan, CudaError> {
         let key = (*s, al);
         if !self.plans.contains_key(&key) {
-            let cm = ColMajor::from_row_major(s);
-            let desc =
-                result::create_matmul_desc(compute_type(s.dtype), sys::cudaDataType::CUDA_R_32F)
-                    .map_err(|e| lt_err("matmul desc", e))?;
-            // cublasOperation_t as its i32 value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
-            let op = |t: bool| t as i32;
-            // SAFETY: `desc` was just created; each value has the attribute's documented type.
-            unsafe {
-                set_desc(
-                    desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    &op(cm.trans_a),
-                )?;
-                set_desc(
-                    desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                    &op(cm.trans_b),
-                )?;
-                set_desc(
-                    desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                    &epilogue(s.epilogue),
-                )?;
-                if matches!(s.epilogue, Epilogue::BiasGeluAux | Epilogue::DGelu) {
-                    // The aux (pre-activation) buffer has C's layout.
-                    set_desc(
-                        desc,
-                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                        &s.ldc,
-                    )?;
-                }
-            }
-            let a = layout(s.dtype, cm.a_rows, cm.a_cols, cm.lda, s.batch, cm.stride_a)?;
-            let b = layout(s.dtype, cm.b_rows, cm.b_cols, cm.ldb, s.batch, cm.stride_b)?;
-            let c_dt = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { s.dtype };
-            let c = layout(c_dt, cm.m, cm.n, cm.ldc, s.batch, s.stride_c)?;
-            let pref = result::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
-            // SAFETY: every handle was created above and is alive; the heuristic only reads them.
-            let heur = unsafe {
-                let ws = WORKSPACE_BYTES;
-                result::set_matmul_pref_attribute(pref, sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const usize as *const c_void, 8)
-                    .map_err(|e| lt_err("workspace preference", e))?;
-                // Swapped operands (module comment): cuBLAS's A is the engine's B.
-                use sys::cublasLtMatmulPreferenceAttributes_t as P;
-                for (attr, bytes) in [
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.b),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.a),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c),
-                ] {
-                    result::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &bytes as *const u32 as *const c_void,
-                        4,
-                    )
-                    .map_err(|e| lt_err("alignment preference", e))?;
-                }
-                let h = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
-                let _ = result::destroy_matmul_pref(pref);
-                h.map_err(|e| lt_err(&format!("no algorithm for {s:?} {al:?}"), e))?
-            };
-            self.plans.insert(key, Plan { desc, a, b, c, algo: heur.algo });
+            let plan = self.new_plan(s, al)?;
+            self.plans.insert(key, plan);
         }
         Ok(&self.plans[&key])
+    }
+
+    /// The descriptors of shape `s` at alignments `al` and the heuristic's algorithm for them.
+    fn new_plan(&self, s: &GemmShape, al: GemmAlign) -> Result<Plan, CudaError> {
+        let cm = ColMajor::from_row_major(s);
+        use std::ptr::null_mut as null;
+        // SAFETY: cublasLtMatmulAlgo_t is plain data (its fields are opaque u64 words), set by
+        // the heuristic below before the plan is used.
+        let algo = unsafe { std::mem::zeroed() };
+        let mut plan = Plan { desc: null(), a: null(), b: null(), c: null(), algo };
+        plan.desc =
+            result::create_matmul_desc(compute_type(s.dtype), sys::cudaDataType::CUDA_R_32F)
+                .map_err(|e| lt_err("matmul desc", e))?;
+        // cublasOperation_t as its i32 value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        let op = |t: bool| t as i32;
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        // SAFETY: `plan.desc` was just created; each value has the attribute's documented type.
+        unsafe {
+            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(cm.trans_a))?;
+            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(cm.trans_b))?;
+            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue(s.epilogue))?;
+            if matches!(s.epilogue, Epilogue::BiasGeluAux | Epilogue::DGelu) {
+                // The aux (pre-activation) buffer has C's layout.
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &s.ldc)?;
+            }
+        }
+        plan.a = layout(s.dtype, cm.a_rows, cm.a_cols, cm.lda, s.batch, cm.stride_a)?;
+        plan.b = layout(s.dtype, cm.b_rows, cm.b_cols, cm.ldb, s.batch, cm.stride_b)?;
+        let c_dt = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { s.dtype };
+        plan.c = layout(c_dt, cm.m, cm.n, cm.ldc, s.batch, s.stride_c)?;
+        let pref = Pref(result::create_matmul_pref().map_err(|e| lt_err("preference", e))?);
+        // SAFETY: every handle was created above and is alive; the heuristic only reads them.
+        let heur = unsafe {
+            let ws = WORKSPACE_BYTES;
+            result::set_matmul_pref_attribute(
+                pref.0,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const usize as *const c_void,
+                8,
+            )
+            .map_err(|e| lt_err("workspace preference", e))?;
+            // Swapped operands (module comment): cuBLAS's A is the engine's B.
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            for (attr, bytes) in [
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.b),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.a),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c),
+            ] {
+                result::set_matmul_pref_attribute(
+                    pref.0,
+                    attr,
+                    &bytes as *const u32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| lt_err("alignment preference", e))?;
+            }
+            let (a, b, c) = (plan.a, plan.b, plan.c);
+            result::get_matmul_algo_heuristic(self.handle, plan.desc, a, b, c, c, pref.0)
+                .map_err(|e| lt_err(&format!("no algorithm for {s:?} {al:?}"), e))?
+        };
+        plan.algo = heur.algo;
+        Ok(plan)
     }
 
     /// Enqueues C = α·op(A)·op(B) + β·C (+ the shape's epilogue) on `stream`.
@@ -310,16 +340,10 @@ impl Gemm {
 
 impl Drop for Gemm {
     fn drop(&mut self) {
-        // SAFETY: every handle was created by this Gemm and is destroyed once.
-        unsafe {
-            for (_, p) in self.plans.drain() {
-                let _ = result::destroy_matrix_layout(p.a);
-                let _ = result::destroy_matrix_layout(p.b);
-                let _ = result::destroy_matrix_layout(p.c);
-                let _ = result::destroy_matmul_desc(p.desc);
-            }
-            let _ = result::destroy_handle(self.handle);
-        }
+        // The plans first (each frees its descriptors), then the handle they were made with.
+        self.plans.clear();
+        // SAFETY: the handle was created by this Gemm and is destroyed once.
+        let _ = unsafe { result::destroy_handle(self.handle) };
     }
 }
 

@@ -5,8 +5,9 @@
 //! - the kernel sources and NVRTC options are `backend::gpu_sources` (shared with HIP).
 //! - [`libs`]: finds libcuda / libnvrtc / libcublasLt before cudarc would panic on a missing
 //!   one, so a user gets an error naming what was looked for.
-//! - [`device`]: one GPU — context, stream, kernel modules (PTX cached on disk), memory,
-//!   launches.
+//! - [`kernel_cache`]: the kernel files' code for an architecture — an ahead-of-time cubin,
+//!   PTX cached on disk, or NVRTC now.
+//! - [`device`]: one GPU — context, stream, kernel modules, memory, launches.
 //! - [`gemm`]: GEMMs on cuBLASLt with epilogues, one cached plan per shape.
 //! - [`gpu`]: the GPU as the GPU executor (`exec::gpu`) drives it: kernels + cuBLASLt.
 //! - [`watch`]: step device time by CUDA events and peak device memory, for the harness.
@@ -19,6 +20,8 @@ pub mod device;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+#[cfg(feature = "cuda")]
+pub mod kernel_cache;
 #[cfg(feature = "cuda")]
 pub mod libs;
 #[cfg(feature = "cuda")]
