@@ -214,7 +214,7 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         }
         // A finite value can still be too long for a Duration (which would panic later).
         if let Some(t) = v.filter(|&t| t > MAX_SECONDS) {
-            bail!("{flag} {t} is too long: at most {MAX_SECONDS:e} seconds (~31 years)");
+            bail!("{flag} {t:e} is too long: at most {MAX_SECONDS:e} seconds (~31 years)");
         }
     }
     if args.collective_timeout_s.is_some() && args.launch == "threads" {

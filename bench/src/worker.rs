@@ -265,9 +265,14 @@ impl Fault {
                 // A child of its own first, as inductor's compile workers are: a kill of the
                 // worker must end it too (harness::kill_group). Named for the test that looks.
                 if let Ok(m) = std::env::var("ORTBENCH_FAULT_MARKER") {
+                    // Its output not on the worker's pipes: were it to outlive the worker, the
+                    // test must see it alive, not hang on a pipe it holds open.
+                    let null = std::process::Stdio::null;
                     let _ = std::process::Command::new("sh")
                         .args(["-c", "sleep 3600; :", &format!("ortbench-fault-child-{m}")])
-                        .stdin(std::process::Stdio::null())
+                        .stdin(null())
+                        .stdout(null())
+                        .stderr(null())
                         .spawn();
                 }
                 loop {
