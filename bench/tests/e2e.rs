@@ -92,12 +92,11 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
             assert_eq!(tol, 1e-3);
             assert!(rel < tol && gn < tol, "{model} {config}: parity loss {rel} grad norm {gn}");
             let speedup = num("speedup");
-            let (lo, hi) = (num("speedup_lo"), num("speedup_hi"));
-            assert!(
-                lo <= speedup && speedup <= hi,
-                "{model} {config}: {speedup} outside [{lo}, {hi}]"
-            );
-            assert!(["true", "false"].contains(&v("speedup_significant").as_str()));
+            // REPEAT = 2 runs a config: too few for an interval (metrics::MIN_INTERVAL_RUNS),
+            // so none is written — the ratio alone.
+            for c in ["speedup_lo", "speedup_hi", "speedup_significant"] {
+                assert_eq!(v(c), "", "{model} {config}: {c} from {REPEAT} runs");
+            }
             if config == "pytorch" {
                 assert_eq!(speedup, 1.0);
                 assert_eq!((rel, gn), (0.0, 0.0));
@@ -203,6 +202,10 @@ fn all_configs_on_one_rank_end_to_end() {
     for w in ["samples/s", "speedup", "tiny-bert", "tiny-gpt2", "ort-zero1", "1.00×"] {
         assert!(stdout.contains(w), "summary lacks {w}:\n{stdout}");
     }
+    // The default configs' table fits 160 characters: no column that no row fills.
+    let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 160, "the summary is {widest} characters wide:\n{stdout}");
+    assert!(!stdout.contains("compile s") && !stdout.contains("max batch"), "{stdout}");
     check_run_dir(&out, &["tiny-bert", "tiny-gpt2"], 1, 3, true);
 
     // `report` regenerates index.html from the files alone.
