@@ -597,7 +597,8 @@ fn report_and_compare_refuse_a_directory_that_is_not_a_run() {
 }
 
 /// `--quick` fills in the first look's defaults (pytorch and ort, batch 4 × seq 64, 6 steps of
-/// which 1 warm-up, 2 repeats, a 3-step parity probe), and a flag given beside it still wins.
+/// which 1 warm-up, 3 repeats — the fewest that give an interval —, a 3-step parity probe), and a
+/// flag given beside it still wins.
 #[test]
 fn quick_sets_the_first_look_defaults_and_given_flags_win() {
     let dir = tempfile::tempdir().unwrap();
@@ -631,12 +632,16 @@ fn quick_sets_the_first_look_defaults_and_given_flags_win() {
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(
         (meta["quick"].as_bool(), meta["repeat"].as_i64(), meta["parity"]["steps"].as_u64()),
-        (Some(true), Some(2), Some(3))
+        (Some(true), Some(3), Some(3))
     );
+    // Three runs a side: the speedup has its interval.
+    let (h, rows) = read_csv(&out.join("results.csv"));
+    let ort = rows.iter().find(|r| r[col(&h, "config")] == "ort").unwrap();
+    assert!(ort[col(&h, "speedup_lo")].parse::<f64>().is_ok(), "{ort:?}");
     let (h, steps) = read_csv(&out.join("steps.csv"));
     let timed = steps
         .iter()
         .filter(|r| r[col(&h, "phase")] == "timed" && r[col(&h, "config")] == "ort")
         .count();
-    assert_eq!(timed, 2 * 6, "2 repeats of 6 steps");
+    assert_eq!(timed, 3 * 6, "3 repeats of 6 steps");
 }
