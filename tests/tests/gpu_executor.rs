@@ -599,7 +599,7 @@ mod cpu_only {
         assert_eq!(GemmAlign::of(&batched, &q), GemmAlign { a: 8, b: 128, c: 4 });
     }
 
-    /// A hung peer on the SIMT device (issue 27): rank 1 of a DDP pair never reaches its first
+    /// A hung peer on the SIMT device: rank 1 of a DDP pair never reaches its first
     /// gradient all-reduce, so rank 0's never completes. The collective runs under the watchdog
     /// that waits for NCCL's on a GPU (`collective::watchdog::watch`, through
     /// `collective::on_device`): past the collective timeout it aborts the group, and rank 0's step
