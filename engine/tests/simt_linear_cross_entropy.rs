@@ -271,6 +271,17 @@ fn gpu_executor_linear_cross_entropy_matches_the_reference() {
     }
 }
 
+/// `c`'s graph on the GPU executor over `dev` with 5-row chunks, its parameters uploaded; and
+/// its inputs.
+fn executor_in_chunks_of_5<D: GpuDevice>(c: &Case, dev: D) -> (GpuExecutor<D>, Inputs<'_>) {
+    let mut sup = GpuSupport::for_graph(&c.graph);
+    sup.lce_chunk = Some(5);
+    let n = c.graph.num_param_elems();
+    let ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
+    ex.upload_params(&c.params).unwrap();
+    (ex, Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels))
+}
+
 /// A label out of range (V, or negative and not the ignore index) is not read as an index: the
 /// kernels set the error flag and the step fails naming the op, as on the CPU.
 #[test]
@@ -279,12 +290,7 @@ fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
         let mut c = case(DType::F32, false, true, 3);
         c.labels[5] = bad;
         on_devices!(&[(32, Order::Forward)], |dev| {
-            let mut sup = GpuSupport::for_graph(&c.graph);
-            sup.lce_chunk = Some(5);
-            let n = c.graph.num_param_elems();
-            let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
-            ex.upload_params(&c.params).unwrap();
-            let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+            let (mut ex, inputs) = executor_in_chunks_of_5(&c, dev);
             let e = ex.train_step(&inputs, 1).unwrap_err().to_string();
             assert!(e.contains("linear_cross_entropy") && e.contains(&format!("{bad}")), "{e}");
         });
@@ -299,12 +305,7 @@ fn gpu_executor_linear_cross_entropy_with_every_label_ignored_gives_nan_and_zero
         let mut c = case(dtype, false, true, 5);
         c.labels.fill(IGNORE);
         on_devices!(&[(64, Order::Greedy)], |dev| {
-            let mut sup = GpuSupport::for_graph(&c.graph);
-            sup.lce_chunk = Some(5);
-            let n = c.graph.num_param_elems();
-            let mut ex = GpuExecutor::with_support(&c.graph, dev, n, sup).unwrap();
-            ex.upload_params(&c.params).unwrap();
-            let inputs = Inputs::new().ids("ids", &c.ids).ids("labels", &c.labels);
+            let (mut ex, inputs) = executor_in_chunks_of_5(&c, dev);
             let loss = ex.train_step(&inputs, 1).unwrap();
             assert!(loss.is_nan(), "{dtype:?}: loss {loss}");
             let grads = ex.download_grads().unwrap();
