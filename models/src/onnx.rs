@@ -32,6 +32,10 @@
 
 mod proto;
 
+use ortbench_engine::graph::op::{
+    Binary, Dropout, Fill, Gelu, LayerNorm, MatMul, Permute, RmsNorm, Rotary, Scale, Softmax,
+    Split, Unary,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -377,7 +381,9 @@ impl Probes {
             }
             for (i, (x, y)) in g0.nodes().iter().zip(g.nodes()).enumerate() {
                 let same_op = match (&x.op, &y.op) {
-                    (Op::Split { sizes: s0 }, Op::Split { sizes: s1 }) => s0.len() == s1.len(),
+                    (Op::Split(Split { sizes: s0 }), Op::Split(Split { sizes: s1 })) => {
+                        s0.len() == s1.len()
+                    }
                     (a, b) => a == b,
                 };
                 if !same_op || x.inputs != y.inputs || x.outputs != y.outputs {
@@ -863,7 +869,7 @@ impl<'a> Exporter<'a> {
         match &node.op {
             // Constant (…) of the output's shape: an initializer when the shape is fixed,
             // else ConstantOfShape (https://onnx.ai/onnx/operators/onnx__ConstantOfShape.html).
-            Op::Fill { value } => {
+            Op::Fill(Fill { value }) => {
                 let dims = self.probes.dims(node.outputs[0])?;
                 match dims.iter().map(|d| d.as_const()).collect::<Option<Vec<i64>>>() {
                     Some(shape) => {
@@ -884,7 +890,7 @@ impl<'a> Exporter<'a> {
             // a (…, M, K) · b (…, K, N) or (K, N) → (…, M, N); ta/tb as a Transpose of the last
             // two axes first. ONNX MatMul broadcasts a 2-D b over a's batch axes, as the engine
             // (https://onnx.ai/onnx/operators/onnx__MatMul.html).
-            Op::MatMul { ta, tb } => {
+            Op::MatMul(MatMul { ta, tb }) => {
                 let operand = |t: TensorId, name: &str, transpose: bool, out: &mut Out| {
                     if !transpose {
                         return name.to_string();
@@ -902,14 +908,14 @@ impl<'a> Exporter<'a> {
             // aligns trailing axes, the engine's rule (https://onnx.ai/onnx/operators/onnx__Add.html).
             Op::BiasAdd | Op::Add => self.out.node("Add", &nm, &[&x[0], &x[1]], &[&y[0]], vec![]),
             // s·x (…) (https://onnx.ai/onnx/operators/onnx__Mul.html).
-            Op::Scale { s } => {
+            Op::Scale(Scale { s }) => {
                 let s = self.out.f32(*s);
                 self.out.node("Mul", &nm, &[&x[0], &s], &[&y[0]], vec![]);
             }
-            Op::Gelu { approx } => self.gelu(&nm, &x[0], &y[0], *approx),
+            Op::Gelu(Gelu { approx }) => self.gelu(&nm, &x[0], &y[0], *approx),
             // (…) → tanh (https://onnx.ai/onnx/operators/onnx__Tanh.html).
             Op::Tanh => self.out.node("Tanh", &nm, &[&x[0]], &[&y[0]], vec![]),
-            Op::LayerNorm { eps } => {
+            Op::LayerNorm(LayerNorm { eps }) => {
                 let [y_t, mean_t, rstd_t] = node.outputs[..] else { unreachable!("layernorm has 3 outputs") };
                 if live[rstd_t.index()] {
                     return Err("the rstd output of a LayerNorm is read: only y and the size-1 mean have an export".into());
@@ -931,14 +937,14 @@ impl<'a> Exporter<'a> {
                     self.out.node("Squeeze", &format!("{nm}_mean"), &[&x[0], &axes], &[&y[1]], vec![]);
                 }
             }
-            Op::Softmax { scale, causal } => {
+            Op::Softmax(Softmax { scale, causal }) => {
                 let dims = self.probes.dims(node.inputs[0])?;
                 let mask = x.get(1).map(|s| s.as_str());
                 self.softmax(&nm, &x[0], mask, &y[0], *scale, (*causal).then(|| (dims[dims.len() - 2], dims[dims.len() - 1])));
             }
             // Inference: HF's eval mode, where dropout is the identity; the graph was built with
             // p = 0 everywhere (https://onnx.ai/onnx/operators/onnx__Identity.html).
-            Op::Dropout { p, .. } => {
+            Op::Dropout(Dropout { p, .. }) => {
                 if *p != 0.0 {
                     return Err(format!("dropout with p = {p} (export builds with dropout off: this is a bug)"));
                 }
@@ -952,18 +958,18 @@ impl<'a> Exporter<'a> {
                 self.out.node("Reshape", &nm, &[&x[0], &shape], &[&y[0]], vec![attr_i("allowzero", 1)]);
             }
             // x.permute(perm) (https://onnx.ai/onnx/operators/onnx__Transpose.html).
-            Op::Permute { perm } => {
+            Op::Permute(Permute { perm }) => {
                 let perm: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
                 self.out.node("Transpose", &nm, &[&x[0]], &[&y[0]], vec![attr_ints("perm", &perm)]);
             }
             // x (…, Σ sizes) → (…, sizes[i]) on the last axis, sizes at run time (BERT's
             // classifier splits off token 0 as [C, (T − 1)·C])
             // (https://onnx.ai/onnx/operators/onnx__Split.html, `split` as an input since 13).
-            Op::Split { sizes } => {
+            Op::Split(Split { sizes }) => {
                 let dims = (0..sizes.len())
                     .map(|k| {
                         self.probes.fit(&format!("split size {k}"), |g| match &g.nodes()[i].op {
-                            Op::Split { sizes } => sizes[k],
+                            Op::Split(Split { sizes }) => sizes[k],
                             _ => unreachable!("the probes' nodes have the same ops"),
                         })
                     })
@@ -978,7 +984,7 @@ impl<'a> Exporter<'a> {
                 self.out.node("Concat", &nm, &refs, &[&y[0]], vec![attr_i("axis", -1)]);
             }
             // f(x) elementwise (engine/src/ops/pointwise.rs); every function says its export.
-            Op::Unary { f } => match f {
+            Op::Unary(Unary { f }) => match f {
                 // SiLU: x·σ(x) (https://onnx.ai/onnx/operators/onnx__Sigmoid.html; opset 17
                 // has no Swish).
                 UnaryFn::Silu => {
@@ -987,13 +993,13 @@ impl<'a> Exporter<'a> {
                 }
             },
             // f(a, b), b's shape a suffix of a's: numpy broadcasting aligns trailing axes.
-            Op::Binary { f } => match f {
+            Op::Binary(Binary { f }) => match f {
                 BinaryFn::Mul => self.out.node("Mul", &nm, &[&x[0], &x[1]], &[&y[0]], vec![]),
             },
             // HF's LlamaRMSNorm: x (…, C), w (C) → w·(x·1/√(mean(x²) + eps)) over the last
             // axis, in f32 (opset 17 has no RMSNormalization: it arrives in 23)
             // (https://onnx.ai/onnx/operators/onnx__ReduceMean.html, axes an attribute in 13).
-            Op::RmsNorm { eps } => {
+            Op::RmsNorm(RmsNorm { eps }) => {
                 let [_, rstd_t] = node.outputs[..] else { unreachable!("rms_norm has 2 outputs") };
                 if live[rstd_t.index()] {
                     return Err("the rstd output of an RMSNorm is read: only y has an export".into());
@@ -1012,7 +1018,7 @@ impl<'a> Exporter<'a> {
             // HF's apply_rotary_pos_emb: x (…, T, D), cos, sin (T, D) → x·cos +
             // rotate_half(x)·sin, rotate_half(x) = cat(−x[D/2:], x[:D/2]); `inverse` negates
             // sin (the backward's rotation, not expected in an inference graph but exact).
-            Op::Rotary { inverse } => {
+            Op::Rotary(Rotary { inverse }) => {
                 let dims = self.probes.dims(node.inputs[0])?;
                 let d = dims.last().and_then(|d| d.as_const()).ok_or("rotary's head size must be fixed")?;
                 let halves = self.out.i64s(&[d / 2, d / 2], false);
@@ -1136,7 +1142,7 @@ fn liveness(g: &Graph, logits: TensorId) -> Vec<bool> {
             continue;
         }
         let reads: &[TensorId] = match node.op {
-            Op::LayerNorm { .. } if !live[node.outputs[0].index()] => &node.inputs[..1],
+            Op::LayerNorm(_) if !live[node.outputs[0].index()] => &node.inputs[..1],
             _ => &node.inputs,
         };
         for t in reads {

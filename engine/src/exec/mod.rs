@@ -5,6 +5,12 @@
 //! planned executor on fast backends replaces it for speed and is tested against it. Everything
 //! computes in `T` (f32 in training, f64 in gradient checks); storage dtypes are ignored here.
 
+use crate::graph::op::{
+    AddLayerNorm, AddRmsNorm, Attention, AttentionBackward, Binary, CrossEntropy,
+    CrossEntropyBackward, Dropout, Fill, Gelu, GeluBackward, LayerNorm, Linear, LinearCrossEntropy,
+    LinearCrossEntropyBackward, MatMul, Permute, RmsNorm, Rotary, Scale, Softmax, SoftmaxBackward,
+    Split, Unary, UnaryBackward,
+};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::attention::{attention_backward, attention_forward, AttnCfg, AttnDims};
 use crate::ops::matmul::{matmul_forward, MatMulDims};
@@ -155,7 +161,7 @@ impl<'g> RefExecutor<'g> {
             })?;
             if let Some(t0) = t0 {
                 let key = match &node.op {
-                    Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
+                    Op::MatMul(_) => format!("matmul {}", node.op.attrs()),
                     // Not a dispatch: every other op's profile row is its name.
                     op => op.name().to_string(),
                 };
@@ -289,9 +295,9 @@ fn eval<T: Real>(
     };
 
     match &node.op {
-        Op::Fill { value } => outs[0].fill(t(*value)),
+        Op::Fill(Fill { value }) => outs[0].fill(t(*value)),
         Op::Embedding => embedding::embedding_forward(&mut outs[0], ids(1), f(0), shape(0)[1])?,
-        Op::MatMul { ta, tb } => {
+        Op::MatMul(MatMul { ta, tb }) => {
             let (sa, sb) = (shape(0), shape(1));
             let r = sa.len();
             let (m, k) = if *ta { (sa[r - 1], sa[r - 2]) } else { (sa[r - 2], sa[r - 1]) };
@@ -301,23 +307,23 @@ fn eval<T: Real>(
             matmul_forward(&mut outs[0], f(0), f(1), &dims);
         }
         Op::BiasAdd | Op::Add => add::add_forward(&mut outs[0], f(0), f(1)),
-        Op::Scale { s } => add::scale_forward(&mut outs[0], f(0), t(*s)),
-        Op::Gelu { approx } => gelu::gelu_forward(&mut outs[0], f(0), *approx),
+        Op::Scale(Scale { s }) => add::scale_forward(&mut outs[0], f(0), t(*s)),
+        Op::Gelu(Gelu { approx }) => gelu::gelu_forward(&mut outs[0], f(0), *approx),
         Op::Tanh => tanh::tanh_forward(&mut outs[0], f(0)),
-        Op::Unary { f: fun } => pointwise::unary_forward(*fun, &mut outs[0], f(0)),
-        Op::Binary { f: fun } => pointwise::binary_forward(*fun, &mut outs[0], f(0), f(1)),
-        Op::LayerNorm { eps } => {
+        Op::Unary(Unary { f: fun }) => pointwise::unary_forward(*fun, &mut outs[0], f(0)),
+        Op::Binary(Binary { f: fun }) => pointwise::binary_forward(*fun, &mut outs[0], f(0), f(1)),
+        Op::LayerNorm(LayerNorm { eps }) => {
             let [y, mean, rstd] = &mut outs[..] else { unreachable!("layernorm has 3 outputs") };
             layernorm::layernorm_forward(y, mean, rstd, f(0), f(1), f(2), t(*eps));
         }
-        Op::RmsNorm { eps } => {
+        Op::RmsNorm(RmsNorm { eps }) => {
             let [y, rstd] = &mut outs[..] else { unreachable!("rms_norm has 2 outputs") };
             rmsnorm::rmsnorm_forward(y, rstd, f(0), f(1), t(*eps));
         }
-        Op::Rotary { inverse } => {
+        Op::Rotary(Rotary { inverse }) => {
             rotary::rotary_forward(&mut outs[0], f(0), f(1), f(2), last(0), *inverse)
         }
-        Op::Softmax { scale, causal } => {
+        Op::Softmax(Softmax { scale, causal }) => {
             let s = shape(0);
             let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
             let m = mask(1, s);
@@ -331,12 +337,14 @@ fn eval<T: Real>(
                 m.as_ref(),
             );
         }
-        Op::Dropout { p, offset } => {
+        Op::Dropout(Dropout { p, offset }) => {
             dropout::dropout_forward(&mut outs[0], f(0), *p, seed, *offset)
         }
         Op::Reshape => outs[0].copy_from_slice(f(0)),
-        Op::Permute { perm } => layout::permute_forward(&mut outs[0], f(0), shape(0), perm),
-        Op::Split { sizes } => {
+        Op::Permute(Permute { perm }) => {
+            layout::permute_forward(&mut outs[0], f(0), shape(0), perm)
+        }
+        Op::Split(Split { sizes }) => {
             let mut views: Vec<&mut [T]> = outs.iter_mut().map(|o| &mut o[..]).collect();
             layout::split_forward(&mut views, f(0), sizes);
         }
@@ -345,7 +353,7 @@ fn eval<T: Real>(
             let sizes: Vec<usize> = (0..node.inputs.len()).map(last).collect();
             layout::concat_forward(&mut outs[0], &xs, &sizes);
         }
-        Op::Attention { scale, causal, dropout_p, offset } => {
+        Op::Attention(Attention { scale, causal, dropout_p, offset }) => {
             let dims = attn_dims(shape(0), shape(1), shape(2));
             let cfg = AttnCfg {
                 scale: *scale,
@@ -359,11 +367,11 @@ fn eval<T: Real>(
             let [out, probs] = &mut outs[..] else { unreachable!("attention has 2 outputs") };
             attention_forward(out, probs, f(0), f(1), f(2), &dims, &cfg, m.as_ref());
         }
-        Op::CrossEntropy { ignore_index } => {
+        Op::CrossEntropy(CrossEntropy { ignore_index }) => {
             outs[0][0] =
                 cross_entropy::cross_entropy_forward(f(0), ids(1), last(0), *ignore_index)?;
         }
-        Op::LinearCrossEntropy { ignore_index } => {
+        Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index }) => {
             let bias = (node.inputs.len() > 3).then(|| f(3));
             outs[0][0] = linear_cross_entropy::linear_cross_entropy(
                 f(0),
@@ -375,7 +383,7 @@ fn eval<T: Real>(
                 None,
             )?;
         }
-        Op::Linear { tb, gelu } => {
+        Op::Linear(Linear { tb, gelu }) => {
             let k = last(0);
             let (y, pre) = match &mut outs[..] {
                 [y] => (y, &mut Vec::new()),
@@ -384,13 +392,13 @@ fn eval<T: Real>(
             };
             linear::linear_forward(y, pre, f(0), f(1), f(2), k, *tb, *gelu);
         }
-        Op::AddLayerNorm { eps } => {
+        Op::AddLayerNorm(AddLayerNorm { eps }) => {
             let [sum, y, mean, rstd] = &mut outs[..] else {
                 unreachable!("add_layernorm has 4 outputs")
             };
             layernorm::add_layernorm_forward(sum, y, mean, rstd, f(0), f(1), f(2), f(3), t(*eps));
         }
-        Op::AddRmsNorm { eps } => {
+        Op::AddRmsNorm(AddRmsNorm { eps }) => {
             let [sum, y, rstd] = &mut outs[..] else { unreachable!("add_rms_norm has 3 outputs") };
             rmsnorm::add_rmsnorm_forward(sum, y, rstd, f(0), f(1), f(2), t(*eps));
         }
@@ -399,9 +407,11 @@ fn eval<T: Real>(
             embedding::embedding_backward(&mut outs[0], ids(0), f(1), c)?;
         }
         Op::ReduceSumLeading => add::reduce_sum_leading(&mut outs[0], f(0)),
-        Op::GeluBackward { approx } => gelu::gelu_backward(&mut outs[0], f(0), f(1), *approx),
+        Op::GeluBackward(GeluBackward { approx }) => {
+            gelu::gelu_backward(&mut outs[0], f(0), f(1), *approx)
+        }
         Op::TanhBackward => tanh::tanh_backward(&mut outs[0], f(0), f(1)),
-        Op::UnaryBackward { f: fun } => {
+        Op::UnaryBackward(UnaryBackward { f: fun }) => {
             pointwise::unary_backward(*fun, &mut outs[0], f(0), f(1));
         }
         Op::LayerNormBackward => {
@@ -414,10 +424,10 @@ fn eval<T: Real>(
             let [dx, dw] = &mut outs[..] else { unreachable!("rms_norm_backward has 2 outputs") };
             rmsnorm::rmsnorm_backward(dx, dw, f(0), f(1), f(2), f(3));
         }
-        Op::SoftmaxBackward { scale } => {
+        Op::SoftmaxBackward(SoftmaxBackward { scale }) => {
             softmax::softmax_backward(&mut outs[0], f(0), f(1), last(0), t(*scale))
         }
-        Op::AttentionBackward { scale, causal, dropout_p, offset } => {
+        Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset }) => {
             let dims = attn_dims(shape(1), shape(2), shape(3));
             let cfg = AttnCfg {
                 scale: *scale,
@@ -431,7 +441,7 @@ fn eval<T: Real>(
             };
             attention_backward(dq, dk, dv, f(0), f(1), f(2), f(3), f(4), &dims, &cfg);
         }
-        Op::CrossEntropyBackward { ignore_index } => {
+        Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index }) => {
             cross_entropy::cross_entropy_backward(
                 &mut outs[0],
                 f(0)[0],
@@ -441,7 +451,7 @@ fn eval<T: Real>(
                 *ignore_index,
             )?;
         }
-        Op::LinearCrossEntropyBackward { ignore_index } => {
+        Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
             let bias = (node.inputs.len() > 4).then(|| f(4));
             let (loss, grads) = outs.split_at_mut(1);
             let (dx, rest) = grads.split_at_mut(1);

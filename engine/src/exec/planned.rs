@@ -25,9 +25,7 @@
 //! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
 
 use crate::backend::cpu::kernels::attention::{self, AttnPlan};
-use crate::backend::cpu::kernels::elementwise::{
-    self as ew, Add, Gelu, GeluBackward, Scale, Tanh, TanhBackward,
-};
+use crate::backend::cpu::kernels::elementwise::{self as ew, Add, Tanh, TanhBackward};
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
 use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
@@ -37,6 +35,12 @@ use crate::backend::cpu::kernels::{
 };
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
+use crate::graph::op::{
+    AddLayerNorm, AddRmsNorm, Attention, AttentionBackward, Binary, CrossEntropy,
+    CrossEntropyBackward, Dropout, Fill, Gelu, GeluBackward, LayerNorm, Linear, LinearCrossEntropy,
+    LinearCrossEntropyBackward, MatMul, Permute, RmsNorm, Rotary, Scale, Softmax, SoftmaxBackward,
+    Split, Unary, UnaryBackward,
+};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
@@ -77,42 +81,43 @@ impl KernelSupport for CpuSupport {
         let n = &g.nodes()[node];
         let err = |why: String| PlanError::NoKernel { node, op: n.op.name(), backend: "cpu", why };
         match &n.op {
-            Op::Fill { .. }
+            Op::Fill(_)
             | Op::Embedding
-            | Op::MatMul { .. }
+            | Op::MatMul(_)
             | Op::BiasAdd
             | Op::Add
-            | Op::Scale { .. }
-            | Op::Gelu { .. }
+            | Op::Scale(_)
+            | Op::Gelu(_)
             | Op::Tanh
-            | Op::LayerNorm { .. }
-            | Op::RmsNorm { .. }
-            | Op::Rotary { .. }
-            | Op::Softmax { .. }
-            | Op::Dropout { .. }
+            | Op::LayerNorm(_)
+            | Op::RmsNorm(_)
+            | Op::Rotary(_)
+            | Op::Softmax(_)
+            | Op::Dropout(_)
             | Op::Reshape
-            | Op::Permute { .. }
-            | Op::Split { .. }
+            | Op::Permute(_)
+            | Op::Split(_)
             | Op::Concat
-            | Op::CrossEntropy { .. }
+            | Op::CrossEntropy(_)
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
-            | Op::GeluBackward { .. }
+            | Op::GeluBackward(_)
             | Op::TanhBackward
             | Op::LayerNormBackward
             | Op::RmsNormBackward
-            | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. }
-            | Op::LinearCrossEntropy { .. }
-            | Op::LinearCrossEntropyBackward { .. }
-            | Op::Linear { .. }
-            | Op::AddLayerNorm { .. }
-            | Op::AddRmsNorm { .. }
-            | Op::Unary { .. }
-            | Op::Binary { .. }
-            | Op::UnaryBackward { .. } => {}
-            Op::Attention { .. } | Op::AttentionBackward { .. } => {
-                let q = if matches!(n.op, Op::Attention { .. }) { 0 } else { 1 };
+            | Op::SoftmaxBackward(_)
+            | Op::CrossEntropyBackward(_)
+            | Op::LinearCrossEntropy(_)
+            | Op::LinearCrossEntropyBackward(_)
+            | Op::Linear(_)
+            | Op::AddLayerNorm(_)
+            | Op::AddRmsNorm(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::UnaryBackward(_) => {}
+            Op::Attention(_) | Op::AttentionBackward(_) => {
+                use crate::ops::attention::{backward_slot, slot};
+                let q = if matches!(n.op, Op::Attention(_)) { slot::Q } else { backward_slot::Q };
                 if g.shape(n.inputs[q]).len() != 4 {
                     return Err(err(" for a non-4-D attention".into()));
                 }
@@ -127,13 +132,14 @@ impl KernelSupport for CpuSupport {
     fn reads(&self, g: &Graph, node: usize, slot: usize) -> bool {
         // The attention backward's forward output and mask: read by the GPU kernels only (the
         // CPU kernel reads the saved probabilities).
-        !(matches!(g.nodes()[node].op, Op::AttentionBackward { .. }) && slot > 4)
+        use crate::ops::attention::backward_slot as s;
+        !(matches!(g.nodes()[node].op, Op::AttentionBackward(_)) && slot >= s::OUT)
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
         let n = &g.nodes()[node];
         let t = self.threads;
-        if let (Some((_, u)), Op::MatMul { ta, .. }) = (self.row_use(node), &n.op) {
+        if let (Some((_, u)), Op::MatMul(MatMul { ta, .. })) = (self.row_use(node), &n.op) {
             let (sa, so) = (g.shape(n.inputs[0]), g.shape(n.outputs[0]));
             let (m, nn) = (so[so.len() - 2], so[so.len() - 1]);
             let k = if *ta { sa[sa.len() - 2] } else { sa[sa.len() - 1] };
@@ -148,52 +154,52 @@ impl KernelSupport for CpuSupport {
             Op::RmsNormBackward => {
                 rmsnorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
             }
-            Op::CrossEntropy { .. } => g.tensor(n.inputs[1]).numel(),
+            Op::CrossEntropy(_) => g.tensor(n.inputs[1]).numel(),
             // One chunk of logits, gathered rows, dx rows and row losses.
-            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
-                let x = if matches!(n.op, Op::LinearCrossEntropy { .. }) { 0 } else { 1 };
+            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
+                let x = if matches!(n.op, Op::LinearCrossEntropy(_)) { 0 } else { 1 };
                 let (c, v) = (g.shape(n.inputs[x + 1])[1], g.shape(n.inputs[x + 1])[0]);
                 let rows = g.tensor(n.inputs[x + 2]).numel();
                 lce::workspace(rows, c, v, lce::chunk_rows(v, t))
             }
-            Op::Attention { dropout_p, .. } if dropout_p > 0.0 => {
+            Op::Attention(Attention { dropout_p, .. }) if dropout_p > 0.0 => {
                 let p = g.shape(n.outputs[1]);
                 t * p[2] * p[3]
             }
-            Op::AttentionBackward { .. } => {
-                let p = g.shape(n.inputs[4]);
+            Op::AttentionBackward(_) => {
+                let p = g.shape(n.inputs[crate::ops::attention::backward_slot::PROBS]);
                 2 * t * p[2] * p[3]
             }
-            Op::Attention { .. }
-            | Op::Fill { .. }
+            Op::Attention(_)
+            | Op::Fill(_)
             | Op::Embedding
-            | Op::MatMul { .. }
+            | Op::MatMul(_)
             | Op::BiasAdd
             | Op::Add
-            | Op::Scale { .. }
-            | Op::Gelu { .. }
+            | Op::Scale(_)
+            | Op::Gelu(_)
             | Op::Tanh
-            | Op::LayerNorm { .. }
-            | Op::RmsNorm { .. }
-            | Op::Rotary { .. }
-            | Op::Softmax { .. }
-            | Op::Dropout { .. }
+            | Op::LayerNorm(_)
+            | Op::RmsNorm(_)
+            | Op::Rotary(_)
+            | Op::Softmax(_)
+            | Op::Dropout(_)
             | Op::Reshape
-            | Op::Permute { .. }
-            | Op::Split { .. }
+            | Op::Permute(_)
+            | Op::Split(_)
             | Op::Concat
-            | Op::Linear { .. }
-            | Op::AddLayerNorm { .. }
-            | Op::AddRmsNorm { .. }
+            | Op::Linear(_)
+            | Op::AddLayerNorm(_)
+            | Op::AddRmsNorm(_)
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
-            | Op::GeluBackward { .. }
+            | Op::GeluBackward(_)
             | Op::TanhBackward
-            | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. }
-            | Op::Unary { .. }
-            | Op::Binary { .. }
-            | Op::UnaryBackward { .. } => 0,
+            | Op::SoftmaxBackward(_)
+            | Op::CrossEntropyBackward(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::UnaryBackward(_) => 0,
         }
     }
 }
@@ -336,7 +342,7 @@ impl PlannedExecutor {
         // the loss scale (2^16 does not fit in f16) and is f32 like the loss.
         let seed_node = graph.loss().and_then(|l| {
             graph.nodes().iter().position(|n| {
-                matches!(n.op, Op::Fill { .. })
+                matches!(n.op, Op::Fill(_))
                     && n.outputs.len() == 1
                     && graph.tensor(n.outputs[0]).kind == TensorKind::Grad(l)
             })
@@ -361,7 +367,7 @@ impl PlannedExecutor {
             }
             let key = match &node.op {
                 // ORTBENCH_PROFILE_SHAPES=1: one row per matmul shape (M×N×K, batch).
-                Op::MatMul { .. } if profile_shapes() => {
+                Op::MatMul(_) if profile_shapes() => {
                     let Aux::MatMul(m, r) = &aux else { unreachable!("matmuls resolve to a plan") };
                     let rows = r.map_or(String::new(), |(_, u)| format!(" rows:{u:?}"));
                     format!(
@@ -373,7 +379,7 @@ impl PlannedExecutor {
                         m.offs.len()
                     )
                 }
-                Op::MatMul { .. } => format!("matmul {}", node.op.attrs()),
+                Op::MatMul(_) => format!("matmul {}", node.op.attrs()),
                 // Not a dispatch: every other op's profile row is its name.
                 op => op.name().to_string(),
             };
@@ -458,7 +464,7 @@ impl PlannedExecutor {
         self.steps
             .iter()
             .map(|r| match &g.nodes()[r.node].op {
-                Op::MatMul { .. } | Op::Linear { .. } => {
+                Op::MatMul(_) | Op::Linear(_) => {
                     let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
                     let dense = 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
                     match rows {
@@ -475,43 +481,43 @@ impl PlannedExecutor {
                         _ => dense,
                     }
                 }
-                Op::Attention { .. } | Op::AttentionBackward { .. } => {
+                Op::Attention(_) | Op::AttentionBackward(_) => {
                     let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
-                    a.executed_flops(matches!(g.nodes()[r.node].op, Op::AttentionBackward { .. }))
+                    a.executed_flops(matches!(g.nodes()[r.node].op, Op::AttentionBackward(_)))
                 }
                 // Counted by the kernels' calls (labelled rows only), added once below.
-                Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => 0.0,
+                Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => 0.0,
                 // Element-wise, normalisation, loss and data movement: not counted (above).
-                Op::Fill { .. }
+                Op::Fill(_)
                 | Op::Embedding
                 | Op::BiasAdd
                 | Op::Add
-                | Op::Scale { .. }
-                | Op::Gelu { .. }
+                | Op::Scale(_)
+                | Op::Gelu(_)
                 | Op::Tanh
-                | Op::LayerNorm { .. }
-                | Op::RmsNorm { .. }
-                | Op::Rotary { .. }
-                | Op::Softmax { .. }
-                | Op::Dropout { .. }
+                | Op::LayerNorm(_)
+                | Op::RmsNorm(_)
+                | Op::Rotary(_)
+                | Op::Softmax(_)
+                | Op::Dropout(_)
                 | Op::Reshape
-                | Op::Permute { .. }
-                | Op::Split { .. }
+                | Op::Permute(_)
+                | Op::Split(_)
                 | Op::Concat
-                | Op::CrossEntropy { .. }
-                | Op::AddLayerNorm { .. }
-                | Op::AddRmsNorm { .. }
+                | Op::CrossEntropy(_)
+                | Op::AddLayerNorm(_)
+                | Op::AddRmsNorm(_)
                 | Op::EmbeddingBackward
                 | Op::ReduceSumLeading
-                | Op::GeluBackward { .. }
+                | Op::GeluBackward(_)
                 | Op::TanhBackward
                 | Op::LayerNormBackward
                 | Op::RmsNormBackward
-                | Op::SoftmaxBackward { .. }
-                | Op::CrossEntropyBackward { .. }
-                | Op::Unary { .. }
-                | Op::Binary { .. }
-                | Op::UnaryBackward { .. } => 0.0,
+                | Op::SoftmaxBackward(_)
+                | Op::CrossEntropyBackward(_)
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::UnaryBackward(_) => 0.0,
             })
             .sum::<f64>()
             + self.lce_flops.load(std::sync::atomic::Ordering::Relaxed) as f64
@@ -724,7 +730,7 @@ impl PlannedExecutor {
             }
         };
         match &node.op {
-            Op::Fill { value } => {
+            Op::Fill(Fill { value }) => {
                 let value =
                     &if self.seed_node == Some(r.node) { value * self.loss_scale } else { *value };
                 let o = node.outputs[0];
@@ -742,7 +748,7 @@ impl PlannedExecutor {
                 rd(0),
                 g.shape(node.inputs[0])[1],
             )?,
-            Op::MatMul { .. } => {
+            Op::MatMul(_) => {
                 let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
                 let (a, b, c) = (ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.outputs[0]));
                 match rows {
@@ -754,7 +760,7 @@ impl PlannedExecutor {
                     _ => m.run(pool, a, b, c),
                 }
             }
-            Op::Linear { gelu, .. } => {
+            Op::Linear(Linear { gelu, .. }) => {
                 let Aux::MatMul(m, _) = &r.aux else { unreachable!("resolved at build") };
                 let (x, w) = (ptr(node.inputs[0]), ptr(node.inputs[1]));
                 match gelu {
@@ -768,7 +774,7 @@ impl PlannedExecutor {
                     }
                 }
             }
-            Op::AddLayerNorm { eps } => {
+            Op::AddLayerNorm(AddLayerNorm { eps }) => {
                 let (y, mean, rstd) = (wr(1), wr(2), wr(3));
                 match r.inplace {
                     // The sum overwrites a dying operand; addition commutes, so add the other.
@@ -798,7 +804,7 @@ impl PlannedExecutor {
                     ),
                 }
             }
-            Op::AddRmsNorm { eps } => {
+            Op::AddRmsNorm(AddRmsNorm { eps }) => {
                 let (y, rstd) = (wr(1), wr(2));
                 match r.inplace {
                     // The sum overwrites a dying operand; addition commutes, so add the other.
@@ -829,29 +835,31 @@ impl PlannedExecutor {
                 Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), Add),
                 None => ew::map2(pool, wr(0), rd(0), rd(1), Add),
             },
-            Op::Scale { s } => unary(pool, r, wr, rd, rw, Scale(*s)),
-            Op::Gelu { approx } => unary(pool, r, wr, rd, rw, Gelu(*approx)),
+            Op::Scale(Scale { s }) => unary(pool, r, wr, rd, rw, ew::Scale(*s)),
+            Op::Gelu(Gelu { approx }) => unary(pool, r, wr, rd, rw, ew::Gelu(*approx)),
             Op::Tanh => unary(pool, r, wr, rd, rw, Tanh),
-            Op::Unary { f } => match r.inplace {
+            Op::Unary(Unary { f }) => match r.inplace {
                 Some(_) => pw::unary_inplace(pool, rw(0), *f),
                 None => pw::unary(pool, wr(0), rd(0), *f),
             },
-            Op::UnaryBackward { f } => match r.inplace {
+            Op::UnaryBackward(UnaryBackward { f }) => match r.inplace {
                 Some(_) => pw::unary_backward_inplace(pool, rd(0), rw(1), *f),
                 None => pw::unary_backward(pool, wr(0), rd(0), rd(1), *f),
             },
-            Op::Binary { f } => match r.inplace {
+            Op::Binary(Binary { f }) => match r.inplace {
                 Some(0) => pw::binary_inplace_a(pool, rw(0), rd(1), *f),
                 Some(_) => pw::binary_inplace_b(pool, rd(0), rw(1), *f),
                 None => pw::binary(pool, wr(0), rd(0), rd(1), *f),
             },
-            Op::GeluBackward { approx } => binary_b(pool, r, wr, rd, rw, GeluBackward(*approx)),
+            Op::GeluBackward(GeluBackward { approx }) => {
+                binary_b(pool, r, wr, rd, rw, ew::GeluBackward(*approx))
+            }
             Op::TanhBackward => binary_b(pool, r, wr, rd, rw, TanhBackward),
-            Op::Dropout { p, offset } => match r.inplace {
+            Op::Dropout(Dropout { p, offset }) => match r.inplace {
                 Some(_) => ew::dropout_inplace(pool, rw(0), *p, seed, *offset),
                 None => ew::dropout(pool, wr(0), rd(0), *p, seed, *offset),
             },
-            Op::LayerNorm { eps } => {
+            Op::LayerNorm(LayerNorm { eps }) => {
                 layernorm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps)
             }
             Op::LayerNormBackward => layernorm::layernorm_backward(
@@ -866,18 +874,20 @@ impl PlannedExecutor {
                 rd(4),
                 ws(),
             ),
-            Op::RmsNorm { eps } => rmsnorm::rmsnorm_forward(pool, wr(0), wr(1), rd(0), rd(1), *eps),
+            Op::RmsNorm(RmsNorm { eps }) => {
+                rmsnorm::rmsnorm_forward(pool, wr(0), wr(1), rd(0), rd(1), *eps)
+            }
             Op::RmsNormBackward => {
                 rmsnorm::rmsnorm_backward(pool, wr(0), wr(1), rd(0), rd(1), rd(2), rd(3), ws())
             }
-            Op::Rotary { inverse } => {
+            Op::Rotary(Rotary { inverse }) => {
                 let d = last(node.inputs[0]);
                 match r.inplace {
                     Some(_) => rotary::rotary(pool, rw(0), None, rd(1), rd(2), d, *inverse),
                     None => rotary::rotary(pool, wr(0), Some(rd(0)), rd(1), rd(2), d, *inverse),
                 }
             }
-            Op::Softmax { scale, causal } => {
+            Op::Softmax(Softmax { scale, causal }) => {
                 let s = g.shape(node.inputs[0]);
                 let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
                 softmax::softmax_forward(
@@ -891,7 +901,7 @@ impl PlannedExecutor {
                     mask(1),
                 );
             }
-            Op::SoftmaxBackward { scale } => match r.inplace {
+            Op::SoftmaxBackward(SoftmaxBackward { scale }) => match r.inplace {
                 Some(_) => softmax::softmax_backward_inplace(
                     pool,
                     rd(0),
@@ -908,12 +918,12 @@ impl PlannedExecutor {
                     *scale,
                 ),
             },
-            Op::Reshape | Op::Permute { .. } => {
+            Op::Reshape | Op::Permute(_) => {
                 // Materialised (the plan could not fold it): a strided copy.
                 let (x, o) = (node.inputs[0], node.outputs[0]);
                 let (xs, os) = (g.shape(x).to_vec(), g.shape(o));
                 let (src_shape, src_strides) = match &node.op {
-                    Op::Permute { perm } => (
+                    Op::Permute(Permute { perm }) => (
                         perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
                         perm.iter().map(|&p| pl(x).strides[p]).collect::<Vec<_>>(),
                     ),
@@ -930,7 +940,7 @@ impl PlannedExecutor {
                     &pl(o).strides,
                 );
             }
-            Op::Split { sizes } => {
+            Op::Split(Split { sizes }) => {
                 let x = node.inputs[0];
                 let xp = pl(x);
                 let ls = *xp.strides.last().unwrap_or(&0);
@@ -968,28 +978,30 @@ impl PlannedExecutor {
                     start += last(x);
                 }
             }
-            Op::Attention { .. } => {
+            Op::Attention(_) => {
                 let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
                 let w: &mut [f32] = match r.ws {
                     Some(_) => ws(),
                     None => &mut [],
                 };
-                let m = node.inputs.get(3).map(|_| rd(3));
+                use crate::ops::attention::slot as s;
+                let m = node.inputs.get(s::MASK).map(|_| rd(s::MASK));
                 attention::attention_forward(
                     pool,
                     a,
                     ptr(node.outputs[0]),
                     wr(1),
-                    ptr(node.inputs[0]),
-                    ptr(node.inputs[1]),
-                    ptr(node.inputs[2]),
+                    ptr(node.inputs[s::Q]),
+                    ptr(node.inputs[s::K]),
+                    ptr(node.inputs[s::V]),
                     m,
                     seed,
                     w,
                 );
             }
-            Op::AttentionBackward { .. } => {
+            Op::AttentionBackward(_) => {
                 let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
+                use crate::ops::attention::backward_slot as s;
                 let i = &node.inputs;
                 attention::attention_backward(
                     pool,
@@ -997,16 +1009,16 @@ impl PlannedExecutor {
                     ptr(node.outputs[0]),
                     ptr(node.outputs[1]),
                     ptr(node.outputs[2]),
-                    ptr(i[0]),
-                    ptr(i[1]),
-                    ptr(i[2]),
-                    ptr(i[3]),
-                    rd(4),
+                    ptr(i[s::DOUT]),
+                    ptr(i[s::Q]),
+                    ptr(i[s::K]),
+                    ptr(i[s::V]),
+                    rd(s::PROBS),
                     seed,
                     ws(),
                 );
             }
-            Op::CrossEntropy { ignore_index } => {
+            Op::CrossEntropy(CrossEntropy { ignore_index }) => {
                 let v = last(node.inputs[0]);
                 let l = cross_entropy::cross_entropy_forward(
                     pool,
@@ -1018,10 +1030,10 @@ impl PlannedExecutor {
                 )?;
                 wr(0)[0] = l;
             }
-            Op::LinearCrossEntropy { ignore_index }
-            | Op::LinearCrossEntropyBackward { ignore_index } => {
+            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
+            | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
                 // Operands from x on: the backward's slot 0 is dloss.
-                let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward { .. }));
+                let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward(_)));
                 let (v, c) = (g.shape(node.inputs[at + 1])[0], g.shape(node.inputs[at + 1])[1]);
                 let labels = ids(at + 2);
                 let p = lce::Lce {
@@ -1052,7 +1064,7 @@ impl PlannedExecutor {
                     std::sync::atomic::Ordering::Relaxed,
                 );
             }
-            Op::CrossEntropyBackward { ignore_index } => {
+            Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index }) => {
                 let v = last(node.inputs[1]);
                 let dloss = rd(0)[0];
                 match r.inplace {
@@ -1169,7 +1181,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
         why: why.to_string(),
     };
     Ok(match &node.op {
-        Op::MatMul { ta, tb } => {
+        Op::MatMul(MatMul { ta, tb }) => {
             let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
             let m = MatMulPlan::new(
                 *ta,
@@ -1181,21 +1193,20 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
             .ok_or_else(|| no(" for these operand layouts"))?;
             Aux::MatMul(m, None)
         }
-        Op::Attention { scale, causal, dropout_p, offset }
-        | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
-            let fwd = matches!(node.op, Op::Attention { .. });
+        Op::Attention(Attention { scale, causal, dropout_p, offset })
+        | Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset }) => {
+            use crate::ops::attention::{backward_slot as bs, slot as fs};
+            let fwd = matches!(node.op, Op::Attention(_));
+            let i = &node.inputs;
             let (q, k, v, o) = if fwd {
-                (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0])
+                (i[fs::Q], i[fs::K], i[fs::V], node.outputs[0])
             } else {
-                (node.inputs[1], node.inputs[2], node.inputs[3], node.inputs[0])
+                (i[bs::Q], i[bs::K], i[bs::V], i[bs::DOUT])
             };
             let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
             let full = [sq[0], sq[1], sq[2], sk[2]];
-            let mask = if fwd {
-                node.inputs.get(3).map(|&m| MaskMap::new(g.shape(m), &full))
-            } else {
-                None
-            };
+            let mask =
+                if fwd { i.get(fs::MASK).map(|&m| MaskMap::new(g.shape(m), &full)) } else { None };
             let (dq, dk, dvs) = if fwd {
                 ([0; 3], [0; 3], [0; 3])
             } else {
@@ -1227,7 +1238,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
                 mask,
             }))
         }
-        Op::Linear { tb, gelu } => {
+        Op::Linear(Linear { tb, gelu }) => {
             // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
             let (x, w) = (node.inputs[0], node.inputs[1]);
             let c = node.outputs[usize::from(gelu.is_some())];
@@ -1241,42 +1252,42 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
             .ok_or_else(|| no(" for these operand layouts"))?;
             Aux::MatMul(m, None)
         }
-        Op::Softmax { .. } if node.inputs.len() > 1 => {
+        Op::Softmax(_) if node.inputs.len() > 1 => {
             Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0])))
         }
         // Kernels that take their sizes from the shapes at run time: nothing to resolve.
-        Op::Softmax { .. }
-        | Op::Fill { .. }
+        Op::Softmax(_)
+        | Op::Fill(_)
         | Op::Embedding
         | Op::BiasAdd
         | Op::Add
-        | Op::Scale { .. }
-        | Op::Gelu { .. }
+        | Op::Scale(_)
+        | Op::Gelu(_)
         | Op::Tanh
-        | Op::LayerNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Rotary { .. }
-        | Op::Dropout { .. }
+        | Op::LayerNorm(_)
+        | Op::RmsNorm(_)
+        | Op::Rotary(_)
+        | Op::Dropout(_)
         | Op::Reshape
-        | Op::Permute { .. }
-        | Op::Split { .. }
+        | Op::Permute(_)
+        | Op::Split(_)
         | Op::Concat
-        | Op::CrossEntropy { .. }
-        | Op::AddLayerNorm { .. }
-        | Op::AddRmsNorm { .. }
+        | Op::CrossEntropy(_)
+        | Op::AddLayerNorm(_)
+        | Op::AddRmsNorm(_)
         | Op::EmbeddingBackward
         | Op::ReduceSumLeading
-        | Op::GeluBackward { .. }
+        | Op::GeluBackward(_)
         | Op::TanhBackward
         | Op::LayerNormBackward
         | Op::RmsNormBackward
-        | Op::SoftmaxBackward { .. }
-        | Op::CrossEntropyBackward { .. }
-        | Op::LinearCrossEntropy { .. }
-        | Op::LinearCrossEntropyBackward { .. }
-        | Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::UnaryBackward { .. } => Aux::None,
+        | Op::SoftmaxBackward(_)
+        | Op::CrossEntropyBackward(_)
+        | Op::LinearCrossEntropy(_)
+        | Op::LinearCrossEntropyBackward(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::UnaryBackward(_) => Aux::None,
     })
 }
 

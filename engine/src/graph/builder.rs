@@ -6,6 +6,11 @@ use super::error::{fmt_shapes, GraphError};
 use super::{
     ElemType, GeluApprox, Graph, Op, Param, TensorId, TensorInfo, TensorKind, IGNORE_INDEX,
 };
+use crate::graph::op::{
+    AddLayerNorm, AddRmsNorm, Attention, Binary, CrossEntropy, CrossEntropyBackward, Dropout, Fill,
+    Gelu, GeluBackward, LayerNorm, Linear, LinearCrossEntropy, LinearCrossEntropyBackward, MatMul,
+    Permute, RmsNorm, Rotary, Scale, Softmax, SoftmaxBackward, Split, Unary, UnaryBackward,
+};
 use crate::ops::pointwise::{BinaryFn, UnaryFn};
 use crate::DType;
 
@@ -118,8 +123,11 @@ impl Graph {
 
     /// A constant tensor (the loss seed, zero gradients).
     pub fn fill(&mut self, shape: &[usize], value: f32) -> TensorId {
-        self.push(Op::Fill { value }, vec![], vec![(shape.to_vec(), ElemType::Float(self.dtype))])
-            [0]
+        self.push(
+            Op::Fill(Fill { value }),
+            vec![],
+            vec![(shape.to_vec(), ElemType::Float(self.dtype))],
+        )[0]
     }
 
     /// Rows of `table` (V, C) gathered by `ids` (…) → (…, C).
@@ -172,7 +180,8 @@ impl Graph {
         }
         let mut out = batch_a.to_vec();
         out.extend([m, n]);
-        Ok(self.push(Op::MatMul { ta, tb }, vec![a, b], vec![(out, ElemType::Float(dt))])[0])
+        Ok(self.push(Op::MatMul(MatMul { ta, tb }), vec![a, b], vec![(out, ElemType::Float(dt))])
+            [0])
     }
 
     /// HF `nn.Linear`: x · wᵀ (+ bias), w of shape (out, in).
@@ -216,11 +225,11 @@ impl Graph {
 
     /// s · x
     pub fn scale(&mut self, x: TensorId, s: f32) -> Result<TensorId> {
-        self.unary("scale", Op::Scale { s }, x)
+        self.unary("scale", Op::Scale(Scale { s }), x)
     }
 
     pub fn gelu(&mut self, x: TensorId, approx: GeluApprox) -> Result<TensorId> {
-        self.unary("gelu", Op::Gelu { approx }, x)
+        self.unary("gelu", Op::Gelu(Gelu { approx }), x)
     }
 
     pub fn tanh(&mut self, x: TensorId) -> Result<TensorId> {
@@ -229,7 +238,7 @@ impl Graph {
 
     /// f(x) for a pointwise function of `ops::pointwise`.
     pub fn apply(&mut self, f: UnaryFn, x: TensorId) -> Result<TensorId> {
-        self.unary(f.name(), Op::Unary { f }, x)
+        self.unary(f.name(), Op::Unary(Unary { f }), x)
     }
 
     /// f(a, b) for a pointwise function of `ops::pointwise`; b's shape equals a's or a trailing
@@ -245,7 +254,7 @@ impl Graph {
                 &[("a", &sa), ("b", &sb)],
             ));
         }
-        Ok(self.push(Op::Binary { f }, vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
+        Ok(self.push(Op::Binary(Binary { f }), vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
     }
 
     /// dx = dy·f'(x), f's backward from the forward's input.
@@ -255,7 +264,11 @@ impl Graph {
         x: TensorId,
         dy: TensorId,
     ) -> Result<TensorId> {
-        self.binary_same(f.backward_name(), Op::UnaryBackward { f }, [("x", x), ("dy", dy)])
+        self.binary_same(
+            f.backward_name(),
+            Op::UnaryBackward(UnaryBackward { f }),
+            [("x", x), ("dy", dy)],
+        )
     }
 
     /// LayerNorm over the last dim: w, b of shape (C). Returns y; the node also outputs the row
@@ -288,7 +301,7 @@ impl Graph {
         let rows = sx[..sx.len() - 1].to_vec();
         let stats = ElemType::Float(DType::F32);
         let outs = vec![(sx, ElemType::Float(dt)), (rows.clone(), stats), (rows, stats)];
-        Ok(self.push(Op::LayerNorm { eps }, vec![x, w, b], outs)[0])
+        Ok(self.push(Op::LayerNorm(LayerNorm { eps }), vec![x, w, b], outs)[0])
     }
 
     /// HF `LlamaRMSNorm` over the last dim: y = w·(x·rstd), rstd = 1/√(mean(x²) + eps), computed
@@ -314,7 +327,7 @@ impl Graph {
         }
         let rows = sx[..sx.len() - 1].to_vec();
         let outs = vec![(sx, ElemType::Float(dt)), (rows, ElemType::Float(DType::F32))];
-        Ok(self.push(Op::RmsNorm { eps }, vec![x, w], outs)[0])
+        Ok(self.push(Op::RmsNorm(RmsNorm { eps }), vec![x, w], outs)[0])
     }
 
     /// HF's `apply_rotary_pos_emb` on one of q, k: x·cos + rotate_half(x)·sin, with
@@ -344,7 +357,11 @@ impl Graph {
         if !sc[1].is_multiple_of(2) {
             return Err(shape_err(op, "the rotated dim D must be even", named));
         }
-        Ok(self.push(Op::Rotary { inverse }, vec![x, cos, sin], vec![(sx, ElemType::Float(dt))])[0])
+        Ok(self.push(
+            Op::Rotary(Rotary { inverse }),
+            vec![x, cos, sin],
+            vec![(sx, ElemType::Float(dt))],
+        )[0])
     }
 
     /// HF's `repeat_kv` written with reshape and concat: x (B, Hkv, T, D) → (B, Hkv, 1, T·D)
@@ -397,7 +414,11 @@ impl Graph {
             }
             inputs.push(m);
         }
-        Ok(self.push(Op::Softmax { scale, causal }, inputs, vec![(sx, ElemType::Float(dt))])[0])
+        Ok(self.push(
+            Op::Softmax(Softmax { scale, causal }),
+            inputs,
+            vec![(sx, ElemType::Float(dt))],
+        )[0])
     }
 
     /// Inverted dropout with probability `p`; the site gets its own range of RNG counters.
@@ -411,7 +432,7 @@ impl Graph {
         if p > 0.0 {
             self.rng_offset += numel;
         }
-        self.unary(op, Op::Dropout { p, offset }, x)
+        self.unary(op, Op::Dropout(Dropout { p, offset }), x)
     }
 
     /// The same data under a new shape with the same number of elements.
@@ -447,7 +468,7 @@ impl Graph {
         }
         let out = perm.iter().map(|&p| sx[p]).collect();
         Ok(self.push(
-            Op::Permute { perm: perm.to_vec() },
+            Op::Permute(Permute { perm: perm.to_vec() }),
             vec![x],
             vec![(out, ElemType::Float(dt))],
         )[0])
@@ -491,7 +512,7 @@ impl Graph {
                 (o, ElemType::Float(dt))
             })
             .collect();
-        Ok(self.push(Op::Split { sizes: sizes.to_vec() }, vec![x], outs))
+        Ok(self.push(Op::Split(Split { sizes: sizes.to_vec() }), vec![x], outs))
     }
 
     /// Concatenates along the last dim; all other dims must agree.
@@ -588,7 +609,12 @@ impl Graph {
             }
         };
         let out = vec![sq[0], sq[1], sq[2], sv[3]];
-        let attrs = Op::Attention { scale, causal: opts.causal, dropout_p: opts.dropout_p, offset };
+        let attrs = Op::Attention(Attention {
+            scale,
+            causal: opts.causal,
+            dropout_p: opts.dropout_p,
+            offset,
+        });
         Ok(self.push(
             attrs,
             inputs,
@@ -619,7 +645,7 @@ impl Graph {
         }
         // The loss stays f32 whatever the storage dtype, as in PyTorch autocast.
         Ok(self.push(
-            Op::CrossEntropy { ignore_index },
+            Op::CrossEntropy(CrossEntropy { ignore_index }),
             vec![logits, labels],
             vec![(vec![], ElemType::Float(DType::F32))],
         )[0])
@@ -661,7 +687,7 @@ impl Graph {
             Some(_) => vec![(out.clone(), f), (out, f)],
             None => vec![(out, f)],
         };
-        Ok(self.push(Op::Linear { tb, gelu }, vec![x, w, bias], outs)[0])
+        Ok(self.push(Op::Linear(Linear { tb, gelu }), vec![x, w, bias], outs)[0])
     }
 
     /// [`Op::LinearCrossEntropy`]: the mean cross-entropy of x·wᵀ [+ bias] against labels,
@@ -680,7 +706,11 @@ impl Graph {
         let mut inputs = vec![x, w, labels];
         inputs.extend(bias);
         let loss = (vec![], ElemType::Float(DType::F32));
-        Ok(self.push(Op::LinearCrossEntropy { ignore_index }, inputs, vec![loss])[0])
+        Ok(self.push(
+            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index }),
+            inputs,
+            vec![loss],
+        )[0])
     }
 
     /// [`Op::LinearCrossEntropyBackward`]: returns (loss, dx, dw, dbias when there is a bias);
@@ -708,7 +738,11 @@ impl Graph {
         }
         let mut inputs = vec![dloss, x, w, labels];
         inputs.extend(bias);
-        Ok(self.push(Op::LinearCrossEntropyBackward { ignore_index }, inputs, outs))
+        Ok(self.push(
+            Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }),
+            inputs,
+            outs,
+        ))
     }
 
     /// Checks (x (…, C), w (V, C), labels (…), [bias (V)]); returns x's and w's shapes and
@@ -773,7 +807,7 @@ impl Graph {
         let rows = sa[..sa.len() - 1].to_vec();
         let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
         let outs = vec![(sa.clone(), f), (sa, f), (rows.clone(), stats), (rows, stats)];
-        let o = self.push(Op::AddLayerNorm { eps }, vec![a, b, w, bias], outs);
+        let o = self.push(Op::AddLayerNorm(AddLayerNorm { eps }), vec![a, b, w, bias], outs);
         Ok((o[0], o[1]))
     }
 
@@ -807,7 +841,7 @@ impl Graph {
         let rows = sa[..sa.len() - 1].to_vec();
         let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
         let outs = vec![(sa.clone(), f), (sa, f), (rows, stats)];
-        let o = self.push(Op::AddRmsNorm { eps }, vec![a, b, w], outs);
+        let o = self.push(Op::AddRmsNorm(AddRmsNorm { eps }), vec![a, b, w], outs);
         Ok((o[0], o[1]))
     }
 
@@ -815,7 +849,7 @@ impl Graph {
 
     /// A dropout reusing a forward site's counters: the backward regenerates its mask.
     pub(crate) fn dropout_at(&mut self, x: TensorId, p: f32, offset: u64) -> Result<TensorId> {
-        self.unary("dropout", Op::Dropout { p, offset }, x)
+        self.unary("dropout", Op::Dropout(Dropout { p, offset }), x)
     }
 
     pub(crate) fn embedding_backward(
@@ -858,7 +892,11 @@ impl Graph {
         dy: TensorId,
         approx: GeluApprox,
     ) -> Result<TensorId> {
-        self.binary_same("gelu_backward", Op::GeluBackward { approx }, [("x", x), ("dy", dy)])
+        self.binary_same(
+            "gelu_backward",
+            Op::GeluBackward(GeluBackward { approx }),
+            [("x", x), ("dy", dy)],
+        )
     }
 
     pub(crate) fn tanh_backward(&mut self, y: TensorId, dy: TensorId) -> Result<TensorId> {
@@ -871,7 +909,11 @@ impl Graph {
         dy: TensorId,
         scale: f32,
     ) -> Result<TensorId> {
-        self.binary_same("softmax_backward", Op::SoftmaxBackward { scale }, [("y", y), ("dy", dy)])
+        self.binary_same(
+            "softmax_backward",
+            Op::SoftmaxBackward(SoftmaxBackward { scale }),
+            [("y", y), ("dy", dy)],
+        )
     }
 
     /// (dy, x, w, mean, rstd) → [dx, dw, db]
@@ -964,7 +1006,7 @@ impl Graph {
             && sv.len() == 4
             && so[..] == [sq[0], sq[1], sq[2], sv[3]]
             && sp[..] == [sq[0], sq[1], sq[2], sk[2]];
-        if !ok || !matches!(attrs, Op::AttentionBackward { .. }) {
+        if !ok || !matches!(attrs, Op::AttentionBackward(_)) {
             let named: &[(&str, &[usize])] =
                 &[("dout", &so), ("q", &sq), ("k", &sk), ("v", &sv), ("probs", &sp)];
             return Err(shape_err(op, "inconsistent operands", named));
@@ -993,7 +1035,7 @@ impl Graph {
                 &[("dloss", &sd), ("logits", &sl), ("labels", &sy)],
             ));
         }
-        let attrs = Op::CrossEntropyBackward { ignore_index };
+        let attrs = Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index });
         Ok(self.push(attrs, vec![dloss, logits, labels], vec![(sl, ElemType::Float(dt))])[0])
     }
 

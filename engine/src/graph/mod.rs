@@ -33,11 +33,11 @@
 mod builder;
 mod display;
 mod error;
-mod op;
+pub mod op;
 
 pub use builder::AttentionOpts;
 pub use error::{fmt_shape, GraphError};
-pub use op::{GeluApprox, Op, IGNORE_INDEX};
+pub use op::{GeluApprox, Op, OpDef, IGNORE_INDEX};
 
 use crate::DType;
 use std::fmt;

@@ -1,6 +1,7 @@
 //! Builder shape inference, its errors, parameter layout and printing.
 
 use super::*;
+use crate::graph::op::{Attention, Dropout};
 
 fn shape_error(r: Result<TensorId, GraphError>) -> (String, String) {
     match r {
@@ -57,10 +58,8 @@ fn infers_shapes() {
     let loss = g.cross_entropy(logits, labels).unwrap();
     assert_eq!(g.shape(loss), [] as [usize; 0]);
     // Attention's default scale is 1/√D.
-    assert!(g
-        .nodes()
-        .iter()
-        .any(|n| n.op == Op::Attention { scale: 0.5, causal: true, dropout_p: 0.0, offset: 0 }));
+    assert!(g.nodes().iter().any(|n| n.op
+        == Op::Attention(Attention { scale: 0.5, causal: true, dropout_p: 0.0, offset: 0 })));
 }
 
 #[test]
@@ -143,7 +142,9 @@ fn dropout_sites_get_disjoint_counter_ranges() {
         .nodes()
         .iter()
         .filter_map(|n| match n.op {
-            Op::Dropout { offset, .. } | Op::Attention { offset, .. } => Some(offset),
+            Op::Dropout(Dropout { offset, .. }) | Op::Attention(Attention { offset, .. }) => {
+                Some(offset)
+            }
             _ => None,
         })
         .collect();

@@ -4,7 +4,85 @@
 //! Mirrors `torch.add` with trailing-dim broadcasting (`x + bias`, `h + pos_emb`), the bias
 //! gradient of llm.c's `matmul_backward` (dbias = sum over B·T rows), and `torch.mul(x, s)`.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x (…, C), bias (C)) → (…, C)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BiasAdd;
+
+impl OpDef for BiasAdd {
+    fn name(&self) -> &'static str {
+        "bias_add"
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        let c = cx.shape(ins[1]);
+        Ok(vec![Some(dy), cx.need[1].then(|| cx.g.reduce_sum_leading(dy, &c)).transpose()?])
+    }
+}
+
+/// (a, b) → a + b, b's shape a suffix of a's (broadcast over a's leading dims).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Add;
+
+impl OpDef for Add {
+    fn name(&self) -> &'static str {
+        "add"
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0, 1]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        let (sa, sb) = (cx.shape(ins[0]), cx.shape(ins[1]));
+        let db = if sa == sb || !cx.need[1] { dy } else { cx.g.reduce_sum_leading(dy, &sb)? };
+        Ok(vec![Some(dy), Some(db)])
+    }
+}
+
+/// (x) → s·x
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scale {
+    pub s: f32,
+}
+
+impl OpDef for Scale {
+    fn name(&self) -> &'static str {
+        "scale"
+    }
+
+    fn attrs(&self) -> String {
+        format!("s={}", self.s)
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let dy = cx.gy()?;
+        Ok(vec![Some(cx.g.scale(dy, self.s)?)])
+    }
+}
+
+/// (x (…, S…)) → (S…): sum over the leading dims (bias and broadcast-add gradients).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReduceSumLeading;
+
+impl OpDef for ReduceSumLeading {
+    fn name(&self) -> &'static str {
+        "reduce_sum_leading"
+    }
+}
 
 /// out = a + b, b repeated over the leading rows of a (b.len() divides a.len()).
 // out: (R, N)

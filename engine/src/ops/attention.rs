@@ -5,9 +5,141 @@
 //! The forward returns the pre-dropout probabilities for the backward (a flash-style fused
 //! kernel will recompute them instead); the dropout mask is regenerated from (seed, offset).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::dropout::{keep, keep_scale};
 use super::softmax::softmax_in_place;
 use super::{MaskView, Real};
+use crate::graph::{GraphError, Op};
+use crate::plan::Req;
+
+/// [`Attention`]'s operands by name: the node's input slots.
+pub mod slot {
+    pub const Q: usize = 0;
+    pub const K: usize = 1;
+    pub const V: usize = 2;
+    /// The optional additive mask, last.
+    pub const MASK: usize = 3;
+}
+
+/// [`AttentionBackward`]'s operands by name: the node's input slots.
+pub mod backward_slot {
+    pub const DOUT: usize = 0;
+    pub const Q: usize = 1;
+    pub const K: usize = 2;
+    pub const V: usize = 3;
+    /// The forward's saved probabilities (read by the CPU kernels).
+    pub const PROBS: usize = 4;
+    /// The forward's output (read by the GPU kernels, with the mask).
+    pub const OUT: usize = 5;
+    /// The optional additive mask, last.
+    pub const MASK: usize = 6;
+}
+
+/// (q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) [, mask broadcastable to
+/// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
+/// pre-dropout softmax, saved for the backward, not differentiable. Hkv divides H
+/// (grouped-query / multi-query attention): query head h reads kv head h / (H/Hkv), HF's
+/// `repeat_kv` order, without the repeated K/V being materialised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attention {
+    pub scale: f32,
+    pub causal: bool,
+    pub dropout_p: f32,
+    pub offset: u64,
+}
+
+impl OpDef for Attention {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    // (out, probs): the probabilities are saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        1
+    }
+
+    fn attrs(&self) -> String {
+        format!(
+            "scale={} causal={} p={} offset={}",
+            self.scale, self.causal, self.dropout_p, self.offset
+        )
+    }
+
+    fn read_req(&self, slot: usize) -> Req {
+        // q, k, v: a head's rows inside a (B, T, C) row; the mask is dense.
+        if slot < slot::MASK {
+            Req::Rows
+        } else {
+            Req::Contig
+        }
+    }
+
+    fn write_req(&self, slot: usize) -> Req {
+        // out: a head's rows inside a (B, T, C) row; the probabilities dense.
+        if slot == 0 {
+            Req::Rows
+        } else {
+            Req::Contig
+        }
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        cx.no_mask_grad(slot::MASK)?;
+        let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
+        let Attention { scale, causal, dropout_p, offset } = *self;
+        let attrs = Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset });
+        let d = cx.g.attention_backward(
+            attrs,
+            dy,
+            ins[slot::Q],
+            ins[slot::K],
+            ins[slot::V],
+            outs[1],
+            outs[0],
+            ins.get(slot::MASK).copied(),
+        )?;
+        Ok(d.into_iter().map(Some).chain([None]).collect())
+    }
+}
+
+/// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
+/// mask, the CPU kernels the probabilities.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionBackward {
+    pub scale: f32,
+    pub causal: bool,
+    pub dropout_p: f32,
+    pub offset: u64,
+}
+
+impl OpDef for AttentionBackward {
+    fn name(&self) -> &'static str {
+        "attention_backward"
+    }
+
+    fn attrs(&self) -> String {
+        format!(
+            "scale={} causal={} p={} offset={}",
+            self.scale, self.causal, self.dropout_p, self.offset
+        )
+    }
+
+    fn read_req(&self, slot: usize) -> Req {
+        // (dout, q, k, v) and the forward's output by rows; the saved statistics and the mask
+        // dense.
+        use backward_slot as s;
+        if slot < s::PROBS || slot == s::OUT {
+            Req::Rows
+        } else {
+            Req::Contig
+        }
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        // dq, dk, dv: a head's rows inside a (B, T, C) row.
+        Req::Rows
+    }
+}
 
 /// Sizes: `bh` = batch·heads independent problems of Tq queries against Tk keys. `rep` query
 /// heads share one kv head (grouped-query attention; 1 = multi-head): with H query heads and

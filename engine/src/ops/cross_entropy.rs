@@ -5,7 +5,66 @@
 //! ignore_index=-100, reduction='mean')` (log-sum-exp with max subtraction; all rows ignored gives
 //! NaN, as torch's 0/0) and llm.c's `crossentropy_forward` + `crossentropy_softmax_backward`.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::GraphError;
+use crate::plan::split::LossHead;
+
+/// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
+///
+/// This op *is* the softmax + cross-entropy fusion: the forward is a log-sum-exp per row
+/// (no probabilities stored), the backward recomputes softmax from the logits once and
+/// writes softmax − onehot (see `passes` for why there is no separate pass).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossEntropy {
+    pub ignore_index: i64,
+}
+
+impl OpDef for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "cross_entropy"
+    }
+
+    fn attrs(&self) -> String {
+        format!("ignore_index={}", self.ignore_index)
+    }
+
+    fn loss_head(&self) -> Option<LossHead> {
+        Some(LossHead { inputs: &[0], outputs: &[], scratch: true })
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        let dlogits = cx.g.cross_entropy_backward(dy, ins[0], ins[1], self.ignore_index)?;
+        Ok(vec![Some(dlogits), None])
+    }
+}
+
+/// (dloss (), logits (…, V), labels (…)) → dlogits (…, V)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossEntropyBackward {
+    pub ignore_index: i64,
+}
+
+impl OpDef for CrossEntropyBackward {
+    fn name(&self) -> &'static str {
+        "cross_entropy_backward"
+    }
+
+    fn attrs(&self) -> String {
+        format!("ignore_index={}", self.ignore_index)
+    }
+
+    // Over dlogits.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[1]
+    }
+
+    // (dloss, logits, labels) → dlogits: usually written over the logits in place.
+    fn loss_head(&self) -> Option<LossHead> {
+        Some(LossHead { inputs: &[1], outputs: &[0], scratch: true })
+    }
+}
 
 /// The mean loss over rows whose label != ignore_index.
 // logits: (R, V)

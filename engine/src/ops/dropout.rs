@@ -9,7 +9,36 @@
 //! The step's `seed` is a run-time value (a new one each step); the `offset` is fixed per dropout
 //! site when the graph is built, so sites never share counters.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x) → x·keep/(1-p), keep from the counter-based RNG at (step seed, offset + index).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    pub p: f32,
+    pub offset: u64,
+}
+
+impl OpDef for Dropout {
+    fn name(&self) -> &'static str {
+        "dropout"
+    }
+
+    fn attrs(&self) -> String {
+        format!("p={} offset={}", self.p, self.offset)
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // The same mask, regenerated from (step seed, offset).
+        let dy = cx.gy()?;
+        Ok(vec![Some(cx.g.dropout_at(dy, self.p, self.offset)?)])
+    }
+}
 
 /// A 64-bit mix of (seed, counter): splitmix64's finalizer applied twice, keyed by the seed.
 pub fn hash(seed: u64, counter: u64) -> u64 {

@@ -3,7 +3,36 @@
 //! Mirrors `torch.nn.functional.embedding` (no padding_idx, no max_norm) and llm.c's
 //! `encoder_forward` / `encoder_backward` (train_gpt2.c).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::GraphError;
+
+/// (table (V, C), ids (…)) → (…, C)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Embedding;
+
+impl OpDef for Embedding {
+    fn name(&self) -> &'static str {
+        "embedding"
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let ins = cx.ins();
+        let (vocab, dy) = (cx.g.shape(ins[0])[0], cx.gy()?);
+        let dtable = cx.need[0].then(|| cx.g.embedding_backward(ins[1], dy, vocab)).transpose()?;
+        Ok(vec![dtable, None])
+    }
+}
+
+/// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbeddingBackward;
+
+impl OpDef for EmbeddingBackward {
+    fn name(&self) -> &'static str {
+        "embedding_backward"
+    }
+}
 
 /// `out[n, :] = table[ids[n], :]`
 // out: (N, C)

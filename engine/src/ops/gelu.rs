@@ -4,7 +4,55 @@
 //! backward formulas of ATen's `GeluKernel.cpp` — and llm.c's `gelu_forward` / `gelu_backward`
 //! (tanh form, as GPT-2's `gelu_new`). BERT uses the erf form.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x) → gelu(x)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gelu {
+    pub approx: GeluApprox,
+}
+
+impl OpDef for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu"
+    }
+
+    fn attrs(&self) -> String {
+        format!("approx={}", self.approx.name())
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        Ok(vec![Some(cx.g.gelu_backward(ins[0], dy, self.approx)?)])
+    }
+}
+
+/// (x, dy) → dx
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GeluBackward {
+    pub approx: GeluApprox,
+}
+
+impl OpDef for GeluBackward {
+    fn name(&self) -> &'static str {
+        "gelu_backward"
+    }
+
+    fn attrs(&self) -> String {
+        format!("approx={}", self.approx.name())
+    }
+
+    // Over dy.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[1]
+    }
+}
 
 /// Which GELU: `Erf` is BERT's `gelu`, `Tanh` is GPT-2's `gelu_new`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

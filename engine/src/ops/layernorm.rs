@@ -5,7 +5,91 @@
 //! `layernorm_forward` do) so the backward does not recompute them; the backward is llm.c's
 //! `layernorm_backward`.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x (…, C), w (C), b (C)) → (y (…, C), mean (…), rstd (…)); mean and rstd are saved for
+/// the backward and are not differentiable.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNorm {
+    pub eps: f32,
+}
+
+impl OpDef for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layernorm"
+    }
+
+    // (y, mean, rstd): the statistics are saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        1
+    }
+
+    fn attrs(&self) -> String {
+        format!("eps={:e}", self.eps)
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
+        let d = cx.g.layer_norm_backward(dy, ins[0], ins[1], outs[1], outs[2])?;
+        Ok(d.into_iter().map(Some).collect())
+    }
+}
+
+/// (a (…, C), b (…, C), w (C), bias (C)) → (sum (…, C) = a + b, y (…, C) = LayerNorm(sum),
+/// mean (…), rstd (…)); sum and y are differentiable, mean/rstd are saved statistics. The
+/// residual add + LayerNorm of every transformer block in one pass over the rows (ORT's
+/// `SkipLayerNormalization`, Apex's `FusedAddLayerNorm`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AddLayerNorm {
+    pub eps: f32,
+}
+
+impl OpDef for AddLayerNorm {
+    fn name(&self) -> &'static str {
+        "add_layernorm"
+    }
+
+    // (sum, y, mean, rstd): the statistics are saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        2
+    }
+
+    fn attrs(&self) -> String {
+        format!("eps={:e}", self.eps)
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0, 1]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // LayerNorm's backward on the saved sum, plus the gradient reaching the sum from its
+        // other uses (the residual stream); both addends get that total.
+        let (ins, outs) = (cx.ins(), cx.outs());
+        let (mut dsum, mut dw, mut db) = (cx.gout[0], None, None);
+        if let Some(dy) = cx.gout[1] {
+            let d = cx.g.layer_norm_backward(dy, outs[0], ins[2], outs[2], outs[3])?;
+            dsum = Some(match dsum {
+                Some(other) => cx.g.add(other, d[0])?,
+                None => d[0],
+            });
+            (dw, db) = (Some(d[1]), Some(d[2]));
+        }
+        Ok(vec![dsum, dsum, dw, db])
+    }
+}
+
+/// (dy, x, w, mean, rstd) → (dx, dw, db)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormBackward;
+
+impl OpDef for LayerNormBackward {
+    fn name(&self) -> &'static str {
+        "layernorm_backward"
+    }
+}
 
 /// y = (x - mean)·rstd·w + b, rstd = 1/√(var + eps), var = mean((x - mean)²).
 // y: (R, C)

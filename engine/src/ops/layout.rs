@@ -4,7 +4,133 @@
 //! Mirrors `torch.permute(...).contiguous()`, `torch.split(x, sizes, dim=-1)` (GPT-2 splits
 //! c_attn's output into q, k, v) and `torch.cat(xs, dim=-1)`, its backward.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+use crate::plan::Req;
+
+/// (x) → the same data under the output's shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reshape;
+
+impl OpDef for Reshape {
+    fn name(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn read_req(&self, _slot: usize) -> Req {
+        // Views and strided copies read any strides.
+        Req::Any
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Any
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (sx, dy) = (cx.shape(cx.ins()[0]), cx.gy()?);
+        Ok(vec![Some(cx.g.reshape(dy, &sx)?)])
+    }
+}
+
+/// (x) → x.permute(perm), materialised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Permute {
+    pub perm: Vec<usize>,
+}
+
+impl OpDef for Permute {
+    fn name(&self) -> &'static str {
+        "permute"
+    }
+
+    fn attrs(&self) -> String {
+        format!("perm={:?}", self.perm)
+    }
+
+    fn read_req(&self, _slot: usize) -> Req {
+        // Views and strided copies read any strides.
+        Req::Any
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Any
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let dy = cx.gy()?;
+        Ok(vec![Some(cx.g.permute(dy, &inverse_perm(&self.perm))?)])
+    }
+}
+
+/// (x (…, Σ sizes)) → one output `(…, sizes[i])` per size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    pub sizes: Vec<usize>,
+}
+
+impl OpDef for Split {
+    fn name(&self) -> &'static str {
+        "split"
+    }
+
+    fn attrs(&self) -> String {
+        format!("sizes={:?}", self.sizes)
+    }
+
+    fn read_req(&self, _slot: usize) -> Req {
+        // Views and strided copies read any strides.
+        Req::Any
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Any
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // Unused pieces contribute zeros.
+        let mut pieces = Vec::with_capacity(cx.outs().len());
+        for (&o, d) in cx.outs().iter().zip(cx.gout) {
+            pieces.push(match d {
+                Some(d) => *d,
+                None => {
+                    let s = cx.shape(o);
+                    cx.g.fill(&s, 0.0)
+                }
+            });
+        }
+        Ok(vec![Some(cx.g.concat(&pieces)?)])
+    }
+}
+
+/// (x_0 (…, n_0), x_1 (…, n_1), …) → (…, Σ n_i)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Concat;
+
+impl OpDef for Concat {
+    fn name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn read_req(&self, _slot: usize) -> Req {
+        // Views and strided copies read any strides.
+        Req::Any
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Any
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let sizes: Vec<usize> = cx
+            .ins()
+            .iter()
+            .map(|&t| *cx.g.shape(t).last().expect("concat inputs are >= 1-D"))
+            .collect();
+        let dy = cx.gy()?;
+        Ok(cx.g.split(dy, &sizes)?.into_iter().map(Some).collect())
+    }
+}
 
 /// out = x.permute(perm), materialised: `out.shape[i] = shape[perm[i]]`.
 // out: (shape[perm[0]], …, shape[perm[r-1]])

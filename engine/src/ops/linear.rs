@@ -6,9 +6,64 @@
 //! the bias's row sum. Reference: `torch.nn.functional.linear` + `gelu`; cuBLASLt's
 //! `CUBLASLT_EPILOGUE_GELU_AUX_BIAS` (the epilogue that also stores the pre-activation).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::gelu::{gelu_forward, GeluApprox};
-use super::matmul::{matmul_forward, MatMulDims};
+use super::matmul::{matmul_forward, matmul_grads, MatMulDims};
 use super::Real;
+use crate::graph::GraphError;
+use crate::plan::Req;
+
+/// (x (…, K), w (N, K) when `tb` else (K, N), bias (N)) → y (…, N) = [gelu](x·op(w) + bias);
+/// with `gelu` a second output pre (…, N) = x·op(w) + bias, saved for the backward (not
+/// differentiable). `nn.Linear` (+ activation) as one GEMM with a bias/GELU epilogue
+/// (cuBLASLt's `CUBLASLT_EPILOGUE_GELU_AUX_BIAS`, ORT's `FusedMatMul` + `BiasGelu`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Linear {
+    pub tb: bool,
+    pub gelu: Option<GeluApprox>,
+}
+
+impl OpDef for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    // (y [, pre]): the pre-activation is saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        1
+    }
+
+    fn attrs(&self) -> String {
+        match self.gelu {
+            Some(a) => format!("tb={} gelu={}", self.tb, a.name()),
+            None => format!("tb={}", self.tb),
+        }
+    }
+
+    fn read_req(&self, slot: usize) -> Req {
+        // x and w are GEMM operands; the bias is dense.
+        if slot < 2 {
+            Req::Matrix
+        } else {
+            Req::Contig
+        }
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // GELU's backward from the saved pre-activation, then what MatMul and BiasAdd would
+        // emit: the same backward nodes as the unfused graph.
+        let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
+        let dpre = match self.gelu {
+            Some(approx) => cx.g.gelu_backward(outs[1], dy, approx)?,
+            None => dy,
+        };
+        let n = cx.shape(ins[2]);
+        let dbias = cx.need[2].then(|| cx.g.reduce_sum_leading(dpre, &n)).transpose()?;
+        let mut d = matmul_grads(cx.g, ins[0], ins[1], dpre, false, self.tb, cx.need)?;
+        d.push(dbias);
+        Ok(d)
+    }
+}
 
 /// `pre = x·op(w) + bias`, `y = gelu(pre)` (or `y = pre` without GELU, where `pre` is unused
 /// and may be empty).

@@ -9,7 +9,85 @@
 //! their logits' gradient is 0 in the composition. References: Liger-Kernel's
 //! `fused_linear_cross_entropy`, Apple's Cut Cross-Entropy (Wijmans et al., 2024).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::GraphError;
+use crate::plan::split::LossHead;
+
+/// (x (…, C), w (V, C), labels (…) i64 [, bias (V)]) → () the mean cross-entropy of the
+/// logits x·wᵀ + bias over labels != ignore_index, without the (…, V) logits ever being
+/// stored: the kernels compute them a chunk of rows at a time (the pass
+/// `fuse_linear_cross_entropy` makes it from an LM head's matmul [+ bias add] and its
+/// cross-entropy). Liger-Kernel's `LigerFusedLinearCrossEntropy`, Apple's Cut Cross-Entropy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearCrossEntropy {
+    pub ignore_index: i64,
+}
+
+impl OpDef for LinearCrossEntropy {
+    fn name(&self) -> &'static str {
+        "linear_cross_entropy"
+    }
+
+    fn attrs(&self) -> String {
+        format!("ignore_index={}", self.ignore_index)
+    }
+
+    // The fused head never stores the logits: what it holds of them is its chunk of logits in
+    // the kernel's scratch. Its outputs are the loss and the gradients of the hidden states and
+    // weights: activations and gradients.
+    fn loss_head(&self) -> Option<LossHead> {
+        Some(LossHead { inputs: &[], outputs: &[], scratch: true })
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // One node gives dx, dw and dbias (and the loss again, unused here: the training pass
+        // `fuse_linear_cross_entropy_backward` makes it the loss and drops the forward).
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        let bias = ins.get(3).copied();
+        let d = cx.g.linear_cross_entropy_backward(
+            dy,
+            ins[0],
+            ins[1],
+            ins[2],
+            bias,
+            self.ignore_index,
+        )?;
+        let mut grads = vec![Some(d[1]), Some(d[2]), None];
+        if bias.is_some() {
+            grads.push(Some(d[3]));
+        }
+        Ok(grads)
+    }
+}
+
+/// (dloss (), x (…, C), w (V, C), labels (…) [, bias (V)]) → (loss (), dx (…, C),
+/// dw (V, C) [, dbias (V)]): [`Op::LinearCrossEntropy`]'s gradients, each chunk's logits
+/// recomputed and turned into dloss/count·(softmax − onehot) in place, then dx += g·w and
+/// dw += gᵀ·x (accumulated in f32). It outputs the loss too (the same sweep computes it):
+/// the training pass `fuse_linear_cross_entropy_backward` drops the forward node and
+/// lets this one sweep give both — the unfused graph's three head GEMMs, not four.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearCrossEntropyBackward {
+    pub ignore_index: i64,
+}
+
+impl OpDef for LinearCrossEntropyBackward {
+    fn name(&self) -> &'static str {
+        "linear_cross_entropy_backward"
+    }
+
+    fn attrs(&self) -> String {
+        format!("ignore_index={}", self.ignore_index)
+    }
+
+    // The fused head never stores the logits: what it holds of them is its chunk of logits in
+    // the kernel's scratch. Its outputs are the loss and the gradients of the hidden states and
+    // weights: activations and gradients.
+    fn loss_head(&self) -> Option<LossHead> {
+        Some(LossHead { inputs: &[], outputs: &[], scratch: true })
+    }
+}
 
 /// Rows of a vocabulary of `v` whose f32 logits fill `bytes`: what a backend sizes its chunk of
 /// rows by, to its own target (`backend::cpu::kernels::linear_cross_entropy::CHUNK_LOGITS_BYTES`,

@@ -4,7 +4,43 @@
 //! flags, as cuBLAS's transa/transb) and llm.c's `matmul_forward`. Its backward needs no kernel of
 //! its own: autodiff writes dA and dB as two more matmuls with other flags.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::{Graph, GraphError, TensorId};
+use crate::plan::Req;
+
+/// (a (…, M, K), b (…, K, N) or (K, N)) → (…, M, N); a is (…, K, M) when `ta`, b is
+/// (…, N, K) / (N, K) when `tb`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatMul {
+    pub ta: bool,
+    pub tb: bool,
+}
+
+impl OpDef for MatMul {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn attrs(&self) -> String {
+        format!("ta={} tb={}", self.ta, self.tb)
+    }
+
+    fn read_req(&self, _slot: usize) -> Req {
+        // GEMM operands: transposes fold into the GEMM's flags.
+        Req::Matrix
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        // The GEMM writes its output with a leading dimension.
+        Req::Rows
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        matmul_grads(cx.g, ins[0], ins[1], dy, self.ta, self.tb, cx.need)
+    }
+}
 
 /// Sizes of one matmul: `batch` products of (M, K) × (K, N); `b_batched == false` shares one b
 /// (a weight) across the batch.
@@ -108,6 +144,50 @@ fn transpose_into<T: Real>(dst: &mut [T], src: &[T], r: usize, c: usize) {
             dst[j * r + i] = src[i * c + j];
         }
     }
+}
+
+/// The gradients of a matmul as two more matmuls. With a shared 2-D b and a batched a, dB sums
+/// over the batch, which the row-flattened a and dC express as one 2-D matmul (the builder
+/// rejects ta=true in that case, where flattening would not be a reshape).
+pub(crate) fn matmul_grads(
+    g: &mut Graph,
+    a: TensorId,
+    b: TensorId,
+    dc: TensorId,
+    ta: bool,
+    tb: bool,
+    need: &[bool],
+) -> Result<Vec<Option<TensorId>>, GraphError> {
+    let da = if need[0] {
+        Some(match (ta, tb) {
+            (false, false) => g.matmul(dc, b, false, true)?,
+            (false, true) => g.matmul(dc, b, false, false)?,
+            (true, false) => g.matmul(b, dc, false, true)?,
+            (true, true) => g.matmul(b, dc, true, true)?,
+        })
+    } else {
+        None
+    };
+    let db = if need[1] {
+        let (sa, sb) = (g.shape(a).to_vec(), g.shape(b).to_vec());
+        let (a2, dc2) = if sb.len() == 2 && sa.len() > 2 {
+            let k = sa[sa.len() - 1];
+            let rows = sa.iter().product::<usize>() / k;
+            let n = *g.shape(dc).last().expect("matmul output is >= 2-D");
+            (g.reshape(a, &[rows, k])?, g.reshape(dc, &[rows, n])?)
+        } else {
+            (a, dc)
+        };
+        Some(match (ta, tb) {
+            (false, false) => g.matmul(a2, dc2, true, false)?,
+            (false, true) => g.matmul(dc2, a2, true, false)?,
+            (true, false) => g.matmul(a2, dc2, false, false)?,
+            (true, true) => g.matmul(dc2, a2, true, true)?,
+        })
+    } else {
+        None
+    };
+    Ok(vec![da, db])
 }
 
 #[cfg(test)]

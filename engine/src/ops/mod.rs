@@ -12,8 +12,10 @@
 pub mod add;
 pub mod attention;
 pub mod cross_entropy;
+pub mod def;
 pub mod dropout;
 pub mod embedding;
+pub mod fill;
 pub mod gelu;
 pub mod layernorm;
 pub mod layout;

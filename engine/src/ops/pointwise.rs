@@ -13,8 +13,71 @@
 //! Reference: PyTorch's pointwise ops (`torch.nn.functional.silu`, `torch.mul`) and their
 //! derivatives (`tools/autograd/derivatives.yaml`).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
 use crate::graph::{Graph, GraphError, TensorId};
+
+/// (x) → f(x), a pointwise function of `ops::pointwise` (SiLU, …).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Unary {
+    pub f: UnaryFn,
+}
+
+impl OpDef for Unary {
+    fn name(&self) -> &'static str {
+        self.f.name()
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        Ok(vec![Some(cx.g.apply_backward(self.f, ins[0], dy)?)])
+    }
+}
+
+/// (a, b) → f(a, b), b's shape a suffix of a's (broadcast over a's leading dims): a
+/// pointwise function of `ops::pointwise` (multiply, …).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Binary {
+    pub f: BinaryFn,
+}
+
+impl OpDef for Binary {
+    fn name(&self) -> &'static str {
+        self.f.name()
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0, 1]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // The function's own rule, broadcast included.
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        let [da, db] = self.f.gradient(cx.g, ins[0], ins[1], dy, [cx.need[0], cx.need[1]])?;
+        Ok(vec![da, db])
+    }
+}
+
+/// (x, dy) → dx = dy·f'(x), from the forward input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UnaryBackward {
+    pub f: UnaryFn,
+}
+
+impl OpDef for UnaryBackward {
+    fn name(&self) -> &'static str {
+        self.f.backward_name()
+    }
+
+    // Over dy.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[1]
+    }
+}
 
 /// A unary pointwise function y = f(x).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

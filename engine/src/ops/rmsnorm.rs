@@ -5,7 +5,91 @@
 //! y = w·(x·rstd). The forward also returns each row's rstd so the backward does not recompute
 //! it, as [`super::layernorm`] returns its mean and rstd.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x (…, C), w (C)) → (y (…, C), rstd (…)); HF `LlamaRMSNorm` computed in f32:
+/// rstd = 1/√(mean(x²) + eps), y = w·(x·rstd). rstd is saved for the backward and is not
+/// differentiable.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNorm {
+    pub eps: f32,
+}
+
+impl OpDef for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+
+    // (y, rstd): rstd is saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        1
+    }
+
+    fn attrs(&self) -> String {
+        format!("eps={:e}", self.eps)
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
+        let d = cx.g.rms_norm_backward(dy, ins[0], ins[1], outs[1])?;
+        Ok(d.into_iter().map(Some).collect())
+    }
+}
+
+/// (a (…, C), b (…, C), w (C)) → (sum (…, C) = a + b, y (…, C) = RmsNorm(sum), rstd (…));
+/// sum and y are differentiable, rstd is the saved statistic. The residual add + RMSNorm of
+/// every Llama block in one pass over the rows (ORT's `SkipSimplifiedLayerNormalization`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AddRmsNorm {
+    pub eps: f32,
+}
+
+impl OpDef for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "add_rms_norm"
+    }
+
+    // (sum, y, rstd): rstd is saved for the backward.
+    fn differentiable_outputs(&self, _outputs: usize) -> usize {
+        2
+    }
+
+    fn attrs(&self) -> String {
+        format!("eps={:e}", self.eps)
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0, 1]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // RMSNorm's backward on the saved sum, plus the gradient reaching the sum from its other
+        // uses (the residual stream); both addends get that total.
+        let (ins, outs) = (cx.ins(), cx.outs());
+        let (mut dsum, mut dw) = (cx.gout[0], None);
+        if let Some(dy) = cx.gout[1] {
+            let d = cx.g.rms_norm_backward(dy, outs[0], ins[2], outs[2])?;
+            dsum = Some(match dsum {
+                Some(other) => cx.g.add(other, d[0])?,
+                None => d[0],
+            });
+            dw = Some(d[1]);
+        }
+        Ok(vec![dsum, dsum, dw])
+    }
+}
+
+/// (dy, x, w, rstd) → (dx, dw)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNormBackward;
+
+impl OpDef for RmsNormBackward {
+    fn name(&self) -> &'static str {
+        "rms_norm_backward"
+    }
+}
 
 /// y = w·(x·rstd), rstd = 1/√(mean(x²) + eps) per row.
 // y: (R, C)

@@ -7,7 +7,47 @@
 //! pair (x[i], x[i + D/2]) by the angle at i, and its transpose — the backward — is the
 //! rotation by minus that angle: the same op with sin negated (`inverse`).
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
+/// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
+/// sin, which is the backward of the forward (cos and sin have equal halves, as HF's
+/// emb = cat(freqs, freqs)). cos and sin are fed inputs without gradient.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotary {
+    pub inverse: bool,
+}
+
+impl OpDef for Rotary {
+    fn name(&self) -> &'static str {
+        "rotary"
+    }
+
+    fn attrs(&self) -> String {
+        format!("inverse={}", self.inverse)
+    }
+
+    // Rotary reads the pair (x[i], x[i + D/2]) before it writes (y[i], y[i + D/2]); its
+    // backward is the same op over dy.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // cos and sin have equal halves (HF's cat(freqs, freqs)), so the transposed Jacobian is
+        // the rotation by the opposite angle: the same op with sin negated.
+        if cx.need[1] || cx.need[2] {
+            return Err(GraphError::Autodiff(
+                "rotary: cos or sin depends on a parameter; they are fed inputs without gradient"
+                    .into(),
+            ));
+        }
+        let (ins, dy) = (cx.ins(), cx.gy()?);
+        Ok(vec![Some(cx.g.rotary_op(dy, ins[1], ins[2], !self.inverse)?), None, None])
+    }
+}
 
 /// y = x·cos + rotate_half(x)·sin·σ with σ = −1 when `inverse` (else 1), per row of D, the row
 /// at position t = row mod T reading cos[t], sin[t].

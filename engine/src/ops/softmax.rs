@@ -4,7 +4,54 @@
 //! mask of `torch.tril` (HF GPT-2 / `scaled_dot_product_attention(is_causal=True)`: query i sees
 //! keys j ≤ i), and llm.c's `softmax_forward`. The backward is `_softmax_backward_data`.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::{MaskView, Real};
+use crate::graph::GraphError;
+
+/// (x (…, N) [, mask broadcastable to x]) → softmax(x·scale + mask) over the last dim;
+/// `causal` masks j > i over the last two dims.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softmax {
+    pub scale: f32,
+    pub causal: bool,
+}
+
+impl OpDef for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn attrs(&self) -> String {
+        format!("scale={} causal={}", self.scale, self.causal)
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        cx.no_mask_grad(1)?;
+        let (outs, dy) = (cx.outs(), cx.gy()?);
+        Ok(vec![Some(cx.g.softmax_backward(outs[0], dy, self.scale)?), None])
+    }
+}
+
+/// (y, dy) → dx, gradient w.r.t. the unscaled input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftmaxBackward {
+    pub scale: f32,
+}
+
+impl OpDef for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "softmax_backward"
+    }
+
+    fn attrs(&self) -> String {
+        format!("scale={}", self.scale)
+    }
+
+    // Over dy.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[1]
+    }
+}
 
 /// y = softmax(x·scale + mask) over rows of length `n`; with `causal`, row r is query
 /// i = r mod `tq` and entries j > i are -inf (weight 0).

@@ -3,7 +3,44 @@
 //! Mirrors `torch.tanh` and its backward `tanh_backward(grad, y) = grad·(1 - y²)` (ATen), which
 //! needs only the output, so the forward input can be freed.
 
+use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::GraphError;
+
+/// (x) → tanh(x)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tanh;
+
+impl OpDef for Tanh {
+    fn name(&self) -> &'static str {
+        "tanh"
+    }
+
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[0]
+    }
+
+    fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // From the forward output: tanh' = 1 − y².
+        let (outs, dy) = (cx.outs(), cx.gy()?);
+        Ok(vec![Some(cx.g.tanh_backward(outs[0], dy)?)])
+    }
+}
+
+/// (y, dy) → dx, from the forward output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TanhBackward;
+
+impl OpDef for TanhBackward {
+    fn name(&self) -> &'static str {
+        "tanh_backward"
+    }
+
+    // Over dy.
+    fn inplace_inputs(&self) -> &'static [usize] {
+        &[1]
+    }
+}
 
 // out, x: (N)
 pub fn tanh_forward<T: Real>(out: &mut [T], x: &[T]) {

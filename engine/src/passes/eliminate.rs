@@ -10,12 +10,13 @@
 //! Reference: ORT `DropoutElimination`, `EliminateIdentity`, `ReshapeFusion`'s no-op case.
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::{Dropout, Permute};
 use crate::graph::{Graph, GraphError, Op};
 
 /// Removes every `dropout(x, p = 0)`, its readers reading x.
 pub fn eliminate_dropout(g: &Graph) -> Result<(Graph, usize), GraphError> {
     eliminate(g, |g, n| {
-        matches!(n.op, Op::Dropout { p, .. } if p == 0.0)
+        matches!(n.op, Op::Dropout(Dropout { p, .. }) if p == 0.0)
             && g.shape(n.inputs[0]) == g.shape(n.outputs[0])
     })
 }
@@ -24,7 +25,7 @@ pub fn eliminate_dropout(g: &Graph) -> Result<(Graph, usize), GraphError> {
 pub fn eliminate_identity(g: &Graph) -> Result<(Graph, usize), GraphError> {
     eliminate(g, |g, n| match &n.op {
         Op::Reshape => g.shape(n.inputs[0]) == g.shape(n.outputs[0]),
-        Op::Permute { perm } => perm.iter().enumerate().all(|(i, &p)| i == p),
+        Op::Permute(Permute { perm }) => perm.iter().enumerate().all(|(i, &p)| i == p),
         _ => false,
     })
 }

@@ -9,6 +9,7 @@
 //! Reference: ORT `TransposeMatMulFusion` (into `FusedMatMul` with transA/transB).
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::{MatMul, Permute};
 use crate::graph::{Graph, GraphError, Op};
 
 /// Whether `perm` swaps the last two dims and keeps the others.
@@ -26,13 +27,13 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     // Per permute node: how many of its readers were rewritten.
     let mut folded = vec![0usize; g.nodes().len()];
     for (i, n) in g.nodes().iter().enumerate() {
-        let Op::MatMul { mut ta, mut tb } = n.op else { continue };
+        let Op::MatMul(MatMul { mut ta, mut tb }) = n.op else { continue };
         let mut inputs = n.inputs.clone();
         for slot in 0..2 {
             let Some((p, pn)) = uses.producer_if(
                 g,
                 inputs[slot],
-                |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm)),
+                |op| matches!(op, Op::Permute(Permute { perm }) if swaps_last_two(perm)),
             ) else {
                 continue;
             };
@@ -51,7 +52,7 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
         }
         if inputs != n.inputs {
             let node = rw.node_mut(i);
-            node.op = Op::MatMul { ta, tb };
+            node.op = Op::MatMul(MatMul { ta, tb });
             node.inputs = inputs;
         }
     }

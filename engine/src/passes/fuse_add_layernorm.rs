@@ -13,13 +13,14 @@
 //! Reference: ORT `SkipLayerNormFusion` (`SkipLayerNormalization`), Apex `FusedAddLayerNorm`.
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::LayerNorm;
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
-        let Op::LayerNorm { eps } = n.op else { continue };
+        let Op::LayerNorm(LayerNorm { eps }) = n.op else { continue };
         let Some((p, pn)) = uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::Add)) else {
             continue;
         };

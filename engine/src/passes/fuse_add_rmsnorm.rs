@@ -12,13 +12,14 @@
 //! Reference: ORT `SkipLayerNormFusion` (`SkipSimplifiedLayerNormalization`).
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::RmsNorm;
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
-        let Op::RmsNorm { eps } = n.op else { continue };
+        let Op::RmsNorm(RmsNorm { eps }) = n.op else { continue };
         let Some((p, pn)) = uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::Add)) else {
             continue;
         };

@@ -21,6 +21,7 @@
 
 use super::fold_transpose::swaps_last_two;
 use super::rewrite::{param_dependent, Rewrite, Uses};
+use crate::graph::op::{Dropout, MatMul, Permute, Scale, Softmax};
 use crate::graph::{AttentionOpts, Graph, GraphError, Node, Op, TensorId};
 
 /// The chain ending at matmul node `o`, if it is one.
@@ -36,21 +37,21 @@ struct Chain {
 }
 
 fn find(g: &Graph, uses: &Uses, dep: &[bool], o: usize, n: &Node) -> Option<Chain> {
-    let Op::MatMul { ta: false, tb: false } = n.op else { return None };
+    let Op::MatMul(MatMul { ta: false, tb: false }) = n.op else { return None };
     let (mut probs, v) = (n.inputs[0], n.inputs[1]);
     let mut nodes = vec![o];
     let sole = |t: TensorId, pred: fn(&Op) -> bool| {
         uses.single_use(t).then(|| uses.producer_if(g, t, pred)).flatten()
     };
     let mut dropout = None;
-    if let Some((d, dn)) = sole(probs, |op| matches!(op, Op::Dropout { .. })) {
-        let Op::Dropout { p, offset } = dn.op else { unreachable!() };
+    if let Some((d, dn)) = sole(probs, |op| matches!(op, Op::Dropout(_))) {
+        let Op::Dropout(Dropout { p, offset }) = dn.op else { unreachable!() };
         dropout = Some((p, offset));
         probs = dn.inputs[0];
         nodes.push(d);
     }
-    let (s, sn) = sole(probs, |op| matches!(op, Op::Softmax { .. }))?;
-    let Op::Softmax { mut scale, causal } = sn.op else { unreachable!() };
+    let (s, sn) = sole(probs, |op| matches!(op, Op::Softmax(_)))?;
+    let Op::Softmax(Softmax { mut scale, causal }) = sn.op else { unreachable!() };
     let mut mask = sn.inputs.get(1).copied();
     nodes.push(s);
     let mut scores = sn.inputs[0];
@@ -64,14 +65,14 @@ fn find(g: &Graph, uses: &Uses, dep: &[bool], o: usize, n: &Node) -> Option<Chai
             }
         }
     }
-    if let Some((p, pn)) = sole(scores, |op| matches!(op, Op::Scale { .. })) {
-        let Op::Scale { s } = pn.op else { unreachable!() };
+    if let Some((p, pn)) = sole(scores, |op| matches!(op, Op::Scale(_))) {
+        let Op::Scale(Scale { s }) = pn.op else { unreachable!() };
         scale *= s;
         scores = pn.inputs[0];
         nodes.push(p);
     }
-    let (m, mn) = sole(scores, |op| matches!(op, Op::MatMul { ta: false, .. }))?;
-    let Op::MatMul { tb, .. } = mn.op else { unreachable!() };
+    let (m, mn) = sole(scores, |op| matches!(op, Op::MatMul(MatMul { ta: false, .. })))?;
+    let Op::MatMul(MatMul { tb, .. }) = mn.op else { unreachable!() };
     nodes.push(m);
     let (q, kk) = (mn.inputs[0], mn.inputs[1]);
     // Whether k's reader (the score matmul, or the transpose in front of it) goes with the
@@ -82,7 +83,7 @@ fn find(g: &Graph, uses: &Uses, dep: &[bool], o: usize, n: &Node) -> Option<Chai
         let (p, pn) = uses.producer_if(
             g,
             kk,
-            |op| matches!(op, Op::Permute { perm } if swaps_last_two(perm)),
+            |op| matches!(op, Op::Permute(Permute { perm }) if swaps_last_two(perm)),
         )?;
         let sole = uses.single_use(kk);
         if sole {

@@ -14,13 +14,14 @@
 //! Reference: Liger-Kernel's `LigerFusedLinearCrossEntropyLoss`; Apple's Cut Cross-Entropy.
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::{CrossEntropy, LinearCrossEntropy, LinearCrossEntropyBackward, MatMul};
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
-        let Op::CrossEntropy { ignore_index } = n.op else { continue };
+        let Op::CrossEntropy(CrossEntropy { ignore_index }) = n.op else { continue };
         let (logits, labels) = (n.inputs[0], n.inputs[1]);
         if !uses.single_use(logits) {
             continue;
@@ -33,8 +34,8 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
             Some(_) => continue,
             None => (logits, None),
         };
-        let Some((m, mn)) =
-            uses.producer_if(g, product, |op| matches!(op, Op::MatMul { ta: false, tb: true }))
+        let Some((m, mn)) = uses
+            .producer_if(g, product, |op| matches!(op, Op::MatMul(MatMul { ta: false, tb: true })))
         else {
             continue;
         };
@@ -70,18 +71,20 @@ pub fn merge_backward(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let Some(loss) = g.loss() else { return Ok((g.clone(), 0)) };
     let Some(f) = uses.producer[loss.index()] else { return Ok((g.clone(), 0)) };
     let fwd = &g.nodes()[f];
-    let Op::LinearCrossEntropy { ignore_index } = fwd.op else { return Ok((g.clone(), 0)) };
+    let Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index }) = fwd.op else {
+        return Ok((g.clone(), 0));
+    };
     // The backward of this node: same operands after dloss, read by nothing but the root.
     let back = uses.consumers[fwd.inputs[0].index()].iter().copied().find(|&b| {
         let bn = &g.nodes()[b];
-        matches!(bn.op, Op::LinearCrossEntropyBackward { ignore_index: ii } if ii == ignore_index)
+        matches!(bn.op, Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index: ii }) if ii == ignore_index)
             && bn.inputs[1..] == fwd.inputs[..]
             && uses.consumers[bn.outputs[0].index()].is_empty()
     });
     let Some(b) = back else { return Ok((g.clone(), 0)) };
     // dloss must be the seed: a fill with no inputs, read by this backward only.
     let dloss = g.nodes()[b].inputs[0];
-    let Some((s, _)) = uses.producer_if(g, dloss, |op| matches!(op, Op::Fill { .. })) else {
+    let Some((s, _)) = uses.producer_if(g, dloss, |op| matches!(op, Op::Fill(_))) else {
         return Ok((g.clone(), 0));
     };
     if !uses.consumers[loss.index()].is_empty() || uses.consumers[dloss.index()].len() != 1 {
@@ -151,10 +154,7 @@ mod tests {
         assert_eq!(counts.get("linear_cross_entropy"), None);
         assert_eq!(counts.get("linear_cross_entropy_backward"), Some(&1));
         let loss_node = one.nodes().iter().position(|n| n.outputs.contains(&one.loss().unwrap()));
-        assert!(matches!(
-            one.nodes()[loss_node.unwrap()].op,
-            Op::LinearCrossEntropyBackward { .. }
-        ));
+        assert!(matches!(one.nodes()[loss_node.unwrap()].op, Op::LinearCrossEntropyBackward(_)));
         assert_same_numbers(&two, &one, 0.0, true);
         let (again, _) = run_training(&two, &PassConfig::all()).unwrap();
         assert_eq!(op_counts(&again).get("linear_cross_entropy"), None, "on by default");

@@ -14,27 +14,26 @@
 //! `CUBLASLT_EPILOGUE_GELU_AUX_BIAS`.
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::{Gelu, MatMul};
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let uses = Uses::new(g);
     let mut rw = Rewrite::new(g);
     let feeds_loss = |t: crate::graph::TensorId| {
-        uses.consumers[t.index()]
-            .iter()
-            .any(|&c| matches!(g.nodes()[c].op, Op::CrossEntropy { .. }))
+        uses.consumers[t.index()].iter().any(|&c| matches!(g.nodes()[c].op, Op::CrossEntropy(_)))
     };
     for (i, n) in g.nodes().iter().enumerate() {
         if !matches!(n.op, Op::BiasAdd) || !uses.single_use(n.inputs[0]) || feeds_loss(n.outputs[0])
         {
             continue;
         }
-        let Some((m, mn)) =
-            uses.producer_if(g, n.inputs[0], |op| matches!(op, Op::MatMul { ta: false, .. }))
+        let Some((m, mn)) = uses
+            .producer_if(g, n.inputs[0], |op| matches!(op, Op::MatMul(MatMul { ta: false, .. })))
         else {
             continue;
         };
-        let Op::MatMul { tb, .. } = mn.op else { unreachable!() };
+        let Op::MatMul(MatMul { tb, .. }) = mn.op else { unreachable!() };
         let (x, w, bias) = (mn.inputs[0], mn.inputs[1], n.inputs[1]);
         if g.shape(w).len() != 2 {
             continue;
@@ -43,7 +42,7 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
             .first()
             .filter(|_| uses.single_use(n.outputs[0]))
             .and_then(|&c| match g.nodes()[c].op {
-                Op::Gelu { approx } => Some((c, approx)),
+                Op::Gelu(Gelu { approx }) => Some((c, approx)),
                 _ => None,
             });
         let (last, out) = match gelu {
@@ -82,7 +81,10 @@ mod tests {
             after
                 .nodes()
                 .iter()
-                .filter(|n| matches!(n.op, Op::Linear { gelu: Some(GeluApprox::Tanh), .. }))
+                .filter(|n| matches!(
+                    n.op,
+                    Op::Linear(crate::graph::op::Linear { gelu: Some(GeluApprox::Tanh), .. })
+                ))
                 .count(),
             2
         );

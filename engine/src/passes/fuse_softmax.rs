@@ -15,6 +15,7 @@
 //! `FusedScaleMaskSoftmax`.
 
 use super::rewrite::{param_dependent, Rewrite, Uses};
+use crate::graph::op::{Scale, Softmax};
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
@@ -22,14 +23,14 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let dep = param_dependent(g);
     let mut rw = Rewrite::new(g);
     for (i, n) in g.nodes().iter().enumerate() {
-        let Op::Softmax { mut scale, causal } = n.op else { continue };
+        let Op::Softmax(Softmax { mut scale, causal }) = n.op else { continue };
         let (mut x, mut mask) = (n.inputs[0], n.inputs.get(1).copied());
         let mut changed = false;
         while uses.single_use(x) {
             let Some(p) = uses.producer[x.index()] else { break };
             let pn = &g.nodes()[p];
             match pn.op {
-                Op::Scale { s } => {
+                Op::Scale(Scale { s }) => {
                     scale *= s;
                     x = pn.inputs[0];
                 }
@@ -50,7 +51,7 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
         }
         if changed {
             let node = rw.node_mut(i);
-            node.op = Op::Softmax { scale, causal };
+            node.op = Op::Softmax(Softmax { scale, causal });
             node.inputs = std::iter::once(x).chain(mask).collect();
         }
     }

@@ -16,6 +16,7 @@
 //! `Gelu`/`BiasGelu`); `torch.utils.checkpoint`.
 
 use super::rewrite::{Rewrite, Uses};
+use crate::graph::op::{Gelu, Linear};
 use crate::graph::{Graph, GraphError, Op};
 
 pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
@@ -27,8 +28,8 @@ pub fn run(g: &Graph) -> Result<(Graph, usize), GraphError> {
     let mut rw = Rewrite::new(g);
     for n in &g.nodes()[..boundary] {
         let (x, approx) = match n.op {
-            Op::Gelu { approx } => (n.inputs[0], approx),
-            Op::Linear { gelu: Some(approx), .. } => (n.outputs[1], approx),
+            Op::Gelu(Gelu { approx }) => (n.inputs[0], approx),
+            Op::Linear(Linear { gelu: Some(approx), .. }) => (n.outputs[1], approx),
             _ => continue,
         };
         let y = n.outputs[0];

@@ -76,13 +76,13 @@ fn id_range(g: &Graph, t: TensorId) -> (usize, bool) {
     for n in g.nodes() {
         match n.op {
             Op::Embedding if n.inputs[1] == t => return (g.shape(n.inputs[0])[0], false),
-            Op::CrossEntropy { .. } if n.inputs[1] == t => {
+            Op::CrossEntropy(_) if n.inputs[1] == t => {
                 return (*g.shape(n.inputs[0]).last().expect("logits"), true)
             }
-            Op::LinearCrossEntropy { .. } if n.inputs[2] == t => {
+            Op::LinearCrossEntropy(_) if n.inputs[2] == t => {
                 return (g.shape(n.inputs[1])[0], true)
             }
-            Op::LinearCrossEntropyBackward { .. } if n.inputs[3] == t => {
+            Op::LinearCrossEntropyBackward(_) if n.inputs[3] == t => {
                 return (g.shape(n.inputs[2])[0], true)
             }
             _ => {}

@@ -38,7 +38,6 @@
 //! `computeStride` for the reshape view rule.
 
 pub mod layout;
-mod needs;
 pub mod rows;
 pub mod split;
 
@@ -47,6 +46,7 @@ pub(crate) mod testgraphs;
 #[cfg(test)]
 mod tests;
 
+use crate::graph::op::{Permute, Split};
 use crate::graph::{ElemType, Graph, Op, TensorId, TensorKind};
 pub use layout::Req;
 use layout::{
@@ -84,23 +84,23 @@ pub trait KernelSupport {
     fn reads(&self, _g: &Graph, _node: usize, _slot: usize) -> bool {
         true
     }
-    /// Layout the kernel of `node` needs for its input `slot`: the op's ([`Op::read_req`],
+    /// Layout the kernel of `node` needs for its input `slot`: the op's ([`crate::graph::OpDef::read_req`],
     /// the same for every backend), unless the kernel does not read it.
     fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
         if self.reads(g, node, slot) {
-            g.nodes()[node].op.read_req(slot)
+            g.nodes()[node].op.def().read_req(slot)
         } else {
             Req::Any
         }
     }
-    /// Layout the kernel of `node` can write its output `slot` in ([`Op::write_req`]).
+    /// Layout the kernel of `node` can write its output `slot` in ([`crate::graph::OpDef::write_req`]).
     fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
-        g.nodes()[node].op.write_req(slot)
+        g.nodes()[node].op.def().write_req(slot)
     }
     /// Input slots whose buffer output 0 may overwrite (same shape, read and written element
-    /// by element or row by row), in order of preference ([`Op::inplace_inputs`]).
+    /// by element or row by row), in order of preference ([`crate::graph::OpDef::inplace_inputs`]).
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
-        g.nodes()[node].op.inplace_inputs().to_vec()
+        g.nodes()[node].op.def().inplace_inputs().to_vec()
     }
     /// f32 elements of scratch the kernel needs while it runs (0 for none).
     fn workspace(&self, g: &Graph, node: usize) -> usize;
@@ -331,7 +331,7 @@ impl Plan {
 
 /// Ops whose output can be a view of their input (or, for concat, the inputs views of it).
 pub fn is_view(op: &Op) -> bool {
-    matches!(op, Op::Reshape | Op::Permute { .. } | Op::Split { .. } | Op::Concat)
+    matches!(op, Op::Reshape | Op::Permute(_) | Op::Split(_) | Op::Concat)
 }
 
 /// A tensor's layout during planning: offset relative to its group, strides.
@@ -419,7 +419,7 @@ fn derive(ctx: &Ctx, node: usize, from: TensorId, fl: &Lay, to: TensorId) -> Opt
     };
     match &n.op {
         Op::Reshape => Some(Lay { off: fl.off, strides: reshape_strides(fs, &fl.strides, ts)? }),
-        Op::Permute { perm } => Some(Lay {
+        Op::Permute(Permute { perm }) => Some(Lay {
             off: fl.off,
             strides: if from_is_input {
                 permute_strides(&fl.strides, perm)
@@ -427,7 +427,7 @@ fn derive(ctx: &Ctx, node: usize, from: TensorId, fl: &Lay, to: TensorId) -> Opt
                 unpermute_strides(&fl.strides, perm)
             },
         }),
-        Op::Split { sizes } => {
+        Op::Split(Split { sizes }) => {
             let st = starts(sizes);
             if from_is_input {
                 let i = n.outputs.iter().position(|&o| o == to)?;
@@ -697,9 +697,9 @@ fn choose_cut(ctx: &Ctx, fold: &[bool], members: &[TensorId]) -> usize {
     cands.sort_unstable();
     cands.dedup();
     let rank = |n: usize| match ctx.g.nodes()[n].op {
-        Op::Permute { .. } => 0,
+        Op::Permute(_) => 0,
         Op::Concat => 1,
-        Op::Split { .. } => 2,
+        Op::Split(_) => 2,
         // Reshape, the last view op.
         _ => 3,
     };

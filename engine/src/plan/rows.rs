@@ -18,6 +18,7 @@
 //! so results are the same function either way — sums skip exact zeros. For BERT MLM (b8×s128)
 //! this removes ~120 of the step's ~680 GFLOP. `ORTBENCH_ROW_SKIP=0` turns it off.
 
+use crate::graph::op::{CrossEntropy, CrossEntropyBackward, MatMul};
 use crate::graph::{Graph, Op, TensorId};
 
 /// The labelled rows of one cross-entropy: rows r of `labels` (flat) with
@@ -81,7 +82,7 @@ pub fn analyze(g: &Graph) -> RowPlan {
     let rows_of = |t: TensorId| g.tensor(t).numel() / last(t).max(1);
     let mut plan = RowPlan { sets: Vec::new(), nodes: vec![None; nodes.len()] };
     for (ci, n) in nodes.iter().enumerate() {
-        let Op::CrossEntropy { ignore_index } = n.op else { continue };
+        let Op::CrossEntropy(CrossEntropy { ignore_index }) = n.op else { continue };
         let (logits, labels) = (n.inputs[0], n.inputs[1]);
         let rows = g.tensor(labels).numel();
         let v = last(logits);
@@ -90,7 +91,7 @@ pub fn analyze(g: &Graph) -> RowPlan {
         let backs: Vec<usize> = consumers[logits.index()]
             .iter()
             .map(|&(b, _)| b)
-            .filter(|&b| matches!(nodes[b].op, Op::CrossEntropyBackward { ignore_index: ii } if ii == ignore_index) && nodes[b].inputs[1] == logits && nodes[b].inputs[2] == labels)
+            .filter(|&b| matches!(nodes[b].op, Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index: ii }) if ii == ignore_index) && nodes[b].inputs[1] == logits && nodes[b].inputs[2] == labels)
             .collect();
         let mut used = false;
 
@@ -102,12 +103,12 @@ pub fn analyze(g: &Graph) -> RowPlan {
             while let Some(p) = producer[t.index()] {
                 let pn = &nodes[p];
                 let next = match pn.op {
-                    Op::BiasAdd | Op::Scale { .. } => Some(pn.inputs[0]),
+                    Op::BiasAdd | Op::Scale(_) => Some(pn.inputs[0]),
                     Op::Add if g.tensor(pn.inputs[1]).numel() < g.tensor(t).numel() => {
                         Some(pn.inputs[0])
                     }
                     Op::Reshape if last(pn.inputs[0]) == v => Some(pn.inputs[0]),
-                    Op::MatMul { ta: false, .. }
+                    Op::MatMul(MatMul { ta: false, .. })
                         if g.shape(pn.inputs[1]).len() == 2 && rows_of(t) == rows =>
                     {
                         plan.nodes[p] = Some((set, RowUse::Dead));
@@ -142,12 +143,12 @@ pub fn analyze(g: &Graph) -> RowPlan {
                             frontier.push(xn.outputs[0]);
                             None
                         }
-                        Op::MatMul { ta: false, .. }
+                        Op::MatMul(MatMul { ta: false, .. })
                             if slot == 0 && two_d(xn.inputs[1]) && rows_of(d) == rows =>
                         {
                             Some(RowUse::Zero)
                         }
-                        Op::MatMul { ta: true, tb: false }
+                        Op::MatMul(MatMul { ta: true, tb: false })
                             if two_d(xn.inputs[0])
                                 && two_d(xn.inputs[1])
                                 && g.shape(xn.inputs[0])[0] == rows =>

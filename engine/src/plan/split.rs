@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 
 use super::{Plan, Root};
-use crate::graph::{Graph, Op};
+use crate::graph::Graph;
 
 /// Bytes one rank holds, by what they hold; the last two sum to the plan's arena.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,64 +61,15 @@ impl MemorySplit {
     }
 }
 
-/// Which operands of a loss-head node are logits-sized memory the loss exists for.
-struct LossHead {
+/// Which operands of a loss-head node are logits-sized memory the loss exists for
+/// ([`crate::graph::OpDef::loss_head`]).
+pub struct LossHead {
     /// Input slots that are logits (what the head reads).
-    inputs: &'static [usize],
+    pub inputs: &'static [usize],
     /// Output slots that are logits or their gradient, or saved for the head's backward.
-    outputs: &'static [usize],
+    pub outputs: &'static [usize],
     /// The kernel's scratch counts as the head's (it scales with the rows and vocabulary).
-    scratch: bool,
-}
-
-/// The loss head's part of `op`, None for every other op. No catch-all arm: a new op must say
-/// whether it holds logits.
-fn loss_head(op: &Op) -> Option<LossHead> {
-    match op {
-        Op::CrossEntropy { .. } => Some(LossHead { inputs: &[0], outputs: &[], scratch: true }),
-        // (dloss, logits, labels) → dlogits: usually written over the logits in place.
-        Op::CrossEntropyBackward { .. } => {
-            Some(LossHead { inputs: &[1], outputs: &[0], scratch: true })
-        }
-        // The fused head never stores the logits: what it holds of them is its chunk of
-        // logits in the kernel's scratch (forward and backward). Its outputs are the loss and
-        // the gradients of the hidden states and weights: activations and gradients.
-        Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
-            Some(LossHead { inputs: &[], outputs: &[], scratch: true })
-        }
-        Op::Fill { .. }
-        | Op::Embedding
-        | Op::MatMul { .. }
-        | Op::BiasAdd
-        | Op::Add
-        | Op::Scale { .. }
-        | Op::Gelu { .. }
-        | Op::Tanh
-        | Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::LayerNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Rotary { .. }
-        | Op::Softmax { .. }
-        | Op::Dropout { .. }
-        | Op::Reshape
-        | Op::Permute { .. }
-        | Op::Split { .. }
-        | Op::Concat
-        | Op::Attention { .. }
-        | Op::Linear { .. }
-        | Op::AddLayerNorm { .. }
-        | Op::AddRmsNorm { .. }
-        | Op::EmbeddingBackward
-        | Op::ReduceSumLeading
-        | Op::GeluBackward { .. }
-        | Op::TanhBackward
-        | Op::UnaryBackward { .. }
-        | Op::LayerNormBackward
-        | Op::RmsNormBackward
-        | Op::SoftmaxBackward { .. }
-        | Op::AttentionBackward { .. } => None,
-    }
+    pub scratch: bool,
 }
 
 /// Bytes of the arena that hold, at some time, the loss head's logits, their gradient or its
@@ -130,7 +81,7 @@ pub fn logits_bytes(plan: &Plan, g: &Graph) -> usize {
     let mut ranges: Vec<(usize, usize)> = Vec::new();
     for step in &plan.steps {
         let node = &g.nodes()[step.node];
-        let Some(head) = loss_head(&node.op) else { continue };
+        let Some(head) = node.op.def().loss_head() else { continue };
         let ins = head.inputs.iter().filter_map(|&s| node.inputs.get(s));
         let outs = head.outputs.iter().filter_map(|&s| node.outputs.get(s));
         for t in ins.chain(outs) {
@@ -169,7 +120,7 @@ fn union_len(mut ranges: Vec<(usize, usize)>) -> usize {
 mod tests {
     use super::*;
     use crate::autodiff::backward;
-    use crate::graph::TensorId;
+    use crate::graph::{Op, TensorId};
     use crate::plan::{build, KernelSupport, PlanError};
 
     /// Kernels with the ops' own layouts and in-place rules (or none in place), and scratch for
@@ -187,16 +138,16 @@ mod tests {
         }
         fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
             if self.inplace {
-                g.nodes()[node].op.inplace_inputs().to_vec()
+                g.nodes()[node].op.def().inplace_inputs().to_vec()
             } else {
                 vec![]
             }
         }
         fn workspace(&self, g: &Graph, node: usize) -> usize {
             match g.nodes()[node].op {
-                Op::CrossEntropy { .. } => 3,
-                Op::LinearCrossEntropy { .. } => 20,
-                Op::LinearCrossEntropyBackward { .. } => 40,
+                Op::CrossEntropy(_) => 3,
+                Op::LinearCrossEntropy(_) => 20,
+                Op::LinearCrossEntropyBackward(_) => 40,
                 _ => 0,
             }
         }
@@ -227,10 +178,8 @@ mod tests {
         let plan = build(&g, &Fixed { inplace: true }).unwrap();
         plan.check(&g).unwrap();
         assert_eq!(plan.peak_bytes(), 256, "{}", plan.summary(&g));
-        let ce_back = plan
-            .steps
-            .iter()
-            .find(|s| matches!(g.nodes()[s.node].op, Op::CrossEntropyBackward { .. }));
+        let ce_back =
+            plan.steps.iter().find(|s| matches!(g.nodes()[s.node].op, Op::CrossEntropyBackward(_)));
         assert_eq!(ce_back.and_then(|s| s.inplace), Some(1), "dlogits over the logits");
         assert_eq!(plan.buffers[plan.buffer_of[logits.index()].unwrap()].len, 32);
         let s = MemorySplit::new(&plan, &g, 320, 320, 640);

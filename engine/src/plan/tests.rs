@@ -215,7 +215,7 @@ fn a_missing_kernel_is_a_plan_error_naming_the_op() {
         }
         fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
             match g.nodes()[node].op {
-                Op::Gelu { .. } => Err(PlanError::NoKernel {
+                Op::Gelu(_) => Err(PlanError::NoKernel {
                     node,
                     op: "gelu",
                     backend: "test",

@@ -1032,11 +1032,11 @@ mod tests {
     fn dropout_sites_exist_only_when_p_is_positive() {
         let count = |cfg: &ModelConfig| {
             let g = build_training_graph(cfg, &GraphOptions::new(1, 4)).unwrap().forward;
-            let drop = g.nodes().iter().filter(|n| matches!(n.op, Op::Dropout { .. })).count();
+            let drop = g.nodes().iter().filter(|n| matches!(n.op, Op::Dropout(_))).count();
             let attn = g
                 .nodes()
                 .iter()
-                .filter(|n| matches!(n.op, Op::Attention { dropout_p, .. } if dropout_p > 0.0))
+                .filter(|n| matches!(n.op, Op::Attention(ortbench_engine::graph::op::Attention { dropout_p, .. }) if dropout_p > 0.0))
                 .count();
             (drop, attn)
         };
@@ -1094,7 +1094,7 @@ mod tests {
                     .graph
                     .nodes()
                     .iter()
-                    .filter(|n| matches!(n.op, Op::Dropout { p, .. } if p == 0.0))
+                    .filter(|n| matches!(n.op, Op::Dropout(ortbench_engine::graph::op::Dropout { p, .. }) if p == 0.0))
                     .count();
                 assert_eq!(p_dropouts, 0, "{name}");
                 assert_eq!(opt.params, raw.params);

@@ -34,6 +34,11 @@ use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
 use crate::exec::{ExecError, InputData, Inputs};
+use crate::graph::op::{
+    AddLayerNorm, Attention, AttentionBackward, Binary, CrossEntropy, CrossEntropyBackward,
+    Dropout, Fill, GeluBackward, LayerNorm, Linear, LinearCrossEntropy, LinearCrossEntropyBackward,
+    MatMul, Permute, Scale, Softmax, SoftmaxBackward, Split, Unary, UnaryBackward,
+};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
@@ -496,17 +501,19 @@ impl<D: GpuDevice> GpuExecutor<D> {
             let res = match node.op {
                 Op::Embedding => ids_of(node.inputs[1])
                     .map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
-                Op::CrossEntropy { ignore_index } => ids_of(node.inputs[1]).map(|l| {
-                    cross_entropy::check_labels(
-                        l,
-                        *g.shape(node.inputs[0]).last().unwrap_or(&1),
-                        ignore_index,
-                    )
-                    .map(|_| ())
-                }),
-                Op::LinearCrossEntropy { ignore_index }
-                | Op::LinearCrossEntropyBackward { ignore_index } => {
-                    let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward { .. }));
+                Op::CrossEntropy(CrossEntropy { ignore_index }) => {
+                    ids_of(node.inputs[1]).map(|l| {
+                        cross_entropy::check_labels(
+                            l,
+                            *g.shape(node.inputs[0]).last().unwrap_or(&1),
+                            ignore_index,
+                        )
+                        .map(|_| ())
+                    })
+                }
+                Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
+                | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
+                    let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward(_)));
                     let v = g.shape(node.inputs[at + 1])[0];
                     ids_of(node.inputs[at + 2])
                         .map(|l| cross_entropy::check_labels(l, v, ignore_index).map(|_| ()))
@@ -825,7 +832,7 @@ impl Resolver<'_> {
         }
         let err = self.b.status + 4 * status::BAD_ID as u64;
         let calls = match &node.op {
-            Op::Fill { value } => {
+            Op::Fill(Fill { value }) => {
                 let o = outs[0];
                 let is_seed =
                     matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
@@ -894,7 +901,7 @@ impl Resolver<'_> {
                 }
                 v_
             }
-            Op::MatMul { ta, tb } => {
+            Op::MatMul(MatMul { ta, tb }) => {
                 let (a, b, c) = (ins[0], ins[1], outs[0]);
                 let m = MatMulPlan::new(
                     *ta,
@@ -929,7 +936,7 @@ impl Resolver<'_> {
                     vec![cast, self.gemm_at(&m, (dt(h), dt(h), dt(c)), (pa, pb, out(0)), &no)?]
                 }
             }
-            Op::Linear { tb, gelu } => {
+            Op::Linear(Linear { tb, gelu }) => {
                 let (x, w) = (ins[0], ins[1]);
                 let c = outs[usize::from(gelu.is_some())];
                 same(&[outs[0], x, w, ins[2], c])?;
@@ -991,7 +998,7 @@ impl Resolver<'_> {
                 let add = ew::Add { dtype: dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
                 vec![add.launch(self.device()).into()]
             }
-            Op::Scale { s } => {
+            Op::Scale(Scale { s }) => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
                 let scale =
@@ -1004,12 +1011,12 @@ impl Resolver<'_> {
                 let tanh = ew::TanhForward { dtype: dt(outs[0]), y: o, x: inp(0), n: n(outs[0]) };
                 vec![tanh.launch(self.device()).into()]
             }
-            Op::TanhBackward | Op::GeluBackward { .. } => {
+            Op::TanhBackward | Op::GeluBackward(_) => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let o = if inplace.is_some() { inp(1) } else { out(0) };
                 let (dtype, n, dev) = (dt(outs[0]), n(outs[0]), self.device());
                 let l = match &node.op {
-                    Op::GeluBackward { approx } => {
+                    Op::GeluBackward(GeluBackward { approx }) => {
                         let (dx, x, dy, approx) = (o, inp(0), inp(1), *approx);
                         ew::GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
                     }
@@ -1018,20 +1025,20 @@ impl Resolver<'_> {
                 };
                 vec![l.into()]
             }
-            Op::Unary { f } => {
+            Op::Unary(Unary { f }) => {
                 same(&[outs[0], ins[0]])?;
                 let y = if inplace.is_some() { inp(0) } else { out(0) };
                 let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
                 vec![pw::Unary { f, dtype, y, x: inp(0), n }.launch(self.device()).into()]
             }
-            Op::UnaryBackward { f } => {
+            Op::UnaryBackward(UnaryBackward { f }) => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let dx = if inplace.is_some() { inp(1) } else { out(0) };
                 let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
                 let l = pw::UnaryBackward { f, dtype, dx, x: inp(0), dy: inp(1), n };
                 vec![l.launch(self.device()).into()]
             }
-            Op::Binary { f } => {
+            Op::Binary(Binary { f }) => {
                 let (len, nb) = (n(outs[0]), n(ins[1]));
                 if nb == 0 || len % nb != 0 {
                     return Err(no(" for an operand that does not tile the output"));
@@ -1044,7 +1051,7 @@ impl Resolver<'_> {
                 let (f, dtype, a, b) = (*f, dt(outs[0]), inp(0), inp(1));
                 vec![pw::Binary { f, dtype, out: o, a, b, n: len, nb }.launch(self.device()).into()]
             }
-            Op::Dropout { p, offset } => {
+            Op::Dropout(Dropout { p, offset }) => {
                 same(&[outs[0], ins[0]])?;
                 let o = if inplace.is_some() { inp(0) } else { out(0) };
                 let (dtype, n, p, offset) = (dt(outs[0]), n(outs[0]), *p, *offset);
@@ -1052,7 +1059,7 @@ impl Resolver<'_> {
                 let drop = ew::Dropout { dtype, out: o, x: inp(0), n, p, seed, offset };
                 vec![drop.launch(self.device()).into()]
             }
-            Op::LayerNorm { eps } => {
+            Op::LayerNorm(LayerNorm { eps }) => {
                 same(&[outs[0], ins[0], ins[1], ins[2]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
@@ -1061,7 +1068,7 @@ impl Resolver<'_> {
                 let l = ln::LayerNormForward { dtype, y, mean, rstd, x, w, b, rows, c, eps: *eps };
                 vec![l.launch(self.device()).into()]
             }
-            Op::AddLayerNorm { eps } => {
+            Op::AddLayerNorm(AddLayerNorm { eps }) => {
                 same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
                 let c = last(ins[0]);
                 let rows = n(ins[0]) / c;
@@ -1142,7 +1149,7 @@ impl Resolver<'_> {
                     reduce::ColumnSumFinish { dtype: dt(outs[0]), out: out(0), ws, chunks, c };
                 vec![part.launch(dev).into(), fin.launch(dev).into()]
             }
-            Op::Softmax { scale, causal } => {
+            Op::Softmax(Softmax { scale, causal }) => {
                 same(&[outs[0], ins[0]])?;
                 if let Some(&m) = ins.get(1) {
                     same(&[ins[0], m])?;
@@ -1172,7 +1179,7 @@ impl Resolver<'_> {
                 };
                 vec![l.launch(self.device()).into()]
             }
-            Op::SoftmaxBackward { scale } => {
+            Op::SoftmaxBackward(SoftmaxBackward { scale }) => {
                 same(&[outs[0], ins[0], ins[1]])?;
                 let ncol = last(ins[0]);
                 let rows = n(ins[0]) / ncol;
@@ -1181,13 +1188,13 @@ impl Resolver<'_> {
                 let l = sm::SoftmaxBackward { dtype, dx: o, y, dy, rows, n: ncol, scale };
                 vec![l.launch(self.device()).into()]
             }
-            Op::Reshape | Op::Permute { .. } => {
+            Op::Reshape | Op::Permute(_) => {
                 // Materialised (the plan could not fold it): a strided copy.
                 let (x, o) = (ins[0], outs[0]);
                 same(&[x, o])?;
                 let xs = g.shape(x).to_vec();
                 let (ss, st) = match &node.op {
-                    Op::Permute { perm } => (
+                    Op::Permute(Permute { perm }) => (
                         perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
                         perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>(),
                     ),
@@ -1200,7 +1207,7 @@ impl Resolver<'_> {
                     copy::CopyStrided { dtype: dt(o), dst: out(0), src: inp(0), n: n(o), meta };
                 vec![copy.launch(self.device()).into()]
             }
-            Op::Split { sizes } => {
+            Op::Split(Split { sizes }) => {
                 let x = ins[0];
                 let xst = self.strides(x).to_vec();
                 let ls = *xst.last().unwrap_or(&0) as u64;
@@ -1236,18 +1243,22 @@ impl Resolver<'_> {
                 }
                 v
             }
-            Op::Attention { scale, causal, dropout_p, offset }
-            | Op::AttentionBackward { scale, causal, dropout_p, offset } => {
-                let fwd = matches!(node.op, Op::Attention { .. });
-                let (q, k, v) =
-                    if fwd { (ins[0], ins[1], ins[2]) } else { (ins[1], ins[2], ins[3]) };
-                let mask = if fwd { ins.get(3) } else { ins.get(6) }.copied();
+            Op::Attention(Attention { scale, causal, dropout_p, offset })
+            | Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset }) => {
+                use crate::ops::attention::{backward_slot as bs, slot as fs};
+                let fwd = matches!(node.op, Op::Attention(_));
+                let (q, k, v) = if fwd {
+                    (ins[fs::Q], ins[fs::K], ins[fs::V])
+                } else {
+                    (ins[bs::Q], ins[bs::K], ins[bs::V])
+                };
+                let mask = if fwd { ins.get(fs::MASK) } else { ins.get(bs::MASK) }.copied();
                 let mut all = vec![q, k, v];
                 all.extend(mask);
                 if fwd {
                     all.push(outs[0]);
                 } else {
-                    all.extend([ins[0], ins[5], outs[0], outs[1], outs[2]]);
+                    all.extend([ins[bs::DOUT], ins[bs::OUT], outs[0], outs[1], outs[2]]);
                 }
                 same(&all)?;
                 let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
@@ -1273,9 +1284,9 @@ impl Resolver<'_> {
                         dtype,
                         out: st(outs[0], out(0)),
                         lse: out(1),
-                        q: st(q, inp(0)),
-                        k: st(k, inp(1)),
-                        v: st(v, inp(2)),
+                        q: st(q, inp(fs::Q)),
+                        k: st(k, inp(fs::K)),
+                        v: st(v, inp(fs::V)),
                         mask,
                         dims,
                         scores,
@@ -1283,17 +1294,22 @@ impl Resolver<'_> {
                     vec![l.launch(dev).map_err(no_tiles)?.into()]
                 } else {
                     // The backward: dq (and D) first, then dk and dv reading D.
-                    let (dout, fo) = (ins[0], ins[5]);
+                    let (dout, fo) = (ins[bs::DOUT], ins[bs::OUT]);
                     let delta = ws_at();
-                    let (q, k, v, dout) =
-                        (st(q, inp(1)), st(k, inp(2)), st(v, inp(3)), st(dout, inp(0)));
-                    let lse = inp(4);
+                    let (q, k, v, dout) = (
+                        st(q, inp(bs::Q)),
+                        st(k, inp(bs::K)),
+                        st(v, inp(bs::V)),
+                        st(dout, inp(bs::DOUT)),
+                    );
+                    // The CPU's probabilities slot holds the rows' log-sum-exp on the GPU.
+                    let lse = inp(bs::PROBS);
                     let dq = attn::AttentionBackwardDq {
                         dtype,
                         dq: st(outs[0], out(0)),
                         delta,
                         dout,
-                        out: st(fo, inp(5)),
+                        out: st(fo, inp(bs::OUT)),
                         q,
                         k,
                         v,
@@ -1322,7 +1338,7 @@ impl Resolver<'_> {
                     ]
                 }
             }
-            Op::CrossEntropy { ignore_index } => {
+            Op::CrossEntropy(CrossEntropy { ignore_index }) => {
                 let v = last(ins[0]);
                 let rows = n(ins[0]) / v;
                 // Per-row losses in the workspace, then their mean into the loss.
@@ -1343,7 +1359,7 @@ impl Resolver<'_> {
                     ce::CrossEntropyMean { loss: out(0), losses, labels, rows, ignore_index };
                 vec![fwd.launch(dev).into(), mean.launch(dev).into()]
             }
-            Op::CrossEntropyBackward { ignore_index } => {
+            Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index }) => {
                 same(&[outs[0], ins[1]])?;
                 if dt(ins[0]) != DType::F32 {
                     return Err(no(" for a non-f32 loss gradient"));
@@ -1369,12 +1385,12 @@ impl Resolver<'_> {
                 };
                 vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
             }
-            Op::LinearCrossEntropy { ignore_index }
-            | Op::LinearCrossEntropyBackward { ignore_index } => {
+            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
+            | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
                 // linear_cross_entropy.cu's launches around three GEMMs per chunk (see there):
                 // the labelled rows compacted on the device, then ⌈rows / k⌉ chunks of their
                 // positions (those past the count are zero rows), then the mean.
-                let bwd = matches!(node.op, Op::LinearCrossEntropyBackward { .. });
+                let bwd = matches!(node.op, Op::LinearCrossEntropyBackward(_));
                 let at = usize::from(bwd);
                 let (x, w) = (ins[at], ins[at + 1]);
                 let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
@@ -1489,12 +1505,9 @@ impl Resolver<'_> {
                 calls
             }
             // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
-            Op::Gelu { .. } => return Err(no(": gelu has no GPU launch outside a linear layer")),
+            Op::Gelu(_) => return Err(no(": gelu has no GPU launch outside a linear layer")),
             // `GpuSupport::check` refuses these (no GPU kernels yet); never a silent fallback.
-            Op::RmsNorm { .. }
-            | Op::RmsNormBackward
-            | Op::AddRmsNorm { .. }
-            | Op::Rotary { .. } => {
+            Op::RmsNorm(_) | Op::RmsNormBackward | Op::AddRmsNorm(_) | Op::Rotary(_) => {
                 return Err(no(&format!(": {} has no GPU kernel yet", node.op.name())))
             }
         };

@@ -79,10 +79,10 @@ pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
     }
     for n in g.nodes() {
         match n.op {
-            Op::Attention { .. } => d[n.outputs[1].index()] = DType::F32,
+            Op::Attention(_) => d[n.outputs[1].index()] = DType::F32,
             // Autodiff's seed, d(loss)/d(loss): it holds the loss scale (2^16 overflows f16),
             // f32 like the loss, as the CPU executor keeps it.
-            Op::Fill { .. } if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => {
+            Op::Fill(_) if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => {
                 d[n.outputs[0].index()] = DType::F32
             }
             // Every other op's outputs are stored in the graph's dtype.
@@ -119,7 +119,7 @@ impl GpuSupport {
     pub fn lce_workspace(&self, g: &Graph, node: usize) -> LceWorkspace {
         let n = &g.nodes()[node];
         // Operands from x on: the backward's slot 0 is dloss.
-        let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward { .. }));
+        let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward(_)));
         let (x, w, labels) = (n.inputs[at], n.inputs[at + 1], n.inputs[at + 2]);
         let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
         let rows = g.tensor(labels).numel();
@@ -217,46 +217,46 @@ impl KernelSupport for GpuSupport {
             why: why.to_string(),
         };
         match &n.op {
-            Op::Fill { .. }
+            Op::Fill(_)
             | Op::Embedding
-            | Op::MatMul { .. }
+            | Op::MatMul(_)
             | Op::BiasAdd
             | Op::Add
-            | Op::Scale { .. }
+            | Op::Scale(_)
             | Op::Tanh
-            | Op::LayerNorm { .. }
-            | Op::Softmax { .. }
-            | Op::Dropout { .. }
+            | Op::LayerNorm(_)
+            | Op::Softmax(_)
+            | Op::Dropout(_)
             | Op::Reshape
-            | Op::Permute { .. }
-            | Op::Split { .. }
+            | Op::Permute(_)
+            | Op::Split(_)
             | Op::Concat
-            | Op::CrossEntropy { .. }
+            | Op::CrossEntropy(_)
             | Op::EmbeddingBackward
             | Op::ReduceSumLeading
-            | Op::GeluBackward { .. }
+            | Op::GeluBackward(_)
             | Op::TanhBackward
             | Op::LayerNormBackward
-            | Op::SoftmaxBackward { .. }
-            | Op::CrossEntropyBackward { .. }
-            | Op::Linear { .. }
-            | Op::AddLayerNorm { .. }
-            | Op::Unary { .. }
-            | Op::Binary { .. }
-            | Op::UnaryBackward { .. } => {}
-            Op::Gelu { .. } => {
+            | Op::SoftmaxBackward(_)
+            | Op::CrossEntropyBackward(_)
+            | Op::Linear(_)
+            | Op::AddLayerNorm(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::UnaryBackward(_) => {}
+            Op::Gelu(_) => {
                 return Err(err(
                     " for a GELU outside a linear layer (the passes fuse it into Op::Linear)",
                 ))
             }
-            Op::RmsNorm { .. } => return Err(err(": rms_norm has no GPU kernel yet")),
+            Op::RmsNorm(_) => return Err(err(": rms_norm has no GPU kernel yet")),
             Op::RmsNormBackward => return Err(err(": rms_norm_backward has no GPU kernel yet")),
-            Op::AddRmsNorm { .. } => return Err(err(": add_rms_norm has no GPU kernel yet")),
-            Op::Rotary { .. } => return Err(err(": rotary has no GPU kernel yet")),
-            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+            Op::AddRmsNorm(_) => return Err(err(": add_rms_norm has no GPU kernel yet")),
+            Op::Rotary(_) => return Err(err(": rotary has no GPU kernel yet")),
+            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
                 // One storage type for x, w and the bias: the GEMMs' operands and the row
                 // kernel's bias are one T.
-                let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward { .. }));
+                let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward(_)));
                 let d = |t: crate::graph::TensorId| self.dtypes[t.index()];
                 let (x, w) = (n.inputs[at], n.inputs[at + 1]);
                 if d(w) != d(x) || n.inputs.get(at + 3).is_some_and(|&b| d(b) != d(x)) {
@@ -270,26 +270,30 @@ impl KernelSupport for GpuSupport {
                     return Err(err(" for 2^24 rows or more"));
                 }
             }
-            Op::Attention { .. } => {
-                if g.shape(n.inputs[0]).len() != 4 {
+            Op::Attention(_) => {
+                use crate::ops::attention::slot;
+                let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
+                if q.len() != 4 {
                     return Err(err(" for a non-4-D attention"));
                 }
-                if g.shape(n.inputs[1])[1] != g.shape(n.inputs[0])[1] {
+                if k[1] != q[1] {
                     return Err(err(
                         ": grouped-query attention (fewer kv heads than query heads) has no GPU kernel yet",
                     ));
                 }
             }
-            Op::AttentionBackward { .. } => {
-                if g.shape(n.inputs[1]).len() != 4 {
+            Op::AttentionBackward(_) => {
+                use crate::ops::attention::backward_slot as slot;
+                let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
+                if q.len() != 4 {
                     return Err(err(" for a non-4-D attention"));
                 }
-                if g.shape(n.inputs[2])[1] != g.shape(n.inputs[1])[1] {
+                if k[1] != q[1] {
                     return Err(err(
                         ": grouped-query attention_backward (fewer kv heads than query heads) has no GPU kernel yet",
                     ));
                 }
-                if n.inputs.len() < 6 {
+                if n.inputs.len() <= slot::OUT {
                     return Err(err(" without the forward's output among its inputs"));
                 }
             }
@@ -312,7 +316,7 @@ impl KernelSupport for GpuSupport {
         {
             return vec![];
         }
-        n.op.inplace_inputs().to_vec()
+        n.op.def().inplace_inputs().to_vec()
     }
 
     fn elem_bytes(&self, g: &Graph, t: crate::graph::TensorId) -> usize {
@@ -327,7 +331,7 @@ impl KernelSupport for GpuSupport {
         // Attention's second output: the rows' log-sum-exp (B, H, Tq), not the probabilities.
         g.nodes()
             .iter()
-            .find(|n| matches!(n.op, Op::Attention { .. }) && n.outputs.get(1) == Some(&t))
+            .find(|n| matches!(n.op, Op::Attention(_)) && n.outputs.get(1) == Some(&t))
             .map(|n| {
                 let q = g.shape(n.inputs[0]);
                 q[0] * q[1] * q[2]
@@ -347,10 +351,10 @@ impl KernelSupport for GpuSupport {
                 chunks(numel(n.inputs[0]) / c.max(1)) * c
             }
             // Per-row losses (forward), the count of labelled rows (backward).
-            Op::CrossEntropy { .. } => numel(n.inputs[1]),
-            Op::CrossEntropyBackward { .. } => 1,
+            Op::CrossEntropy(_) => numel(n.inputs[1]),
+            Op::CrossEntropyBackward(_) => 1,
             // A product of a half and an f32 operand: the f32 one cast to half here.
-            Op::MatMul { .. } => {
+            Op::MatMul(_) => {
                 let (a, b) = (g.tensor(n.inputs[0]).elem, g.tensor(n.inputs[1]).elem);
                 match (a, b) {
                     (ElemType::Float(x), ElemType::Float(y)) if x != y => {
@@ -372,40 +376,40 @@ impl KernelSupport for GpuSupport {
                 }
             }
             // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
-            Op::AttentionBackward { .. } => {
-                let q = g.shape(n.inputs[1]);
+            Op::AttentionBackward(_) => {
+                let q = g.shape(n.inputs[crate::ops::attention::backward_slot::Q]);
                 q[0] * q[1] * q[2]
             }
-            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
                 self.lce_workspace(g, node).len
             }
-            Op::Fill { .. }
+            Op::Fill(_)
             | Op::Embedding
             | Op::BiasAdd
             | Op::Add
-            | Op::Scale { .. }
-            | Op::Gelu { .. }
+            | Op::Scale(_)
+            | Op::Gelu(_)
             | Op::Tanh
-            | Op::LayerNorm { .. }
-            | Op::RmsNorm { .. }
+            | Op::LayerNorm(_)
+            | Op::RmsNorm(_)
             | Op::RmsNormBackward
-            | Op::AddRmsNorm { .. }
-            | Op::Rotary { .. }
-            | Op::Softmax { .. }
-            | Op::Dropout { .. }
+            | Op::AddRmsNorm(_)
+            | Op::Rotary(_)
+            | Op::Softmax(_)
+            | Op::Dropout(_)
             | Op::Reshape
-            | Op::Permute { .. }
-            | Op::Split { .. }
+            | Op::Permute(_)
+            | Op::Split(_)
             | Op::Concat
-            | Op::Attention { .. }
-            | Op::Linear { .. }
-            | Op::AddLayerNorm { .. }
-            | Op::GeluBackward { .. }
+            | Op::Attention(_)
+            | Op::Linear(_)
+            | Op::AddLayerNorm(_)
+            | Op::GeluBackward(_)
             | Op::TanhBackward
-            | Op::SoftmaxBackward { .. }
-            | Op::Unary { .. }
-            | Op::Binary { .. }
-            | Op::UnaryBackward { .. } => 0,
+            | Op::SoftmaxBackward(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::UnaryBackward(_) => 0,
         }
     }
 }

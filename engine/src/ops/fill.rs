@@ -1,0 +1,29 @@
+//! Fill: a tensor filled with one value (the loss seed 1.0; zero gradients of unused outputs).
+use super::def::{GradCtx, Grads, OpDef};
+use crate::graph::GraphError;
+use crate::plan::Req;
+
+/// () → a tensor filled with `value` (the loss seed 1.0; zero gradients of unused outputs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fill {
+    pub value: f32,
+}
+
+impl OpDef for Fill {
+    fn name(&self) -> &'static str {
+        "fill"
+    }
+
+    fn attrs(&self) -> String {
+        format!("value={}", self.value)
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Any
+    }
+
+    fn grad(&self, _cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
+        // A constant.
+        Ok(vec![])
+    }
+}
