@@ -30,12 +30,12 @@
 //! # Ok(()) }
 //! ```
 
-mod builder;
+pub(crate) mod builder;
 mod display;
 mod error;
 pub mod op;
 
-pub use builder::AttentionOpts;
+pub use crate::ops::attention::AttentionOpts;
 pub use error::{fmt_shape, GraphError};
 pub use op::{GeluApprox, Op, OpDef, IGNORE_INDEX};
 

@@ -6,7 +6,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 
 /// (x (…, C), bias (C)) → (…, C)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,6 +116,62 @@ pub fn reduce_sum_leading<T: Real>(out: &mut [T], x: &[T]) {
 pub fn scale_forward<T: Real>(out: &mut [T], x: &[T], s: T) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v * s;
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// x (…, C) + bias (C).
+    pub fn bias_add(&mut self, x: TensorId, bias: TensorId) -> Result<TensorId, GraphError> {
+        let op = "bias_add";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sb, _) = self.float_arg(op, "bias", bias)?;
+        if sx.is_empty() || sb.len() != 1 || sb[0] != sx[sx.len() - 1] {
+            return Err(shape_err(
+                op,
+                "bias must be 1-D with the size of x's last dim",
+                &[("x", &sx), ("bias", &sb)],
+            ));
+        }
+        Ok(self.push(Op::BiasAdd, vec![x, bias], vec![(sx, ElemType::Float(dt))])[0])
+    }
+
+    /// a + b, where b's shape equals a's or a trailing part of it (e.g. (B, T, C) + (T, C)).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, GraphError> {
+        let op = "add";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        if !sa.ends_with(&sb) {
+            return Err(shape_err(
+                op,
+                "b's shape must equal a's or a trailing part of it (broadcast over a's leading dims)",
+                &[("a", &sa), ("b", &sb)],
+            ));
+        }
+        Ok(self.push(Op::Add, vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
+    }
+
+    /// s · x
+    pub fn scale(&mut self, x: TensorId, s: f32) -> Result<TensorId, GraphError> {
+        self.unary("scale", Op::Scale(Scale { s }), x)
+    }
+
+    /// Sums x over its leading dims down to `shape` (a trailing part of x's shape).
+    pub(crate) fn reduce_sum_leading(
+        &mut self,
+        x: TensorId,
+        shape: &[usize],
+    ) -> Result<TensorId, GraphError> {
+        let op = "reduce_sum_leading";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if !sx.ends_with(shape) {
+            return Err(shape_err(
+                op,
+                "target must be a trailing part of x's shape",
+                &[("x", &sx), ("target", shape)],
+            ));
+        }
+        Ok(self.push(Op::ReduceSumLeading, vec![x], vec![(shape.to_vec(), ElemType::Float(dt))])[0])
     }
 }
 

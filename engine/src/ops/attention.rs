@@ -9,8 +9,29 @@ use super::def::{GradCtx, Grads, OpDef};
 use super::dropout::{keep, keep_scale};
 use super::softmax::softmax_in_place;
 use super::{MaskView, Real};
+use crate::graph::builder::{broadcastable, check_p, shape_err};
+use crate::graph::{ElemType, Graph, TensorId};
 use crate::graph::{GraphError, Op};
 use crate::plan::Req;
+
+/// Options of [`Graph::attention`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOpts {
+    /// Query i attends to keys j ≤ i (GPT-2).
+    pub causal: bool,
+    /// Multiplier of Q·Kᵀ; `None` means 1/√D, as PyTorch's default.
+    pub scale: Option<f32>,
+    /// Dropout on the attention probabilities.
+    pub dropout_p: f32,
+    /// Additive mask broadcastable to (B, H, Tq, Tk), e.g. BERT's (B, 1, 1, T) padding mask.
+    pub mask: Option<TensorId>,
+}
+
+impl Default for AttentionOpts {
+    fn default() -> Self {
+        AttentionOpts { causal: false, scale: None, dropout_p: 0.0, mask: None }
+    }
+}
 
 /// [`Attention`]'s operands by name: the node's input slots.
 pub mod slot {
@@ -298,6 +319,137 @@ pub fn attention_backward<T: Real>(
                 }
             }
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// softmax(Q·Kᵀ·scale + mask)·V with optional causal mask and dropout on the probabilities.
+    /// q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) → (B, H, Tq, Dv).
+    pub fn attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        opts: AttentionOpts,
+    ) -> Result<TensorId, GraphError> {
+        self.attention_at(q, k, v, opts, None)
+    }
+
+    /// [`Graph::attention`] whose dropout uses the counters at `offset` (a fused dropout site
+    /// keeps its counters: `passes::fuse_attention`), or fresh ones when None.
+    pub(crate) fn attention_at(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        opts: AttentionOpts,
+        offset: Option<u64>,
+    ) -> Result<TensorId, GraphError> {
+        let op = "attention";
+        let (sq, dt) = self.float_arg(op, "q", q)?;
+        let (sk, _) = self.float_arg(op, "k", k)?;
+        let (sv, _) = self.float_arg(op, "v", v)?;
+        let named: &[(&str, &[usize])] = &[("q", &sq), ("k", &sk), ("v", &sv)];
+        if sq.len() != 4 || sk.len() != 4 || sv.len() != 4 {
+            return Err(shape_err(op, "q, k, v must be 4-D (B, H, T, D)", named));
+        }
+        // Grouped-query / multi-query attention: Hkv kv heads, each read by H/Hkv query heads.
+        if sk[0] != sq[0]
+            || sk[1] == 0
+            || sq[1] % sk[1] != 0
+            || sk[3] != sq[3]
+            || sv[..3] != sk[..3]
+        {
+            return Err(shape_err(
+                op,
+                "need q (B,H,Tq,D), k (B,Hkv,Tk,D), v (B,Hkv,Tk,Dv) with Hkv dividing H",
+                named,
+            ));
+        }
+        check_p(op, opts.dropout_p)?;
+        let probs_shape = vec![sq[0], sq[1], sq[2], sk[2]];
+        let mut inputs = vec![q, k, v];
+        if let Some(m) = opts.mask {
+            let (sm, _) = self.float_arg(op, "mask", m)?;
+            if !broadcastable(&sm, &probs_shape) {
+                return Err(shape_err(
+                    op,
+                    "mask must broadcast to (B, H, Tq, Tk)",
+                    &[("q", &sq), ("k", &sk), ("mask", &sm)],
+                ));
+            }
+            inputs.push(m);
+        }
+        let scale = opts.scale.unwrap_or(1.0 / (sq[3] as f32).sqrt());
+        let offset = match offset {
+            Some(o) => o,
+            None => {
+                let o = self.rng_offset;
+                if opts.dropout_p > 0.0 {
+                    self.rng_offset += probs_shape.iter().product::<usize>() as u64;
+                }
+                o
+            }
+        };
+        let out = vec![sq[0], sq[1], sq[2], sv[3]];
+        let attrs = Op::Attention(Attention {
+            scale,
+            causal: opts.causal,
+            dropout_p: opts.dropout_p,
+            offset,
+        });
+        Ok(self.push(
+            attrs,
+            inputs,
+            vec![(out, ElemType::Float(dt)), (probs_shape, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward
+    /// node. The CPU kernels read the saved probabilities; the GPU kernels save the rows'
+    /// log-sum-exp in `probs`' place instead and recompute the probabilities, for which they
+    /// need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the attention node's inputs and attributes, as ops/attention.rs defines them"
+    )]
+    pub(crate) fn attention_backward(
+        &mut self,
+        attrs: Op,
+        dout: TensorId,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        probs: TensorId,
+        out: TensorId,
+        mask: Option<TensorId>,
+    ) -> Result<Vec<TensorId>, GraphError> {
+        let op = "attention_backward";
+        let (so, dt) = self.float_arg(op, "dout", dout)?;
+        let (sq, _) = self.float_arg(op, "q", q)?;
+        let (sk, _) = self.float_arg(op, "k", k)?;
+        let (sv, _) = self.float_arg(op, "v", v)?;
+        let (sp, _) = self.float_arg(op, "probs", probs)?;
+        let (sout, _) = self.float_arg(op, "out", out)?;
+        if let Some(m) = mask {
+            self.float_arg(op, "mask", m)?;
+        }
+        let ok = sout == so
+            && sq.len() == 4
+            && sk.len() == 4
+            && sv.len() == 4
+            && so[..] == [sq[0], sq[1], sq[2], sv[3]]
+            && sp[..] == [sq[0], sq[1], sq[2], sk[2]];
+        if !ok || !matches!(attrs, Op::AttentionBackward(_)) {
+            let named: &[(&str, &[usize])] =
+                &[("dout", &so), ("q", &sq), ("k", &sk), ("v", &sv), ("probs", &sp)];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        let mut inputs = vec![dout, q, k, v, probs, out];
+        inputs.extend(mask);
+        Ok(self.push(attrs, inputs, vec![(sq, f), (sk, f), (sv, f)]))
     }
 }
 

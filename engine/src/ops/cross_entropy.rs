@@ -7,8 +7,11 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId, IGNORE_INDEX};
 use crate::plan::split::LossHead;
+use crate::DType;
 
 /// (logits (…, V), labels (…) i64) → () the mean over labels != ignore_index.
 ///
@@ -148,6 +151,64 @@ fn check_label(
         });
     }
     Ok(Some(label as usize))
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// Mean cross-entropy of `logits` (…, V) against `labels` (…), ignoring label -100.
+    pub fn cross_entropy(
+        &mut self,
+        logits: TensorId,
+        labels: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        self.cross_entropy_with_ignore(logits, labels, IGNORE_INDEX)
+    }
+
+    pub fn cross_entropy_with_ignore(
+        &mut self,
+        logits: TensorId,
+        labels: TensorId,
+        ignore_index: i64,
+    ) -> Result<TensorId, GraphError> {
+        let op = "cross_entropy";
+        let (sl, _) = self.float_arg(op, "logits", logits)?;
+        let sy = self.ids_arg(op, "labels", labels)?;
+        if sl.is_empty() || sy[..] != sl[..sl.len() - 1] {
+            return Err(shape_err(
+                op,
+                "labels must have logits' shape without its last (class) dim",
+                &[("logits", &sl), ("labels", &sy)],
+            ));
+        }
+        // The loss stays f32 whatever the storage dtype, as in PyTorch autocast.
+        Ok(self.push(
+            Op::CrossEntropy(CrossEntropy { ignore_index }),
+            vec![logits, labels],
+            vec![(vec![], ElemType::Float(DType::F32))],
+        )[0])
+    }
+
+    pub(crate) fn cross_entropy_backward(
+        &mut self,
+        dloss: TensorId,
+        logits: TensorId,
+        labels: TensorId,
+        ignore_index: i64,
+    ) -> Result<TensorId, GraphError> {
+        let op = "cross_entropy_backward";
+        let (sd, _) = self.float_arg(op, "dloss", dloss)?;
+        let (sl, dt) = self.float_arg(op, "logits", logits)?;
+        let sy = self.ids_arg(op, "labels", labels)?;
+        if !sd.is_empty() || sl.is_empty() || sy[..] != sl[..sl.len() - 1] {
+            return Err(shape_err(
+                op,
+                "inconsistent operands",
+                &[("dloss", &sd), ("logits", &sl), ("labels", &sy)],
+            ));
+        }
+        let attrs = Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index });
+        Ok(self.push(attrs, vec![dloss, logits, labels], vec![(sl, ElemType::Float(dt))])[0])
+    }
 }
 
 #[cfg(test)]

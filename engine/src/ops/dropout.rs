@@ -11,7 +11,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::check_p;
 use crate::graph::GraphError;
+use crate::graph::{Graph, Op, TensorId};
 
 /// (x) → x·keep/(1-p), keep from the counter-based RNG at (step seed, offset + index).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +78,35 @@ pub fn dropout_forward<T: Real>(out: &mut [T], x: &[T], p: f32, seed: u64, offse
     let s: T = keep_scale(p);
     for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
         *o = if keep(seed, offset + i as u64, p) { v * s } else { T::ZERO };
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// Inverted dropout with probability `p`; the site gets its own range of RNG counters.
+    pub fn dropout(&mut self, x: TensorId, p: f32) -> Result<TensorId, GraphError> {
+        let op = "dropout";
+        check_p(op, p)?;
+        let numel = self.info(x)?.numel() as u64;
+        let offset = self.rng_offset;
+        // A p = 0 site draws no counters, so eliminating it (`passes::eliminate`) leaves every
+        // other site's mask unchanged.
+        if p > 0.0 {
+            self.rng_offset += numel;
+        }
+        self.unary(op, Op::Dropout(Dropout { p, offset }), x)
+    }
+
+    // ---------------------------------------------------------------- backward ops (autodiff)
+
+    /// A dropout reusing a forward site's counters: the backward regenerates its mask.
+    pub(crate) fn dropout_at(
+        &mut self,
+        x: TensorId,
+        p: f32,
+        offset: u64,
+    ) -> Result<TensorId, GraphError> {
+        self.unary("dropout", Op::Dropout(Dropout { p, offset }), x)
     }
 }
 

@@ -5,7 +5,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 
 /// (table (V, C), ids (…)) → (…, C)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,6 +81,42 @@ fn check_id(id: i64, position: usize, limit: usize) -> Result<usize, OpError> {
         return Err(OpError::IndexOutOfRange { op: "embedding", index: id, position, limit });
     }
     Ok(id as usize)
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// Rows of `table` (V, C) gathered by `ids` (…) → (…, C).
+    pub fn embedding(&mut self, table: TensorId, ids: TensorId) -> Result<TensorId, GraphError> {
+        let op = "embedding";
+        let (ts, dt) = self.float_arg(op, "table", table)?;
+        let is = self.ids_arg(op, "ids", ids)?;
+        if ts.len() != 2 {
+            return Err(shape_err(op, "table must be 2-D (V, C)", &[("table", &ts), ("ids", &is)]));
+        }
+        let mut out = is;
+        out.push(ts[1]);
+        Ok(self.push(Op::Embedding, vec![table, ids], vec![(out, ElemType::Float(dt))])[0])
+    }
+
+    pub(crate) fn embedding_backward(
+        &mut self,
+        ids: TensorId,
+        dy: TensorId,
+        vocab: usize,
+    ) -> Result<TensorId, GraphError> {
+        let op = "embedding_backward";
+        let is = self.ids_arg(op, "ids", ids)?;
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        if sd.len() != is.len() + 1 || sd[..is.len()] != is[..] {
+            return Err(shape_err(op, "dy must be (ids…, C)", &[("ids", &is), ("dy", &sd)]));
+        }
+        let c = sd[sd.len() - 1];
+        Ok(self.push(
+            Op::EmbeddingBackward,
+            vec![ids, dy],
+            vec![(vec![vocab, c], ElemType::Float(dt))],
+        )[0])
+    }
 }
 
 #[cfg(test)]

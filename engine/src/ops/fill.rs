@@ -1,6 +1,7 @@
 //! Fill: a tensor filled with one value (the loss seed 1.0; zero gradients of unused outputs).
 use super::def::{GradCtx, Grads, OpDef};
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::plan::Req;
 
 /// () → a tensor filled with `value` (the loss seed 1.0; zero gradients of unused outputs).
@@ -25,5 +26,19 @@ impl OpDef for Fill {
     fn grad(&self, _cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
         // A constant.
         Ok(vec![])
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    // ---------------------------------------------------------------- forward ops
+
+    /// A constant tensor (the loss seed, zero gradients).
+    pub fn fill(&mut self, shape: &[usize], value: f32) -> TensorId {
+        self.push(
+            Op::Fill(Fill { value }),
+            vec![],
+            vec![(shape.to_vec(), ElemType::Float(self.dtype))],
+        )[0]
     }
 }

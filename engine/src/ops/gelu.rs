@@ -7,6 +7,7 @@
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
 use crate::graph::GraphError;
+use crate::graph::{Graph, Op, TensorId};
 
 /// (x) → gelu(x)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,6 +114,26 @@ fn cdf_core<T: Real>(x: T, approx: GeluApprox) -> T {
         GeluApprox::Tanh => {
             (T::from_f64(SQRT_2_OVER_PI) * (x + T::from_f64(KAPPA) * x * x * x)).tanh()
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    pub fn gelu(&mut self, x: TensorId, approx: GeluApprox) -> Result<TensorId, GraphError> {
+        self.unary("gelu", Op::Gelu(Gelu { approx }), x)
+    }
+
+    pub(crate) fn gelu_backward(
+        &mut self,
+        x: TensorId,
+        dy: TensorId,
+        approx: GeluApprox,
+    ) -> Result<TensorId, GraphError> {
+        self.binary_same(
+            "gelu_backward",
+            Op::GeluBackward(GeluBackward { approx }),
+            [("x", x), ("dy", dy)],
+        )
     }
 }
 

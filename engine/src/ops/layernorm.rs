@@ -7,7 +7,10 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::DType;
 
 /// (x (…, C), w (C), b (C)) → (y (…, C), mean (…), rstd (…)); mean and rstd are saved for
 /// the backward and are not differentiable.
@@ -194,6 +197,113 @@ pub fn layernorm_backward<T: Real>(
             let dnorm = dyr[i] * w[i];
             dx[r * c + i] = s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// LayerNorm over the last dim: w, b of shape (C). Returns y; the node also outputs the row
+    /// mean and rstd (kept for the backward).
+    pub fn layer_norm(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        b: TensorId,
+        eps: f32,
+    ) -> Result<TensorId, GraphError> {
+        let op = "layernorm";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sb, _) = self.float_arg(op, "bias", b)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("weight", &sw), ("bias", &sb)];
+        if sx.is_empty() || sw != [sx[sx.len() - 1]] || sb != sw {
+            return Err(shape_err(
+                op,
+                "weight and bias must be 1-D with the size of x's last dim",
+                named,
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sx[..sx.len() - 1].to_vec();
+        let stats = ElemType::Float(DType::F32);
+        let outs = vec![(sx, ElemType::Float(dt)), (rows.clone(), stats), (rows, stats)];
+        Ok(self.push(Op::LayerNorm(LayerNorm { eps }), vec![x, w, b], outs)[0])
+    }
+
+    /// [`Op::AddLayerNorm`]: (sum = a + b, LayerNorm(sum)) over the last dim; a and b of the
+    /// same shape. Returns (sum, y); the node also outputs the row mean and rstd.
+    // a, b: (…, C); w, bias: (C) -> (…, C), (…, C)
+    pub fn add_layer_norm(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        w: TensorId,
+        bias: TensorId,
+        eps: f32,
+    ) -> Result<(TensorId, TensorId), GraphError> {
+        let op = "add_layernorm";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sbias, _) = self.float_arg(op, "bias", bias)?;
+        let named: &[(&str, &[usize])] =
+            &[("a", &sa), ("b", &sb), ("weight", &sw), ("bias", &sbias)];
+        if sa != sb || sa.is_empty() || sw != [sa[sa.len() - 1]] || sbias != sw {
+            return Err(shape_err(
+                op,
+                "a and b must have the same shape, weight and bias the size of its last dim",
+                named,
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sa[..sa.len() - 1].to_vec();
+        let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
+        let outs = vec![(sa.clone(), f), (sa, f), (rows.clone(), stats), (rows, stats)];
+        let o = self.push(Op::AddLayerNorm(AddLayerNorm { eps }), vec![a, b, w, bias], outs);
+        Ok((o[0], o[1]))
+    }
+
+    /// (dy, x, w, mean, rstd) → [dx, dw, db]
+    pub(crate) fn layer_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        w: TensorId,
+        mean: TensorId,
+        rstd: TensorId,
+    ) -> Result<Vec<TensorId>, GraphError> {
+        let op = "layernorm_backward";
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        let (sx, _) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sm, _) = self.float_arg(op, "mean", mean)?;
+        let (sr, _) = self.float_arg(op, "rstd", rstd)?;
+        if sd != sx
+            || sx.is_empty()
+            || sw != [sx[sx.len() - 1]]
+            || sm[..] != sx[..sx.len() - 1]
+            || sr != sm
+        {
+            let named: &[(&str, &[usize])] =
+                &[("dy", &sd), ("x", &sx), ("weight", &sw), ("mean", &sm), ("rstd", &sr)];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        Ok(self.push(
+            Op::LayerNormBackward,
+            vec![dy, x, w, mean, rstd],
+            vec![(sx, f), (sw.clone(), f), (sw, f)],
+        ))
     }
 }
 

@@ -6,7 +6,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::plan::Req;
 
 /// (x) → the same data under the output's shape.
@@ -194,6 +196,114 @@ pub fn concat_forward<T: Real>(out: &mut [T], xs: &[&[T]], sizes: &[usize]) {
             row[start..start + s].copy_from_slice(&x[r * s..(r + 1) * s]);
             start += s;
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// The same data under a new shape with the same number of elements.
+    pub fn reshape(&mut self, x: TensorId, shape: &[usize]) -> Result<TensorId, GraphError> {
+        let op = "reshape";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.iter().product::<usize>() != shape.iter().product::<usize>() {
+            return Err(shape_err(
+                op,
+                "the element count changes",
+                &[("x", &sx), ("shape", shape)],
+            ));
+        }
+        Ok(self.push(Op::Reshape, vec![x], vec![(shape.to_vec(), ElemType::Float(dt))])[0])
+    }
+
+    /// x.permute(perm): output dim `i` is input dim `perm[i]`.
+    pub fn permute(&mut self, x: TensorId, perm: &[usize]) -> Result<TensorId, GraphError> {
+        let op = "permute";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let mut seen = vec![false; sx.len()];
+        let valid = perm.len() == sx.len()
+            && perm.iter().all(|&p| p < sx.len() && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!(
+                    "{perm:?} is not a permutation of the {} dims of x {}",
+                    sx.len(),
+                    crate::graph::fmt_shape(&sx)
+                ),
+            });
+        }
+        let out = perm.iter().map(|&p| sx[p]).collect();
+        Ok(self.push(
+            Op::Permute(Permute { perm: perm.to_vec() }),
+            vec![x],
+            vec![(out, ElemType::Float(dt))],
+        )[0])
+    }
+
+    /// Swaps dims d0 and d1 (a permute).
+    pub fn transpose(&mut self, x: TensorId, d0: usize, d1: usize) -> Result<TensorId, GraphError> {
+        let rank = self.info(x)?.shape.len();
+        let mut perm: Vec<usize> = (0..rank).collect();
+        if d0 < rank && d1 < rank {
+            perm.swap(d0, d1);
+        } else {
+            return Err(GraphError::Attr {
+                op: "permute",
+                msg: format!("transpose of dims {d0}, {d1} of a {rank}-D tensor"),
+            });
+        }
+        self.permute(x, &perm)
+    }
+
+    /// Splits the last dim into pieces of `sizes` (which must add up to it).
+    pub fn split(&mut self, x: TensorId, sizes: &[usize]) -> Result<Vec<TensorId>, GraphError> {
+        let op = "split";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.is_empty()
+            || sizes.is_empty()
+            || sizes.contains(&0)
+            || sizes.iter().sum::<usize>() != sx[sx.len() - 1]
+        {
+            return Err(shape_err(
+                op,
+                format!("sizes {sizes:?} must be positive and add up to x's last dim"),
+                &[("x", &sx)],
+            ));
+        }
+        let outs = sizes
+            .iter()
+            .map(|&s| {
+                let mut o = sx.clone();
+                *o.last_mut().expect("checked non-empty") = s;
+                (o, ElemType::Float(dt))
+            })
+            .collect();
+        Ok(self.push(Op::Split(Split { sizes: sizes.to_vec() }), vec![x], outs))
+    }
+
+    /// Concatenates along the last dim; all other dims must agree.
+    pub fn concat(&mut self, xs: &[TensorId]) -> Result<TensorId, GraphError> {
+        let op = "concat";
+        let mut shapes = Vec::with_capacity(xs.len());
+        let mut dt = self.dtype;
+        for &x in xs {
+            let (s, d) = self.float_arg(op, "input", x)?;
+            dt = d;
+            shapes.push(s);
+        }
+        let names: Vec<String> = (0..xs.len()).map(|i| format!("x{i}")).collect();
+        let named: Vec<(&str, &[usize])> =
+            names.iter().map(|n| n.as_str()).zip(shapes.iter().map(|s| s.as_slice())).collect();
+        let Some(first) = shapes.first() else {
+            return Err(GraphError::Attr { op, msg: "needs at least one input".into() });
+        };
+        let lead = &first[..first.len().saturating_sub(1)];
+        if shapes.iter().any(|s| s.is_empty() || &s[..s.len() - 1] != lead) {
+            return Err(shape_err(op, "inputs must agree on all but the last dim", &named));
+        }
+        let mut out = lead.to_vec();
+        out.push(shapes.iter().map(|s| s[s.len() - 1]).sum());
+        Ok(self.push(Op::Concat, xs.to_vec(), vec![(out, ElemType::Float(dt))])[0])
     }
 }
 

@@ -10,7 +10,9 @@ use super::def::{GradCtx, Grads, OpDef};
 use super::gelu::{gelu_forward, GeluApprox};
 use super::matmul::{matmul_forward, matmul_grads, MatMulDims};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::plan::Req;
 
 /// (x (…, K), w (N, K) when `tb` else (K, N), bias (N)) → y (…, N) = [gelu](x·op(w) + bias);
@@ -95,6 +97,48 @@ pub fn linear_forward<T: Real>(
     }
     if let Some(approx) = gelu {
         gelu_forward(y, pre, approx);
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    // ---------------------------------------------------------------- fused ops (passes)
+
+    /// [`Op::Linear`]: [gelu](x·op(w) + bias) with w a shared 2-D weight, (N, K) when `tb`
+    /// else (K, N). Returns y; with `gelu` the node also outputs the pre-activation.
+    // x: (…, K), bias: (N) -> (…, N)
+    pub fn fused_linear(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        bias: TensorId,
+        tb: bool,
+        gelu: Option<GeluApprox>,
+    ) -> Result<TensorId, GraphError> {
+        let op = "linear";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "w", w)?;
+        let (sb, _) = self.float_arg(op, "bias", bias)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("w", &sw), ("bias", &sb)];
+        if sx.len() < 2 || sw.len() != 2 {
+            return Err(shape_err(op, "x must be at least 2-D and w 2-D", named));
+        }
+        let (k, n) = if tb { (sw[1], sw[0]) } else { (sw[0], sw[1]) };
+        if sx[sx.len() - 1] != k || sb != [n] {
+            return Err(shape_err(
+                op,
+                format!("need x (…, {k}) and bias ({n}) for w (tb={tb})"),
+                named,
+            ));
+        }
+        let mut out = sx.clone();
+        *out.last_mut().expect("checked >= 2-D") = n;
+        let f = ElemType::Float(dt);
+        let outs = match gelu {
+            Some(_) => vec![(out.clone(), f), (out, f)],
+            None => vec![(out, f)],
+        };
+        Ok(self.push(Op::Linear(Linear { tb, gelu }), vec![x, w, bias], outs)[0])
     }
 }
 

@@ -11,8 +11,11 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::{OpError, Real};
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::plan::split::LossHead;
+use crate::DType;
 
 /// (x (…, C), w (V, C), labels (…) i64 [, bias (V)]) → () the mean cross-entropy of the
 /// logits x·wᵀ + bias over labels != ignore_index, without the (…, V) logits ever being
@@ -189,6 +192,92 @@ pub fn linear_cross_entropy<T: Real>(
         }
     }
     Ok(sum / T::from_f64(count as f64))
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// [`Op::LinearCrossEntropy`]: the mean cross-entropy of x·wᵀ [+ bias] against labels,
+    /// the logits never stored. Returns the loss (f32, as [`Graph::cross_entropy`]'s).
+    // x: (…, C), w: (V, C), labels: (…), bias: (V) -> ()
+    pub fn linear_cross_entropy(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        labels: TensorId,
+        bias: Option<TensorId>,
+        ignore_index: i64,
+    ) -> Result<TensorId, GraphError> {
+        let op = "linear_cross_entropy";
+        self.linear_cross_entropy_operands(op, x, w, labels, bias)?;
+        let mut inputs = vec![x, w, labels];
+        inputs.extend(bias);
+        let loss = (vec![], ElemType::Float(DType::F32));
+        Ok(self.push(
+            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index }),
+            inputs,
+            vec![loss],
+        )[0])
+    }
+
+    /// [`Op::LinearCrossEntropyBackward`]: returns (loss, dx, dw, dbias when there is a bias);
+    /// dx, dw and dbias in x's dtype, the loss f32.
+    // dloss: (), x: (…, C), w: (V, C), labels: (…), bias: (V) -> (), (…, C), (V, C), (V)
+    pub fn linear_cross_entropy_backward(
+        &mut self,
+        dloss: TensorId,
+        x: TensorId,
+        w: TensorId,
+        labels: TensorId,
+        bias: Option<TensorId>,
+        ignore_index: i64,
+    ) -> Result<Vec<TensorId>, GraphError> {
+        let op = "linear_cross_entropy_backward";
+        let (sd, _) = self.float_arg(op, "dloss", dloss)?;
+        if !sd.is_empty() {
+            return Err(shape_err(op, "dloss must be a scalar", &[("dloss", &sd)]));
+        }
+        let (sx, sw, dt) = self.linear_cross_entropy_operands(op, x, w, labels, bias)?;
+        let f = ElemType::Float(dt);
+        let mut outs = vec![(vec![], ElemType::Float(DType::F32)), (sx, f), (sw.clone(), f)];
+        if bias.is_some() {
+            outs.push((vec![sw[0]], f));
+        }
+        let mut inputs = vec![dloss, x, w, labels];
+        inputs.extend(bias);
+        Ok(self.push(
+            Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }),
+            inputs,
+            outs,
+        ))
+    }
+
+    /// Checks (x (…, C), w (V, C), labels (…), [bias (V)]); returns x's and w's shapes and
+    /// x's dtype.
+    fn linear_cross_entropy_operands(
+        &self,
+        op: &'static str,
+        x: TensorId,
+        w: TensorId,
+        labels: TensorId,
+        bias: Option<TensorId>,
+    ) -> Result<(Vec<usize>, Vec<usize>, DType), GraphError> {
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "w", w)?;
+        let sy = self.ids_arg(op, "labels", labels)?;
+        let sb = match bias {
+            Some(b) => Some(self.float_arg(op, "bias", b)?.0),
+            None => None,
+        };
+        let named: &[(&str, &[usize])] =
+            &[("x", &sx), ("w", &sw), ("labels", &sy), ("bias", sb.as_deref().unwrap_or(&[]))];
+        if sx.is_empty() || sw.len() != 2 || sx[sx.len() - 1] != sw[1] {
+            return Err(shape_err(op, "need x (…, C) and w (V, C)", named));
+        }
+        if sy[..] != sx[..sx.len() - 1] || sb.as_ref().is_some_and(|b| b[..] != [sw[0]]) {
+            return Err(shape_err(op, "need labels (…) of x's rows and bias (V)", named));
+        }
+        Ok((sx, sw, dt))
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
+use crate::graph::{ElemType, Op};
 use crate::graph::{Graph, GraphError, TensorId};
 use crate::plan::Req;
 
@@ -188,6 +190,56 @@ pub(crate) fn matmul_grads(
         None
     };
     Ok(vec![da, db])
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// op(a) · op(b) over the last two dims, op = transpose when the flag is set. b is either a
+    /// shared 2-D matrix (a weight) or has exactly a's batch dims.
+    pub fn matmul(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ta: bool,
+        tb: bool,
+    ) -> Result<TensorId, GraphError> {
+        let op = "matmul";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let named: &[(&str, &[usize])] = &[("a", &sa), ("b", &sb)];
+        let (ra, rb) = (sa.len(), sb.len());
+        if ra < 2 || rb < 2 {
+            return Err(shape_err(op, "both operands must be at least 2-D", named));
+        }
+        let (m, ka) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
+        let (kb, n) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
+        if ka != kb {
+            return Err(shape_err(
+                op,
+                format!("inner dims differ: K={ka} from a (ta={ta}), K={kb} from b (tb={tb})"),
+                named,
+            ));
+        }
+        let (batch_a, batch_b) = (&sa[..ra - 2], &sb[..rb - 2]);
+        if !batch_b.is_empty() && batch_b != batch_a {
+            return Err(shape_err(
+                op,
+                "b must be 2-D (shared across the batch) or have exactly a's batch dims",
+                named,
+            ));
+        }
+        if ta && batch_b.is_empty() && !batch_a.is_empty() {
+            return Err(shape_err(
+                op,
+                "ta=true with a shared 2-D b is not supported (its gradient needs a batched reduction); permute a first",
+                named,
+            ));
+        }
+        let mut out = batch_a.to_vec();
+        out.extend([m, n]);
+        Ok(self.push(Op::MatMul(MatMul { ta, tb }), vec![a, b], vec![(out, ElemType::Float(dt))])
+            [0])
+    }
 }
 
 #[cfg(test)]

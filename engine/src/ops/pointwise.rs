@@ -15,6 +15,8 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
+use crate::graph::{ElemType, Op};
 use crate::graph::{Graph, GraphError, TensorId};
 
 /// (x) → f(x), a pointwise function of `ops::pointwise` (SiLU, …).
@@ -203,6 +205,49 @@ pub fn binary_forward<T: Real>(f: BinaryFn, out: &mut [T], a: &[T], b: &[T]) {
     let nb = b.len();
     for (i, (o, &v)) in out.iter_mut().zip(a).enumerate() {
         *o = f.f(v, b[i % nb]);
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// f(x) for a pointwise function of `ops::pointwise`.
+    pub fn apply(&mut self, f: UnaryFn, x: TensorId) -> Result<TensorId, GraphError> {
+        self.unary(f.name(), Op::Unary(Unary { f }), x)
+    }
+
+    /// f(a, b) for a pointwise function of `ops::pointwise`; b's shape equals a's or a trailing
+    /// part of it (broadcast over a's leading dims, as `add`).
+    pub fn apply2(
+        &mut self,
+        f: BinaryFn,
+        a: TensorId,
+        b: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        let op = f.name();
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        if !sa.ends_with(&sb) {
+            return Err(shape_err(
+                op,
+                "b's shape must equal a's or a trailing part of it (broadcast over a's leading dims)",
+                &[("a", &sa), ("b", &sb)],
+            ));
+        }
+        Ok(self.push(Op::Binary(Binary { f }), vec![a, b], vec![(sa, ElemType::Float(dt))])[0])
+    }
+
+    /// dx = dy·f'(x), f's backward from the forward's input.
+    pub(crate) fn apply_backward(
+        &mut self,
+        f: UnaryFn,
+        x: TensorId,
+        dy: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        self.binary_same(
+            f.backward_name(),
+            Op::UnaryBackward(UnaryBackward { f }),
+            [("x", x), ("dy", dy)],
+        )
     }
 }
 

@@ -7,7 +7,10 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::DType;
 
 /// (x (…, C), w (C)) → (y (…, C), rstd (…)); HF `LlamaRMSNorm` computed in f32:
 /// rstd = 1/√(mean(x²) + eps), y = w·(x·rstd). rstd is saved for the backward and is not
@@ -165,6 +168,91 @@ pub fn rmsnorm_backward<T: Real>(
             let xh = xr[i] * s;
             dx[r * c + i] = s * (w[i] * dyr[i] - xh * gx);
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// HF `LlamaRMSNorm` over the last dim: y = w·(x·rstd), rstd = 1/√(mean(x²) + eps), computed
+    /// in f32; w of shape (C). Returns y; the node also outputs the row rstd (f32, kept for the
+    /// backward).
+    // x: (…, C), w: (C) -> y (…, C), rstd (…)
+    pub fn rms_norm(&mut self, x: TensorId, w: TensorId, eps: f32) -> Result<TensorId, GraphError> {
+        let op = "rms_norm";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        if sx.is_empty() || sw != [sx[sx.len() - 1]] {
+            return Err(shape_err(
+                op,
+                "weight must be 1-D with the size of x's last dim",
+                &[("x", &sx), ("weight", &sw)],
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sx[..sx.len() - 1].to_vec();
+        let outs = vec![(sx, ElemType::Float(dt)), (rows, ElemType::Float(DType::F32))];
+        Ok(self.push(Op::RmsNorm(RmsNorm { eps }), vec![x, w], outs)[0])
+    }
+
+    /// [`Op::AddRmsNorm`]: (sum = a + b, RmsNorm(sum)) over the last dim; a and b of the same
+    /// shape. Returns (sum, y); the node also outputs the row rstd.
+    // a, b: (…, C); w: (C) -> (…, C), (…, C)
+    pub fn add_rms_norm(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        w: TensorId,
+        eps: f32,
+    ) -> Result<(TensorId, TensorId), GraphError> {
+        let op = "add_rms_norm";
+        let (sa, dt) = self.float_arg(op, "a", a)?;
+        let (sb, _) = self.float_arg(op, "b", b)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        if sa != sb || sa.is_empty() || sw != [sa[sa.len() - 1]] {
+            return Err(shape_err(
+                op,
+                "a and b must have the same shape, weight the size of its last dim",
+                &[("a", &sa), ("b", &sb), ("weight", &sw)],
+            ));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(GraphError::Attr {
+                op,
+                msg: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+        let rows = sa[..sa.len() - 1].to_vec();
+        let (f, stats) = (ElemType::Float(dt), ElemType::Float(DType::F32));
+        let outs = vec![(sa.clone(), f), (sa, f), (rows, stats)];
+        let o = self.push(Op::AddRmsNorm(AddRmsNorm { eps }), vec![a, b, w], outs);
+        Ok((o[0], o[1]))
+    }
+
+    /// (dy, x, w, rstd) → [dx, dw]
+    pub(crate) fn rms_norm_backward(
+        &mut self,
+        dy: TensorId,
+        x: TensorId,
+        w: TensorId,
+        rstd: TensorId,
+    ) -> Result<Vec<TensorId>, GraphError> {
+        let op = "rms_norm_backward";
+        let (sd, dt) = self.float_arg(op, "dy", dy)?;
+        let (sx, _) = self.float_arg(op, "x", x)?;
+        let (sw, _) = self.float_arg(op, "weight", w)?;
+        let (sr, _) = self.float_arg(op, "rstd", rstd)?;
+        if sd != sx || sx.is_empty() || sw != [sx[sx.len() - 1]] || sr[..] != sx[..sx.len() - 1] {
+            let named: &[(&str, &[usize])] =
+                &[("dy", &sd), ("x", &sx), ("weight", &sw), ("rstd", &sr)];
+            return Err(shape_err(op, "inconsistent operands", named));
+        }
+        let f = ElemType::Float(dt);
+        Ok(self.push(Op::RmsNormBackward, vec![dy, x, w, rstd], vec![(sx, f), (sw, f)]))
     }
 }
 

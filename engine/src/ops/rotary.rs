@@ -9,7 +9,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
+use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 
 /// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
 /// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
@@ -77,6 +79,49 @@ pub fn rotary_forward<T: Real>(
 }
 
 /// cos/sin of HF's `emb = cat(freqs, freqs)` for T positions, D dims, base 10000.
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// HF's `apply_rotary_pos_emb` on one of q, k: x·cos + rotate_half(x)·sin, with
+    /// rotate_half(x) = cat(−x[D/2:], x[:D/2]). cos and sin are (T, D) graph inputs (HF's
+    /// cos/sin of `cat(freqs, freqs)`: equal halves, which the backward relies on), no gradient.
+    // x: (…, T, D), cos, sin: (T, D) -> (…, T, D)
+    pub fn rotary(
+        &mut self,
+        x: TensorId,
+        cos: TensorId,
+        sin: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        self.rotary_op(x, cos, sin, false)
+    }
+
+    /// [`Graph::rotary`] with sin negated when `inverse` (its backward).
+    pub(crate) fn rotary_op(
+        &mut self,
+        x: TensorId,
+        cos: TensorId,
+        sin: TensorId,
+        inverse: bool,
+    ) -> Result<TensorId, GraphError> {
+        let op = "rotary";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        let (sc, _) = self.float_arg(op, "cos", cos)?;
+        let (ss, _) = self.float_arg(op, "sin", sin)?;
+        let named: &[(&str, &[usize])] = &[("x", &sx), ("cos", &sc), ("sin", &ss)];
+        if sx.len() < 2 || sc.len() != 2 || sc != ss || sc[..] != sx[sx.len() - 2..] {
+            return Err(shape_err(op, "need x (…, T, D) with cos and sin (T, D)", named));
+        }
+        if !sc[1].is_multiple_of(2) {
+            return Err(shape_err(op, "the rotated dim D must be even", named));
+        }
+        Ok(self.push(
+            Op::Rotary(Rotary { inverse }),
+            vec![x, cos, sin],
+            vec![(sx, ElemType::Float(dt))],
+        )[0])
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn hf_cos_sin(t: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
     let (mut c, mut s) = (vec![0.0; t * d], vec![0.0; t * d]);

@@ -6,7 +6,9 @@
 
 use super::def::{GradCtx, Grads, OpDef};
 use super::{MaskView, Real};
+use crate::graph::builder::{broadcastable, shape_err};
 use crate::graph::GraphError;
+use crate::graph::{ElemType, Graph, Op, TensorId};
 
 /// (x (…, N) [, mask broadcastable to x]) → softmax(x·scale + mask) over the last dim;
 /// `causal` masks j > i over the last two dims.
@@ -118,6 +120,55 @@ pub fn softmax_backward<T: Real>(dx: &mut [T], y: &[T], dy: &[T], n: usize, scal
         for j in 0..n {
             dxr[j] = scale * yr[j] * (dyr[j] - s);
         }
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    /// softmax(x·scale + mask) over the last dim; `causal` masks j > i over the last two dims;
+    /// `mask` is additive and broadcastable to x (it gets no gradient).
+    pub fn softmax(
+        &mut self,
+        x: TensorId,
+        scale: f32,
+        causal: bool,
+        mask: Option<TensorId>,
+    ) -> Result<TensorId, GraphError> {
+        let op = "softmax";
+        let (sx, dt) = self.float_arg(op, "x", x)?;
+        if sx.is_empty() || (causal && sx.len() < 2) {
+            return Err(shape_err(op, "x must be at least 1-D (2-D when causal)", &[("x", &sx)]));
+        }
+        let mut inputs = vec![x];
+        if let Some(m) = mask {
+            let (sm, _) = self.float_arg(op, "mask", m)?;
+            if !broadcastable(&sm, &sx) {
+                return Err(shape_err(
+                    op,
+                    "mask must broadcast to x",
+                    &[("x", &sx), ("mask", &sm)],
+                ));
+            }
+            inputs.push(m);
+        }
+        Ok(self.push(
+            Op::Softmax(Softmax { scale, causal }),
+            inputs,
+            vec![(sx, ElemType::Float(dt))],
+        )[0])
+    }
+
+    pub(crate) fn softmax_backward(
+        &mut self,
+        y: TensorId,
+        dy: TensorId,
+        scale: f32,
+    ) -> Result<TensorId, GraphError> {
+        self.binary_same(
+            "softmax_backward",
+            Op::SoftmaxBackward(SoftmaxBackward { scale }),
+            [("y", y), ("dy", dy)],
+        )
     }
 }
 

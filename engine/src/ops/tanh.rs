@@ -6,6 +6,7 @@
 use super::def::{GradCtx, Grads, OpDef};
 use super::Real;
 use crate::graph::GraphError;
+use crate::graph::{Graph, Op, TensorId};
 
 /// (x) → tanh(x)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,6 +55,21 @@ pub fn tanh_forward<T: Real>(out: &mut [T], x: &[T]) {
 pub fn tanh_backward<T: Real>(dx: &mut [T], y: &[T], dout: &[T]) {
     for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
         *d = g * (T::ONE - y * y);
+    }
+}
+
+/// The op's graph constructors: operand checks and the output shape rule.
+impl Graph {
+    pub fn tanh(&mut self, x: TensorId) -> Result<TensorId, GraphError> {
+        self.unary("tanh", Op::Tanh, x)
+    }
+
+    pub(crate) fn tanh_backward(
+        &mut self,
+        y: TensorId,
+        dy: TensorId,
+    ) -> Result<TensorId, GraphError> {
+        self.binary_same("tanh_backward", Op::TanhBackward, [("y", y), ("dy", dy)])
     }
 }
 
