@@ -78,8 +78,6 @@ pub fn rotary_forward<T: Real>(
     }
 }
 
-/// cos/sin of HF's `emb = cat(freqs, freqs)` for T positions, D dims, base 10000.
-
 /// The op's graph constructors: operand checks and the output shape rule.
 impl Graph {
     /// HF's `apply_rotary_pos_emb` on one of q, k: x·cos + rotate_half(x)·sin, with
@@ -122,6 +120,7 @@ impl Graph {
     }
 }
 
+/// cos/sin of HF's `emb = cat(freqs, freqs)` for T positions, D dims, base 10000.
 #[cfg(test)]
 pub(crate) fn hf_cos_sin(t: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
     let (mut c, mut s) = (vec![0.0; t * d], vec![0.0; t * d]);
