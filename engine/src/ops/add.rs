@@ -4,7 +4,8 @@
 //! Mirrors `torch.add` with trailing-dim broadcasting (`x + bias`, `h + pos_emb`), the bias
 //! gradient of llm.c's `matmul_backward` (dbias = sum over B·T rows), and `torch.mul(x, s)`.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -13,6 +14,13 @@ use crate::graph::{ElemType, Graph, Op, TensorId};
 /// (x (…, C), bias (C)) → (…, C)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BiasAdd;
+
+impl Reference for BiasAdd {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        add_forward(&mut outs[0], a.f(0), a.f(1));
+        Ok(())
+    }
+}
 
 impl OpDef for BiasAdd {
     fn name(&self) -> &'static str {
@@ -33,6 +41,13 @@ impl OpDef for BiasAdd {
 /// (a, b) → a + b, b's shape a suffix of a's (broadcast over a's leading dims).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Add;
+
+impl Reference for Add {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        add_forward(&mut outs[0], a.f(0), a.f(1));
+        Ok(())
+    }
+}
 
 impl OpDef for Add {
     fn name(&self) -> &'static str {
@@ -57,6 +72,13 @@ pub struct Scale {
     pub s: f32,
 }
 
+impl Reference for Scale {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        scale_forward(&mut outs[0], a.f(0), a.t(self.s));
+        Ok(())
+    }
+}
+
 impl OpDef for Scale {
     fn name(&self) -> &'static str {
         "scale"
@@ -79,6 +101,13 @@ impl OpDef for Scale {
 /// (x (…, S…)) → (S…): sum over the leading dims (bias and broadcast-add gradients).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReduceSumLeading;
+
+impl Reference for ReduceSumLeading {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        reduce_sum_leading(&mut outs[0], a.f(0));
+        Ok(())
+    }
+}
 
 impl OpDef for ReduceSumLeading {
     fn name(&self) -> &'static str {

@@ -5,9 +5,10 @@
 //! The forward returns the pre-dropout probabilities for the backward (a flash-style fused
 //! kernel will recompute them instead); the dropout mask is regenerated from (seed, offset).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::dropout::{keep, keep_scale};
 use super::softmax::softmax_in_place;
+use super::OpError;
 use super::{MaskView, Real};
 use crate::graph::builder::{broadcastable, check_p, shape_err};
 use crate::graph::{ElemType, Graph, TensorId};
@@ -67,6 +68,19 @@ pub struct Attention {
     pub causal: bool,
     pub dropout_p: f32,
     pub offset: u64,
+}
+
+impl Reference for Attention {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let dims = AttnDims::of(a.shape(slot::Q), a.shape(slot::K), a.shape(slot::V));
+        let Attention { scale, causal, dropout_p, offset } = *self;
+        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset };
+        let m = a.mask(slot::MASK, a.out_shape(1));
+        let [out, probs] = outs else { unreachable!("attention has 2 outputs") };
+        let (q, k, v) = (a.f(slot::Q), a.f(slot::K), a.f(slot::V));
+        attention_forward(out, probs, q, k, v, &dims, &cfg, m.as_ref());
+        Ok(())
+    }
 }
 
 impl OpDef for Attention {
@@ -133,6 +147,19 @@ pub struct AttentionBackward {
     pub offset: u64,
 }
 
+impl Reference for AttentionBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        use backward_slot as s;
+        let dims = AttnDims::of(a.shape(s::Q), a.shape(s::K), a.shape(s::V));
+        let AttentionBackward { scale, causal, dropout_p, offset } = *self;
+        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset };
+        let [dq, dk, dv] = outs else { unreachable!("attention_backward has 3 outputs") };
+        let (dout, q, k, v, probs) = (a.f(s::DOUT), a.f(s::Q), a.f(s::K), a.f(s::V), a.f(s::PROBS));
+        attention_backward(dq, dk, dv, dout, q, k, v, probs, &dims, &cfg);
+        Ok(())
+    }
+}
+
 impl OpDef for AttentionBackward {
     fn name(&self) -> &'static str {
         "attention_backward"
@@ -185,6 +212,13 @@ pub struct AttnCfg {
     pub dropout_p: f32,
     pub seed: u64,
     pub offset: u64,
+}
+
+impl AttnDims {
+    /// q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) → the kernel's sizes.
+    pub fn of(q: &[usize], k: &[usize], v: &[usize]) -> AttnDims {
+        AttnDims { bh: q[0] * q[1], rep: q[1] / k[1], tq: q[2], tk: k[2], d: q[3], dv: v[3] }
+    }
 }
 
 impl AttnCfg {

@@ -5,7 +5,7 @@
 //! ignore_index=-100, reduction='mean')` (log-sum-exp with max subtraction; all rows ignored gives
 //! NaN, as torch's 0/0) and llm.c's `crossentropy_forward` + `crossentropy_softmax_backward`.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -21,6 +21,13 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CrossEntropy {
     pub ignore_index: i64,
+}
+
+impl Reference for CrossEntropy {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        outs[0][0] = cross_entropy_forward(a.f(0), a.ids(1), a.last(0), self.ignore_index)?;
+        Ok(())
+    }
 }
 
 impl OpDef for CrossEntropy {
@@ -47,6 +54,14 @@ impl OpDef for CrossEntropy {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CrossEntropyBackward {
     pub ignore_index: i64,
+}
+
+impl Reference for CrossEntropyBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let (dloss, v) = (a.f(0)[0], a.last(1));
+        cross_entropy_backward(&mut outs[0], dloss, a.f(1), a.ids(2), v, self.ignore_index)?;
+        Ok(())
+    }
 }
 
 impl OpDef for CrossEntropyBackward {

@@ -7,12 +7,14 @@
 //! The defaults are the common case — dense operands, no in-place output, no logits — so an op
 //! states only where it differs (as burn's backend traits do); [`OpDef::name`] has none.
 
+use super::{MaskView, OpError, Real};
 use crate::graph::{Graph, GraphError, Node, TensorId};
 use crate::plan::split::LossHead;
 use crate::plan::Req;
 
-/// One op's definition: what the graph printer, the memory planner and the memory split need.
-pub trait OpDef {
+/// One op's definition: what the graph printer, autodiff, the reference executor, the memory
+/// planner and the memory split need.
+pub trait OpDef: RefEval {
     /// The op's name as printed in graphs and errors.
     fn name(&self) -> &'static str;
 
@@ -105,5 +107,92 @@ impl<'a> GradCtx<'a> {
             )));
         }
         Ok(())
+    }
+}
+
+/// One operand's data as the reference kernels read it.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a, T> {
+    Float(&'a [T]),
+    Ids(&'a [i64]),
+}
+
+/// What a reference kernel reads: the node, its operands' data and shapes, and the step's
+/// dropout seed. Its outputs are passed beside it, sized and zeroed.
+pub struct EvalArgs<'a, T> {
+    pub g: &'a Graph,
+    pub node: &'a Node,
+    pub args: Vec<Arg<'a, T>>,
+    pub seed: u64,
+}
+
+impl<'a, T: Real> EvalArgs<'a, T> {
+    /// Float operand `i`.
+    pub fn f(&self, i: usize) -> &'a [T] {
+        match self.args[i] {
+            Arg::Float(v) => v,
+            Arg::Ids(_) => unreachable!("{}: input {i} is not a float tensor", self.node.op.name()),
+        }
+    }
+
+    /// Id operand `i` (token ids, labels).
+    pub fn ids(&self, i: usize) -> &'a [i64] {
+        match self.args[i] {
+            Arg::Ids(v) => v,
+            Arg::Float(_) => unreachable!("{}: input {i} is not an id tensor", self.node.op.name()),
+        }
+    }
+
+    /// The number of operands (optional ones last).
+    pub fn operands(&self) -> usize {
+        self.args.len()
+    }
+
+    pub fn shape(&self, i: usize) -> &'a [usize] {
+        self.g.shape(self.node.inputs[i])
+    }
+
+    /// The last dim of operand `i` (1 for a scalar).
+    pub fn last(&self, i: usize) -> usize {
+        *self.shape(i).last().unwrap_or(&1)
+    }
+
+    pub fn out_shape(&self, i: usize) -> &'a [usize] {
+        self.g.shape(self.node.outputs[i])
+    }
+
+    /// An f32 attribute in the compute type.
+    pub fn t(&self, x: f32) -> T {
+        T::from_f64(x as f64)
+    }
+
+    /// The optional additive mask at operand `i`, broadcast against `full`.
+    pub fn mask(&self, i: usize, full: &[usize]) -> Option<MaskView<'a, T>> {
+        (self.operands() > i).then(|| MaskView::new(self.f(i), self.shape(i), full))
+    }
+}
+
+/// An op's reference semantics: the plain loops of `ops/` over its operands, in any [`Real`]
+/// (f32 in the reference executor, f64 in the gradient checks). Every fast kernel is tested
+/// against it.
+pub trait Reference {
+    /// Computes the node's outputs (`outs`, sized and zeroed, in output order).
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError>;
+}
+
+/// [`Reference::eval`] for the two compute types, callable through `dyn OpDef` (a generic
+/// method is not); every [`Reference`] has it.
+pub trait RefEval {
+    fn eval_f32(&self, a: &EvalArgs<'_, f32>, outs: &mut [Vec<f32>]) -> Result<(), OpError>;
+    fn eval_f64(&self, a: &EvalArgs<'_, f64>, outs: &mut [Vec<f64>]) -> Result<(), OpError>;
+}
+
+impl<R: Reference> RefEval for R {
+    fn eval_f32(&self, a: &EvalArgs<'_, f32>, outs: &mut [Vec<f32>]) -> Result<(), OpError> {
+        self.eval(a, outs)
+    }
+
+    fn eval_f64(&self, a: &EvalArgs<'_, f64>, outs: &mut [Vec<f64>]) -> Result<(), OpError> {
+        self.eval(a, outs)
     }
 }

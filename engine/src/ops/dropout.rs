@@ -9,7 +9,8 @@
 //! The step's `seed` is a run-time value (a new one each step); the `offset` is fixed per dropout
 //! site when the graph is built, so sites never share counters.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::check_p;
 use crate::graph::GraphError;
@@ -20,6 +21,13 @@ use crate::graph::{Graph, Op, TensorId};
 pub struct Dropout {
     pub p: f32,
     pub offset: u64,
+}
+
+impl Reference for Dropout {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        dropout_forward(&mut outs[0], a.f(0), self.p, a.seed, self.offset);
+        Ok(())
+    }
 }
 
 impl OpDef for Dropout {

@@ -3,7 +3,7 @@
 //! Mirrors `torch.nn.functional.embedding` (no padding_idx, no max_norm) and llm.c's
 //! `encoder_forward` / `encoder_backward` (train_gpt2.c).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -12,6 +12,13 @@ use crate::graph::{ElemType, Graph, Op, TensorId};
 /// (table (V, C), ids (…)) → (…, C)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Embedding;
+
+impl Reference for Embedding {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        embedding_forward(&mut outs[0], a.ids(1), a.f(0), a.shape(0)[1])?;
+        Ok(())
+    }
+}
 
 impl OpDef for Embedding {
     fn name(&self) -> &'static str {
@@ -29,6 +36,14 @@ impl OpDef for Embedding {
 /// (ids (…), dy (…, C)) → dtable (V, C): scatter-add of rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EmbeddingBackward;
+
+impl Reference for EmbeddingBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let c = a.out_shape(0)[1];
+        embedding_backward(&mut outs[0], a.ids(0), a.f(1), c)?;
+        Ok(())
+    }
+}
 
 impl OpDef for EmbeddingBackward {
     fn name(&self) -> &'static str {

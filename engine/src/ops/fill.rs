@@ -1,5 +1,7 @@
 //! Fill: a tensor filled with one value (the loss seed 1.0; zero gradients of unused outputs).
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
+use super::Real;
 use crate::graph::GraphError;
 use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::plan::Req;
@@ -8,6 +10,13 @@ use crate::plan::Req;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fill {
     pub value: f32,
+}
+
+impl Reference for Fill {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        outs[0].fill(a.t(self.value));
+        Ok(())
+    }
 }
 
 impl OpDef for Fill {

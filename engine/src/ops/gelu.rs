@@ -4,7 +4,8 @@
 //! backward formulas of ATen's `GeluKernel.cpp` — and llm.c's `gelu_forward` / `gelu_backward`
 //! (tanh form, as GPT-2's `gelu_new`). BERT uses the erf form.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::GraphError;
 use crate::graph::{Graph, Op, TensorId};
@@ -13,6 +14,13 @@ use crate::graph::{Graph, Op, TensorId};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Gelu {
     pub approx: GeluApprox,
+}
+
+impl Reference for Gelu {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        gelu_forward(&mut outs[0], a.f(0), self.approx);
+        Ok(())
+    }
 }
 
 impl OpDef for Gelu {
@@ -38,6 +46,13 @@ impl OpDef for Gelu {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GeluBackward {
     pub approx: GeluApprox,
+}
+
+impl Reference for GeluBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        gelu_backward(&mut outs[0], a.f(0), a.f(1), self.approx);
+        Ok(())
+    }
 }
 
 impl OpDef for GeluBackward {

@@ -5,7 +5,8 @@
 //! `layernorm_forward` do) so the backward does not recompute them; the backward is llm.c's
 //! `layernorm_backward`.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -17,6 +18,14 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerNorm {
     pub eps: f32,
+}
+
+impl Reference for LayerNorm {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [y, mean, rstd] = outs else { unreachable!("layernorm has 3 outputs") };
+        layernorm_forward(y, mean, rstd, a.f(0), a.f(1), a.f(2), a.t(self.eps));
+        Ok(())
+    }
 }
 
 impl OpDef for LayerNorm {
@@ -47,6 +56,14 @@ impl OpDef for LayerNorm {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AddLayerNorm {
     pub eps: f32,
+}
+
+impl Reference for AddLayerNorm {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [sum, y, mean, rstd] = outs else { unreachable!("add_layernorm has 4 outputs") };
+        add_layernorm_forward(sum, y, mean, rstd, a.f(0), a.f(1), a.f(2), a.f(3), a.t(self.eps));
+        Ok(())
+    }
 }
 
 impl OpDef for AddLayerNorm {
@@ -87,6 +104,14 @@ impl OpDef for AddLayerNorm {
 /// (dy, x, w, mean, rstd) → (dx, dw, db)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerNormBackward;
+
+impl Reference for LayerNormBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [dx, dw, db] = outs else { unreachable!("layernorm_backward has 3 outputs") };
+        layernorm_backward(dx, dw, db, a.f(0), a.f(1), a.f(2), a.f(3), a.f(4));
+        Ok(())
+    }
+}
 
 impl OpDef for LayerNormBackward {
     fn name(&self) -> &'static str {

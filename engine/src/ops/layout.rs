@@ -4,7 +4,8 @@
 //! Mirrors `torch.permute(...).contiguous()`, `torch.split(x, sizes, dim=-1)` (GPT-2 splits
 //! c_attn's output into q, k, v) and `torch.cat(xs, dim=-1)`, its backward.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -14,6 +15,13 @@ use crate::plan::Req;
 /// (x) → the same data under the output's shape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reshape;
+
+impl Reference for Reshape {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        outs[0].copy_from_slice(a.f(0));
+        Ok(())
+    }
+}
 
 impl OpDef for Reshape {
     fn name(&self) -> &'static str {
@@ -39,6 +47,13 @@ impl OpDef for Reshape {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Permute {
     pub perm: Vec<usize>,
+}
+
+impl Reference for Permute {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        permute_forward(&mut outs[0], a.f(0), a.shape(0), &self.perm);
+        Ok(())
+    }
 }
 
 impl OpDef for Permute {
@@ -69,6 +84,14 @@ impl OpDef for Permute {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Split {
     pub sizes: Vec<usize>,
+}
+
+impl Reference for Split {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let mut views: Vec<&mut [T]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        split_forward(&mut views, a.f(0), &self.sizes);
+        Ok(())
+    }
 }
 
 impl OpDef for Split {
@@ -108,6 +131,15 @@ impl OpDef for Split {
 /// (x_0 (…, n_0), x_1 (…, n_1), …) → (…, Σ n_i)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Concat;
+
+impl Reference for Concat {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let xs: Vec<&[T]> = (0..a.operands()).map(|i| a.f(i)).collect();
+        let sizes: Vec<usize> = (0..a.operands()).map(|i| a.last(i)).collect();
+        concat_forward(&mut outs[0], &xs, &sizes);
+        Ok(())
+    }
+}
 
 impl OpDef for Concat {
     fn name(&self) -> &'static str {

@@ -6,9 +6,10 @@
 //! the bias's row sum. Reference: `torch.nn.functional.linear` + `gelu`; cuBLASLt's
 //! `CUBLASLT_EPILOGUE_GELU_AUX_BIAS` (the epilogue that also stores the pre-activation).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::gelu::{gelu_forward, GeluApprox};
 use super::matmul::{matmul_forward, matmul_grads, MatMulDims};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -23,6 +24,19 @@ use crate::plan::Req;
 pub struct Linear {
     pub tb: bool,
     pub gelu: Option<GeluApprox>,
+}
+
+impl Reference for Linear {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let k = a.last(0);
+        let (y, pre) = match outs {
+            [y] => (y, &mut Vec::new()),
+            [y, pre] => (y, pre),
+            _ => unreachable!("linear has 1 or 2 outputs"),
+        };
+        linear_forward(y, pre, a.f(0), a.f(1), a.f(2), k, self.tb, self.gelu);
+        Ok(())
+    }
 }
 
 impl OpDef for Linear {

@@ -9,7 +9,7 @@
 //! their logits' gradient is 0 in the composition. References: Liger-Kernel's
 //! `fused_linear_cross_entropy`, Apple's Cut Cross-Entropy (Wijmans et al., 2024).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -25,6 +25,15 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LinearCrossEntropy {
     pub ignore_index: i64,
+}
+
+impl Reference for LinearCrossEntropy {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let bias = (a.operands() > 3).then(|| a.f(3));
+        let (x, w, labels, c) = (a.f(0), a.f(1), a.ids(2), a.last(0));
+        outs[0][0] = linear_cross_entropy(x, w, labels, bias, c, self.ignore_index, None)?;
+        Ok(())
+    }
 }
 
 impl OpDef for LinearCrossEntropy {
@@ -73,6 +82,24 @@ impl OpDef for LinearCrossEntropy {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LinearCrossEntropyBackward {
     pub ignore_index: i64,
+}
+
+impl Reference for LinearCrossEntropyBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let bias = (a.operands() > 4).then(|| a.f(4));
+        let (loss, grads) = outs.split_at_mut(1);
+        let (dx, rest) = grads.split_at_mut(1);
+        let (dw, db) = rest.split_at_mut(1);
+        let grads = LceGrads {
+            dloss: a.f(0)[0],
+            dx: &mut dx[0],
+            dw: &mut dw[0],
+            db: db.first_mut().map(|d| &mut d[..]),
+        };
+        let (x, w, labels, c) = (a.f(1), a.f(2), a.ids(3), a.last(1));
+        loss[0][0] = linear_cross_entropy(x, w, labels, bias, c, self.ignore_index, Some(grads))?;
+        Ok(())
+    }
 }
 
 impl OpDef for LinearCrossEntropyBackward {

@@ -4,7 +4,8 @@
 //! flags, as cuBLAS's transa/transb) and llm.c's `matmul_forward`. Its backward needs no kernel of
 //! its own: autodiff writes dA and dB as two more matmuls with other flags.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::{ElemType, Op};
@@ -17,6 +18,20 @@ use crate::plan::Req;
 pub struct MatMul {
     pub ta: bool,
     pub tb: bool,
+}
+
+impl Reference for MatMul {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let (sa, sb) = (a.shape(0), a.shape(1));
+        let (ta, tb) = (self.ta, self.tb);
+        let r = sa.len();
+        let (m, k) = if ta { (sa[r - 1], sa[r - 2]) } else { (sa[r - 2], sa[r - 1]) };
+        let n = if tb { sb[sb.len() - 2] } else { sb[sb.len() - 1] };
+        let batch = sa[..r - 2].iter().product();
+        let dims = MatMulDims { batch, m, n, k, ta, tb, b_batched: sb.len() > 2 };
+        matmul_forward(&mut outs[0], a.f(0), a.f(1), &dims);
+        Ok(())
+    }
 }
 
 impl OpDef for MatMul {

@@ -13,7 +13,8 @@
 //! Reference: PyTorch's pointwise ops (`torch.nn.functional.silu`, `torch.mul`) and their
 //! derivatives (`tools/autograd/derivatives.yaml`).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::{ElemType, Op};
@@ -23,6 +24,13 @@ use crate::graph::{Graph, GraphError, TensorId};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Unary {
     pub f: UnaryFn,
+}
+
+impl Reference for Unary {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        unary_forward(self.f, &mut outs[0], a.f(0));
+        Ok(())
+    }
 }
 
 impl OpDef for Unary {
@@ -47,6 +55,13 @@ pub struct Binary {
     pub f: BinaryFn,
 }
 
+impl Reference for Binary {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        binary_forward(self.f, &mut outs[0], a.f(0), a.f(1));
+        Ok(())
+    }
+}
+
 impl OpDef for Binary {
     fn name(&self) -> &'static str {
         self.f.name()
@@ -68,6 +83,13 @@ impl OpDef for Binary {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UnaryBackward {
     pub f: UnaryFn,
+}
+
+impl Reference for UnaryBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        unary_backward(self.f, &mut outs[0], a.f(0), a.f(1));
+        Ok(())
+    }
 }
 
 impl OpDef for UnaryBackward {

@@ -4,6 +4,8 @@
 //! tests also run them in f64 so that central finite differences can check every backward to
 //! ~1e-7 instead of the ~1e-2 an f32 finite difference allows.
 
+use super::def::{EvalArgs, OpDef};
+use super::OpError;
 use std::borrow::Cow;
 use std::fmt::{Debug, Display};
 use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
@@ -45,6 +47,13 @@ pub trait Real:
     /// A fast batched matmul for this type, if the backend has one: f32 goes to the CPU
     /// GEMM library (MKL, or the pure-Rust `gemm` crate); f64 (gradient checks) keeps the
     /// reference loops. Returns false when it did nothing.
+    /// Runs `op`'s reference semantics in this type ([`RefEval`], the dispatch a generic method
+    /// cannot have through `dyn OpDef`).
+    fn eval_op(
+        op: &dyn OpDef,
+        a: &EvalArgs<'_, Self>,
+        outs: &mut [Vec<Self>],
+    ) -> Result<(), OpError>;
     fn matmul_fast(
         _out: &mut [Self],
         _a: &[Self],
@@ -56,6 +65,13 @@ pub trait Real:
 }
 
 impl Real for f32 {
+    fn eval_op(
+        op: &dyn OpDef,
+        a: &EvalArgs<'_, f32>,
+        outs: &mut [Vec<f32>],
+    ) -> Result<(), OpError> {
+        op.eval_f32(a, outs)
+    }
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;
@@ -94,6 +110,13 @@ impl Real for f32 {
 }
 
 impl Real for f64 {
+    fn eval_op(
+        op: &dyn OpDef,
+        a: &EvalArgs<'_, f64>,
+        outs: &mut [Vec<f64>],
+    ) -> Result<(), OpError> {
+        op.eval_f64(a, outs)
+    }
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INFINITY: Self = f64::NEG_INFINITY;

@@ -5,7 +5,8 @@
 //! y = w·(x·rstd). The forward also returns each row's rstd so the backward does not recompute
 //! it, as [`super::layernorm`] returns its mean and rstd.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -18,6 +19,14 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RmsNorm {
     pub eps: f32,
+}
+
+impl Reference for RmsNorm {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [y, rstd] = outs else { unreachable!("rms_norm has 2 outputs") };
+        rmsnorm_forward(y, rstd, a.f(0), a.f(1), a.t(self.eps));
+        Ok(())
+    }
 }
 
 impl OpDef for RmsNorm {
@@ -47,6 +56,14 @@ impl OpDef for RmsNorm {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AddRmsNorm {
     pub eps: f32,
+}
+
+impl Reference for AddRmsNorm {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [sum, y, rstd] = outs else { unreachable!("add_rms_norm has 3 outputs") };
+        add_rmsnorm_forward(sum, y, rstd, a.f(0), a.f(1), a.f(2), a.t(self.eps));
+        Ok(())
+    }
 }
 
 impl OpDef for AddRmsNorm {
@@ -87,6 +104,14 @@ impl OpDef for AddRmsNorm {
 /// (dy, x, w, rstd) → (dx, dw)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RmsNormBackward;
+
+impl Reference for RmsNormBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let [dx, dw] = outs else { unreachable!("rms_norm_backward has 2 outputs") };
+        rmsnorm_backward(dx, dw, a.f(0), a.f(1), a.f(2), a.f(3));
+        Ok(())
+    }
+}
 
 impl OpDef for RmsNormBackward {
     fn name(&self) -> &'static str {

@@ -7,7 +7,8 @@
 //! pair (x[i], x[i + D/2]) by the angle at i, and its transpose — the backward — is the
 //! rotation by minus that angle: the same op with sin negated (`inverse`).
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
@@ -20,6 +21,13 @@ use crate::graph::{ElemType, Graph, Op, TensorId};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rotary {
     pub inverse: bool,
+}
+
+impl Reference for Rotary {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        rotary_forward(&mut outs[0], a.f(0), a.f(1), a.f(2), a.last(0), self.inverse);
+        Ok(())
+    }
 }
 
 impl OpDef for Rotary {

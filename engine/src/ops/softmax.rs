@@ -4,7 +4,8 @@
 //! mask of `torch.tril` (HF GPT-2 / `scaled_dot_product_attention(is_causal=True)`: query i sees
 //! keys j ≤ i), and llm.c's `softmax_forward`. The backward is `_softmax_backward_data`.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::{MaskView, Real};
 use crate::graph::builder::{broadcastable, shape_err};
 use crate::graph::GraphError;
@@ -16,6 +17,17 @@ use crate::graph::{ElemType, Graph, Op, TensorId};
 pub struct Softmax {
     pub scale: f32,
     pub causal: bool,
+}
+
+impl Reference for Softmax {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        let s = a.shape(0);
+        let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
+        let m = a.mask(1, s);
+        let (scale, last) = (a.t(self.scale), a.last(0));
+        softmax_forward(&mut outs[0], a.f(0), last, scale, self.causal, tq, m.as_ref());
+        Ok(())
+    }
 }
 
 impl OpDef for Softmax {
@@ -38,6 +50,13 @@ impl OpDef for Softmax {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SoftmaxBackward {
     pub scale: f32,
+}
+
+impl Reference for SoftmaxBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        softmax_backward(&mut outs[0], a.f(0), a.f(1), a.last(0), a.t(self.scale));
+        Ok(())
+    }
 }
 
 impl OpDef for SoftmaxBackward {

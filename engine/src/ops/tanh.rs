@@ -3,7 +3,8 @@
 //! Mirrors `torch.tanh` and its backward `tanh_backward(grad, y) = grad·(1 - y²)` (ATen), which
 //! needs only the output, so the forward input can be freed.
 
-use super::def::{GradCtx, Grads, OpDef};
+use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
+use super::OpError;
 use super::Real;
 use crate::graph::GraphError;
 use crate::graph::{Graph, Op, TensorId};
@@ -11,6 +12,13 @@ use crate::graph::{Graph, Op, TensorId};
 /// (x) → tanh(x)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tanh;
+
+impl Reference for Tanh {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        tanh_forward(&mut outs[0], a.f(0));
+        Ok(())
+    }
+}
 
 impl OpDef for Tanh {
     fn name(&self) -> &'static str {
@@ -31,6 +39,13 @@ impl OpDef for Tanh {
 /// (y, dy) → dx, from the forward output.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TanhBackward;
+
+impl Reference for TanhBackward {
+    fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
+        tanh_backward(&mut outs[0], a.f(0), a.f(1));
+        Ok(())
+    }
+}
 
 impl OpDef for TanhBackward {
     fn name(&self) -> &'static str {
