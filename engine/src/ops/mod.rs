@@ -1,6 +1,9 @@
-//! Reference CPU ops: plain-loop forward and backward functions on contiguous row-major slices.
+//! The ops of the graph IR, one module each: the op's attribute struct and [`def::OpDef`] (name,
+//! gradient rule, memory needs), its `impl Graph` constructor (operand checks, shape rule) and
+//! its reference semantics — plain-loop forward and backward functions on contiguous row-major
+//! slices, bound to the op by [`def::Reference`].
 //!
-//! These are the numerical definition of every op of the graph IR (as llm.c's train_gpt2.c is
+//! The reference functions are the numerical definition of every op (as llm.c's train_gpt2.c is
 //! for its CUDA kernels): the reference executor runs them, and every fast kernel and fusion is
 //! tested against them. They follow PyTorch's formulas (erf GELU, biased LayerNorm variance with
 //! eps inside the sqrt, max-subtracted softmax, log-sum-exp cross-entropy).

@@ -2,7 +2,7 @@
 //! backward is the same kernel with `inverse` (sin negated): see `ops::rotary`.
 //!
 //! Each row's pairs (x[i], x[i + D/2]) are read before (y[i], y[i + D/2]) are written, so the
-//! output may overwrite x (the plan's in-place slot 0: `plan/needs.rs`).
+//! output may overwrite x (the in-place slot 0 of `Rotary`'s `OpDef`, `ops/rotary.rs`).
 //!
 //! References: `ops::rotary` (tested against), HF `apply_rotary_pos_emb` / `rotate_half`.
 
