@@ -209,15 +209,6 @@ impl TrainSession {
         &self.graph
     }
 
-    /// Forward + backward only: fills `grads`, returns the loss (no update).
-    pub fn forward_backward(
-        &mut self,
-        inputs: &Inputs<'_>,
-        seed: u64,
-    ) -> Result<f32, SessionError> {
-        self.forward_backward_scaled(inputs, seed, 1.0)
-    }
-
     /// Forward + backward of `loss_scale · loss`: `grads` come out multiplied by the scale
     /// (the returned loss is not). The planned executor seeds the backward with the scale, so
     /// in f16 every intermediate gradient is scaled and can overflow as on a GPU; the

@@ -112,11 +112,6 @@ impl CudaDevice {
         v
     }
 
-    /// Free and total device memory, bytes.
-    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
-        self.ctx.mem_get_info().map_err(|e| CudaError::Driver(format!("{e:?}")))
-    }
-
     /// `bytes` of uninitialised device memory.
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;

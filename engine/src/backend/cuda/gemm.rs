@@ -205,11 +205,6 @@ impl Gemm {
         Ok(Gemm { handle, workspace, plans: HashMap::new() })
     }
 
-    /// How many shapes have a cached plan.
-    pub fn cached_plans(&self) -> usize {
-        self.plans.len()
-    }
-
     fn plan(&mut self, s: &GemmShape, al: GemmAlign) -> Result<&Plan, CudaError> {
         let key = (*s, al);
         if !self.plans.contains_key(&key) {

@@ -172,11 +172,6 @@ impl<D: GpuDevice> GpuSession<D> {
         self.layout
     }
 
-    /// The flat elements this rank's optimizer updates (all of them but under ZeRO-1).
-    pub fn own_range(&self) -> Range<usize> {
-        self.own.clone()
-    }
-
     pub fn executor(&self) -> &GpuExecutor<D> {
         &self.exec
     }
