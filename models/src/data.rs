@@ -208,20 +208,7 @@ impl DataSource {
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| err(format!("not a safetensors file: {e}")))?;
-        /// A tensor's shape and values.
-        type Int64Tensor = (Vec<usize>, Vec<i64>);
-        let read_i64 = |name: &str| -> Result<Option<Int64Tensor>, ModelError> {
-            let Ok(view) = st.tensor(name) else { return Ok(None) };
-            if view.dtype() != Dtype::I64 {
-                return Err(err(format!("'{name}' must be int64, found {:?}", view.dtype())));
-            }
-            let data = view
-                .data()
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
-            Ok(Some((view.shape().to_vec(), data)))
-        };
+        let read_i64 = |name: &str| read_i64(&st, name, &err);
         let (shape, ids) =
             read_i64("input_ids")?.ok_or_else(|| err("no 'input_ids' tensor".into()))?;
         // Every tensor in the file must be one the run uses: `token_type_ids` (or anything
@@ -261,25 +248,7 @@ impl DataSource {
         if let Some(bad) = ids.iter().find(|&&i| i < 0 || i >= vocab) {
             return Err(err(format!("input id {bad} is outside the vocabulary [0, {vocab})")));
         }
-        let mask = match read_i64("attention_mask")? {
-            None => None,
-            Some((mshape, mask)) => {
-                if mshape != shape {
-                    return Err(err(format!("'attention_mask' must have the shape of 'input_ids' {shape:?}, found {mshape:?}")));
-                }
-                if let Some(bad) = mask.iter().find(|&&m| m != 0 && m != 1) {
-                    return Err(err(format!(
-                        "'attention_mask' must hold 0 (padding) or 1 (token), found {bad}"
-                    )));
-                }
-                if let Some(row) = mask.chunks_exact(t).position(|r| !r.contains(&1)) {
-                    return Err(err(format!(
-                        "row {row} is all padding (its attention_mask has no 1)"
-                    )));
-                }
-                Some(mask)
-            }
-        };
+        let mask = file_mask(read_i64("attention_mask")?, &shape, &err)?;
         let special = match read_i64("special_tokens_mask")? {
             None => None,
             Some((sshape, s)) if sshape == shape && s.iter().all(|&v| v == 0 || v == 1) => Some(s),
@@ -290,103 +259,10 @@ impl DataSource {
             }
         };
         let task = Task::for_config(cfg);
-        let (mut labels, mut targets) = (None, None);
-        if let Ok(view) = st.tensor("labels") {
-            let want: Vec<usize> = match task {
-                Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => {
-                    vec![n_rows, num_labels]
-                }
-                Task::SequenceClassification { .. } => vec![n_rows],
-                _ => vec![n_rows, t],
-            };
-            if view.shape() != want {
-                let hint = match task {
-                    Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } if view.shape().len() == 2 => {
-                        " (multi-label targets need problem_type \"multi_label_classification\" in config.json)"
-                    }
-                    _ => "",
-                };
-                return Err(err(format!(
-                    "'labels' must have shape {want:?} for {}, found {:?}{hint}",
-                    task.name(),
-                    view.shape()
-                )));
-            }
-            let floats: Option<Vec<f64>> = match view.dtype() {
-                Dtype::F32 => Some(
-                    view.data()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
-                        .collect(),
-                ),
-                Dtype::F64 => Some(
-                    view.data()
-                        .chunks_exact(8)
-                        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                        .collect(),
-                ),
-                _ => None,
-            };
-            match (task, floats) {
-                (
-                    Task::SequenceClassification { problem: ProblemType::Regression, .. },
-                    Some(v),
-                ) => {
-                    if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
-                        return Err(err(format!("regression target {bad} is not finite")));
-                    }
-                    targets = Some(v.iter().map(|&x| x as f32).collect());
-                }
-                (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
-                    return Err(err(format!(
-                        "regression 'labels' must be float32 or float64, found {:?}",
-                        view.dtype()
-                    )));
-                }
-                // Multi-label: HF's float 0/1 targets (soft targets are not supported).
-                (
-                    Task::SequenceClassification { problem: ProblemType::MultiLabel, .. },
-                    Some(v),
-                ) => {
-                    if let Some(bad) = v.iter().find(|&&x| x != 0.0 && x != 1.0) {
-                        return Err(err(format!(
-                            "multi-label targets must be 0 or 1, found {bad}"
-                        )));
-                    }
-                    labels = Some(v.iter().map(|&x| x as i64).collect());
-                }
-                (_, Some(_)) => {
-                    return Err(err(format!(
-                        "'labels' must be int64 for {}, found {:?}",
-                        task.name(),
-                        view.dtype()
-                    )))
-                }
-                (_, None) => {
-                    let (_, v) = read_i64("labels")?.expect("the tensor exists");
-                    let ok = |l: i64| match task {
-                        Task::SequenceClassification {
-                            problem: ProblemType::MultiLabel, ..
-                        } => l == 0 || l == 1,
-                        Task::SequenceClassification { num_labels, .. } => {
-                            (0..num_labels as i64).contains(&l)
-                        }
-                        Task::TokenClassification { num_labels } => {
-                            l == IGNORE_INDEX || (0..num_labels as i64).contains(&l)
-                        }
-                        _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
-                    };
-                    if let Some(bad) = v.iter().find(|&&l| !ok(l)) {
-                        return Err(err(format!(
-                            "label {bad} is out of range for {} ({})",
-                            cfg.arch.hf_name(),
-                            task.name()
-                        )));
-                    }
-                    labels = Some(v);
-                }
-            }
-        }
+        let (labels, targets) = match st.tensor("labels") {
+            Ok(view) => file_labels(cfg, task, &view, [n_rows, t], &read_i64, &err)?,
+            Err(_) => (None, None),
+        };
         let (_, meta) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| err(format!("not a safetensors file: {e}")))?;
         let mask_id = match meta.metadata().as_ref().and_then(|m| m.get("mask_token_id")) {
@@ -662,6 +538,154 @@ fn check_sizes(cfg: &ModelConfig, batch_size: usize, seq_len: usize) -> Result<(
         )));
     }
     Ok(())
+}
+
+/// A tensor's shape and values.
+type Int64Tensor = (Vec<usize>, Vec<i64>);
+
+/// The int64 tensor `name` of a data file, None when the file has none.
+fn read_i64(
+    st: &SafeTensors<'_>,
+    name: &str,
+    err: &dyn Fn(String) -> ModelError,
+) -> Result<Option<Int64Tensor>, ModelError> {
+    let Ok(view) = st.tensor(name) else { return Ok(None) };
+    if view.dtype() != Dtype::I64 {
+        return Err(err(format!("'{name}' must be int64, found {:?}", view.dtype())));
+    }
+    let data = view
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    Ok(Some((view.shape().to_vec(), data)))
+}
+
+/// A data file's `attention_mask`, checked against the ids' `shape`: 0/1, a token in every row.
+fn file_mask(
+    read: Option<Int64Tensor>,
+    shape: &[usize],
+    err: &dyn Fn(String) -> ModelError,
+) -> Result<Option<Vec<i64>>, ModelError> {
+    let t = shape[1];
+    Ok(match read {
+        None => None,
+        Some((mshape, mask)) => {
+            if mshape != shape {
+                return Err(err(format!("'attention_mask' must have the shape of 'input_ids' {shape:?}, found {mshape:?}")));
+            }
+            if let Some(bad) = mask.iter().find(|&&m| m != 0 && m != 1) {
+                return Err(err(format!(
+                    "'attention_mask' must hold 0 (padding) or 1 (token), found {bad}"
+                )));
+            }
+            if let Some(row) = mask.chunks_exact(t).position(|r| !r.contains(&1)) {
+                return Err(err(format!("row {row} is all padding (its attention_mask has no 1)")));
+            }
+            Some(mask)
+        }
+    })
+}
+
+/// A data file's `labels` (integer labels, or a regression's float targets) for `task`, checked
+/// against the rows' `[n_rows, t]`.
+fn file_labels(
+    cfg: &ModelConfig,
+    task: Task,
+    view: &safetensors::tensor::TensorView<'_>,
+    [n_rows, t]: [usize; 2],
+    read_i64: &dyn Fn(&str) -> Result<Option<Int64Tensor>, ModelError>,
+    err: &dyn Fn(String) -> ModelError,
+) -> Result<(Option<Vec<i64>>, Option<Vec<f32>>), ModelError> {
+    let vocab = cfg.vocab_size() as i64;
+    let (mut labels, mut targets) = (None, None);
+    let want: Vec<usize> = match task {
+        Task::SequenceClassification { num_labels, problem: ProblemType::MultiLabel } => {
+            vec![n_rows, num_labels]
+        }
+        Task::SequenceClassification { .. } => vec![n_rows],
+        _ => vec![n_rows, t],
+    };
+    if view.shape() != want {
+        let hint = match task {
+            Task::SequenceClassification { problem: ProblemType::SingleLabel, .. } if view.shape().len() == 2 => {
+                " (multi-label targets need problem_type \"multi_label_classification\" in config.json)"
+            }
+            _ => "",
+        };
+        return Err(err(format!(
+            "'labels' must have shape {want:?} for {}, found {:?}{hint}",
+            task.name(),
+            view.shape()
+        )));
+    }
+    let floats: Option<Vec<f64>> = match view.dtype() {
+        Dtype::F32 => Some(
+            view.data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                .collect(),
+        ),
+        Dtype::F64 => Some(
+            view.data()
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+        _ => None,
+    };
+    match (task, floats) {
+        (Task::SequenceClassification { problem: ProblemType::Regression, .. }, Some(v)) => {
+            if let Some(bad) = v.iter().find(|x| !x.is_finite()) {
+                return Err(err(format!("regression target {bad} is not finite")));
+            }
+            targets = Some(v.iter().map(|&x| x as f32).collect());
+        }
+        (Task::SequenceClassification { problem: ProblemType::Regression, .. }, None) => {
+            return Err(err(format!(
+                "regression 'labels' must be float32 or float64, found {:?}",
+                view.dtype()
+            )));
+        }
+        // Multi-label: HF's float 0/1 targets (soft targets are not supported).
+        (Task::SequenceClassification { problem: ProblemType::MultiLabel, .. }, Some(v)) => {
+            if let Some(bad) = v.iter().find(|&&x| x != 0.0 && x != 1.0) {
+                return Err(err(format!("multi-label targets must be 0 or 1, found {bad}")));
+            }
+            labels = Some(v.iter().map(|&x| x as i64).collect());
+        }
+        (_, Some(_)) => {
+            return Err(err(format!(
+                "'labels' must be int64 for {}, found {:?}",
+                task.name(),
+                view.dtype()
+            )))
+        }
+        (_, None) => {
+            let (_, v) = read_i64("labels")?.expect("the tensor exists");
+            let ok = |l: i64| match task {
+                Task::SequenceClassification { problem: ProblemType::MultiLabel, .. } => {
+                    l == 0 || l == 1
+                }
+                Task::SequenceClassification { num_labels, .. } => {
+                    (0..num_labels as i64).contains(&l)
+                }
+                Task::TokenClassification { num_labels } => {
+                    l == IGNORE_INDEX || (0..num_labels as i64).contains(&l)
+                }
+                _ => l == IGNORE_INDEX || (0..vocab).contains(&l),
+            };
+            if let Some(bad) = v.iter().find(|&&l| !ok(l)) {
+                return Err(err(format!(
+                    "label {bad} is out of range for {} ({})",
+                    cfg.arch.hf_name(),
+                    task.name()
+                )));
+            }
+            labels = Some(v);
+        }
+    }
+    Ok((labels, targets))
 }
 
 #[cfg(test)]
