@@ -587,6 +587,9 @@ fn file_mask(
     })
 }
 
+/// A data file's integer labels, or a regression's float targets.
+type FileLabels = (Option<Vec<i64>>, Option<Vec<f32>>);
+
 /// A data file's `labels` (integer labels, or a regression's float targets) for `task`, checked
 /// against the rows' `[n_rows, t]`.
 fn file_labels(
@@ -596,7 +599,7 @@ fn file_labels(
     [n_rows, t]: [usize; 2],
     read_i64: &dyn Fn(&str) -> Result<Option<Int64Tensor>, ModelError>,
     err: &dyn Fn(String) -> ModelError,
-) -> Result<(Option<Vec<i64>>, Option<Vec<f32>>), ModelError> {
+) -> Result<FileLabels, ModelError> {
     let vocab = cfg.vocab_size() as i64;
     let (mut labels, mut targets) = (None, None);
     let want: Vec<usize> = match task {

@@ -24,23 +24,13 @@
 //!
 //! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
 
-use crate::backend::cpu::kernels::attention::{self, AttnPlan};
-use crate::backend::cpu::kernels::elementwise::{self as ew, Add, Tanh, TanhBackward};
+use crate::backend::cpu::kernels::attention::AttnPlan;
 use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
-use crate::backend::cpu::kernels::pointwise as pw;
 use crate::backend::cpu::kernels::softmax::MaskMap;
-use crate::backend::cpu::kernels::{
-    copy, cross_entropy, embedding, layernorm, linear_cross_entropy as lce, reduce, rmsnorm,
-    rotary, softmax,
-};
+use crate::backend::cpu::kernels::{copy, layernorm, linear_cross_entropy as lce, rmsnorm};
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
-use crate::graph::op::{
-    AddLayerNorm, AddRmsNorm, Attention, AttentionBackward, Binary, CrossEntropy,
-    CrossEntropyBackward, Dropout, Fill, Gelu, GeluBackward, LayerNorm, Linear, LinearCrossEntropy,
-    LinearCrossEntropyBackward, MatMul, Permute, RmsNorm, Rotary, Scale, Softmax, SoftmaxBackward,
-    Split, Unary, UnaryBackward,
-};
+use crate::graph::op::{Attention, AttentionBackward, Linear, MatMul};
 use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
@@ -206,7 +196,7 @@ impl KernelSupport for CpuSupport {
 
 /// Kernel data resolved at build time, per step.
 #[derive(Debug, Clone)]
-enum Aux {
+pub enum Aux {
     None,
     /// The product, and the row set it may restrict itself to.
     MatMul(MatMulPlan, Option<(usize, RowUse)>),
@@ -217,16 +207,16 @@ enum Aux {
 }
 
 #[derive(Debug, Clone)]
-struct Resolved {
-    node: usize,
-    inplace: Option<usize>,
-    ws: Option<(usize, usize)>,
-    aux: Aux,
+pub struct Resolved {
+    pub node: usize,
+    pub inplace: Option<usize>,
+    pub ws: Option<(usize, usize)>,
+    pub aux: Aux,
     /// The profile key: the op name, matmuls by flags (as the reference executor's).
-    key: String,
+    pub key: String,
     /// f16/bf16 graphs: the outputs to round to the storage dtype after the kernel, with the
     /// element extent of each (see [`PlannedExecutor::new`]).
-    round: Vec<(TensorId, usize)>,
+    pub round: Vec<(TensorId, usize)>,
 }
 
 /// 64-byte aligned, zero-initialised f32 memory: the arena.
@@ -271,7 +261,7 @@ impl Drop for Arena {
 
 /// A bound step input.
 #[derive(Debug, Clone, Copy)]
-enum In {
+pub(crate) enum In {
     Ids(*const i64, usize),
     Floats(*const f32),
 }
@@ -284,24 +274,24 @@ unsafe impl Sync for In {}
 /// Runs one training graph on its plan with the fast CPU kernels.
 pub struct PlannedExecutor {
     graph: Graph,
-    plan: Plan,
+    pub(crate) plan: Plan,
     steps: Vec<Resolved>,
     arena: Arena,
     pool: &'static Pool,
     /// Bound inputs of the current step (capacity reserved at build: no allocation per step).
     bound: Vec<In>,
     /// Row sets (`plan::rows`) and this step's selected rows of each (capacity reserved).
-    row_sets: Vec<rows::RowSet>,
-    sel: Vec<Vec<u32>>,
+    pub(crate) row_sets: Vec<rows::RowSet>,
+    pub(crate) sel: Vec<Vec<u32>>,
     /// The node seeding the backward with d(loss)/d(loss) = 1, and the loss scale it seeds
     /// instead (dynamic loss scaling: the whole backward then runs on scaled values).
-    seed_node: Option<usize>,
-    loss_scale: f32,
+    pub(crate) seed_node: Option<usize>,
+    pub(crate) loss_scale: f32,
     /// GEMM FLOPs the linear + cross-entropy nodes ran in the last step (their labelled rows
     /// are known only at run time).
-    lce_flops: std::sync::atomic::AtomicU64,
+    pub(crate) lce_flops: std::sync::atomic::AtomicU64,
     /// `plan::rows::enabled()`: the fused LM head leaves unlabelled rows out of its GEMMs.
-    row_skip: bool,
+    pub(crate) row_skip: bool,
 }
 
 impl std::fmt::Debug for PlannedExecutor {
@@ -312,7 +302,7 @@ impl std::fmt::Debug for PlannedExecutor {
 
 /// Raw bases of the step's buffers.
 #[derive(Clone, Copy)]
-struct Mem<'a> {
+pub(crate) struct Mem<'a> {
     arena: *mut f32,
     params: *const f32,
     grads: *mut f32,
@@ -692,453 +682,14 @@ impl PlannedExecutor {
     /// `mem` holds this step's buffers (the plan's contract).
     unsafe fn exec(&self, r: &Resolved, mem: Mem<'_>, seed: u64) -> Result<(), OpError> {
         let g = &self.graph;
-        let node = &g.nodes()[r.node];
-        let pool = self.pool;
-        let places = &self.plan.places;
-        let pl = |t: TensorId| &places[t.index()];
-        let numel = |t: TensorId| g.tensor(t).numel();
-        let ptr = |t: TensorId| mem_ptr(mem, pl(t));
-        // Contiguous views (the plan guarantees Contig where the kernel needs it).
-        let rd = |i: usize| -> &[f32] {
-            std::slice::from_raw_parts(ptr(node.inputs[i]), numel(node.inputs[i]))
-        };
-        let wr = |i: usize| -> &mut [f32] {
-            std::slice::from_raw_parts_mut(ptr(node.outputs[i]), numel(node.outputs[i]))
-        };
-        // The input an in-place output overwrites, as the output.
-        let rw = |i: usize| -> &mut [f32] {
-            std::slice::from_raw_parts_mut(ptr(node.inputs[i]), numel(node.inputs[i]))
-        };
-        let ids = |i: usize| -> &[i64] {
-            match pl(node.inputs[i]).root {
-                Root::Input(k) => match mem.inputs[k] {
-                    In::Ids(p, n) => std::slice::from_raw_parts(p, n),
-                    In::Floats(_) => unreachable!("ids input bound as floats"),
-                },
-                _ => unreachable!("i64 tensors are step inputs"),
-            }
-        };
-        let last = |t: TensorId| *g.shape(t).last().unwrap_or(&1);
-        let ws = || -> &mut [f32] {
-            let (o, l) = r.ws.expect("the plan gives this kernel its workspace");
-            std::slice::from_raw_parts_mut(mem.arena.add(o), l)
-        };
-        let mask = |i: usize| -> Option<(&[f32], &MaskMap)> {
-            match (&r.aux, node.inputs.get(i)) {
-                (Aux::Mask(m), Some(_)) => Some((rd(i), m)),
-                _ => None,
-            }
-        };
-        match &node.op {
-            Op::Fill(Fill { value }) => {
-                let value =
-                    &if self.seed_node == Some(r.node) { value * self.loss_scale } else { *value };
-                let o = node.outputs[0];
-                let p = pl(o);
-                if is_contig(g.shape(o), &p.strides) {
-                    ew::fill(pool, wr(0), *value);
-                } else {
-                    copy::fill_strided(pool, ptr(o), g.shape(o), &p.strides, *value);
-                }
-            }
-            Op::Embedding => embedding::embedding_forward(
-                pool,
-                wr(0),
-                ids(1),
-                rd(0),
-                g.shape(node.inputs[0])[1],
-            )?,
-            Op::MatMul(_) => {
-                let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
-                let (a, b, c) = (ptr(node.inputs[0]), ptr(node.inputs[1]), ptr(node.outputs[0]));
-                match rows {
-                    Some((set, u))
-                        if self.sel[*set].len() <= matmul::row_cap(self.row_sets[*set].rows) =>
-                    {
-                        m.run_rows(pool, a, b, c, &self.sel[*set], *u, ws())
-                    }
-                    _ => m.run(pool, a, b, c),
-                }
-            }
-            Op::Linear(Linear { gelu, .. }) => {
-                let Aux::MatMul(m, _) = &r.aux else { unreachable!("resolved at build") };
-                let (x, w) = (ptr(node.inputs[0]), ptr(node.inputs[1]));
-                match gelu {
-                    Some(approx) => {
-                        m.run(pool, x, w, ptr(node.outputs[1]));
-                        ew::bias_gelu(pool, wr(0), wr(1), rd(2), *approx);
-                    }
-                    None => {
-                        m.run(pool, x, w, ptr(node.outputs[0]));
-                        ew::map2_inplace_a(pool, wr(0), rd(2), Add);
-                    }
-                }
-            }
-            Op::AddLayerNorm(AddLayerNorm { eps }) => {
-                let (y, mean, rstd) = (wr(1), wr(2), wr(3));
-                match r.inplace {
-                    // The sum overwrites a dying operand; addition commutes, so add the other.
-                    Some(k) => layernorm::add_layernorm_forward(
-                        pool,
-                        rw(k),
-                        y,
-                        mean,
-                        rstd,
-                        None,
-                        rd(1 - k),
-                        rd(2),
-                        rd(3),
-                        *eps,
-                    ),
-                    None => layernorm::add_layernorm_forward(
-                        pool,
-                        wr(0),
-                        y,
-                        mean,
-                        rstd,
-                        Some(rd(0)),
-                        rd(1),
-                        rd(2),
-                        rd(3),
-                        *eps,
-                    ),
-                }
-            }
-            Op::AddRmsNorm(AddRmsNorm { eps }) => {
-                let (y, rstd) = (wr(1), wr(2));
-                match r.inplace {
-                    // The sum overwrites a dying operand; addition commutes, so add the other.
-                    Some(k) => rmsnorm::add_rmsnorm_forward(
-                        pool,
-                        rw(k),
-                        y,
-                        rstd,
-                        None,
-                        rd(1 - k),
-                        rd(2),
-                        *eps,
-                    ),
-                    None => rmsnorm::add_rmsnorm_forward(
-                        pool,
-                        wr(0),
-                        y,
-                        rstd,
-                        Some(rd(0)),
-                        rd(1),
-                        rd(2),
-                        *eps,
-                    ),
-                }
-            }
-            Op::BiasAdd | Op::Add => match r.inplace {
-                Some(0) => ew::map2_inplace_a(pool, rw(0), rd(1), Add),
-                Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), Add),
-                None => ew::map2(pool, wr(0), rd(0), rd(1), Add),
-            },
-            Op::Scale(Scale { s }) => unary(pool, r, wr, rd, rw, ew::Scale(*s)),
-            Op::Gelu(Gelu { approx }) => unary(pool, r, wr, rd, rw, ew::Gelu(*approx)),
-            Op::Tanh => unary(pool, r, wr, rd, rw, Tanh),
-            Op::Unary(Unary { f }) => match r.inplace {
-                Some(_) => pw::unary_inplace(pool, rw(0), *f),
-                None => pw::unary(pool, wr(0), rd(0), *f),
-            },
-            Op::UnaryBackward(UnaryBackward { f }) => match r.inplace {
-                Some(_) => pw::unary_backward_inplace(pool, rd(0), rw(1), *f),
-                None => pw::unary_backward(pool, wr(0), rd(0), rd(1), *f),
-            },
-            Op::Binary(Binary { f }) => match r.inplace {
-                Some(0) => pw::binary_inplace_a(pool, rw(0), rd(1), *f),
-                Some(_) => pw::binary_inplace_b(pool, rd(0), rw(1), *f),
-                None => pw::binary(pool, wr(0), rd(0), rd(1), *f),
-            },
-            Op::GeluBackward(GeluBackward { approx }) => {
-                binary_b(pool, r, wr, rd, rw, ew::GeluBackward(*approx))
-            }
-            Op::TanhBackward => binary_b(pool, r, wr, rd, rw, TanhBackward),
-            Op::Dropout(Dropout { p, offset }) => match r.inplace {
-                Some(_) => ew::dropout_inplace(pool, rw(0), *p, seed, *offset),
-                None => ew::dropout(pool, wr(0), rd(0), *p, seed, *offset),
-            },
-            Op::LayerNorm(LayerNorm { eps }) => {
-                layernorm::layernorm_forward(pool, wr(0), wr(1), wr(2), rd(0), rd(1), rd(2), *eps)
-            }
-            Op::LayerNormBackward => layernorm::layernorm_backward(
-                pool,
-                wr(0),
-                wr(1),
-                wr(2),
-                rd(0),
-                rd(1),
-                rd(2),
-                rd(3),
-                rd(4),
-                ws(),
-            ),
-            Op::RmsNorm(RmsNorm { eps }) => {
-                rmsnorm::rmsnorm_forward(pool, wr(0), wr(1), rd(0), rd(1), *eps)
-            }
-            Op::RmsNormBackward => {
-                rmsnorm::rmsnorm_backward(pool, wr(0), wr(1), rd(0), rd(1), rd(2), rd(3), ws())
-            }
-            Op::Rotary(Rotary { inverse }) => {
-                let d = last(node.inputs[0]);
-                match r.inplace {
-                    Some(_) => rotary::rotary(pool, rw(0), None, rd(1), rd(2), d, *inverse),
-                    None => rotary::rotary(pool, wr(0), Some(rd(0)), rd(1), rd(2), d, *inverse),
-                }
-            }
-            Op::Softmax(Softmax { scale, causal }) => {
-                let s = g.shape(node.inputs[0]);
-                let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
-                softmax::softmax_forward(
-                    pool,
-                    wr(0),
-                    rd(0),
-                    last(node.inputs[0]),
-                    *scale,
-                    *causal,
-                    tq,
-                    mask(1),
-                );
-            }
-            Op::SoftmaxBackward(SoftmaxBackward { scale }) => match r.inplace {
-                Some(_) => softmax::softmax_backward_inplace(
-                    pool,
-                    rd(0),
-                    rw(1),
-                    last(node.inputs[0]),
-                    *scale,
-                ),
-                None => softmax::softmax_backward(
-                    pool,
-                    wr(0),
-                    rd(0),
-                    rd(1),
-                    last(node.inputs[0]),
-                    *scale,
-                ),
-            },
-            Op::Reshape | Op::Permute(_) => {
-                // Materialised (the plan could not fold it): a strided copy.
-                let (x, o) = (node.inputs[0], node.outputs[0]);
-                let (xs, os) = (g.shape(x).to_vec(), g.shape(o));
-                let (src_shape, src_strides) = match &node.op {
-                    Op::Permute(Permute { perm }) => (
-                        perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
-                        perm.iter().map(|&p| pl(x).strides[p]).collect::<Vec<_>>(),
-                    ),
-                    // Op::Reshape, the arm's other op: the input as it is.
-                    _ => (xs, pl(x).strides.clone()),
-                };
-                copy::copy_strided(
-                    pool,
-                    ptr(x),
-                    &src_shape,
-                    &src_strides,
-                    ptr(o),
-                    os,
-                    &pl(o).strides,
-                );
-            }
-            Op::Split(Split { sizes }) => {
-                let x = node.inputs[0];
-                let xp = pl(x);
-                let ls = *xp.strides.last().unwrap_or(&0);
-                let mut start = 0;
-                for (&o, &sz) in node.outputs.iter().zip(sizes) {
-                    let os = g.shape(o);
-                    copy::copy_strided(
-                        pool,
-                        ptr(x).add(start * ls),
-                        os,
-                        &xp.strides,
-                        ptr(o),
-                        os,
-                        &pl(o).strides,
-                    );
-                    start += sz;
-                }
-            }
-            Op::Concat => {
-                let o = node.outputs[0];
-                let op = pl(o);
-                let ls = *op.strides.last().unwrap_or(&0);
-                let mut start = 0;
-                for &x in &node.inputs {
-                    let xs = g.shape(x);
-                    copy::copy_strided(
-                        pool,
-                        ptr(x),
-                        xs,
-                        &pl(x).strides,
-                        ptr(o).add(start * ls),
-                        xs,
-                        &op.strides,
-                    );
-                    start += last(x);
-                }
-            }
-            Op::Attention(_) => {
-                let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
-                let w: &mut [f32] = match r.ws {
-                    Some(_) => ws(),
-                    None => &mut [],
-                };
-                use crate::ops::attention::slot as s;
-                let m = node.inputs.get(s::MASK).map(|_| rd(s::MASK));
-                attention::attention_forward(
-                    pool,
-                    a,
-                    ptr(node.outputs[0]),
-                    wr(1),
-                    ptr(node.inputs[s::Q]),
-                    ptr(node.inputs[s::K]),
-                    ptr(node.inputs[s::V]),
-                    m,
-                    seed,
-                    w,
-                );
-            }
-            Op::AttentionBackward(_) => {
-                let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
-                use crate::ops::attention::backward_slot as s;
-                let i = &node.inputs;
-                attention::attention_backward(
-                    pool,
-                    a,
-                    ptr(node.outputs[0]),
-                    ptr(node.outputs[1]),
-                    ptr(node.outputs[2]),
-                    ptr(i[s::DOUT]),
-                    ptr(i[s::Q]),
-                    ptr(i[s::K]),
-                    ptr(i[s::V]),
-                    rd(s::PROBS),
-                    seed,
-                    ws(),
-                );
-            }
-            Op::CrossEntropy(CrossEntropy { ignore_index }) => {
-                let v = last(node.inputs[0]);
-                let l = cross_entropy::cross_entropy_forward(
-                    pool,
-                    rd(0),
-                    ids(1),
-                    v,
-                    *ignore_index,
-                    ws(),
-                )?;
-                wr(0)[0] = l;
-            }
-            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
-            | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
-                // Operands from x on: the backward's slot 0 is dloss.
-                let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward(_)));
-                let (v, c) = (g.shape(node.inputs[at + 1])[0], g.shape(node.inputs[at + 1])[1]);
-                let labels = ids(at + 2);
-                let p = lce::Lce {
-                    x: rd(at),
-                    w: rd(at + 1),
-                    labels,
-                    bias: (node.inputs.len() > at + 3).then(|| rd(at + 3)),
-                    c,
-                    v,
-                    ignore_index: *ignore_index,
-                    chunk: lce::chunk_rows(v, pool.threads()),
-                    skip_ignored: self.row_skip,
-                };
-                let grads = (at == 1).then(|| lce::LceGrads {
-                    dloss: rd(0)[0],
-                    dx: wr(1),
-                    dw: wr(2),
-                    db: (node.outputs.len() > 3).then(|| wr(3)),
-                });
-                let gemms = if at == 1 { 3 } else { 1 };
-                wr(0)[0] = lce::linear_cross_entropy(pool, &p, ws(), grads)?;
-                let rows = match self.row_skip {
-                    true => labels.iter().filter(|&&l| l != *ignore_index).count(),
-                    false => labels.len(),
-                };
-                self.lce_flops.fetch_add(
-                    (gemms * 2 * rows * c * v) as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
-            Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index }) => {
-                let v = last(node.inputs[1]);
-                let dloss = rd(0)[0];
-                match r.inplace {
-                    Some(_) => cross_entropy::cross_entropy_backward(
-                        pool,
-                        rw(1),
-                        dloss,
-                        None,
-                        ids(2),
-                        v,
-                        *ignore_index,
-                    )?,
-                    None => cross_entropy::cross_entropy_backward(
-                        pool,
-                        wr(0),
-                        dloss,
-                        Some(rd(1)),
-                        ids(2),
-                        v,
-                        *ignore_index,
-                    )?,
-                }
-            }
-            Op::EmbeddingBackward => {
-                let c = g.shape(node.outputs[0])[1];
-                embedding::embedding_backward(pool, wr(0), ids(0), rd(1), c)?;
-            }
-            Op::ReduceSumLeading => match r.aux {
-                Aux::RowSum(set)
-                    if self.sel[set].len() <= matmul::row_cap(self.row_sets[set].rows) =>
-                {
-                    reduce::reduce_sum_rows(pool, wr(0), rd(0), &self.sel[set])
-                }
-                _ => reduce::reduce_sum_leading(pool, wr(0), rd(0)),
-            },
-        }
-        Ok(())
+        let k =
+            kernel::Kernel { g, node: &g.nodes()[r.node], r, pool: self.pool, seed, x: self, mem };
+        g.nodes()[r.node].op.def().exec(&k)
     }
 }
 
 fn profile_shapes() -> bool {
     std::env::var("ORTBENCH_PROFILE_SHAPES").is_ok_and(|v| v == "1")
-}
-
-/// out = f(x), in place when planned so.
-#[inline]
-fn unary<'a, F: ew::Map1>(
-    pool: &Pool,
-    r: &Resolved,
-    wr: impl Fn(usize) -> &'a mut [f32],
-    rd: impl Fn(usize) -> &'a [f32],
-    rw: impl Fn(usize) -> &'a mut [f32],
-    f: F,
-) {
-    match r.inplace {
-        Some(_) => ew::map1_inplace(pool, rw(0), f),
-        None => ew::map1(pool, wr(0), rd(0), f),
-    }
-}
-
-/// out = f(a, b), in place over b (the incoming gradient) when planned so.
-#[inline]
-fn binary_b<'a, F: ew::Map2>(
-    pool: &Pool,
-    r: &Resolved,
-    wr: impl Fn(usize) -> &'a mut [f32],
-    rd: impl Fn(usize) -> &'a [f32],
-    rw: impl Fn(usize) -> &'a mut [f32],
-    f: F,
-) {
-    match r.inplace {
-        Some(_) => ew::map2_inplace_b(pool, rd(0), rw(1), f),
-        None => ew::map2(pool, wr(0), rd(0), rd(1), f),
-    }
 }
 
 fn mem_ptr(mem: Mem<'_>, p: &Place) -> *mut f32 {
@@ -1160,7 +711,7 @@ fn contiguous(shape: &[usize]) -> Vec<usize> {
     crate::plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
 }
 
-fn is_contig(shape: &[usize], strides: &[usize]) -> bool {
+pub(crate) fn is_contig(shape: &[usize], strides: &[usize]) -> bool {
     let s: Vec<isize> = strides.iter().map(|&x| x as isize).collect();
     crate::plan::layout::is_contiguous(shape, &s)
 }
@@ -1291,6 +842,7 @@ fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanErr
     })
 }
 
+pub(crate) mod kernel;
 #[cfg(test)]
 mod tests;
 

@@ -8,13 +8,14 @@
 //! states only where it differs (as burn's backend traits do); [`OpDef::name`] has none.
 
 use super::{MaskView, OpError, Real};
+use crate::exec::planned::kernel::CpuKernel;
 use crate::graph::{Graph, GraphError, Node, TensorId};
 use crate::plan::split::LossHead;
 use crate::plan::Req;
 
 /// One op's definition: what the graph printer, autodiff, the reference executor, the memory
 /// planner and the memory split need.
-pub trait OpDef: RefEval {
+pub trait OpDef: RefEval + CpuKernel {
     /// The op's name as printed in graphs and errors.
     fn name(&self) -> &'static str;
 

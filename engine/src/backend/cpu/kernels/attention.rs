@@ -16,11 +16,16 @@
 //! References: `ops::attention` (tested against), llm.c `attention_forward` /
 //! `attention_backward`, `torch.nn.functional.scaled_dot_product_attention` (math path).
 
+use super::attention;
 use super::elementwise::DropMask;
 use super::simd::{self, multiversion};
 use super::softmax::{softmax_row_in_place, MaskMap};
 use crate::backend::cpu::blas::sgemm_st;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::Aux;
+use crate::graph::op::{Attention, AttentionBackward};
+use crate::ops::OpError;
 
 /// One attention node resolved: sizes, attributes and the (b, h, t) strides of each operand
 /// (the last dim is contiguous).
@@ -415,6 +420,56 @@ pub unsafe fn attention_backward(
             }
         }
     });
+}
+
+impl CpuKernel for Attention {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Aux::Attn(a) = &k.r.aux else { unreachable!("resolved at build") };
+        let w: &mut [f32] = match k.r.ws {
+            Some(_) => k.ws(),
+            None => &mut [],
+        };
+        use crate::ops::attention::slot as s;
+        let m = k.node.inputs.get(s::MASK).map(|_| k.rd(s::MASK));
+        attention::attention_forward(
+            k.pool,
+            a,
+            k.ptr(k.node.outputs[0]),
+            k.wr(1),
+            k.ptr(k.node.inputs[s::Q]),
+            k.ptr(k.node.inputs[s::K]),
+            k.ptr(k.node.inputs[s::V]),
+            m,
+            k.seed,
+            w,
+        );
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for AttentionBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Aux::Attn(a) = &k.r.aux else { unreachable!("resolved at build") };
+        use crate::ops::attention::backward_slot as s;
+        let i = &k.node.inputs;
+        attention::attention_backward(
+            k.pool,
+            a,
+            k.ptr(k.node.outputs[0]),
+            k.ptr(k.node.outputs[1]),
+            k.ptr(k.node.outputs[2]),
+            k.ptr(i[s::DOUT]),
+            k.ptr(i[s::Q]),
+            k.ptr(i[s::K]),
+            k.ptr(i[s::V]),
+            k.rd(s::PROBS),
+            k.seed,
+            k.ws(),
+        );
+
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,12 @@
 //!
 //! Reference: `ops::layout` (permute/split/concat), PyTorch's `TensorIterator` copy.
 
+use super::copy;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{Concat, Permute, Reshape, Split};
+use crate::graph::Op;
+use crate::ops::OpError;
 
 /// A strided tensor walk: element offsets in row-major order of `shape`, from flat index
 /// `start` on.
@@ -96,6 +101,109 @@ pub unsafe fn fill_strided(
             w.advance();
         }
     });
+}
+
+impl CpuKernel for Reshape {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        // Materialised (the plan could not fold it): a strided copy.
+        let (x, o) = (k.node.inputs[0], k.node.outputs[0]);
+        let (xs, os) = (k.g.shape(x).to_vec(), k.g.shape(o));
+        let (src_shape, src_strides) = match &k.node.op {
+            Op::Permute(Permute { perm }) => (
+                perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                perm.iter().map(|&p| k.pl(x).strides[p]).collect::<Vec<_>>(),
+            ),
+            // Op::Reshape, the arm's other op: the input as it is.
+            _ => (xs, k.pl(x).strides.clone()),
+        };
+        copy::copy_strided(
+            k.pool,
+            k.ptr(x),
+            &src_shape,
+            &src_strides,
+            k.ptr(o),
+            os,
+            &k.pl(o).strides,
+        );
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for Permute {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        // Materialised (the plan could not fold it): a strided copy.
+        let (x, o) = (k.node.inputs[0], k.node.outputs[0]);
+        let (xs, os) = (k.g.shape(x).to_vec(), k.g.shape(o));
+        let (src_shape, src_strides) = match &k.node.op {
+            Op::Permute(Permute { perm }) => (
+                perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                perm.iter().map(|&p| k.pl(x).strides[p]).collect::<Vec<_>>(),
+            ),
+            // Op::Reshape, the arm's other op: the input as it is.
+            _ => (xs, k.pl(x).strides.clone()),
+        };
+        copy::copy_strided(
+            k.pool,
+            k.ptr(x),
+            &src_shape,
+            &src_strides,
+            k.ptr(o),
+            os,
+            &k.pl(o).strides,
+        );
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for Split {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Split { sizes } = self;
+        let x = k.node.inputs[0];
+        let xp = k.pl(x);
+        let ls = *xp.strides.last().unwrap_or(&0);
+        let mut start = 0;
+        for (&o, &sz) in k.node.outputs.iter().zip(sizes) {
+            let os = k.g.shape(o);
+            copy::copy_strided(
+                k.pool,
+                k.ptr(x).add(start * ls),
+                os,
+                &xp.strides,
+                k.ptr(o),
+                os,
+                &k.pl(o).strides,
+            );
+            start += sz;
+        }
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for Concat {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let o = k.node.outputs[0];
+        let op = k.pl(o);
+        let ls = *op.strides.last().unwrap_or(&0);
+        let mut start = 0;
+        for &x in &k.node.inputs {
+            let xs = k.g.shape(x);
+            copy::copy_strided(
+                k.pool,
+                k.ptr(x),
+                xs,
+                &k.pl(x).strides,
+                k.ptr(o).add(start * ls),
+                xs,
+                &op.strides,
+            );
+            start += k.last(x);
+        }
+
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,11 @@
 //! References: `ops::cross_entropy` (tested against); llm.c `crossentropy_forward` and
 //! `crossentropy_softmax_backward`; `torch.nn.functional.cross_entropy(reduction='mean')`.
 
+use super::cross_entropy;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{CrossEntropy, CrossEntropyBackward};
 use crate::ops::OpError;
 
 /// log Σ exp(row), max-subtracted.
@@ -163,6 +166,54 @@ pub fn cross_entropy_backward(
         )
     });
     Ok(())
+}
+
+impl CpuKernel for CrossEntropy {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let CrossEntropy { ignore_index } = self;
+        let v = k.last(k.node.inputs[0]);
+        let l = cross_entropy::cross_entropy_forward(
+            k.pool,
+            k.rd(0),
+            k.ids(1),
+            v,
+            *ignore_index,
+            k.ws(),
+        )?;
+        k.wr(0)[0] = l;
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for CrossEntropyBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let CrossEntropyBackward { ignore_index } = self;
+        let v = k.last(k.node.inputs[1]);
+        let dloss = k.rd(0)[0];
+        match k.r.inplace {
+            Some(_) => cross_entropy::cross_entropy_backward(
+                k.pool,
+                k.rw(1),
+                dloss,
+                None,
+                k.ids(2),
+                v,
+                *ignore_index,
+            )?,
+            None => cross_entropy::cross_entropy_backward(
+                k.pool,
+                k.wr(0),
+                dloss,
+                Some(k.rd(1)),
+                k.ids(2),
+                v,
+                *ignore_index,
+            )?,
+        }
+
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,12 @@
 //! are tested against); llm.c `gelu_forward` / `gelu_backward`; ATen `GeluKernel.cpp`.
 
 use super::simd::{self, multiversion};
+use super::{copy, elementwise as ew};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op;
 use crate::ops::gelu::GeluApprox;
+use crate::ops::OpError;
 
 /// Elements per task below which an elementwise kernel stays on one thread (a pool wake-up
 /// costs about as much as the work on 32K f32; figures: docs/measurements.md).
@@ -346,6 +350,93 @@ pub fn dropout_inplace(pool: &Pool, xo: &mut [f32], p: f32, seed: u64, offset: u
         // SAFETY: ranges are disjoint and inside `xo`.
         dropout_inplace_chunk(unsafe { o.slice(r) }, m, first)
     });
+}
+
+impl CpuKernel for op::Fill {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let op::Fill { value } = self;
+        let value = &if k.x.seed_node == Some(k.r.node) { value * k.x.loss_scale } else { *value };
+        let o = k.node.outputs[0];
+        let p = k.pl(o);
+        if crate::exec::planned::is_contig(k.g.shape(o), &p.strides) {
+            ew::fill(k.pool, k.wr(0), *value);
+        } else {
+            copy::fill_strided(k.pool, k.ptr(o), k.g.shape(o), &p.strides, *value);
+        }
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::BiasAdd {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        match k.r.inplace {
+            Some(0) => ew::map2_inplace_a(k.pool, k.rw(0), k.rd(1), Add),
+            Some(_) => ew::map2_inplace_b(k.pool, k.rd(0), k.rw(1), Add),
+            None => ew::map2(k.pool, k.wr(0), k.rd(0), k.rd(1), Add),
+        };
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::Add {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        match k.r.inplace {
+            Some(0) => ew::map2_inplace_a(k.pool, k.rw(0), k.rd(1), Add),
+            Some(_) => ew::map2_inplace_b(k.pool, k.rd(0), k.rw(1), Add),
+            None => ew::map2(k.pool, k.wr(0), k.rd(0), k.rd(1), Add),
+        };
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::Scale {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let op::Scale { s } = self;
+        k.unary(ew::Scale(*s));
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::Gelu {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let op::Gelu { approx } = self;
+        k.unary(ew::Gelu(*approx));
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::Tanh {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        k.unary(Tanh);
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::GeluBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let op::GeluBackward { approx } = self;
+        k.binary_b(ew::GeluBackward(*approx));
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::TanhBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        k.binary_b(TanhBackward);
+        Ok(())
+    }
+}
+
+impl CpuKernel for op::Dropout {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let op::Dropout { p, offset } = self;
+        match k.r.inplace {
+            Some(_) => ew::dropout_inplace(k.pool, k.rw(0), *p, k.seed, *offset),
+            None => ew::dropout(k.pool, k.wr(0), k.rd(0), *p, k.seed, *offset),
+        };
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,11 @@
 //! References: `ops::embedding` (tested against), llm.c `encoder_forward` /
 //! `encoder_backward`.
 
+use super::embedding;
 use super::simd::multiversion;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{Embedding, EmbeddingBackward};
 use crate::ops::OpError;
 
 /// Checks every id against the table's `v` rows.
@@ -81,6 +84,28 @@ pub fn embedding_backward(
         scatter_chunk(p.ptr(), ids, dout, c, r.start, r.end)
     });
     Ok(())
+}
+
+impl CpuKernel for Embedding {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        embedding::embedding_forward(
+            k.pool,
+            k.wr(0),
+            k.ids(1),
+            k.rd(0),
+            k.g.shape(k.node.inputs[0])[1],
+        )?;
+        Ok(())
+    }
+}
+
+impl CpuKernel for EmbeddingBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let c = k.g.shape(k.node.outputs[0])[1];
+        embedding::embedding_backward(k.pool, k.wr(0), k.ids(0), k.rd(1), c)?;
+
+        Ok(())
+    }
 }
 
 #[cfg(test)]

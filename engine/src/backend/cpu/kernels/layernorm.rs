@@ -3,8 +3,12 @@
 //! References: `ops::layernorm` (the reference op these are tested against), llm.c
 //! `layernorm_forward` / `layernorm_backward`, `torch.nn.functional.layer_norm`.
 
+use super::layernorm;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{AddLayerNorm, LayerNorm, LayerNormBackward};
+use crate::ops::OpError;
 
 /// Rows per task below which LayerNorm stays on one thread, for rows of `c` elements.
 fn min_rows(c: usize) -> usize {
@@ -305,6 +309,77 @@ pub fn layernorm_backward(
             dw[j] += part[j];
             db[j] += part[c + j];
         }
+    }
+}
+
+impl CpuKernel for AddLayerNorm {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let AddLayerNorm { eps } = self;
+        let (y, mean, rstd) = (k.wr(1), k.wr(2), k.wr(3));
+        match k.r.inplace {
+            // The sum overwrites a dying operand; addition commutes, so add the other.
+            Some(s) => layernorm::add_layernorm_forward(
+                k.pool,
+                k.rw(s),
+                y,
+                mean,
+                rstd,
+                None,
+                k.rd(1 - s),
+                k.rd(2),
+                k.rd(3),
+                *eps,
+            ),
+            None => layernorm::add_layernorm_forward(
+                k.pool,
+                k.wr(0),
+                y,
+                mean,
+                rstd,
+                Some(k.rd(0)),
+                k.rd(1),
+                k.rd(2),
+                k.rd(3),
+                *eps,
+            ),
+        }
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for LayerNorm {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let LayerNorm { eps } = self;
+        layernorm::layernorm_forward(
+            k.pool,
+            k.wr(0),
+            k.wr(1),
+            k.wr(2),
+            k.rd(0),
+            k.rd(1),
+            k.rd(2),
+            *eps,
+        );
+        Ok(())
+    }
+}
+
+impl CpuKernel for LayerNormBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        layernorm::layernorm_backward(
+            k.pool,
+            k.wr(0),
+            k.wr(1),
+            k.wr(2),
+            k.rd(0),
+            k.rd(1),
+            k.rd(2),
+            k.rd(3),
+            k.rd(4),
+            k.ws(),
+        );
+        Ok(())
     }
 }
 

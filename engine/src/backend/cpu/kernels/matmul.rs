@@ -10,7 +10,12 @@
 //! `matmul_forward`.
 
 use super::super::blas::{sgemm_par, sgemm_st};
+use super::{elementwise as ew, matmul};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::Aux;
+use crate::graph::op::{Linear, MatMul};
+use crate::ops::OpError;
 use crate::plan::layout::reshape_strides;
 use crate::plan::rows::RowUse;
 
@@ -387,6 +392,42 @@ unsafe fn naive(p: &MatMulPlan, a: *const f32, b: *const f32, c: *mut f32) {
             }
             *c.add(i * p.ldc + j) = acc;
         }
+    }
+}
+
+impl CpuKernel for MatMul {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Aux::MatMul(m, rows) = &k.r.aux else { unreachable!("resolved at build") };
+        let (a, b, c) =
+            (k.ptr(k.node.inputs[0]), k.ptr(k.node.inputs[1]), k.ptr(k.node.outputs[0]));
+        match rows {
+            Some((set, u)) if k.x.sel[*set].len() <= matmul::row_cap(k.x.row_sets[*set].rows) => {
+                m.run_rows(k.pool, a, b, c, &k.x.sel[*set], *u, k.ws())
+            }
+            _ => m.run(k.pool, a, b, c),
+        }
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for Linear {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Linear { gelu, .. } = self;
+        let Aux::MatMul(m, _) = &k.r.aux else { unreachable!("resolved at build") };
+        let (x, w) = (k.ptr(k.node.inputs[0]), k.ptr(k.node.inputs[1]));
+        match gelu {
+            Some(approx) => {
+                m.run(k.pool, x, w, k.ptr(k.node.outputs[1]));
+                ew::bias_gelu(k.pool, k.wr(0), k.wr(1), k.rd(2), *approx);
+            }
+            None => {
+                m.run(k.pool, x, w, k.ptr(k.node.outputs[0]));
+                ew::map2_inplace_a(k.pool, k.wr(0), k.rd(2), ew::Add);
+            }
+        }
+
+        Ok(())
     }
 }
 

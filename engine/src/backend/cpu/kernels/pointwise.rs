@@ -7,9 +7,13 @@
 //! References: `ops::pointwise` (each formula's definition, which the tests compare with).
 
 use super::elementwise::{self as ew, Map1, Map2};
+use super::pointwise as pw;
 use super::simd;
 use crate::backend::cpu::pool::Pool;
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{Binary, Unary, UnaryBackward};
 use crate::ops::pointwise::{BinaryFn, UnaryFn};
+use crate::ops::OpError;
 
 /// Runs `$body` with `$fwd` and `$bwd` bound to the forward and backward formulas of `$f`.
 macro_rules! with_unary {
@@ -113,6 +117,40 @@ impl Map2 for Mul {
     #[inline(always)]
     fn f(&self, a: f32, b: f32) -> f32 {
         a * b
+    }
+}
+
+impl CpuKernel for Unary {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Unary { f } = self;
+        match k.r.inplace {
+            Some(_) => pw::unary_inplace(k.pool, k.rw(0), *f),
+            None => pw::unary(k.pool, k.wr(0), k.rd(0), *f),
+        };
+        Ok(())
+    }
+}
+
+impl CpuKernel for UnaryBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let UnaryBackward { f } = self;
+        match k.r.inplace {
+            Some(_) => pw::unary_backward_inplace(k.pool, k.rd(0), k.rw(1), *f),
+            None => pw::unary_backward(k.pool, k.wr(0), k.rd(0), k.rd(1), *f),
+        };
+        Ok(())
+    }
+}
+
+impl CpuKernel for Binary {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Binary { f } = self;
+        match k.r.inplace {
+            Some(0) => pw::binary_inplace_a(k.pool, k.rw(0), k.rd(1), *f),
+            Some(_) => pw::binary_inplace_b(k.pool, k.rd(0), k.rw(1), *f),
+            None => pw::binary(k.pool, k.wr(0), k.rd(0), k.rd(1), *f),
+        };
+        Ok(())
     }
 }
 

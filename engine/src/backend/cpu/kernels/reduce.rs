@@ -5,7 +5,12 @@
 //! bit-identical to it whatever the thread count.
 
 use super::simd::multiversion;
+use super::{matmul, reduce};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::Aux;
+use crate::graph::op::ReduceSumLeading;
+use crate::ops::OpError;
 
 #[inline(always)]
 fn cols_body(out: &mut [f32], x: &[f32], n: usize, c0: usize) {
@@ -58,6 +63,18 @@ pub fn reduce_sum_rows(pool: &Pool, out: &mut [f32], x: &[f32], sel: &[u32]) {
         // SAFETY: column ranges are disjoint and inside `out`.
         rows_chunk(unsafe { o.slice(r.clone()) }, x, n, r.start, sel)
     });
+}
+
+impl CpuKernel for ReduceSumLeading {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        match k.r.aux {
+            Aux::RowSum(set) if k.x.sel[set].len() <= matmul::row_cap(k.x.row_sets[set].rows) => {
+                reduce::reduce_sum_rows(k.pool, k.wr(0), k.rd(0), &k.x.sel[set])
+            }
+            _ => reduce::reduce_sum_leading(k.pool, k.wr(0), k.rd(0)),
+        };
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,12 @@
 //!
 //! References: `ops::rmsnorm` (the reference op these are tested against), HF `LlamaRMSNorm`.
 
+use super::rmsnorm;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{AddRmsNorm, RmsNorm, RmsNormBackward};
+use crate::ops::OpError;
 
 /// Rows per task below which RMSNorm stays on one thread, for rows of `c` elements (as
 /// LayerNorm's: a task of 16 Ki elements pays its wake-up).
@@ -229,6 +233,62 @@ pub fn rmsnorm_backward(
         for (d, &p) in dw.iter_mut().zip(&ws[i * c..(i + 1) * c]) {
             *d += p;
         }
+    }
+}
+
+impl CpuKernel for AddRmsNorm {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let AddRmsNorm { eps } = self;
+        let (y, rstd) = (k.wr(1), k.wr(2));
+        match k.r.inplace {
+            // The sum overwrites a dying operand; addition commutes, so add the other.
+            Some(s) => rmsnorm::add_rmsnorm_forward(
+                k.pool,
+                k.rw(s),
+                y,
+                rstd,
+                None,
+                k.rd(1 - s),
+                k.rd(2),
+                *eps,
+            ),
+            None => rmsnorm::add_rmsnorm_forward(
+                k.pool,
+                k.wr(0),
+                y,
+                rstd,
+                Some(k.rd(0)),
+                k.rd(1),
+                k.rd(2),
+                *eps,
+            ),
+        }
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for RmsNorm {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let RmsNorm { eps } = self;
+        rmsnorm::rmsnorm_forward(k.pool, k.wr(0), k.wr(1), k.rd(0), k.rd(1), *eps);
+        Ok(())
+    }
+}
+
+impl CpuKernel for RmsNormBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        rmsnorm::rmsnorm_backward(
+            k.pool,
+            k.wr(0),
+            k.wr(1),
+            k.rd(0),
+            k.rd(1),
+            k.rd(2),
+            k.rd(3),
+            k.ws(),
+        );
+        Ok(())
     }
 }
 

@@ -6,8 +6,12 @@
 //!
 //! References: `ops::rotary` (tested against), HF `apply_rotary_pos_emb` / `rotate_half`.
 
+use super::rotary;
 use super::simd::multiversion;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::Rotary;
+use crate::ops::OpError;
 
 /// Rows of `d` per task below which the kernel stays on one thread (16 Ki elements).
 fn min_rows(d: usize) -> usize {
@@ -78,6 +82,19 @@ pub fn rotary(
         // SAFETY: row ranges are disjoint; each task writes (and in place reads) its rows only.
         unsafe { rows_chunk(yp.slice(e.clone()), x.map(|x| &x[e]), cos, sin, d, r.start, sg) }
     });
+}
+
+impl CpuKernel for Rotary {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Rotary { inverse } = self;
+        let d = k.last(k.node.inputs[0]);
+        match k.r.inplace {
+            Some(_) => rotary::rotary(k.pool, k.rw(0), None, k.rd(1), k.rd(2), d, *inverse),
+            None => rotary::rotary(k.pool, k.wr(0), Some(k.rd(0)), k.rd(1), k.rd(2), d, *inverse),
+        }
+
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,11 @@
 //! `_softmax_backward_data`.
 
 use super::simd::{self, multiversion};
+use super::softmax;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::graph::op::{Softmax, SoftmaxBackward};
+use crate::ops::OpError;
 
 /// An additive mask broadcast against the rows of a tensor (numpy rules, right-aligned), with
 /// the index arithmetic precomputed at plan time (`ops::MaskView` without its data, so that
@@ -198,6 +202,50 @@ pub fn softmax_backward_inplace(pool: &Pool, y: &[f32], dyo: &mut [f32], n: usiz
         // SAFETY: row ranges are disjoint and inside `dyo`.
         bwd_inplace_chunk(&y[s.clone()], unsafe { p.slice(s) }, n, scale)
     });
+}
+
+impl CpuKernel for Softmax {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let Softmax { scale, causal } = self;
+        let s = k.g.shape(k.node.inputs[0]);
+        let tq = if s.len() >= 2 { s[s.len() - 2] } else { 1 };
+        softmax::softmax_forward(
+            k.pool,
+            k.wr(0),
+            k.rd(0),
+            k.last(k.node.inputs[0]),
+            *scale,
+            *causal,
+            tq,
+            k.mask(1),
+        );
+
+        Ok(())
+    }
+}
+
+impl CpuKernel for SoftmaxBackward {
+    unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
+        let SoftmaxBackward { scale } = self;
+        match k.r.inplace {
+            Some(_) => softmax::softmax_backward_inplace(
+                k.pool,
+                k.rd(0),
+                k.rw(1),
+                k.last(k.node.inputs[0]),
+                *scale,
+            ),
+            None => softmax::softmax_backward(
+                k.pool,
+                k.wr(0),
+                k.rd(0),
+                k.rd(1),
+                k.last(k.node.inputs[0]),
+                *scale,
+            ),
+        };
+        Ok(())
+    }
 }
 
 #[cfg(test)]
