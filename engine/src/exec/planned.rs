@@ -25,13 +25,12 @@
 //! Threads: kernels run on the process-wide [`Pool`] (workers created once, spin-then-park).
 
 use crate::backend::cpu::kernels::attention::AttnPlan;
-use crate::backend::cpu::kernels::matmul::{self, MatMulPlan};
+use crate::backend::cpu::kernels::copy;
+use crate::backend::cpu::kernels::matmul::MatMulPlan;
 use crate::backend::cpu::kernels::softmax::MaskMap;
-use crate::backend::cpu::kernels::{copy, layernorm, linear_cross_entropy as lce, rmsnorm};
 use crate::backend::cpu::pool::Pool;
 use crate::exec::{profile, ExecError, InputData, Inputs};
-use crate::graph::op::{Attention, AttentionBackward, Linear, MatMul};
-use crate::graph::{ElemType, Graph, Node, Op, TensorId, TensorKind};
+use crate::graph::{ElemType, Graph, Op, TensorId, TensorKind};
 use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
 use crate::plan::{self, KernelSupport, Place, Plan, PlanError, Root};
@@ -57,7 +56,7 @@ impl CpuSupport {
         CpuSupport { threads: threads.max(1), rows }
     }
 
-    fn row_use(&self, node: usize) -> Option<(usize, RowUse)> {
+    pub(crate) fn row_use(&self, node: usize) -> Option<(usize, RowUse)> {
         self.rows.nodes.get(node).copied().flatten()
     }
 }
@@ -70,49 +69,7 @@ impl KernelSupport for CpuSupport {
     fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
         let n = &g.nodes()[node];
         let err = |why: String| PlanError::NoKernel { node, op: n.op.name(), backend: "cpu", why };
-        match &n.op {
-            Op::Fill(_)
-            | Op::Embedding
-            | Op::MatMul(_)
-            | Op::BiasAdd
-            | Op::Add
-            | Op::Scale(_)
-            | Op::Gelu(_)
-            | Op::Tanh
-            | Op::LayerNorm(_)
-            | Op::RmsNorm(_)
-            | Op::Rotary(_)
-            | Op::Softmax(_)
-            | Op::Dropout(_)
-            | Op::Reshape
-            | Op::Permute(_)
-            | Op::Split(_)
-            | Op::Concat
-            | Op::CrossEntropy(_)
-            | Op::EmbeddingBackward
-            | Op::ReduceSumLeading
-            | Op::GeluBackward(_)
-            | Op::TanhBackward
-            | Op::LayerNormBackward
-            | Op::RmsNormBackward
-            | Op::SoftmaxBackward(_)
-            | Op::CrossEntropyBackward(_)
-            | Op::LinearCrossEntropy(_)
-            | Op::LinearCrossEntropyBackward(_)
-            | Op::Linear(_)
-            | Op::AddLayerNorm(_)
-            | Op::AddRmsNorm(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::UnaryBackward(_) => {}
-            Op::Attention(_) | Op::AttentionBackward(_) => {
-                use crate::ops::attention::{backward_slot, slot};
-                let q = if matches!(n.op, Op::Attention(_)) { slot::Q } else { backward_slot::Q };
-                if g.shape(n.inputs[q]).len() != 4 {
-                    return Err(err(" for a non-4-D attention".into()));
-                }
-            }
-        }
+        n.op.def().check(g, n).map_err(err)?;
         if n.outputs.iter().any(|&o| g.shape(o).len() > 8) {
             return Err(err(" for tensors of more than 8 dims".into()));
         }
@@ -120,77 +77,11 @@ impl KernelSupport for CpuSupport {
     }
 
     fn reads(&self, g: &Graph, node: usize, slot: usize) -> bool {
-        // The attention backward's forward output and mask: read by the GPU kernels only (the
-        // CPU kernel reads the saved probabilities).
-        use crate::ops::attention::backward_slot as s;
-        !(matches!(g.nodes()[node].op, Op::AttentionBackward(_)) && slot >= s::OUT)
+        g.nodes()[node].op.def().reads(slot)
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
-        let n = &g.nodes()[node];
-        let t = self.threads;
-        if let (Some((_, u)), Op::MatMul(MatMul { ta, .. })) = (self.row_use(node), &n.op) {
-            let (sa, so) = (g.shape(n.inputs[0]), g.shape(n.outputs[0]));
-            let (m, nn) = (so[so.len() - 2], so[so.len() - 1]);
-            let k = if *ta { sa[sa.len() - 2] } else { sa[sa.len() - 1] };
-            // Dead/Zero run on the flattened rows of the output; SparseK contracts over k rows.
-            let rows = g.tensor(n.outputs[0]).numel() / nn.max(1);
-            return matmul::rows_workspace(u, if u == RowUse::SparseK { m } else { rows }, nn, k);
-        }
-        match n.op {
-            Op::LayerNormBackward => {
-                layernorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
-            }
-            Op::RmsNormBackward => {
-                rmsnorm::backward_workspace(t, *g.shape(n.inputs[2]).first().unwrap_or(&1))
-            }
-            Op::CrossEntropy(_) => g.tensor(n.inputs[1]).numel(),
-            // One chunk of logits, gathered rows, dx rows and row losses.
-            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
-                let x = if matches!(n.op, Op::LinearCrossEntropy(_)) { 0 } else { 1 };
-                let (c, v) = (g.shape(n.inputs[x + 1])[1], g.shape(n.inputs[x + 1])[0]);
-                let rows = g.tensor(n.inputs[x + 2]).numel();
-                lce::workspace(rows, c, v, lce::chunk_rows(v, t))
-            }
-            Op::Attention(Attention { dropout_p, .. }) if dropout_p > 0.0 => {
-                let p = g.shape(n.outputs[1]);
-                t * p[2] * p[3]
-            }
-            Op::AttentionBackward(_) => {
-                let p = g.shape(n.inputs[crate::ops::attention::backward_slot::PROBS]);
-                2 * t * p[2] * p[3]
-            }
-            Op::Attention(_)
-            | Op::Fill(_)
-            | Op::Embedding
-            | Op::MatMul(_)
-            | Op::BiasAdd
-            | Op::Add
-            | Op::Scale(_)
-            | Op::Gelu(_)
-            | Op::Tanh
-            | Op::LayerNorm(_)
-            | Op::RmsNorm(_)
-            | Op::Rotary(_)
-            | Op::Softmax(_)
-            | Op::Dropout(_)
-            | Op::Reshape
-            | Op::Permute(_)
-            | Op::Split(_)
-            | Op::Concat
-            | Op::Linear(_)
-            | Op::AddLayerNorm(_)
-            | Op::AddRmsNorm(_)
-            | Op::EmbeddingBackward
-            | Op::ReduceSumLeading
-            | Op::GeluBackward(_)
-            | Op::TanhBackward
-            | Op::SoftmaxBackward(_)
-            | Op::CrossEntropyBackward(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::UnaryBackward(_) => 0,
-        }
+        g.nodes()[node].op.def().workspace(self, g, node)
     }
 }
 
@@ -340,7 +231,8 @@ impl PlannedExecutor {
         let mut steps = Vec::with_capacity(plan.steps.len());
         for s in &plan.steps {
             let node = &graph.nodes()[s.node];
-            let mut aux = resolve(graph, &plan, s.node, node)?;
+            let cx = kernel::ResolveCx { g: graph, plan: &plan, i: s.node, node };
+            let mut aux = node.op.def().resolve(&cx)?;
             // Row restrictions the resolved kernel supports (and whose workspace is planned).
             match (&mut aux, kernels.row_use(s.node)) {
                 (Aux::MatMul(m, r), Some((set, u)))
@@ -451,65 +343,8 @@ impl PlannedExecutor {
     /// is not counted, as in the model FLOP count it is compared with.
     pub fn last_step_flops(&self) -> f64 {
         let g = &self.graph;
-        self.steps
-            .iter()
-            .map(|r| match &g.nodes()[r.node].op {
-                Op::MatMul(_) | Op::Linear(_) => {
-                    let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
-                    let dense = 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
-                    match rows {
-                        Some((set, u))
-                            if self.sel[*set].len()
-                                <= matmul::row_cap(self.row_sets[*set].rows) =>
-                        {
-                            let sel = self.sel[*set].len() as f64;
-                            match u {
-                                RowUse::SparseK => 2.0 * (m.m * m.n) as f64 * sel,
-                                _ => 2.0 * (m.n * m.k) as f64 * sel,
-                            }
-                        }
-                        _ => dense,
-                    }
-                }
-                Op::Attention(_) | Op::AttentionBackward(_) => {
-                    let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
-                    a.executed_flops(matches!(g.nodes()[r.node].op, Op::AttentionBackward(_)))
-                }
-                // Counted by the kernels' calls (labelled rows only), added once below.
-                Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => 0.0,
-                // Element-wise, normalisation, loss and data movement: not counted (above).
-                Op::Fill(_)
-                | Op::Embedding
-                | Op::BiasAdd
-                | Op::Add
-                | Op::Scale(_)
-                | Op::Gelu(_)
-                | Op::Tanh
-                | Op::LayerNorm(_)
-                | Op::RmsNorm(_)
-                | Op::Rotary(_)
-                | Op::Softmax(_)
-                | Op::Dropout(_)
-                | Op::Reshape
-                | Op::Permute(_)
-                | Op::Split(_)
-                | Op::Concat
-                | Op::CrossEntropy(_)
-                | Op::AddLayerNorm(_)
-                | Op::AddRmsNorm(_)
-                | Op::EmbeddingBackward
-                | Op::ReduceSumLeading
-                | Op::GeluBackward(_)
-                | Op::TanhBackward
-                | Op::LayerNormBackward
-                | Op::RmsNormBackward
-                | Op::SoftmaxBackward(_)
-                | Op::CrossEntropyBackward(_)
-                | Op::Unary(_)
-                | Op::Binary(_)
-                | Op::UnaryBackward(_) => 0.0,
-            })
-            .sum::<f64>()
+        // The fused LM head's GEMMs are counted by its kernel's calls (labelled rows only).
+        self.steps.iter().map(|r| g.nodes()[r.node].op.def().flops(self, r)).sum::<f64>()
             + self.lce_flops.load(std::sync::atomic::Ordering::Relaxed) as f64
     }
 
@@ -714,132 +549,6 @@ fn contiguous(shape: &[usize]) -> Vec<usize> {
 pub(crate) fn is_contig(shape: &[usize], strides: &[usize]) -> bool {
     let s: Vec<isize> = strides.iter().map(|&x| x as isize).collect();
     crate::plan::layout::is_contiguous(shape, &s)
-}
-
-/// (b, h, t) strides of a (B, H, T, D) operand with unit last stride; the t stride is a GEMM
-/// leading dimension, so it is at least D even where T = 1 makes it irrelevant.
-fn strides3(shape: &[usize], p: &Place) -> [usize; 3] {
-    [p.strides[0], p.strides[1], p.strides[2].max(shape[3]).max(1)]
-}
-
-/// Build-time data of one node's kernel.
-fn resolve(g: &Graph, plan: &Plan, i: usize, node: &Node) -> Result<Aux, PlanError> {
-    let pl = |t: TensorId| &plan.places[t.index()];
-    let no = |why: &str| PlanError::NoKernel {
-        node: i,
-        op: node.op.name(),
-        backend: "cpu",
-        why: why.to_string(),
-    };
-    Ok(match &node.op {
-        Op::MatMul(MatMul { ta, tb }) => {
-            let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
-            let m = MatMulPlan::new(
-                *ta,
-                *tb,
-                (g.shape(a), &pl(a).strides),
-                (g.shape(b), &pl(b).strides),
-                (g.shape(c), &pl(c).strides),
-            )
-            .ok_or_else(|| no(" for these operand layouts"))?;
-            Aux::MatMul(m, None)
-        }
-        Op::Attention(Attention { scale, causal, dropout_p, offset })
-        | Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset }) => {
-            use crate::ops::attention::{backward_slot as bs, slot as fs};
-            let fwd = matches!(node.op, Op::Attention(_));
-            let i = &node.inputs;
-            let (q, k, v, o) = if fwd {
-                (i[fs::Q], i[fs::K], i[fs::V], node.outputs[0])
-            } else {
-                (i[bs::Q], i[bs::K], i[bs::V], i[bs::DOUT])
-            };
-            let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
-            let full = [sq[0], sq[1], sq[2], sk[2]];
-            let mask =
-                if fwd { i.get(fs::MASK).map(|&m| MaskMap::new(g.shape(m), &full)) } else { None };
-            let (dq, dk, dvs) = if fwd {
-                ([0; 3], [0; 3], [0; 3])
-            } else {
-                (
-                    strides3(sq, pl(node.outputs[0])),
-                    strides3(sk, pl(node.outputs[1])),
-                    strides3(sv, pl(node.outputs[2])),
-                )
-            };
-            Aux::Attn(Box::new(AttnPlan {
-                b: sq[0],
-                h: sq[1],
-                hkv: sk[1],
-                tq: sq[2],
-                tk: sk[2],
-                d: sq[3],
-                dv: sv[3],
-                scale: *scale,
-                causal: *causal,
-                dropout_p: *dropout_p,
-                offset: *offset,
-                q: strides3(sq, pl(q)),
-                k: strides3(sk, pl(k)),
-                v: strides3(sv, pl(v)),
-                o: strides3(g.shape(o), pl(o)),
-                dq,
-                dk,
-                dvs,
-                mask,
-            }))
-        }
-        Op::Linear(Linear { tb, gelu }) => {
-            // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
-            let (x, w) = (node.inputs[0], node.inputs[1]);
-            let c = node.outputs[usize::from(gelu.is_some())];
-            let m = MatMulPlan::new(
-                false,
-                *tb,
-                (g.shape(x), &pl(x).strides),
-                (g.shape(w), &pl(w).strides),
-                (g.shape(c), &pl(c).strides),
-            )
-            .ok_or_else(|| no(" for these operand layouts"))?;
-            Aux::MatMul(m, None)
-        }
-        Op::Softmax(_) if node.inputs.len() > 1 => {
-            Aux::Mask(MaskMap::new(g.shape(node.inputs[1]), g.shape(node.inputs[0])))
-        }
-        // Kernels that take their sizes from the shapes at run time: nothing to resolve.
-        Op::Softmax(_)
-        | Op::Fill(_)
-        | Op::Embedding
-        | Op::BiasAdd
-        | Op::Add
-        | Op::Scale(_)
-        | Op::Gelu(_)
-        | Op::Tanh
-        | Op::LayerNorm(_)
-        | Op::RmsNorm(_)
-        | Op::Rotary(_)
-        | Op::Dropout(_)
-        | Op::Reshape
-        | Op::Permute(_)
-        | Op::Split(_)
-        | Op::Concat
-        | Op::CrossEntropy(_)
-        | Op::AddLayerNorm(_)
-        | Op::AddRmsNorm(_)
-        | Op::EmbeddingBackward
-        | Op::ReduceSumLeading
-        | Op::GeluBackward(_)
-        | Op::TanhBackward
-        | Op::LayerNormBackward
-        | Op::RmsNormBackward
-        | Op::SoftmaxBackward(_)
-        | Op::CrossEntropyBackward(_)
-        | Op::LinearCrossEntropy(_)
-        | Op::LinearCrossEntropyBackward(_)
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::UnaryBackward(_) => Aux::None,
-    })
 }
 
 pub(crate) mod kernel;

@@ -3,16 +3,46 @@
 //! sees — its node, the plan's resolution of it, and its operands as slices of the step's
 //! buffers. The executor runs a step as `op.def().exec(&kernel)`, with no match over ops.
 
-use super::{mem_ptr, Aux, Mem, PlannedExecutor, Resolved};
+use super::{mem_ptr, Aux, CpuSupport, Mem, PlannedExecutor, Resolved};
 use crate::backend::cpu::kernels::elementwise as ew;
 use crate::backend::cpu::kernels::softmax::MaskMap;
 use crate::backend::cpu::pool::Pool;
 use crate::graph::{Graph, Node, TensorId};
 use crate::ops::OpError;
-use crate::plan::{Place, Root};
+use crate::plan::{Place, Plan, PlanError, Root};
 
-/// An op's CPU kernel call.
+/// An op's CPU kernel: what the planner and the planned executor need of it besides the op's
+/// own [`crate::graph::OpDef`]. The defaults are the common case: the kernel runs any node the
+/// graph builder accepts, reads every input, needs no scratch, resolves nothing at build time
+/// and does no GEMM or attention FLOPs.
 pub trait CpuKernel {
+    /// Why the CPU kernel cannot run node `node` (beyond the op's own shape rules), if it
+    /// cannot.
+    fn check(&self, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Whether the kernel reads input `slot` (an operand only another backend reads is left
+    /// alone by the plan).
+    fn reads(&self, _slot: usize) -> bool {
+        true
+    }
+
+    /// f32 elements of scratch the kernel needs (0 for none).
+    fn workspace(&self, _cpu: &CpuSupport, _g: &Graph, _node: usize) -> usize {
+        0
+    }
+
+    /// The kernel's build-time data: GEMM plans, attention strides, mask maps.
+    fn resolve(&self, _cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        Ok(Aux::None)
+    }
+
+    /// GEMM and attention FLOPs the kernel ran in the executor's last step.
+    fn flops(&self, _x: &PlannedExecutor, _r: &Resolved) -> f64 {
+        0.0
+    }
+
     /// Runs the node's kernel on the step's buffers.
     ///
     /// # Safety
@@ -148,6 +178,31 @@ impl<'a> Kernel<'a> {
         match self.r.inplace {
             Some(_) => ew::map2_inplace_b(self.pool, self.rd(0), self.rw(1), f),
             None => ew::map2(self.pool, self.wr(0), self.rd(0), self.rd(1), f),
+        }
+    }
+}
+
+/// What a kernel's build-time resolution sees: the graph, the plan and the node.
+pub struct ResolveCx<'a> {
+    pub g: &'a Graph,
+    pub plan: &'a Plan,
+    /// The node's index.
+    pub i: usize,
+    pub node: &'a Node,
+}
+
+impl<'a> ResolveCx<'a> {
+    pub fn pl(&self, t: TensorId) -> &'a Place {
+        &self.plan.places[t.index()]
+    }
+
+    /// The plan error for a node the CPU has no kernel for.
+    pub fn no(&self, why: &str) -> PlanError {
+        PlanError::NoKernel {
+            node: self.i,
+            op: self.node.op.name(),
+            backend: "cpu",
+            why: why.to_string(),
         }
     }
 }

@@ -22,10 +22,15 @@ use super::simd::{self, multiversion};
 use super::softmax::{softmax_row_in_place, MaskMap};
 use crate::backend::cpu::blas::sgemm_st;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::ResolveCx;
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
 use crate::exec::planned::Aux;
+use crate::exec::planned::{CpuSupport, PlannedExecutor, Resolved};
 use crate::graph::op::{Attention, AttentionBackward};
+use crate::graph::{Graph, Node, TensorId};
+use crate::ops::attention::{backward_slot, slot};
 use crate::ops::OpError;
+use crate::plan::{Place, PlanError};
 
 /// One attention node resolved: sizes, attributes and the (b, h, t) strides of each operand
 /// (the last dim is contiguous).
@@ -423,6 +428,30 @@ pub unsafe fn attention_backward(
 }
 
 impl CpuKernel for Attention {
+    fn check(&self, g: &Graph, node: &Node) -> Result<(), String> {
+        four_d(g, node.inputs[slot::Q])
+    }
+
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        // The dropout mask of one row block per thread.
+        if self.dropout_p > 0.0 {
+            let p = g.shape(g.nodes()[node].outputs[1]);
+            cpu.threads * p[2] * p[3]
+        } else {
+            0
+        }
+    }
+
+    fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        let Attention { scale, causal, dropout_p, offset } = *self;
+        Ok(attn_plan(cx, true, scale, causal, dropout_p, offset))
+    }
+
+    fn flops(&self, _x: &PlannedExecutor, r: &Resolved) -> f64 {
+        let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
+        a.executed_flops(false)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Aux::Attn(a) = &k.r.aux else { unreachable!("resolved at build") };
         let w: &mut [f32] = match k.r.ws {
@@ -449,6 +478,31 @@ impl CpuKernel for Attention {
 }
 
 impl CpuKernel for AttentionBackward {
+    fn check(&self, g: &Graph, node: &Node) -> Result<(), String> {
+        four_d(g, node.inputs[backward_slot::Q])
+    }
+
+    // The forward's output and the mask: read by the GPU kernels only (the CPU kernel reads the
+    // saved probabilities).
+    fn reads(&self, slot: usize) -> bool {
+        slot < backward_slot::OUT
+    }
+
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        let p = g.shape(g.nodes()[node].inputs[backward_slot::PROBS]);
+        2 * cpu.threads * p[2] * p[3]
+    }
+
+    fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        let AttentionBackward { scale, causal, dropout_p, offset } = *self;
+        Ok(attn_plan(cx, false, scale, causal, dropout_p, offset))
+    }
+
+    fn flops(&self, _x: &PlannedExecutor, r: &Resolved) -> f64 {
+        let Aux::Attn(a) = &r.aux else { unreachable!("resolved at build") };
+        a.executed_flops(true)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Aux::Attn(a) = &k.r.aux else { unreachable!("resolved at build") };
         use crate::ops::attention::backward_slot as s;
@@ -470,6 +524,71 @@ impl CpuKernel for AttentionBackward {
 
         Ok(())
     }
+}
+
+fn four_d(g: &Graph, q: TensorId) -> Result<(), String> {
+    match g.shape(q).len() {
+        4 => Ok(()),
+        _ => Err(" for a non-4-D attention".into()),
+    }
+}
+
+/// (b, h, t) strides of a (B, H, T, D) operand with unit last stride; the t stride is a GEMM
+/// leading dimension, so it is at least D even where T = 1 makes it irrelevant.
+fn strides3(shape: &[usize], p: &Place) -> [usize; 3] {
+    [p.strides[0], p.strides[1], p.strides[2].max(shape[3]).max(1)]
+}
+
+/// The attention kernels' plan: sizes, attributes and the operands' strides.
+fn attn_plan(
+    cx: &ResolveCx<'_>,
+    fwd: bool,
+    scale: f32,
+    causal: bool,
+    dropout_p: f32,
+    offset: u64,
+) -> Aux {
+    use backward_slot as bs;
+    let (g, node, pl) = (cx.g, cx.node, |t: TensorId| cx.pl(t));
+    let i = &node.inputs;
+    let (q, k, v, o) = if fwd {
+        (i[slot::Q], i[slot::K], i[slot::V], node.outputs[0])
+    } else {
+        (i[bs::Q], i[bs::K], i[bs::V], i[bs::DOUT])
+    };
+    let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
+    let full = [sq[0], sq[1], sq[2], sk[2]];
+    let mask = if fwd { i.get(slot::MASK).map(|&m| MaskMap::new(g.shape(m), &full)) } else { None };
+    let (dq, dk, dvs) = if fwd {
+        ([0; 3], [0; 3], [0; 3])
+    } else {
+        (
+            strides3(sq, pl(node.outputs[0])),
+            strides3(sk, pl(node.outputs[1])),
+            strides3(sv, pl(node.outputs[2])),
+        )
+    };
+    Aux::Attn(Box::new(AttnPlan {
+        b: sq[0],
+        h: sq[1],
+        hkv: sk[1],
+        tq: sq[2],
+        tk: sk[2],
+        d: sq[3],
+        dv: sv[3],
+        scale,
+        causal,
+        dropout_p,
+        offset,
+        q: strides3(sq, pl(q)),
+        k: strides3(sk, pl(k)),
+        v: strides3(sv, pl(v)),
+        o: strides3(g.shape(o), pl(o)),
+        dq,
+        dk,
+        dvs,
+        mask,
+    }))
 }
 
 #[cfg(test)]

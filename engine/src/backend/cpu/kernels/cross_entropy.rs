@@ -12,7 +12,9 @@ use super::cross_entropy;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::CpuSupport;
 use crate::graph::op::{CrossEntropy, CrossEntropyBackward};
+use crate::graph::Graph;
 use crate::ops::OpError;
 
 /// log Σ exp(row), max-subtracted.
@@ -169,6 +171,10 @@ pub fn cross_entropy_backward(
 }
 
 impl CpuKernel for CrossEntropy {
+    fn workspace(&self, _cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        g.tensor(g.nodes()[node].inputs[1]).numel()
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let CrossEntropy { ignore_index } = self;
         let v = k.last(k.node.inputs[0]);

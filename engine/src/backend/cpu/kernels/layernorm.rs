@@ -7,7 +7,9 @@ use super::layernorm;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::CpuSupport;
 use crate::graph::op::{AddLayerNorm, LayerNorm, LayerNormBackward};
+use crate::graph::Graph;
 use crate::ops::OpError;
 
 /// Rows per task below which LayerNorm stays on one thread, for rows of `c` elements.
@@ -366,6 +368,10 @@ impl CpuKernel for LayerNorm {
 }
 
 impl CpuKernel for LayerNormBackward {
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        backward_workspace(cpu.threads, *g.shape(g.nodes()[node].inputs[2]).first().unwrap_or(&1))
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         layernorm::layernorm_backward(
             k.pool,

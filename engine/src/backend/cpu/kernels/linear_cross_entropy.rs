@@ -25,7 +25,9 @@ use super::simd::{self, multiversion};
 use crate::backend::cpu::blas::sgemm_par;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::CpuSupport;
 use crate::graph::op::{LinearCrossEntropy, LinearCrossEntropyBackward};
+use crate::graph::Graph;
 use crate::graph::Op;
 use crate::ops::OpError;
 
@@ -265,6 +267,10 @@ pub fn linear_cross_entropy(
 }
 
 impl CpuKernel for LinearCrossEntropy {
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        lce_workspace(cpu, g, node, 0)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let LinearCrossEntropy { ignore_index } = self;
         // Operands from x on: the backward's slot 0 is dloss.
@@ -302,6 +308,11 @@ impl CpuKernel for LinearCrossEntropy {
 }
 
 impl CpuKernel for LinearCrossEntropyBackward {
+    // Operands from x on: slot 0 is dloss.
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        lce_workspace(cpu, g, node, 1)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let LinearCrossEntropyBackward { ignore_index } = self;
         // Operands from x on: the backward's slot 0 is dloss.
@@ -336,6 +347,15 @@ impl CpuKernel for LinearCrossEntropyBackward {
 
         Ok(())
     }
+}
+
+/// One chunk of logits, gathered rows, dx rows and row losses; `x` is the slot of x (the
+/// backward's slot 0 is dloss).
+fn lce_workspace(cpu: &CpuSupport, g: &Graph, node: usize, x: usize) -> usize {
+    let n = &g.nodes()[node];
+    let (c, v) = (g.shape(n.inputs[x + 1])[1], g.shape(n.inputs[x + 1])[0]);
+    let rows = g.tensor(n.inputs[x + 2]).numel();
+    workspace(rows, c, v, chunk_rows(v, cpu.threads))
 }
 
 #[cfg(test)]

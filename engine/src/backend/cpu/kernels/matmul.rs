@@ -12,12 +12,16 @@
 use super::super::blas::{sgemm_par, sgemm_st};
 use super::{elementwise as ew, matmul};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::ResolveCx;
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
 use crate::exec::planned::Aux;
+use crate::exec::planned::{CpuSupport, PlannedExecutor, Resolved};
 use crate::graph::op::{Linear, MatMul};
+use crate::graph::Graph;
 use crate::ops::OpError;
 use crate::plan::layout::reshape_strides;
 use crate::plan::rows::RowUse;
+use crate::plan::PlanError;
 
 /// Selected rows per gather chunk of a row-restricted matmul ([`RowUse::Dead`] / `Zero`).
 pub const ROW_CHUNK: usize = 128;
@@ -396,6 +400,35 @@ unsafe fn naive(p: &MatMulPlan, a: *const f32, b: *const f32, c: *mut f32) {
 }
 
 impl CpuKernel for MatMul {
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        let Some((_, u)) = cpu.row_use(node) else { return 0 };
+        let n = &g.nodes()[node];
+        let (sa, so) = (g.shape(n.inputs[0]), g.shape(n.outputs[0]));
+        let (m, nn) = (so[so.len() - 2], so[so.len() - 1]);
+        let k = if self.ta { sa[sa.len() - 2] } else { sa[sa.len() - 1] };
+        // Dead/Zero run on the flattened rows of the output; SparseK contracts over k rows.
+        let rows = g.tensor(n.outputs[0]).numel() / nn.max(1);
+        rows_workspace(u, if u == RowUse::SparseK { m } else { rows }, nn, k)
+    }
+
+    fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        let (g, node) = (cx.g, cx.node);
+        let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
+        let m = MatMulPlan::new(
+            self.ta,
+            self.tb,
+            (g.shape(a), &cx.pl(a).strides),
+            (g.shape(b), &cx.pl(b).strides),
+            (g.shape(c), &cx.pl(c).strides),
+        )
+        .ok_or_else(|| cx.no(" for these operand layouts"))?;
+        Ok(Aux::MatMul(m, None))
+    }
+
+    fn flops(&self, x: &PlannedExecutor, r: &Resolved) -> f64 {
+        gemm_flops(x, r)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Aux::MatMul(m, rows) = &k.r.aux else { unreachable!("resolved at build") };
         let (a, b, c) =
@@ -412,6 +445,26 @@ impl CpuKernel for MatMul {
 }
 
 impl CpuKernel for Linear {
+    fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
+        let (g, node) = (cx.g, cx.node);
+        let (x, w) = (node.inputs[0], node.inputs[1]);
+        let c = node.outputs[usize::from(self.gelu.is_some())];
+        let m = MatMulPlan::new(
+            false,
+            self.tb,
+            (g.shape(x), &cx.pl(x).strides),
+            (g.shape(w), &cx.pl(w).strides),
+            (g.shape(c), &cx.pl(c).strides),
+        )
+        .ok_or_else(|| cx.no(" for these operand layouts"))?;
+        Ok(Aux::MatMul(m, None))
+    }
+
+    fn flops(&self, x: &PlannedExecutor, r: &Resolved) -> f64 {
+        gemm_flops(x, r)
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Linear { gelu, .. } = self;
         let Aux::MatMul(m, _) = &k.r.aux else { unreachable!("resolved at build") };
@@ -428,6 +481,23 @@ impl CpuKernel for Linear {
         }
 
         Ok(())
+    }
+}
+
+/// GEMM FLOPs of a resolved matmul in the executor's last step: the selected rows only when a
+/// row set restricted it.
+fn gemm_flops(x: &PlannedExecutor, r: &Resolved) -> f64 {
+    let Aux::MatMul(m, rows) = &r.aux else { unreachable!("resolved at build") };
+    let dense = 2.0 * (m.m * m.n * m.k * m.offs.len()) as f64;
+    match rows {
+        Some((set, u)) if x.sel[*set].len() <= row_cap(x.row_sets[*set].rows) => {
+            let sel = x.sel[*set].len() as f64;
+            match u {
+                RowUse::SparseK => 2.0 * (m.m * m.n) as f64 * sel,
+                _ => 2.0 * (m.n * m.k) as f64 * sel,
+            }
+        }
+        _ => dense,
     }
 }
 

@@ -10,7 +10,9 @@ use super::rmsnorm;
 use super::simd::{self, multiversion};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::CpuSupport;
 use crate::graph::op::{AddRmsNorm, RmsNorm, RmsNormBackward};
+use crate::graph::Graph;
 use crate::ops::OpError;
 
 /// Rows per task below which RMSNorm stays on one thread, for rows of `c` elements (as
@@ -277,6 +279,10 @@ impl CpuKernel for RmsNorm {
 }
 
 impl CpuKernel for RmsNormBackward {
+    fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
+        backward_workspace(cpu.threads, *g.shape(g.nodes()[node].inputs[2]).first().unwrap_or(&1))
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         rmsnorm::rmsnorm_backward(
             k.pool,

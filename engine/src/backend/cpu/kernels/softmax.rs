@@ -7,9 +7,12 @@
 use super::simd::{self, multiversion};
 use super::softmax;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
+use crate::exec::planned::kernel::ResolveCx;
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
+use crate::exec::planned::Aux;
 use crate::graph::op::{Softmax, SoftmaxBackward};
 use crate::ops::OpError;
+use crate::plan::PlanError;
 
 /// An additive mask broadcast against the rows of a tensor (numpy rules, right-aligned), with
 /// the index arithmetic precomputed at plan time (`ops::MaskView` without its data, so that
@@ -205,6 +208,14 @@ pub fn softmax_backward_inplace(pool: &Pool, y: &[f32], dyo: &mut [f32], n: usiz
 }
 
 impl CpuKernel for Softmax {
+    fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
+        let i = &cx.node.inputs;
+        Ok(match i.get(1) {
+            Some(&m) => Aux::Mask(MaskMap::new(cx.g.shape(m), cx.g.shape(i[0]))),
+            None => Aux::None,
+        })
+    }
+
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Softmax { scale, causal } = self;
         let s = k.g.shape(k.node.inputs[0]);
