@@ -8,6 +8,7 @@
 //! states only where it differs (as burn's backend traits do); [`OpDef::name`] has none.
 
 use super::{MaskView, OpError, Real};
+use crate::exec::gpu::kernel::GpuKernel;
 use crate::exec::planned::kernel::CpuKernel;
 use crate::graph::{Graph, GraphError, Node, TensorId};
 use crate::plan::split::LossHead;
@@ -15,7 +16,7 @@ use crate::plan::Req;
 
 /// One op's definition: what the graph printer, autodiff, the reference executor, the memory
 /// planner and the memory split need.
-pub trait OpDef: RefEval + CpuKernel {
+pub trait OpDef: RefEval + CpuKernel + GpuKernel {
     /// The op's name as printed in graphs and errors.
     fn name(&self) -> &'static str;
 

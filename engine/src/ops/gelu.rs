@@ -7,8 +7,11 @@
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::{Call, Resolver};
 use crate::graph::GraphError;
 use crate::graph::{Graph, Op, TensorId};
+use crate::plan::PlanError;
 
 /// (x) → gelu(x)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +42,13 @@ impl OpDef for Gelu {
     fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
         let (ins, dy) = (cx.ins(), cx.gy()?);
         Ok(vec![Some(cx.g.gelu_backward(ins[0], dy, self.approx)?)])
+    }
+}
+
+impl GpuKernel for Gelu {
+    // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
+    fn launches(&self, _r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        Err(cx.no(": gelu has no GPU launch outside a linear layer"))
     }
 }
 

@@ -8,6 +8,7 @@
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
+use crate::exec::gpu::kernel::GpuKernel;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
 use crate::graph::{ElemType, Graph, Op, TensorId};
@@ -49,6 +50,9 @@ impl OpDef for RmsNorm {
         Ok(d.into_iter().map(Some).collect())
     }
 }
+
+/// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
+impl GpuKernel for RmsNorm {}
 
 /// (a (…, C), b (…, C), w (C)) → (sum (…, C) = a + b, y (…, C) = RmsNorm(sum), rstd (…));
 /// sum and y are differentiable, rstd is the saved statistic. The residual add + RMSNorm of
@@ -101,6 +105,8 @@ impl OpDef for AddRmsNorm {
     }
 }
 
+impl GpuKernel for AddRmsNorm {}
+
 /// (dy, x, w, rstd) → (dx, dw)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RmsNormBackward;
@@ -118,6 +124,8 @@ impl OpDef for RmsNormBackward {
         "rms_norm_backward"
     }
 }
+
+impl GpuKernel for RmsNormBackward {}
 
 /// y = w·(x·rstd), rstd = 1/√(mean(x²) + eps) per row.
 // y: (R, C)

@@ -10,6 +10,7 @@
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
+use crate::exec::gpu::kernel::GpuKernel;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
 use crate::graph::{ElemType, Graph, Op, TensorId};
@@ -58,6 +59,9 @@ impl OpDef for Rotary {
         Ok(vec![Some(cx.g.rotary_op(dy, ins[1], ins[2], !self.inverse)?), None, None])
     }
 }
+
+/// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
+impl GpuKernel for Rotary {}
 
 /// y = x·cos + rotate_half(x)·sin·σ with σ = −1 when `inverse` (else 1), per row of D, the row
 /// at position t = row mod T reading cos[t], sin[t].

@@ -24,6 +24,7 @@
 //! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan sizes
 //! buffers by each tensor's element bytes, so half activations take half the arena.
 
+pub mod kernel;
 pub mod launch;
 pub mod session;
 pub mod support;
@@ -34,17 +35,12 @@ use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
 use crate::exec::{ExecError, InputData, Inputs};
-use crate::graph::op::{
-    AddLayerNorm, Attention, AttentionBackward, Binary, CrossEntropy, CrossEntropyBackward,
-    Dropout, Fill, GeluBackward, LayerNorm, Linear, LinearCrossEntropy, LinearCrossEntropyBackward,
-    MatMul, Permute, Scale, Softmax, SoftmaxBackward, Split, Unary, UnaryBackward,
-};
+use crate::graph::op::{CrossEntropy, LinearCrossEntropy, LinearCrossEntropyBackward};
 use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use launch::{attention as attn, copy, cross_entropy as ce, elementwise as ew, embedding as emb};
-use launch::{layernorm as ln, linear_cross_entropy as lce, pointwise as pw, reduce};
-use launch::{softmax as sm, StepValue};
+use launch::StepValue;
+use launch::{copy, elementwise as ew};
 use support::GpuSupport;
 
 /// Words of the status block the host reads once per step (f32 unless said).
@@ -60,7 +56,7 @@ pub mod status {
 
 /// One argument of a resolved launch: fixed at build, or this step's seed / loss scale.
 #[derive(Debug, Clone, Copy)]
-enum Arg {
+pub enum Arg {
     K(KernelArg),
     /// The step's dropout seed (u64).
     Seed,
@@ -70,7 +66,7 @@ enum Arg {
 
 /// One queued operation of a step.
 #[derive(Debug, Clone)]
-enum Call {
+pub enum Call {
     Kernel { name: String, grid: u32, block: u32, smem: u32, args: Vec<Arg> },
     Gemm(GemmShape, GemmPtrs),
 }
@@ -538,7 +534,7 @@ fn dev_err(e: GpuError) -> ExecError {
 }
 
 /// Base addresses the resolver turns places into.
-struct Bases {
+pub(crate) struct Bases {
     arena: u64,
     params: u64,
     grads: u64,
@@ -554,7 +550,7 @@ fn ptr(a: u64) -> Arg {
     Arg::K(KernelArg::Ptr(a))
 }
 
-fn contiguous(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn contiguous(shape: &[usize]) -> Vec<usize> {
     plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
 }
 
@@ -578,7 +574,7 @@ fn i64_bytes(v: &[i64]) -> &[u8] {
 
 /// Element strides of a broadcast operand of shape `m` against the 4-D `full` shape it is
 /// right-aligned to: 0 on a dim of size 1 (or a missing leading dim).
-fn broadcast_strides4(m: &[usize], full: [usize; 4]) -> [i64; 4] {
+pub(crate) fn broadcast_strides4(m: &[usize], full: [usize; 4]) -> [i64; 4] {
     let own = contiguous(m);
     let mut s = [0i64; 4];
     for d in 0..4 {
@@ -593,36 +589,36 @@ fn broadcast_strides4(m: &[usize], full: [usize; 4]) -> [i64; 4] {
 }
 
 /// Turns plan steps into launches.
-struct Resolver<'a> {
-    g: &'a Graph,
-    plan: &'a Plan,
-    b: &'a Bases,
-    dts: &'a [DType],
+pub struct Resolver<'a> {
+    pub(crate) g: &'a Graph,
+    pub(crate) plan: &'a Plan,
+    pub(crate) b: &'a Bases,
+    pub(crate) dts: &'a [DType],
     /// The kernel rules the plan was made with (the linear cross-entropy's workspace layout).
-    sup: &'a GpuSupport,
+    pub(crate) sup: &'a GpuSupport,
     /// The device's geometry, as the typed launchers take it.
-    dev: launch::Device,
+    pub(crate) dev: launch::Device,
     /// The copy-shape array and, per reference, its start (in i64 words).
-    meta: Vec<i64>,
-    meta_refs: Vec<usize>,
-    flops: f64,
+    pub(crate) meta: Vec<i64>,
+    pub(crate) meta_refs: Vec<usize>,
+    pub(crate) flops: f64,
 }
 
 impl Resolver<'_> {
     /// What the typed launchers' geometry depends on.
-    fn device(&self) -> launch::Device {
+    pub(crate) fn device(&self) -> launch::Device {
         self.dev
     }
 
     /// Bytes per element of `t` as stored.
-    fn es(&self, t: TensorId) -> u64 {
+    pub(crate) fn es(&self, t: TensorId) -> u64 {
         self.plan.elem_bytes[t.index()] as u64
     }
 
     /// Device address of tensor `t`. The plan's offsets count 4-byte elements; a tensor in an
     /// arena buffer starts at the buffer's byte offset plus its own element offset within the
     /// buffer times its element size (every tensor of a buffer has one dtype: `check_buffers`).
-    fn at(&self, t: TensorId) -> u64 {
+    pub(crate) fn at(&self, t: TensorId) -> u64 {
         let p: &Place = &self.plan.places[t.index()];
         let es = self.es(t);
         match p.root {
@@ -639,7 +635,7 @@ impl Resolver<'_> {
 
     /// Every arena buffer holds tensors of one storage dtype, so element offsets within it mean
     /// the same bytes to all of them.
-    fn check_buffers(&self) -> Result<(), PlanError> {
+    pub(crate) fn check_buffers(&self) -> Result<(), PlanError> {
         // The flat gradient buffer is f32: a tensor placed in it (a view of a gradient, or an
         // in-place merge) must be stored so.
         for (t, p) in self.plan.places.iter().enumerate() {
@@ -665,21 +661,27 @@ impl Resolver<'_> {
         Ok(())
     }
 
-    fn strides(&self, t: TensorId) -> &[usize] {
+    pub(crate) fn strides(&self, t: TensorId) -> &[usize] {
         &self.plan.places[t.index()].strides
     }
 
     /// Registers a copy_strided meta ([`copy::copy_meta`]) and returns its (tagged) address.
-    fn copy_meta(&mut self, ss: &[usize], st: &[usize], ds: &[usize], dt: &[usize]) -> u64 {
+    pub(crate) fn copy_meta(
+        &mut self,
+        ss: &[usize],
+        st: &[usize],
+        ds: &[usize],
+        dt: &[usize],
+    ) -> u64 {
         self.add_meta(copy::copy_meta(ss, st, ds, dt))
     }
 
     /// Registers a fill_strided meta ([`copy::fill_meta`]) and returns its (tagged) address.
-    fn fill_meta(&mut self, shape: &[usize], strides: &[usize]) -> u64 {
+    pub(crate) fn fill_meta(&mut self, shape: &[usize], strides: &[usize]) -> u64 {
         self.add_meta(copy::fill_meta(shape, strides))
     }
 
-    fn add_meta(&mut self, m: Vec<i64>) -> u64 {
+    pub(crate) fn add_meta(&mut self, m: Vec<i64>) -> u64 {
         self.meta_refs.push(self.meta.len());
         self.meta.extend(m);
         META_TAG + (self.meta_refs.len() - 1) as u64
@@ -687,7 +689,7 @@ impl Resolver<'_> {
 
     /// The GEMM of a matmul plan over operands a, b (same dtype) into c (theirs, or f32 for a
     /// parameter's gradient).
-    fn gemm(
+    pub(crate) fn gemm(
         &mut self,
         m: &MatMulPlan,
         (a, b, c): (TensorId, TensorId, TensorId),
@@ -698,7 +700,7 @@ impl Resolver<'_> {
     }
 
     /// [`Resolver::gemm`] with the operands' dtypes and addresses given.
-    fn gemm_at(
+    pub(crate) fn gemm_at(
         &mut self,
         m: &MatMulPlan,
         (da, db, dc): (DType, DType, DType),
@@ -755,7 +757,7 @@ impl Resolver<'_> {
     /// A plain row-major GEMM C (m, n) = op(A)·op(B) over dense operands of storage `ab`, C in
     /// f32 (the linear cross-entropy's: logits, dx rows and dw, accumulated in f32); with
     /// `accumulate`, C += the product. A one-matrix plan through [`Resolver::gemm_at`].
-    fn gemm2(
+    pub(crate) fn gemm2(
         &mut self,
         ab: DType,
         (ta, tb): (bool, bool),
@@ -777,7 +779,7 @@ impl Resolver<'_> {
     }
 
     /// (b, h, t) strides of a (B, H, T, D) operand with unit last stride.
-    fn strides3(&self, t: TensorId) -> [i64; 3] {
+    pub(crate) fn strides3(&self, t: TensorId) -> [i64; 3] {
         let s = self.strides(t);
         [0, 1, 2].map(|i| s[i] as i64)
     }
@@ -790,727 +792,21 @@ impl Resolver<'_> {
         ws: Option<(usize, usize)>,
     ) -> Result<Vec<Call>, PlanError> {
         let g = self.g;
-        let no = |why: &str| PlanError::NoKernel {
-            node: i,
-            op: node.op.name(),
-            backend: "gpu",
-            why: why.to_string(),
-        };
-        let (ins, outs) = (&node.inputs, &node.outputs);
-        let n = |t: TensorId| g.tensor(t).numel();
-        let last = |t: TensorId| *g.shape(t).last().unwrap_or(&1);
         let ws = ws.map(|(o, _)| self.b.arena + 4 * o as u64);
-        let ws_at = || ws.expect("the plan gives this kernel its workspace");
-        let (ia, oa): (Vec<u64>, Vec<u64>) =
-            (ins.iter().map(|&t| self.at(t)).collect(), outs.iter().map(|&t| self.at(t)).collect());
-        let inp = |k: usize| ia[k];
-        let out = |k: usize| oa[k];
-        let dt = |t: TensorId| self.dts[t.index()];
-        let dts = self.dts;
-        let es = |t: TensorId| {
-            if g.tensor(t).elem.is_float() {
-                dts[t.index()].size() as u64
-            } else {
-                8
-            }
-        };
-        // Elementwise kernels read and write one dtype.
-        let same = |ts: &[TensorId]| -> Result<(), PlanError> {
-            let d = dt(ts[0]);
-            match ts.iter().find(|&&t| g.tensor(t).elem.is_float() && dt(t) != d) {
-                Some(&t) => Err(no(&format!(
-                    " for {:?} mixed with {d:?} ({t:?}, {:?} {})",
-                    dt(t),
-                    g.tensor(t).kind,
-                    g.tensor(t).elem
-                ))),
-                None => Ok(()),
-            }
+        let cx = kernel::NodeCx {
+            g,
+            node,
+            i,
+            inplace,
+            ws,
+            ia: node.inputs.iter().map(|&t| self.at(t)).collect(),
+            oa: node.outputs.iter().map(|&t| self.at(t)).collect(),
+            err: self.b.status + 4 * status::BAD_ID as u64,
+            dts: self.dts,
         };
         if let Some(k) = inplace {
-            same(&[outs[0], ins[k]])?;
+            cx.same(&[node.outputs[0], node.inputs[k]])?;
         }
-        let err = self.b.status + 4 * status::BAD_ID as u64;
-        let calls = match &node.op {
-            Op::Fill(Fill { value }) => {
-                let o = outs[0];
-                let is_seed =
-                    matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
-                let p = self.plan.places[o.index()].clone();
-                let sh = g.shape(o);
-                if p.strides == contiguous(sh) {
-                    let (dtype, n, value) = (dt(o), n(o), *value);
-                    let fill = ew::Fill { dtype, out: out(0), n, value, loss_scaled: is_seed };
-                    vec![fill.launch(self.device()).into()]
-                } else {
-                    let meta = self.fill_meta(sh, &p.strides);
-                    let (dtype, n, value) = (dt(o), n(o), *value);
-                    let fill = copy::FillStrided {
-                        dtype,
-                        dst: out(0),
-                        n,
-                        meta,
-                        value,
-                        loss_scaled: is_seed,
-                    };
-                    vec![fill.launch(self.device()).into()]
-                }
-            }
-            Op::Embedding => {
-                same(&[outs[0], ins[0]])?;
-                let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
-                let (dtype, ids, table, n) = (dt(outs[0]), inp(1), inp(0), n(ins[1]));
-                let l = emb::EmbeddingForward {
-                    dtype,
-                    out: out(0),
-                    err: Some(err),
-                    ids,
-                    table,
-                    n,
-                    c,
-                    v,
-                };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::EmbeddingBackward => {
-                let (o, dout) = (outs[0], ins[1]);
-                let (v, c) = (g.shape(o)[0], g.shape(o)[1]);
-                // The scatter writes f32: into the output if it is stored so, else into the
-                // workspace and then cast (a half part of a tied table's gradient).
-                let target = if dt(o) == DType::F32 {
-                    out(0)
-                } else {
-                    ws.ok_or_else(|| no(" without its f32 workspace"))?
-                };
-                let (dtype, ids, dout, n_) = (dt(dout), inp(0), inp(1), n(ins[0]));
-                let l = emb::EmbeddingBackward {
-                    dtype,
-                    dtable: target,
-                    err: Some(err),
-                    ids,
-                    dout,
-                    n: n_,
-                    c,
-                    v,
-                };
-                let mut v_ = vec![l.launch(self.device()).into()];
-                if dt(o) != DType::F32 {
-                    let (from, to, n) = (DType::F32, dt(o), n(o));
-                    let cast = ew::Cast { from, to, out: out(0), x: target, n };
-                    v_.push(cast.launch(self.device()).into());
-                }
-                v_
-            }
-            Op::MatMul(MatMul { ta, tb }) => {
-                let (a, b, c) = (ins[0], ins[1], outs[0]);
-                let m = MatMulPlan::new(
-                    *ta,
-                    *tb,
-                    (g.shape(a), self.strides(a)),
-                    (g.shape(b), self.strides(b)),
-                    (g.shape(c), self.strides(c)),
-                )
-                .ok_or_else(|| no(" for these operand layouts"))?;
-                if dt(a) == dt(b) {
-                    vec![self.gemm(&m, (a, b, c), &no)?]
-                } else {
-                    // An f32 operand of a half product (BERT's stop-gradient is a LayerNorm's
-                    // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
-                    let (f, h) = if dt(a) == DType::F32 { (a, b) } else { (b, a) };
-                    if !g.tensor(f).elem.is_float()
-                        || self.strides(f) != contiguous(g.shape(f))
-                        || dt(c) != dt(h)
-                    {
-                        return Err(no(&format!(
-                            " for operands in {:?} and {:?} into {:?}",
-                            dt(a),
-                            dt(b),
-                            dt(c)
-                        )));
-                    }
-                    let w = ws.ok_or_else(|| no(" without the workspace for its cast operand"))?;
-                    let src = if f == a { inp(0) } else { inp(1) };
-                    let cast = ew::Cast { from: DType::F32, to: dt(h), out: w, x: src, n: n(f) };
-                    let cast = cast.launch(self.device()).into();
-                    let (pa, pb) = if f == a { (w, inp(1)) } else { (inp(0), w) };
-                    vec![cast, self.gemm_at(&m, (dt(h), dt(h), dt(c)), (pa, pb, out(0)), &no)?]
-                }
-            }
-            Op::Linear(Linear { tb, gelu }) => {
-                let (x, w) = (ins[0], ins[1]);
-                let c = outs[usize::from(gelu.is_some())];
-                same(&[outs[0], x, w, ins[2], c])?;
-                let m = MatMulPlan::new(
-                    false,
-                    *tb,
-                    (g.shape(x), self.strides(x)),
-                    (g.shape(w), self.strides(w)),
-                    (g.shape(c), self.strides(c)),
-                )
-                .ok_or_else(|| no(" for these operand layouts"))?;
-                let cols = last(outs[0]);
-                let rows = n(outs[0]) / cols.max(1);
-                let gemm = self.gemm(&m, (x, w, c), &no)?;
-                let dtype = dt(outs[0]);
-                let epi = match gelu {
-                    Some(a) => ew::BiasGelu {
-                        dtype,
-                        y: out(0),
-                        pre: out(1),
-                        bias: inp(2),
-                        rows,
-                        c: cols,
-                        approx: *a,
-                    }
-                    .launch(self.device()),
-                    None => ew::Add {
-                        dtype,
-                        to_f32: false,
-                        out: out(0),
-                        a: out(0),
-                        b: inp(2),
-                        n: n(outs[0]),
-                        nb: cols,
-                    }
-                    .launch(self.device()),
-                };
-                vec![gemm, epi.into()]
-            }
-            Op::BiasAdd | Op::Add => {
-                let (len, nb) = (n(outs[0]), n(ins[1]));
-                if nb == 0 || len % nb != 0 {
-                    return Err(no(" for an operand that does not tile the output"));
-                }
-                same(&[ins[0], ins[1]])?;
-                let o = match inplace {
-                    Some(k) => inp(k),
-                    None => out(0),
-                };
-                // Two half parts summed into a parameter's f32 gradient (tied weights).
-                let to_f32 = if dt(outs[0]) == dt(ins[0]) {
-                    false
-                } else if dt(outs[0]) == DType::F32 {
-                    true
-                } else {
-                    return Err(no(" for f32 operands into a half output"));
-                };
-                let (a, b) = (inp(0), inp(1));
-                let add = ew::Add { dtype: dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
-                vec![add.launch(self.device()).into()]
-            }
-            Op::Scale(Scale { s }) => {
-                same(&[outs[0], ins[0]])?;
-                let o = if inplace.is_some() { inp(0) } else { out(0) };
-                let scale =
-                    ew::Scale { dtype: dt(outs[0]), out: o, x: inp(0), n: n(outs[0]), s: *s };
-                vec![scale.launch(self.device()).into()]
-            }
-            Op::Tanh => {
-                same(&[outs[0], ins[0]])?;
-                let o = if inplace.is_some() { inp(0) } else { out(0) };
-                let tanh = ew::TanhForward { dtype: dt(outs[0]), y: o, x: inp(0), n: n(outs[0]) };
-                vec![tanh.launch(self.device()).into()]
-            }
-            Op::TanhBackward | Op::GeluBackward(_) => {
-                same(&[outs[0], ins[0], ins[1]])?;
-                let o = if inplace.is_some() { inp(1) } else { out(0) };
-                let (dtype, n, dev) = (dt(outs[0]), n(outs[0]), self.device());
-                let l = match &node.op {
-                    Op::GeluBackward(GeluBackward { approx }) => {
-                        let (dx, x, dy, approx) = (o, inp(0), inp(1), *approx);
-                        ew::GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
-                    }
-                    // Op::TanhBackward, the arm's other op.
-                    _ => ew::TanhBackward { dtype, dx: o, y: inp(0), dy: inp(1), n }.launch(dev),
-                };
-                vec![l.into()]
-            }
-            Op::Unary(Unary { f }) => {
-                same(&[outs[0], ins[0]])?;
-                let y = if inplace.is_some() { inp(0) } else { out(0) };
-                let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
-                vec![pw::Unary { f, dtype, y, x: inp(0), n }.launch(self.device()).into()]
-            }
-            Op::UnaryBackward(UnaryBackward { f }) => {
-                same(&[outs[0], ins[0], ins[1]])?;
-                let dx = if inplace.is_some() { inp(1) } else { out(0) };
-                let (f, dtype, n) = (*f, dt(outs[0]), n(outs[0]));
-                let l = pw::UnaryBackward { f, dtype, dx, x: inp(0), dy: inp(1), n };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::Binary(Binary { f }) => {
-                let (len, nb) = (n(outs[0]), n(ins[1]));
-                if nb == 0 || len % nb != 0 {
-                    return Err(no(" for an operand that does not tile the output"));
-                }
-                same(&[outs[0], ins[0], ins[1]])?;
-                let o = match inplace {
-                    Some(k) => inp(k),
-                    None => out(0),
-                };
-                let (f, dtype, a, b) = (*f, dt(outs[0]), inp(0), inp(1));
-                vec![pw::Binary { f, dtype, out: o, a, b, n: len, nb }.launch(self.device()).into()]
-            }
-            Op::Dropout(Dropout { p, offset }) => {
-                same(&[outs[0], ins[0]])?;
-                let o = if inplace.is_some() { inp(0) } else { out(0) };
-                let (dtype, n, p, offset) = (dt(outs[0]), n(outs[0]), *p, *offset);
-                let seed = ew::Seed::Step;
-                let drop = ew::Dropout { dtype, out: o, x: inp(0), n, p, seed, offset };
-                vec![drop.launch(self.device()).into()]
-            }
-            Op::LayerNorm(LayerNorm { eps }) => {
-                same(&[outs[0], ins[0], ins[1], ins[2]])?;
-                let c = last(ins[0]);
-                let rows = n(ins[0]) / c;
-                let (y, mean, rstd, x, w, b) = (out(0), out(1), out(2), inp(0), inp(1), inp(2));
-                let dtype = dt(outs[0]);
-                let l = ln::LayerNormForward { dtype, y, mean, rstd, x, w, b, rows, c, eps: *eps };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::AddLayerNorm(AddLayerNorm { eps }) => {
-                same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
-                let c = last(ins[0]);
-                let rows = n(ins[0]) / c;
-                // The sum may overwrite a dying operand: the kernel allows it over `a`, and the
-                // sum commutes, so that operand goes first.
-                let (sum, a, b) = match inplace {
-                    Some(k) => (inp(k), inp(k), inp(1 - k)),
-                    None => (out(0), inp(0), inp(1)),
-                };
-                let l = ln::AddLayerNormForward {
-                    dtype: dt(outs[1]),
-                    sum,
-                    y: out(1),
-                    mean: out(2),
-                    rstd: out(3),
-                    a,
-                    b,
-                    w: inp(2),
-                    bias: inp(3),
-                    rows,
-                    c,
-                    eps: *eps,
-                };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::LayerNormBackward => {
-                same(&[outs[0], ins[0], ins[1], ins[2]])?;
-                let c = n(ins[2]);
-                let rows = n(ins[0]) / c;
-                let chunks = support::chunks(rows);
-                let ws = ws_at();
-                let (dy, x, mean, rstd) = (inp(0), inp(1), inp(3), inp(4));
-                let dev = self.device();
-                // dw's partials, then db's, in the workspace: (2, chunks, c) f32.
-                let (dw_ws, db_ws) = (ws, ws + 4 * (chunks * c) as u64);
-                let dtype = dt(outs[0]);
-                let dx = ln::LayerNormBackwardDx {
-                    dtype,
-                    dx: out(0),
-                    dy,
-                    x,
-                    w: inp(2),
-                    mean,
-                    rstd,
-                    rows,
-                    c,
-                };
-                let dwdb =
-                    ln::LayerNormBackwardDwdb { dtype: dt(ins[0]), ws, dy, x, mean, rstd, rows, c };
-                let dw = reduce::ColumnSumFinish {
-                    dtype: dt(outs[1]),
-                    out: out(1),
-                    ws: dw_ws,
-                    chunks,
-                    c,
-                };
-                let db = reduce::ColumnSumFinish {
-                    dtype: dt(outs[2]),
-                    out: out(2),
-                    ws: db_ws,
-                    chunks,
-                    c,
-                };
-                vec![
-                    dx.launch(dev).into(),
-                    dwdb.launch(dev).into(),
-                    dw.launch(dev).into(),
-                    db.launch(dev).into(),
-                ]
-            }
-            Op::ReduceSumLeading => {
-                let c = n(outs[0]);
-                let rows = n(ins[0]) / c.max(1);
-                let (ws, dev) = (ws_at(), self.device());
-                let part = reduce::ColumnSumPartial { dtype: dt(ins[0]), ws, x: inp(0), rows, c };
-                let chunks = support::chunks(rows);
-                let fin =
-                    reduce::ColumnSumFinish { dtype: dt(outs[0]), out: out(0), ws, chunks, c };
-                vec![part.launch(dev).into(), fin.launch(dev).into()]
-            }
-            Op::Softmax(Softmax { scale, causal }) => {
-                same(&[outs[0], ins[0]])?;
-                if let Some(&m) = ins.get(1) {
-                    same(&[ins[0], m])?;
-                }
-                let s = g.shape(ins[0]);
-                let r = s.len();
-                let ncol = s[r - 1];
-                let rows = n(ins[0]) / ncol;
-                let tq = if r >= 2 { s[r - 2] } else { 1 };
-                let h = if r >= 3 { s[r - 3] } else { 1 };
-                let full = [rows / (h * tq).max(1), h, tq, ncol];
-                let mask = ins.get(1).map(|&m| launch::Mask {
-                    mask: self.at(m),
-                    strides: broadcast_strides4(g.shape(m), full),
-                });
-                let l = sm::SoftmaxForward {
-                    dtype: dt(outs[0]),
-                    y: out(0),
-                    x: inp(0),
-                    mask,
-                    rows,
-                    n: ncol,
-                    scale: *scale,
-                    causal: *causal,
-                    h,
-                    tq,
-                };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::SoftmaxBackward(SoftmaxBackward { scale }) => {
-                same(&[outs[0], ins[0], ins[1]])?;
-                let ncol = last(ins[0]);
-                let rows = n(ins[0]) / ncol;
-                let o = if inplace.is_some() { inp(1) } else { out(0) };
-                let (dtype, y, dy, scale) = (dt(outs[0]), inp(0), inp(1), *scale);
-                let l = sm::SoftmaxBackward { dtype, dx: o, y, dy, rows, n: ncol, scale };
-                vec![l.launch(self.device()).into()]
-            }
-            Op::Reshape | Op::Permute(_) => {
-                // Materialised (the plan could not fold it): a strided copy.
-                let (x, o) = (ins[0], outs[0]);
-                same(&[x, o])?;
-                let xs = g.shape(x).to_vec();
-                let (ss, st) = match &node.op {
-                    Op::Permute(Permute { perm }) => (
-                        perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
-                        perm.iter().map(|&p| self.strides(x)[p]).collect::<Vec<_>>(),
-                    ),
-                    // Op::Reshape, the arm's other op: the input as it is.
-                    _ => (xs, self.strides(x).to_vec()),
-                };
-                let (ds, dst) = (g.shape(o).to_vec(), self.strides(o).to_vec());
-                let meta = self.copy_meta(&ss, &st, &ds, &dst);
-                let copy =
-                    copy::CopyStrided { dtype: dt(o), dst: out(0), src: inp(0), n: n(o), meta };
-                vec![copy.launch(self.device()).into()]
-            }
-            Op::Split(Split { sizes }) => {
-                let x = ins[0];
-                let xst = self.strides(x).to_vec();
-                let ls = *xst.last().unwrap_or(&0) as u64;
-                let mut start = 0u64;
-                let mut v = Vec::new();
-                for (k, (&o, &sz)) in outs.iter().zip(sizes).enumerate() {
-                    same(&[x, o])?;
-                    let os = g.shape(o).to_vec();
-                    let ost = self.strides(o).to_vec();
-                    let meta = self.copy_meta(&os, &xst, &os, &ost);
-                    let src = inp(0) + es(x) * start * ls;
-                    let copy = copy::CopyStrided { dtype: dt(o), dst: out(k), src, n: n(o), meta };
-                    v.push(copy.launch(self.device()).into());
-                    start += sz as u64;
-                }
-                v
-            }
-            Op::Concat => {
-                let o = outs[0];
-                let ost = self.strides(o).to_vec();
-                let ls = *ost.last().unwrap_or(&0) as u64;
-                let mut start = 0u64;
-                let mut v = Vec::new();
-                for (k, &x) in ins.iter().enumerate() {
-                    same(&[x, o])?;
-                    let xs = g.shape(x).to_vec();
-                    let xst = self.strides(x).to_vec();
-                    let meta = self.copy_meta(&xs, &xst, &xs, &ost);
-                    let dst = out(0) + es(o) * start * ls;
-                    let copy = copy::CopyStrided { dtype: dt(o), dst, src: inp(k), n: n(x), meta };
-                    v.push(copy.launch(self.device()).into());
-                    start += last(x) as u64;
-                }
-                v
-            }
-            Op::Attention(Attention { scale, causal, dropout_p, offset })
-            | Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset }) => {
-                use crate::ops::attention::{backward_slot as bs, slot as fs};
-                let fwd = matches!(node.op, Op::Attention(_));
-                let (q, k, v) = if fwd {
-                    (ins[fs::Q], ins[fs::K], ins[fs::V])
-                } else {
-                    (ins[bs::Q], ins[bs::K], ins[bs::V])
-                };
-                let mask = if fwd { ins.get(fs::MASK) } else { ins.get(bs::MASK) }.copied();
-                let mut all = vec![q, k, v];
-                all.extend(mask);
-                if fwd {
-                    all.push(outs[0]);
-                } else {
-                    all.extend([ins[bs::DOUT], ins[bs::OUT], outs[0], outs[1], outs[2]]);
-                }
-                same(&all)?;
-                let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
-                let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
-                let dims = attn::Dims { b, h, tq, tk, d, dv };
-                let mask = mask.map(|m| launch::Mask {
-                    mask: self.at(m),
-                    strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
-                });
-                let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
-                let scores =
-                    attn::Scores { scale, causal, dropout_p, seed: launch::Seed::Step, offset };
-                // The forward's products; the backward's are twice those, plus the recomputed
-                // scores.
-                let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
-                self.flops += if fwd { mm } else { 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64 };
-                // Tensor t at address `at` with its (b, h, t) strides.
-                let st = |t: TensorId, at: u64| attn::Strided { at, strides: self.strides3(t) };
-                let (dtype, dev) = (dt(q), self.device());
-                let no_tiles = |e: attn::NoTiles| no(&format!(" for {e}"));
-                if fwd {
-                    let l = attn::AttentionForward {
-                        dtype,
-                        out: st(outs[0], out(0)),
-                        lse: out(1),
-                        q: st(q, inp(fs::Q)),
-                        k: st(k, inp(fs::K)),
-                        v: st(v, inp(fs::V)),
-                        mask,
-                        dims,
-                        scores,
-                    };
-                    vec![l.launch(dev).map_err(no_tiles)?.into()]
-                } else {
-                    // The backward: dq (and D) first, then dk and dv reading D.
-                    let (dout, fo) = (ins[bs::DOUT], ins[bs::OUT]);
-                    let delta = ws_at();
-                    let (q, k, v, dout) = (
-                        st(q, inp(bs::Q)),
-                        st(k, inp(bs::K)),
-                        st(v, inp(bs::V)),
-                        st(dout, inp(bs::DOUT)),
-                    );
-                    // The CPU's probabilities slot holds the rows' log-sum-exp on the GPU.
-                    let lse = inp(bs::PROBS);
-                    let dq = attn::AttentionBackwardDq {
-                        dtype,
-                        dq: st(outs[0], out(0)),
-                        delta,
-                        dout,
-                        out: st(fo, inp(bs::OUT)),
-                        q,
-                        k,
-                        v,
-                        mask,
-                        lse,
-                        dims,
-                        scores,
-                    };
-                    let dkdv = attn::AttentionBackwardDkdv {
-                        dtype,
-                        dk: st(outs[1], out(1)),
-                        dv: st(outs[2], out(2)),
-                        dout,
-                        q,
-                        k,
-                        v,
-                        mask,
-                        lse,
-                        delta,
-                        dims,
-                        scores,
-                    };
-                    vec![
-                        dq.launch(dev).map_err(no_tiles)?.into(),
-                        dkdv.launch(dev).map_err(no_tiles)?.into(),
-                    ]
-                }
-            }
-            Op::CrossEntropy(CrossEntropy { ignore_index }) => {
-                let v = last(ins[0]);
-                let rows = n(ins[0]) / v;
-                // Per-row losses in the workspace, then their mean into the loss.
-                let (losses, logits, labels, ignore_index) =
-                    (ws_at(), inp(0), inp(1), *ignore_index);
-                let (dtype, dev) = (dt(ins[0]), self.device());
-                let fwd = ce::CrossEntropyForward {
-                    dtype,
-                    losses,
-                    err: Some(err),
-                    logits,
-                    labels,
-                    rows,
-                    v,
-                    ignore_index,
-                };
-                let mean =
-                    ce::CrossEntropyMean { loss: out(0), losses, labels, rows, ignore_index };
-                vec![fwd.launch(dev).into(), mean.launch(dev).into()]
-            }
-            Op::CrossEntropyBackward(CrossEntropyBackward { ignore_index }) => {
-                same(&[outs[0], ins[1]])?;
-                if dt(ins[0]) != DType::F32 {
-                    return Err(no(" for a non-f32 loss gradient"));
-                }
-                let v = last(ins[1]);
-                let rows = n(ins[1]) / v;
-                // The count of labelled rows in the workspace, then dlogits dividing by it.
-                let (count, labels, ignore_index) = (ws_at(), inp(2), *ignore_index);
-                let o = if inplace.is_some() { inp(1) } else { out(0) };
-                let (dtype, dev) = (dt(outs[0]), self.device());
-                let cnt = ce::CrossEntropyCount { count, labels, rows, ignore_index };
-                let bwd = ce::CrossEntropyBackward {
-                    dtype,
-                    dlogits: o,
-                    err: Some(err),
-                    logits: inp(1),
-                    labels,
-                    dloss: inp(0),
-                    count,
-                    rows,
-                    v,
-                    ignore_index,
-                };
-                vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
-            }
-            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
-            | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
-                // linear_cross_entropy.cu's launches around three GEMMs per chunk (see there):
-                // the labelled rows compacted on the device, then ⌈rows / k⌉ chunks of their
-                // positions (those past the count are zero rows), then the mean.
-                let bwd = matches!(node.op, Op::LinearCrossEntropyBackward(_));
-                let at = usize::from(bwd);
-                let (x, w) = (ins[at], ins[at + 1]);
-                let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
-                let rows = n(ins[at + 2]);
-                let lw = self.sup.lce_workspace(g, i);
-                let base = ws_at();
-                let wa = |o: usize| base + 4 * o as u64;
-                let t = dt(x);
-                let (idx, count, losses, logits, xs) =
-                    (wa(lw.idx), wa(lw.count), wa(lw.losses), wa(lw.logits), wa(lw.xs));
-                let (xp, wp, labels, ignore_index) =
-                    (inp(at), inp(at + 1), inp(at + 2), *ignore_index);
-                let bias = ins.get(at + 3).map(|_| inp(at + 3));
-                let dev = self.device();
-                let compact =
-                    lce::LceCompact { idx, count, err: Some(err), labels, rows, v, ignore_index };
-                let mut calls: Vec<Call> = vec![compact.launch(dev).into()];
-                // Gradient targets: dw and dbias accumulate in f32, in their outputs when
-                // stored so (parameters' gradients), else in the workspace and cast at the end.
-                let dw = lw.dw.map_or_else(|| if bwd { out(2) } else { 0 }, wa);
-                let db = if outs.len() > 3 { Some(lw.db.map_or_else(|| out(3), wa)) } else { None };
-                if bwd {
-                    let (dtype, n) = (dt(outs[1]), n(outs[1]));
-                    let zero = ew::Fill { dtype, out: out(1), n, value: 0.0, loss_scaled: false };
-                    calls.push(zero.launch(dev).into());
-                }
-                // f32 GEMMs read g in place in the logits; half ones its copy in T.
-                let gp = lw.g16.map_or(logits, wa);
-                for (ci, start) in (0..rows).step_by(lw.k).enumerate() {
-                    let k = lw.k.min(rows - start);
-                    let gather = lce::LceGather { dtype: t, xs, x: xp, idx, count, start, k, c };
-                    calls.push(gather.launch(dev).into());
-                    // logits (k, V) = xs (k, C) · wᵀ
-                    calls.push(self.gemm2(
-                        t,
-                        (false, true),
-                        (k, v, c),
-                        (c, c, v),
-                        (xs, wp, logits),
-                        false,
-                    ));
-                    let rows_pass = lce::LceRows {
-                        dtype: t,
-                        logits,
-                        g16: lw.g16.map(wa),
-                        losses,
-                        err: Some(err),
-                        labels,
-                        idx,
-                        count,
-                        bias,
-                        dloss: bwd.then(|| inp(0)),
-                        start,
-                        k,
-                        v,
-                        ignore_index,
-                    };
-                    calls.push(rows_pass.launch(dev).into());
-                    if !bwd {
-                        continue;
-                    }
-                    // dx rows (k, C) = g (k, V) · w (V, C), scattered to their rows.
-                    let dxs = wa(lw.dxs.expect("the backward's workspace has dx rows"));
-                    calls.push(self.gemm2(
-                        t,
-                        (false, false),
-                        (k, c, v),
-                        (v, c, c),
-                        (gp, wp, dxs),
-                        false,
-                    ));
-                    let scatter = lce::LceScatter {
-                        dtype: dt(outs[1]),
-                        dx: out(1),
-                        dxs,
-                        idx,
-                        count,
-                        start,
-                        k,
-                        c,
-                    };
-                    calls.push(scatter.launch(dev).into());
-                    // dw (V, C) (+)= gᵀ (V, k) · xs (k, C): β = 1 after the first chunk.
-                    calls.push(self.gemm2(
-                        t,
-                        (true, false),
-                        (v, c, k),
-                        (v, c, c),
-                        (gp, xs, dw),
-                        ci > 0,
-                    ));
-                    if let Some(db) = db {
-                        let sum = lce::LceColumnSum { db, g: logits, k, v, accumulate: ci > 0 };
-                        calls.push(sum.launch(dev).into());
-                    }
-                }
-                let mean =
-                    ce::CrossEntropyMean { loss: out(0), losses, labels, rows, ignore_index };
-                calls.push(mean.launch(dev).into());
-                for (acc, o) in [(lw.dw, 2), (lw.db, 3)] {
-                    if let (Some(a), true) = (acc, bwd) {
-                        let cast = ew::Cast {
-                            from: DType::F32,
-                            to: dt(outs[o]),
-                            out: out(o),
-                            x: wa(a),
-                            n: n(outs[o]),
-                        };
-                        calls.push(cast.launch(dev).into());
-                    }
-                }
-                calls
-            }
-            // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
-            Op::Gelu(_) => return Err(no(": gelu has no GPU launch outside a linear layer")),
-            // `GpuSupport::check` refuses these (no GPU kernels yet); never a silent fallback.
-            Op::RmsNorm(_) | Op::RmsNormBackward | Op::AddRmsNorm(_) | Op::Rotary(_) => {
-                return Err(no(&format!(": {} has no GPU kernel yet", node.op.name())))
-            }
-        };
-        Ok(calls)
+        node.op.def().launches(self, &cx)
     }
 }

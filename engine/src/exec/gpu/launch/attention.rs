@@ -10,7 +10,15 @@
 //! strides ([`Strided`]).
 
 use super::{kernel_name, mask_args, Arg, Device, Launch, Mask, Seed};
+use crate::exec::gpu::broadcast_strides4;
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::launch;
 use crate::exec::gpu::support::{attention_smem, attention_tiles, ROW_BLOCK};
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::{Attention, AttentionBackward};
+use crate::graph::Op;
+use crate::graph::TensorId;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// A (B, H, T, X) operand with unit last stride: its address and the element strides of b, h
@@ -235,5 +243,211 @@ impl<P> AttentionBackwardDkdv<P> {
             smem: attention_smem(bq, bk, dims.d, dims.dv)[2],
             args,
         })
+    }
+}
+
+impl GpuKernel for Attention {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let Attention { scale, causal, dropout_p, offset } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            use crate::ops::attention::{backward_slot as bs, slot as fs};
+            let fwd = matches!(cx.node.op, Op::Attention(_));
+            let (q, k, v) = if fwd {
+                (ins[fs::Q], ins[fs::K], ins[fs::V])
+            } else {
+                (ins[bs::Q], ins[bs::K], ins[bs::V])
+            };
+            let mask = if fwd { ins.get(fs::MASK) } else { ins.get(bs::MASK) }.copied();
+            let mut all = vec![q, k, v];
+            all.extend(mask);
+            if fwd {
+                all.push(outs[0]);
+            } else {
+                all.extend([ins[bs::DOUT], ins[bs::OUT], outs[0], outs[1], outs[2]]);
+            }
+            cx.same(&all)?;
+            let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
+            let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
+            let dims = Dims { b, h, tq, tk, d, dv };
+            let mask = mask.map(|m| launch::Mask {
+                mask: r.at(m),
+                strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
+            });
+            let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
+            let scores = Scores { scale, causal, dropout_p, seed: launch::Seed::Step, offset };
+            // The forward's products; the backward's are twice those, plus the recomputed
+            // scores.
+            let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
+            r.flops += if fwd { mm } else { 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64 };
+            // Tensor t at address `at` with its (b, h, t) strides.
+            let st = |t: TensorId, at: u64| Strided { at, strides: r.strides3(t) };
+            let (dtype, dev) = (cx.dt(q), r.device());
+            let no_tiles = |e: NoTiles| cx.no(&format!(" for {e}"));
+            if fwd {
+                let l = AttentionForward {
+                    dtype,
+                    out: st(outs[0], cx.out(0)),
+                    lse: cx.out(1),
+                    q: st(q, cx.inp(fs::Q)),
+                    k: st(k, cx.inp(fs::K)),
+                    v: st(v, cx.inp(fs::V)),
+                    mask,
+                    dims,
+                    scores,
+                };
+                vec![l.launch(dev).map_err(no_tiles)?.into()]
+            } else {
+                // The backward: dq (and D) first, then dk and dv reading D.
+                let (dout, fo) = (ins[bs::DOUT], ins[bs::OUT]);
+                let delta = cx.ws_at();
+                let (q, k, v, dout) = (
+                    st(q, cx.inp(bs::Q)),
+                    st(k, cx.inp(bs::K)),
+                    st(v, cx.inp(bs::V)),
+                    st(dout, cx.inp(bs::DOUT)),
+                );
+                // The CPU's probabilities slot holds the rows' log-sum-exp on the GPU.
+                let lse = cx.inp(bs::PROBS);
+                let dq = AttentionBackwardDq {
+                    dtype,
+                    dq: st(outs[0], cx.out(0)),
+                    delta,
+                    dout,
+                    out: st(fo, cx.inp(bs::OUT)),
+                    q,
+                    k,
+                    v,
+                    mask,
+                    lse,
+                    dims,
+                    scores,
+                };
+                let dkdv = AttentionBackwardDkdv {
+                    dtype,
+                    dk: st(outs[1], cx.out(1)),
+                    dv: st(outs[2], cx.out(2)),
+                    dout,
+                    q,
+                    k,
+                    v,
+                    mask,
+                    lse,
+                    delta,
+                    dims,
+                    scores,
+                };
+                vec![
+                    dq.launch(dev).map_err(no_tiles)?.into(),
+                    dkdv.launch(dev).map_err(no_tiles)?.into(),
+                ]
+            }
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for AttentionBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let AttentionBackward { scale, causal, dropout_p, offset } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            use crate::ops::attention::{backward_slot as bs, slot as fs};
+            let fwd = matches!(cx.node.op, Op::Attention(_));
+            let (q, k, v) = if fwd {
+                (ins[fs::Q], ins[fs::K], ins[fs::V])
+            } else {
+                (ins[bs::Q], ins[bs::K], ins[bs::V])
+            };
+            let mask = if fwd { ins.get(fs::MASK) } else { ins.get(bs::MASK) }.copied();
+            let mut all = vec![q, k, v];
+            all.extend(mask);
+            if fwd {
+                all.push(outs[0]);
+            } else {
+                all.extend([ins[bs::DOUT], ins[bs::OUT], outs[0], outs[1], outs[2]]);
+            }
+            cx.same(&all)?;
+            let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
+            let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
+            let dims = Dims { b, h, tq, tk, d, dv };
+            let mask = mask.map(|m| launch::Mask {
+                mask: r.at(m),
+                strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
+            });
+            let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
+            let scores = Scores { scale, causal, dropout_p, seed: launch::Seed::Step, offset };
+            // The forward's products; the backward's are twice those, plus the recomputed
+            // scores.
+            let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
+            r.flops += if fwd { mm } else { 2.0 * mm + 2.0 * (b * h * tq * tk * d) as f64 };
+            // Tensor t at address `at` with its (b, h, t) strides.
+            let st = |t: TensorId, at: u64| Strided { at, strides: r.strides3(t) };
+            let (dtype, dev) = (cx.dt(q), r.device());
+            let no_tiles = |e: NoTiles| cx.no(&format!(" for {e}"));
+            if fwd {
+                let l = AttentionForward {
+                    dtype,
+                    out: st(outs[0], cx.out(0)),
+                    lse: cx.out(1),
+                    q: st(q, cx.inp(fs::Q)),
+                    k: st(k, cx.inp(fs::K)),
+                    v: st(v, cx.inp(fs::V)),
+                    mask,
+                    dims,
+                    scores,
+                };
+                vec![l.launch(dev).map_err(no_tiles)?.into()]
+            } else {
+                // The backward: dq (and D) first, then dk and dv reading D.
+                let (dout, fo) = (ins[bs::DOUT], ins[bs::OUT]);
+                let delta = cx.ws_at();
+                let (q, k, v, dout) = (
+                    st(q, cx.inp(bs::Q)),
+                    st(k, cx.inp(bs::K)),
+                    st(v, cx.inp(bs::V)),
+                    st(dout, cx.inp(bs::DOUT)),
+                );
+                // The CPU's probabilities slot holds the rows' log-sum-exp on the GPU.
+                let lse = cx.inp(bs::PROBS);
+                let dq = AttentionBackwardDq {
+                    dtype,
+                    dq: st(outs[0], cx.out(0)),
+                    delta,
+                    dout,
+                    out: st(fo, cx.inp(bs::OUT)),
+                    q,
+                    k,
+                    v,
+                    mask,
+                    lse,
+                    dims,
+                    scores,
+                };
+                let dkdv = AttentionBackwardDkdv {
+                    dtype,
+                    dk: st(outs[1], cx.out(1)),
+                    dv: st(outs[2], cx.out(2)),
+                    dout,
+                    q,
+                    k,
+                    v,
+                    mask,
+                    lse,
+                    delta,
+                    dims,
+                    scores,
+                };
+                vec![
+                    dq.launch(dev).map_err(no_tiles)?.into(),
+                    dkdv.launch(dev).map_err(no_tiles)?.into(),
+                ]
+            }
+        };
+        Ok(calls)
     }
 }

@@ -5,6 +5,12 @@
 //! host buffer in the tests). CPU counterpart: `backend/cpu/kernels/copy.rs`.
 
 use super::{grid_stride, kernel_name, Arg, Device, Launch, StepValue};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::{Concat, Permute, Reshape, Split};
+use crate::graph::Op;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `copy_strided_<T>`'s meta: [src_rank, dst_rank, src shape, src strides, dst shape, dst
@@ -73,5 +79,116 @@ impl<P> FillStrided<P> {
             dev,
             vec![Arg::Ptr(self.dst), Arg::I64(self.n as i64), Arg::Ptr(self.meta), v],
         )
+    }
+}
+
+impl GpuKernel for Reshape {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            // Materialised (the plan could not fold it): a strided copy.
+            let (x, o) = (ins[0], outs[0]);
+            cx.same(&[x, o])?;
+            let xs = g.shape(x).to_vec();
+            let (ss, st) = match &cx.node.op {
+                Op::Permute(Permute { perm }) => (
+                    perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                    perm.iter().map(|&p| r.strides(x)[p]).collect::<Vec<_>>(),
+                ),
+                // Op::Reshape, the arm's other op: the input as it is.
+                _ => (xs, r.strides(x).to_vec()),
+            };
+            let (ds, dst) = (g.shape(o).to_vec(), r.strides(o).to_vec());
+            let meta = r.copy_meta(&ss, &st, &ds, &dst);
+            let copy =
+                CopyStrided { dtype: cx.dt(o), dst: cx.out(0), src: cx.inp(0), n: cx.n(o), meta };
+            vec![copy.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for Permute {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            // Materialised (the plan could not fold it): a strided copy.
+            let (x, o) = (ins[0], outs[0]);
+            cx.same(&[x, o])?;
+            let xs = g.shape(x).to_vec();
+            let (ss, st) = match &cx.node.op {
+                Op::Permute(Permute { perm }) => (
+                    perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
+                    perm.iter().map(|&p| r.strides(x)[p]).collect::<Vec<_>>(),
+                ),
+                // Op::Reshape, the arm's other op: the input as it is.
+                _ => (xs, r.strides(x).to_vec()),
+            };
+            let (ds, dst) = (g.shape(o).to_vec(), r.strides(o).to_vec());
+            let meta = r.copy_meta(&ss, &st, &ds, &dst);
+            let copy =
+                CopyStrided { dtype: cx.dt(o), dst: cx.out(0), src: cx.inp(0), n: cx.n(o), meta };
+            vec![copy.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for Split {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let Split { sizes } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let x = ins[0];
+            let xst = r.strides(x).to_vec();
+            let ls = *xst.last().unwrap_or(&0) as u64;
+            let mut start = 0u64;
+            let mut v = Vec::new();
+            for (k, (&o, &sz)) in outs.iter().zip(sizes).enumerate() {
+                cx.same(&[x, o])?;
+                let os = g.shape(o).to_vec();
+                let ost = r.strides(o).to_vec();
+                let meta = r.copy_meta(&os, &xst, &os, &ost);
+                let src = cx.inp(0) + cx.es(x) * start * ls;
+                let copy = CopyStrided { dtype: cx.dt(o), dst: cx.out(k), src, n: cx.n(o), meta };
+                v.push(copy.launch(r.device()).into());
+                start += sz as u64;
+            }
+            v
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for Concat {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let o = outs[0];
+            let ost = r.strides(o).to_vec();
+            let ls = *ost.last().unwrap_or(&0) as u64;
+            let mut start = 0u64;
+            let mut v = Vec::new();
+            for (k, &x) in ins.iter().enumerate() {
+                cx.same(&[x, o])?;
+                let xs = g.shape(x).to_vec();
+                let xst = r.strides(x).to_vec();
+                let meta = r.copy_meta(&xs, &xst, &xs, &ost);
+                let dst = cx.out(0) + cx.es(o) * start * ls;
+                let copy = CopyStrided { dtype: cx.dt(o), dst, src: cx.inp(k), n: cx.n(x), meta };
+                v.push(copy.launch(r.device()).into());
+                start += cx.last(x) as u64;
+            }
+            v
+        };
+        Ok(calls)
     }
 }

@@ -6,6 +6,12 @@
 //! `backend/cpu/kernels/cross_entropy.rs`.
 
 use super::{block_rows, kernel_name, one_block, opt, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op;
+use crate::graph::op::CrossEntropy;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `cross_entropy_forward_<T>`: losses[r] = lse(logits[r]) − logits[r, labels[r]], 0 where the
@@ -127,5 +133,68 @@ impl<P> CrossEntropyBackward<P> {
                 Arg::I64(self.ignore_index),
             ],
         )
+    }
+}
+
+impl GpuKernel for CrossEntropy {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let CrossEntropy { ignore_index } = self;
+        let ins = &cx.node.inputs;
+        let calls = {
+            let v = cx.last(ins[0]);
+            let rows = cx.n(ins[0]) / v;
+            // Per-row losses in the workspace, then their mean into the loss.
+            let (losses, logits, labels, ignore_index) =
+                (cx.ws_at(), cx.inp(0), cx.inp(1), *ignore_index);
+            let (dtype, dev) = (cx.dt(ins[0]), r.device());
+            let fwd = CrossEntropyForward {
+                dtype,
+                losses,
+                err: Some(cx.err),
+                logits,
+                labels,
+                rows,
+                v,
+                ignore_index,
+            };
+            let mean = CrossEntropyMean { loss: cx.out(0), losses, labels, rows, ignore_index };
+            vec![fwd.launch(dev).into(), mean.launch(dev).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::CrossEntropyBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::CrossEntropyBackward { ignore_index } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[1]])?;
+            if cx.dt(ins[0]) != DType::F32 {
+                return Err(cx.no(" for a non-f32 loss gradient"));
+            }
+            let v = cx.last(ins[1]);
+            let rows = cx.n(ins[1]) / v;
+            // The count of labelled rows in the workspace, then dlogits dividing by it.
+            let (count, labels, ignore_index) = (cx.ws_at(), cx.inp(2), *ignore_index);
+            let o = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
+            let (dtype, dev) = (cx.dt(outs[0]), r.device());
+            let cnt = CrossEntropyCount { count, labels, rows, ignore_index };
+            let bwd = CrossEntropyBackward {
+                dtype,
+                dlogits: o,
+                err: Some(cx.err),
+                logits: cx.inp(1),
+                labels,
+                dloss: cx.inp(0),
+                count,
+                rows,
+                v,
+                ignore_index,
+            };
+            vec![cnt.launch(dev).into(), bwd.launch(dev).into()]
+        };
+        Ok(calls)
     }
 }

@@ -2,9 +2,18 @@
 //! arithmetic over storage type `dtype`. Operands are flat: (n) elements, a broadcast operand
 //! (nb) with nb dividing n. CPU counterparts: `backend/cpu/kernels/elementwise.rs`.
 
+use super::copy;
 pub use super::Seed;
 use super::{grid_stride, kernel_name, Arg, Device, Launch, StepValue};
+use crate::exec::gpu::contiguous;
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op;
+use crate::graph::op::{BiasAdd, Tanh};
+use crate::graph::Op;
+use crate::graph::TensorKind;
 use crate::ops::gelu::GeluApprox;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// The GELU variant as the kernels take it: 0 = erf (exact), 1 = tanh.
@@ -244,5 +253,188 @@ impl<P> Cast<P> {
             dev,
             vec![Arg::Ptr(self.out), Arg::Ptr(self.x), Arg::I64(self.n as i64)],
         )
+    }
+}
+
+impl GpuKernel for op::Fill {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::Fill { value } = self;
+        let g = cx.g;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let o = outs[0];
+            let is_seed = matches!(g.tensor(o).kind, TensorKind::Grad(l) if Some(l) == g.loss());
+            let p = r.plan.places[o.index()].clone();
+            let sh = g.shape(o);
+            if p.strides == contiguous(sh) {
+                let (dtype, n, value) = (cx.dt(o), cx.n(o), *value);
+                let fill = Fill { dtype, out: cx.out(0), n, value, loss_scaled: is_seed };
+                vec![fill.launch(r.device()).into()]
+            } else {
+                let meta = r.fill_meta(sh, &p.strides);
+                let (dtype, n, value) = (cx.dt(o), cx.n(o), *value);
+                let fill = copy::FillStrided {
+                    dtype,
+                    dst: cx.out(0),
+                    n,
+                    meta,
+                    value,
+                    loss_scaled: is_seed,
+                };
+                vec![fill.launch(r.device()).into()]
+            }
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for BiasAdd {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (len, nb) = (cx.n(outs[0]), cx.n(ins[1]));
+            if nb == 0 || len % nb != 0 {
+                return Err(cx.no(" for an operand that does not tile the output"));
+            }
+            cx.same(&[ins[0], ins[1]])?;
+            let o = match cx.inplace {
+                Some(k) => cx.inp(k),
+                None => cx.out(0),
+            };
+            // Two half parts summed into a parameter's f32 gradient (tied weights).
+            let to_f32 = if cx.dt(outs[0]) == cx.dt(ins[0]) {
+                false
+            } else if cx.dt(outs[0]) == DType::F32 {
+                true
+            } else {
+                return Err(cx.no(" for f32 operands into a half output"));
+            };
+            let (a, b) = (cx.inp(0), cx.inp(1));
+            let add = Add { dtype: cx.dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
+            vec![add.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::Add {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (len, nb) = (cx.n(outs[0]), cx.n(ins[1]));
+            if nb == 0 || len % nb != 0 {
+                return Err(cx.no(" for an operand that does not tile the output"));
+            }
+            cx.same(&[ins[0], ins[1]])?;
+            let o = match cx.inplace {
+                Some(k) => cx.inp(k),
+                None => cx.out(0),
+            };
+            // Two half parts summed into a parameter's f32 gradient (tied weights).
+            let to_f32 = if cx.dt(outs[0]) == cx.dt(ins[0]) {
+                false
+            } else if cx.dt(outs[0]) == DType::F32 {
+                true
+            } else {
+                return Err(cx.no(" for f32 operands into a half output"));
+            };
+            let (a, b) = (cx.inp(0), cx.inp(1));
+            let add = Add { dtype: cx.dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
+            vec![add.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::Scale {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::Scale { s } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            let o = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+            let scale =
+                Scale { dtype: cx.dt(outs[0]), out: o, x: cx.inp(0), n: cx.n(outs[0]), s: *s };
+            vec![scale.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for Tanh {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            let o = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+            let tanh = TanhForward { dtype: cx.dt(outs[0]), y: o, x: cx.inp(0), n: cx.n(outs[0]) };
+            vec![tanh.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::TanhBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1]])?;
+            let o = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
+            let (dtype, n, dev) = (cx.dt(outs[0]), cx.n(outs[0]), r.device());
+            let l = match &cx.node.op {
+                Op::GeluBackward(op::GeluBackward { approx }) => {
+                    let (dx, x, dy, approx) = (o, cx.inp(0), cx.inp(1), *approx);
+                    GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
+                }
+                // Op::TanhBackward, the arm's other op.
+                _ => TanhBackward { dtype, dx: o, y: cx.inp(0), dy: cx.inp(1), n }.launch(dev),
+            };
+            vec![l.into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::GeluBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1]])?;
+            let o = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
+            let (dtype, n, dev) = (cx.dt(outs[0]), cx.n(outs[0]), r.device());
+            let l = match &cx.node.op {
+                Op::GeluBackward(op::GeluBackward { approx }) => {
+                    let (dx, x, dy, approx) = (o, cx.inp(0), cx.inp(1), *approx);
+                    GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
+                }
+                // Op::TanhBackward, the arm's other op.
+                _ => TanhBackward { dtype, dx: o, y: cx.inp(0), dy: cx.inp(1), n }.launch(dev),
+            };
+            vec![l.into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::Dropout {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::Dropout { p, offset } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            let o = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+            let (dtype, n, p, offset) = (cx.dt(outs[0]), cx.n(outs[0]), *p, *offset);
+            let seed = Seed::Step;
+            let drop = Dropout { dtype, out: o, x: cx.inp(0), n, p, seed, offset };
+            vec![drop.launch(r.device()).into()]
+        };
+        Ok(calls)
     }
 }

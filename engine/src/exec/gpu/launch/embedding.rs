@@ -4,8 +4,14 @@
 //! sets `err` (may be left out) instead of being used as an index. CPU counterparts:
 //! `backend/cpu/kernels/embedding.rs`.
 
+use super::elementwise as ew;
 use super::{block_rows, kernel_name, opt, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::support::ROW_BLOCK;
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op;
+use crate::graph::op::Embedding;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `embedding_forward_<T>`: out[r, :] = table[ids[r], :].
@@ -75,5 +81,60 @@ impl<P> EmbeddingBackward<P> {
                 Arg::I64(self.v as i64),
             ],
         }
+    }
+}
+
+impl GpuKernel for Embedding {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            let (v, c) = (g.shape(ins[0])[0], g.shape(ins[0])[1]);
+            let (dtype, ids, table, n) = (cx.dt(outs[0]), cx.inp(1), cx.inp(0), cx.n(ins[1]));
+            let l =
+                EmbeddingForward { dtype, out: cx.out(0), err: Some(cx.err), ids, table, n, c, v };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::EmbeddingBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (o, dout) = (outs[0], ins[1]);
+            let (v, c) = (g.shape(o)[0], g.shape(o)[1]);
+            // The scatter writes f32: into the output if it is stored so, else into the
+            // workspace and then cast (a half part of a tied table's gradient).
+            let target = if cx.dt(o) == DType::F32 {
+                cx.out(0)
+            } else {
+                cx.ws.ok_or_else(|| cx.no(" without its f32 workspace"))?
+            };
+            let (dtype, ids, dout, n_) = (cx.dt(dout), cx.inp(0), cx.inp(1), cx.n(ins[0]));
+            let l = EmbeddingBackward {
+                dtype,
+                dtable: target,
+                err: Some(cx.err),
+                ids,
+                dout,
+                n: n_,
+                c,
+                v,
+            };
+            let mut v_ = vec![l.launch(r.device()).into()];
+            if cx.dt(o) != DType::F32 {
+                let (from, to, n) = (DType::F32, cx.dt(o), cx.n(o));
+                let cast = ew::Cast { from, to, out: cx.out(0), x: target, n };
+                v_.push(cast.launch(r.device()).into());
+            }
+            v_
+        };
+        Ok(calls)
     }
 }

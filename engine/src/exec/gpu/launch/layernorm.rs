@@ -3,8 +3,13 @@
 //! per chunk of rows, which reduce.cu's `column_sum_finish` adds ([`super::reduce`]). CPU
 //! counterparts: `backend/cpu/kernels/layernorm.rs`.
 
+use super::reduce;
 use super::{columns, kernel_name, warp_rows, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::support::{chunks, ROWS_PER_CHUNK};
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::{AddLayerNorm, LayerNorm, LayerNormBackward};
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `layernorm_forward_<T>`: y = (x − mean)·rstd·w + b per row; mean and rstd saved for the
@@ -152,5 +157,112 @@ impl<P> LayerNormBackwardDwdb<P> {
                 Arg::I32(chunks(self.rows) as i32),
             ],
         )
+    }
+}
+
+impl GpuKernel for LayerNorm {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let LayerNorm { eps } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1], ins[2]])?;
+            let c = cx.last(ins[0]);
+            let rows = cx.n(ins[0]) / c;
+            let (y, mean, rstd, x, w, b) =
+                (cx.out(0), cx.out(1), cx.out(2), cx.inp(0), cx.inp(1), cx.inp(2));
+            let dtype = cx.dt(outs[0]);
+            let l = LayerNormForward { dtype, y, mean, rstd, x, w, b, rows, c, eps: *eps };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for AddLayerNorm {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let AddLayerNorm { eps } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], outs[1], ins[0], ins[1], ins[2], ins[3]])?;
+            let c = cx.last(ins[0]);
+            let rows = cx.n(ins[0]) / c;
+            // The sum may overwrite a dying operand: the kernel allows it over `a`, and the
+            // sum commutes, so that operand goes first.
+            let (sum, a, b) = match cx.inplace {
+                Some(k) => (cx.inp(k), cx.inp(k), cx.inp(1 - k)),
+                None => (cx.out(0), cx.inp(0), cx.inp(1)),
+            };
+            let l = AddLayerNormForward {
+                dtype: cx.dt(outs[1]),
+                sum,
+                y: cx.out(1),
+                mean: cx.out(2),
+                rstd: cx.out(3),
+                a,
+                b,
+                w: cx.inp(2),
+                bias: cx.inp(3),
+                rows,
+                c,
+                eps: *eps,
+            };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for LayerNormBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1], ins[2]])?;
+            let c = cx.n(ins[2]);
+            let rows = cx.n(ins[0]) / c;
+            let chunks = crate::exec::gpu::support::chunks(rows);
+            let ws = cx.ws_at();
+            let (dy, x, mean, rstd) = (cx.inp(0), cx.inp(1), cx.inp(3), cx.inp(4));
+            let dev = r.device();
+            // dw's partials, then db's, in the workspace: (2, chunks, c) f32.
+            let (dw_ws, db_ws) = (ws, ws + 4 * (chunks * c) as u64);
+            let dtype = cx.dt(outs[0]);
+            let dx = LayerNormBackwardDx {
+                dtype,
+                dx: cx.out(0),
+                dy,
+                x,
+                w: cx.inp(2),
+                mean,
+                rstd,
+                rows,
+                c,
+            };
+            let dwdb =
+                LayerNormBackwardDwdb { dtype: cx.dt(ins[0]), ws, dy, x, mean, rstd, rows, c };
+            let dw = reduce::ColumnSumFinish {
+                dtype: cx.dt(outs[1]),
+                out: cx.out(1),
+                ws: dw_ws,
+                chunks,
+                c,
+            };
+            let db = reduce::ColumnSumFinish {
+                dtype: cx.dt(outs[2]),
+                out: cx.out(2),
+                ws: db_ws,
+                chunks,
+                c,
+            };
+            vec![
+                dx.launch(dev).into(),
+                dwdb.launch(dev).into(),
+                dw.launch(dev).into(),
+                db.launch(dev).into(),
+            ]
+        };
+        Ok(calls)
     }
 }

@@ -6,7 +6,14 @@
 //! the labelled count (which the host never reads) are zero rows. CPU counterpart:
 //! `backend/cpu/kernels/linear_cross_entropy.rs`.
 
+use super::cross_entropy as ce;
+use super::elementwise as ew;
 use super::{block_rows, grid_stride, kernel_name, one_block, opt, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::{LinearCrossEntropy, LinearCrossEntropyBackward};
+use crate::graph::Op;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `lce_compact`: idx[0 .. count) = the rows whose label is not `ignore_index`, in row order,
@@ -178,5 +185,271 @@ impl<P> LceColumnSum<P> {
                 Arg::I32(i32::from(self.accumulate)),
             ],
         )
+    }
+}
+
+impl GpuKernel for LinearCrossEntropy {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let LinearCrossEntropy { ignore_index } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            {
+                // linear_cross_entropy.cu's launches around three GEMMs per chunk (see there):
+                // the labelled rows compacted on the device, then ⌈rows / k⌉ chunks of their
+                // positions (those past the count are zero rows), then the mean.
+                let bwd = matches!(cx.node.op, Op::LinearCrossEntropyBackward(_));
+                let at = usize::from(bwd);
+                let (x, w) = (ins[at], ins[at + 1]);
+                let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
+                let rows = cx.n(ins[at + 2]);
+                let lw = r.sup.lce_workspace(g, cx.i);
+                let base = cx.ws_at();
+                let wa = |o: usize| base + 4 * o as u64;
+                let t = cx.dt(x);
+                let (idx, count, losses, logits, xs) =
+                    (wa(lw.idx), wa(lw.count), wa(lw.losses), wa(lw.logits), wa(lw.xs));
+                let (xp, wp, labels, ignore_index) =
+                    (cx.inp(at), cx.inp(at + 1), cx.inp(at + 2), *ignore_index);
+                let bias = ins.get(at + 3).map(|_| cx.inp(at + 3));
+                let dev = r.device();
+                let compact =
+                    LceCompact { idx, count, err: Some(cx.err), labels, rows, v, ignore_index };
+                let mut calls: Vec<Call> = vec![compact.launch(dev).into()];
+                // Gradient targets: dw and dbias accumulate in f32, in their outputs when
+                // stored so (parameters' gradients), else in the workspace and cast at the end.
+                let dw = lw.dw.map_or_else(|| if bwd { cx.out(2) } else { 0 }, wa);
+                let db =
+                    if outs.len() > 3 { Some(lw.db.map_or_else(|| cx.out(3), wa)) } else { None };
+                if bwd {
+                    let (dtype, n) = (cx.dt(outs[1]), cx.n(outs[1]));
+                    let zero =
+                        ew::Fill { dtype, out: cx.out(1), n, value: 0.0, loss_scaled: false };
+                    calls.push(zero.launch(dev).into());
+                }
+                // f32 GEMMs read g in place in the logits; half ones its copy in T.
+                let gp = lw.g16.map_or(logits, wa);
+                for (ci, start) in (0..rows).step_by(lw.k).enumerate() {
+                    let k = lw.k.min(rows - start);
+                    let gather = LceGather { dtype: t, xs, x: xp, idx, count, start, k, c };
+                    calls.push(gather.launch(dev).into());
+                    // logits (k, V) = xs (k, C) · wᵀ
+                    calls.push(r.gemm2(
+                        t,
+                        (false, true),
+                        (k, v, c),
+                        (c, c, v),
+                        (xs, wp, logits),
+                        false,
+                    ));
+                    let rows_pass = LceRows {
+                        dtype: t,
+                        logits,
+                        g16: lw.g16.map(wa),
+                        losses,
+                        err: Some(cx.err),
+                        labels,
+                        idx,
+                        count,
+                        bias,
+                        dloss: bwd.then(|| cx.inp(0)),
+                        start,
+                        k,
+                        v,
+                        ignore_index,
+                    };
+                    calls.push(rows_pass.launch(dev).into());
+                    if !bwd {
+                        continue;
+                    }
+                    // dx rows (k, C) = g (k, V) · w (V, C), scattered to their rows.
+                    let dxs = wa(lw.dxs.expect("the backward's workspace has dx rows"));
+                    calls.push(r.gemm2(
+                        t,
+                        (false, false),
+                        (k, c, v),
+                        (v, c, c),
+                        (gp, wp, dxs),
+                        false,
+                    ));
+                    let scatter = LceScatter {
+                        dtype: cx.dt(outs[1]),
+                        dx: cx.out(1),
+                        dxs,
+                        idx,
+                        count,
+                        start,
+                        k,
+                        c,
+                    };
+                    calls.push(scatter.launch(dev).into());
+                    // dw (V, C) (+)= gᵀ (V, k) · xs (k, C): β = 1 after the first chunk.
+                    calls.push(r.gemm2(
+                        t,
+                        (true, false),
+                        (v, c, k),
+                        (v, c, c),
+                        (gp, xs, dw),
+                        ci > 0,
+                    ));
+                    if let Some(db) = db {
+                        let sum = LceColumnSum { db, g: logits, k, v, accumulate: ci > 0 };
+                        calls.push(sum.launch(dev).into());
+                    }
+                }
+                let mean =
+                    ce::CrossEntropyMean { loss: cx.out(0), losses, labels, rows, ignore_index };
+                calls.push(mean.launch(dev).into());
+                for (acc, o) in [(lw.dw, 2), (lw.db, 3)] {
+                    if let (Some(a), true) = (acc, bwd) {
+                        let cast = ew::Cast {
+                            from: DType::F32,
+                            to: cx.dt(outs[o]),
+                            out: cx.out(o),
+                            x: wa(a),
+                            n: cx.n(outs[o]),
+                        };
+                        calls.push(cast.launch(dev).into());
+                    }
+                }
+                calls
+            }
+            // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for LinearCrossEntropyBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let LinearCrossEntropyBackward { ignore_index } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            {
+                // linear_cross_entropy.cu's launches around three GEMMs per chunk (see there):
+                // the labelled rows compacted on the device, then ⌈rows / k⌉ chunks of their
+                // positions (those past the count are zero rows), then the mean.
+                let bwd = matches!(cx.node.op, Op::LinearCrossEntropyBackward(_));
+                let at = usize::from(bwd);
+                let (x, w) = (ins[at], ins[at + 1]);
+                let (v, c) = (g.shape(w)[0], g.shape(w)[1]);
+                let rows = cx.n(ins[at + 2]);
+                let lw = r.sup.lce_workspace(g, cx.i);
+                let base = cx.ws_at();
+                let wa = |o: usize| base + 4 * o as u64;
+                let t = cx.dt(x);
+                let (idx, count, losses, logits, xs) =
+                    (wa(lw.idx), wa(lw.count), wa(lw.losses), wa(lw.logits), wa(lw.xs));
+                let (xp, wp, labels, ignore_index) =
+                    (cx.inp(at), cx.inp(at + 1), cx.inp(at + 2), *ignore_index);
+                let bias = ins.get(at + 3).map(|_| cx.inp(at + 3));
+                let dev = r.device();
+                let compact =
+                    LceCompact { idx, count, err: Some(cx.err), labels, rows, v, ignore_index };
+                let mut calls: Vec<Call> = vec![compact.launch(dev).into()];
+                // Gradient targets: dw and dbias accumulate in f32, in their outputs when
+                // stored so (parameters' gradients), else in the workspace and cast at the end.
+                let dw = lw.dw.map_or_else(|| if bwd { cx.out(2) } else { 0 }, wa);
+                let db =
+                    if outs.len() > 3 { Some(lw.db.map_or_else(|| cx.out(3), wa)) } else { None };
+                if bwd {
+                    let (dtype, n) = (cx.dt(outs[1]), cx.n(outs[1]));
+                    let zero =
+                        ew::Fill { dtype, out: cx.out(1), n, value: 0.0, loss_scaled: false };
+                    calls.push(zero.launch(dev).into());
+                }
+                // f32 GEMMs read g in place in the logits; half ones its copy in T.
+                let gp = lw.g16.map_or(logits, wa);
+                for (ci, start) in (0..rows).step_by(lw.k).enumerate() {
+                    let k = lw.k.min(rows - start);
+                    let gather = LceGather { dtype: t, xs, x: xp, idx, count, start, k, c };
+                    calls.push(gather.launch(dev).into());
+                    // logits (k, V) = xs (k, C) · wᵀ
+                    calls.push(r.gemm2(
+                        t,
+                        (false, true),
+                        (k, v, c),
+                        (c, c, v),
+                        (xs, wp, logits),
+                        false,
+                    ));
+                    let rows_pass = LceRows {
+                        dtype: t,
+                        logits,
+                        g16: lw.g16.map(wa),
+                        losses,
+                        err: Some(cx.err),
+                        labels,
+                        idx,
+                        count,
+                        bias,
+                        dloss: bwd.then(|| cx.inp(0)),
+                        start,
+                        k,
+                        v,
+                        ignore_index,
+                    };
+                    calls.push(rows_pass.launch(dev).into());
+                    if !bwd {
+                        continue;
+                    }
+                    // dx rows (k, C) = g (k, V) · w (V, C), scattered to their rows.
+                    let dxs = wa(lw.dxs.expect("the backward's workspace has dx rows"));
+                    calls.push(r.gemm2(
+                        t,
+                        (false, false),
+                        (k, c, v),
+                        (v, c, c),
+                        (gp, wp, dxs),
+                        false,
+                    ));
+                    let scatter = LceScatter {
+                        dtype: cx.dt(outs[1]),
+                        dx: cx.out(1),
+                        dxs,
+                        idx,
+                        count,
+                        start,
+                        k,
+                        c,
+                    };
+                    calls.push(scatter.launch(dev).into());
+                    // dw (V, C) (+)= gᵀ (V, k) · xs (k, C): β = 1 after the first chunk.
+                    calls.push(r.gemm2(
+                        t,
+                        (true, false),
+                        (v, c, k),
+                        (v, c, c),
+                        (gp, xs, dw),
+                        ci > 0,
+                    ));
+                    if let Some(db) = db {
+                        let sum = LceColumnSum { db, g: logits, k, v, accumulate: ci > 0 };
+                        calls.push(sum.launch(dev).into());
+                    }
+                }
+                let mean =
+                    ce::CrossEntropyMean { loss: cx.out(0), losses, labels, rows, ignore_index };
+                calls.push(mean.launch(dev).into());
+                for (acc, o) in [(lw.dw, 2), (lw.db, 3)] {
+                    if let (Some(a), true) = (acc, bwd) {
+                        let cast = ew::Cast {
+                            from: DType::F32,
+                            to: cx.dt(outs[o]),
+                            out: cx.out(o),
+                            x: wa(a),
+                            n: cx.n(outs[o]),
+                        };
+                        calls.push(cast.launch(dev).into());
+                    }
+                }
+                calls
+            }
+            // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
+        };
+        Ok(calls)
     }
 }

@@ -14,6 +14,7 @@ pub mod copy;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemm;
 pub mod layernorm;
 pub mod linear_cross_entropy;
 pub mod pointwise;

@@ -5,7 +5,12 @@
 //! family's. CPU counterparts: `backend/cpu/kernels/pointwise.rs`.
 
 use super::{grid_stride, kernel_name, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op;
 use crate::ops::pointwise::{BinaryFn, UnaryFn};
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `<f>_forward_<T>`: y = f(x); y may be x.
@@ -77,5 +82,58 @@ impl<P> Binary<P> {
                 Arg::I64(self.nb as i64),
             ],
         )
+    }
+}
+
+impl GpuKernel for op::Unary {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::Unary { f } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            let y = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+            let (f, dtype, n) = (*f, cx.dt(outs[0]), cx.n(outs[0]));
+            vec![Unary { f, dtype, y, x: cx.inp(0), n }.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::UnaryBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::UnaryBackward { f } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1]])?;
+            let dx = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
+            let (f, dtype, n) = (*f, cx.dt(outs[0]), cx.n(outs[0]));
+            let l = UnaryBackward { f, dtype, dx, x: cx.inp(0), dy: cx.inp(1), n };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::Binary {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::Binary { f } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (len, nb) = (cx.n(outs[0]), cx.n(ins[1]));
+            if nb == 0 || len % nb != 0 {
+                return Err(cx.no(" for an operand that does not tile the output"));
+            }
+            cx.same(&[outs[0], ins[0], ins[1]])?;
+            let o = match cx.inplace {
+                Some(k) => cx.inp(k),
+                None => cx.out(0),
+            };
+            let (f, dtype, a, b) = (*f, cx.dt(outs[0]), cx.inp(0), cx.inp(1));
+            vec![Binary { f, dtype, out: o, a, b, n: len, nb }.launch(r.device()).into()]
+        };
+        Ok(calls)
     }
 }

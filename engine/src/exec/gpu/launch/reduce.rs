@@ -4,7 +4,12 @@
 //! `backend/cpu/kernels/reduce.rs` (`reduce_sum_leading`).
 
 use super::{columns, grid_stride, kernel_name, Arg, Device, Launch};
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+
 use crate::exec::gpu::support::ROWS_PER_CHUNK;
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::ReduceSumLeading;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `column_sum_partial_<T>`: ws[k, j] = Σ x[r, j] over chunk k of [`ROWS_PER_CHUNK`] rows.
@@ -58,5 +63,22 @@ impl<P> ColumnSumFinish<P> {
                 Arg::I32(self.c as i32),
             ],
         )
+    }
+}
+
+impl GpuKernel for ReduceSumLeading {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let c = cx.n(outs[0]);
+            let rows = cx.n(ins[0]) / c.max(1);
+            let (ws, dev) = (cx.ws_at(), r.device());
+            let part = ColumnSumPartial { dtype: cx.dt(ins[0]), ws, x: cx.inp(0), rows, c };
+            let chunks = crate::exec::gpu::support::chunks(rows);
+            let fin = ColumnSumFinish { dtype: cx.dt(outs[0]), out: cx.out(0), ws, chunks, c };
+            vec![part.launch(dev).into(), fin.launch(dev).into()]
+        };
+        Ok(calls)
     }
 }

@@ -3,6 +3,13 @@
 //! attention is not fused). CPU counterparts: `backend/cpu/kernels/softmax.rs`.
 
 use super::{kernel_name, mask_args, warp_rows, Arg, Device, Launch, Mask};
+use crate::exec::gpu::broadcast_strides4;
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::launch;
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op;
+use crate::graph::op::Softmax;
+use crate::plan::PlanError;
 use crate::DType;
 
 /// `softmax_forward_<T>`: y = softmax(x·scale + mask) per row of n; the rows are viewed as
@@ -67,5 +74,63 @@ impl<P> SoftmaxBackward<P> {
                 Arg::F32(self.scale),
             ],
         )
+    }
+}
+
+impl GpuKernel for Softmax {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let Softmax { scale, causal } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0]])?;
+            if let Some(&m) = ins.get(1) {
+                cx.same(&[ins[0], m])?;
+            }
+            let s = g.shape(ins[0]);
+            let rank = s.len();
+            let ncol = s[rank - 1];
+            let rows = cx.n(ins[0]) / ncol;
+            let tq = if rank >= 2 { s[rank - 2] } else { 1 };
+            let h = if rank >= 3 { s[rank - 3] } else { 1 };
+            let full = [rows / (h * tq).max(1), h, tq, ncol];
+            let mask = ins.get(1).map(|&m| launch::Mask {
+                mask: r.at(m),
+                strides: broadcast_strides4(g.shape(m), full),
+            });
+            let l = SoftmaxForward {
+                dtype: cx.dt(outs[0]),
+                y: cx.out(0),
+                x: cx.inp(0),
+                mask,
+                rows,
+                n: ncol,
+                scale: *scale,
+                causal: *causal,
+                h,
+                tq,
+            };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for op::SoftmaxBackward {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let op::SoftmaxBackward { scale } = self;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            cx.same(&[outs[0], ins[0], ins[1]])?;
+            let ncol = cx.last(ins[0]);
+            let rows = cx.n(ins[0]) / ncol;
+            let o = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
+            let (dtype, y, dy, scale) = (cx.dt(outs[0]), cx.inp(0), cx.inp(1), *scale);
+            let l = SoftmaxBackward { dtype, dx: o, y, dy, rows, n: ncol, scale };
+            vec![l.launch(r.device()).into()]
+        };
+        Ok(calls)
     }
 }

@@ -1,0 +1,113 @@
+//! The GEMM ops' launches: cuBLASLt calls with their epilogues.
+use super::elementwise as ew;
+use crate::backend::cpu::kernels::matmul::MatMulPlan;
+use crate::exec::gpu::contiguous;
+use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::{Call, Resolver};
+use crate::graph::op::{Linear, MatMul};
+use crate::plan::PlanError;
+use crate::DType;
+
+impl GpuKernel for MatMul {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let MatMul { ta, tb } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (a, b, c) = (ins[0], ins[1], outs[0]);
+            let m = MatMulPlan::new(
+                *ta,
+                *tb,
+                (g.shape(a), r.strides(a)),
+                (g.shape(b), r.strides(b)),
+                (g.shape(c), r.strides(c)),
+            )
+            .ok_or_else(|| cx.no(" for these operand layouts"))?;
+            if cx.dt(a) == cx.dt(b) {
+                vec![r.gemm(&m, (a, b, c), &|why: &str| cx.no(why))?]
+            } else {
+                // An f32 operand of a half product (BERT's stop-gradient is a LayerNorm's
+                // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
+                let (f, h) = if cx.dt(a) == DType::F32 { (a, b) } else { (b, a) };
+                if !g.tensor(f).elem.is_float()
+                    || r.strides(f) != contiguous(g.shape(f))
+                    || cx.dt(c) != cx.dt(h)
+                {
+                    return Err(cx.no(&format!(
+                        " for operands in {:?} and {:?} into {:?}",
+                        cx.dt(a),
+                        cx.dt(b),
+                        cx.dt(c)
+                    )));
+                }
+                let w =
+                    cx.ws.ok_or_else(|| cx.no(" without the workspace for its cast operand"))?;
+                let src = if f == a { cx.inp(0) } else { cx.inp(1) };
+                let cast = ew::Cast { from: DType::F32, to: cx.dt(h), out: w, x: src, n: cx.n(f) };
+                let cast = cast.launch(r.device()).into();
+                let (pa, pb) = if f == a { (w, cx.inp(1)) } else { (cx.inp(0), w) };
+                vec![
+                    cast,
+                    r.gemm_at(
+                        &m,
+                        (cx.dt(h), cx.dt(h), cx.dt(c)),
+                        (pa, pb, cx.out(0)),
+                        &|why: &str| cx.no(why),
+                    )?,
+                ]
+            }
+        };
+        Ok(calls)
+    }
+}
+
+impl GpuKernel for Linear {
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let Linear { tb, gelu } = self;
+        let g = cx.g;
+        let ins = &cx.node.inputs;
+        let outs = &cx.node.outputs;
+        let calls = {
+            let (x, w) = (ins[0], ins[1]);
+            let c = outs[usize::from(gelu.is_some())];
+            cx.same(&[outs[0], x, w, ins[2], c])?;
+            let m = MatMulPlan::new(
+                false,
+                *tb,
+                (g.shape(x), r.strides(x)),
+                (g.shape(w), r.strides(w)),
+                (g.shape(c), r.strides(c)),
+            )
+            .ok_or_else(|| cx.no(" for these operand layouts"))?;
+            let cols = cx.last(outs[0]);
+            let rows = cx.n(outs[0]) / cols.max(1);
+            let gemm = r.gemm(&m, (x, w, c), &|why: &str| cx.no(why))?;
+            let dtype = cx.dt(outs[0]);
+            let epi = match gelu {
+                Some(a) => ew::BiasGelu {
+                    dtype,
+                    y: cx.out(0),
+                    pre: cx.out(1),
+                    bias: cx.inp(2),
+                    rows,
+                    c: cols,
+                    approx: *a,
+                }
+                .launch(r.device()),
+                None => ew::Add {
+                    dtype,
+                    to_f32: false,
+                    out: cx.out(0),
+                    a: cx.out(0),
+                    b: cx.inp(2),
+                    n: cx.n(outs[0]),
+                    nb: cols,
+                }
+                .launch(r.device()),
+            };
+            vec![gemm, epi.into()]
+        };
+        Ok(calls)
+    }
+}
