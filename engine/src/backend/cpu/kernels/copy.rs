@@ -131,29 +131,9 @@ impl CpuKernel for Reshape {
 }
 
 impl CpuKernel for Permute {
+    // A materialised permute is the reshape's strided copy with permuted source strides.
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        // Materialised (the plan could not fold it): a strided copy.
-        let (x, o) = (k.node.inputs[0], k.node.outputs[0]);
-        let (xs, os) = (k.g.shape(x).to_vec(), k.g.shape(o));
-        let (src_shape, src_strides) = match &k.node.op {
-            Op::Permute(Permute { perm }) => (
-                perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
-                perm.iter().map(|&p| k.pl(x).strides[p]).collect::<Vec<_>>(),
-            ),
-            // Op::Reshape, the arm's other op: the input as it is.
-            _ => (xs, k.pl(x).strides.clone()),
-        };
-        copy::copy_strided(
-            k.pool,
-            k.ptr(x),
-            &src_shape,
-            &src_strides,
-            k.ptr(o),
-            os,
-            &k.pl(o).strides,
-        );
-
-        Ok(())
+        Reshape.exec(k)
     }
 }
 

@@ -369,13 +369,9 @@ impl CpuKernel for op::Fill {
 }
 
 impl CpuKernel for op::BiasAdd {
+    // The bias is a broadcast addend: the add kernel.
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        match k.r.inplace {
-            Some(0) => ew::map2_inplace_a(k.pool, k.rw(0), k.rd(1), Add),
-            Some(_) => ew::map2_inplace_b(k.pool, k.rd(0), k.rw(1), Add),
-            None => ew::map2(k.pool, k.wr(0), k.rd(0), k.rd(1), Add),
-        };
-        Ok(())
+        op::Add.exec(k)
     }
 }
 

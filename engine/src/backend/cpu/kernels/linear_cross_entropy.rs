@@ -313,39 +313,9 @@ impl CpuKernel for LinearCrossEntropyBackward {
         lce_workspace(cpu, g, node, 1)
     }
 
+    // One kernel call for both directions: it reads which from the node.
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        let LinearCrossEntropyBackward { ignore_index } = self;
-        // Operands from x on: the backward's slot 0 is dloss.
-        let at = usize::from(matches!(k.node.op, Op::LinearCrossEntropyBackward(_)));
-        let (v, c) = (k.g.shape(k.node.inputs[at + 1])[0], k.g.shape(k.node.inputs[at + 1])[1]);
-        let labels = k.ids(at + 2);
-        let p = lce::Lce {
-            x: k.rd(at),
-            w: k.rd(at + 1),
-            labels,
-            bias: (k.node.inputs.len() > at + 3).then(|| k.rd(at + 3)),
-            c,
-            v,
-            ignore_index: *ignore_index,
-            chunk: lce::chunk_rows(v, k.pool.threads()),
-            skip_ignored: k.x.row_skip,
-        };
-        let grads = (at == 1).then(|| lce::LceGrads {
-            dloss: k.rd(0)[0],
-            dx: k.wr(1),
-            dw: k.wr(2),
-            db: (k.node.outputs.len() > 3).then(|| k.wr(3)),
-        });
-        let gemms = if at == 1 { 3 } else { 1 };
-        k.wr(0)[0] = lce::linear_cross_entropy(k.pool, &p, k.ws(), grads)?;
-        let rows = match k.x.row_skip {
-            true => labels.iter().filter(|&&l| l != *ignore_index).count(),
-            false => labels.len(),
-        };
-        k.x.lce_flops
-            .fetch_add((gemms * 2 * rows * c * v) as u64, std::sync::atomic::Ordering::Relaxed);
-
-        Ok(())
+        LinearCrossEntropy { ignore_index: self.ignore_index }.exec(k)
     }
 }
 

@@ -10,14 +10,14 @@
 //! `matmul_forward`.
 
 use super::super::blas::{sgemm_par, sgemm_st};
-use super::{elementwise as ew, matmul};
+use super::elementwise as ew;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::ResolveCx;
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
 use crate::exec::planned::Aux;
 use crate::exec::planned::{CpuSupport, PlannedExecutor, Resolved};
 use crate::graph::op::{Linear, MatMul};
-use crate::graph::Graph;
+use crate::graph::{Graph, TensorId};
 use crate::ops::OpError;
 use crate::plan::layout::reshape_strides;
 use crate::plan::rows::RowUse;
@@ -412,17 +412,8 @@ impl CpuKernel for MatMul {
     }
 
     fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
-        let (g, node) = (cx.g, cx.node);
-        let (a, b, c) = (node.inputs[0], node.inputs[1], node.outputs[0]);
-        let m = MatMulPlan::new(
-            self.ta,
-            self.tb,
-            (g.shape(a), &cx.pl(a).strides),
-            (g.shape(b), &cx.pl(b).strides),
-            (g.shape(c), &cx.pl(c).strides),
-        )
-        .ok_or_else(|| cx.no(" for these operand layouts"))?;
-        Ok(Aux::MatMul(m, None))
+        let node = cx.node;
+        gemm_plan(cx, (self.ta, self.tb), [node.inputs[0], node.inputs[1], node.outputs[0]])
     }
 
     fn flops(&self, x: &PlannedExecutor, r: &Resolved) -> f64 {
@@ -433,11 +424,9 @@ impl CpuKernel for MatMul {
         let Aux::MatMul(m, rows) = &k.r.aux else { unreachable!("resolved at build") };
         let (a, b, c) =
             (k.ptr(k.node.inputs[0]), k.ptr(k.node.inputs[1]), k.ptr(k.node.outputs[0]));
-        match rows {
-            Some((set, u)) if k.x.sel[*set].len() <= matmul::row_cap(k.x.row_sets[*set].rows) => {
-                m.run_rows(k.pool, a, b, c, &k.x.sel[*set], *u, k.ws())
-            }
-            _ => m.run(k.pool, a, b, c),
+        match rows.and_then(|(set, u)| Some((k.selected_rows(set)?, u))) {
+            Some((sel, u)) => m.run_rows(k.pool, a, b, c, sel, u, k.ws()),
+            None => m.run(k.pool, a, b, c),
         }
 
         Ok(())
@@ -447,18 +436,9 @@ impl CpuKernel for MatMul {
 impl CpuKernel for Linear {
     fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
         // The GEMM writes x·op(w) into y, or into the saved pre-activation with GELU.
-        let (g, node) = (cx.g, cx.node);
-        let (x, w) = (node.inputs[0], node.inputs[1]);
+        let node = cx.node;
         let c = node.outputs[usize::from(self.gelu.is_some())];
-        let m = MatMulPlan::new(
-            false,
-            self.tb,
-            (g.shape(x), &cx.pl(x).strides),
-            (g.shape(w), &cx.pl(w).strides),
-            (g.shape(c), &cx.pl(c).strides),
-        )
-        .ok_or_else(|| cx.no(" for these operand layouts"))?;
-        Ok(Aux::MatMul(m, None))
+        gemm_plan(cx, (false, self.tb), [node.inputs[0], node.inputs[1], c])
     }
 
     fn flops(&self, x: &PlannedExecutor, r: &Resolved) -> f64 {
@@ -482,6 +462,18 @@ impl CpuKernel for Linear {
 
         Ok(())
     }
+}
+
+/// The GEMM plan of c = op(a)·op(b) over the operands' planned layouts.
+fn gemm_plan(
+    cx: &ResolveCx<'_>,
+    (ta, tb): (bool, bool),
+    [a, b, c]: [TensorId; 3],
+) -> Result<Aux, PlanError> {
+    let (g, pl) = (cx.g, |t: TensorId| &cx.pl(t).strides);
+    MatMulPlan::new(ta, tb, (g.shape(a), pl(a)), (g.shape(b), pl(b)), (g.shape(c), pl(c)))
+        .map(|m| Aux::MatMul(m, None))
+        .ok_or_else(|| cx.no(" for these operand layouts"))
 }
 
 /// GEMM FLOPs of a resolved matmul in the executor's last step: the selected rows only when a

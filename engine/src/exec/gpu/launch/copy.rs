@@ -111,30 +111,9 @@ impl GpuKernel for Reshape {
 }
 
 impl GpuKernel for Permute {
+    // A materialised permute is the reshape's strided copy with permuted source strides.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let g = cx.g;
-        let ins = &cx.node.inputs;
-        let outs = &cx.node.outputs;
-        let calls = {
-            // Materialised (the plan could not fold it): a strided copy.
-            let (x, o) = (ins[0], outs[0]);
-            cx.same(&[x, o])?;
-            let xs = g.shape(x).to_vec();
-            let (ss, st) = match &cx.node.op {
-                Op::Permute(Permute { perm }) => (
-                    perm.iter().map(|&p| xs[p]).collect::<Vec<_>>(),
-                    perm.iter().map(|&p| r.strides(x)[p]).collect::<Vec<_>>(),
-                ),
-                // Op::Reshape, the arm's other op: the input as it is.
-                _ => (xs, r.strides(x).to_vec()),
-            };
-            let (ds, dst) = (g.shape(o).to_vec(), r.strides(o).to_vec());
-            let meta = r.copy_meta(&ss, &st, &ds, &dst);
-            let copy =
-                CopyStrided { dtype: cx.dt(o), dst: cx.out(0), src: cx.inp(0), n: cx.n(o), meta };
-            vec![copy.launch(r.device()).into()]
-        };
-        Ok(calls)
+        Reshape.launches(r, cx)
     }
 }
 

@@ -289,32 +289,9 @@ impl GpuKernel for op::Fill {
 }
 
 impl GpuKernel for BiasAdd {
+    // The bias is a broadcast addend: the add kernel.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let ins = &cx.node.inputs;
-        let outs = &cx.node.outputs;
-        let calls = {
-            let (len, nb) = (cx.n(outs[0]), cx.n(ins[1]));
-            if nb == 0 || len % nb != 0 {
-                return Err(cx.no(" for an operand that does not tile the output"));
-            }
-            cx.same(&[ins[0], ins[1]])?;
-            let o = match cx.inplace {
-                Some(k) => cx.inp(k),
-                None => cx.out(0),
-            };
-            // Two half parts summed into a parameter's f32 gradient (tied weights).
-            let to_f32 = if cx.dt(outs[0]) == cx.dt(ins[0]) {
-                false
-            } else if cx.dt(outs[0]) == DType::F32 {
-                true
-            } else {
-                return Err(cx.no(" for f32 operands into a half output"));
-            };
-            let (a, b) = (cx.inp(0), cx.inp(1));
-            let add = Add { dtype: cx.dt(ins[0]), to_f32, out: o, a, b, n: len, nb };
-            vec![add.launch(r.device()).into()]
-        };
-        Ok(calls)
+        op::Add.launches(r, cx)
     }
 }
 
@@ -401,24 +378,9 @@ impl GpuKernel for op::TanhBackward {
 }
 
 impl GpuKernel for op::GeluBackward {
+    // One binding for the two activation backwards: it reads which from the node.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let ins = &cx.node.inputs;
-        let outs = &cx.node.outputs;
-        let calls = {
-            cx.same(&[outs[0], ins[0], ins[1]])?;
-            let o = if cx.inplace.is_some() { cx.inp(1) } else { cx.out(0) };
-            let (dtype, n, dev) = (cx.dt(outs[0]), cx.n(outs[0]), r.device());
-            let l = match &cx.node.op {
-                Op::GeluBackward(op::GeluBackward { approx }) => {
-                    let (dx, x, dy, approx) = (o, cx.inp(0), cx.inp(1), *approx);
-                    GeluBackward { dtype, dx, x, dy, n, approx }.launch(dev)
-                }
-                // Op::TanhBackward, the arm's other op.
-                _ => TanhBackward { dtype, dx: o, y: cx.inp(0), dy: cx.inp(1), n }.launch(dev),
-            };
-            vec![l.into()]
-        };
-        Ok(calls)
+        op::TanhBackward.launches(r, cx)
     }
 }
 
