@@ -35,6 +35,7 @@ use crate::ops::OpError;
 use crate::plan::rows::{self, RowPlan, RowUse};
 use crate::plan::{self, KernelSupport, Place, Plan, PlanError, Root};
 use crate::DType;
+use kernel::CpuKernel;
 
 /// What the CPU kernels accept (see [`KernelSupport`]).
 #[derive(Debug, Clone)]
@@ -69,7 +70,7 @@ impl KernelSupport for CpuSupport {
     fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
         let n = &g.nodes()[node];
         let err = |why: String| PlanError::NoKernel { node, op: n.op.name(), backend: "cpu", why };
-        n.op.def().check(g, n).map_err(err)?;
+        CpuKernel::check(n.op.def(), g, n).map_err(err)?;
         if n.outputs.iter().any(|&o| g.shape(o).len() > 8) {
             return Err(err(" for tensors of more than 8 dims".into()));
         }
@@ -81,7 +82,7 @@ impl KernelSupport for CpuSupport {
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
-        g.nodes()[node].op.def().workspace(self, g, node)
+        CpuKernel::workspace(g.nodes()[node].op.def(), self, g, node)
     }
 }
 

@@ -8,9 +8,10 @@ use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::GraphError;
-use crate::graph::{Graph, Op, TensorId};
+use crate::graph::{Graph, Node, Op, TensorId};
 use crate::plan::PlanError;
 
 /// (x) → gelu(x)
@@ -46,6 +47,10 @@ impl OpDef for Gelu {
 }
 
 impl GpuKernel for Gelu {
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Err(" for a GELU outside a linear layer (the passes fuse it into Op::Linear)".into())
+    }
+
     // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
     fn launches(&self, _r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         Err(cx.no(": gelu has no GPU launch outside a linear layer"))

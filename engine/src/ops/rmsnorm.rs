@@ -9,9 +9,10 @@ use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
 use crate::exec::gpu::kernel::GpuKernel;
+use crate::exec::gpu::support::GpuSupport;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId};
 use crate::DType;
 
 /// (x (…, C), w (C)) → (y (…, C), rstd (…)); HF `LlamaRMSNorm` computed in f32:
@@ -52,7 +53,11 @@ impl OpDef for RmsNorm {
 }
 
 /// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
-impl GpuKernel for RmsNorm {}
+impl GpuKernel for RmsNorm {
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Err(": rms_norm has no GPU kernel yet".into())
+    }
+}
 
 /// (a (…, C), b (…, C), w (C)) → (sum (…, C) = a + b, y (…, C) = RmsNorm(sum), rstd (…));
 /// sum and y are differentiable, rstd is the saved statistic. The residual add + RMSNorm of
@@ -105,7 +110,11 @@ impl OpDef for AddRmsNorm {
     }
 }
 
-impl GpuKernel for AddRmsNorm {}
+impl GpuKernel for AddRmsNorm {
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Err(": add_rms_norm has no GPU kernel yet".into())
+    }
+}
 
 /// (dy, x, w, rstd) → (dx, dw)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -125,7 +134,11 @@ impl OpDef for RmsNormBackward {
     }
 }
 
-impl GpuKernel for RmsNormBackward {}
+impl GpuKernel for RmsNormBackward {
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Err(": rms_norm_backward has no GPU kernel yet".into())
+    }
+}
 
 /// y = w·(x·rstd), rstd = 1/√(mean(x²) + eps) per row.
 // y: (R, C)

@@ -11,9 +11,10 @@ use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
 use crate::exec::gpu::kernel::GpuKernel;
+use crate::exec::gpu::support::GpuSupport;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId};
 
 /// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
 /// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
@@ -61,7 +62,11 @@ impl OpDef for Rotary {
 }
 
 /// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
-impl GpuKernel for Rotary {}
+impl GpuKernel for Rotary {
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Err(": rotary has no GPU kernel yet".into())
+    }
+}
 
 /// y = x·cos + rotate_half(x)·sin·σ with σ = −1 when `inverse` (else 1), per row of D, the row
 /// at position t = row mod T reading cos[t], sin[t].

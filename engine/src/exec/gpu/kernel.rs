@@ -2,13 +2,28 @@
 //! launchers (`exec/gpu/launch/<kernel>.rs`), and [`NodeCx`], what resolving one node sees. The
 //! executor resolves a step as `op.def().launches(resolver, &cx)`, with no match over ops.
 
+use super::support::GpuSupport;
 use super::Resolver;
 use super::{Call, PlanError};
 use crate::graph::{Graph, Node, TensorId};
 use crate::DType;
 
-/// An op's GPU launches.
+/// An op's GPU kernels: what the GPU planner and executor need of them besides the op's own
+/// [`crate::graph::OpDef`]. The defaults: the kernels run any node the graph builder accepts
+/// and need no scratch; and no launches, which an op without GPU kernels keeps while its
+/// `check` refuses it.
 pub trait GpuKernel {
+    /// Why the GPU kernels cannot run node `node` (beyond the op's own shape rules), if they
+    /// cannot.
+    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Elements (4-byte units) of scratch the kernels need (0 for none).
+    fn workspace(&self, _sup: &GpuSupport, _g: &Graph, _node: usize) -> usize {
+        0
+    }
+
     /// The node's launches (kernels and GEMMs) with every address, size and stride fixed. The
     /// default is an op without a GPU kernel: a plan error, never a silent fallback
     /// (`GpuSupport::check` refuses such a node before this is asked).

@@ -14,6 +14,7 @@
 //! - there is no standalone GELU kernel: the passes fuse GELU into its linear layer (`Op::Linear`),
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
+use super::kernel::GpuKernel;
 use crate::graph::{ElemType, Graph, Op, TensorKind};
 use crate::plan::{KernelSupport, PlanError};
 use crate::DType;
@@ -216,88 +217,7 @@ impl KernelSupport for GpuSupport {
             backend: "gpu",
             why: why.to_string(),
         };
-        match &n.op {
-            Op::Fill(_)
-            | Op::Embedding
-            | Op::MatMul(_)
-            | Op::BiasAdd
-            | Op::Add
-            | Op::Scale(_)
-            | Op::Tanh
-            | Op::LayerNorm(_)
-            | Op::Softmax(_)
-            | Op::Dropout(_)
-            | Op::Reshape
-            | Op::Permute(_)
-            | Op::Split(_)
-            | Op::Concat
-            | Op::CrossEntropy(_)
-            | Op::EmbeddingBackward
-            | Op::ReduceSumLeading
-            | Op::GeluBackward(_)
-            | Op::TanhBackward
-            | Op::LayerNormBackward
-            | Op::SoftmaxBackward(_)
-            | Op::CrossEntropyBackward(_)
-            | Op::Linear(_)
-            | Op::AddLayerNorm(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::UnaryBackward(_) => {}
-            Op::Gelu(_) => {
-                return Err(err(
-                    " for a GELU outside a linear layer (the passes fuse it into Op::Linear)",
-                ))
-            }
-            Op::RmsNorm(_) => return Err(err(": rms_norm has no GPU kernel yet")),
-            Op::RmsNormBackward => return Err(err(": rms_norm_backward has no GPU kernel yet")),
-            Op::AddRmsNorm(_) => return Err(err(": add_rms_norm has no GPU kernel yet")),
-            Op::Rotary(_) => return Err(err(": rotary has no GPU kernel yet")),
-            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
-                // One storage type for x, w and the bias: the GEMMs' operands and the row
-                // kernel's bias are one T.
-                let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward(_)));
-                let d = |t: crate::graph::TensorId| self.dtypes[t.index()];
-                let (x, w) = (n.inputs[at], n.inputs[at + 1]);
-                if d(w) != d(x) || n.inputs.get(at + 3).is_some_and(|&b| d(b) != d(x)) {
-                    return Err(err(" for x, w and bias stored in different dtypes"));
-                }
-                if at == 1 && d(n.inputs[0]) != DType::F32 {
-                    return Err(err(" for a non-f32 loss gradient"));
-                }
-                // Row indices are i32 and the labelled count f32 (exact below 2^24).
-                if g.tensor(n.inputs[at + 2]).numel() >= 1 << 24 {
-                    return Err(err(" for 2^24 rows or more"));
-                }
-            }
-            Op::Attention(_) => {
-                use crate::ops::attention::slot;
-                let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
-                if q.len() != 4 {
-                    return Err(err(" for a non-4-D attention"));
-                }
-                if k[1] != q[1] {
-                    return Err(err(
-                        ": grouped-query attention (fewer kv heads than query heads) has no GPU kernel yet",
-                    ));
-                }
-            }
-            Op::AttentionBackward(_) => {
-                use crate::ops::attention::backward_slot as slot;
-                let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
-                if q.len() != 4 {
-                    return Err(err(" for a non-4-D attention"));
-                }
-                if k[1] != q[1] {
-                    return Err(err(
-                        ": grouped-query attention_backward (fewer kv heads than query heads) has no GPU kernel yet",
-                    ));
-                }
-                if n.inputs.len() <= slot::OUT {
-                    return Err(err(" without the forward's output among its inputs"));
-                }
-            }
-        }
+        GpuKernel::check(n.op.def(), self, g, n).map_err(|why| err(&why))?;
         if n.outputs.iter().chain(&n.inputs).any(|&o| g.shape(o).len() > 8) {
             return Err(err(" for tensors of more than 8 dims"));
         }
@@ -339,78 +259,7 @@ impl KernelSupport for GpuSupport {
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {
-        let n = &g.nodes()[node];
-        let numel = |t| g.tensor(t).numel();
-        match n.op {
-            Op::LayerNormBackward => {
-                let c = numel(n.inputs[2]);
-                2 * chunks(numel(n.inputs[0]) / c.max(1)) * c
-            }
-            Op::ReduceSumLeading => {
-                let c = numel(n.outputs[0]);
-                chunks(numel(n.inputs[0]) / c.max(1)) * c
-            }
-            // Per-row losses (forward), the count of labelled rows (backward).
-            Op::CrossEntropy(_) => numel(n.inputs[1]),
-            Op::CrossEntropyBackward(_) => 1,
-            // A product of a half and an f32 operand: the f32 one cast to half here.
-            Op::MatMul(_) => {
-                let (a, b) = (g.tensor(n.inputs[0]).elem, g.tensor(n.inputs[1]).elem);
-                match (a, b) {
-                    (ElemType::Float(x), ElemType::Float(y)) if x != y => {
-                        numel(if x == DType::F32 { n.inputs[0] } else { n.inputs[1] })
-                    }
-                    _ => 0,
-                }
-            }
-            // The scatter-add writes f32; a half output that is not a parameter's gradient
-            // (a tied table's part) is cast from this f32 copy.
-            Op::EmbeddingBackward => {
-                let o = n.outputs[0];
-                let half = matches!(g.tensor(o).elem, ElemType::Float(d) if d != DType::F32);
-                let is_grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(o));
-                if half && !is_grad {
-                    numel(o)
-                } else {
-                    0
-                }
-            }
-            // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
-            Op::AttentionBackward(_) => {
-                let q = g.shape(n.inputs[crate::ops::attention::backward_slot::Q]);
-                q[0] * q[1] * q[2]
-            }
-            Op::LinearCrossEntropy(_) | Op::LinearCrossEntropyBackward(_) => {
-                self.lce_workspace(g, node).len
-            }
-            Op::Fill(_)
-            | Op::Embedding
-            | Op::BiasAdd
-            | Op::Add
-            | Op::Scale(_)
-            | Op::Gelu(_)
-            | Op::Tanh
-            | Op::LayerNorm(_)
-            | Op::RmsNorm(_)
-            | Op::RmsNormBackward
-            | Op::AddRmsNorm(_)
-            | Op::Rotary(_)
-            | Op::Softmax(_)
-            | Op::Dropout(_)
-            | Op::Reshape
-            | Op::Permute(_)
-            | Op::Split(_)
-            | Op::Concat
-            | Op::Attention(_)
-            | Op::Linear(_)
-            | Op::AddLayerNorm(_)
-            | Op::GeluBackward(_)
-            | Op::TanhBackward
-            | Op::SoftmaxBackward(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::UnaryBackward(_) => 0,
-        }
+        GpuKernel::workspace(g.nodes()[node].op.def(), self, g, node)
     }
 }
 

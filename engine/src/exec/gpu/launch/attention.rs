@@ -13,11 +13,13 @@ use super::{kernel_name, mask_args, Arg, Device, Launch, Mask, Seed};
 use crate::exec::gpu::broadcast_strides4;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::launch;
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::support::{attention_smem, attention_tiles, ROW_BLOCK};
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{Attention, AttentionBackward};
 use crate::graph::Op;
-use crate::graph::TensorId;
+use crate::graph::{Graph, Node, TensorId};
+use crate::ops::attention::{backward_slot, slot};
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -247,6 +249,20 @@ impl<P> AttentionBackwardDkdv<P> {
 }
 
 impl GpuKernel for Attention {
+    fn check(&self, _sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
+        let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
+        if q.len() != 4 {
+            return Err(" for a non-4-D attention".into());
+        }
+        if k[1] != q[1] {
+            return Err(
+                ": grouped-query attention (fewer kv heads than query heads) has no GPU kernel yet"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let Attention { scale, causal, dropout_p, offset } = self;
         let g = cx.g;
@@ -350,6 +366,27 @@ impl GpuKernel for Attention {
 }
 
 impl GpuKernel for AttentionBackward {
+    fn check(&self, _sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
+        use backward_slot as slot;
+        let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
+        if q.len() != 4 {
+            return Err(" for a non-4-D attention".into());
+        }
+        if k[1] != q[1] {
+            return Err(": grouped-query attention_backward (fewer kv heads than query heads) has no GPU kernel yet".into());
+        }
+        if n.inputs.len() <= slot::OUT {
+            return Err(" without the forward's output among its inputs".into());
+        }
+        Ok(())
+    }
+
+    // D = rowsum(dO ∘ O) per query row: (B, H, Tq).
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        let q = g.shape(g.nodes()[node].inputs[backward_slot::Q]);
+        q[0] * q[1] * q[2]
+    }
+
     // One binding for both directions: it reads which from the node.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let AttentionBackward { scale, causal, dropout_p, offset } = *self;

@@ -7,6 +7,8 @@
 
 use super::{block_rows, kernel_name, one_block, opt, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
+use crate::graph::Graph;
 
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op;
@@ -137,6 +139,11 @@ impl<P> CrossEntropyBackward<P> {
 }
 
 impl GpuKernel for CrossEntropy {
+    // Per-row losses.
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        g.tensor(g.nodes()[node].inputs[1]).numel()
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let CrossEntropy { ignore_index } = self;
         let ins = &cx.node.inputs;
@@ -165,6 +172,11 @@ impl GpuKernel for CrossEntropy {
 }
 
 impl GpuKernel for op::CrossEntropyBackward {
+    // The count of labelled rows.
+    fn workspace(&self, _sup: &GpuSupport, _g: &Graph, _node: usize) -> usize {
+        1
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let op::CrossEntropyBackward { ignore_index } = self;
         let ins = &cx.node.inputs;

@@ -7,10 +7,12 @@
 use super::elementwise as ew;
 use super::{block_rows, kernel_name, opt, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::support::ROW_BLOCK;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op;
 use crate::graph::op::Embedding;
+use crate::graph::{ElemType, Graph};
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -102,6 +104,19 @@ impl GpuKernel for Embedding {
 }
 
 impl GpuKernel for op::EmbeddingBackward {
+    // The scatter-add writes f32; a half output that is not a parameter's gradient (a tied
+    // table's part) is cast from this f32 copy.
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        let o = g.nodes()[node].outputs[0];
+        let half = matches!(g.tensor(o).elem, ElemType::Float(d) if d != DType::F32);
+        let is_grad = (0..g.params().len()).any(|i| g.param_grad(i) == Some(o));
+        if half && !is_grad {
+            g.tensor(o).numel()
+        } else {
+            0
+        }
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let g = cx.g;
         let ins = &cx.node.inputs;

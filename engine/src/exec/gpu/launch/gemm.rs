@@ -3,12 +3,25 @@ use super::elementwise as ew;
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
 use crate::exec::gpu::contiguous;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{Linear, MatMul};
+use crate::graph::{ElemType, Graph};
 use crate::plan::PlanError;
 use crate::DType;
 
 impl GpuKernel for MatMul {
+    // A product of a half and an f32 operand: the f32 one cast to half here.
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        let n = &g.nodes()[node];
+        match (g.tensor(n.inputs[0]).elem, g.tensor(n.inputs[1]).elem) {
+            (ElemType::Float(x), ElemType::Float(y)) if x != y => {
+                g.tensor(if x == DType::F32 { n.inputs[0] } else { n.inputs[1] }).numel()
+            }
+            _ => 0,
+        }
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let MatMul { ta, tb } = self;
         let g = cx.g;

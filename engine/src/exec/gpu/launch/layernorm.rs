@@ -6,9 +6,11 @@
 use super::reduce;
 use super::{columns, kernel_name, warp_rows, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::support::{chunks, ROWS_PER_CHUNK};
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{AddLayerNorm, LayerNorm, LayerNormBackward};
+use crate::graph::Graph;
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -215,6 +217,13 @@ impl GpuKernel for AddLayerNorm {
 }
 
 impl GpuKernel for LayerNormBackward {
+    // dw's and db's partial column sums: (2, chunks, c) f32.
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        let n = &g.nodes()[node];
+        let c = g.tensor(n.inputs[2]).numel();
+        2 * crate::exec::gpu::support::chunks(g.tensor(n.inputs[0]).numel() / c.max(1)) * c
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let ins = &cx.node.inputs;
         let outs = &cx.node.outputs;

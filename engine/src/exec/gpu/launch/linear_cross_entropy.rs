@@ -10,9 +10,11 @@ use super::cross_entropy as ce;
 use super::elementwise as ew;
 use super::{block_rows, grid_stride, kernel_name, one_block, opt, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{LinearCrossEntropy, LinearCrossEntropyBackward};
 use crate::graph::Op;
+use crate::graph::{Graph, Node, TensorId};
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -189,6 +191,14 @@ impl<P> LceColumnSum<P> {
 }
 
 impl GpuKernel for LinearCrossEntropy {
+    fn check(&self, sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
+        lce_check(sup, g, n)
+    }
+
+    fn workspace(&self, sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        sup.lce_workspace(g, node).len
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let LinearCrossEntropy { ignore_index } = self;
         let g = cx.g;
@@ -322,8 +332,35 @@ impl GpuKernel for LinearCrossEntropy {
 }
 
 impl GpuKernel for LinearCrossEntropyBackward {
+    fn check(&self, sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
+        lce_check(sup, g, n)
+    }
+
+    fn workspace(&self, sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        sup.lce_workspace(g, node).len
+    }
+
     // One binding for both directions: it reads which from the node.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         LinearCrossEntropy { ignore_index: self.ignore_index }.launches(r, cx)
     }
+}
+
+/// One storage type for x, w and the bias (the GEMMs' operands and the row kernel's bias are
+/// one T), an f32 loss gradient, and fewer than 2^24 rows (row indices are i32 and the
+/// labelled count f32).
+fn lce_check(sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
+    let at = usize::from(matches!(n.op, Op::LinearCrossEntropyBackward(_)));
+    let d = |t: TensorId| sup.dtypes[t.index()];
+    let (x, w) = (n.inputs[at], n.inputs[at + 1]);
+    if d(w) != d(x) || n.inputs.get(at + 3).is_some_and(|&b| d(b) != d(x)) {
+        return Err(" for x, w and bias stored in different dtypes".into());
+    }
+    if at == 1 && d(n.inputs[0]) != DType::F32 {
+        return Err(" for a non-f32 loss gradient".into());
+    }
+    if g.tensor(n.inputs[at + 2]).numel() >= 1 << 24 {
+        return Err(" for 2^24 rows or more".into());
+    }
+    Ok(())
 }

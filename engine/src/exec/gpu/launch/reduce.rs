@@ -5,6 +5,8 @@
 
 use super::{columns, grid_stride, kernel_name, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
+use crate::exec::gpu::support::GpuSupport;
+use crate::graph::Graph;
 
 use crate::exec::gpu::support::ROWS_PER_CHUNK;
 use crate::exec::gpu::{Call, Resolver};
@@ -67,6 +69,13 @@ impl<P> ColumnSumFinish<P> {
 }
 
 impl GpuKernel for ReduceSumLeading {
+    // The partial column sums: (chunks, c) f32.
+    fn workspace(&self, _sup: &GpuSupport, g: &Graph, node: usize) -> usize {
+        let n = &g.nodes()[node];
+        let c = g.tensor(n.outputs[0]).numel();
+        crate::exec::gpu::support::chunks(g.tensor(n.inputs[0]).numel() / c.max(1)) * c
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let ins = &cx.node.inputs;
         let outs = &cx.node.outputs;
