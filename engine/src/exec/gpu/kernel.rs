@@ -19,6 +19,16 @@ pub trait GpuKernel {
         Ok(())
     }
 
+    /// The dtype the kernels store output `slot` in, where it is not the graph's.
+    fn stored_dtype(&self, _g: &Graph, _node: &Node, _slot: usize) -> Option<DType> {
+        None
+    }
+
+    /// The elements the kernels store of output `slot`, where fewer than its shape's.
+    fn stored_elems(&self, _g: &Graph, _node: &Node, _slot: usize) -> Option<usize> {
+        None
+    }
+
     /// Elements (4-byte units) of scratch the kernels need (0 for none).
     fn workspace(&self, _sup: &GpuSupport, _g: &Graph, _node: usize) -> usize {
         0

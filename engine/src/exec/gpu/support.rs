@@ -15,7 +15,7 @@
 //!   and an unfused one is a [`PlanError::NoKernel`] naming the node, never a silent fallback.
 
 use super::kernel::GpuKernel;
-use crate::graph::{ElemType, Graph, Op, TensorKind};
+use crate::graph::{ElemType, Graph, Op};
 use crate::plan::{KernelSupport, PlanError};
 use crate::DType;
 
@@ -61,9 +61,10 @@ pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
 
 /// The dtype each tensor is stored in on the GPU (indexed by tensor id): the graph's, except
 /// parameters' gradients — f32 in the flat gradient buffer, as the CPU executor keeps them —,
-/// autodiff's seed (f32) and attention's second output, the rows' log-sum-exp (f32). Id tensors
-/// read as f32 here (they are never addressed by dtype). The plan sizes arena buffers by these
-/// ([`KernelSupport::elem_bytes`]): a half tensor takes 2 bytes an element.
+/// and the outputs an op's kernels store otherwise ([`GpuKernel::stored_dtype`]: autodiff's
+/// seed and attention's log-sum-exp, f32). Id tensors read as f32 here (they are never
+/// addressed by dtype). The plan sizes arena buffers by these ([`KernelSupport::elem_bytes`]):
+/// a half tensor takes 2 bytes an element.
 pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
     let mut d: Vec<DType> = g
         .tensors()
@@ -79,15 +80,10 @@ pub fn storage_dtypes(g: &Graph) -> Vec<DType> {
         }
     }
     for n in g.nodes() {
-        match n.op {
-            Op::Attention(_) => d[n.outputs[1].index()] = DType::F32,
-            // Autodiff's seed, d(loss)/d(loss): it holds the loss scale (2^16 overflows f16),
-            // f32 like the loss, as the CPU executor keeps it.
-            Op::Fill(_) if matches!(g.tensor(n.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss()) => {
-                d[n.outputs[0].index()] = DType::F32
+        for (slot, &o) in n.outputs.iter().enumerate() {
+            if let Some(s) = GpuKernel::stored_dtype(n.op.def(), g, n, slot) {
+                d[o.index()] = s;
             }
-            // Every other op's outputs are stored in the graph's dtype.
-            _ => {}
         }
     }
     d
@@ -248,14 +244,10 @@ impl KernelSupport for GpuSupport {
     }
 
     fn stored_elems(&self, g: &Graph, t: crate::graph::TensorId) -> Option<usize> {
-        // Attention's second output: the rows' log-sum-exp (B, H, Tq), not the probabilities.
-        g.nodes()
-            .iter()
-            .find(|n| matches!(n.op, Op::Attention(_)) && n.outputs.get(1) == Some(&t))
-            .map(|n| {
-                let q = g.shape(n.inputs[0]);
-                q[0] * q[1] * q[2]
-            })
+        g.nodes().iter().find_map(|n| {
+            let slot = n.outputs.iter().position(|&o| o == t)?;
+            GpuKernel::stored_elems(n.op.def(), g, n, slot)
+        })
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {

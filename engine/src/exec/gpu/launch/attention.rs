@@ -249,6 +249,16 @@ impl<P> AttentionBackwardDkdv<P> {
 }
 
 impl GpuKernel for Attention {
+    // The second output is the rows' log-sum-exp (B, H, Tq) in f32, not the probabilities.
+    fn stored_dtype(&self, _g: &Graph, _node: &Node, slot: usize) -> Option<DType> {
+        (slot == 1).then_some(DType::F32)
+    }
+
+    fn stored_elems(&self, g: &Graph, node: &Node, slot: usize) -> Option<usize> {
+        let q = g.shape(node.inputs[slot::Q]);
+        (slot == 1).then(|| q[0] * q[1] * q[2])
+    }
+
     fn check(&self, _sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
         let (q, k) = (g.shape(n.inputs[slot::Q]), g.shape(n.inputs[slot::K]));
         if q.len() != 4 {

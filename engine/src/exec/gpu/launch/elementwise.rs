@@ -12,6 +12,7 @@ use crate::graph::op;
 use crate::graph::op::{BiasAdd, Tanh};
 use crate::graph::Op;
 use crate::graph::TensorKind;
+use crate::graph::{Graph, Node};
 use crate::ops::gelu::GeluApprox;
 use crate::plan::PlanError;
 use crate::DType;
@@ -257,6 +258,14 @@ impl<P> Cast<P> {
 }
 
 impl GpuKernel for op::Fill {
+    // Autodiff's seed, d(loss)/d(loss): it holds the loss scale (2^16 overflows f16), f32 like
+    // the loss, as the CPU executor keeps it.
+    fn stored_dtype(&self, g: &Graph, node: &Node, _slot: usize) -> Option<DType> {
+        let seed =
+            matches!(g.tensor(node.outputs[0]).kind, TensorKind::Grad(l) if Some(l) == g.loss());
+        seed.then_some(DType::F32)
+    }
+
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let op::Fill { value } = self;
         let g = cx.g;
