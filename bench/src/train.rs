@@ -28,8 +28,8 @@ use ortbench_models::graph::{GraphOptions, InferenceModel};
 use ortbench_models::rng::Rng;
 use ortbench_models::torch::{TorchTrainer, TrainOptions};
 use ortbench_models::{
-    resolve, with_task, Batch, DataSource, HubOptions, LrSchedule, ModelConfig, Weights,
-    IGNORE_INDEX,
+    resolve, with_task, Batch, DataSource, HubOptions, LrSchedule, ModelConfig, ResolvedModel,
+    Weights, IGNORE_INDEX,
 };
 use ortbench_report::output::StepRow;
 use ortbench_report::polars::prelude::{Column, DataFrame, NamedFrom, Series};
@@ -324,6 +324,9 @@ fn latest_checkpoint(out: &Path) -> Option<(usize, PathBuf)> {
         .max_by_key(|(s, _)| *s)
 }
 
+/// An evaluation: (step, epoch, eval loss, eval accuracy).
+type EvalRow = (usize, f64, f64, Option<f64>);
+
 fn write_logs(
     out: &Path,
     steps: &[StepRow],
@@ -355,44 +358,10 @@ fn write_logs(
 }
 
 pub fn run(args: &TrainArgs) -> Result<i32> {
-    if !["ort", "pytorch"].contains(&args.config.as_str()) {
-        bail!(
-            "--config {}: train runs one rank, as ort or pytorch (ort-zero1 is ort on one rank)",
-            args.config
-        );
-    }
-    if !["linear", "constant"].contains(&args.lr_schedule.as_str()) {
-        bail!("unknown --lr-schedule '{}': use linear or constant", args.lr_schedule);
-    }
-    if args.resume && args.config != "ort" {
-        bail!("--resume continues ort runs only (the pytorch config's optimizer state is not checkpointed)");
-    }
-    if args.batch_size == 0 || args.epochs == 0 && args.max_steps.is_none() {
-        bail!("--batch-size and --epochs (or --max-steps) must be positive");
-    }
-    if args.eval_split.is_some_and(|f| !(f > 0.0 && f < 1.0)) {
-        bail!("--eval-split must be in (0, 1)");
-    }
+    check_args(args)?;
     let precision: DType = args.precision.parse()?;
     let out = &args.output_dir;
-    let resume_from = if args.resume {
-        Some(
-            latest_checkpoint(out)
-                .with_context(|| format!("--resume: {} has no checkpoint-N/", out.display()))?,
-        )
-    } else {
-        None
-    };
-    if !args.resume && out.exists() && std::fs::read_dir(out)?.next().is_some() && !args.overwrite {
-        bail!(
-            "--output-dir {} is not empty (use --resume to continue it, or --overwrite)",
-            out.display()
-        );
-    }
-    if args.overwrite && !args.resume {
-        remove_checkpoints(out)?;
-    }
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let resume_from = prepare_output_dir(args)?;
 
     // The model, its task and weights (the checkpoint's when resuming: they are in its state).
     let hub = HubOptions::from_env();
@@ -401,59 +370,10 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
     if let Some(p) = args.dropout {
         cfg.set_dropout(p);
     }
-    let weights = match &model.weights_file {
-        Some(f) => {
-            let (w, report) = Weights::load(&cfg, f, args.seed)?;
-            if !report.missing.is_empty() {
-                eprintln!(
-                    "{} weights are not in {} and are newly initialised: {}",
-                    report.missing.len(),
-                    f.display(),
-                    report.missing.join(", ")
-                );
-            }
-            if !report.unexpected.is_empty() {
-                eprintln!(
-                    "{} tensors of {} are not used by {}: {}",
-                    report.unexpected.len(),
-                    f.display(),
-                    cfg.arch.hf_name(),
-                    report.unexpected.join(", ")
-                );
-            }
-            w
-        }
-        None => Weights::init(&cfg, args.seed),
-    };
+    let weights = load_weights(&cfg, model.weights_file.as_deref(), args.seed)?;
 
     // Data: the training rows and an evaluation set.
-    let cols = ortbench_models::text::Columns {
-        text: args.text_column.clone(),
-        label: args.label_column.clone(),
-    };
-    let cap = args.seq_len.unwrap_or(128).min(cfg.max_positions());
-    let file_for = |ds: &Path| crate::dataset::prepare(&model, &cfg, ds, &cols, cap);
-    let train_file = match (&args.dataset, &args.data) {
-        (Some(ds), None) => file_for(ds)?,
-        (None, Some(f)) => f.clone(),
-        _ => bail!("give the training rows as --dataset FILE (text) or --data FILE (tokenised safetensors)"),
-    };
-    let mut train = DataSource::from_file(&cfg, &train_file, args.batch_size, None, args.seed)?;
-    let eval_batch = args.eval_batch_size.unwrap_or(args.batch_size);
-    let eval = match (&args.eval_dataset, args.eval_split) {
-        (Some(ds), None) => {
-            Some(DataSource::from_file(&cfg, &file_for(ds)?, eval_batch, None, args.seed)?)
-        }
-        (None, Some(frac)) => {
-            let n = train.n_rows().expect("file rows");
-            let (t, e) =
-                train.split_off(((n as f64 * frac).round() as usize).max(1), eval_batch)?;
-            train = t;
-            Some(e)
-        }
-        (None, None) => None,
-        (Some(_), Some(_)) => bail!("give --eval-dataset or --eval-split, not both"),
-    };
+    let (train, eval) = load_data(args, &model, &cfg)?;
     let n = train.n_rows().expect("file rows");
     let per_epoch = n / args.batch_size;
     if per_epoch == 0 {
@@ -463,49 +383,9 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
 
     // The trainer, HF Trainer's conventions.
     let schedule = schedule(args, total);
-    let mut trainer = match args.config.as_str() {
-        "ort" => {
-            let opts = EngineOptions {
-                lr: args.lr,
-                weight_decay: args.weight_decay,
-                max_grad_norm: args.max_grad_norm,
-                schedule,
-                precision,
-                seed: args.seed,
-            };
-            let graph = GraphOptions::new(args.batch_size, train.seq_len)
-                .with_attention_mask(train.has_attention_mask());
-            let group = ortbench_engine::collective::LocalGroup::new(1).pop().expect("one rank");
-            Trainer::Engine(Box::new(EngineTrainer::with_graph_options(
-                &cfg,
-                &weights,
-                &graph,
-                opts,
-                group,
-                ortbench_engine::parallel::Strategy::Ddp,
-            )?))
-        }
-        _ => {
-            let p = match args.precision.as_str() {
-                "fp32" => ortbench_models::torch::Precision::Fp32,
-                "bf16" => ortbench_models::torch::Precision::Bf16,
-                other => {
-                    bail!("--precision {other}: the pytorch config trains fp32 or bf16 on the CPU")
-                }
-            };
-            let opts = TrainOptions {
-                lr: args.lr,
-                weight_decay: args.weight_decay,
-                max_grad_norm: args.max_grad_norm,
-                schedule,
-                precision: p,
-                ..TrainOptions::default()
-            };
-            Trainer::Torch(Box::new(TorchTrainer::new(&cfg, &weights, tch::Device::Cpu, opts)?))
-        }
-    };
+    let mut trainer = make_trainer(args, &cfg, &weights, &train, schedule, precision)?;
     let mut steps: Vec<StepRow> = Vec::new();
-    let mut evals: Vec<(usize, f64, f64, Option<f64>)> = Vec::new();
+    let mut evals: Vec<EvalRow> = Vec::new();
     let mut start = 0;
     if let Some((step, dir)) = &resume_from {
         let state: serde_json::Value =
@@ -592,22 +472,15 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
             }
         }
         if args.save_steps.is_some_and(|s| s > 0 && done % s == 0) && done != total {
-            let dir = out.join(format!("checkpoint-{done}"));
-            save_hf_dir(&dir, &cfg, &trainer.weights()?, source_dir.as_deref())?;
-            if let Trainer::Engine(t) = &trainer {
-                let st = t.state()?;
-                save_state(&dir, &st)?;
-                let state = json!({
-                    "global_step": done, "total_steps": total, "epoch": epoch_f, "adam_step": st.adam_step,
-                    "loss_scale": st.loss_scaler.map(|l| l.0), "loss_scale_clean_steps": st.loss_scaler.map(|l| l.1),
-                    "log_history": steps, "eval_history": evals,
-                });
-                ortbench_report::output::write_text(
-                    &dir.join("trainer_state.json"),
-                    &serde_json::to_string_pretty(&state)?,
-                )?;
-            }
-            eprintln!("saved {}", dir.display());
+            let history = (&steps[..], &evals[..]);
+            save_checkpoint(
+                out,
+                &cfg,
+                &trainer,
+                source_dir.as_deref(),
+                (done, total, epoch_f),
+                history,
+            )?;
         }
         write_logs(out, &steps, &evals)?;
     }
@@ -619,6 +492,201 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         if source_dir.is_some() { ", tokenizer files" } else { "" }
     );
     Ok(0)
+}
+
+/// The `train` flags that are checked before anything loads.
+fn check_args(args: &TrainArgs) -> Result<()> {
+    if !["ort", "pytorch"].contains(&args.config.as_str()) {
+        bail!(
+            "--config {}: train runs one rank, as ort or pytorch (ort-zero1 is ort on one rank)",
+            args.config
+        );
+    }
+    if !["linear", "constant"].contains(&args.lr_schedule.as_str()) {
+        bail!("unknown --lr-schedule '{}': use linear or constant", args.lr_schedule);
+    }
+    if args.resume && args.config != "ort" {
+        bail!("--resume continues ort runs only (the pytorch config's optimizer state is not checkpointed)");
+    }
+    if args.batch_size == 0 || args.epochs == 0 && args.max_steps.is_none() {
+        bail!("--batch-size and --epochs (or --max-steps) must be positive");
+    }
+    if args.eval_split.is_some_and(|f| !(f > 0.0 && f < 1.0)) {
+        bail!("--eval-split must be in (0, 1)");
+    }
+    Ok(())
+}
+
+/// The output directory, made ready: the checkpoint to resume from (with `--resume`), an
+/// error for a non-empty directory without `--resume` or `--overwrite`, the earlier run's
+/// checkpoints removed with `--overwrite`.
+fn prepare_output_dir(args: &TrainArgs) -> Result<Option<(usize, PathBuf)>> {
+    let out = &args.output_dir;
+    let resume_from = if args.resume {
+        Some(
+            latest_checkpoint(out)
+                .with_context(|| format!("--resume: {} has no checkpoint-N/", out.display()))?,
+        )
+    } else {
+        None
+    };
+    if !args.resume && out.exists() && std::fs::read_dir(out)?.next().is_some() && !args.overwrite {
+        bail!(
+            "--output-dir {} is not empty (use --resume to continue it, or --overwrite)",
+            out.display()
+        );
+    }
+    if args.overwrite && !args.resume {
+        remove_checkpoints(out)?;
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    Ok(resume_from)
+}
+
+/// The model's weights from its file (reporting the missing and unused tensors), or newly
+/// initialised.
+fn load_weights(cfg: &ModelConfig, file: Option<&Path>, seed: u64) -> Result<Weights> {
+    Ok(match file {
+        Some(f) => {
+            let (w, report) = Weights::load(cfg, f, seed)?;
+            if !report.missing.is_empty() {
+                eprintln!(
+                    "{} weights are not in {} and are newly initialised: {}",
+                    report.missing.len(),
+                    f.display(),
+                    report.missing.join(", ")
+                );
+            }
+            if !report.unexpected.is_empty() {
+                eprintln!(
+                    "{} tensors of {} are not used by {}: {}",
+                    report.unexpected.len(),
+                    f.display(),
+                    cfg.arch.hf_name(),
+                    report.unexpected.join(", ")
+                );
+            }
+            w
+        }
+        None => Weights::init(cfg, seed),
+    })
+}
+
+/// The training rows and the evaluation set (`--eval-dataset`, or `--eval-split` of the rows).
+fn load_data(
+    args: &TrainArgs,
+    model: &ResolvedModel,
+    cfg: &ModelConfig,
+) -> Result<(DataSource, Option<DataSource>)> {
+    let cols = ortbench_models::text::Columns {
+        text: args.text_column.clone(),
+        label: args.label_column.clone(),
+    };
+    let cap = args.seq_len.unwrap_or(128).min(cfg.max_positions());
+    let file_for = |ds: &Path| crate::dataset::prepare(model, cfg, ds, &cols, cap);
+    let train_file = match (&args.dataset, &args.data) {
+        (Some(ds), None) => file_for(ds)?,
+        (None, Some(f)) => f.clone(),
+        _ => bail!("give the training rows as --dataset FILE (text) or --data FILE (tokenised safetensors)"),
+    };
+    let mut train = DataSource::from_file(cfg, &train_file, args.batch_size, None, args.seed)?;
+    let eval_batch = args.eval_batch_size.unwrap_or(args.batch_size);
+    let eval = match (&args.eval_dataset, args.eval_split) {
+        (Some(ds), None) => {
+            Some(DataSource::from_file(cfg, &file_for(ds)?, eval_batch, None, args.seed)?)
+        }
+        (None, Some(frac)) => {
+            let n = train.n_rows().expect("file rows");
+            let (t, e) =
+                train.split_off(((n as f64 * frac).round() as usize).max(1), eval_batch)?;
+            train = t;
+            Some(e)
+        }
+        (None, None) => None,
+        (Some(_), Some(_)) => bail!("give --eval-dataset or --eval-split, not both"),
+    };
+    Ok((train, eval))
+}
+
+/// The trainer, HF Trainer's conventions: the engine for `ort`, libtorch eager for `pytorch`.
+fn make_trainer(
+    args: &TrainArgs,
+    cfg: &ModelConfig,
+    weights: &Weights,
+    train: &DataSource,
+    schedule: LrSchedule,
+    precision: DType,
+) -> Result<Trainer> {
+    Ok(match args.config.as_str() {
+        "ort" => {
+            let opts = EngineOptions {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                max_grad_norm: args.max_grad_norm,
+                schedule,
+                precision,
+                seed: args.seed,
+            };
+            let graph = GraphOptions::new(args.batch_size, train.seq_len)
+                .with_attention_mask(train.has_attention_mask());
+            let group = ortbench_engine::collective::LocalGroup::new(1).pop().expect("one rank");
+            Trainer::Engine(Box::new(EngineTrainer::with_graph_options(
+                cfg,
+                weights,
+                &graph,
+                opts,
+                group,
+                ortbench_engine::parallel::Strategy::Ddp,
+            )?))
+        }
+        _ => {
+            let p = match args.precision.as_str() {
+                "fp32" => ortbench_models::torch::Precision::Fp32,
+                "bf16" => ortbench_models::torch::Precision::Bf16,
+                other => {
+                    bail!("--precision {other}: the pytorch config trains fp32 or bf16 on the CPU")
+                }
+            };
+            let opts = TrainOptions {
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                max_grad_norm: args.max_grad_norm,
+                schedule,
+                precision: p,
+                ..TrainOptions::default()
+            };
+            Trainer::Torch(Box::new(TorchTrainer::new(cfg, weights, tch::Device::Cpu, opts)?))
+        }
+    })
+}
+
+/// `checkpoint-N/`: the model as HF saves it and, for the engine, its optimizer state and
+/// `trainer_state.json` (the step, the loss scaler and the logs so far), for `--resume`.
+fn save_checkpoint(
+    out: &Path,
+    cfg: &ModelConfig,
+    trainer: &Trainer,
+    source_dir: Option<&Path>,
+    (done, total, epoch_f): (usize, usize, f64),
+    (steps, evals): (&[StepRow], &[EvalRow]),
+) -> Result<()> {
+    let dir = out.join(format!("checkpoint-{done}"));
+    save_hf_dir(&dir, cfg, &trainer.weights()?, source_dir)?;
+    if let Trainer::Engine(t) = &trainer {
+        let st = t.state()?;
+        save_state(&dir, &st)?;
+        let state = json!({
+            "global_step": done, "total_steps": total, "epoch": epoch_f, "adam_step": st.adam_step,
+            "loss_scale": st.loss_scaler.map(|l| l.0), "loss_scale_clean_steps": st.loss_scaler.map(|l| l.1),
+            "log_history": steps, "eval_history": evals,
+        });
+        ortbench_report::output::write_text(
+            &dir.join("trainer_state.json"),
+            &serde_json::to_string_pretty(&state)?,
+        )?;
+    }
+    eprintln!("saved {}", dir.display());
+    Ok(())
 }
 
 /// `ortbench export`: a model directory's inference graph as ONNX.
