@@ -15,7 +15,7 @@
 //!
 //! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; GEMMs keep the
 //! CPU's split (GEMM, then the bias or bias + GELU pass) so both compute the same thing —
-//! cuBLASLt's fused epilogues are a tuning step (issue 15).
+//! cuBLASLt's fused epilogues are a tuning step still to come.
 //!
 //! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
