@@ -189,75 +189,9 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         None => None,
         Some(_) => Some(positive("--seq-len", args.seq_len, 0)?),
     };
-    for (name, v) in [
-        ("--lr", args.lr),
-        ("--weight-decay", args.weight_decay),
-        ("--max-grad-norm", args.max_grad_norm),
-    ] {
-        if !v.is_finite() || v < 0.0 {
-            bail!("{name} must be a finite non-negative number, got {v}");
-        }
-    }
-    if let Some(p) = args.dropout {
-        if !(0.0..1.0).contains(&p) {
-            bail!("--dropout must be in [0, 1), got {p}");
-        }
-    }
-    for (flag, v) in [
-        ("--timeout-s", args.timeout_s),
-        ("--collective-timeout-s", args.collective_timeout_s),
-        ("--hang-deadline-s", args.hang_deadline_s),
-        ("--first-step-deadline-s", args.first_step_deadline_s),
-    ] {
-        if let Some(t) = v.filter(|t| !t.is_finite() || *t <= 0.0) {
-            bail!("{flag} must be a positive number of seconds, got {t}");
-        }
-        // A finite value can still be too long for a Duration (which would panic later).
-        if let Some(t) = v.filter(|&t| t > MAX_SECONDS) {
-            bail!("{flag} {t:e} is too long: at most {MAX_SECONDS:e} seconds (~31 years)");
-        }
-    }
-    if args.collective_timeout_s.is_some() && args.launch == "threads" {
-        bail!("--collective-timeout-s with --launch threads: thread ranks share one process and wait on in-process channels, with no collective timeout to set; use --launch processes or drop the flag");
-    }
-    if let Some(t) = args.diverge_tol {
-        if !t.is_finite() || t < 0.0 {
-            bail!("--diverge-tol must be a finite non-negative number, got {t}");
-        }
-    }
+    check_training_flags(args)?;
     let repeat = positive("--repeat", args.repeat, 3)?;
-    if !args.parity_lr.is_finite() || args.parity_lr <= 0.0 {
-        bail!("--parity-lr must be a finite positive number, got {}", args.parity_lr);
-    }
-    if !["constant", "linear"].contains(&args.lr_schedule.as_str()) {
-        bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
-    }
-    let configs: Vec<String> = if args.configs.is_empty() {
-        DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args.configs.iter().map(|s| s.trim().to_string()).collect()
-    };
-    for c in &configs {
-        if !CONFIGS.contains(&c.as_str()) {
-            bail!("unknown config '{c}': known configs are {}", CONFIGS.join(", "));
-        }
-        if !IMPLEMENTED_CONFIGS.contains(&c.as_str()) {
-            bail!(
-                "config '{c}' is not implemented in this build yet; available: {}",
-                IMPLEMENTED_CONFIGS.join(", ")
-            );
-        }
-    }
-    if configs.iter().any(|c| c == crate::torch_compile::CONFIG) {
-        let tc = crate::torch_compile::CONFIG;
-        if ranks > 1 {
-            bail!("config '{tc}' runs one rank (HF + torch.compile without DDP): drop --ranks {ranks} or the config");
-        }
-        if steps < 2 {
-            bail!("config '{tc}' needs --steps ≥ 2: its first step compiles and is never timed");
-        }
-        crate::torch_compile::check_available()?;
-    }
+    let configs = select_configs(args, ranks, steps)?;
     for p in &precisions {
         if !PRECISIONS.contains(&p.as_str()) {
             bail!("unknown precision '{p}': known precisions are {}", PRECISIONS.join(", "));
@@ -280,35 +214,7 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         resolved.config = ortbench_models::with_task(resolved.config, args.task.as_deref(), model)?;
         let weights = weights_source(&args.weights, &resolved, &hub)?;
         if let WeightsSource::File(path) = &weights {
-            // Load once here so that an unreadable or mismatched file fails before any run, and
-            // say what HF would warn about: weights initialised because the file lacks them
-            // (a new head), tensors of the file that the model does not use (the old one).
-            let (_, report) = Weights::load(&resolved.config, path, args.seed)
-                .with_context(|| format!("model '{model}'"))?;
-            let list = |v: &[String]| {
-                let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
-                if v.len() > 4 {
-                    s += &format!(" and {} more", v.len() - 4);
-                }
-                s
-            };
-            if !report.missing.is_empty() {
-                eprintln!(
-                    "model '{model}': {} weights are not in {} and are newly initialised: {}",
-                    report.missing.len(),
-                    path.display(),
-                    list(&report.missing)
-                );
-            }
-            if !report.unexpected.is_empty() {
-                eprintln!(
-                    "model '{model}': {} tensors of {} are not used by {}: {}",
-                    report.unexpected.len(),
-                    path.display(),
-                    resolved.config.arch.hf_name(),
-                    list(&report.unexpected)
-                );
-            }
+            check_weights_file(model, &resolved, path, args.seed)?;
         }
         // --dataset: tokenised (or found in the cache) once here; the workers read the file.
         let data = match &args.dataset {
@@ -407,6 +313,119 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         args.seed
     );
     Ok(RunPlan { runs, jobs, train_flops_per_sample, settings, auto_batch })
+}
+
+/// The training and harness flags that are numbers: finite, in range, and (time limits) short
+/// enough for a `Duration`; and the flags that do not combine.
+fn check_training_flags(args: &RunArgs) -> Result<()> {
+    for (name, v) in [
+        ("--lr", args.lr),
+        ("--weight-decay", args.weight_decay),
+        ("--max-grad-norm", args.max_grad_norm),
+    ] {
+        if !v.is_finite() || v < 0.0 {
+            bail!("{name} must be a finite non-negative number, got {v}");
+        }
+    }
+    if let Some(p) = args.dropout {
+        if !(0.0..1.0).contains(&p) {
+            bail!("--dropout must be in [0, 1), got {p}");
+        }
+    }
+    for (flag, v) in [
+        ("--timeout-s", args.timeout_s),
+        ("--collective-timeout-s", args.collective_timeout_s),
+        ("--hang-deadline-s", args.hang_deadline_s),
+        ("--first-step-deadline-s", args.first_step_deadline_s),
+    ] {
+        if let Some(t) = v.filter(|t| !t.is_finite() || *t <= 0.0) {
+            bail!("{flag} must be a positive number of seconds, got {t}");
+        }
+        // A finite value can still be too long for a Duration (which would panic later).
+        if let Some(t) = v.filter(|&t| t > MAX_SECONDS) {
+            bail!("{flag} {t:e} is too long: at most {MAX_SECONDS:e} seconds (~31 years)");
+        }
+    }
+    if args.collective_timeout_s.is_some() && args.launch == "threads" {
+        bail!("--collective-timeout-s with --launch threads: thread ranks share one process and wait on in-process channels, with no collective timeout to set; use --launch processes or drop the flag");
+    }
+    if let Some(t) = args.diverge_tol {
+        if !t.is_finite() || t < 0.0 {
+            bail!("--diverge-tol must be a finite non-negative number, got {t}");
+        }
+    }
+    if !args.parity_lr.is_finite() || args.parity_lr <= 0.0 {
+        bail!("--parity-lr must be a finite positive number, got {}", args.parity_lr);
+    }
+    if !["constant", "linear"].contains(&args.lr_schedule.as_str()) {
+        bail!("unknown --lr-schedule '{}': use constant or linear", args.lr_schedule);
+    }
+    Ok(())
+}
+
+/// The configs to run (the default set when none is given), each known and implemented, and
+/// torch-compile's own conditions when it is among them.
+fn select_configs(args: &RunArgs, ranks: usize, steps: usize) -> Result<Vec<String>> {
+    let configs: Vec<String> = if args.configs.is_empty() {
+        DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.configs.iter().map(|s| s.trim().to_string()).collect()
+    };
+    for c in &configs {
+        if !CONFIGS.contains(&c.as_str()) {
+            bail!("unknown config '{c}': known configs are {}", CONFIGS.join(", "));
+        }
+        if !IMPLEMENTED_CONFIGS.contains(&c.as_str()) {
+            bail!(
+                "config '{c}' is not implemented in this build yet; available: {}",
+                IMPLEMENTED_CONFIGS.join(", ")
+            );
+        }
+    }
+    if configs.iter().any(|c| c == crate::torch_compile::CONFIG) {
+        let tc = crate::torch_compile::CONFIG;
+        if ranks > 1 {
+            bail!("config '{tc}' runs one rank (HF + torch.compile without DDP): drop --ranks {ranks} or the config");
+        }
+        if steps < 2 {
+            bail!("config '{tc}' needs --steps ≥ 2: its first step compiles and is never timed");
+        }
+        crate::torch_compile::check_available()?;
+    }
+    Ok(configs)
+}
+
+/// Loads a weights file once, so that an unreadable or mismatched file fails before any run,
+/// and says what HF would warn about: weights initialised because the file lacks them (a new
+/// head), tensors of the file that the model does not use (the old one).
+fn check_weights_file(model: &str, resolved: &ResolvedModel, path: &Path, seed: u64) -> Result<()> {
+    let (_, report) =
+        Weights::load(&resolved.config, path, seed).with_context(|| format!("model '{model}'"))?;
+    let list = |v: &[String]| {
+        let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
+        if v.len() > 4 {
+            s += &format!(" and {} more", v.len() - 4);
+        }
+        s
+    };
+    if !report.missing.is_empty() {
+        eprintln!(
+            "model '{model}': {} weights are not in {} and are newly initialised: {}",
+            report.missing.len(),
+            path.display(),
+            list(&report.missing)
+        );
+    }
+    if !report.unexpected.is_empty() {
+        eprintln!(
+            "model '{model}': {} tensors of {} are not used by {}: {}",
+            report.unexpected.len(),
+            path.display(),
+            resolved.config.arch.hf_name(),
+            list(&report.unexpected)
+        );
+    }
+    Ok(())
 }
 
 /// `--weights`: auto | random | DIR | FILE.safetensors | HUB_ID.
