@@ -5,7 +5,7 @@
 //! rule, which emits backward nodes. The loss is seeded with 1.0 (a `fill` node, which the loss
 //! scaler can later replace). Each parameter's total gradient is recorded in
 //! [`Graph::param_grad`]; the executor writes it at the parameter's (offset, len) of the flat
-//! gradient buffer. Aux outputs (LayerNorm's mean/rstd, attention's probabilities) and masks are
+//! gradient buffer. Aux outputs (layer_norm's mean/rstd, attention's probabilities) and masks are
 //! constants to the backward; an op without a rule is an error, never skipped.
 
 use crate::graph::{Graph, GraphError, TensorId, TensorKind};

@@ -288,7 +288,7 @@ mod tests {
     };
 
     /// A training graph of `b` rows with ops both devices run: embedding, linear, tanh,
-    /// LayerNorm, a tied LM head plus an additive `noise` input on the logits (where the
+    /// layer norm, a tied LM head plus an additive `noise` input on the logits (where the
     /// overflow is planted), cross-entropy.
     fn graph(b: usize) -> Graph {
         let mut g = Graph::new();

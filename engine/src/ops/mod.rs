@@ -5,7 +5,7 @@
 //!
 //! The reference functions are the numerical definition of every op (as llm.c's train_gpt2.c is
 //! for its CUDA kernels): the reference executor runs them, and every fast kernel and fusion is
-//! tested against them. They follow PyTorch's formulas (erf GELU, biased LayerNorm variance with
+//! tested against them. They follow PyTorch's formulas (erf GELU, biased layer-norm variance with
 //! eps inside the sqrt, max-subtracted softmax, log-sum-exp cross-entropy).
 //!
 //! Conventions: every function *overwrites* its outputs (never accumulates), takes its sizes

@@ -62,7 +62,7 @@ impl AdamWConfig {
 }
 
 /// A contiguous range of the flat buffer sharing one decay setting (HF: no decay on biases
-/// and LayerNorm weights).
+/// and layer-norm weights).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     pub start: usize,

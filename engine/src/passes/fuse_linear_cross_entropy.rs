@@ -121,7 +121,7 @@ mod tests {
         }
     }
 
-    /// Embedding → LayerNorm → untied (V, C) decoder → bias add → cross-entropy (BERT's MLM
+    /// Embedding → layer norm → untied (V, C) decoder → bias add → cross-entropy (BERT's MLM
     /// decoder shape, untied), labels (B, T).
     fn untied_head_with_bias(b: usize, t: usize, c: usize, v: usize) -> Graph {
         let mut g = Graph::new();

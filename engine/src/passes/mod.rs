@@ -3,7 +3,7 @@
 //!
 //! The model builders write what HF's modeling code writes (eager attention as matmul, scale,
 //! softmax, dropout, matmul; `nn.Linear` as matmul + bias add; the activation; the residual
-//! add; LayerNorm; dropout sites even at p = 0), and these passes turn that into the fused
+//! add; layer norm; dropout sites even at p = 0), and these passes turn that into the fused
 //! graph the fast kernels run. Forward passes run before autodiff ([`run_forward`]), so the
 //! fused ops' gradient rules write the backward; training passes run after it
 //! ([`run_training`]). In run order:

@@ -5,7 +5,7 @@
 //! - attention's second output holds the rows' log-sum-exp (B, H, Tq) f32 instead of the
 //!   probabilities, and its buffer is sized for that ([`KernelSupport::stored_elems`]); its backward
 //!   reads the forward's output and mask (graph inputs 5, 6);
-//! - reductions without atomics need scratch: column partials for bias and LayerNorm weight
+//! - reductions without atomics need scratch: column partials for bias and layer-norm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
 //!   attention backward; the linear cross-entropy's chunk of logits, gathered rows, compacted
 //!   row indices and per-row losses ([`LceWorkspace`]);
@@ -26,7 +26,7 @@ pub const ROWS_PER_CHUNK: usize = 32;
 pub const COLUMN_BLOCK: u32 = 128;
 /// Threads of a grid-stride elementwise block.
 pub const EW_BLOCK: u32 = 256;
-/// Warps per block of the one-warp-per-row kernels (LayerNorm, softmax).
+/// Warps per block of the one-warp-per-row kernels (layer_norm, softmax).
 pub const ROW_WARPS: u32 = 4;
 /// Threads of a one-block-per-row kernel (cross-entropy, embedding) and of attention blocks.
 pub const ROW_BLOCK: u32 = 128;
@@ -41,7 +41,7 @@ pub fn chunks(rows: usize) -> usize {
     rows.div_ceil(ROWS_PER_CHUNK).max(1)
 }
 
-/// Attention tile sizes (bq, bk) for head sizes d, dv: the largest of 64/32/16 whose three
+/// The attention tile sizes (bq, bk) for head sizes d, dv: the largest of 64/32/16 whose three
 /// kernels fit `max_shared` bytes of shared memory (attention.cu's formulas, in floats).
 pub fn attention_tiles(d: usize, dv: usize, max_shared: u32) -> Option<(usize, usize)> {
     [(64, 64), (64, 32), (32, 32), (16, 16), (8, 8)]

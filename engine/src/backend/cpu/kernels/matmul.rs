@@ -651,7 +651,7 @@ mod tests {
         }
     }
 
-    /// Attention-style operands: q·kᵀ with q, k (B, H, T, D) views inside (B, T, 3C) rows and
+    /// attention-style operands: q·kᵀ with q, k (B, H, T, D) views inside (B, T, 3C) rows and
     /// a transposed (column-major) operand from a folded permute.
     #[test]
     fn strided_views_fold_into_leading_dims_and_flags() {

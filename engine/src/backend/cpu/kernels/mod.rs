@@ -171,7 +171,7 @@ mod bench {
             time(3, || embedding::embedding_backward(pool, &mut table, &ids, &dy[..m], c).unwrap()),
             v * c,
         );
-        // Attention (B=8, H=12, T=128, D=64) with q/k/v inside (B, T, C) rows.
+        // attention (B=8, H=12, T=128, D=64) with q/k/v inside (B, T, C) rows.
         let (bb, h, t, d) = (8usize, 12usize, 128usize, 64usize);
         let s = [t * c, d, c];
         let plan = attention::AttnPlan {

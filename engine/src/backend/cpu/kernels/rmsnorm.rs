@@ -1,7 +1,7 @@
 //! RMSNorm over the last dim, forward and backward, rows split over the pool — the structure
 //! of [`super::layernorm`] (row ranges per task, SIMD lane accumulators, per-thread partial
 //! weight gradients summed in thread order so the result does not depend on the scheduling).
-//! Half-precision storage is the planned executor's rounding of the outputs, as for LayerNorm:
+//! Half-precision storage is the planned executor's rounding of the outputs, as for layer_norm:
 //! the kernel computes in f32 (HF's `LlamaRMSNorm` takes the row to f32 too), and rstd stays f32.
 //!
 //! References: `ops::rmsnorm` (the reference op these are tested against), HF `LlamaRMSNorm`.
@@ -16,7 +16,7 @@ use crate::graph::Graph;
 use crate::ops::OpError;
 
 /// Rows per task below which RMSNorm stays on one thread, for rows of `c` elements (as
-/// LayerNorm's: a task of 16 Ki elements pays its wake-up).
+/// layer_norm's: a task of 16 Ki elements pays its wake-up).
 fn min_rows(c: usize) -> usize {
     ((1 << 14) / c.max(1)).max(1)
 }
@@ -66,7 +66,7 @@ pub fn rmsnorm_forward(
 }
 
 /// Rows of the residual add + RMSNorm: s = x + r (or s += r in place when `x` is None), then
-/// RMSNorm of s while the row is in cache (as LayerNorm's `add_fwd_rows`).
+/// RMSNorm of s while the row is in cache (as layernorm.rs's `add_fwd_rows`).
 #[inline(always)]
 #[allow(
     clippy::too_many_arguments,
@@ -185,7 +185,7 @@ pub fn backward_workspace(threads: usize, c: usize) -> usize {
 }
 
 /// dx = rstd·(w·dy − x̂·mean(w·dy·x̂)), x̂ = x·rstd; dw = Σ_rows dy·x̂ (rows summed per thread in
-/// `ws`, then the threads' partials in thread order, as LayerNorm's dw).
+/// `ws`, then the threads' partials in thread order, as layer_norm's dw).
 // dx, dy, x: (R, C); dw, w: (C); rstd: (R); ws: (threads, C)
 #[allow(
     clippy::too_many_arguments,
@@ -306,7 +306,7 @@ mod tests {
 
     /// Against the reference op (`ops::rmsnorm`, f32) at C = 37, 67 (not multiples of the
     /// 16-lane SIMD width), 768 and 1, with row counts that do not split evenly over 3 threads:
-    /// f32 sums in another order, so |Δ| ≤ 2e-5·max|ref| per tensor (as LayerNorm's test).
+    /// f32 sums in another order, so |Δ| ≤ 2e-5·max|ref| per tensor (as layernorm.rs's test).
     #[test]
     fn rmsnorm_kernel_forward_and_backward_match_the_reference() {
         let pool = Pool::new(3);

@@ -40,7 +40,7 @@ impl GpuKernel for MatMul {
             if cx.dt(a) == cx.dt(b) {
                 vec![r.gemm(&m, (a, b, c), &|why: &str| cx.no(why))?]
             } else {
-                // An f32 operand of a half product (BERT's stop-gradient is a LayerNorm's
+                // An f32 operand of a half product (BERT's stop-gradient is a layer_norm's
                 // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
                 let (f, h) = if cx.dt(a) == DType::F32 { (a, b) } else { (b, a) };
                 if !g.tensor(f).elem.is_float()
