@@ -7,20 +7,8 @@ use std::path::{Path, PathBuf};
 /// The portability header every kernel file includes.
 pub const PORT_HEADER: &str = include_str!("../../kernels/port.cuh");
 
-/// Every kernel file, by file name.
-pub const SOURCES: &[(&str, &str)] = &[
-    ("adamw.cu", include_str!("../../kernels/adamw.cu")),
-    ("attention.cu", include_str!("../../kernels/attention.cu")),
-    ("copy.cu", include_str!("../../kernels/copy.cu")),
-    ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
-    ("elementwise.cu", include_str!("../../kernels/elementwise.cu")),
-    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
-    ("layernorm.cu", include_str!("../../kernels/layernorm.cu")),
-    ("linear_cross_entropy.cu", include_str!("../../kernels/linear_cross_entropy.cu")),
-    ("pointwise.cu", include_str!("../../kernels/pointwise.cu")),
-    ("reduce.cu", include_str!("../../kernels/reduce.cu")),
-    ("softmax.cu", include_str!("../../kernels/softmax.cu")),
-];
+/// Every kernel file, by file name, in name order (found by `engine/build.rs`).
+pub const SOURCES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/gpu_sources.rs"));
 
 /// The source NVRTC / hiprtc compile for `file`: port.cuh pasted in place of its `#include`
 /// (the compilers see one string; the header's own CUDA/HIP includes come from their paths).
