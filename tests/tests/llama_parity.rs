@@ -282,6 +282,9 @@ fn check_gradients_with(
         .with_passes(passes)
         .with_attention_mask(batch.attention_mask.is_some());
     let model = build_training_graph(cfg, &gopts).unwrap();
+    // The SiLU-gated MLP of every layer is one `swiglu` when the pass is on.
+    let swiglu = if passes.enabled("fuse_swiglu") { cfg.num_layers() } else { 0 };
+    assert_eq!(model.pass_report.rewrites("fuse_swiglu"), swiglu, "{label}: {}", model.pass_report);
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
     let feed = model.feed(batch).unwrap();

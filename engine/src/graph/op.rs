@@ -21,6 +21,7 @@ pub use crate::ops::pointwise::{BinaryFn, UnaryFn};
 pub use crate::ops::rmsnorm::{AddRmsNorm, RmsNorm, RmsNormBackward};
 pub use crate::ops::rotary::Rotary;
 pub use crate::ops::softmax::{Softmax, SoftmaxBackward};
+pub use crate::ops::swiglu::{SwiGlu, SwiGluBackward};
 pub use crate::ops::tanh::{Tanh, TanhBackward};
 
 /// Cross-entropy's default ignore index, as PyTorch's and HF's labels (-100 = padding).
@@ -55,6 +56,7 @@ pub enum Op {
     AddLayerNorm(AddLayerNorm),
     AddRmsNorm(AddRmsNorm),
     LinearCrossEntropy(LinearCrossEntropy),
+    SwiGlu,
 
     // ---- backward-only ops (emitted by autodiff) ----
     EmbeddingBackward,
@@ -68,6 +70,7 @@ pub enum Op {
     AttentionBackward(AttentionBackward),
     CrossEntropyBackward(CrossEntropyBackward),
     LinearCrossEntropyBackward(LinearCrossEntropyBackward),
+    SwiGluBackward,
 }
 
 impl Op {
@@ -100,6 +103,7 @@ impl Op {
             Op::AddLayerNorm(o) => o,
             Op::AddRmsNorm(o) => o,
             Op::LinearCrossEntropy(o) => o,
+            Op::SwiGlu => &SwiGlu,
             Op::EmbeddingBackward => &EmbeddingBackward,
             Op::ReduceSumLeading => &ReduceSumLeading,
             Op::GeluBackward(o) => o,
@@ -111,6 +115,7 @@ impl Op {
             Op::AttentionBackward(o) => o,
             Op::CrossEntropyBackward(o) => o,
             Op::LinearCrossEntropyBackward(o) => o,
+            Op::SwiGluBackward => &SwiGluBackward,
         }
     }
 

@@ -30,6 +30,7 @@ pub mod real;
 pub mod rmsnorm;
 pub mod rotary;
 pub mod softmax;
+pub mod swiglu;
 pub mod tanh;
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! | `fuse_matmul_bias` | forward | matmul → bias add (→ GELU) ⇒ [`Op::Linear`] |
 //! | `fuse_add_layernorm` | forward | add → LayerNorm ⇒ [`Op::AddLayerNorm`] |
 //! | `fuse_add_rmsnorm` | forward | add → RMSNorm ⇒ [`Op::AddRmsNorm`] |
+//! | `fuse_swiglu` | forward | silu(gate) → mul(·, up) ⇒ [`Op::SwiGlu`]: silu(gate) is never stored |
 //! | `fuse_linear_cross_entropy_backward` | training | the loss's `linear_cross_entropy` and its backward ⇒ the backward node alone, moved to the forward's place, giving the loss too (one sweep over the logits chunks) |
 //! | `recompute_gelu` | training, off by default | the GELU output the backward reads is recomputed from its input right before that read |
 //!
@@ -50,6 +51,7 @@ pub mod fuse_attention;
 pub mod fuse_linear_cross_entropy;
 pub mod fuse_matmul_bias;
 pub mod fuse_softmax;
+pub mod fuse_swiglu;
 pub mod recompute_gelu;
 pub(crate) mod rewrite;
 #[cfg(test)]
@@ -114,6 +116,7 @@ const PASSES: &[PassDef] = &[
         default_on: true,
         run: fuse_add_rmsnorm::run,
     },
+    PassDef { name: "fuse_swiglu", training: false, default_on: true, run: fuse_swiglu::run },
     PassDef {
         name: "fuse_linear_cross_entropy_backward",
         training: true,
