@@ -35,6 +35,7 @@ use crate::results::{write_tables, RUN_JSON};
 use crate::run_plan::{make_plan, parity_spec, Phase};
 use crate::run_spec::RunSpec;
 use crate::worker::{is_oom_message, Event};
+use ortbench_report::output::MemSplit;
 
 /// Set by the Ctrl-C handler.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -556,14 +557,38 @@ fn execute(
     } else {
         None
     };
+    let (procs, rx) = spawn_workers(&exe, &spec_json, scratch.as_ref(), n, port)?;
+    let watch = StepWatch::new(spec, hang, n, start)?;
+    let mut workers =
+        Workers { spec, procs, watch, killed: None, silence: None, start, timeout, stop_at };
+    let records = workers.collect(rx, progress, label)?;
+    workers.reap()?;
+    let wall_s = start.elapsed().as_secs_f64();
+    let stderr_texts = workers.stderr_texts();
+    Ok(workers.result(records, &stderr_texts, wall_s))
+}
+
+/// The workers' stdout lines as they arrive, each as (worker, line).
+type WorkerLines = mpsc::Receiver<(usize, String)>;
+
+/// Starts a run's `n` worker processes (the ortbench worker, or torch-compile's python one
+/// from its scratch directory), with torchrun's variables when there are several, and returns
+/// them with the channel on which each stdout line arrives as (worker, line).
+fn spawn_workers(
+    exe: &Path,
+    spec_json: &str,
+    scratch: Option<&crate::torch_compile::Scratch>,
+    n: usize,
+    port: u16,
+) -> Result<(Vec<Proc>, WorkerLines)> {
     let (tx, rx) = mpsc::channel::<(usize, String)>();
     let mut procs: Vec<Proc> = Vec::with_capacity(n);
     for r in 0..n {
-        let mut cmd = match &scratch {
+        let mut cmd = match scratch {
             Some(s) => s.command(),
             None => {
-                let mut c = Command::new(&exe);
-                c.arg("worker").arg("--spec").arg(&spec_json);
+                let mut c = Command::new(exe);
+                c.arg("worker").arg("--spec").arg(spec_json);
                 c
             }
         };
@@ -615,38 +640,155 @@ fn execute(
         procs.push(Proc { child, pid, err_thread: Some(err_thread), exit: None });
     }
     drop(tx);
+    Ok((procs, rx))
+}
 
-    let mut steps = Vec::new();
-    let mut summaries = vec![None; n];
-    let mut errors: Vec<Option<(String, bool)>> = vec![None; n];
-    let mut killed: Option<Kill> = None;
-    let mut watch = StepWatch::new(spec, hang, n, start)?;
-    let mut silence: Option<Silence> = None;
-    // Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout,
-    // when one went silent past the hang deadlines, or once a rank has failed and the others
-    // had PEER_GRACE to end on their own.
-    let poll = |procs: &mut Vec<Proc>,
-                killed: &mut Option<Kill>,
-                watch: &mut StepWatch,
-                silence: &mut Option<Silence>|
-     -> Result<()> {
-        for (w, p) in procs.iter_mut().enumerate().filter(|(_, p)| p.exit.is_none()) {
+/// A worker's summary record: what its run's row takes from it.
+#[derive(Clone)]
+struct Summary {
+    param_count: usize,
+    peak_mem_bytes: u64,
+    optimizer_bytes_per_rank: usize,
+    hw_flops_per_sample: Option<f64>,
+    compile_s: Option<f64>,
+    mem_split: Option<MemSplit>,
+}
+
+/// What a run's workers sent: every step record, and per worker its summary or its error
+/// (the message, and whether it is an out-of-memory one).
+struct Records {
+    steps: Vec<StepRow>,
+    summaries: Vec<Option<Summary>>,
+    errors: Vec<Option<(String, bool)>>,
+}
+
+/// A run's worker processes while they run, and whether (and why) the harness killed them.
+struct Workers<'a> {
+    spec: &'a RunSpec,
+    procs: Vec<Proc>,
+    watch: StepWatch,
+    killed: Option<Kill>,
+    /// Which worker went silent, when the hang deadlines killed the run.
+    silence: Option<Silence>,
+    start: Instant,
+    timeout: Option<Duration>,
+    /// The RSS (bytes) at which a worker is killed (`--batch-size auto` on the CPU).
+    stop_at: Option<u64>,
+}
+
+impl Workers<'_> {
+    /// Reads the workers' lines until every worker closed its stdout, polling the processes
+    /// between lines, so that the timeout, Ctrl-C and the hang deadlines apply meanwhile.
+    fn collect(&mut self, rx: WorkerLines, progress: &Progress, label: &str) -> Result<Records> {
+        let n = self.procs.len();
+        let mut records =
+            Records { steps: Vec::new(), summaries: vec![None; n], errors: vec![None; n] };
+        loop {
+            let tick = if self.stop_at.is_some() { 20 } else { 50 };
+            match rx.recv_timeout(Duration::from_millis(tick)) {
+                Ok((r, line)) => self.record(&mut records, r, line, progress, label),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            self.poll()?;
+        }
+        Ok(records)
+    }
+
+    /// Takes one line of worker `r`: a step, summary or error record (the step feeds the hang
+    /// watch and the progress bar); any other line is printed as the worker's.
+    fn record(
+        &mut self,
+        records: &mut Records,
+        r: usize,
+        line: String,
+        progress: &Progress,
+        label: &str,
+    ) {
+        let spec = self.spec;
+        let n = self.procs.len();
+        match serde_json::from_str::<Event>(&line) {
+            Ok(Event::Step {
+                rank,
+                step,
+                loss,
+                step_ms,
+                device_ms,
+                grad_norm,
+                loss_scale,
+                skipped,
+            }) => {
+                self.watch.step(r, step, step_ms, Instant::now());
+                if rank == 0 {
+                    progress.step(label, step, spec.steps, loss, step_ms);
+                }
+                records.steps.push(StepRow {
+                    model: spec.model.clone(),
+                    config: spec.config.clone(),
+                    precision: spec.precision.clone(),
+                    repeat: 0,
+                    phase: "timed".into(),
+                    rank,
+                    step,
+                    loss,
+                    step_ms,
+                    device_ms,
+                    grad_norm,
+                    loss_scale,
+                    skipped,
+                });
+            }
+            Ok(Event::Summary {
+                param_count,
+                peak_mem_bytes,
+                optimizer_bytes_per_rank,
+                hw_flops_per_sample,
+                mem_split,
+                compile_s,
+            }) => {
+                self.watch.done(r);
+                records.summaries[r] = Some(Summary {
+                    param_count,
+                    peak_mem_bytes,
+                    optimizer_bytes_per_rank,
+                    hw_flops_per_sample,
+                    compile_s,
+                    mem_split,
+                })
+            }
+            Ok(Event::Error { message, oom }) => {
+                self.watch.done(r);
+                records.errors[r] = Some((message, oom))
+            }
+            Err(_) => progress.println(&format!(
+                "  worker{}: {line}",
+                if n > 1 { format!(" rank {r}") } else { String::new() }
+            )),
+        }
+    }
+
+    /// Reaps the processes that have exited; kills every live one on Ctrl-C, on the timeout,
+    /// when one went silent past the hang deadlines, or once a rank has failed and the others
+    /// had PEER_GRACE to end on their own.
+    fn poll(&mut self) -> Result<()> {
+        for (w, p) in self.procs.iter_mut().enumerate().filter(|(_, p)| p.exit.is_none()) {
             if let Some((status, rss)) = wait4_nohang(p.pid)? {
                 p.exit = Some((status, rss, Instant::now()));
-                watch.done(w);
+                self.watch.done(w);
             }
         }
+        let (procs, watch) = (&self.procs, &self.watch);
         let quiet = || watch.silent(Instant::now(), |w| is_stopped(procs[w].pid));
         let why = if INTERRUPTED.load(Ordering::SeqCst) {
             Some(Kill::Interrupt)
-        } else if timeout.is_some_and(|t| start.elapsed() >= t) {
+        } else if self.timeout.is_some_and(|t| self.start.elapsed() >= t) {
             Some(Kill::Timeout)
-        } else if let Some(s) = killed.is_none().then(quiet).flatten() {
-            *silence = Some(s);
+        } else if let Some(s) = self.killed.is_none().then(quiet).flatten() {
+            self.silence = Some(s);
             Some(Kill::Hang)
         } else {
-            // Sampled every 20 ms (below): stopped here, never by the kernel's OOM killer.
-            stop_at.and_then(|limit| {
+            // Sampled every 20 ms (collect): stopped here, never by the kernel's OOM killer.
+            self.stop_at.and_then(|limit| {
                 procs
                     .iter()
                     .filter(|p| p.exit.is_none())
@@ -661,173 +803,144 @@ fn execute(
             .filter_map(|p| p.exit)
             .any(|(.., at)| at.elapsed() >= PEER_GRACE);
         if why.is_some() || peer_failed {
-            if killed.is_none() {
-                *killed = why;
+            if self.killed.is_none() {
+                self.killed = why;
             }
-            for p in procs.iter_mut().filter(|p| p.exit.is_none()) {
+            for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
                 // SIGKILL (which also ends a stopped process); the child is not reaped yet
                 // (wait4 above), so its pid is still ours.
                 kill_group(&mut p.child);
             }
         }
         Ok(())
-    };
-    loop {
-        let tick = if stop_at.is_some() { 20 } else { 50 };
-        match rx.recv_timeout(Duration::from_millis(tick)) {
-            Ok((r, line)) => match serde_json::from_str::<Event>(&line) {
-                Ok(Event::Step {
-                    rank,
-                    step,
-                    loss,
-                    step_ms,
-                    device_ms,
-                    grad_norm,
-                    loss_scale,
-                    skipped,
-                }) => {
-                    watch.step(r, step, step_ms, Instant::now());
-                    if rank == 0 {
-                        progress.step(label, step, spec.steps, loss, step_ms);
-                    }
-                    steps.push(StepRow {
-                        model: spec.model.clone(),
-                        config: spec.config.clone(),
-                        precision: spec.precision.clone(),
-                        repeat: 0,
-                        phase: "timed".into(),
-                        rank,
-                        step,
-                        loss,
-                        step_ms,
-                        device_ms,
-                        grad_norm,
-                        loss_scale,
-                        skipped,
-                    });
-                }
-                Ok(Event::Summary {
-                    param_count,
-                    peak_mem_bytes,
-                    optimizer_bytes_per_rank,
-                    hw_flops_per_sample,
-                    mem_split,
-                    compile_s,
-                }) => {
-                    watch.done(r);
-                    summaries[r] = Some((
-                        param_count,
-                        peak_mem_bytes,
-                        optimizer_bytes_per_rank,
-                        hw_flops_per_sample,
-                        compile_s,
-                        mem_split,
-                    ))
-                }
-                Ok(Event::Error { message, oom }) => {
-                    watch.done(r);
-                    errors[r] = Some((message, oom))
-                }
-                Err(_) => progress.println(&format!(
-                    "  worker{}: {line}",
-                    if n > 1 { format!(" rank {r}") } else { String::new() }
-                )),
-            },
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-        poll(&mut procs, &mut killed, &mut watch, &mut silence)?;
     }
-    // Every worker closed its stdout: reap them (polling, so that one that lingers is still
-    // subject to the timeout, to Ctrl-C and to a failed peer).
-    while procs.iter().any(|p| p.exit.is_none()) {
-        poll(&mut procs, &mut killed, &mut watch, &mut silence)?;
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let wall_s = start.elapsed().as_secs_f64();
-    let stderr_texts: Vec<String> = procs
-        .iter_mut()
-        .map(|p| p.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default())
-        .collect();
-    // ORTBENCH_PROFILE=1: the worker prints its per-op profile on stderr, which is otherwise
-    // only read for error messages; pass it through.
-    if ortbench_engine::exec::profile::enabled() {
-        for t in stderr_texts.iter().filter(|t| !t.is_empty()) {
-            eprint!("{t}");
-        }
-    }
-    let done_steps = steps.iter().filter(|s| s.rank == 0).count();
-    let at = format!("after {done_steps}/{} steps", spec.steps);
 
-    let mut row = base_row(spec);
-    row.wall_s = Some(wall_s);
-    row.final_loss = steps.iter().rfind(|s| s.rank == 0).map(|s| s.loss);
-    let max_rss_kb = procs.iter().filter_map(|p| p.exit).map(|(_, rss, _)| rss).max().unwrap_or(0);
-    if spec.device == "cpu" {
-        // Peak RSS of the worker (of the largest rank process), also for runs that failed.
-        row.peak_mem_bytes = Some(max_rss_kb * 1024);
+    /// Once every worker closed its stdout: reaps them, polling, so that one that lingers is
+    /// still subject to the timeout, to Ctrl-C and to a failed peer.
+    fn reap(&mut self) -> Result<()> {
+        while self.procs.iter().any(|p| p.exit.is_none()) {
+            self.poll()?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
     }
-    let all_ok = procs.iter().all(|p| !p.failed())
-        && summaries.iter().all(Option::is_some)
-        && errors.iter().all(Option::is_none);
-    let (status, message) = match killed {
-        Some(Kill::Interrupt) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
-        Some(Kill::OverBudget(rss)) => (
-            "oom",
-            format!(
-                "stopped by ortbench {at}: RSS {:.0} MiB reached the memory budget's stop line {:.0} MiB",
-                rss as f64 / (1u64 << 20) as f64,
-                stop_at.unwrap_or(0) as f64 / (1u64 << 20) as f64
-            ),
-        ),
-        Some(Kill::Hang) => (
-            "error",
-            format!(
-                "{}; killed with its peers",
-                silence.map_or_else(|| "a worker went silent".into(), |s| s.message)
-            ),
-        ),
-        Some(Kill::Timeout) => (
-            "timeout",
-            format!(
-                "no result within --timeout-s {} s: worker killed {at}",
-                timeout.map_or(0.0, |t| t.as_secs_f64())
-            ),
-        ),
-        None if all_ok => {
-            let sums: Vec<_> = summaries.iter().flatten().collect();
-            row.param_count = Some(sums[0].0);
-            row.hw_flops_per_sample = sums[0].3;
-            row.compile_s = sums[0].4;
-            // Per rank: the largest rank's peak and optimizer state.
-            row.peak_mem_bytes = sums.iter().map(|s| s.1).max();
-            // The split of the rank with that peak (its parts are that rank's).
-            row.set_mem_split(sums.iter().max_by_key(|s| s.1).and_then(|s| s.5.as_ref()));
-            row.optimizer_bytes_per_rank = sums.iter().map(|s| s.2).max();
-            // Ended well, but did it train? Mostly skipped steps or a non-finite final loss
-            // is no `ok` run.
-            match crate::metrics::step_status(&steps, spec.warmup) {
-                Some(why) => ("diverged", why),
-                None => ("ok", String::new()),
+
+    /// Each worker's stderr, once its reader thread has read it to the end (the text that
+    /// explains a failure); passed through under ORTBENCH_PROFILE=1.
+    fn stderr_texts(&mut self) -> Vec<String> {
+        let stderr_texts: Vec<String> = self
+            .procs
+            .iter_mut()
+            .map(|p| p.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default())
+            .collect();
+        // ORTBENCH_PROFILE=1: the worker prints its per-op profile on stderr, which is otherwise
+        // only read for error messages; pass it through.
+        if ortbench_engine::exec::profile::enabled() {
+            for t in stderr_texts.iter().filter(|t| !t.is_empty()) {
+                eprint!("{t}");
             }
         }
-        None => {
-            // The rank that failed first is the cause; the others failed because it did.
-            let culprit = (0..n)
-                .filter(|&r| procs[r].failed() || errors[r].is_some())
-                .min_by_key(|&r| procs[r].exit.map(|(.., at)| at))
-                .unwrap_or(0);
-            let p = &procs[culprit];
-            let (wstatus, rss_kb, _) = p.exit.expect("every worker was reaped");
-            let (status, message) =
-                outcome(wstatus, rss_kb, errors[culprit].clone(), &stderr_texts[culprit], &at);
-            let message = if n > 1 { format!("rank {culprit} of {n}: {message}") } else { message };
-            (status, message)
+        stderr_texts
+    }
+
+    /// The run's steps and its row: its status and message from how it ended (killed, and
+    /// why; ended well, and whether it trained; or failed, and which rank first), its
+    /// summaries' figures when it ended well, its peak RSS on the CPU in any case.
+    fn result(
+        self,
+        records: Records,
+        stderr_texts: &[String],
+        wall_s: f64,
+    ) -> (Vec<StepRow>, ResultRow) {
+        let Workers { spec, procs, killed, silence, timeout, stop_at, .. } = self;
+        let Records { steps, summaries, errors } = records;
+        let n = procs.len();
+        let done_steps = steps.iter().filter(|s| s.rank == 0).count();
+        let at = format!("after {done_steps}/{} steps", spec.steps);
+
+        let mut row = base_row(spec);
+        row.wall_s = Some(wall_s);
+        row.final_loss = steps.iter().rfind(|s| s.rank == 0).map(|s| s.loss);
+        let max_rss_kb =
+            procs.iter().filter_map(|p| p.exit).map(|(_, rss, _)| rss).max().unwrap_or(0);
+        if spec.device == "cpu" {
+            // Peak RSS of the worker (of the largest rank process), also for runs that failed.
+            row.peak_mem_bytes = Some(max_rss_kb * 1024);
         }
-    };
-    row.status = status.into();
-    row.error = message;
-    Ok((steps, row))
+        let all_ok = procs.iter().all(|p| !p.failed())
+            && summaries.iter().all(Option::is_some)
+            && errors.iter().all(Option::is_none);
+        let (status, message) = match killed {
+            Some(Kill::Interrupt) => ("interrupted", format!("interrupted (Ctrl-C) {at}")),
+            Some(Kill::OverBudget(rss)) => (
+                "oom",
+                format!(
+                    "stopped by ortbench {at}: RSS {:.0} MiB reached the memory budget's stop line {:.0} MiB",
+                    rss as f64 / (1u64 << 20) as f64,
+                    stop_at.unwrap_or(0) as f64 / (1u64 << 20) as f64
+                ),
+            ),
+            Some(Kill::Hang) => (
+                "error",
+                format!(
+                    "{}; killed with its peers",
+                    silence.map_or_else(|| "a worker went silent".into(), |s| s.message)
+                ),
+            ),
+            Some(Kill::Timeout) => (
+                "timeout",
+                format!(
+                    "no result within --timeout-s {} s: worker killed {at}",
+                    timeout.map_or(0.0, |t| t.as_secs_f64())
+                ),
+            ),
+            None if all_ok => ended_well(&mut row, &summaries, &steps, spec.warmup),
+            None => {
+                // The rank that failed first is the cause; the others failed because it did.
+                let culprit = (0..n)
+                    .filter(|&r| procs[r].failed() || errors[r].is_some())
+                    .min_by_key(|&r| procs[r].exit.map(|(.., at)| at))
+                    .unwrap_or(0);
+                let p = &procs[culprit];
+                let (wstatus, rss_kb, _) = p.exit.expect("every worker was reaped");
+                let (status, message) =
+                    outcome(wstatus, rss_kb, errors[culprit].clone(), &stderr_texts[culprit], &at);
+                let message =
+                    if n > 1 { format!("rank {culprit} of {n}: {message}") } else { message };
+                (status, message)
+            }
+        };
+        row.status = status.into();
+        row.error = message;
+        (steps, row)
+    }
+}
+
+/// A run whose workers all ended well: its row takes their summaries' figures, and its status
+/// says whether it trained.
+fn ended_well(
+    row: &mut ResultRow,
+    summaries: &[Option<Summary>],
+    steps: &[StepRow],
+    warmup: usize,
+) -> (&'static str, String) {
+    let sums: Vec<_> = summaries.iter().flatten().collect();
+    row.param_count = Some(sums[0].param_count);
+    row.hw_flops_per_sample = sums[0].hw_flops_per_sample;
+    row.compile_s = sums[0].compile_s;
+    // Per rank: the largest rank's peak and optimizer state.
+    row.peak_mem_bytes = sums.iter().map(|s| s.peak_mem_bytes).max();
+    // The split of the rank with that peak (its parts are that rank's).
+    row.set_mem_split(
+        sums.iter().max_by_key(|s| s.peak_mem_bytes).and_then(|s| s.mem_split.as_ref()),
+    );
+    row.optimizer_bytes_per_rank = sums.iter().map(|s| s.optimizer_bytes_per_rank).max();
+    // Ended well, but did it train? Mostly skipped steps or a non-finite final loss
+    // is no `ok` run.
+    match crate::metrics::step_status(steps, warmup) {
+        Some(why) => ("diverged", why),
+        None => ("ok", String::new()),
+    }
 }
 
 /// Status and message of a worker that did not end well: its own error record, else its
