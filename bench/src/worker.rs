@@ -487,105 +487,167 @@ pub fn model_inputs(spec: &RunSpec) -> Result<(ModelConfig, Weights, DataSource)
     Ok((cfg, weights, data))
 }
 
+/// Runs the spec in this worker: sets up, trains its ranks, then prints the summary record.
 fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()> {
-    // Ranks are processes when a launcher started this worker (torchrun, srun, mpirun, or the
-    // harness with torchrun's variables): it is one of them and joins the others over TCP; else
-    // they are threads of this worker. Read and checked before the model loads, so that a bad
-    // launch fails at once rather than after the load or while waiting for peers.
-    let launch = LaunchEnv::from_env()?;
-    let ranks = spec.ranks.max(1);
-    if let Some(l) = &launch {
-        if l.world != ranks {
-            bail!("{} is '{}' but the run has --ranks {ranks}", l.launcher.world_var(), l.world);
-        }
-    }
-    let (cfg, weights, data) = model_inputs(spec)?;
-    let tcp = match &launch {
-        Some(l) => Some(
-            TcpGroup::connect(l.rank, l.world, &l.master(), DEFAULT_TIMEOUT)
-                .map_err(|e| anyhow::anyhow!("joining the ranks ({}): {e}", l.launcher.name()))?,
-        ),
-        None => None,
-    };
-    // A silent peer fails a collective after this long, naming it (crate::hang).
-    let collective_timeout = crate::hang::collective_timeout(spec)?;
-    let tcp = tcp
-        .map(|g| g.with_collective_timeout(collective_timeout))
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--collective-timeout-s: {e}"))?;
-    let schedule = match spec.lr_schedule.as_str() {
-        "constant" => LrSchedule::Constant { warmup_steps: spec.lr_warmup_steps },
-        "linear" => {
-            LrSchedule::Linear { warmup_steps: spec.lr_warmup_steps, total_steps: spec.steps }
-        }
-        other => bail!("unknown --lr-schedule '{other}'"),
-    };
-    let mut device = parse_device(&spec.device)?;
-    // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it); before any
-    // CUDA query. CPU runs never load it, so their memory is unchanged.
-    if let tch::Device::Cuda(_) = device {
-        crate::run_plan::load_libtorch_cuda(&spec.device)?;
-    }
-    // One GPU per rank process: `--device cuda` means the one GPU CUDA_VISIBLE_DEVICES leaves
-    // the rank (srun's per-task binding), else cuda:LOCAL_RANK (torchrun's convention).
-    if let (Some(l), "cuda") = (&launch, spec.device.as_str()) {
-        device = tch::Device::Cuda(l.gpu()?);
-    }
-    // Ranks on GPUs: one process per GPU, the gradients reduced by NCCL in device memory (the
-    // engine's flat buffers, the baseline's DDP buckets); the TCP group only exchanges NCCL's
-    // id and the host scalars. In-process thread ranks would share one GPU, which NCCL refuses.
-    let nccl = match (device, &tcp) {
-        (tch::Device::Cuda(_), None) if ranks > 1 => {
-            bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
-        }
-        (tch::Device::Cuda(i), Some(g)) => {
-            let d = DeviceGroup::with_timeout(Vendor::Nvidia, g, i, collective_timeout)
-                .map_err(|e| anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank()))?;
-            Some(d)
-        }
-        _ => None,
-    };
-    let nccl = std::sync::Mutex::new(nccl);
-    // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
-    // same way for every config (engine::backend::cuda::watch).
-    let watch = match device {
-        tch::Device::Cuda(i) => Some(
-            ortbench_engine::backend::cuda::watch::DeviceWatch::start(i)
-                .map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?,
-        ),
-        _ => None,
-    };
-    // On the CPU, the ranks on this machine split its cores (the launcher's local world size
-    // when it says one).
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let local = launch.as_ref().and_then(|l| l.local_world).unwrap_or(ranks);
-    let threads = (cores / local.max(1)).max(1);
-    tch::set_num_threads(threads as i32);
-    ortbench_engine::backend::cpu::gemm::set_num_threads(threads);
+    let (setup, tcp) = Setup::prepare(spec, fault)?;
+    let in_process = if tcp.is_some() { 1 } else { setup.ranks };
+    let fault_rank: usize =
+        std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let results = setup.train_ranks(tcp, fault_rank, out);
+    setup.emit_summary(results, in_process, out)
+}
 
-    let param_count = weights.param_count();
-    let task = Task::for_config(&cfg);
-    let make = |group: AnyGroup| -> Result<Box<dyn RankTrainer>> {
+/// What the ranks of this worker share, set up before any of them starts: the run, its model
+/// and data, the device (with its NCCL group and its watch) and the CPU threads. Fields drop
+/// in declaration order: the device watch and the NCCL group before the model and its data.
+struct Setup<'a> {
+    spec: &'a RunSpec,
+    fault: Option<&'a Fault>,
+    /// On a GPU: times the steps on the device and measures the run's peak device memory.
+    watch: Option<ortbench_engine::backend::cuda::watch::DeviceWatch>,
+    /// A GPU rank process's NCCL group, taken by the trainer that reduces over it.
+    nccl: std::sync::Mutex<Option<DeviceGroup>>,
+    device: tch::Device,
+    schedule: LrSchedule,
+    /// `--ranks`, at least 1.
+    ranks: usize,
+    data: DataSource,
+    weights: Weights,
+    cfg: ModelConfig,
+    task: Task,
+    param_count: usize,
+}
+
+impl<'a> Setup<'a> {
+    /// Checks the launch, loads the model and its data, joins the other rank processes (over
+    /// TCP, and NCCL on a GPU) and sets the threads; returns the TCP group of a rank process.
+    fn prepare(spec: &'a RunSpec, fault: Option<&'a Fault>) -> Result<(Self, Option<TcpGroup>)> {
+        // Ranks are processes when a launcher started this worker (torchrun, srun, mpirun, or the
+        // harness with torchrun's variables): it is one of them and joins the others over TCP; else
+        // they are threads of this worker. Read and checked before the model loads, so that a bad
+        // launch fails at once rather than after the load or while waiting for peers.
+        let launch = LaunchEnv::from_env()?;
+        let ranks = spec.ranks.max(1);
+        if let Some(l) = &launch {
+            if l.world != ranks {
+                bail!(
+                    "{} is '{}' but the run has --ranks {ranks}",
+                    l.launcher.world_var(),
+                    l.world
+                );
+            }
+        }
+        let (cfg, weights, data) = model_inputs(spec)?;
+        let tcp = match &launch {
+            Some(l) => {
+                Some(TcpGroup::connect(l.rank, l.world, &l.master(), DEFAULT_TIMEOUT).map_err(
+                    |e| anyhow::anyhow!("joining the ranks ({}): {e}", l.launcher.name()),
+                )?)
+            }
+            None => None,
+        };
+        // A silent peer fails a collective after this long, naming it (crate::hang).
+        let collective_timeout = crate::hang::collective_timeout(spec)?;
+        let tcp = tcp
+            .map(|g| g.with_collective_timeout(collective_timeout))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--collective-timeout-s: {e}"))?;
+        let schedule = match spec.lr_schedule.as_str() {
+            "constant" => LrSchedule::Constant { warmup_steps: spec.lr_warmup_steps },
+            "linear" => {
+                LrSchedule::Linear { warmup_steps: spec.lr_warmup_steps, total_steps: spec.steps }
+            }
+            other => bail!("unknown --lr-schedule '{other}'"),
+        };
+        let mut device = parse_device(&spec.device)?;
+        // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it); before any
+        // CUDA query. CPU runs never load it, so their memory is unchanged.
+        if let tch::Device::Cuda(_) = device {
+            crate::run_plan::load_libtorch_cuda(&spec.device)?;
+        }
+        // One GPU per rank process: `--device cuda` means the one GPU CUDA_VISIBLE_DEVICES leaves
+        // the rank (srun's per-task binding), else cuda:LOCAL_RANK (torchrun's convention).
+        if let (Some(l), "cuda") = (&launch, spec.device.as_str()) {
+            device = tch::Device::Cuda(l.gpu()?);
+        }
+        // Ranks on GPUs: one process per GPU, the gradients reduced by NCCL in device memory (the
+        // engine's flat buffers, the baseline's DDP buckets); the TCP group only exchanges NCCL's
+        // id and the host scalars. In-process thread ranks would share one GPU, which NCCL refuses.
+        let nccl = match (device, &tcp) {
+            (tch::Device::Cuda(_), None) if ranks > 1 => {
+                bail!("{} ranks on a GPU as threads: GPU ranks are processes, one per GPU (--launch processes, or a launcher's RANK/WORLD_SIZE)", ranks)
+            }
+            (tch::Device::Cuda(i), Some(g)) => {
+                let d = DeviceGroup::with_timeout(Vendor::Nvidia, g, i, collective_timeout)
+                    .map_err(|e| {
+                        anyhow::anyhow!("rank {} joining NCCL on GPU {i}: {e}", g.rank())
+                    })?;
+                Some(d)
+            }
+            _ => None,
+        };
+        let nccl = std::sync::Mutex::new(nccl);
+        // On a GPU: step device time by CUDA events and the run's peak device memory, measured the
+        // same way for every config (engine::backend::cuda::watch).
+        let watch = match device {
+            tch::Device::Cuda(i) => Some(
+                ortbench_engine::backend::cuda::watch::DeviceWatch::start(i)
+                    .map_err(|e| anyhow::anyhow!("measuring GPU {i}: {e}"))?,
+            ),
+            _ => None,
+        };
+        // On the CPU, the ranks on this machine split its cores (the launcher's local world size
+        // when it says one).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let local = launch.as_ref().and_then(|l| l.local_world).unwrap_or(ranks);
+        let threads = (cores / local.max(1)).max(1);
+        tch::set_num_threads(threads as i32);
+        ortbench_engine::backend::cpu::gemm::set_num_threads(threads);
+
+        let param_count = weights.param_count();
+        let task = Task::for_config(&cfg);
+        let setup = Setup {
+            spec,
+            fault,
+            watch,
+            nccl,
+            device,
+            schedule,
+            ranks,
+            data,
+            weights,
+            cfg,
+            task,
+            param_count,
+        };
+        Ok((setup, tcp))
+    }
+
+    /// One rank's trainer for the run's config: the baseline, or the engine (on the CPU or on
+    /// a GPU), reducing over `group` (and over the NCCL group on a GPU).
+    fn make_trainer(&self, group: AnyGroup) -> Result<Box<dyn RankTrainer>> {
+        let (spec, fault, device) = (self.spec, self.fault, self.device);
+        let (cfg, weights, data, nccl) = (&self.cfg, &self.weights, &self.data, &self.nccl);
         Ok(match spec.config.as_str() {
             "pytorch" => {
                 let opts = TrainOptions {
                     lr: spec.lr,
                     weight_decay: spec.weight_decay,
                     max_grad_norm: spec.max_grad_norm,
-                    schedule,
+                    schedule: self.schedule,
                     precision: precision(&spec.precision)?,
                     ..TrainOptions::default()
                 };
-                let trainer = TorchTrainer::new(&cfg, &weights, device, opts)?;
+                let trainer = TorchTrainer::new(cfg, weights, device, opts)?;
                 let nccl = nccl.lock().map_err(|_| anyhow::anyhow!("NCCL group lock"))?.take();
-                Box::new(TorchRank { trainer, group, nccl, task, rows: spec.batch_size })
+                Box::new(TorchRank { trainer, group, nccl, task: self.task, rows: spec.batch_size })
             }
             "ort" | "ort-zero1" => {
                 let opts = EngineOptions {
                     lr: spec.lr,
                     weight_decay: spec.weight_decay,
                     max_grad_norm: spec.max_grad_norm,
-                    schedule,
+                    schedule: self.schedule,
                     precision: spec.precision.parse::<DType>()?,
                     seed: spec.seed,
                 };
@@ -607,15 +669,12 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
                         RankLayout { rank: group.rank(), world: group.world_size(), strategy };
                     let nccl = nccl.lock().map_err(|_| anyhow::anyhow!("NCCL group lock"))?.take();
                     return Ok(Box::new(GpuRank {
-                        trainer: GpuEngineTrainer::ranked(
-                            &cfg, &weights, &graph, opts, gpu, layout,
-                        )?,
+                        trainer: GpuEngineTrainer::ranked(cfg, weights, &graph, opts, gpu, layout)?,
                         nccl,
                     }));
                 }
-                let mut t = EngineTrainer::with_graph_options(
-                    &cfg, &weights, &graph, opts, group, strategy,
-                )?;
+                let mut t =
+                    EngineTrainer::with_graph_options(cfg, weights, &graph, opts, group, strategy)?;
                 if let Some(Fault { kind: FaultKind::GradScale(f), .. }) = fault {
                     t.inject_grad_scale(*f);
                 }
@@ -623,169 +682,196 @@ fn run(spec: &RunSpec, fault: Option<&Fault>, out: &mut impl Write) -> Result<()
             }
             other => bail!("config '{other}' is not implemented in this build"),
         })
-    };
+    }
 
-    let in_process = if tcp.is_some() { 1 } else { ranks };
-    let watch_ref = watch.as_ref();
-    let fault_rank: usize =
-        std::env::var("ORTBENCH_FAULT_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    // Ranks are threads of this worker; their records go through one channel to stdout.
-    let (tx, rx) = std::sync::mpsc::channel::<Event>();
-    let results: Vec<Result<RankEnd>> = std::thread::scope(|s| {
-        let groups: Vec<AnyGroup> = match tcp {
-            Some(g) => vec![g.into()],
-            None => LocalGroup::new(ranks).into_iter().map(AnyGroup::from).collect(),
+    /// Runs the ranks as threads of this worker (one, in a rank process) and prints their step
+    /// records as they come; returns how each rank ended.
+    fn train_ranks(
+        &self,
+        tcp: Option<TcpGroup>,
+        fault_rank: usize,
+        out: &mut impl Write,
+    ) -> Vec<Result<RankEnd>> {
+        // Ranks are threads of this worker; their records go through one channel to stdout.
+        let (tx, rx) = std::sync::mpsc::channel::<Event>();
+        std::thread::scope(|s| {
+            let groups: Vec<AnyGroup> = match tcp {
+                Some(g) => vec![g.into()],
+                None => LocalGroup::new(self.ranks).into_iter().map(AnyGroup::from).collect(),
+            };
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|group| {
+                    let tx = tx.clone();
+                    s.spawn(move || self.train_rank(group, fault_rank, tx))
+                })
+                .collect();
+            drop(tx);
+            for e in rx {
+                emit(out, &e);
+            }
+            // A panic (e.g. a libtorch error outside the baseline's step) keeps its message, so an
+            // out-of-memory in it is recognised as one.
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|p| {
+                        Err(anyhow::anyhow!("a rank panicked: {}", panic_text(&*p)))
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Trains one rank for the run's steps, injecting the fault at its step on `fault_rank`,
+    /// and sends a step record per step; returns what the summary needs of the rank.
+    fn train_rank(
+        &self,
+        group: AnyGroup,
+        fault_rank: usize,
+        tx: std::sync::mpsc::Sender<Event>,
+    ) -> Result<RankEnd> {
+        let (spec, fault, device) = (self.spec, self.fault, self.device);
+        let rank = group.rank();
+        let mut trainer = self.make_trainer(group)?;
+        // This rank's executed FLOPs over the measured steps (None: not counted).
+        let mut flops = Some(0.0);
+        for step in 0..spec.steps {
+            if let Some(f) = fault.filter(|f| {
+                f.step == step && rank == fault_rank && !matches!(f.kind, FaultKind::GradScale(_))
+            }) {
+                match f.kind {
+                    FaultKind::Torch(e) => trainer.inject(e)?,
+                    _ => f.trigger(),
+                }
+            }
+            let batch = self.data.batch(step);
+            let t0 = Instant::now();
+            // One rank per device: rank 0 times the device (ranks > 1 on one GPU
+            // share its stream, so their events would overlap).
+            let timed = self.watch.as_ref().filter(|_| rank == 0);
+            if let Some(w) = timed {
+                w.begin_step().map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            // A failed collective (a silent peer) names its step, as the engine's
+            // trainer says "engine step k" itself.
+            let st = match spec.config.as_str() {
+                "pytorch" => {
+                    trainer.step(&batch).with_context(|| format!("pytorch step {step}"))?
+                }
+                _ => trainer.step(&batch)?,
+            };
+            let device_ms = match timed {
+                Some(w) => Some(w.end_step().map_err(|e| anyhow::anyhow!("{e}"))?),
+                None => None,
+            };
+            // The engine's step ends with its status read (a synchronise); libtorch's
+            // queued work is waited for here.
+            // An asynchronous CUDA error of the step surfaces here (tch panics on it).
+            if let (tch::Device::Cuda(i), "pytorch") = (device, spec.config.as_str()) {
+                ortbench_models::torch::catch_torch(
+                    &format!("pytorch step {step}: synchronising GPU {i}"),
+                    || {
+                        tch::Cuda::synchronize(i as i64);
+                        Ok(())
+                    },
+                )?;
+            }
+            let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+            if step >= spec.warmup {
+                flops = flops.zip(trainer.last_step_flops()).map(|(a, b)| a + b);
+            }
+            if !st.loss.is_finite() && !st.skipped {
+                bail!("loss is {} at step {step}", st.loss);
+            }
+            let _ = tx.send(Event::Step {
+                rank,
+                step,
+                loss: st.loss,
+                step_ms,
+                device_ms,
+                grad_norm: st.grad_norm,
+                loss_scale: st.loss_scale,
+                skipped: st.skipped,
+            });
+        }
+        Ok((trainer.optimizer_bytes(), flops, trainer.memory_split()))
+    }
+
+    /// Folds the ranks' ends (the first failed rank's error, else the largest rank's optimizer
+    /// state and split, the FLOPs per sample) with the run's peak memory into the summary
+    /// record, and prints it; under ORTBENCH_PROFILE=1 prints the per-op profile first.
+    fn emit_summary(
+        &self,
+        results: Vec<Result<RankEnd>>,
+        in_process: usize,
+        out: &mut impl Write,
+    ) -> Result<()> {
+        let spec = self.spec;
+        let mut optimizer_bytes = 0;
+        let mut flops = Some(0.0);
+        // Per rank: the largest rank's split, as the peak and the optimizer state are.
+        let mut plan_split: Option<MemorySplit> = None;
+        for r in results {
+            let (bytes, f, split) = r?;
+            optimizer_bytes = optimizer_bytes.max(bytes);
+            flops = flops.zip(f).map(|(a, b)| a + b);
+            if split.is_some_and(|s| plan_split.is_none_or(|p| s.total() > p.total())) {
+                plan_split = split;
+            }
+        }
+        // Samples this process's ranks trained (all of them with thread ranks, one rank's share in
+        // a rank process: each reports its own, the same per sample).
+        let measured = (spec.steps - spec.warmup.min(spec.steps)) * spec.batch_size * in_process;
+        let hw_flops_per_sample = flops.filter(|_| measured > 0).map(|f| f / measured as f64);
+        if ortbench_engine::exec::profile::enabled() {
+            eprintln!(
+                "per-op profile of {} ({} steps):\n{}",
+                spec.config,
+                spec.steps,
+                ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take())
+            );
+        }
+        // The CPU's peak is the process's RSS; a GPU run's is its peak device memory.
+        let peak_mem_bytes = match &self.watch {
+            Some(w) => w.peak_bytes(),
+            None => peak_rss_bytes().context("reading peak memory")?,
         };
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|group| {
-                let (tx, make, data) = (tx.clone(), &make, &data);
-                s.spawn(move || -> Result<RankEnd> {
-                    let rank = group.rank();
-                    let mut trainer = make(group)?;
-                    // This rank's executed FLOPs over the measured steps (None: not counted).
-                    let mut flops = Some(0.0);
-                    for step in 0..spec.steps {
-                        if let Some(f) = fault.filter(|f| {
-                            f.step == step
-                                && rank == fault_rank
-                                && !matches!(f.kind, FaultKind::GradScale(_))
-                        }) {
-                            match f.kind {
-                                FaultKind::Torch(e) => trainer.inject(e)?,
-                                _ => f.trigger(),
-                            }
-                        }
-                        let batch = data.batch(step);
-                        let t0 = Instant::now();
-                        // One rank per device: rank 0 times the device (ranks > 1 on one GPU
-                        // share its stream, so their events would overlap).
-                        let timed = watch_ref.filter(|_| rank == 0);
-                        if let Some(w) = timed {
-                            w.begin_step().map_err(|e| anyhow::anyhow!("{e}"))?;
-                        }
-                        // A failed collective (a silent peer) names its step, as the engine's
-                        // trainer says "engine step k" itself.
-                        let st = match spec.config.as_str() {
-                            "pytorch" => trainer
-                                .step(&batch)
-                                .with_context(|| format!("pytorch step {step}"))?,
-                            _ => trainer.step(&batch)?,
-                        };
-                        let device_ms = match timed {
-                            Some(w) => Some(w.end_step().map_err(|e| anyhow::anyhow!("{e}"))?),
-                            None => None,
-                        };
-                        // The engine's step ends with its status read (a synchronise); libtorch's
-                        // queued work is waited for here.
-                        // An asynchronous CUDA error of the step surfaces here (tch panics on it).
-                        if let (tch::Device::Cuda(i), "pytorch") = (device, spec.config.as_str()) {
-                            ortbench_models::torch::catch_torch(
-                                &format!("pytorch step {step}: synchronising GPU {i}"),
-                                || {
-                                    tch::Cuda::synchronize(i as i64);
-                                    Ok(())
-                                },
-                            )?;
-                        }
-                        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
-                        if step >= spec.warmup {
-                            flops = flops.zip(trainer.last_step_flops()).map(|(a, b)| a + b);
-                        }
-                        if !st.loss.is_finite() && !st.skipped {
-                            bail!("loss is {} at step {step}", st.loss);
-                        }
-                        let _ = tx.send(Event::Step {
-                            rank,
-                            step,
-                            loss: st.loss,
-                            step_ms,
-                            device_ms,
-                            grad_norm: st.grad_norm,
-                            loss_scale: st.loss_scale,
-                            skipped: st.skipped,
-                        });
-                    }
-                    Ok((trainer.optimizer_bytes(), flops, trainer.memory_split()))
-                })
-            })
-            .collect();
-        drop(tx);
-        for e in rx {
-            emit(out, &e);
-        }
-        // A panic (e.g. a libtorch error outside the baseline's step) keeps its message, so an
-        // out-of-memory in it is recognised as one.
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|p| {
-                    Err(anyhow::anyhow!("a rank panicked: {}", panic_text(&*p)))
-                })
-            })
-            .collect()
-    });
-    let mut optimizer_bytes = 0;
-    let mut flops = Some(0.0);
-    // Per rank: the largest rank's split, as the peak and the optimizer state are.
-    let mut plan_split: Option<MemorySplit> = None;
-    for r in results {
-        let (bytes, f, split) = r?;
-        optimizer_bytes = optimizer_bytes.max(bytes);
-        flops = flops.zip(f).map(|(a, b)| a + b);
-        if split.is_some_and(|s| plan_split.is_none_or(|p| s.total() > p.total())) {
-            plan_split = split;
-        }
-    }
-    // Samples this process's ranks trained (all of them with thread ranks, one rank's share in
-    // a rank process: each reports its own, the same per sample).
-    let measured = (spec.steps - spec.warmup.min(spec.steps)) * spec.batch_size * in_process;
-    let hw_flops_per_sample = flops.filter(|_| measured > 0).map(|f| f / measured as f64);
-    if ortbench_engine::exec::profile::enabled() {
-        eprintln!(
-            "per-op profile of {} ({} steps):\n{}",
-            spec.config,
-            spec.steps,
-            ortbench_engine::exec::profile::format(&ortbench_engine::exec::profile::take())
+        let mem_split = match spec.config.as_str() {
+            "pytorch" => {
+                // A cross-entropy over fp32 logits: a language model's head (every position, as
+                // HF computes them) or a token classifier's; other heads and autocast: unknown.
+                let classes = match self.task {
+                    Task::MaskedLm | Task::CausalLm => Some(self.cfg.vocab_size()),
+                    Task::TokenClassification { num_labels } => Some(num_labels),
+                    Task::SequenceClassification { .. } => None,
+                };
+                let rows = (spec.batch_size * spec.seq_len) as u64;
+                let shapes = TorchShapes {
+                    params: self.param_count as u64,
+                    optimizer_bytes: optimizer_bytes as u64,
+                    ce_logits: classes
+                        .filter(|_| spec.precision == "fp32")
+                        .map(|c| (rows, c as u64)),
+                    ranks_in_process: in_process,
+                };
+                Some(crate::mem_split::torch(&shapes, Some(peak_mem_bytes)))
+            }
+            _ => plan_split.as_ref().map(crate::mem_split::from_plan),
+        };
+        emit(
+            out,
+            &Event::Summary {
+                param_count: self.param_count,
+                peak_mem_bytes,
+                optimizer_bytes_per_rank: optimizer_bytes,
+                hw_flops_per_sample,
+                compile_s: None,
+                mem_split,
+            },
         );
+        Ok(())
     }
-    // The CPU's peak is the process's RSS; a GPU run's is its peak device memory.
-    let peak_mem_bytes = match &watch {
-        Some(w) => w.peak_bytes(),
-        None => peak_rss_bytes().context("reading peak memory")?,
-    };
-    let mem_split = match spec.config.as_str() {
-        "pytorch" => {
-            // A cross-entropy over fp32 logits: a language model's head (every position, as
-            // HF computes them) or a token classifier's; other heads and autocast: unknown.
-            let classes = match task {
-                Task::MaskedLm | Task::CausalLm => Some(cfg.vocab_size()),
-                Task::TokenClassification { num_labels } => Some(num_labels),
-                Task::SequenceClassification { .. } => None,
-            };
-            let rows = (spec.batch_size * spec.seq_len) as u64;
-            let shapes = TorchShapes {
-                params: param_count as u64,
-                optimizer_bytes: optimizer_bytes as u64,
-                ce_logits: classes.filter(|_| spec.precision == "fp32").map(|c| (rows, c as u64)),
-                ranks_in_process: in_process,
-            };
-            Some(crate::mem_split::torch(&shapes, Some(peak_mem_bytes)))
-        }
-        _ => plan_split.as_ref().map(crate::mem_split::from_plan),
-    };
-    emit(
-        out,
-        &Event::Summary {
-            param_count,
-            peak_mem_bytes,
-            optimizer_bytes_per_rank: optimizer_bytes,
-            hw_flops_per_sample,
-            compile_s: None,
-            mem_split,
-        },
-    );
-    Ok(())
 }
 
 /// Peak resident set size of this process (VmHWM), the CPU run's peak memory.
