@@ -26,7 +26,7 @@ fn config_parses_names_signs_all_and_none() {
             && e.contains("fuse_matmul_bias"),
         "{e}"
     );
-    assert_eq!(PassConfig::names().len(), 11);
+    assert_eq!(PassConfig::names().len(), 12);
     assert_eq!(PassConfig::none().to_string(), "none");
 }
 
