@@ -397,31 +397,38 @@ mod cpu_only {
         assert!(e.contains("gelu") && e.contains("gpu"), "{e}");
     }
 
+    /// A token id past the vocabulary, and a label past it, each past the feed's own check:
+    /// the kernels flag it and the executor names the value and the op that reads it (the op's
+    /// `check_ids`).
     #[test]
-    fn an_out_of_range_id_is_named() {
+    fn an_out_of_range_id_or_label_is_named() {
         let cfg = builtin_config("tiny-gpt2").unwrap();
         let model = build_training_graph(&cfg, &GraphOptions::new(1, 8)).unwrap();
         let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
         let batch = DataSource::synthetic(&cfg, 1, 8, 17).unwrap().batch(0);
         let feed = model.feed(&batch).unwrap();
-        // Past the feed's own check: the kernels must flag it and the executor name it.
-        let mut ids = batch.input_ids.clone();
-        ids[3] = 5000;
         let good = feed.inputs();
-        let mut inputs = ortbench_engine::Inputs::new();
-        for name in good.names() {
-            inputs = match good.get(name).unwrap() {
-                ortbench_engine::exec::InputData::Ids(d) if d == &batch.input_ids[..] => {
-                    inputs.ids(name, &ids)
-                }
-                ortbench_engine::exec::InputData::Ids(d) => inputs.ids(name, d),
-                ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
+        for (input, op) in [("input_ids", "embedding"), ("labels", "cross_entropy")] {
+            let mut bad = match good.get(input) {
+                Some(ortbench_engine::exec::InputData::Ids(d)) => d.to_vec(),
+                _ => panic!("tiny-gpt2's feed has no ids input {input}"),
             };
+            bad[3] = 5000;
+            let mut inputs = ortbench_engine::Inputs::new();
+            for name in good.names() {
+                inputs = match good.get(name).unwrap() {
+                    ortbench_engine::exec::InputData::Ids(_) if name == input => {
+                        inputs.ids(name, &bad)
+                    }
+                    ortbench_engine::exec::InputData::Ids(d) => inputs.ids(name, d),
+                    ortbench_engine::exec::InputData::Floats(d) => inputs.floats(name, d),
+                };
+            }
+            let mut ex = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
+            ex.upload_params(&params).unwrap();
+            let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
+            assert!(e.contains("5000") && e.contains(op), "{input}: {e}");
         }
-        let mut ex = GpuExecutor::new(&model.graph, simt_gpu(32, Order::Forward)).unwrap();
-        ex.upload_params(&params).unwrap();
-        let e = ex.train_step(&inputs, 0).unwrap_err().to_string();
-        assert!(e.contains("5000") && e.contains("embedding"), "{e}");
     }
 
     /// The GPU plan sizes buffers by element bytes: in bf16 the arena holds half activations (the

@@ -7,9 +7,10 @@
 
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
+use crate::backend::cpu::kernels::cross_entropy::check_labels;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Op, TensorId, IGNORE_INDEX};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId, IGNORE_INDEX};
 use crate::plan::split::LossHead;
 use crate::DType;
 
@@ -41,6 +42,16 @@ impl OpDef for CrossEntropy {
 
     fn loss_head(&self) -> Option<LossHead> {
         Some(LossHead { inputs: &[0], outputs: &[], scratch: true })
+    }
+
+    fn check_ids<'a>(
+        &self,
+        g: &Graph,
+        node: &Node,
+        ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    ) -> Result<(), OpError> {
+        let v = *g.shape(node.inputs[0]).last().unwrap_or(&1);
+        ids(1).map_or(Ok(()), |l| check_labels(l, v, self.ignore_index).map(|_| ()))
     }
 
     fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {

@@ -56,6 +56,19 @@ pub trait OpDef: RefEval + CpuKernel + GpuKernel {
         None
     }
 
+    /// Whether the node's id operands (token ids, labels) are in range, `ids(slot)` giving an
+    /// id operand's values where they are known: the check the CPU kernels make as they read
+    /// them, which the GPU executor asks to name an id its kernels flagged. Ok for an op that
+    /// indexes with no ids (the default).
+    fn check_ids<'a>(
+        &self,
+        _g: &Graph,
+        _node: &Node,
+        _ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    ) -> Result<(), OpError> {
+        Ok(())
+    }
+
     /// The gradient rule: the gradients of the node's inputs from those of its outputs, as
     /// backward nodes added to `cx.g` (reverse-mode autodiff, `crate::autodiff`). The default
     /// is a backward-only op's: no double backward.

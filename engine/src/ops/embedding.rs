@@ -7,7 +7,7 @@ use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId};
 
 /// (table (V, C), ids (…)) → (…, C)
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +23,16 @@ impl Reference for Embedding {
 impl OpDef for Embedding {
     fn name(&self) -> &'static str {
         "embedding"
+    }
+
+    fn check_ids<'a>(
+        &self,
+        g: &Graph,
+        node: &Node,
+        ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    ) -> Result<(), OpError> {
+        let vocab = g.shape(node.inputs[0])[0];
+        ids(1).map_or(Ok(()), |d| crate::backend::cpu::kernels::embedding::check_ids(d, vocab))
     }
 
     fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {

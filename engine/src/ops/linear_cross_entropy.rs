@@ -11,9 +11,10 @@
 
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::{OpError, Real};
+use crate::backend::cpu::kernels::cross_entropy::check_labels;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::graph::{ElemType, Graph, Node, Op, TensorId};
 use crate::plan::split::LossHead;
 use crate::DType;
 
@@ -50,6 +51,15 @@ impl OpDef for LinearCrossEntropy {
     // weights: activations and gradients.
     fn loss_head(&self) -> Option<LossHead> {
         Some(LossHead { inputs: &[], outputs: &[], scratch: true })
+    }
+
+    fn check_ids<'a>(
+        &self,
+        g: &Graph,
+        node: &Node,
+        ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    ) -> Result<(), OpError> {
+        labels_in_range(g, node, ids, 0, self.ignore_index)
     }
 
     fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
@@ -117,6 +127,28 @@ impl OpDef for LinearCrossEntropyBackward {
     fn loss_head(&self) -> Option<LossHead> {
         Some(LossHead { inputs: &[], outputs: &[], scratch: true })
     }
+
+    fn check_ids<'a>(
+        &self,
+        g: &Graph,
+        node: &Node,
+        ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    ) -> Result<(), OpError> {
+        labels_in_range(g, node, ids, 1, self.ignore_index)
+    }
+}
+
+/// The labels (operand `at + 2`) index w's rows (operand `at + 1`, (V, C)): `at` is 1 in the
+/// backward, whose operands start with dloss.
+fn labels_in_range<'a>(
+    g: &Graph,
+    node: &Node,
+    ids: &dyn Fn(usize) -> Option<&'a [i64]>,
+    at: usize,
+    ignore_index: i64,
+) -> Result<(), OpError> {
+    let v = g.shape(node.inputs[at + 1])[0];
+    ids(at + 2).map_or(Ok(()), |l| check_labels(l, v, ignore_index).map(|_| ()))
 }
 
 /// Rows of a vocabulary of `v` whose f32 logits fill `bytes`: what a backend sizes its chunk of

@@ -30,13 +30,11 @@ pub mod session;
 pub mod support;
 
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
-use crate::backend::cpu::kernels::{cross_entropy, embedding};
 use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
 use crate::exec::{ExecError, InputData, Inputs};
-use crate::graph::op::{CrossEntropy, LinearCrossEntropy, LinearCrossEntropyBackward};
-use crate::graph::{Graph, Node, Op, TensorId, TensorKind};
+use crate::graph::{Graph, Node, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
 use launch::StepValue;
@@ -494,31 +492,8 @@ impl<D: GpuDevice> GpuExecutor<D> {
             })
         };
         for (i, node) in g.nodes().iter().enumerate() {
-            let res = match node.op {
-                Op::Embedding => ids_of(node.inputs[1])
-                    .map(|ids| embedding::check_ids(ids, g.shape(node.inputs[0])[0])),
-                Op::CrossEntropy(CrossEntropy { ignore_index }) => {
-                    ids_of(node.inputs[1]).map(|l| {
-                        cross_entropy::check_labels(
-                            l,
-                            *g.shape(node.inputs[0]).last().unwrap_or(&1),
-                            ignore_index,
-                        )
-                        .map(|_| ())
-                    })
-                }
-                Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index })
-                | Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }) => {
-                    let at = usize::from(matches!(node.op, Op::LinearCrossEntropyBackward(_)));
-                    let v = g.shape(node.inputs[at + 1])[0];
-                    ids_of(node.inputs[at + 2])
-                        .map(|l| cross_entropy::check_labels(l, v, ignore_index).map(|_| ()))
-                }
-                // The only ops that index with ids: embedding rows and (linear) cross-entropy
-                // labels.
-                _ => None,
-            };
-            if let Some(Err(source)) = res {
+            let ids = |slot: usize| node.inputs.get(slot).copied().and_then(ids_of);
+            if let Err(source) = node.op.def().check_ids(g, node, &ids) {
                 return ExecError::Op { node: i, op: node.op.name(), source };
             }
         }
