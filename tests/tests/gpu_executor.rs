@@ -160,6 +160,25 @@ fn one_step_with(
     padded: bool,
 ) {
     let cfg = builtin_config(name).unwrap();
+    one_step_of(name, &cfg, b, t, dtype, simt, (loss_rel, grad_rel), padded)
+}
+
+/// [`one_step_with`] for a model config `cfg` labelled `name`; `rel` = (loss_rel, grad_rel).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the step's model, data, precision and device knobs the tests vary"
+)]
+fn one_step_of(
+    name: &str,
+    cfg: &ortbench_models::ModelConfig,
+    b: usize,
+    t: usize,
+    dtype: DType,
+    simt: &[(u32, Order)],
+    (loss_rel, grad_rel): (f32, f32),
+    padded: bool,
+) {
+    let cfg = cfg.clone();
     let model = build_training_graph(
         &cfg,
         &GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(padded),
@@ -224,6 +243,22 @@ fn one_step_with(
 }
 
 const BOTH: [(u32, Order); 2] = [(32, Order::Forward), (64, Order::Reverse)];
+
+/// The Llama family on the GPU executor — RMSNorm and the fused residual add + RMSNorm, rotary,
+/// the fused SwiGLU, Qwen3's per-head q/k norms with head_dim ≠ hidden/heads, right and left
+/// padding — against the CPU engine, fp32, the GPT-2 tolerances; with as many K/V heads as
+/// query heads (grouped-query attention has no GPU kernel yet).
+#[test]
+fn llama_family_step_with_full_kv_heads_matches_the_cpu_engine() {
+    for name in ["tiny-llama", "tiny-qwen3"] {
+        let mut raw = builtin_config(name).unwrap().raw;
+        raw["num_key_value_heads"] = raw["num_attention_heads"].clone();
+        raw["pad_token_id"] = serde_json::json!(0);
+        let cfg = ortbench_models::ModelConfig::from_value(raw, name).unwrap();
+        let label = format!("{name} (kv heads = heads)");
+        one_step_of(&label, &cfg, 2, 40, DType::F32, &BOTH, (1e-5, 1e-5), true);
+    }
+}
 
 #[test]
 fn one_step_matches_the_cpu_engine_with_dropout() {

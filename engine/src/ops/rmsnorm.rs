@@ -3,16 +3,15 @@
 //! Mirrors HF's `LlamaRMSNorm` (also Mistral's, Qwen2's and Qwen3's): the row is taken to f32,
 //! rstd = 1/√(mean(x²) + eps) (eps inside the square root, as `torch.rsqrt(variance + eps)`),
 //! y = w·(x·rstd). The forward also returns each row's rstd so the backward does not recompute
-//! it, as [`super::layernorm`] returns its mean and rstd.
+//! it, as [`super::layernorm`] returns its mean and rstd. Kernels: `backend/cpu/kernels/rmsnorm.rs`
+//! (CPU), `engine/kernels/rmsnorm.cu` with its launchers in `exec/gpu/launch/rmsnorm.rs` (GPU).
 
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
-use crate::exec::gpu::kernel::GpuKernel;
-use crate::exec::gpu::support::GpuSupport;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Node, Op, TensorId};
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::DType;
 
 /// (x (…, C), w (C)) → (y (…, C), rstd (…)); HF `LlamaRMSNorm` computed in f32:
@@ -49,13 +48,6 @@ impl OpDef for RmsNorm {
         let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
         let d = cx.g.rms_norm_backward(dy, ins[0], ins[1], outs[1])?;
         Ok(d.into_iter().map(Some).collect())
-    }
-}
-
-/// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
-impl GpuKernel for RmsNorm {
-    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
-        Err(": rms_norm has no GPU kernel yet".into())
     }
 }
 
@@ -110,12 +102,6 @@ impl OpDef for AddRmsNorm {
     }
 }
 
-impl GpuKernel for AddRmsNorm {
-    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
-        Err(": add_rms_norm has no GPU kernel yet".into())
-    }
-}
-
 /// (dy, x, w, rstd) → (dx, dw)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RmsNormBackward;
@@ -131,12 +117,6 @@ impl Reference for RmsNormBackward {
 impl OpDef for RmsNormBackward {
     fn name(&self) -> &'static str {
         "rms_norm_backward"
-    }
-}
-
-impl GpuKernel for RmsNormBackward {
-    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
-        Err(": rms_norm_backward has no GPU kernel yet".into())
     }
 }
 

@@ -5,16 +5,16 @@
 //! shape (T, D) broadcast over the leading dims. HF builds them as cos/sin of
 //! `emb = cat(freqs, freqs)`, so both halves are equal; then the Jacobian is a rotation of each
 //! pair (x[i], x[i + D/2]) by the angle at i, and its transpose — the backward — is the
-//! rotation by minus that angle: the same op with sin negated (`inverse`).
+//! rotation by minus that angle: the same op with sin negated (`inverse`). Kernels:
+//! `backend/cpu/kernels/rotary.rs` (CPU), `engine/kernels/rotary.cu` with its launcher in
+//! `exec/gpu/launch/rotary.rs` (GPU).
 
 use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
-use crate::exec::gpu::kernel::GpuKernel;
-use crate::exec::gpu::support::GpuSupport;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
-use crate::graph::{ElemType, Graph, Node, Op, TensorId};
+use crate::graph::{ElemType, Graph, Op, TensorId};
 
 /// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
 /// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
@@ -58,13 +58,6 @@ impl OpDef for Rotary {
         }
         let (ins, dy) = (cx.ins(), cx.gy()?);
         Ok(vec![Some(cx.g.rotary_op(dy, ins[1], ins[2], !self.inverse)?), None, None])
-    }
-}
-
-/// No GPU kernel yet: `GpuSupport::check` refuses it, never a silent fallback.
-impl GpuKernel for Rotary {
-    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
-        Err(": rotary has no GPU kernel yet".into())
     }
 }
 

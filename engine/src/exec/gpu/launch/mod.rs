@@ -19,6 +19,8 @@ pub mod layernorm;
 pub mod linear_cross_entropy;
 pub mod pointwise;
 pub mod reduce;
+pub mod rmsnorm;
+pub mod rotary;
 pub mod softmax;
 
 use super::support::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
