@@ -14,7 +14,8 @@
 // in this order: `attention_backward_dq` is one block per (batch·head, query tile) walking the
 // key tiles for dQ; it first computes its rows' delta_i = Σ_c dO_ic·O_ic (= rowsum(dP ⊙ P),
 // dropout included: FlashAttention-2's D) and writes them out (f32, (B, H, Tq));
-// `attention_backward_dkdv` is one block per (batch·head, key tile) walking the query tiles and
+// `attention_backward_dkdv` is one block per (batch·K/V head, key tile) walking the query tiles
+// (of every query head of its group, under grouped-query attention) and
 // accumulating dK, dV of its keys in shared memory, reading delta. Both recompute
 // P = exp(s − lse) and dS with the same device function (same bits).
 // Causal blocks skip the key tiles (forward, dq) or query tiles (dkdv) that are entirely masked.
@@ -76,9 +77,10 @@ __device__ __forceinline__ float attn_score(const float* qr, const float* kr, in
 // Matches attention.rs `attention_forward` (o) and adds lse, which the CPU does not have (it
 // keeps the probabilities instead).
 // out: (B, H, Tq, Dv) strided (os); lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) strided;
-// k: (B, H, Tk, D) strided; v: (B, H, Tk, Dv) strided; mask: broadcast to (B, H, Tq, Tk) or null.
+// k: (B, Hkv, Tk, D) strided; v: (B, Hkv, Tk, Dv) strided (query head h reads K/V head
+// h / (H / Hkv), HF's repeat_kv); mask: broadcast to (B, H, Tq, Tk) or null.
 template <typename T>
-__device__ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int tq, int tk, int d, int dv, float scale,
+__device__ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, float scale,
                                   int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                   AttnStrides os, MaskStrides ms, int bq, int bk) {
     DYN_SHARED(float, sm);
@@ -94,12 +96,12 @@ __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, co
 
     const int nqt = (tq + bq - 1) / bq;
     const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * bq;
-    const int bi = bh / h, hi = bh % h;
+    const int bi = bh / h, hi = bh % h, hk = hi / (h / hkv);  // query head hi reads K/V head hk
     const int rows = attn_min(bq, tq - q0);
     const int tid = threadIdx.x, nt = blockDim.x;
     const T* qb = q + bi * qs.sb + hi * qs.sh + (long long)q0 * qs.st;
-    const T* kb = k + bi * ks.sb + hi * ks.sh;
-    const T* vb = v + bi * vs.sb + hi * vs.sh;
+    const T* kb = k + bi * ks.sb + hk * ks.sh;
+    const T* vb = v + bi * vs.sb + hk * vs.sh;
     const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
     const bool drop = dropout_p > 0.0f;
     const DropMask dm = drop_mask(dropout_p, seed);
@@ -204,14 +206,14 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
 }
 
 // Shared memory (floats): bk·(d + 1) + bk·(dv + 1) + bk·d + bk·dv + bq·d + bq·dv + 2·bq·bk + 2·bq.
-// Grid: B·H·ceil(Tk / bk) blocks. Matches attention.rs `attention_backward` (dk, dv): dV = Pdᵀ·dO,
-// dK = dSᵀ·Q.
-// dk: (B, H, Tk, D) strided; dv: (B, H, Tk, Dv) strided; dout: (B, H, Tq, Dv) strided (gs);
+// Grid: B·Hkv·ceil(Tk / bk) blocks. Matches attention.rs `attention_backward` (dk, dv): dV = Pdᵀ·dO,
+// dK = dSᵀ·Q, each summed over the query heads of the K/V head.
+// dk: (B, Hkv, Tk, D) strided; dv: (B, Hkv, Tk, Dv) strided; dout: (B, H, Tq, Dv) strided (gs);
 // q, k, v, mask: as the forward; lse: (B, H, Tq) f32 from the forward; delta: (B, H, Tq) f32
 // written by attention_backward_dq (launched first).
 template <typename T>
 __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse, const float* delta, int h,
-                                        int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
+                                        int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
                                         AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms, int bq,
                                         int bk) {
     DYN_SHARED(float, sm);
@@ -226,53 +228,59 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
     float* lse_s = ds_s + bq * bk;       // (bq)
     float* del_s = lse_s + bq;           // (bq)
 
+    // One block per (batch·K/V head, key tile): the group's h / hkv query heads (HF's repeat_kv
+    // maps query head hi to K/V head hi / (h / hkv)) all add into this block's dK, dV, in head
+    // order, so GQA needs no atomics either.
     const int nkt = (tk + bk - 1) / bk;
-    const int bh = blockIdx.x / nkt, k0 = (blockIdx.x % nkt) * bk;
-    const int bi = bh / h, hi = bh % h;
+    const int bkv = blockIdx.x / nkt, k0 = (blockIdx.x % nkt) * bk;
+    const int bi = bkv / hkv, hk = bkv % hkv, group = h / hkv;
     const int kn = attn_min(bk, tk - k0);
     const int tid = threadIdx.x, nt = blockDim.x;
-    const T* qb = q + bi * qs.sb + hi * qs.sh;
-    const T* gb = dout + bi * gs.sb + hi * gs.sh;
-    const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
     const bool drop = dropout_p > 0.0f;
     const DropMask dm = drop_mask(dropout_p, seed);
 
-    attn_load_tile(k_s, d + 1, k + bi * ks.sb + hi * ks.sh + (long long)k0 * ks.st, ks.st, kn, bk, d);
-    attn_load_tile(v_s, dvd + 1, v + bi * vs.sb + hi * vs.sh + (long long)k0 * vs.st, vs.st, kn, bk, dvd);
+    attn_load_tile(k_s, d + 1, k + bi * ks.sb + hk * ks.sh + (long long)k0 * ks.st, ks.st, kn, bk, d);
+    attn_load_tile(v_s, dvd + 1, v + bi * vs.sb + hk * vs.sh + (long long)k0 * vs.st, vs.st, kn, bk, dvd);
     for (int idx = tid; idx < bk * d; idx += nt) dk_s[idx] = 0.0f;
     for (int idx = tid; idx < bk * dvd; idx += nt) dv_s[idx] = 0.0f;
     // Causal: queries before k0 see none of these keys; start at the tile holding query k0.
     const int qstart = causal ? (k0 / bq) * bq : 0;
-    for (int q0 = qstart; q0 < tq; q0 += bq) {
-        const int rows = attn_min(bq, tq - q0);
-        __syncthreads();  // the previous tile's readers of q_s, do_s, pd_s, ds_s are done
-        attn_load_tile(q_s, d, qb + (long long)q0 * qs.st, qs.st, rows, bq, d);
-        attn_load_tile(do_s, dvd, gb + (long long)q0 * gs.st, gs.st, rows, bq, dvd);
-        for (int r = tid; r < bq; r += nt) {
-            lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : 0.0f;
-            del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
-        }
-        __syncthreads();
-        attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, causal, drop, dm, offset, mb, ms);
-        __syncthreads();
-        // Each thread owns the same accumulator elements on every tile: no barrier needed
-        // between these updates and the next tile's.
-        for (int idx = tid; idx < bk * dvd; idx += nt) {
-            const int j = idx / dvd, c = idx % dvd;
-            float acc = dv_s[idx];
-            for (int r = 0; r < rows; ++r) acc = fmaf(pd_s[r * bk + j], do_s[r * dvd + c], acc);
-            dv_s[idx] = acc;
-        }
-        for (int idx = tid; idx < bk * d; idx += nt) {
-            const int j = idx / d, c = idx % d;
-            float acc = dk_s[idx];
-            for (int r = 0; r < rows; ++r) acc = fmaf(ds_s[r * bk + j], q_s[r * d + c], acc);
-            dk_s[idx] = acc;
+    for (int hi = hk * group; hi < (hk + 1) * group; ++hi) {
+        const int bh = bi * h + hi;
+        const T* qb = q + bi * qs.sb + hi * qs.sh;
+        const T* gb = dout + bi * gs.sb + hi * gs.sh;
+        const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
+        for (int q0 = qstart; q0 < tq; q0 += bq) {
+            const int rows = attn_min(bq, tq - q0);
+            __syncthreads();  // the previous tile's readers of q_s, do_s, pd_s, ds_s are done
+            attn_load_tile(q_s, d, qb + (long long)q0 * qs.st, qs.st, rows, bq, d);
+            attn_load_tile(do_s, dvd, gb + (long long)q0 * gs.st, gs.st, rows, bq, dvd);
+            for (int r = tid; r < bq; r += nt) {
+                lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : 0.0f;
+                del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
+            }
+            __syncthreads();
+            attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, causal, drop, dm, offset, mb, ms);
+            __syncthreads();
+            // Each thread owns the same accumulator elements on every tile: no barrier needed
+            // between these updates and the next tile's.
+            for (int idx = tid; idx < bk * dvd; idx += nt) {
+                const int j = idx / dvd, c = idx % dvd;
+                float acc = dv_s[idx];
+                for (int r = 0; r < rows; ++r) acc = fmaf(pd_s[r * bk + j], do_s[r * dvd + c], acc);
+                dv_s[idx] = acc;
+            }
+            for (int idx = tid; idx < bk * d; idx += nt) {
+                const int j = idx / d, c = idx % d;
+                float acc = dk_s[idx];
+                for (int r = 0; r < rows; ++r) acc = fmaf(ds_s[r * bk + j], q_s[r * d + c], acc);
+                dk_s[idx] = acc;
+            }
         }
     }
     // Same ownership as the accumulation loops: each thread writes what it accumulated.
-    T* dkb = dk + bi * dks.sb + hi * dks.sh + (long long)k0 * dks.st;
-    T* dvb = dv + bi * dvs.sb + hi * dvs.sh + (long long)k0 * dvs.st;
+    T* dkb = dk + bi * dks.sb + hk * dks.sh + (long long)k0 * dks.st;
+    T* dvb = dv + bi * dvs.sb + hk * dvs.sh + (long long)k0 * dvs.st;
     for (int idx = tid; idx < kn * dvd; idx += nt) dvb[(long long)(idx / dvd) * dvs.st + idx % dvd] = from_f32<T>(dv_s[idx]);
     for (int idx = tid; idx < kn * d; idx += nt) dkb[(long long)(idx / d) * dks.st + idx % d] = from_f32<T>(dk_s[idx]);
 }
@@ -286,7 +294,7 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
 // attention_backward_dkdv.
 template <typename T>
 __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask, const float* lse, int h,
-                                      int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
+                                      int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
                                       AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms, int bq,
                                       int bk) {
     DYN_SHARED(float, sm);
@@ -301,11 +309,11 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
 
     const int nqt = (tq + bq - 1) / bq;
     const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * bq;
-    const int bi = bh / h, hi = bh % h;
+    const int bi = bh / h, hi = bh % h, hk = hi / (h / hkv);  // query head hi reads K/V head hk
     const int rows = attn_min(bq, tq - q0);
     const int tid = threadIdx.x, nt = blockDim.x;
-    const T* kb = k + bi * ks.sb + hi * ks.sh;
-    const T* vb = v + bi * vs.sb + hi * vs.sh;
+    const T* kb = k + bi * ks.sb + hk * ks.sh;
+    const T* vb = v + bi * vs.sb + hk * vs.sh;
     const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
     const bool drop = dropout_p > 0.0f;
     const DropMask dm = drop_mask(dropout_p, seed);
@@ -346,42 +354,43 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
 }
 
 // ---------------------------------------------------------------- kernels
-// Scalars common to the three kernels: h = heads (B is implied by the grid), tq/tk query
+// Scalars common to the three kernels: h = query heads, hkv = K/V heads (h a multiple of it:
+// grouped-query attention; B is implied by the grid), tq/tk query
 // and key lengths, d the q/k head size, dv the v head size, scale, causal (0/1), dropout_p,
 // seed and offset of the dropout site; then the (b, h, t) strides of each operand, the mask's
 // 4 strides, and the tile sizes bq, bk.
 #define ATTENTION(S, T)                                                                                                                        \
-    ORT_KERNEL(attention_forward_##S)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int tq, int tk, int d, int dv,   \
+    ORT_KERNEL(attention_forward_##S)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, \
                                       float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, long long q_sb,  \
                                       long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, \
                                       long long v_st, long long o_sb, long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq,  \
                                       long long m_sk, int bq, int bk) {                                                                         \
-        attention_forward<T>(out, lse, q, k, v, mask, h, tq, tk, d, dv, scale, causal, dropout_p, seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
+        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, causal, dropout_p, seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
                              AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                          \
                              MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                      \
     }                                                                                                                                          \
     ORT_REGISTER(attention_forward_##S)                                                                                                        \
     ORT_KERNEL(attention_backward_dkdv_##S)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,      \
-                                            const float* delta, int h, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p,   \
+                                            const float* delta, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
                                             unsigned long long seed, unsigned long long offset, long long q_sb, long long q_sh, long long q_st,    \
                                             long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,        \
                                             long long g_sb, long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,     \
                                             long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh, long long m_sq,     \
                                             long long m_sk, int bq, int bk) {                                                                   \
-        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,          \
+        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,          \
                                    AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                 \
                                    AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},           \
                                    MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                \
     }                                                                                                                                          \
     ORT_REGISTER(attention_backward_dkdv_##S)                                                                                                  \
     ORT_KERNEL(attention_backward_dq_##S)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,     \
-                                          const float* lse, int h, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p,       \
+                                          const float* lse, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
                                           unsigned long long seed, unsigned long long offset, long long q_sb, long long q_sh, long long q_st,      \
                                           long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,          \
                                           long long g_sb, long long g_sh, long long g_st, long long o_sb, long long o_sh, long long o_st,          \
                                           long long dq_sb, long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,       \
                                           long long m_sk, int bq, int bk) {                                                                     \
-        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,           \
+        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,           \
                                  AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                   \
                                  AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},                \
                                  MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                  \

@@ -65,6 +65,8 @@ enum Mask {
 struct Case {
     b: usize,
     h: usize,
+    /// K/V heads: h for multi-head attention, fewer for grouped-query (a divisor of h).
+    hkv: usize,
     tq: usize,
     tk: usize,
     d: usize,
@@ -79,7 +81,7 @@ struct Case {
 #[allow(clippy::too_many_arguments)]
 const fn case(
     b: usize,
-    h: usize,
+    (h, hkv): (usize, usize),
     tq: usize,
     tk: usize,
     d: usize,
@@ -89,29 +91,34 @@ const fn case(
     p: f32,
     tiles: (usize, usize),
 ) -> Case {
-    Case { b, h, tq, tk, d, dv, causal, mask, p, tiles }
+    Case { b, h, hkv, tq, tk, d, dv, causal, mask, p, tiles }
 }
 
-const CASES: [Case; 7] = [
-    case(2, 3, 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, (16, 16)),
-    case(2, 3, 37, 37, 24, 24, true, Mask::None, 0.1, (32, 32)),
+const CASES: [Case; 9] = [
+    case(2, (3, 3), 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, (16, 16)),
+    case(2, (3, 3), 37, 37, 24, 24, true, Mask::None, 0.1, (32, 32)),
     // bq > bk: one partial query tile over two key tiles, causal.
-    case(2, 3, 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, (64, 32)),
-    case(2, 3, 37, 37, 24, 24, false, Mask::Full, 0.1, (8, 8)),
+    case(2, (3, 3), 37, 37, 24, 24, true, Mask::KeyPad(f32::NEG_INFINITY), 0.0, (64, 32)),
+    case(2, (3, 3), 37, 37, 24, 24, false, Mask::Full, 0.1, (8, 8)),
     // Tq < Tk and Tq > Tk (causal stays top-left aligned), Dv ≠ D.
-    case(1, 2, 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, (16, 16)),
-    case(1, 2, 45, 19, 20, 12, true, Mask::Full, 0.0, (64, 64)),
+    case(1, (2, 2), 29, 45, 20, 12, true, Mask::KeyPad(-1e4), 0.1, (16, 16)),
+    case(1, (2, 2), 45, 19, 20, 12, true, Mask::Full, 0.0, (64, 64)),
     // Left padding: queries 0..21 of batch 1 see no key (spanning a whole 16-row tile).
-    case(2, 2, 37, 37, 16, 16, true, Mask::LeftPad(21), 0.1, (16, 16)),
+    case(2, (2, 2), 37, 37, 16, 16, true, Mask::LeftPad(21), 0.1, (16, 16)),
+    // Grouped-query (2 query heads per K/V head) with dropout and padding, and multi-query
+    // (every query head on one K/V head) with a per-head mask.
+    case(2, (4, 2), 37, 37, 16, 16, true, Mask::KeyPad(-1e4), 0.1, (16, 16)),
+    case(1, (3, 1), 29, 45, 20, 12, false, Mask::Full, 0.0, (16, 16)),
 ];
 
-/// (b, h, t) strides of a (B, H, T, X) operand stored as (B, T, H·X): heads inside the rows.
-fn merged(c: &Case, t: usize, x: usize) -> [usize; 3] {
-    [t * c.h * x, x, c.h * x]
+/// (b, h, t) strides of a (B, H, T, X) operand of `h` heads stored as (B, T, H·X): heads inside
+/// the rows.
+fn merged(h: usize, t: usize, x: usize) -> [usize; 3] {
+    [t * h * x, x, h * x]
 }
-/// (b, h, t) strides of a contiguous (B, H, T, X) operand.
-fn heads_first(c: &Case, t: usize, x: usize) -> [usize; 3] {
-    [c.h * t * x, t * x, x]
+/// (b, h, t) strides of a contiguous (B, H, T, X) operand of `h` heads.
+fn heads_first(h: usize, t: usize, x: usize) -> [usize; 3] {
+    [h * t * x, t * x, x]
 }
 fn at(s: &[usize; 3], b: usize, h: usize, t: usize) -> usize {
     b * s[0] + h * s[1] + t * s[2]
@@ -149,8 +156,8 @@ impl Prob {
         let mut rng = Rng::new(seed);
         let (nq, nk, nv, no) = (
             c.b * c.h * c.tq * c.d,
-            c.b * c.h * c.tk * c.d,
-            c.b * c.h * c.tk * c.dv,
+            c.b * c.hkv * c.tk * c.d,
+            c.b * c.hkv * c.tk * c.dv,
             c.b * c.h * c.tq * c.dv,
         );
         // q, k in [-2, 2): scores of a few units, so the softmax is far from uniform.
@@ -187,14 +194,14 @@ impl Prob {
         let mut p = Prob {
             c,
             scale: 1.0 / (c.d as f32).sqrt(),
-            qs: merged(&c, c.tq, c.d),
-            ks: heads_first(&c, c.tk, c.d),
-            vs: merged(&c, c.tk, c.dv),
-            os: merged(&c, c.tq, c.dv),
-            gs: heads_first(&c, c.tq, c.dv),
-            dqs: heads_first(&c, c.tq, c.d),
-            dks: merged(&c, c.tk, c.d),
-            dvs: merged(&c, c.tk, c.dv),
+            qs: merged(c.h, c.tq, c.d),
+            ks: heads_first(c.hkv, c.tk, c.d),
+            vs: merged(c.hkv, c.tk, c.dv),
+            os: merged(c.h, c.tq, c.dv),
+            gs: heads_first(c.h, c.tq, c.dv),
+            dqs: heads_first(c.h, c.tq, c.d),
+            dks: merged(c.hkv, c.tk, c.d),
+            dvs: merged(c.hkv, c.tk, c.dv),
             q,
             k,
             v,
@@ -233,7 +240,7 @@ impl Prob {
         AttnPlan {
             b: c.b,
             h: c.h,
-            hkv: c.h,
+            hkv: c.hkv,
             tq: c.tq,
             tk: c.tk,
             d: c.d,
@@ -291,7 +298,8 @@ impl Prob {
                     let s: Vec<f64> = (0..c.tk)
                         .filter(|&j| !(c.causal && j > i))
                         .map(|j| {
-                            let (qo, ko) = (at(&self.qs, b, h, i), at(&self.ks, b, h, j));
+                            let hk = h / (c.h / c.hkv);
+                            let (qo, ko) = (at(&self.qs, b, h, i), at(&self.ks, b, hk, j));
                             let dot: f64 = (0..c.d)
                                 .map(|e| self.q[qo + e] as f64 * self.k[ko + e] as f64)
                                 .sum();
@@ -312,8 +320,8 @@ impl Prob {
     }
 
     fn dims(&self) -> Dims {
-        let Case { b, h, tq, tk, d, dv, .. } = self.c;
-        Dims { b, h, tq, tk, d, dv }
+        let Case { b, h, hkv, tq, tk, d, dv, .. } = self.c;
+        Dims { b, h, hkv, tq, tk, d, dv }
     }
 
     fn scores(&self) -> Scores {
@@ -341,8 +349,8 @@ impl Prob {
     fn name(&self, dt: Dtype) -> String {
         let c = &self.c;
         format!(
-            "attention {dt:?} B{} H{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{}",
-            c.b, c.h, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.tiles.0, c.tiles.1
+            "attention {dt:?} B{} H{} Hkv{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{}",
+            c.b, c.h, c.hkv, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.tiles.0, c.tiles.1
         )
     }
 }
@@ -387,7 +395,7 @@ fn backward_matches_the_cpu_kernel() {
         for (n, &c) in CASES.iter().enumerate() {
             let p = Prob::new(c, dt, 20 + n as u64);
             let (nq, nk, nv) =
-                (c.b * c.h * c.tq * c.d, c.b * c.h * c.tk * c.d, c.b * c.h * c.tk * c.dv);
+                (c.b * c.h * c.tq * c.d, c.b * c.hkv * c.tk * c.d, c.b * c.hkv * c.tk * c.dv);
             // The backward plan's `o` strides are dout's.
             let plan = AttnPlan { o: p.gs, ..p.plan() };
             let pool = Pool::new(2);

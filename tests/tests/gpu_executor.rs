@@ -244,18 +244,30 @@ fn one_step_of(
 
 const BOTH: [(u32, Order); 2] = [(32, Order::Forward), (64, Order::Reverse)];
 
+/// An edit of a builtin config's HF `config.json` values.
+type ConfigEdit = fn(&mut serde_json::Value);
+
 /// The Llama family on the GPU executor — RMSNorm and the fused residual add + RMSNorm, rotary,
-/// the fused SwiGLU, Qwen3's per-head q/k norms with head_dim ≠ hidden/heads, right and left
-/// padding — against the CPU engine, fp32, the GPT-2 tolerances; with as many K/V heads as
-/// query heads (grouped-query attention has no GPU kernel yet).
+/// the fused SwiGLU, grouped-query attention (tiny-llama: 4 query heads over 2 K/V heads; and
+/// with as many K/V heads as query heads), Qwen3's per-head q/k norms with head_dim ≠
+/// hidden/heads, Mistral's sliding window (5 of 40 positions), right and left padding — against
+/// the CPU engine, fp32, the GPT-2 tolerances.
 #[test]
-fn llama_family_step_with_full_kv_heads_matches_the_cpu_engine() {
-    for name in ["tiny-llama", "tiny-qwen3"] {
+fn llama_family_step_matches_the_cpu_engine() {
+    let cases: [(&str, ConfigEdit); 4] = [
+        ("tiny-llama", |_| {}),
+        ("tiny-llama", |r| r["num_key_value_heads"] = r["num_attention_heads"].clone()),
+        ("tiny-qwen3", |_| {}),
+        ("tiny-mistral", |r| r["sliding_window"] = serde_json::json!(5)),
+    ];
+    for (name, edit) in cases {
         let mut raw = builtin_config(name).unwrap().raw;
-        raw["num_key_value_heads"] = raw["num_attention_heads"].clone();
+        edit(&mut raw);
         raw["pad_token_id"] = serde_json::json!(0);
         let cfg = ortbench_models::ModelConfig::from_value(raw, name).unwrap();
-        let label = format!("{name} (kv heads = heads)");
+        let (h, hkv) =
+            (cfg.raw["num_attention_heads"].clone(), cfg.raw["num_key_value_heads"].clone());
+        let label = format!("{name} (heads {h}, kv heads {hkv})");
         one_step_of(&label, &cfg, 2, 40, DType::F32, &BOTH, (1e-5, 1e-5), true);
     }
 }

@@ -32,11 +32,14 @@ pub struct Strided<P> {
     pub strides: [i64; 3],
 }
 
-/// Sizes: batch B, heads H, query and key lengths Tq, Tk, head sizes D (Q, K) and Dv (V).
+/// Sizes: batch B, query heads H, K/V heads Hkv (H a multiple of it: grouped-query attention,
+/// query head h reading K/V head h / (H / Hkv) as HF's repeat_kv), query and key lengths Tq,
+/// Tk, head sizes D (Q, K) and Dv (V).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
     pub b: usize,
     pub h: usize,
+    pub hkv: usize,
     pub tq: usize,
     pub tk: usize,
     pub d: usize,
@@ -80,11 +83,12 @@ pub fn tiles(dims: Dims, dev: Device) -> Result<(usize, usize), NoTiles> {
     attention_tiles(d, dv, dev.max_smem).ok_or(NoTiles { d, dv, max_smem: dev.max_smem })
 }
 
-/// The arguments between the operands and the strides: h, tq, tk, d, dv, scale, causal,
+/// The arguments between the operands and the strides: h, hkv, tq, tk, d, dv, scale, causal,
 /// dropout_p, seed, offset.
-fn scalars<P>(dims: Dims, s: Scores) -> [Arg<P>; 10] {
+fn scalars<P>(dims: Dims, s: Scores) -> [Arg<P>; 11] {
     [
         Arg::I32(dims.h as i32),
+        Arg::I32(dims.hkv as i32),
         Arg::I32(dims.tq as i32),
         Arg::I32(dims.tk as i32),
         Arg::I32(dims.d as i32),
@@ -116,7 +120,7 @@ fn tail<P>(
 /// `attention_forward_<T>`: out = dropout(softmax(scale·q·kᵀ + mask))·v, and each query row's
 /// log-sum-exp for the backward (instead of the probabilities).
 // out: (B, H, Tq, Dv) T; lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) T;
-// k: (B, H, Tk, D) T; v: (B, H, Tk, Dv) T; mask: broadcast to (B, H, Tq, Tk) T, or none
+// k: (B, Hkv, Tk, D) T; v: (B, Hkv, Tk, Dv) T; mask: broadcast to (B, H, Tq, Tk) T, or none
 pub struct AttentionForward<P> {
     pub dtype: DType,
     pub out: Strided<P>,
@@ -202,9 +206,9 @@ impl<P> AttentionBackwardDq<P> {
     }
 }
 
-/// `attention_backward_dkdv_<T>`: dk and dv, one block per key tile walking the query tiles;
-/// reads the delta [`AttentionBackwardDq`] wrote.
-// dk: (B, H, Tk, D) T; dv: (B, H, Tk, Dv) T; the rest as AttentionBackwardDq's
+/// `attention_backward_dkdv_<T>`: dk and dv, one block per (K/V head, key tile) walking the
+/// query tiles of the head's query heads; reads the delta [`AttentionBackwardDq`] wrote.
+// dk: (B, Hkv, Tk, D) T; dv: (B, Hkv, Tk, Dv) T; the rest as AttentionBackwardDq's
 pub struct AttentionBackwardDkdv<P> {
     pub dtype: DType,
     pub dk: Strided<P>,
@@ -240,7 +244,7 @@ impl<P> AttentionBackwardDkdv<P> {
         tail(&mut args, dims, scores, &strides, ms, (bq, bk));
         Ok(Launch {
             name: kernel_name("attention_backward_dkdv", dtype),
-            grid: (dims.b * dims.h * dims.tk.div_ceil(bk)) as u32,
+            grid: (dims.b * dims.hkv * dims.tk.div_ceil(bk)) as u32,
             block: ROW_BLOCK,
             smem: attention_smem(bq, bk, dims.d, dims.dv)[2],
             args,
@@ -264,11 +268,8 @@ impl GpuKernel for Attention {
         if q.len() != 4 {
             return Err(" for a non-4-D attention".into());
         }
-        if k[1] != q[1] {
-            return Err(
-                ": grouped-query attention (fewer kv heads than query heads) has no GPU kernel yet"
-                    .into(),
-            );
+        if k[1] == 0 || q[1] % k[1] != 0 {
+            return Err(format!(" for {} query heads over {} K/V heads", q[1], k[1]));
         }
         Ok(())
     }
@@ -296,8 +297,8 @@ impl GpuKernel for Attention {
             }
             cx.same(&all)?;
             let (sq, sk, sv) = (g.shape(q), g.shape(k), g.shape(v));
-            let (b, h, tq, tk, d, dv) = (sq[0], sq[1], sq[2], sk[2], sq[3], sv[3]);
-            let dims = Dims { b, h, tq, tk, d, dv };
+            let (b, h, hkv, tq, tk, d, dv) = (sq[0], sq[1], sk[1], sq[2], sk[2], sq[3], sv[3]);
+            let dims = Dims { b, h, hkv, tq, tk, d, dv };
             let mask = mask.map(|m| launch::Mask {
                 mask: r.at(m),
                 strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
@@ -382,8 +383,8 @@ impl GpuKernel for AttentionBackward {
         if q.len() != 4 {
             return Err(" for a non-4-D attention".into());
         }
-        if k[1] != q[1] {
-            return Err(": grouped-query attention_backward (fewer kv heads than query heads) has no GPU kernel yet".into());
+        if k[1] == 0 || q[1] % k[1] != 0 {
+            return Err(format!(" for {} query heads over {} K/V heads", q[1], k[1]));
         }
         if n.inputs.len() <= slot::OUT {
             return Err(" without the forward's output among its inputs".into());
