@@ -323,6 +323,22 @@ fn train_case_on(
     if let (ortbench_models::Family::Bert(c), Some(v)) = (&mut cfg.family, bert_vocab) {
         c.vocab_size = v;
     }
+    let want_pads = bert_vocab.is_some();
+    train_cfg(name, &cfg, (b, t), want_pads, dtype, loss_rel, param_abs)
+}
+
+/// [`train_case_on`] for model config `cfg` labelled `name`; `want_pads`: its flat buffers have
+/// pads.
+fn train_cfg(
+    name: &str,
+    cfg: &ortbench_models::ModelConfig,
+    (b, t): (usize, usize),
+    want_pads: bool,
+    dtype: DType,
+    loss_rel: f32,
+    param_abs: (f32, f64),
+) {
+    let cfg = cfg.clone();
     let model = build_training_graph(&cfg, &GraphOptions::new(b, t).with_dtype(dtype)).unwrap();
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
     let n = params.len();
@@ -380,7 +396,7 @@ fn train_case_on(
             );
         }
         let pads: Vec<_> = model.graph.param_pads().collect();
-        assert!(pads.is_empty() == bert_vocab.is_none(), "{label}: pads {pads:?}");
+        assert!(pads.is_empty() != want_pads, "{label}: pads {pads:?}");
         assert!(
             pads.iter().all(|r| p[r.clone()].iter().all(|v| *v == 0.0)),
             "{label}: the pads {pads:?} stay zero"
@@ -421,6 +437,31 @@ fn training_steps_over_padded_flat_buffers_match_the_cpu_session() {
 #[test]
 fn fp16_training_with_loss_scaling_matches_the_cpu_session() {
     train_case(DType::F16, 1e-3, (2.5e-3, 5e-2));
+}
+
+/// tiny-llama as shipped (4 query heads over 2 K/V heads), its builtin config with padding id 0.
+fn tiny_llama() -> ortbench_models::ModelConfig {
+    let mut raw = builtin_config("tiny-llama").unwrap().raw;
+    raw["pad_token_id"] = serde_json::json!(0);
+    ortbench_models::ModelConfig::from_value(raw, "tiny-llama").unwrap()
+}
+
+/// The Llama family in f16/bf16 storage on the GPU executor against the CPU engine, at the
+/// GPT-2/BERT half-precision tolerances (see `half_precision_steps_match_the_cpu_engine`).
+#[test]
+fn llama_half_precision_steps_match_the_cpu_engine() {
+    let cfg = tiny_llama();
+    one_step_of("tiny-llama", &cfg, 2, 40, DType::F16, &BOTH[..1], (1e-4, 4e-3), true);
+    one_step_of("tiny-llama", &cfg, 2, 40, DType::BF16, &BOTH[1..], (2e-4, 2e-2), true);
+}
+
+/// Three AdamW steps of the GPU session on tiny-llama against the CPU session, fp32 and bf16,
+/// at the tolerances of the GPT-2 cases (fp32: `training_steps_match_the_cpu_session`).
+#[test]
+fn llama_training_steps_match_the_cpu_session() {
+    let cfg = tiny_llama();
+    train_cfg("tiny-llama", &cfg, (2, 40), false, DType::F32, 1e-4, (1e-5, 1e-3));
+    train_cfg("tiny-llama", &cfg, (2, 40), false, DType::BF16, 1e-3, (2.5e-3, 5e-2));
 }
 
 /// Tests that plan, or run on the SIMT device whatever `ORTBENCH_KERNEL_DEVICE` says: nothing
@@ -749,10 +790,23 @@ fn data_parallel_case(
     rel: f32,
     param: (f32, f64),
 ) {
+    data_parallel_case_of(ranks_case(dtype).0, world, strategy, dtype, rel, param)
+}
+
+/// [`data_parallel_case`] for model config `cfg` (dropout off).
+fn data_parallel_case_of(
+    mut cfg: ortbench_models::ModelConfig,
+    world: usize,
+    strategy: ortbench_engine::parallel::Strategy,
+    dtype: DType,
+    rel: f32,
+    param: (f32, f64),
+) {
     use ortbench_engine::exec::gpu::session::RankLayout;
     use ortbench_models::graph::trainer::GpuEngineTrainer;
     let t0 = std::time::Instant::now();
-    let (cfg, opts) = ranks_case(dtype);
+    cfg.set_dropout(0.0);
+    let opts = ranks_case(dtype).1;
     let (b, t, steps) = (1, 8, 2);
     let weights = Weights::init(&cfg, 3);
     let data = DataSource::synthetic(&cfg, b * world, t, 17).unwrap();
@@ -775,7 +829,7 @@ fn data_parallel_case(
     let want: Vec<StepStats> = batches.iter().map(|g| one.step(g).unwrap()).collect();
     let want_params = one.weights().unwrap().flat(&cfg).unwrap();
     let start = weights.flat(&cfg).unwrap();
-    let label = format!("tiny-gpt2 {dtype:?} {strategy:?} × {world}");
+    let label = format!("{} {dtype:?} {strategy:?} × {world}", cfg.arch.hf_name());
     let got: Vec<(Vec<StepStats>, Vec<f32>, usize)> = std::thread::scope(|s| {
         let hs: Vec<_> = ortbench_engine::collective::LocalGroup::new(world)
             .into_iter()
@@ -862,6 +916,10 @@ fn data_parallel_gpu_sessions_reproduce_one_rank() {
     data_parallel_case(3, Zero1, DType::F32, 1e-5, (1e-5, 1e-4));
     // bf16: the compute copy the next forward reads is cast from the gathered fp32 parameters.
     data_parallel_case(2, Zero1, DType::BF16, 1e-3, (2.5e-3, 5e-2));
+    // The Llama family (grouped-query attention, RMSNorm, rotary, SwiGLU) under both
+    // strategies.
+    data_parallel_case_of(tiny_llama(), 2, Ddp, DType::F32, 1e-5, (1e-5, 1e-4));
+    data_parallel_case_of(tiny_llama(), 2, Zero1, DType::F32, 1e-5, (1e-5, 1e-4));
 }
 
 /// On a GPU (scripts/gpu-validate): NCCL from the torch wheel on device buffers of the engine's
