@@ -1,17 +1,22 @@
 //! Each fast CPU kernel of the planned executor (`engine/src/backend/cpu/kernels`) against the
 //! reference op it is tested against (`engine/src/ops`: plain loops, one thread), on the same
-//! random inputs at bert-base's b8 × s128 training shapes. One group per kernel, two lines:
-//! `kernel` and `reference`; and the passes' fused kernels against the unfused kernels they
-//! replace (`fused` vs `unfused`).
+//! random inputs at bert-base's b8 × s128 training shapes. One group per kernel (and variant:
+//! GELU erf and tanh, attention and causal attention, cross-entropy on bert's masked labels and
+//! on every row), two lines: `kernel` and `reference` (attention has a third, the kernel on the
+//! executor's strided layout); and the passes' fused kernels against the unfused kernels they
+//! replace (`fused` vs `unfused`), the LM head (`lm_head`, at gpt2's b8 × s512 head) last.
 //!
-//! `cargo bench -p ortbench --bench kernels`
+//! `cargo bench -p ortbench --bench kernels`; one group: `cargo bench -p ortbench --bench
+//! kernels -- lm_head`
 
 mod common;
 
 use common::*;
 use criterion::{criterion_group, criterion_main, Criterion};
+use ortbench_engine::backend::cpu::blas;
+use ortbench_engine::backend::cpu::kernels::linear_cross_entropy::{self as lce, Lce, LceGrads};
 use ortbench_engine::backend::cpu::kernels::{
-    attention, cross_entropy, elementwise, embedding, layernorm, softmax,
+    attention, cross_entropy, elementwise, embedding, layernorm, reduce, softmax,
 };
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::ops::{self, attention::AttnCfg, attention::AttnDims, gelu::GeluApprox};
@@ -25,24 +30,64 @@ fn gelu(c: &mut Criterion) {
     let n = ROWS * I; // the MLP activation: (B·T, 4C)
     let (x, dy) = (random(n, 1), random(n, 2));
     let mut out = vec![0f32; n];
-    let mut g = c.benchmark_group(format!("gelu_forward ({ROWS}x{I})"));
+    // erf (BERT's `gelu`) and the tanh approximation (GPT-2's `gelu_new`).
+    for (approx, what) in [(GeluApprox::Erf, ""), (GeluApprox::Tanh, " tanh")] {
+        let mut g = c.benchmark_group(format!("gelu_forward{what} ({ROWS}x{I})"));
+        g.bench_function("kernel", |b| {
+            b.iter(|| elementwise::map1(pool, &mut out, &x, elementwise::Gelu(approx)))
+        });
+        g.bench_function("reference", |b| b.iter(|| ops::gelu::gelu_forward(&mut out, &x, approx)));
+        g.finish();
+        let mut g = c.benchmark_group(format!("gelu_backward{what} ({ROWS}x{I})"));
+        g.bench_function("kernel", |b| {
+            b.iter(|| elementwise::map2(pool, &mut out, &x, &dy, elementwise::GeluBackward(approx)))
+        });
+        g.bench_function("reference", |b| {
+            b.iter(|| ops::gelu::gelu_backward(&mut out, &x, &dy, approx))
+        });
+        g.finish();
+    }
+}
+
+/// The residual add (two (B·T, 4C) operands; `kernel in place` writes into the first, as the
+/// executor does when the operand dies there) and dropout at BERT's p = 0.1.
+fn add_dropout(c: &mut Criterion) {
+    let pool = Pool::global();
+    let n = ROWS * I;
+    let (a, r) = (random(n, 31), random(n, 32));
+    let (mut out, mut ao) = (vec![0f32; n], a.clone());
+    let mut g = c.benchmark_group(format!("add ({ROWS}x{I})"));
     g.bench_function("kernel", |b| {
-        b.iter(|| elementwise::map1(pool, &mut out, &x, elementwise::Gelu(GeluApprox::Erf)))
+        b.iter(|| elementwise::map2(pool, &mut out, &a, &r, elementwise::Add))
+    });
+    g.bench_function("kernel in place", |b| {
+        b.iter(|| elementwise::map2_inplace_a(pool, &mut ao, &r, elementwise::Add))
+    });
+    g.bench_function("reference", |b| b.iter(|| ops::add::add_forward(&mut out, &a, &r)));
+    g.finish();
+    let (p, seed, offset) = (0.1f32, 5u64, 0u64);
+    let mut g = c.benchmark_group(format!("dropout ({ROWS}x{I}, p 0.1)"));
+    g.bench_function("kernel", |b| {
+        b.iter(|| elementwise::dropout(pool, &mut out, &a, p, seed, offset))
     });
     g.bench_function("reference", |b| {
-        b.iter(|| ops::gelu::gelu_forward(&mut out, &x, GeluApprox::Erf))
+        b.iter(|| ops::dropout::dropout_forward(&mut out, &a, p, seed, offset))
     });
     g.finish();
-    let mut g = c.benchmark_group(format!("gelu_backward ({ROWS}x{I})"));
-    g.bench_function("kernel", |b| {
-        b.iter(|| {
-            elementwise::map2(pool, &mut out, &x, &dy, elementwise::GeluBackward(GeluApprox::Erf))
-        })
-    });
-    g.bench_function("reference", |b| {
-        b.iter(|| ops::gelu::gelu_backward(&mut out, &x, &dy, GeluApprox::Erf))
-    });
-    g.finish();
+}
+
+/// The column sum over rows that makes a bias's gradient: a hidden-width bias (B·T, C) and the
+/// LM head's vocabulary-wide one (B·T, V).
+fn reduce_sum_leading(c: &mut Criterion) {
+    let pool = Pool::global();
+    for (n, seed) in [(C, 33), (V, 34)] {
+        let x = random(ROWS * n, seed);
+        let mut out = vec![0f32; n];
+        let mut g = c.benchmark_group(format!("reduce_sum_leading ({ROWS}x{n})"));
+        g.bench_function("kernel", |b| b.iter(|| reduce::reduce_sum_leading(pool, &mut out, &x)));
+        g.bench_function("reference", |b| b.iter(|| ops::add::reduce_sum_leading(&mut out, &x)));
+        g.finish();
+    }
 }
 
 fn layernorm(c: &mut Criterion) {
@@ -116,160 +161,183 @@ fn softmax(c: &mut Criterion) {
 }
 
 fn attention(c: &mut Criterion) {
-    // One layer's attention, q/k/v contiguous (B, H, T, D), attention dropout 0.1 (BERT's):
-    // the fused kernel (GEMMs + row softmax per (b, h), dropout mask regenerated) against the
-    // reference op (scores, softmax, dropout and the two products as plain loops).
+    // One layer's attention, attention dropout 0.1 (BERT's): the fused kernel (GEMMs + row
+    // softmax per (b, h), dropout mask regenerated) against the reference op (scores, softmax,
+    // dropout and the two products as plain loops), then the same causal (GPT-2's). Lines:
+    // `kernel` with q/k/v, the output and their gradients contiguous (B, H, T, D), as the
+    // reference reads them; `kernel (B,T,C) rows` with each of them inside the (B, T, C) rows
+    // of the projection that makes or reads it (head h at columns h·D..(h + 1)·D), as the
+    // planned executor lays them out when it folds the head permutes; `reference`.
     let pool = Pool::global();
     let n = B * H * T * D;
+    assert_eq!(n, ROWS * C, "the (B, T, C) rows hold every head");
     let (q, k, v, dout) = (random(n, 10), random(n, 11), random(n, 12), random(n, 13));
     let (scale, p, seed, offset) = (1.0 / (D as f32).sqrt(), 0.1f32, 5u64, 0u64);
     let s = [H * T * D, T * D, D];
-    let plan = attention::AttnPlan {
-        b: B,
-        h: H,
-        hkv: H,
-        tq: T,
-        tk: T,
-        d: D,
-        dv: D,
-        scale,
-        causal: false,
-        dropout_p: p,
-        offset,
-        q: s,
-        k: s,
-        v: s,
-        o: s,
-        dq: s,
-        dk: s,
-        dvs: s,
-        mask: None,
-    };
-    let dims = AttnDims { bh: B * H, rep: 1, tq: T, tk: T, d: D, dv: D };
-    let cfg = AttnCfg { scale, causal: false, dropout_p: p, seed, offset };
+    let r = [T * C, D, C];
     let (mut out, mut probs) = (vec![0f32; n], vec![0f32; B * H * T * T]);
-    let mut ws = vec![
-        0f32;
-        plan.backward_workspace(pool.threads())
-            .max(plan.forward_workspace(pool.threads()))
-    ];
-    let mut g = c.benchmark_group(format!("attention_forward ({B}x{H}x{T}x{D}, dropout 0.1)"));
-    flat(&mut g);
-    g.bench_function("kernel", |b| {
-        // SAFETY: every buffer has the plan's (B, H, T, D) or (B·H, T, T) extent and the outputs
-        // overlap nothing.
-        b.iter(|| unsafe {
-            attention::attention_forward(
-                pool,
-                &plan,
-                out.as_mut_ptr(),
-                &mut probs,
-                q.as_ptr(),
-                k.as_ptr(),
-                v.as_ptr(),
-                None,
-                seed,
-                &mut ws,
-            )
-        })
-    });
-    g.bench_function("reference", |b| {
-        b.iter(|| {
-            ops::attention::attention_forward(&mut out, &mut probs, &q, &k, &v, &dims, &cfg, None)
-        })
-    });
-    g.finish();
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-    let mut g = c.benchmark_group(format!("attention_backward ({B}x{H}x{T}x{D}, dropout 0.1)"));
-    flat(&mut g);
-    g.bench_function("kernel", |b| {
-        // SAFETY: as for the forward.
-        b.iter(|| unsafe {
-            attention::attention_backward(
-                pool,
-                &plan,
-                dq.as_mut_ptr(),
-                dk.as_mut_ptr(),
-                dv.as_mut_ptr(),
-                dout.as_ptr(),
-                q.as_ptr(),
-                k.as_ptr(),
-                v.as_ptr(),
-                &probs,
-                seed,
-                &mut ws,
-            )
-        })
-    });
-    g.bench_function("reference", |b| {
-        b.iter(|| {
-            ops::attention::attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg,
-            )
-        })
-    });
-    g.finish();
+    for causal in [false, true] {
+        let plan = attention::AttnPlan {
+            b: B,
+            h: H,
+            hkv: H,
+            tq: T,
+            tk: T,
+            d: D,
+            dv: D,
+            scale,
+            causal,
+            dropout_p: p,
+            offset,
+            q: s,
+            k: s,
+            v: s,
+            o: s,
+            dq: s,
+            dk: s,
+            dvs: s,
+            mask: None,
+        };
+        let rows =
+            attention::AttnPlan { q: r, k: r, v: r, o: r, dq: r, dk: r, dvs: r, ..plan.clone() };
+        let dims = AttnDims { bh: B * H, rep: 1, tq: T, tk: T, d: D, dv: D };
+        let cfg = AttnCfg { scale, causal, dropout_p: p, seed, offset };
+        let threads = pool.threads();
+        let ws_len = [&plan, &rows]
+            .iter()
+            .map(|pl| pl.backward_workspace(threads).max(pl.forward_workspace(threads)))
+            .max()
+            .unwrap_or(0);
+        let mut ws = vec![0f32; ws_len];
+        let what = if causal { " causal" } else { "" };
+        let mut g =
+            c.benchmark_group(format!("attention_forward{what} ({B}x{H}x{T}x{D}, dropout 0.1)"));
+        flat(&mut g);
+        for (line, pl) in [("kernel", &plan), ("kernel (B,T,C) rows", &rows)] {
+            g.bench_function(line, |b| {
+                // SAFETY: every buffer holds B·H·T·D = B·T·C elements (probs (B·H, T, T)), which
+                // both layouts' strides stay within, and the outputs overlap nothing.
+                b.iter(|| unsafe {
+                    attention::attention_forward(
+                        pool,
+                        pl,
+                        out.as_mut_ptr(),
+                        &mut probs,
+                        q.as_ptr(),
+                        k.as_ptr(),
+                        v.as_ptr(),
+                        None,
+                        seed,
+                        &mut ws,
+                    )
+                })
+            });
+        }
+        g.bench_function("reference", |b| {
+            b.iter(|| {
+                ops::attention::attention_forward(
+                    &mut out, &mut probs, &q, &k, &v, &dims, &cfg, None,
+                )
+            })
+        });
+        g.finish();
+        let mut g =
+            c.benchmark_group(format!("attention_backward{what} ({B}x{H}x{T}x{D}, dropout 0.1)"));
+        flat(&mut g);
+        for (line, pl) in [("kernel", &plan), ("kernel (B,T,C) rows", &rows)] {
+            g.bench_function(line, |b| {
+                // SAFETY: as for the forward.
+                b.iter(|| unsafe {
+                    attention::attention_backward(
+                        pool,
+                        pl,
+                        dq.as_mut_ptr(),
+                        dk.as_mut_ptr(),
+                        dv.as_mut_ptr(),
+                        dout.as_ptr(),
+                        q.as_ptr(),
+                        k.as_ptr(),
+                        v.as_ptr(),
+                        &probs,
+                        seed,
+                        &mut ws,
+                    )
+                })
+            });
+        }
+        g.bench_function("reference", |b| {
+            b.iter(|| {
+                ops::attention::attention_backward(
+                    &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg,
+                )
+            })
+        });
+        g.finish();
+    }
 }
 
 fn cross_entropy(c: &mut Criterion) {
-    // The MLM loss over the vocabulary: (B·T, V) logits, 15 % of rows labelled (HF's collator).
+    // The loss over the vocabulary: (B·T, V) logits; the MLM's labels, 15 % of rows labelled
+    // (HF's collator; the kernels skip the ignored rows), and every row labelled (a causal
+    // LM's).
     let pool = Pool::global();
     let logits = random(ROWS * V, 14);
-    let labels: Vec<i64> = ids(ROWS, V, 15)
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| if i % 20 < 3 { l } else { IGNORE })
-        .collect();
+    let every = ids(ROWS, V, 15);
+    let mlm: Vec<i64> =
+        every.iter().enumerate().map(|(i, &l)| if i % 20 < 3 { l } else { IGNORE }).collect();
     let mut ws = vec![0f32; ROWS];
     let mut dlogits = vec![0f32; ROWS * V];
-    let mut g = c.benchmark_group(format!("cross_entropy_forward ({ROWS}x{V})"));
-    flat(&mut g);
-    g.bench_function("kernel", |b| {
-        b.iter(|| {
-            black_box(
-                cross_entropy::cross_entropy_forward(pool, &logits, &labels, V, IGNORE, &mut ws)
-                    .unwrap(),
-            )
-        })
-    });
-    g.bench_function("reference", |b| {
-        b.iter(|| {
-            black_box(
-                ops::cross_entropy::cross_entropy_forward(&logits, &labels, V, IGNORE).unwrap(),
-            )
-        })
-    });
-    g.finish();
-    let mut g = c.benchmark_group(format!("cross_entropy_backward ({ROWS}x{V})"));
-    flat(&mut g);
-    g.bench_function("kernel", |b| {
-        b.iter(|| {
-            cross_entropy::cross_entropy_backward(
-                pool,
-                &mut dlogits,
-                1.0,
-                Some(&logits),
-                &labels,
-                V,
-                IGNORE,
-            )
-            .unwrap()
-        })
-    });
-    g.bench_function("reference", |b| {
-        b.iter(|| {
-            ops::cross_entropy::cross_entropy_backward(
-                &mut dlogits,
-                1.0,
-                &logits,
-                &labels,
-                V,
-                IGNORE,
-            )
-            .unwrap()
-        })
-    });
-    g.finish();
+    for (labels, what) in [(&mlm, ""), (&every, " every row labelled")] {
+        let mut g = c.benchmark_group(format!("cross_entropy_forward{what} ({ROWS}x{V})"));
+        flat(&mut g);
+        g.bench_function("kernel", |b| {
+            b.iter(|| {
+                black_box(
+                    cross_entropy::cross_entropy_forward(pool, &logits, labels, V, IGNORE, &mut ws)
+                        .unwrap(),
+                )
+            })
+        });
+        g.bench_function("reference", |b| {
+            b.iter(|| {
+                black_box(
+                    ops::cross_entropy::cross_entropy_forward(&logits, labels, V, IGNORE).unwrap(),
+                )
+            })
+        });
+        g.finish();
+        let mut g = c.benchmark_group(format!("cross_entropy_backward{what} ({ROWS}x{V})"));
+        flat(&mut g);
+        g.bench_function("kernel", |b| {
+            b.iter(|| {
+                cross_entropy::cross_entropy_backward(
+                    pool,
+                    &mut dlogits,
+                    1.0,
+                    Some(&logits),
+                    labels,
+                    V,
+                    IGNORE,
+                )
+                .unwrap()
+            })
+        });
+        g.bench_function("reference", |b| {
+            b.iter(|| {
+                ops::cross_entropy::cross_entropy_backward(
+                    &mut dlogits,
+                    1.0,
+                    &logits,
+                    labels,
+                    V,
+                    IGNORE,
+                )
+                .unwrap()
+            })
+        });
+        g.finish();
+    }
 }
 
 fn embedding(c: &mut Criterion) {
@@ -355,9 +423,124 @@ fn fused(c: &mut Criterion) {
     g.finish();
 }
 
+/// The fused LM head (`linear_cross_entropy`: the loss and every gradient from one sweep over
+/// chunks of rows, the logits never whole) against the unfused kernels it replaces (logits
+/// GEMM, cross-entropy forward, its backward in place, dx GEMM, dw GEMM), at gpt2's b8 × s512
+/// head: 4096 rows (8 of them ignored), C 768, V 50257, no bias, the chunk the executor picks
+/// for this pool. Each iteration takes seconds on 2 cores, so this group takes minutes.
+fn lm_head(c: &mut Criterion) {
+    let pool = Pool::global();
+    let (r, v) = (B * 512, 50257usize); // gpt2's head at b8 × s512
+    let x = random(r * C, 41);
+    let w: Vec<f32> = random(v * C, 42).iter().map(|a| 0.05 * a).collect();
+    let labels: Vec<i64> = ids(r, v, 43)
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| if i % 512 == 511 { IGNORE } else { l })
+        .collect();
+    let chunk = lce::chunk_rows(v, pool.threads());
+    let mut ws = vec![0f32; lce::workspace(r, C, v, chunk)];
+    let (mut dx, mut dw) = (vec![0f32; r * C], vec![0f32; v * C]);
+    let (mut logits, mut losses) = (vec![0f32; r * v], vec![0f32; r]);
+    let p = Lce {
+        x: &x,
+        w: &w,
+        labels: &labels,
+        bias: None,
+        c: C,
+        v,
+        ignore_index: IGNORE,
+        chunk,
+        skip_ignored: true,
+    };
+    let mut g = c.benchmark_group(format!(
+        "lm_head loss and gradients ({r}x{C} x vocab {v}, chunk {chunk} rows)"
+    ));
+    flat(&mut g);
+    g.bench_function("fused", |b| {
+        b.iter(|| {
+            let grads = LceGrads { dloss: 1.0, dx: &mut dx, dw: &mut dw, db: None };
+            black_box(lce::linear_cross_entropy(pool, &p, &mut ws, Some(grads)).unwrap())
+        })
+    });
+    g.bench_function("unfused", |b| {
+        b.iter(|| {
+            // SAFETY: x (R, C), w (V, C), logits (R, V), dx (R, C) and dw (V, C) are dense at
+            // these leading dimensions, and no output overlaps an input.
+            unsafe {
+                blas::sgemm_par(
+                    pool,
+                    false,
+                    true,
+                    r,
+                    v,
+                    C,
+                    1.0,
+                    x.as_ptr(),
+                    C,
+                    w.as_ptr(),
+                    C,
+                    0.0,
+                    logits.as_mut_ptr(),
+                    v,
+                )
+            };
+            let loss = cross_entropy::cross_entropy_forward(
+                pool,
+                &logits,
+                &labels,
+                v,
+                IGNORE,
+                &mut losses,
+            )
+            .unwrap();
+            cross_entropy::cross_entropy_backward(pool, &mut logits, 1.0, None, &labels, v, IGNORE)
+                .unwrap();
+            // SAFETY: as above.
+            unsafe {
+                blas::sgemm_par(
+                    pool,
+                    false,
+                    false,
+                    r,
+                    C,
+                    v,
+                    1.0,
+                    logits.as_ptr(),
+                    v,
+                    w.as_ptr(),
+                    C,
+                    0.0,
+                    dx.as_mut_ptr(),
+                    C,
+                );
+                blas::sgemm_par(
+                    pool,
+                    true,
+                    false,
+                    v,
+                    C,
+                    r,
+                    1.0,
+                    logits.as_ptr(),
+                    v,
+                    x.as_ptr(),
+                    C,
+                    0.0,
+                    dw.as_mut_ptr(),
+                    C,
+                );
+            }
+            black_box(loss)
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = criterion();
-    targets = gelu, layernorm, softmax, attention, cross_entropy, embedding, fused
+    targets = gelu, add_dropout, reduce_sum_leading, layernorm, softmax, attention, cross_entropy,
+        embedding, fused, lm_head
 }
 criterion_main!(benches);

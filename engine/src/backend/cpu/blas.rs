@@ -13,7 +13,8 @@
 //! `gemm` crate with `Parallelism::None`, or a reference triple loop.
 //!
 //! One 2-thread MKL call and two 1-thread MKL calls on halves of M on the pool reach about the
-//! same GEMM throughput (bench `bench_gemm_split`, bert-base shapes, idle machine). The split
+//! same GEMM throughput (bert-base shapes, idle machine; measured with the former
+//! `bench_gemm_split` test, now `cargo bench -p ortbench --bench gemm`). The split
 //! keeps MKL's OpenMP team idle — after a threaded call that team spin-waits (Intel OpenMP:
 //! KMP_BLOCKTIME, 200 ms), and any pool kernel that runs meanwhile loses half its core — so the
 //! split is what [`sgemm_par`] does. `ORTBENCH_GEMM_THREADS=library` switches to MKL's threads
@@ -411,138 +412,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    /// `cargo test --release -p ortbench-engine bench_gemm_split -- --ignored --nocapture`:
-    /// one MKL call on all threads vs the pool split, on bert-base's shapes.
-    #[test]
-    #[ignore]
-    fn bench_gemm_split() {
-        let pool = Pool::global();
-        for &(m, n, k, ta, tb) in &[
-            (1024, 768, 768, false, true),
-            (1024, 3072, 768, false, true),
-            (1024, 768, 3072, false, true),
-            (1024, 768, 768, false, false),
-            (768, 768, 1024, true, false),
-            (3072, 768, 1024, true, false),
-            (1024, 30522, 768, false, true),
-            (30522, 768, 1024, true, false),
-        ] {
-            let a = fill(m * k, 1);
-            let b = fill(n * k, 2);
-            let mut c = vec![0f32; m * n];
-            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
-            let flops = 2.0 * (m * n * k) as f64;
-            let time = |f: &mut dyn FnMut()| {
-                f();
-                let t = std::time::Instant::now();
-                let reps = 5;
-                for _ in 0..reps {
-                    f();
-                }
-                flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
-            };
-            let tr = |x| if x { gemm::Transpose::Yes } else { gemm::Transpose::No };
-            // Split first: after a library-threaded call, MKL's OpenMP team spin-waits (up to
-            // KMP_BLOCKTIME = 200 ms) and would steal the pool worker's core.
-            let g_split = time(&mut || unsafe {
-                sgemm_par(
-                    pool,
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    a.as_ptr(),
-                    lda,
-                    b.as_ptr(),
-                    ldb,
-                    0.0,
-                    c.as_mut_ptr(),
-                    n,
-                )
-            });
-            let g_one = time(&mut || unsafe {
-                sgemm_st(
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    a.as_ptr(),
-                    lda,
-                    b.as_ptr(),
-                    ldb,
-                    0.0,
-                    c.as_mut_ptr(),
-                    n,
-                )
-            });
-            let g_lib = time(&mut || {
-                gemm::sgemm(tr(ta), tr(tb), m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, n).unwrap()
-            });
-            std::thread::sleep(std::time::Duration::from_millis(400));
-            println!(
-                "{m}x{n}x{k} ta={ta} tb={tb}: library-threaded {g_lib:.0} GFLOP/s, pool split {g_split:.0}, one thread {g_one:.0}"
-            );
-        }
-    }
-
-    /// Two single-threaded GEMMs at once on the pool vs one after the other: does a second
-    /// core help each transpose combination?
-    #[test]
-    #[ignore]
-    fn bench_gemm_concurrency() {
-        let pool = Pool::global();
-        for &(m, n, k, ta, tb) in &[
-            (512, 768, 768, false, true),
-            (512, 768, 768, false, false),
-            (512, 3072, 768, false, true),
-            (512, 3072, 768, false, false),
-        ] {
-            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
-            let a = fill(m * k, 1);
-            let b = fill(n * k, 2);
-            let c = vec![0f32; 2 * m * n];
-            let cp = SyncPtr(c.as_ptr() as *mut f32);
-            let run = |i: usize| unsafe {
-                sgemm_st(
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    a.as_ptr(),
-                    lda,
-                    b.as_ptr(),
-                    ldb,
-                    0.0,
-                    cp.ptr().add(i * m * n),
-                    n,
-                )
-            };
-            let flops = 2.0 * (2 * m * n * k) as f64;
-            let time = |f: &dyn Fn()| {
-                f();
-                let t = std::time::Instant::now();
-                for _ in 0..10 {
-                    f();
-                }
-                flops * 10.0 / t.elapsed().as_secs_f64() / 1e9
-            };
-            let seq = time(&|| {
-                run(0);
-                run(1);
-            });
-            let par = time(&|| pool.run(2, &|i| run(i)));
-            println!(
-                "2x {m}x{n}x{k} ta={ta} tb={tb}: sequential {seq:.0} GFLOP/s, concurrent {par:.0}"
-            );
         }
     }
 }

@@ -319,25 +319,6 @@ fn half_precision_graphs_store_rounded_values_and_scale_the_seed() {
 
 use crate::graph::GeluApprox;
 
-/// `cargo test --release -p ortbench-engine --lib bench_adamw -- --ignored --nocapture`: the
-/// optimizer's share of a bert-base step (110M parameters), for the step-time breakdown.
-#[test]
-#[ignore]
-fn bench_adamw() {
-    use crate::optim::{AdamW, AdamWConfig, ParamMirror, Segment};
-    let n = 109_514_298;
-    let mut p = vec![0.01f32; n];
-    let g = vec![0.001f32; n];
-    let mut opt =
-        AdamW::new(AdamWConfig::default(), vec![Segment { start: 0, len: n, decay: true }], n);
-    opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
-    for _ in 0..3 {
-        let t = std::time::Instant::now();
-        opt.step(&mut p, &g, 1.0, 1e-4, ParamMirror::None);
-        println!("AdamW step on {n} parameters: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    }
-}
-
 /// A Llama-like block as the family writes it, fused: embedding → RMSNorm → q, k, v
 /// projections into (B, T, H·D) / (B, T, Hkv·D) rows, heads permuted out → rotary on q and k
 /// (HF's equal-halves cos/sin, fed) → grouped-query attention (causal, dropout) reading k, v

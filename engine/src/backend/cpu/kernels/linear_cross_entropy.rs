@@ -37,8 +37,9 @@ pub const MAX_CHUNK: usize = 1024;
 /// The f32 logits of one chunk: 128 MiB (672 rows at gpt2's vocabulary). Each chunk's dw GEMM
 /// re-reads and re-writes dw (V, C), and a small K runs that GEMM below its peak, so the fused
 /// kernel's time falls towards the unfused kernels' as chunks grow; past this size little is
-/// left to gain for the memory (`bench_lm_head` at several sizes: docs/measurements.md,
-/// "Fused LM head").
+/// left to gain for the memory (the former `bench_lm_head` test at several sizes:
+/// docs/measurements.md, "Fused LM head"; now `cargo bench -p ortbench --bench kernels --
+/// lm_head`, at this size).
 pub const CHUNK_LOGITS_BYTES: usize = 128 << 20;
 
 /// Rows per chunk for a vocabulary of `v` on `threads`: the logits chunk near
@@ -448,109 +449,5 @@ mod tests {
         assert_eq!(chunk_rows(49152, 16), 688);
         assert_eq!(chunk_rows(8, 2), MAX_CHUNK);
         assert_eq!(chunk_rows(1 << 24, 4), 32);
-    }
-}
-
-/// `cargo test --release -p ortbench-engine --lib bench_lm_head -- --ignored --nocapture`: the
-/// fused head (loss and gradients, one sweep) against the unfused kernels (logits GEMM,
-/// cross-entropy forward, its backward in place, dx GEMM, dw GEMM) at gpt2's b8×s512 shapes,
-/// alternating, on the process pool (run on an idle machine).
-#[cfg(test)]
-mod bench {
-    use super::*;
-    use crate::backend::cpu::kernels::cross_entropy as ce;
-    use std::time::Instant;
-
-    #[test]
-    #[ignore]
-    fn bench_lm_head() {
-        let pool = Pool::global();
-        let (r, c, v) = (4096usize, 768usize, 50257usize);
-        let mut rng = crate::ops::testutil::Rng::new(3);
-        let x = rng.vec_f32(r * c);
-        let w: Vec<f32> = rng.vec_f32(v * c).iter().map(|a| 0.05 * a).collect();
-        let labels: Vec<i64> =
-            (0..r).map(|i| if i % 512 == 511 { -100 } else { rng.below(v) as i64 }).collect();
-        let chunk = chunk_rows(v, pool.threads());
-        let mut ws = vec![0f32; workspace(r, c, v, chunk)];
-        let (mut dx, mut dw) = (vec![0f32; r * c], vec![0f32; v * c]);
-        let mut logits = vec![0f32; r * v];
-        let mut losses = vec![0f32; r];
-        for round in 0..3 {
-            let t = Instant::now();
-            let p = Lce {
-                x: &x,
-                w: &w,
-                labels: &labels,
-                bias: None,
-                c,
-                v,
-                ignore_index: -100,
-                chunk,
-                skip_ignored: true,
-            };
-            let grads = LceGrads { dloss: 1.0, dx: &mut dx, dw: &mut dw, db: None };
-            let l1 = linear_cross_entropy(pool, &p, &mut ws, Some(grads)).unwrap();
-            let fused = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            // SAFETY: sizes as allocated above.
-            unsafe {
-                sgemm_par(
-                    pool,
-                    false,
-                    true,
-                    r,
-                    v,
-                    c,
-                    1.0,
-                    x.as_ptr(),
-                    c,
-                    w.as_ptr(),
-                    c,
-                    0.0,
-                    logits.as_mut_ptr(),
-                    v,
-                );
-            }
-            let l2 =
-                ce::cross_entropy_forward(pool, &logits, &labels, v, -100, &mut losses).unwrap();
-            ce::cross_entropy_backward(pool, &mut logits, 1.0, None, &labels, v, -100).unwrap();
-            unsafe {
-                sgemm_par(
-                    pool,
-                    false,
-                    false,
-                    r,
-                    c,
-                    v,
-                    1.0,
-                    logits.as_ptr(),
-                    v,
-                    w.as_ptr(),
-                    c,
-                    0.0,
-                    dx.as_mut_ptr(),
-                    c,
-                );
-                sgemm_par(
-                    pool,
-                    true,
-                    false,
-                    v,
-                    c,
-                    r,
-                    1.0,
-                    logits.as_ptr(),
-                    v,
-                    x.as_ptr(),
-                    c,
-                    0.0,
-                    dw.as_mut_ptr(),
-                    c,
-                );
-            }
-            let unfused = t.elapsed().as_secs_f64();
-            println!("round {round}: fused {fused:.3} s (chunk {chunk}), unfused {unfused:.3} s, ratio {:.3}; loss {l1} / {l2}", fused / unfused);
-        }
     }
 }
