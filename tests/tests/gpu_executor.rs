@@ -247,6 +247,14 @@ const BOTH: [(u32, Order); 2] = [(32, Order::Forward), (64, Order::Reverse)];
 /// An edit of a builtin config's HF `config.json` values.
 type ConfigEdit = fn(&mut serde_json::Value);
 
+/// Builtin config `name` with `edit` applied and padding id 0 (the padded batches' pad).
+fn family_config(name: &str, edit: ConfigEdit) -> ortbench_models::ModelConfig {
+    let mut raw = builtin_config(name).unwrap().raw;
+    edit(&mut raw);
+    raw["pad_token_id"] = serde_json::json!(0);
+    ortbench_models::ModelConfig::from_value(raw, name).unwrap()
+}
+
 /// The Llama family on the GPU executor — RMSNorm and the fused residual add + RMSNorm, rotary,
 /// the fused SwiGLU, grouped-query attention (tiny-llama: 4 query heads over 2 K/V heads; and
 /// with as many K/V heads as query heads), Qwen3's per-head q/k norms with head_dim ≠
@@ -261,10 +269,7 @@ fn llama_family_step_matches_the_cpu_engine() {
         ("tiny-mistral", |r| r["sliding_window"] = serde_json::json!(5)),
     ];
     for (name, edit) in cases {
-        let mut raw = builtin_config(name).unwrap().raw;
-        edit(&mut raw);
-        raw["pad_token_id"] = serde_json::json!(0);
-        let cfg = ortbench_models::ModelConfig::from_value(raw, name).unwrap();
+        let cfg = family_config(name, edit);
         let (h, hkv) =
             (cfg.raw["num_attention_heads"].clone(), cfg.raw["num_key_value_heads"].clone());
         let label = format!("{name} (heads {h}, kv heads {hkv})");
@@ -439,11 +444,9 @@ fn fp16_training_with_loss_scaling_matches_the_cpu_session() {
     train_case(DType::F16, 1e-3, (2.5e-3, 5e-2));
 }
 
-/// tiny-llama as shipped (4 query heads over 2 K/V heads), its builtin config with padding id 0.
+/// tiny-llama as shipped (4 query heads over 2 K/V heads), with padding id 0.
 fn tiny_llama() -> ortbench_models::ModelConfig {
-    let mut raw = builtin_config("tiny-llama").unwrap().raw;
-    raw["pad_token_id"] = serde_json::json!(0);
-    ortbench_models::ModelConfig::from_value(raw, "tiny-llama").unwrap()
+    family_config("tiny-llama", |_| {})
 }
 
 /// The Llama family in f16/bf16 storage on the GPU executor against the CPU engine, at the
