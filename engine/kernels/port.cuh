@@ -18,6 +18,7 @@
 #if defined(ORTBENCH_SIMT_HOST)
 // ---------------------------------------------------------------- host SIMT harness (C++20)
 #include "simt/host.h"
+#define ORT_HAS_MMA 1
 
 #elif defined(__HIPCC__) || defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
 // ---------------------------------------------------------------- AMD HIP
@@ -66,6 +67,7 @@ template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) { return
 template <typename T> __device__ __forceinline__ T port_shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 template <typename T> __device__ __forceinline__ T port_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ void port_syncwarp() { __syncwarp(); }
+#define ORT_HAS_MMA 1
 #endif
 
 // ---------------------------------------------------------------- common to every target
@@ -189,3 +191,83 @@ __device__ __forceinline__ ColumnChunk column_chunk(long long rows, int c, int r
 // A grid-stride loop over [0, n).
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)gridDim.x * blockDim.x)
+
+// ---------------------------------------------------------------- tensor cores (NVIDIA sm_80+, and the host harness)
+// mma.sync m16n8k16 with f16/bf16 operands and f32 accumulation, and ldmatrix, as inline PTX:
+// their fragment layouts are the PTX ISA's (§9.7.14.5.8, §9.7.14.5.15), which the host harness
+// emulates element for element (simt/tensor_core.cpp) — nvcuda::wmma's are unspecified. Every
+// lane of the warp calls them together (`.aligned`); warp size 32 only, so kernels using them
+// are NVIDIA-only: their names contain `_mma_` and the AMD build leaves them out.
+//
+// Fragments (g = lane / 4, t = lane % 4; two 16-bit elements per register, the lower column or
+// row index in the low half):
+// - MmaA, A 16×16 row-major: r0 (g, 2t..2t+1), r1 (g+8, 2t..), r2 (g, 2t+8..), r3 (g+8, 2t+8..);
+// - MmaB, B 16×8 (k × n): r0 (k 2t..2t+1, n g), r1 (k 2t+8.., n g);
+// - MmaAcc, C/D 16×8 f32: c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1).
+// An S accumulator pair covering columns 16j..16j+15 (two n-tiles) is an A fragment of the next
+// product once packed: r0 = (tile 2j c0, c1), r1 = (2j c2, c3), r2 = (2j+1 c0, c1),
+// r3 = (2j+1 c2, c3) — FlashAttention's P·V without a trip through shared memory.
+#if defined(ORT_HAS_MMA)
+struct MmaA {
+    unsigned r[4];
+};
+struct MmaB {
+    unsigned r[2];
+};
+struct MmaAcc {
+    float c[4];
+};
+
+#if defined(ORTBENCH_SIMT_HOST)
+template <typename T>
+inline unsigned pack_half2(float lo, float hi) {
+    return (unsigned)from_f32<T>(lo).bits | ((unsigned)from_f32<T>(hi).bits << 16);
+}
+// acc += a·b (T = f16_t or bf16_t: the operands' type).
+template <typename T>
+inline void mma_16816(MmaAcc& acc, const MmaA& a, const MmaB& b, std::source_location where = std::source_location::current()) {
+    static_assert(std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>, "mma.sync takes f16 or bf16 operands");
+    simt::mma_m16n8k16(std::is_same_v<T, bf16_t>, acc.c, a.r, b.r, where);
+}
+// ldmatrix .m8n8 .x4 / .x2, plain or .trans: `row` is this lane's row address in shared memory
+// (lanes 8i..8i+7 give matrix i's rows 0..7; 16-byte aligned).
+inline void ldmatrix_x4(unsigned* r, const void* row, std::source_location where = std::source_location::current()) { simt::ldmatrix(4, false, r, row, where); }
+inline void ldmatrix_x4_trans(unsigned* r, const void* row, std::source_location where = std::source_location::current()) { simt::ldmatrix(4, true, r, row, where); }
+inline void ldmatrix_x2(unsigned* r, const void* row, std::source_location where = std::source_location::current()) { simt::ldmatrix(2, false, r, row, where); }
+inline void ldmatrix_x2_trans(unsigned* r, const void* row, std::source_location where = std::source_location::current()) { simt::ldmatrix(2, true, r, row, where); }
+#else
+template <typename T> __device__ __forceinline__ unsigned pack_half2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack_half2<bf16_t>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack_half2<f16_t>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+template <typename T> __device__ __forceinline__ void mma_16816(MmaAcc& acc, const MmaA& a, const MmaB& b);
+template <> __device__ __forceinline__ void mma_16816<bf16_t>(MmaAcc& acc, const MmaA& a, const MmaB& b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+template <> __device__ __forceinline__ void mma_16816<f16_t>(MmaAcc& acc, const MmaA& a, const MmaB& b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(acc.c[0]), "+f"(acc.c[1]), "+f"(acc.c[2]), "+f"(acc.c[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void ldmatrix_x2(unsigned* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(row)));
+}
+#endif
+#endif

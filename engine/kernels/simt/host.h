@@ -34,6 +34,7 @@
 #include <math.h>
 #include <memory>
 #include <random>
+#include <source_location>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -60,7 +61,12 @@ inline int warpSize = 32;
 namespace simt {
 void sync_block();
 void sync_warp();
+void warp_barrier();
 unsigned long long shfl_bits(unsigned long long bits, int src_lane);
+// The tensor-core instructions (tensor_core.cpp): warp collectives with the PTX ISA's
+// fragment layouts. `where` is the kernel's call site, to name it when lanes diverge.
+void mma_m16n8k16(bool bf16, float* d, const unsigned* a, const unsigned* b, std::source_location where);
+void ldmatrix(int count, bool trans, unsigned* r, const void* row, std::source_location where);
 unsigned char* dyn_smem();
 
 // A kernel as the harness sees it: its name, its address, and a trampoline that unpacks a
@@ -93,8 +99,8 @@ struct Registration {
 #define DYN_SHARED(type, name) type* name = reinterpret_cast<type*>(simt::dyn_smem())
 
 inline void __syncthreads() { simt::sync_block(); }
-inline void __syncwarp() { simt::sync_warp(); }
-inline void port_syncwarp() { simt::sync_warp(); }
+inline void __syncwarp() { simt::warp_barrier(); }
+inline void port_syncwarp() { simt::warp_barrier(); }
 
 template <typename T>
 inline T port_shfl(T v, int src) {

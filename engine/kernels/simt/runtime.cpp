@@ -150,6 +150,19 @@ struct Abort {};  // unwinds a waiting fiber after a deadlock was reported
 
 enum class St : unsigned char { Run, AtBlock, AtWarp, Done };
 
+// What a lane brought to a warp collective: which instruction (and, for the tensor-core ones,
+// where in the kernel and its operands: tensor_core.cpp), so that lanes meeting at different
+// instructions are reported instead of silently combined.
+enum class OpKind : unsigned char { Shuffle, SyncWarp, Mma, LdMatrix };
+struct WarpOp {
+    OpKind kind = OpKind::Shuffle;
+    const char* file = "";
+    int line = 0;
+    unsigned a[4] = {}, b[2] = {};
+    float c[4] = {};
+    const void* addr = nullptr;
+};
+
 struct Sched {
     int n = 0, ws = 32;
     std::vector<int> order, pos;  // order[k] = thread id running k-th; pos = its inverse
@@ -165,6 +178,7 @@ struct Sched {
     int block_arrived = 0;
     std::vector<int> warp_arrived;
     std::vector<unsigned long long> scratch;  // [warp][generation parity][lane] shuffle slots
+    std::vector<WarpOp> ops;                  // [warp][generation parity][lane] what each lane's collective is, and its tensor-core operands
     std::vector<unsigned char> smem;
     unsigned long long nblocks = 0, block = 0;
     const Entry* entry = nullptr;
@@ -255,10 +269,31 @@ unsigned long long shfl_bits(unsigned long long bits, int src_lane) {
     Sched& s = *g;
     const int me = s.cur, ws = s.ws, w = me / ws, lane = me % ws;
     const unsigned parity = s.warp_gen[me]++ & 1u;
-    unsigned long long* slots = &s.scratch[((std::size_t)w * 2 + parity) * ws];
+    const std::size_t set = ((std::size_t)w * 2 + parity) * ws;
+    unsigned long long* slots = &s.scratch[set];
     slots[lane] = bits;
+    s.ops[set + lane].kind = OpKind::Shuffle;
     sync_warp();
     return slots[((src_lane % ws) + ws) % ws];
+}
+
+// __syncwarp: a warp collective with nothing to exchange (it still takes a slot set, so that a
+// lane at a tensor-core instruction meeting it is reported).
+void warp_barrier() {
+    Sched& s = *g;
+    const int me = s.cur, ws = s.ws, w = me / ws, lane = me % ws;
+    const unsigned parity = s.warp_gen[me]++ & 1u;
+    s.ops[((std::size_t)w * 2 + parity) * ws + lane].kind = OpKind::SyncWarp;
+    sync_warp();
+}
+
+// An error a kernel's thread detects (a misused tensor-core instruction): recorded for the
+// launch, which fails with it; every thread unwinds.
+[[noreturn]] void kernel_error(const std::string& what) {
+    Sched& s = *g;
+    if (s.error.empty()) s.error = "block " + std::to_string(s.block) + ", thread " + std::to_string(s.cur) + ": " + what;
+    s.abort = true;
+    throw Abort{};
 }
 
 // A fiber's body: thread `me` runs the kernel once for the current block, then hands over for
@@ -315,8 +350,9 @@ static bool run_blocks(Sched& s) {
         // never reaches: record who waits where, then let each waiting thread unwind.
         int at_block = 0, at_warp = 0, done = 0;
         for (St x : s.st) at_block += x == St::AtBlock, at_warp += x == St::AtWarp, done += x == St::Done;
-        if (done == s.n) continue;
-        s.error = "deadlock in block " + std::to_string(b) + ": " + std::to_string(at_block) + " thread(s) wait at __syncthreads, " +
+        if (done == s.n && !s.abort) continue;
+        if (s.error.empty())
+            s.error = "deadlock in block " + std::to_string(b) + ": " + std::to_string(at_block) + " thread(s) wait at __syncthreads, " +
                   std::to_string(at_warp) + " at a warp collective, " + std::to_string(done) +
                   " exited — a barrier or warp collective that not every thread of the block/warp reaches";
         s.abort = true;
@@ -376,6 +412,7 @@ int simt_launch(const char* name, const unsigned* grid, const unsigned* block, u
     s.warp_gen.assign(n, 0);
     s.warp_arrived.assign(n / warp, 0);
     s.scratch.assign(2 * n, 0);
+    s.ops.assign(2 * n, WarpOp{});
     s.smem.assign(smem, 0xFF);
     s.nblocks = nblocks;
     s.entry = e;

@@ -97,3 +97,55 @@ ORT_KERNEL(selftest_trace)(int* log, int rounds) {
     log[1 + log[0]++] = v == v ? me : -1;
 }
 ORT_REGISTER(selftest_trace)
+
+// The tensor-core emulation (simt/tensor_core.cpp) against a plain matrix product: one warp
+// computes d = a·b + c for a (16×16 row-major), b (16×8 row-major, k × n), c and d (16×8 f32)
+// through MmaA/MmaB/MmaAcc fragments, the fragments built by `mode`:
+//  0: read from global memory with the ISA's element-to-lane mapping (port.cuh's comment);
+//  1: ldmatrix .x4 for A and .x2.trans for B from row-major tiles in shared memory;
+//  2: ldmatrix .x4 for A and .x2 for B from bᵀ (8×16) in shared memory;
+//  3: as 0 with A's row and column swapped (a deliberately transposed fragment index);
+//  4: as 0, but lanes 0..15 issue the mma from another line than lanes 16..31 (divergent);
+//  5: as 1 with lane 3's row address 8 bytes off (misaligned ldmatrix).
+// Dynamic shared memory: 16·16 + 16·8 + 8·16 elements of T.
+template <typename T>
+__device__ void selftest_mma(const T* a, const T* b, const float* c, float* d, int mode) {
+    DYN_SHARED(T, sm);
+    T* a_s = sm;            // (16, 16)
+    T* b_s = a_s + 16 * 16; // (16, 8)
+    T* bt_s = b_s + 16 * 8; // (8, 16)
+    const int lane = lane_id(), g = lane / 4, t = lane % 4;
+    for (int i = lane; i < 16 * 16; i += 32) a_s[i] = a[i];
+    for (int i = lane; i < 16 * 8; i += 32) {
+        b_s[i] = b[i];
+        bt_s[(i % 8) * 16 + i / 8] = b[i];
+    }
+    __syncthreads();
+    auto bits = [](T x) { return (unsigned)x.bits; };
+    MmaA fa;
+    MmaB fb;
+    if (mode == 0 || mode == 3 || mode == 4) {
+        for (int r = 0; r < 4; ++r) {
+            const int row = g + (r & 1) * 8, col = 2 * t + (r >> 1) * 8;
+            fa.r[r] = mode == 3 ? bits(a[col * 16 + row]) | bits(a[(col + 1) * 16 + row]) << 16 : bits(a[row * 16 + col]) | bits(a[row * 16 + col + 1]) << 16;
+        }
+        for (int r = 0; r < 2; ++r) {
+            const int k = 2 * t + r * 8;
+            fb.r[r] = bits(b[k * 8 + g]) | bits(b[(k + 1) * 8 + g]) << 16;
+        }
+    } else {
+        const T* arow = a_s + (lane % 16) * 16 + (lane / 16) * 8;
+        ldmatrix_x4(fa.r, mode == 5 && lane == 3 ? (const void*)(arow + 4) : (const void*)arow);
+        if (mode == 2) ldmatrix_x2(fb.r, bt_s + (lane % 8) * 16 + ((lane / 8) % 2) * 8);
+        else ldmatrix_x2_trans(fb.r, b_s + (lane % 16) * 8);
+    }
+    MmaAcc acc;
+    for (int i = 0; i < 4; ++i) acc.c[i] = c[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)];
+    if (mode == 4 && lane < 16) mma_16816<T>(acc, fa, fb);
+    else mma_16816<T>(acc, fa, fb);
+    for (int i = 0; i < 4; ++i) d[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = acc.c[i];
+}
+ORT_KERNEL(selftest_mma_f16)(const f16_t* a, const f16_t* b, const float* c, float* d, int mode) { selftest_mma<f16_t>(a, b, c, d, mode); }
+ORT_REGISTER(selftest_mma_f16)
+ORT_KERNEL(selftest_mma_bf16)(const bf16_t* a, const bf16_t* b, const float* c, float* d, int mode) { selftest_mma<bf16_t>(a, b, c, d, mode); }
+ORT_REGISTER(selftest_mma_bf16)

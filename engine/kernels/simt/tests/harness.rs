@@ -392,3 +392,94 @@ fn half_conversions_match_the_half_crate() {
         }
     }
 }
+
+/// Runs `selftest_mma_<dtype>` (selftest.cu) on one warp: d = a·b + c, the fragments built as
+/// `mode` says. a: 16×16, b: 16×8 (k × n), c: 16×8, all row-major.
+fn run_mma(
+    dtype: Dtype,
+    mode: i32,
+    warp: u32,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Result<Vec<f32>, String> {
+    let (mut ab, mut bb) = (Buf::from_f32(a, dtype), Buf::from_f32(b, dtype));
+    let mut cb = Buf::from_f32(c, Dtype::F32);
+    let mut d = Buf::poisoned(16 * 8, Dtype::F32);
+    let args = [ab.ptr(), bb.ptr(), cb.ptr(), d.ptr(), ortbench_simt::Arg::I32(mode)];
+    let name = format!("selftest_mma_{}", dtype.suffix());
+    let smem = (16 * 16 + 2 * 16 * 8) * 2;
+    // SAFETY: the buffers hold the sizes above; the kernel reads/writes nothing else.
+    unsafe { launch(&name, (1, 1, 1), (warp, 1, 1), smem, warp, Order::Reverse, &args) }?;
+    d.check_guards()?;
+    Ok(d.to_f32())
+}
+
+/// Pseudo-random values in (−1, 1), never zero (an LCG: the harness crate has no rand).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = ((s >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
+            2.0 * u - 1.0
+        })
+        .collect()
+}
+
+/// The largest |got − want| / (Σ_k |a_ik·b_kj| + |c_ij|) over d = a·b + c, in f64 from the
+/// inputs as rounded to `dtype`.
+fn mma_error(dtype: Dtype, a: &[f32], b: &[f32], c: &[f32], got: &[f32]) -> f64 {
+    let r = |x: f32| dtype.round(x) as f64;
+    let mut worst = 0.0f64;
+    for i in 0..16 {
+        for j in 0..8 {
+            let (mut want, mut mag) = (c[i * 8 + j] as f64, (c[i * 8 + j] as f64).abs());
+            for k in 0..16 {
+                want += r(a[i * 16 + k]) * r(b[k * 8 + j]);
+                mag += (r(a[i * 16 + k]) * r(b[k * 8 + j])).abs();
+            }
+            worst = worst.max((got[i * 8 + j] as f64 - want).abs() / mag);
+        }
+    }
+    worst
+}
+
+#[test]
+fn tensor_core_fragments_compute_the_plain_matrix_product() {
+    // Products of two 8-bit (bf16) or 11-bit (f16) significands are exact in f32; 16 of them
+    // and c summed in f32 are within 17 units of 2^-24 of the magnitudes' sum.
+    let tol = 17.0 * 2f64.powi(-24);
+    for dtype in [Dtype::F16, Dtype::BF16] {
+        let (a, b, c) = (noise(256, 1), noise(128, 2), noise(128, 3));
+        for mode in [0, 1, 2] {
+            let got = run_mma(dtype, mode, 32, &a, &b, &c).unwrap();
+            let err = mma_error(dtype, &a, &b, &c, &got);
+            assert!(err <= tol, "{dtype:?} mode {mode}: error {err:e} > {tol:e}");
+        }
+    }
+}
+
+#[test]
+fn a_transposed_fragment_index_gives_a_wrong_product() {
+    for dtype in [Dtype::F16, Dtype::BF16] {
+        let (a, b, c) = (noise(256, 4), noise(128, 5), noise(128, 6));
+        let got = run_mma(dtype, 3, 32, &a, &b, &c).unwrap();
+        let err = mma_error(dtype, &a, &b, &c, &got);
+        assert!(err > 1e-2, "{dtype:?}: a transposed A fragment went unseen (error {err:e})");
+    }
+}
+
+#[test]
+fn tensor_core_misuse_is_an_error_naming_the_line() {
+    let (a, b, c) = (noise(256, 7), noise(128, 8), noise(128, 9));
+    let err = run_mma(Dtype::BF16, 4, 32, &a, &b, &c).unwrap_err();
+    assert!(
+        err.contains("not reached by the whole warp together") && err.contains("selftest.cu:"),
+        "{err}"
+    );
+    let err = run_mma(Dtype::F16, 5, 32, &a, &b, &c).unwrap_err();
+    assert!(err.contains("lane 3's row address is not 16-byte aligned"), "{err}");
+    let err = run_mma(Dtype::BF16, 0, 64, &a, &b, &c).unwrap_err();
+    assert!(err.contains("needs a warp of 32 lanes"), "{err}");
+}
