@@ -77,6 +77,23 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
 
+// 16-byte vector loads and stores (the address 16-byte aligned). On the host through memcpy,
+// so that viewing T storage as uint4 is not an aliasing violation there.
+#if defined(ORTBENCH_SIMT_HOST)
+struct uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 load16(const void* p) {
+    uint4 v;
+    std::memcpy(&v, p, 16);
+    return v;
+}
+inline void store16(void* p, uint4 v) { std::memcpy(p, &v, 16); }
+#else
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void store16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+#endif
+
 // The thread's index in its (1-D) block, its lane and its warp.
 __device__ __forceinline__ int lane_id() { return (int)threadIdx.x % warpSize; }
 __device__ __forceinline__ int warp_id() { return (int)threadIdx.x / warpSize; }

@@ -59,6 +59,9 @@ enum Mask {
     Full,
     /// (B, 1, 1, Tk): keys 0..n of batch 1 are −∞ (left padding), the rest a random bias.
     LeftPad(usize),
+    /// (1, 1, Tq, Tk): a sliding window of w keys (Mistral's, Qwen2/3's per layer): key j
+    /// visible to query i iff i − j < w (0), else −∞; the causal flag cuts the future.
+    Window(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -181,6 +184,12 @@ impl Prob {
                 m[c.tk..c.tk + n].fill(f32::NEG_INFINITY);
                 ([c.b, 1, 1, c.tk], Some(m))
             }
+            Mask::Window(w) => {
+                let m = (0..c.tq * c.tk)
+                    .map(|x| if x / c.tk < x % c.tk + w { 0.0 } else { f32::NEG_INFINITY })
+                    .collect();
+                ([1, 1, c.tq, c.tk], Some(m))
+            }
             Mask::Full => {
                 let mut m = rng.vec(c.h * c.tq * c.tk, -2.0, 1.0, dt);
                 for (i, x) in m.iter_mut().enumerate() {
@@ -284,6 +293,7 @@ impl Prob {
         match (&self.mask, self.c.mask) {
             (Some(m), Mask::KeyPad(_) | Mask::LeftPad(_)) => m[b * self.c.tk + j],
             (Some(m), Mask::Full) => m[(h * self.c.tq + i) * self.c.tk + j],
+            (Some(m), Mask::Window(_)) => m[i * self.c.tk + j],
             _ => 0.0,
         }
     }
@@ -337,13 +347,25 @@ impl Prob {
 
     /// `dev`'s geometry with just the shared memory the case's tiles need (the most of the
     /// three kernels'): the launchers' tile choice ([`launch::tiles`]) then picks them, as the
-    /// executor would on such a device.
+    /// executor would on such a device. Without tensor cores: these are attention.cu's tests
+    /// (in f16/bf16 too); the tensor-core kernels have theirs ([`Prob::mma_device`]).
     fn device(&self, dev: &Dev) -> Device {
         let (bq, bk) = self.c.tiles;
         let max_smem = attention_smem(bq, bk, self.c.d, self.c.dv).into_iter().max().unwrap();
-        let geo = Device { max_smem, ..dev.geometry() };
+        let geo = Device { max_smem, mma: false, ..dev.geometry() };
         assert_eq!(launch::tiles(self.dims(), geo), Ok(self.c.tiles), "{:?}", self.c);
         geo
+    }
+
+    /// `dev`'s geometry with the shared memory the tensor-core kernels need at this head size;
+    /// `None` on a device without tensor cores (the SIMT harness at warp 64).
+    fn mma_device(&self, dev: &Dev, dt: Dtype) -> Option<Device> {
+        let max_smem = launch::mma_smem(self.c.d).into_iter().max().unwrap();
+        let geo = Device { max_smem, ..dev.geometry() };
+        geo.mma.then(|| {
+            assert_eq!(launch::mma_head_dim(self.dims(), dtype(dt), geo), Some(self.c.d));
+            geo
+        })
     }
 
     fn name(&self, dt: Dtype) -> String {
@@ -472,6 +494,62 @@ fn backward_matches_the_cpu_kernel() {
                 dev.run(l.launch(geo).unwrap()).unwrap();
                 check(&format!("{what}: dk"), &dk.to_f32(), &dk0, dt, t);
                 check(&format!("{what}: dv"), &dv.to_f32(), &dv0, dt, t);
+            }
+        }
+    }
+}
+
+/// The tensor-core kernels' cases (attention_mma.cu): every head size they are built for, T of
+/// 77 and 200 (not multiples of their 64-row or 32-row tiles; Tq ≠ Tk both ways), grouped- and
+/// multi-query heads, a sliding window, padding masks, dropout.
+const MMA_CASES: [Case; 7] = [
+    case(2, (4, 2), 77, 77, 64, 64, true, Mask::KeyPad(-1e4), 0.1, (0, 0)),
+    case(1, (2, 2), 200, 200, 16, 16, false, Mask::Full, 0.0, (0, 0)),
+    case(1, (4, 1), 200, 200, 80, 80, true, Mask::Window(37), 0.0, (0, 0)),
+    case(2, (2, 2), 77, 77, 32, 32, true, Mask::LeftPad(21), 0.1, (0, 0)),
+    case(1, (2, 2), 45, 77, 128, 128, false, Mask::KeyPad(f32::NEG_INFINITY), 0.0, (0, 0)),
+    case(1, (2, 1), 77, 45, 96, 96, true, Mask::None, 0.0, (0, 0)),
+    case(1, (3, 3), 200, 77, 64, 64, true, Mask::Window(50), 0.1, (0, 0)),
+];
+
+const HALVES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
+
+/// Tolerances of the tensor-core forward against the CPU kernel: attention.cu's half
+/// tolerances (1e-5 + u of the element and 1e-5 of the largest), plus one u of the largest for
+/// P rounded to the dtype before P·V (FlashAttention's A operand; the CPU multiplies f32 P).
+/// Q·Kᵀ has exact products summed in f32 on both sides, so lse keeps the f32 tolerance.
+#[test]
+fn mma_forward_matches_the_cpu_kernel_and_lse() {
+    for dt in HALVES {
+        for (n, &c) in MMA_CASES.iter().enumerate() {
+            let p = Prob::new(c, dt, 30 + n as u64);
+            for dev in devices() {
+                let Some(geo) = p.mma_device(&dev, dt) else { continue };
+                let (mut out, mut lse) =
+                    (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
+                let (mut q, mut k, mut v) =
+                    (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
+                let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
+                let l = launch::AttentionForward {
+                    dtype: dtype(dt),
+                    out: st(&mut out, p.os),
+                    lse: &mut lse,
+                    q: st(&mut q, p.qs),
+                    k: st(&mut k, p.ks),
+                    v: st(&mut v, p.vs),
+                    mask: p.mask_arg(&mut mask),
+                    dims: p.dims(),
+                    scores: p.scores(),
+                };
+                let l = l.launch(geo).unwrap();
+                assert!(l.name.starts_with("attention_mma_forward"), "{}", l.name);
+                dev.run(l).unwrap();
+                let what = format!("{} tensor-core forward on {dev}", p.name(dt));
+                let t = tol(dt, 1e-5);
+                let t = Tol { of_largest: 1e-5 + unit_roundoff(dt), ..t };
+                let tl = Tol { of_largest: 1e-5, ..tol(D::F32, 1e-5) };
+                check(&format!("{what}: out"), &out.to_f32(), &p.out, dt, t);
+                check(&format!("{what}: lse"), &lse.to_f32(), &p.lse, D::F32, tl);
             }
         }
     }

@@ -38,6 +38,8 @@ fn main() {
         // Kernels are written for GPUs: unused parameters and the like are not worth a warning here.
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unused-variable")
+        // `#pragma unroll` is for the GPU compilers.
+        .flag_if_supported("-Wno-unknown-pragmas")
         .compile("ortbench_simt");
     println!("cargo:rustc-link-lib=pthread");
 }

@@ -30,6 +30,11 @@ pub trait GpuDevice {
     fn max_blocks(&self) -> u32;
     /// Dynamic shared memory one block may use, bytes (after any opt-in).
     fn max_shared_bytes(&self) -> u32;
+    /// Whether the tensor-core kernels (`engine/kernels/*_mma.cu`: `mma.sync` m16n8k16 with
+    /// f16/bf16 operands, `ldmatrix`) run here: NVIDIA sm_80 and later.
+    fn has_mma(&self) -> bool {
+        false
+    }
     /// `bytes` of zeroed device memory.
     fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buffer, GpuError>;
     /// The device address of a buffer.

@@ -27,6 +27,8 @@ pub struct SimtGpu {
     trace: Option<Mutex<Vec<String>>>,
     /// Run the kernels and GEMMs (false: only record them).
     execute: bool,
+    /// Offer the tensor-core kernels (at warp 32: the harness emulates mma.sync there only).
+    mma: bool,
 }
 
 /// Zeroed host memory, 16-byte aligned (as device allocations are at least).
@@ -44,7 +46,15 @@ impl SimtGpu {
             max_shared_bytes: 16 * 1024,
             trace: None,
             execute: true,
+            mma: true,
         }
+    }
+
+    /// Not a tensor-core device ([`GpuDevice::has_mma`] false): the kernels of an NVIDIA GPU
+    /// before sm_80, e.g. to run the scalar attention in f16/bf16.
+    pub fn without_mma(mut self) -> Self {
+        self.mma = false;
+        self
     }
 
     /// At most `n` blocks fill the device ([`GpuDevice::max_blocks`]).
@@ -98,6 +108,9 @@ impl GpuDevice for SimtGpu {
     }
     fn max_shared_bytes(&self) -> u32 {
         self.max_shared_bytes
+    }
+    fn has_mma(&self) -> bool {
+        self.mma && self.warp == 32
     }
     fn alloc_zeroed(&self, bytes: usize) -> Result<HostBuf, GpuError> {
         Ok(HostBuf(vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice()))

@@ -99,10 +99,14 @@ impl Dev {
     pub fn geometry(&self) -> launch::Device {
         match self {
             Dev::Simt { warp, .. } => {
-                launch::Device { warp: *warp, max_blocks: 3, max_smem: 48 * 1024 }
+                // Tensor cores at warp 32, where the harness emulates mma.sync.
+                launch::Device { warp: *warp, max_blocks: 3, max_smem: 48 * 1024, mma: *warp == 32 }
             }
             #[cfg(feature = "cuda")]
-            Dev::Cuda(_) => launch::Device { warp: 32, max_blocks: 1024, max_smem: 48 * 1024 },
+            // The GPUs scripts/gpu-validate runs on (H100/H200) have tensor cores.
+            Dev::Cuda(_) => {
+                launch::Device { warp: 32, max_blocks: 1024, max_smem: 48 * 1024, mma: true }
+            }
         }
     }
 

@@ -56,6 +56,10 @@ impl GpuDevice for CudaGpu {
     fn max_shared_bytes(&self) -> u32 {
         self.max_smem
     }
+    fn has_mma(&self) -> bool {
+        // "sm_XY": mma.sync m16n8k16 with bf16 operands needs sm_80.
+        self.dev.arch()[3..].parse::<u32>().is_ok_and(|v| v >= 80)
+    }
     fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
         let b = self.dev.alloc(bytes).map_err(err)?;
         self.dev.zero(&b).map_err(err)?;

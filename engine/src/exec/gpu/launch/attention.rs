@@ -83,38 +83,77 @@ pub fn tiles(dims: Dims, dev: Device) -> Result<(usize, usize), NoTiles> {
     attention_tiles(d, dv, dev.max_smem).ok_or(NoTiles { d, dv, max_smem: dev.max_smem })
 }
 
-/// The arguments between the operands and the strides: h, hkv, tq, tk, d, dv, scale, causal,
-/// dropout_p, seed, offset.
-fn scalars<P>(dims: Dims, s: Scores) -> [Arg<P>; 11] {
-    [
+/// Head sizes the tensor-core kernels are built for (attention_mma.cu, D = Dv): multiples of
+/// the mma's k of 16.
+pub const MMA_HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
+/// Threads of a tensor-core block: 4 warps of 32, each owning 16 rows.
+const MMA_BLOCK: u32 = 128;
+/// Queries per forward and dq block, keys per dkdv block.
+const MMA_ROWS: usize = 64;
+
+/// Dynamic shared memory of the tensor-core forward, dq and dkdv kernels at head size `d`,
+/// bytes: tiles of rows of d + 8 half elements (attention_mma.cu) — forward K and V tiles of
+/// 64 keys; dq K and V tiles of 32 keys; dkdv K and V of 64 keys, Q and dO tiles of 32 queries
+/// and their 32 LSE and delta values.
+pub fn mma_smem(d: usize) -> [u32; 3] {
+    let row = (d + 8) * 2;
+    [2 * 64 * row, 2 * 32 * row, (2 * 64 + 2 * 32) * row + 2 * 32 * 4].map(|b| b as u32)
+}
+
+/// The head size whose tensor-core kernels run these sizes on `dev`, if any: f16/bf16
+/// operands, D = Dv in [`MMA_HEAD_DIMS`], a device with tensor cores and the shared memory.
+/// Otherwise attention.cu's kernels run (f32, AMD, other head sizes).
+pub fn mma_head_dim(dims: Dims, dtype: DType, dev: Device) -> Option<usize> {
+    let half = matches!(dtype, DType::F16 | DType::BF16);
+    let fits = mma_smem(dims.d).iter().all(|&b| b <= dev.max_smem);
+    (dev.mma && half && dims.d == dims.dv && MMA_HEAD_DIMS.contains(&dims.d) && fits)
+        .then_some(dims.d)
+}
+
+/// `attention_mma_<kernel>_<T>_d<D>`.
+fn mma_name(kernel: &str, dtype: DType, d: usize) -> String {
+    format!("{}_d{d}", kernel_name(&format!("attention_mma_{kernel}"), dtype))
+}
+
+/// The arguments between the operands and the strides: h, hkv, tq, tk, [d, dv,] scale,
+/// causal, dropout_p, seed, offset (the tensor-core kernels have the head size in their name).
+fn scalars<P>(dims: Dims, s: Scores, head_sizes: bool) -> Vec<Arg<P>> {
+    let mut a = vec![
         Arg::I32(dims.h as i32),
         Arg::I32(dims.hkv as i32),
         Arg::I32(dims.tq as i32),
         Arg::I32(dims.tk as i32),
-        Arg::I32(dims.d as i32),
-        Arg::I32(dims.dv as i32),
+    ];
+    if head_sizes {
+        a.extend([Arg::I32(dims.d as i32), Arg::I32(dims.dv as i32)]);
+    }
+    a.extend([
         Arg::F32(s.scale),
         Arg::I32(i32::from(s.causal)),
         Arg::F32(s.dropout_p),
         s.seed.arg(),
         Arg::U64(s.offset),
-    ]
+    ]);
+    a
 }
 
 /// Appends the tail every kernel shares after its operands: scalars, the operands' strides in
-/// the kernel's order, the mask's strides, the tiles.
+/// the kernel's order, the mask's strides, and for attention.cu's kernels the tiles (`None`
+/// for the tensor-core kernels, whose tiles are fixed).
 fn tail<P>(
     args: &mut Vec<Arg<P>>,
     dims: Dims,
     scores: Scores,
     strides: &[[i64; 3]],
     ms: [Arg<P>; 4],
-    (bq, bk): (usize, usize),
+    tiles: Option<(usize, usize)>,
 ) {
-    args.extend(scalars(dims, scores));
+    args.extend(scalars(dims, scores, tiles.is_some()));
     args.extend(strides.iter().flatten().map(|&s| Arg::I64(s)));
     args.extend(ms);
-    args.extend([Arg::I32(bq as i32), Arg::I32(bk as i32)]);
+    if let Some((bq, bk)) = tiles {
+        args.extend([Arg::I32(bq as i32), Arg::I32(bk as i32)]);
+    }
 }
 
 /// `attention_forward_<T>`: out = dropout(softmax(scale·q·kᵀ + mask))·v, and each query row's
@@ -136,19 +175,23 @@ pub struct AttentionForward<P> {
 impl<P> AttentionForward<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
         let Self { dtype, out, lse, q, k, v, mask, dims, scores } = self;
-        let (bq, bk) = tiles(dims, dev)?;
         let (mask, ms) = mask_args(mask);
         let mut args =
             vec![Arg::Ptr(out.at), Arg::Ptr(lse), Arg::Ptr(q.at), Arg::Ptr(k.at), Arg::Ptr(v.at)];
         args.push(mask);
-        tail(
-            &mut args,
-            dims,
-            scores,
-            &[q.strides, k.strides, v.strides, out.strides],
-            ms,
-            (bq, bk),
-        );
+        let strides = [q.strides, k.strides, v.strides, out.strides];
+        if let Some(d) = mma_head_dim(dims, dtype, dev) {
+            tail(&mut args, dims, scores, &strides, ms, None);
+            return Ok(Launch {
+                name: mma_name("forward", dtype, d),
+                grid: (dims.b * dims.h * dims.tq.div_ceil(MMA_ROWS)) as u32,
+                block: MMA_BLOCK,
+                smem: mma_smem(d)[0],
+                args,
+            });
+        }
+        let (bq, bk) = tiles(dims, dev)?;
+        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
         Ok(Launch {
             name: kernel_name("attention_forward", dtype),
             grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
@@ -195,7 +238,7 @@ impl<P> AttentionBackwardDq<P> {
             Arg::Ptr(lse),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, out.strides, dq.strides];
-        tail(&mut args, dims, scores, &strides, ms, (bq, bk));
+        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
         Ok(Launch {
             name: kernel_name("attention_backward_dq", dtype),
             grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
@@ -241,7 +284,7 @@ impl<P> AttentionBackwardDkdv<P> {
             Arg::Ptr(delta),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, dk.strides, dv.strides];
-        tail(&mut args, dims, scores, &strides, ms, (bq, bk));
+        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
         Ok(Launch {
             name: kernel_name("attention_backward_dkdv", dtype),
             grid: (dims.b * dims.hkv * dims.tk.div_ceil(bk)) as u32,

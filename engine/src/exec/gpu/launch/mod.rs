@@ -34,12 +34,19 @@ pub struct Device {
     pub warp: u32,
     pub max_blocks: u32,
     pub max_smem: u32,
+    /// Tensor cores through `mma.sync` m16n8k16 with f16/bf16 operands ([`GpuDevice::has_mma`]).
+    pub mma: bool,
 }
 
 impl Device {
     /// The geometry of a [`GpuDevice`].
     pub fn of<D: GpuDevice>(d: &D) -> Device {
-        Device { warp: d.warp_size(), max_blocks: d.max_blocks(), max_smem: d.max_shared_bytes() }
+        Device {
+            warp: d.warp_size(),
+            max_blocks: d.max_blocks(),
+            max_smem: d.max_shared_bytes(),
+            mma: d.has_mma(),
+        }
     }
 }
 

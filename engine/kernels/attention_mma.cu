@@ -1,0 +1,258 @@
+// Fused scaled dot-product attention on tensor cores (mma.sync m16n8k16, f16/bf16 operands, f32
+// accumulation): out = dropout(softmax(scale·Q·Kᵀ + mask))·V, FlashAttention-2 style (Dao 2023,
+// algorithms 1 and 2; the warp layout of the FlashAttention-2 CUDA kernels). The same operands,
+// strides and semantics as attention.cu — which stays as the f32 path, the AMD path and this
+// file's second reference — so the launcher picks one or the other
+// (exec/gpu/launch/attention.rs). CPU counterpart: engine/src/backend/cpu/kernels/attention.rs.
+// NVIDIA-only (mma.sync, warp size 32): kernel names carry `_mma_`, and the AMD build compiles
+// this file to nothing.
+//
+// Layout. Head size D = Dv is a template parameter (16, 32, 64, 80, 96, 128: multiples of the
+// mma's k = 16), so fragment arrays live in registers. A block is 4 warps; a warp owns 16 rows
+// of every tile product (its 16 queries in the forward and dq, its 16 keys in dkdv). Tiles sit
+// in shared memory as T with a row pitch of D + 8 elements, so the 8 row addresses of an
+// ldmatrix fall in 8 different 16-byte bank groups; loads are 16-byte vectors when the
+// operand's rows are 16-byte aligned, element by element otherwise.
+// - Forward: one block per (batch·head, 64 queries). Q's A fragments are loaded once into
+//   registers; K/V tiles of 64 keys stream through shared memory; S = Q·Kᵀ (16 × 64 per warp),
+//   scale, mask, the online softmax per row on the accumulators (row max and sum over the 4
+//   lanes that share a row: two shuffles), then P (rounded to T, as FlashAttention does) goes
+//   from accumulator to A fragment in registers and O += P·V. Writes O and the rows' LSE.
+// - Backward: `attention_mma_backward_dq` (one block per 64 queries, key tiles of 32: recomputes
+//   P from the LSE, dP = dO·Vᵀ, dS = P ⊙ (dP − delta), dQ += dS·K; writes delta = rowsum(dO ⊙ O)
+//   first), then `attention_mma_backward_dkdv` (one block per (batch·K/V head, 64 keys), query
+//   tiles of 32 of every query head of the group: Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ,
+//   dK += dSᵀ·Q). No atomics: every run gives the same bits.
+#include "port.cuh"
+
+// (m16n8k16 with bf16 operands needs sm_80: for older NVIDIA targets the file is empty too.)
+#if defined(ORT_HAS_MMA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+
+struct AttnStrides {
+    long long sb, sh, st;
+};
+struct MaskStrides {
+    long long sb, sh, sq, sk;
+};
+
+constexpr int MMA_WARPS = 4;
+constexpr int MMA_ROWS = 16 * MMA_WARPS;  // queries per forward/dq block, keys per dkdv block
+constexpr int MMA_BN_FWD = 64;            // keys per forward tile
+constexpr int MMA_BN_BWD = 32;            // keys (dq) or queries (dkdv) per backward tile
+
+__device__ __forceinline__ int mma_min(int a, int b) { return a < b ? a : b; }
+
+// Rows [0, rows) of a (·, D) operand (row pitch `st` elements) into shared memory (pitch D + 8),
+// rows [rows, tile_rows) zero. 16-byte vectors when the source rows are 16-byte aligned.
+template <typename T, int D>
+__device__ __forceinline__ void mma_load_tile(T* dst, const T* src, long long st, int rows, int tile_rows) {
+    constexpr int P = D + 8, V = 16 / (int)sizeof(T);
+    const bool vec = ((unsigned long long)src % 16 == 0) && (st % V == 0);
+    if (vec) {
+        for (int idx = threadIdx.x; idx < tile_rows * (D / V); idx += blockDim.x) {
+            const int r = idx / (D / V), c = (idx % (D / V)) * V;
+            const uint4 x = r < rows ? load16(src + (long long)r * st + c) : uint4{0u, 0u, 0u, 0u};
+            store16(dst + r * P + c, x);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < tile_rows * D; idx += blockDim.x) {
+            const int r = idx / D, c = idx % D;
+            dst[r * P + c] = r < rows ? src[(long long)r * st + c] : from_f32<T>(0.0f);
+        }
+    }
+}
+
+// Fragments from a tile in shared memory (pitch P elements):
+// A: rows [r0, r0 + 16) × columns [c0, c0 + 16).
+template <typename T, int P>
+__device__ __forceinline__ MmaA mma_frag_a(const T* tile, int r0, int c0) {
+    const int l = lane_id();
+    MmaA a;
+    ldmatrix_x4(a.r, tile + (r0 + (l & 15)) * P + c0 + (l >> 4) * 8);
+    return a;
+}
+// B of two n-tiles from a tile whose rows are n and columns k (Kᵀ from K): n [n0, n0 + 16),
+// k [k0, k0 + 16); b0 covers n0.., b1 n0 + 8...
+template <typename T, int P>
+__device__ __forceinline__ void mma_frag_b_nk(const T* tile, int n0, int k0, MmaB& b0, MmaB& b1) {
+    const int l = lane_id();
+    unsigned r[4];
+    ldmatrix_x4(r, tile + (n0 + (l & 7) + ((l >> 4) << 3)) * P + k0 + ((l >> 3) & 1) * 8);
+    b0 = MmaB{{r[0], r[1]}};
+    b1 = MmaB{{r[2], r[3]}};
+}
+// B of two n-tiles from a tile whose rows are k and columns n (V as is): k [k0, k0 + 16),
+// n [n0, n0 + 16), through ldmatrix .trans.
+template <typename T, int P>
+__device__ __forceinline__ void mma_frag_b_kn(const T* tile, int k0, int n0, MmaB& b0, MmaB& b1) {
+    const int l = lane_id();
+    unsigned r[4];
+    ldmatrix_x4_trans(r, tile + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * P + n0 + (l >> 4) * 8);
+    b0 = MmaB{{r[0], r[1]}};
+    b1 = MmaB{{r[2], r[3]}};
+}
+// Accumulators of n-tiles 2j, 2j + 1 (16 columns) as the A fragment of the next product (their
+// columns become its k): port.cuh's fragment note.
+template <typename T>
+__device__ __forceinline__ MmaA mma_acc_to_a(const MmaAcc& lo, const MmaAcc& hi) {
+    return MmaA{{pack_half2<T>(lo.c[0], lo.c[1]), pack_half2<T>(lo.c[2], lo.c[3]), pack_half2<T>(hi.c[0], hi.c[1]), pack_half2<T>(hi.c[2], hi.c[3])}};
+}
+
+// s = scale·acc + mask for query i, key j; −∞ where masked: past the valid keys (kend), past
+// the causal limit, or a row past Tq.
+template <typename T>
+__device__ __forceinline__ float mma_score(float acc, float scale, const T* mb, const MaskStrides& ms, int i, int j, int tq, int kend, int causal) {
+    if (i >= tq || j >= kend || (causal && j > i)) return neg_inf();
+    float s = acc * scale;
+    if (mb) s += to_f32(mb[(long long)i * ms.sq + (long long)j * ms.sk]);
+    return s;
+}
+
+// The 4 lanes of a fragment row group (lanes 4g..4g + 3) combine.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, port_shfl_xor(v, 1));
+    return fmaxf(v, port_shfl_xor(v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += port_shfl_xor(v, 1);
+    return v + port_shfl_xor(v, 2);
+}
+
+// ---------------------------------------------------------------- forward
+
+// Shared memory: 2·64·(D + 8) elements of T (Q is staged in the K tile's place first).
+// Grid: B·H·ceil(Tq / 64) blocks of 128 threads. out: (B, H, Tq, D) strided (os); lse: (B, H,
+// Tq) f32 contiguous; q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D) strided (query head h reads K/V
+// head h / (H / Hkv)); mask: broadcast to (B, H, Tq, Tk) or null. As attention.cu's forward.
+template <typename T, int D>
+__device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, float scale,
+                                      int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks,
+                                      AttnStrides vs, AttnStrides os, MaskStrides ms) {
+    constexpr int P = D + 8, BN = MMA_BN_FWD, KD = D / 16, NS = BN / 8, NO = D / 8;
+    DYN_SHARED(T, sm);
+    T* k_s = sm;           // (BN, P); Q's (64, P) first
+    T* v_s = k_s + BN * P; // (BN, P)
+
+    const int nqt = (tq + MMA_ROWS - 1) / MMA_ROWS;
+    const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * MMA_ROWS;
+    const int bi = bh / h, hi = bh % h, hk = hi / (h / hkv);
+    const int rows = mma_min(MMA_ROWS, tq - q0);
+    const int w = warp_id(), lane = lane_id(), g = lane >> 2, t = lane & 3;
+    const T* kb = k + bi * ks.sb + hk * ks.sh;
+    const T* vb = v + bi * vs.sb + hk * vs.sh;
+    const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
+    const bool drop = dropout_p > 0.0f;
+    const DropMask dm = drop_mask(dropout_p, seed);
+
+    mma_load_tile<T, D>(k_s, q + bi * qs.sb + hi * qs.sh + (long long)q0 * qs.st, qs.st, rows, MMA_ROWS);
+    __syncthreads();
+    MmaA qf[KD];
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) qf[kk] = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk);
+    // This lane's two rows: 16w + g and 16w + g + 8 of the tile.
+    const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
+    MmaAcc o[NO];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+
+    const int kend = causal ? mma_min(q0 + rows, tk) : tk;
+    for (int k0 = 0; k0 < kend; k0 += BN) {
+        const int kn = mma_min(BN, kend - k0);
+        __syncthreads();  // every warp is done with the last tile (or Q's fragments)
+        mma_load_tile<T, D>(k_s, kb + (long long)k0 * ks.st, ks.st, kn, BN);
+        mma_load_tile<T, D>(v_s, vb + (long long)k0 * vs.st, vs.st, kn, BN);
+        __syncthreads();
+        MmaAcc s[NS];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) s[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+            for (int j = 0; j < NS / 2; ++j) {
+                MmaB b0, b1;
+                mma_frag_b_nk<T, P>(k_s, 16 * j, 16 * kk, b0, b1);
+                mma_16816<T>(s[2 * j], qf[kk], b0);
+                mma_16816<T>(s[2 * j + 1], qf[kk], b1);
+            }
+        // Scores, the rows' new max, and the rescale of what came before.
+        float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int i = c < 2 ? i0 : i1, j = k0 + 8 * n + 2 * t + (c & 1);
+                s[n].c[c] = mma_score(s[n].c[c], scale, mb, ms, i, j, tq, kend, causal);
+                mx[c >> 1] = fmaxf(mx[c >> 1], s[n].c[c]);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(mx[r]));
+            // Every key so far masked: keep m = −∞ and add nothing (no −∞ − −∞).
+            alpha[r] = m_new == neg_inf() ? 1.0f : expf(m[r] - m_new);
+            m[r] = m_new;
+            l[r] *= alpha[r];
+        }
+        // P = exp(s − m) (the softmax's sum before dropout), then dropped as the CPU drops it.
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = c >> 1, i = r ? i1 : i0, j = k0 + 8 * n + 2 * t + (c & 1);
+                float e = m[r] == neg_inf() ? 0.0f : expf(s[n].c[c] - m[r]);
+                l[r] += e;
+                if (drop && e != 0.0f)
+                    e = drop_keep(dm, offset + ((unsigned long long)bh * tq + (unsigned long long)i) * (unsigned long long)tk + (unsigned long long)j) ? e * dm.scale : 0.0f;
+                s[n].c[c] = e;
+            }
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[n].c[c] *= alpha[c >> 1];
+        // O += P·V: P's accumulators are the A fragments, 16 keys at a time.
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; ++kk) {
+            const MmaA pa = mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int x = 0; x < NO / 2; ++x) {
+                MmaB b0, b1;
+                mma_frag_b_kn<T, P>(v_s, 16 * kk, 16 * x, b0, b1);
+                mma_16816<T>(o[2 * x], pa, b0);
+                mma_16816<T>(o[2 * x + 1], pa, b1);
+            }
+        }
+    }
+    T* ob = out + bi * os.sb + hi * os.sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = quad_sum(l[r]);
+        const int i = r ? i1 : i0;
+        if (i >= tq) continue;
+        const float inv = m[r] == neg_inf() ? 0.0f : 1.0f / sum;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            const int c = 8 * n + 2 * t;
+            ob[(long long)i * os.st + c] = from_f32<T>(o[n].c[2 * r] * inv);
+            ob[(long long)i * os.st + c + 1] = from_f32<T>(o[n].c[2 * r + 1] * inv);
+        }
+        if (t == 0) lse[(long long)bh * tq + i] = m[r] == neg_inf() ? -neg_inf() : m[r] + logf(sum);
+    }
+}
+
+#define ATTENTION_MMA(S, T, D)                                                                                                                    \
+    ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
+                                                 int tk, float scale, int causal, float dropout_p, unsigned long long seed,                      \
+                                                 unsigned long long offset, long long q_sb, long long q_sh, long long q_st, long long k_sb,      \
+                                                 long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st, long long o_sb, \
+                                                 long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq, long long m_sk) { \
+        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
+                                    AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                   \
+                                    MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                        \
+    }                                                                                                                                             \
+    ORT_REGISTER(attention_mma_forward_##S##_d##D)
+#define ATTENTION_MMA_DIMS(S, T) ATTENTION_MMA(S, T, 16) ATTENTION_MMA(S, T, 32) ATTENTION_MMA(S, T, 64) ATTENTION_MMA(S, T, 80) ATTENTION_MMA(S, T, 96) ATTENTION_MMA(S, T, 128)
+ATTENTION_MMA_DIMS(f16, f16_t)
+ATTENTION_MMA_DIMS(bf16, bf16_t)
+
+#endif
