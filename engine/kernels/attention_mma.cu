@@ -240,6 +240,251 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
     }
 }
 
+// ---------------------------------------------------------------- backward
+
+// P and dS of one accumulator element for query i, key j (attention.cu's `attn_ds_tile`):
+// P = exp(s − lse), Pd = dropout(P), dS = P ⊙ (dPd·dropout − delta)·scale. `acc` is q·k,
+// `dpd` is dO·v; masked elements give P = dS = 0 (s = −∞; a row with no key has lse = +∞).
+template <typename T>
+__device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, float del_i, float scale, const T* mb, const MaskStrides& ms, int i, int j,
+                                         int tq, int kend, int causal, bool drop, const DropMask& dm, unsigned long long row_ctr, float& pd, float& ds) {
+    const float p = expf(mma_score(acc, scale, mb, ms, i, j, tq, kend, causal) - lse_i);
+    pd = p;
+    if (drop) {
+        const bool keep = p != 0.0f && drop_keep(dm, row_ctr + (unsigned long long)j);
+        pd = keep ? p * dm.scale : 0.0f;
+        dpd = keep ? dpd * dm.scale : 0.0f;
+    }
+    ds = p * (dpd - del_i) * scale;
+}
+
+// Shared memory: 2·32·(D + 8) elements of T (Q, then dO, staged in their place first), then
+// 64 floats (delta). Grid: B·H·ceil(Tq / 64) blocks of 128 threads. dq: (B, H, Tq, D)
+// strided; delta: (B, H, Tq) f32 contiguous, written for the dkdv kernel (launched next);
+// dout, out: (B, H, Tq, D) strided (gs, os); the rest as the forward. As attention.cu's dq.
+template <typename T, int D>
+__device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,
+                                          const float* lse, int h, int hkv, int tq, int tk, float scale, int causal, float dropout_p,
+                                          unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
+                                          AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms) {
+    constexpr int P = D + 8, BN = MMA_BN_BWD, KD = D / 16, NS = BN / 8, NO = D / 8;
+    DYN_SHARED(T, sm);
+    T* k_s = sm;                                             // (BN, P); Q's, then dO's (64, P) first
+    T* v_s = k_s + BN * P;                                   // (BN, P)
+    float* del_s = reinterpret_cast<float*>(v_s + BN * P);  // (64)
+
+    const int nqt = (tq + MMA_ROWS - 1) / MMA_ROWS;
+    const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * MMA_ROWS;
+    const int bi = bh / h, hi = bh % h, hk = hi / (h / hkv);
+    const int rows = mma_min(MMA_ROWS, tq - q0);
+    const int w = warp_id(), lane = lane_id(), g = lane >> 2, t = lane & 3;
+    const T* kb = k + bi * ks.sb + hk * ks.sh;
+    const T* vb = v + bi * vs.sb + hk * vs.sh;
+    const T* gb = dout + bi * gs.sb + hi * gs.sh + (long long)q0 * gs.st;
+    const T* ob = out + bi * os.sb + hi * os.sh + (long long)q0 * os.st;
+    const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
+    const bool drop = dropout_p > 0.0f;
+    const DropMask dm = drop_mask(dropout_p, seed);
+
+    // delta_i = Σ_c dO_ic·O_ic from O as stored, one thread per row.
+    for (int r = threadIdx.x; r < MMA_ROWS; r += blockDim.x) {
+        float s = 0.0f;
+        if (r < rows) {
+            for (int c = 0; c < D; ++c) s = fmaf(to_f32(gb[(long long)r * gs.st + c]), to_f32(ob[(long long)r * os.st + c]), s);
+            delta[(long long)bh * tq + q0 + r] = s;
+        }
+        del_s[r] = s;
+    }
+    MmaA qf[KD], gf[KD];
+    mma_load_tile<T, D>(k_s, q + bi * qs.sb + hi * qs.sh + (long long)q0 * qs.st, qs.st, rows, MMA_ROWS);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) qf[kk] = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk);
+    __syncthreads();
+    mma_load_tile<T, D>(k_s, gb, gs.st, rows, MMA_ROWS);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) gf[kk] = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk);
+    const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
+    const float lse_r[2] = {i0 < tq ? lse[(long long)bh * tq + i0] : -neg_inf(), i1 < tq ? lse[(long long)bh * tq + i1] : -neg_inf()};
+    const float del_r[2] = {del_s[16 * w + g], del_s[16 * w + g + 8]};  // after the barriers above
+    const unsigned long long ctr[2] = {offset + ((unsigned long long)bh * tq + (unsigned long long)i0) * (unsigned long long)tk,
+                                       offset + ((unsigned long long)bh * tq + (unsigned long long)i1) * (unsigned long long)tk};
+    MmaAcc acc[NO];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) acc[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+
+    const int kend = causal ? mma_min(q0 + rows, tk) : tk;
+    for (int k0 = 0; k0 < kend; k0 += BN) {
+        const int kn = mma_min(BN, kend - k0);
+        __syncthreads();  // every warp is done with the last tile (or dO's fragments)
+        mma_load_tile<T, D>(k_s, kb + (long long)k0 * ks.st, ks.st, kn, BN);
+        mma_load_tile<T, D>(v_s, vb + (long long)k0 * vs.st, vs.st, kn, BN);
+        __syncthreads();
+        MmaAcc s[NS], dp[NS];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) s[n] = dp[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+            for (int j = 0; j < NS / 2; ++j) {
+                MmaB b0, b1;
+                mma_frag_b_nk<T, P>(k_s, 16 * j, 16 * kk, b0, b1);
+                mma_16816<T>(s[2 * j], qf[kk], b0);
+                mma_16816<T>(s[2 * j + 1], qf[kk], b1);
+                mma_frag_b_nk<T, P>(v_s, 16 * j, 16 * kk, b0, b1);
+                mma_16816<T>(dp[2 * j], gf[kk], b0);
+                mma_16816<T>(dp[2 * j + 1], gf[kk], b1);
+            }
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = c >> 1, i = r ? i1 : i0, j = k0 + 8 * n + 2 * t + (c & 1);
+                float pd, ds;
+                mma_p_ds(s[n].c[c], dp[n].c[c], lse_r[r], del_r[r], scale, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
+                s[n].c[c] = ds;
+            }
+        // dQ += dS·K: dS's accumulators are the A fragments, 16 keys at a time.
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; ++kk) {
+            const MmaA da = mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int x = 0; x < NO / 2; ++x) {
+                MmaB b0, b1;
+                mma_frag_b_kn<T, P>(k_s, 16 * kk, 16 * x, b0, b1);
+                mma_16816<T>(acc[2 * x], da, b0);
+                mma_16816<T>(acc[2 * x + 1], da, b1);
+            }
+        }
+    }
+    T* dqb = dq + bi * dqs.sb + hi * dqs.sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = r ? i1 : i0;
+        if (i >= tq) continue;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            dqb[(long long)i * dqs.st + 8 * n + 2 * t] = from_f32<T>(acc[n].c[2 * r]);
+            dqb[(long long)i * dqs.st + 8 * n + 2 * t + 1] = from_f32<T>(acc[n].c[2 * r + 1]);
+        }
+    }
+}
+
+// Shared memory: (2·64 + 2·32)·(D + 8) elements of T, then 2·32 floats (LSE, delta).
+// Grid: B·Hkv·ceil(Tk / 64) blocks of 128 threads. dk, dv: (B, Hkv, Tk, D) strided; the rest
+// as the dq kernel's; delta from it. As attention.cu's dkdv: each block sums the query heads of
+// its K/V head in head order, so grouped-query attention needs no atomics either.
+template <typename T, int D>
+__device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,
+                                            const float* delta, int h, int hkv, int tq, int tk, float scale, int causal, float dropout_p,
+                                            unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
+                                            AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms) {
+    constexpr int P = D + 8, BQ = MMA_BN_BWD, KD = D / 16, NQ = BQ / 8, NO = D / 8;
+    DYN_SHARED(T, sm);
+    T* k_s = sm;                                              // (64, P)
+    T* v_s = k_s + MMA_ROWS * P;                              // (64, P)
+    T* q_s = v_s + MMA_ROWS * P;                              // (BQ, P)
+    T* g_s = q_s + BQ * P;                                    // (BQ, P): dO
+    float* lse_s = reinterpret_cast<float*>(g_s + BQ * P);   // (BQ)
+    float* del_s = lse_s + BQ;                                // (BQ)
+
+    const int nkt = (tk + MMA_ROWS - 1) / MMA_ROWS;
+    const int bkv = blockIdx.x / nkt, k0 = (blockIdx.x % nkt) * MMA_ROWS;
+    const int bi = bkv / hkv, hk = bkv % hkv, group = h / hkv;
+    const int kn = mma_min(MMA_ROWS, tk - k0);
+    const int w = warp_id(), lane = lane_id(), g = lane >> 2, t = lane & 3;
+    const bool drop = dropout_p > 0.0f;
+    const DropMask dm = drop_mask(dropout_p, seed);
+
+    mma_load_tile<T, D>(k_s, k + bi * ks.sb + hk * ks.sh + (long long)k0 * ks.st, ks.st, kn, MMA_ROWS);
+    mma_load_tile<T, D>(v_s, v + bi * vs.sb + hk * vs.sh + (long long)k0 * vs.st, vs.st, kn, MMA_ROWS);
+    const int j0 = k0 + 16 * w + g, j1 = j0 + 8;  // this lane's two keys
+    MmaAcc dka[NO], dva[NO];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) dka[n] = dva[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+    // Causal: queries before k0 see none of these keys; start at the tile holding query k0.
+    const int qstart = causal ? (k0 / BQ) * BQ : 0;
+    for (int hi = hk * group; hi < (hk + 1) * group; ++hi) {
+        const int bh = bi * h + hi;
+        const T* qb = q + bi * qs.sb + hi * qs.sh;
+        const T* gb = dout + bi * gs.sb + hi * gs.sh;
+        const T* mb = mask ? mask + bi * ms.sb + hi * ms.sh : nullptr;
+        for (int q0 = qstart; q0 < tq; q0 += BQ) {
+            const int rows = mma_min(BQ, tq - q0);
+            __syncthreads();  // every warp is done with the last query tile (K, V are in)
+            mma_load_tile<T, D>(q_s, qb + (long long)q0 * qs.st, qs.st, rows, BQ);
+            mma_load_tile<T, D>(g_s, gb + (long long)q0 * gs.st, gs.st, rows, BQ);
+            for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
+                lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : -neg_inf();
+                del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
+            }
+            __syncthreads();
+            // Sᵀ = K·Qᵀ and dPdᵀ = V·dOᵀ: this warp's 16 keys × BQ queries.
+            MmaAcc st[NQ], dpt[NQ];
+#pragma unroll
+            for (int n = 0; n < NQ; ++n) st[n] = dpt[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int kk = 0; kk < KD; ++kk) {
+                const MmaA ka = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk), va = mma_frag_a<T, P>(v_s, 16 * w, 16 * kk);
+#pragma unroll
+                for (int j = 0; j < NQ / 2; ++j) {
+                    MmaB b0, b1;
+                    mma_frag_b_nk<T, P>(q_s, 16 * j, 16 * kk, b0, b1);
+                    mma_16816<T>(st[2 * j], ka, b0);
+                    mma_16816<T>(st[2 * j + 1], ka, b1);
+                    mma_frag_b_nk<T, P>(g_s, 16 * j, 16 * kk, b0, b1);
+                    mma_16816<T>(dpt[2 * j], va, b0);
+                    mma_16816<T>(dpt[2 * j + 1], va, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NQ; ++n)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int j = c < 2 ? j0 : j1, r = 8 * n + 2 * t + (c & 1), i = q0 + r;
+                    const unsigned long long row_ctr = offset + ((unsigned long long)bh * tq + (unsigned long long)i) * (unsigned long long)tk;
+                    float pd, ds;
+                    mma_p_ds(st[n].c[c], dpt[n].c[c], lse_s[r], del_s[r], scale, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
+                    st[n].c[c] = pd;
+                    dpt[n].c[c] = ds;
+                }
+            // dV += Pdᵀ·dO and dK += dSᵀ·Q, 16 queries at a time.
+#pragma unroll
+            for (int kk = 0; kk < NQ / 2; ++kk) {
+                const MmaA pa = mma_acc_to_a<T>(st[2 * kk], st[2 * kk + 1]), da = mma_acc_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+                for (int x = 0; x < NO / 2; ++x) {
+                    MmaB b0, b1;
+                    mma_frag_b_kn<T, P>(g_s, 16 * kk, 16 * x, b0, b1);
+                    mma_16816<T>(dva[2 * x], pa, b0);
+                    mma_16816<T>(dva[2 * x + 1], pa, b1);
+                    mma_frag_b_kn<T, P>(q_s, 16 * kk, 16 * x, b0, b1);
+                    mma_16816<T>(dka[2 * x], da, b0);
+                    mma_16816<T>(dka[2 * x + 1], da, b1);
+                }
+            }
+        }
+    }
+    T* dkb = dk + bi * dks.sb + hk * dks.sh;
+    T* dvb = dv + bi * dvs.sb + hk * dvs.sh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = r ? j1 : j0;
+        if (j >= tk) continue;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            const int c = 8 * n + 2 * t;
+            dkb[(long long)j * dks.st + c] = from_f32<T>(dka[n].c[2 * r]);
+            dkb[(long long)j * dks.st + c + 1] = from_f32<T>(dka[n].c[2 * r + 1]);
+            dvb[(long long)j * dvs.st + c] = from_f32<T>(dva[n].c[2 * r]);
+            dvb[(long long)j * dvs.st + c + 1] = from_f32<T>(dva[n].c[2 * r + 1]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- kernels
+// Scalars as attention.cu's, without d, dv (the name's D) and the tiles (fixed here).
 #define ATTENTION_MMA(S, T, D)                                                                                                                    \
     ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
                                                  int tk, float scale, int causal, float dropout_p, unsigned long long seed,                      \
@@ -250,7 +495,35 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
                                     AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                   \
                                     MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                        \
     }                                                                                                                                             \
-    ORT_REGISTER(attention_mma_forward_##S##_d##D)
+    ORT_REGISTER(attention_mma_forward_##S##_d##D)                                                                                           \
+    ORT_KERNEL(attention_mma_backward_dq_##S##_d##D)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,      \
+                                                     const T* mask, const float* lse, int h, int hkv, int tq, int tk, float scale, int causal,    \
+                                                     float dropout_p, unsigned long long seed, unsigned long long offset, long long q_sb,         \
+                                                     long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st,             \
+                                                     long long v_sb, long long v_sh, long long v_st, long long g_sb, long long g_sh,             \
+                                                     long long g_st, long long o_sb, long long o_sh, long long o_st, long long dq_sb,            \
+                                                     long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,           \
+                                                     long long m_sk) {                                                                          \
+        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset,          \
+                                        AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},              \
+                                        AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},           \
+                                        MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                    \
+    }                                                                                                                                             \
+    ORT_REGISTER(attention_mma_backward_dq_##S##_d##D)                                                                                            \
+    ORT_KERNEL(attention_mma_backward_dkdv_##S##_d##D)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask,         \
+                                                       const float* lse, const float* delta, int h, int hkv, int tq, int tk, float scale,        \
+                                                       int causal, float dropout_p, unsigned long long seed, unsigned long long offset,          \
+                                                       long long q_sb, long long q_sh, long long q_st, long long k_sb, long long k_sh,           \
+                                                       long long k_st, long long v_sb, long long v_sh, long long v_st, long long g_sb,           \
+                                                       long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,        \
+                                                       long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh,        \
+                                                       long long m_sq, long long m_sk) {                                                        \
+        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset,         \
+                                          AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},            \
+                                          AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},      \
+                                          MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                  \
+    }                                                                                                                                             \
+    ORT_REGISTER(attention_mma_backward_dkdv_##S##_d##D)
 #define ATTENTION_MMA_DIMS(S, T) ATTENTION_MMA(S, T, 16) ATTENTION_MMA(S, T, 32) ATTENTION_MMA(S, T, 64) ATTENTION_MMA(S, T, 80) ATTENTION_MMA(S, T, 96) ATTENTION_MMA(S, T, 128)
 ATTENTION_MMA_DIMS(f16, f16_t)
 ATTENTION_MMA_DIMS(bf16, bf16_t)

@@ -2,6 +2,9 @@
 //! `libamdhip64-5`, set up by scripts/setup-hip) for gfx90a (MI200, wavefront 64), gfx908 (MI100,
 //! wavefront 64) and gfx1030 (RDNA2, wavefront 32) — the same sources and port.cuh as NVIDIA —
 //! and each code object defines every kernel the host SIMT harness registered from that file.
+//! The tensor-core kernels (`_mma_` in their names: `mma.sync`, NVIDIA-only) are not expected in
+//! any code object: their files compile to nothing here, and the executor runs attention.cu's
+//! kernels on AMD (`GpuDevice::has_mma` is false there).
 //! gfx940/942 (MI300) are not in the list: HIP 5.2's code-object manager aborts the process on
 //! them ("munmap_chunk(): invalid pointer", seen here), newer ROCm is needed.
 //!
@@ -20,8 +23,10 @@ fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
     if let Err(e) = hip::available() {
         panic!("this test needs the HIP runtime (scripts/setup-hip installs it): {e}");
     }
-    let registered: Vec<String> =
-        ortbench_simt::kernel_names().into_iter().filter(|n| !n.starts_with("selftest_")).collect();
+    let registered: Vec<String> = ortbench_simt::kernel_names()
+        .into_iter()
+        .filter(|n| !n.starts_with("selftest_") && !n.contains("_mma_"))
+        .collect();
     let mut found = std::collections::BTreeSet::new();
     for arch in ARCHS {
         for (file, _) in gpu_sources::SOURCES {
@@ -32,8 +37,10 @@ fn every_kernel_compiles_for_gfx90a_gfx908_and_gfx1030() {
                 .iter()
                 .filter(|n| gpu_sources::code_object_has_kernel(&code, n))
                 .collect();
+            // A file of tensor-core kernels only is empty on AMD.
+            let nvidia_only = file.ends_with("_mma.cu");
             assert!(
-                !names.is_empty(),
+                nvidia_only || !names.is_empty(),
                 "{file} for {arch}: none of the registered kernels is in the code object"
             );
             eprintln!(

@@ -93,11 +93,11 @@ const MMA_ROWS: usize = 64;
 
 /// Dynamic shared memory of the tensor-core forward, dq and dkdv kernels at head size `d`,
 /// bytes: tiles of rows of d + 8 half elements (attention_mma.cu) — forward K and V tiles of
-/// 64 keys; dq K and V tiles of 32 keys; dkdv K and V of 64 keys, Q and dO tiles of 32 queries
-/// and their 32 LSE and delta values.
+/// 64 keys; dq K and V tiles of 32 keys and its 64 rows' delta; dkdv K and V of 64 keys, Q
+/// and dO tiles of 32 queries and their 32 LSE and delta values.
 pub fn mma_smem(d: usize) -> [u32; 3] {
     let row = (d + 8) * 2;
-    [2 * 64 * row, 2 * 32 * row, (2 * 64 + 2 * 32) * row + 2 * 32 * 4].map(|b| b as u32)
+    [2 * 64 * row, 2 * 32 * row + 64 * 4, (2 * 64 + 2 * 32) * row + 2 * 32 * 4].map(|b| b as u32)
 }
 
 /// The head size whose tensor-core kernels run these sizes on `dev`, if any: f16/bf16
@@ -224,7 +224,6 @@ pub struct AttentionBackwardDq<P> {
 impl<P> AttentionBackwardDq<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
         let Self { dtype, dq, delta, dout, out, q, k, v, mask, lse, dims, scores } = self;
-        let (bq, bk) = tiles(dims, dev)?;
         let (mask, ms) = mask_args(mask);
         let mut args = vec![
             Arg::Ptr(dq.at),
@@ -238,6 +237,17 @@ impl<P> AttentionBackwardDq<P> {
             Arg::Ptr(lse),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, out.strides, dq.strides];
+        if let Some(d) = mma_head_dim(dims, dtype, dev) {
+            tail(&mut args, dims, scores, &strides, ms, None);
+            return Ok(Launch {
+                name: mma_name("backward_dq", dtype, d),
+                grid: (dims.b * dims.h * dims.tq.div_ceil(MMA_ROWS)) as u32,
+                block: MMA_BLOCK,
+                smem: mma_smem(d)[1],
+                args,
+            });
+        }
+        let (bq, bk) = tiles(dims, dev)?;
         tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
         Ok(Launch {
             name: kernel_name("attention_backward_dq", dtype),
@@ -270,7 +280,6 @@ pub struct AttentionBackwardDkdv<P> {
 impl<P> AttentionBackwardDkdv<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
         let Self { dtype, dk, dv, dout, q, k, v, mask, lse, delta, dims, scores } = self;
-        let (bq, bk) = tiles(dims, dev)?;
         let (mask, ms) = mask_args(mask);
         let mut args = vec![
             Arg::Ptr(dk.at),
@@ -284,6 +293,17 @@ impl<P> AttentionBackwardDkdv<P> {
             Arg::Ptr(delta),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, dk.strides, dv.strides];
+        if let Some(d) = mma_head_dim(dims, dtype, dev) {
+            tail(&mut args, dims, scores, &strides, ms, None);
+            return Ok(Launch {
+                name: mma_name("backward_dkdv", dtype, d),
+                grid: (dims.b * dims.hkv * dims.tk.div_ceil(MMA_ROWS)) as u32,
+                block: MMA_BLOCK,
+                smem: mma_smem(d)[2],
+                args,
+            });
+        }
+        let (bq, bk) = tiles(dims, dev)?;
         tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
         Ok(Launch {
             name: kernel_name("attention_backward_dkdv", dtype),
