@@ -999,3 +999,49 @@ fn pointwise_ops_match_the_cpu_engine() {
         }
     });
 }
+
+/// Which attention kernels a half-precision step of tiny-llama (head size 16, grouped-query)
+/// launches: the tensor-core ones at warp 32 (mma.sync, as on NVIDIA sm_80+), attention.cu's at
+/// warp 64 (AMD) and on a device without tensor cores; f32 always attention.cu's. The step
+/// tests above then compare whichever runs with the CPU engine.
+#[test]
+fn half_precision_attention_runs_on_tensor_cores_where_the_device_has_them() {
+    let cfg = tiny_llama();
+    let kernels = |dev: SimtGpu, dt: DType| {
+        let model = build_training_graph(&cfg, &GraphOptions::new(2, 40).with_dtype(dt)).unwrap();
+        let batch = DataSource::synthetic(&cfg, 2, 40, 3).unwrap().batch(0);
+        let feed = model.feed(&batch).unwrap();
+        let mut ex = GpuExecutor::new(&model.graph, dev.recording().dry_run()).unwrap();
+        ex.queue_step(&feed.inputs(), 1).unwrap();
+        let mut names: Vec<String> = ex
+            .device()
+            .take_trace()
+            .iter()
+            .filter(|l| l.starts_with("attention"))
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    // Sorted, as `kernels` lists them.
+    let mma = ["attention_mma_backward_dkdv", "attention_mma_backward_dq", "attention_mma_forward"];
+    for dt in [DType::BF16, DType::F16] {
+        let sfx = if dt == DType::BF16 { "bf16" } else { "f16" };
+        let want: Vec<String> = mma.iter().map(|k| format!("{k}_{sfx}_d16")).collect();
+        assert_eq!(kernels(simt_gpu(32, Order::Forward), dt), want, "{dt:?} at warp 32");
+        let scalar: Vec<String> =
+            ["attention_backward_dkdv", "attention_backward_dq", "attention_forward"]
+                .iter()
+                .map(|k| format!("{k}_{sfx}"))
+                .collect();
+        assert_eq!(kernels(simt_gpu(64, Order::Forward), dt), scalar, "{dt:?} at warp 64");
+        let no_mma = simt_gpu(32, Order::Forward).without_mma();
+        assert_eq!(kernels(no_mma, dt), scalar, "{dt:?} without tensor cores");
+    }
+    let f32: Vec<String> =
+        ["attention_backward_dkdv_f32", "attention_backward_dq_f32", "attention_forward_f32"]
+            .map(String::from)
+            .to_vec();
+    assert_eq!(kernels(simt_gpu(32, Order::Forward), DType::F32), f32);
+}

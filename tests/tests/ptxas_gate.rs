@@ -159,6 +159,69 @@ fn check_versions(ptxas: &Path) {
     assert!(text.contains(&want), "ptxas is not NVRTC's CUDA {major}.{minor}: {text}");
 }
 
+/// nvdisasm, installed beside ptxas (nvidia-cuda-nvdisasm).
+fn nvdisasm(ptxas: &Path) -> PathBuf {
+    let p = ptxas.with_file_name("nvdisasm");
+    assert!(
+        p.is_file(),
+        "nvdisasm not found beside {}: scripts/setup installs nvidia-cuda-nvdisasm",
+        ptxas.display()
+    );
+    p
+}
+
+/// Per kernel of a cubin, how many of its SASS instructions start with each of `ops`
+/// (nvdisasm's listing: a `.text.<kernel>:` section per kernel, one instruction a line).
+fn sass_counts(nvdisasm: &Path, cubin: &Path, ops: &[&str]) -> BTreeMap<String, Vec<usize>> {
+    let out = Command::new(nvdisasm).arg(cubin).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nvdisasm {}: {}",
+        cubin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut counts: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut cur: Option<String> = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix(".text.").and_then(|s| s.strip_suffix(':')) {
+            cur = Some(name.to_string());
+            counts.insert(name.to_string(), vec![0; ops.len()]);
+            continue;
+        }
+        // An instruction line: `/*0040*/  HMMA.16816.F32.BF16 R4, R8, R12, R4 ;`.
+        let (Some(k), Some(op)) = (&cur, l.split("*/").nth(1).map(str::trim)) else { continue };
+        for (i, o) in ops.iter().enumerate() {
+            if op.split_whitespace().any(|w| w.starts_with(o)) {
+                counts.get_mut(k).unwrap()[i] += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// The static proof that the tensor-core kernels use tensor cores: in the sm_90a cubin of every
+/// `*_mma.cu` file, each kernel has HMMA (mma.sync) and LDSM (ldmatrix) instructions.
+fn check_tensor_cores(t: &Target, nvdisasm: &Path, dir: &Path) {
+    for (file, _) in gpu_sources::SOURCES.iter().filter(|(f, _)| f.ends_with("_mma.cu")) {
+        let cubin = dir.join(format!("{}-{}.cubin", file.trim_end_matches(".cu"), t.ptxas));
+        let counts = sass_counts(nvdisasm, &cubin, &["HMMA", "LDSM"]);
+        assert!(!counts.is_empty(), "{file}: no kernel in the {} cubin", t.ptxas);
+        for (k, c) in &counts {
+            assert!(
+                c[0] > 0 && c[1] > 0,
+                "{k} ({}): {} HMMA and {} LDSM instructions in its SASS",
+                t.ptxas,
+                c[0],
+                c[1]
+            );
+        }
+        let (lo, hi) =
+            counts.values().fold((usize::MAX, 0), |(a, b), c| (a.min(c[0]), b.max(c[0])));
+        println!("{file} {}: {} kernels, {lo}–{hi} HMMA each", t.ptxas, counts.len());
+    }
+}
+
 /// Every kernel file for `t`: PTX by NVRTC, assembled by ptxas -v; the resources per kernel.
 /// Under `ORTBENCH_CUBIN_OUT`, sm_90 cubins are stored there for the pack.
 fn assemble(t: &Target, ptxas: &Path, dir: &Path) -> BTreeMap<String, Resources> {
@@ -339,6 +402,10 @@ fn every_kernel_fits_an_sm_without_spills_as_launched_on_sm90a_and_sm80() {
     let dir = tempfile::tempdir().unwrap();
     let rows: Vec<_> =
         TARGETS.iter().map(|t| (t, assemble(t, &ptxas, dir.path()), launches(t))).collect();
+    let nvdisasm = nvdisasm(&ptxas);
+    for t in &TARGETS {
+        check_tensor_cores(t, &nvdisasm, dir.path());
+    }
     for (t, res, launched) in &rows {
         let unknown: Vec<_> = launched.keys().filter(|k| !res.contains_key(*k)).collect();
         assert!(unknown.is_empty(), "{}: launched but not in the PTX: {unknown:?}", t.ptxas);
