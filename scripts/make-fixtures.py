@@ -258,6 +258,26 @@ LLAMA_FIXTURES = {
     "tiny-llama-rope-llama3": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5003, base="tiny-llama",
                                    rope_parameters=LLAMA3_ROPE, departures={"loss0_without_rope_scaling": {
                                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # The other rope types HF 5.23 computes for the family, each made to bite at the fixtures' 32
+    # positions: linear (every frequency / 4); dynamic NTK with max_position_embeddings 16 (the
+    # 32-token batches grow the base: θ·(2·32/16 − 1)^(16/14)); yarn with factor 4 over an original
+    # length of 8 (max_position_embeddings 32: the implicit factor agrees) — frequencies 0..1
+    # extrapolated, 2..3 ramped, 4..7 interpolated, cos/sin × (0.1·ln 4 + 1).
+    "tiny-llama-rope-linear": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5012, base="tiny-llama",
+                                   rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+                                   departures={"loss0_without_rope_scaling": {
+                                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "tiny-llama-rope-dynamic": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5013, base="tiny-llama",
+                                    max_position_embeddings=16,
+                                    rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+                                    departures={"loss0_without_rope_scaling": {
+                                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "tiny-llama-rope-yarn": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5014, base="tiny-llama",
+                                 max_position_embeddings=32,
+                                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                  "original_max_position_embeddings": 8},
+                                 departures={"loss0_without_rope_scaling": {
+                                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
     # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
     "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
                                 sliding_window=8,
@@ -453,6 +473,18 @@ CONFIG_DEFAULT_CASES = [
                      "rope_theta": 500000.0, "max_position_embeddings": 2048,
                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0}}),
+    # the other rope types: legacy dynamic (`type`), linear, yarn without original_max_position_embeddings
+    # (HF: max_position_embeddings) and with beta/truncate given
+    ("rope-dynamic", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                      "rope_scaling": {"type": "dynamic", "factor": 2.0}}),
+    ("rope-linear", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                     "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5}}),
+    ("rope-yarn", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                   "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
+    ("rope-yarn-betas", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                         "max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
+                         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16,
+                                             "beta_slow": 2, "truncate": False}}),
     ("minimal", {"model_type": "mistral"}),
     # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
     ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,

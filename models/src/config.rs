@@ -205,6 +205,10 @@ impl ModelConfig {
     pub fn max_positions(&self) -> usize {
         self.family.model().max_positions()
     }
+    /// See the family trait's `position_limit`.
+    pub fn position_limit(&self) -> Option<usize> {
+        self.family.model().position_limit()
+    }
     pub fn initializer_range(&self) -> f64 {
         self.family.model().initializer_range()
     }

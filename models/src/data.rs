@@ -531,10 +531,9 @@ fn check_sizes(cfg: &ModelConfig, batch_size: usize, seq_len: usize) -> Result<(
     if seq_len < 2 {
         return Err(ModelError::Data("--seq-len must be at least 2".into()));
     }
-    if seq_len > cfg.max_positions() {
+    if let Some(limit) = cfg.position_limit().filter(|&l| seq_len > l) {
         return Err(ModelError::Data(format!(
-            "--seq-len {seq_len} is beyond the model's {} positions",
-            cfg.max_positions()
+            "--seq-len {seq_len} is beyond the model's {limit} positions"
         )));
     }
     Ok(())

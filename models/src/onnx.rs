@@ -155,6 +155,11 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
     let unsupported =
         |msg: String| ModelError::Unsupported(format!("ONNX export of {arch}: {msg}"));
     let family = cfg.family.model();
+    if !family.tables_slice_by_length() {
+        return Err(unsupported(
+            "dynamic rope scaling has no ONNX export yet: its frequencies depend on the sequence length, and the exported tables are sliced from the longest".into(),
+        ));
+    }
     if let Some(w) = family.sliding_window() {
         // The engine builds the window's mask only where it bites (T > window); the probes'
         // sequences are shorter, so an export would read keys beyond the window at run time.

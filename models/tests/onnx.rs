@@ -40,6 +40,26 @@ fn config(base: &str, arch: Option<&str>) -> ModelConfig {
             });
             raw
         }
+        // The other rope types, biting at these positions (linear /4; yarn ×4 over an original
+        // 32 of the 128 positions — frequency 0 extrapolated, 1 ramped, 2.. interpolated — with
+        // its attention factor in the tables; dynamic past 16).
+        "tiny-llama-rope-linear" | "tiny-llama-rope-yarn" | "tiny-llama-rope-dynamic" => {
+            let mut raw = builtin_config("tiny-llama").unwrap().raw;
+            raw["rope_parameters"] = match base {
+                "tiny-llama-rope-linear" => serde_json::json!({
+                    "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+                "tiny-llama-rope-yarn" => serde_json::json!({
+                    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                    "original_max_position_embeddings": 32}),
+                _ => {
+                    serde_json::json!({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+                }
+            };
+            if base == "tiny-llama-rope-dynamic" {
+                raw["max_position_embeddings"] = serde_json::json!(16);
+            }
+            raw
+        }
         _ => builtin_config(base).unwrap().raw,
     };
     if let Some(arch) = arch {
@@ -152,6 +172,8 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-qwen2", None),
         ("tiny-qwen3", None),
         ("tiny-llama-rope-llama3", None),
+        ("tiny-llama-rope-linear", None),
+        ("tiny-llama-rope-yarn", None),
         ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full
@@ -235,5 +257,21 @@ fn export_refuses_a_sliding_window_in_one_line() {
     let path = dir.path().join("m.onnx");
     let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
     assert!(e.contains("sliding-window attention (window 64)") && !e.contains('\n'), "{e}");
+    assert!(!path.exists(), "nothing half-written");
+}
+
+/// Dynamic rope scaling is refused in one line: its frequencies depend on the sequence length,
+/// and the export slices its tables from the longest.
+#[test]
+fn export_refuses_dynamic_rope_scaling_in_one_line() {
+    let cfg = config("tiny-llama-rope-dynamic", None);
+    let params = build_training_graph(&cfg, &GraphOptions::new(1, 8))
+        .unwrap()
+        .flatten(&Weights::init(&cfg, 0))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.onnx");
+    let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
+    assert!(e.contains("dynamic rope scaling has no ONNX export") && !e.contains('\n'), "{e}");
     assert!(!path.exists(), "nothing half-written");
 }

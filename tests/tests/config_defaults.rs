@@ -157,6 +157,25 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                             j!(original_max_position_embeddings).unwrap(),
                         );
                     }
+                    RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor, .. } => {
+                        let t = if matches!(c.rope.scaling, RopeScaling::Linear { .. }) {
+                            "linear"
+                        } else {
+                            "dynamic"
+                        };
+                        assert_eq!(rope["rope_type"], t, "{label}");
+                        same(&label, "factor", rope, j!(factor).unwrap());
+                    }
+                    RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
+                        assert_eq!(rope["rope_type"], "yarn", "{label}");
+                        same(&label, "factor", rope, j!(factor).unwrap());
+                        same(
+                            &label,
+                            "original_max_position_embeddings",
+                            rope,
+                            j!(original_max_position_embeddings).unwrap(),
+                        );
+                    }
                 }
                 // The window and which layers slide (Mistral: every layer when it has one).
                 check("sliding_window", j!(c.sliding_window).unwrap());

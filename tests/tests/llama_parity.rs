@@ -153,6 +153,13 @@ fn tiny_llama_rope_llama3_matches_hf_for_pytorch_and_ort() {
 }
 
 #[test]
+fn tiny_llama_rope_linear_dynamic_and_yarn_match_hf_for_pytorch_and_ort() {
+    for name in ["tiny-llama-rope-linear", "tiny-llama-rope-dynamic", "tiny-llama-rope-yarn"] {
+        check_fixture(name);
+    }
+}
+
+#[test]
 fn tiny_mistral_window_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-mistral-window");
 }
@@ -209,15 +216,14 @@ type Departure = (&'static str, &'static str, fn(&mut serde_json::Value), bool);
 /// far (> 1e-3 relative) from HF's loss with it: the parity tests check the feature.
 #[test]
 fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
-    let cases: [Departure; 5] = [
-        (
-            "tiny-llama-rope-llama3",
-            "loss0_without_rope_scaling",
-            |r| {
-                r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
-            },
-            true,
-        ),
+    let no_scaling: fn(&mut serde_json::Value) = |r| {
+        r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
+    };
+    let cases: [Departure; 8] = [
+        ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
+        ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
+        ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
+        ("tiny-llama-rope-yarn", "loss0_without_rope_scaling", no_scaling, true),
         (
             "tiny-mistral-window",
             "loss0_without_sliding_window",

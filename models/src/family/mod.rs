@@ -122,6 +122,18 @@ pub(crate) trait FamilyModel {
     fn num_heads(&self) -> usize;
     fn intermediate_size(&self) -> usize;
     fn max_positions(&self) -> usize;
+    /// The longest sequence the model takes: its learned position table's rows (BERT, GPT-2), or
+    /// none for rotary embeddings, which HF computes at any position (past
+    /// `max_position_embeddings` only `dynamic` rope scaling changes anything).
+    fn position_limit(&self) -> Option<usize> {
+        Some(self.max_positions())
+    }
+    /// Whether the sequence-length tables (`fixed_inputs`) at T are those at the longest length
+    /// cut to T — what the ONNX export's sliced tables assume. Not so for `dynamic` rope scaling,
+    /// whose frequencies depend on T.
+    fn tables_slice_by_length(&self) -> bool {
+        true
+    }
     fn initializer_range(&self) -> f64;
     fn layer_norm_eps(&self) -> f64;
     fn tie_word_embeddings(&self) -> bool;

@@ -587,10 +587,9 @@ fn check_sizes(cfg: &ModelConfig, opts: &GraphOptions) -> Result<(), ModelError>
             "batch size and sequence length must be positive, got {b}×{t}"
         )));
     }
-    if t > cfg.max_positions() {
+    if let Some(limit) = cfg.position_limit().filter(|&l| t > l) {
         return Err(ModelError::Data(format!(
-            "sequence length {t} is beyond the model's {} positions",
-            cfg.max_positions()
+            "sequence length {t} is beyond the model's {limit} positions"
         )));
     }
     Ok(())

@@ -95,6 +95,26 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// `linear` (`_compute_linear_scaling_rope_parameters`): inv_freq / factor (positions
+    /// divided by factor).
+    Linear { factor: f64 },
+    /// `dynamic` (`_compute_dynamic_ntk_parameters`, NTK-aware): past
+    /// `max_position_embeddings` the base becomes θ·(factor·T/max − (factor − 1))^(D/(D−2)) for
+    /// a sequence of T. HF recomputes it in the forward when a longer sequence than any before
+    /// comes (`dynamic_rope_update`); a run here has one T, so its tables are those of T.
+    Dynamic { factor: f64, max_position_embeddings: f64 },
+    /// `yarn` (`_compute_yarn_parameters`): each frequency blends interpolation (/factor) and
+    /// extrapolation by a linear ramp over the dimensions between the correction range of
+    /// `beta_fast` and `beta_slow` rotations in `original_max_position_embeddings`, and cos/sin
+    /// are scaled by `attention_factor` (default 0.1·ln(factor) + 1, or the mscale ratio).
+    Yarn {
+        factor: f64,
+        attention_factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+        original_max_position_embeddings: f64,
+    },
 }
 
 /// HF's standardised `rope_parameters`.
@@ -104,16 +124,67 @@ pub struct Rope {
     pub scaling: RopeScaling,
 }
 
+/// 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)) in f32, as torch computes it.
+fn default_inv_freq(base: f32, head_dim: usize) -> Vec<f32> {
+    let dim = head_dim as f32;
+    (0..head_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim)).collect()
+}
+
+/// `_compute_yarn_parameters`' frequencies: the extrapolated (θ^(-2i/D)) and interpolated
+/// (/factor) ones blended by 1 − ramp, the ramp linear between the correction dimensions of
+/// `beta_fast` and `beta_slow` rotations (floored / ceiled when `truncate`), in f32 as torch.
+fn yarn_inv_freq(theta: f64, head_dim: usize, y: (f64, f64, f64, bool, f64)) -> Vec<f32> {
+    let (factor, beta_fast, beta_slow, truncate, old) = y;
+    let dim = head_dim as f64;
+    // find_correction_dim in Python floats (f64).
+    let corr =
+        |rot: f64| (dim * (old / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+    let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001; // HF: prevent singularity
+    }
+    let base = theta as f32;
+    (0..head_dim / 2)
+        .map(|i| {
+            let pos = base.powf((2 * i) as f32 / head_dim as f32);
+            let extrapolation = 1.0 / pos;
+            let interpolation = 1.0 / (factor as f32 * pos);
+            // (arange(dim/2) − min) / (max − min), clamped to [0, 1], in f32.
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let extrapolation_factor = 1.0 - ramp;
+            interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+        })
+        .collect()
+}
+
 impl Rope {
-    /// HF's `inv_freq` (D/2 values), computed in f32 as torch does.
-    pub fn inv_freq(&self, head_dim: usize) -> Vec<f32> {
-        let base = self.theta as f32;
-        let dim = head_dim as f32;
-        // 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
-        let inv: Vec<f32> =
-            (0..head_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim)).collect();
+    /// HF's `inv_freq` (D/2 values) for a sequence of `seq_len`, computed in f32 as torch does
+    /// (only `dynamic` depends on the length).
+    pub fn inv_freq(&self, head_dim: usize, seq_len: usize) -> Vec<f32> {
+        let inv = default_inv_freq(self.theta as f32, head_dim);
         match self.scaling {
             RopeScaling::Default => inv,
+            RopeScaling::Linear { factor } => inv.iter().map(|&f| f / factor as f32).collect(),
+            RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
+                // seq_len = max(T, max_position_embeddings); the new base as float32 tensors.
+                let t = seq_len.max(max as usize) as f32;
+                let grow = (factor as f32 * t / max as f32) - (factor - 1.0) as f32;
+                let d = head_dim as f64;
+                let base = self.theta as f32 * grow.powf((d / (d - 2.0)) as f32);
+                default_inv_freq(base, head_dim)
+            }
+            RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                truncate,
+                original_max_position_embeddings: old,
+                ..
+            } => yarn_inv_freq(self.theta, head_dim, (factor, beta_fast, beta_slow, truncate, old)),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -144,17 +215,27 @@ impl Rope {
         }
     }
 
+    /// The factor HF's rotary embedding multiplies cos and sin by (`attention_scaling`): yarn's
+    /// attention factor, else 1.
+    pub fn attention_scaling(&self) -> f32 {
+        match self.scaling {
+            RopeScaling::Yarn { attention_factor, .. } => attention_factor as f32,
+            _ => 1.0,
+        }
+    }
+
     /// HF's `LlamaRotaryEmbedding.forward` at positions 0..T: cos and sin, each (T, D) row-major,
-    /// of cat(freqs, freqs) with freqs = position · inv_freq in f32 (attention_scaling is 1 for
-    /// both types implemented).
+    /// of cat(freqs, freqs) with freqs = position · inv_freq in f32, times
+    /// [`Rope::attention_scaling`].
     pub fn tables(&self, head_dim: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
-        let inv = self.inv_freq(head_dim);
+        let inv = self.inv_freq(head_dim, t);
+        let scale = self.attention_scaling();
         let half = head_dim / 2;
         let (mut cos, mut sin) = (vec![0.0; t * head_dim], vec![0.0; t * head_dim]);
         for p in 0..t {
             for (i, &f) in inv.iter().enumerate() {
                 let a = p as f32 * f;
-                let (c, s) = (a.cos(), a.sin());
+                let (c, s) = (a.cos() * scale, a.sin() * scale);
                 for j in [i, i + half] {
                     cos[p * head_dim + j] = c;
                     sin[p * head_dim + j] = s;
@@ -419,8 +500,8 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
 
 /// HF's `convert_rope_params_to_dict` + `standardize_rope_params`: `rope_scaling` (legacy) or
 /// `rope_parameters`, `rope_theta` from the dict, else the top level, else 10000; the type from
-/// `rope_type` (or legacy `type`); llama3's `original_max_position_embeddings` from the top
-/// level, else the dict, else `max_position_embeddings`.
+/// `rope_type` (or legacy `type`); llama3's and yarn's `original_max_position_embeddings` from
+/// the dict, else `max_position_embeddings` ([`original_length`]).
 fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, ModelError> {
     let params = r
         .rope_scaling
@@ -456,10 +537,7 @@ fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, Model
                     ModelError::BadConfig(format!("{origin}: llama3 rope_parameters need '{key}'"))
                 })
             };
-            let old = r
-                .original_max_position_embeddings
-                .or(num("original_max_position_embeddings"))
-                .unwrap_or(max_positions as f64);
+            let old = original_length(&num, r, origin, max_positions);
             RopeScaling::Llama3 {
                 factor: need("factor")?,
                 low_freq_factor: need("low_freq_factor")?,
@@ -467,14 +545,110 @@ fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, Model
                 original_max_position_embeddings: old,
             }
         }
+        "linear" => RopeScaling::Linear { factor: need_factor(&num, origin, "linear")? },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: need_factor(&num, origin, "dynamic")?,
+            max_position_embeddings: max_positions as f64,
+        },
+        "yarn" => parse_yarn(obj, r, origin, max_positions)?,
         other => {
             return Err(unsupported(
                 origin,
-                format!("rope_type '{other}' (implemented: default, llama3)"),
+                format!(
+                    "rope_type '{other}' (implemented: default, llama3, linear, dynamic, yarn)"
+                ),
             ))
         }
     };
     Ok(Rope { theta, scaling })
+}
+
+/// llama3's and yarn's pretraining length as HF 5.23's Llama-family configs standardise it:
+/// `rope_parameters["original_max_position_embeddings"]`, else `max_position_embeddings`. A
+/// top-level `original_max_position_embeddings` is not read there (only Phi-3's config class
+/// has the attribute that would take it): it is ignored as HF ignores it, with a warning.
+fn original_length(
+    num: &dyn Fn(&str) -> Option<f64>,
+    r: &Raw,
+    origin: &str,
+    max_positions: usize,
+) -> f64 {
+    let old = num("original_max_position_embeddings").unwrap_or(max_positions as f64);
+    if let Some(top) = r.original_max_position_embeddings.filter(|&t| t != old) {
+        eprintln!(
+            "warning: {origin}: the top-level original_max_position_embeddings {top} is not what \
+             HF 5.23 reads for this family; rope uses {old} (rope_parameters' or \
+             max_position_embeddings), as HF does"
+        );
+    }
+    old
+}
+
+/// `factor` of a rope type that needs it.
+fn need_factor(
+    num: &dyn Fn(&str) -> Option<f64>,
+    origin: &str,
+    rope_type: &str,
+) -> Result<f64, ModelError> {
+    num("factor").ok_or_else(|| {
+        ModelError::BadConfig(format!("{origin}: {rope_type} rope_parameters need 'factor'"))
+    })
+}
+
+/// yarn's parameters as `_compute_yarn_parameters` reads them: `factor` (else max_position /
+/// original), `attention_factor` (else from `mscale` and `mscale_all_dim`, else
+/// 0.1·ln(factor) + 1), `beta_fast` 32, `beta_slow` 1, `truncate` true; the original length from
+/// the top level, else the dict, else `max_position_embeddings`. As HF 5.23 warns when the
+/// factor is not max_position / original (and that ratio is not 1), and then uses the factor.
+fn parse_yarn(
+    obj: &serde_json::Map<String, Value>,
+    r: &Raw,
+    origin: &str,
+    max_positions: usize,
+) -> Result<RopeScaling, ModelError> {
+    let num = |key: &str| obj.get(key).and_then(Value::as_f64);
+    let old = original_length(&num, r, origin, max_positions);
+    let implicit = max_positions as f64 / old;
+    // HF reads rope_parameters["factor"] (a missing key fails there); null means the ratio.
+    let factor = match obj.get("factor") {
+        None => {
+            return Err(ModelError::BadConfig(format!(
+                "{origin}: yarn rope_parameters need 'factor'"
+            )))
+        }
+        Some(v) => v.as_f64().unwrap_or(implicit),
+    };
+    if implicit != factor && implicit != 1.0 {
+        eprintln!(
+            "warning: {origin}: yarn factor {factor} is not max_position_embeddings / \
+             original_max_position_embeddings = {implicit}; the factor is used (as HF 5.23 does)"
+        );
+    }
+    let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+    let attention_factor = match (num("attention_factor"), num("mscale"), num("mscale_all_dim")) {
+        (Some(a), _, _) => a,
+        // HF: `if mscale and mscale_all_dim` (0 counts as absent).
+        (None, Some(m), Some(a)) if m != 0.0 && a != 0.0 => mscale(factor, m) / mscale(factor, a),
+        _ => mscale(factor, 1.0),
+    };
+    let or = |key: &str, d: f64| num(key).filter(|&v| v != 0.0).unwrap_or(d);
+    let truncate = match obj.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ModelError::BadConfig(format!(
+                "{origin}: yarn 'truncate' must be a bool, got {v}"
+            )))
+        }
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        attention_factor,
+        beta_fast: or("beta_fast", 32.0),
+        beta_slow: or("beta_slow", 1.0),
+        truncate,
+        original_max_position_embeddings: old,
+    })
 }
 
 /// HF Trainer's `get_decay_parameter_names`: no decay for names matching `bias`, `layernorm`,
@@ -527,6 +701,12 @@ impl FamilyModel for LlamaConfig {
     }
     fn max_positions(&self) -> usize {
         self.max_position_embeddings
+    }
+    fn position_limit(&self) -> Option<usize> {
+        None
+    }
+    fn tables_slice_by_length(&self) -> bool {
+        !matches!(self.rope.scaling, RopeScaling::Dynamic { .. })
     }
     fn initializer_range(&self) -> f64 {
         self.initializer_range
@@ -713,12 +893,16 @@ mod tests {
             assert!(e.contains(what) && !e.contains('\n'), "{what}: {e}");
         };
         refused(
-            &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("yarn"),
-            "rope_type 'yarn'",
+            &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("longrope"),
+            "rope_type 'longrope'",
         );
         refused(
-            &|r| r["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}),
-            "rope_type 'dynamic'",
+            &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("yarn"),
+            "yarn rope_parameters need 'factor'",
+        );
+        refused(
+            &|r| r["rope_scaling"] = serde_json::json!({"type": "dynamic"}),
+            "dynamic rope_parameters need 'factor'",
         );
         refused(&|r| r["hidden_act"] = serde_json::json!("gelu"), "hidden_act 'gelu'");
         refused(&|r| r["hidden_act"] = serde_json::json!("relu2"), "activation 'relu2'");
@@ -758,6 +942,41 @@ mod tests {
         );
     }
 
+    /// linear divides every frequency by its factor; dynamic is the default up to
+    /// max_position_embeddings and lowers the frequencies past it; yarn keeps the fastest
+    /// frequencies, divides the slowest by its factor and scales cos/sin by 0.1·ln(factor) + 1.
+    #[test]
+    fn linear_dynamic_and_yarn_scale_as_hf_defines_them() {
+        let parse = |rope: serde_json::Value| {
+            let mut raw = builtin_config("tiny-llama").unwrap().raw;
+            raw["max_position_embeddings"] = serde_json::json!(16);
+            raw["rope_parameters"] = rope;
+            llama(&parse_json(raw).unwrap()).rope
+        };
+        let default = parse(serde_json::json!({"rope_type": "default", "rope_theta": 1e4}));
+        let base = default.inv_freq(16, 32);
+        let lin =
+            parse(serde_json::json!({"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}));
+        assert!(lin.inv_freq(16, 32).iter().zip(&base).all(|(a, b)| *a == b / 4.0));
+        let dy =
+            parse(serde_json::json!({"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}));
+        assert_eq!(dy.inv_freq(16, 16), base, "up to max_position_embeddings");
+        let long = dy.inv_freq(16, 32);
+        assert_eq!(long[0], base[0]);
+        assert!(long[1..].iter().zip(&base[1..]).all(|(a, b)| a < b), "{long:?} vs {base:?}");
+        let yarn = parse(serde_json::json!({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+            "original_max_position_embeddings": 8}));
+        let want_af = 0.1 * 4f64.ln() + 1.0;
+        assert!(
+            matches!(yarn.scaling, RopeScaling::Yarn { attention_factor, .. } if attention_factor == want_af)
+        );
+        let y = yarn.inv_freq(16, 32);
+        assert_eq!(y[0], base[0], "the fastest frequency extrapolates");
+        assert_eq!(y[7], base[7] / 4.0, "the slowest interpolates");
+        let (cos, _) = yarn.tables(16, 2);
+        assert_eq!(cos[0], want_af as f32, "cos(0) scaled by the attention factor");
+    }
+
     /// The tables are HF's layout: cos/sin of cat(freqs, freqs), position 0 → (1, 0); llama3
     /// leaves high frequencies alone and divides the lowest by `factor`.
     #[test]
@@ -769,7 +988,7 @@ mod tests {
             assert_eq!(cos[p * 8..p * 8 + 4], cos[p * 8 + 4..p * 8 + 8]);
         }
         assert_eq!(cos[8], 1f32.cos());
-        let inv = rope.inv_freq(8);
+        let inv = rope.inv_freq(8, 3);
         let scaled = Rope {
             theta: 10000.0,
             scaling: RopeScaling::Llama3 {
@@ -779,7 +998,7 @@ mod tests {
                 original_max_position_embeddings: 32.0,
             },
         }
-        .inv_freq(8);
+        .inv_freq(8, 3);
         // wavelengths 2π/inv: 6.3 (< 8: kept), 63 and 628 (> 32: divided), 6283 (divided).
         assert_eq!(scaled[0], inv[0]);
         assert_eq!(scaled[3], inv[3] / 8.0);

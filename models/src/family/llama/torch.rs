@@ -47,15 +47,53 @@ impl RmsNorm {
     }
 }
 
-/// HF's `compute_default_rope_parameters` / `_compute_llama3_parameters`: inv_freq (D/2,) f32,
-/// op by op as HF writes it.
-fn inv_freq(c: &LlamaConfig, device: tch::Device) -> Tensor {
+/// HF's rope parameter functions (`compute_default_rope_parameters`, `_compute_llama3_…`,
+/// `_compute_linear_scaling_…`, `_compute_dynamic_ntk_…` at a sequence of `t`,
+/// `_compute_yarn_…`): inv_freq (D/2,) f32, op by op as HF writes them.
+fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
     let dim = c.head_dim as i64;
     let exps = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
         / dim as f64;
     let inv = Tensor::pow_scalar(c.rope.theta, &exps).reciprocal();
     match c.rope.scaling {
         RopeScaling::Default => inv,
+        RopeScaling::Linear { factor } => inv / factor,
+        RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
+            // seq_len = torch.maximum(seq_len, max_position_embeddings), an int64 tensor.
+            let seq = Tensor::from(t.max(max as i64)).to_device(device);
+            let d = dim as f64;
+            let base = ((seq * factor / max) - (factor - 1.0)).pow_tensor_scalar(d / (d - 2.0))
+                * c.rope.theta;
+            base.pow(&exps).reciprocal()
+        }
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            truncate,
+            original_max_position_embeddings: old,
+            ..
+        } => {
+            let d = dim as f64;
+            let corr = |rot: f64| {
+                (d * (old / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * c.rope.theta.ln())
+            };
+            let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            let pos_freqs = Tensor::pow_scalar(c.rope.theta, &exps);
+            let extrapolation = pos_freqs.reciprocal();
+            let interpolation = (&pos_freqs * factor).reciprocal();
+            let ramp = ((Tensor::arange(dim / 2, (Kind::Float, device)) - low) / (high - low))
+                .clamp(0.0, 1.0);
+            let extrapolation_factor = -ramp + 1.0;
+            interpolation * (-&extrapolation_factor + 1.0) + extrapolation * extrapolation_factor
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -81,13 +119,17 @@ fn inv_freq(c: &LlamaConfig, device: tch::Device) -> Tensor {
 }
 
 /// LlamaRotaryEmbedding.forward: cos, sin (1, T, D) of cat(freqs, freqs), freqs =
-/// position_ids · inv_freq in f32 (attention_scaling 1 for default and llama3).
+/// position_ids · inv_freq in f32, times attention_scaling (yarn's attention factor, else 1).
 fn rotary_tables(c: &LlamaConfig, t: i64, like: &Tensor) -> (Tensor, Tensor) {
-    let inv = inv_freq(c, like.device());
+    let inv = inv_freq(c, t, like.device());
     let pos = Tensor::arange(t, (Kind::Int64, like.device())).unsqueeze(0); // (1, T)
     let freqs = pos.unsqueeze(-1).to_kind(Kind::Float) * inv; // (1, T, D/2)
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
-    ((emb.cos() * 1.0).to_kind(like.kind()), (emb.sin() * 1.0).to_kind(like.kind()))
+    let scale = match c.rope.scaling {
+        RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+        _ => 1.0,
+    };
+    ((emb.cos() * scale).to_kind(like.kind()), (emb.sin() * scale).to_kind(like.kind()))
 }
 
 fn rotate_half(x: &Tensor) -> Tensor {
