@@ -38,7 +38,7 @@ from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassifica
                           LlamaForSequenceClassification, MistralConfig, MistralForCausalLM,
                           MistralForSequenceClassification, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3ForSequenceClassification)
+                          Qwen3ForSequenceClassification, SmolLM3Config, SmolLM3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -278,6 +278,11 @@ LLAMA_FIXTURES = {
                                                   "original_max_position_embeddings": 8},
                                  departures={"loss0_without_rope_scaling": {
                                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # SmolLM3's NoPE layers: no_rope_layer_interval 2, so layer 1 of 2 skips the rotary embedding;
+    # padded as tiny-llama-padded. Departure: every layer rotary (no_rope_layers all 1).
+    "tiny-smollm3-padded": dict(cls=SmolLM3ForCausalLM, cfg_cls=SmolLM3Config, seed=5015, base="tiny-smollm3",
+                                padded=True, left_pad=True, pad_in_text=True, pad_token_id=0,
+                                departures={"loss0_without_nope": {"no_rope_layers": [1, 1]}}),
     # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
     "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
                                 sliding_window=8,
@@ -341,6 +346,17 @@ HUB_CONFIGS = {
         "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
         "transformers_version": "4.40.1", "use_cache": True, "vocab_size": 49152,
     },
+    # HuggingFaceTB/SmolLM3-3B: Llama's layout, rotary off on every fourth layer (no_rope_layers
+    # from no_rope_layer_interval 4), rope_theta 5e6, 64 K positions, tied embeddings.
+    "smollm3-3b": {
+        "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 65536, "mlp_bias": False,
+        "model_type": "smollm3", "no_rope_layer_interval": 4, "num_attention_heads": 16, "num_hidden_layers": 36,
+        "num_key_value_heads": 4, "pad_token_id": 128004, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 5000000.0, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
+        "vocab_size": 128256,
+    },
     "qwen2.5-0.5b": {  # Qwen/Qwen2.5-0.5B
         "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
         "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
@@ -372,7 +388,7 @@ HUB_CONFIGS = {
     },
 }
 # The sizes their model pages give (safetensors parameter counts; tied lm_head counted once).
-PUBLISHED_PARAMS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+PUBLISHED_PARAMS = {"smollm3-3b": 3_075_098_624, "smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
                     "llama-3.2-1b": 1_235_814_400}
 
 # Tiny test configs: sizes off multiples of 8 where HF allows (head_dim must stay even for RoPE's
@@ -398,6 +414,14 @@ TINY_CONFIGS = {
         "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-06,
         "bos_token_id": 269, "eos_token_id": 270, "tie_word_embeddings": True, "rope_theta": 1000000.0,
         "use_sliding_window": False, "sliding_window": 32, "max_window_layers": 2, "attention_dropout": 0.0,
+    },
+    "tiny-smollm3": {
+        "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": 263, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 128, "initializer_range": 0.02, "rms_norm_eps": 1e-06,
+        "pad_token_id": None, "bos_token_id": 261, "eos_token_id": 262, "tie_word_embeddings": True,
+        "rope_theta": 10000.0, "no_rope_layer_interval": 2, "use_sliding_window": False, "sliding_window": None,
+        "attention_dropout": 0.0,
     },
     "tiny-qwen3": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 251, "hidden_size": 48,
@@ -485,6 +509,12 @@ CONFIG_DEFAULT_CASES = [
                          "max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16,
                                              "beta_slow": 2, "truncate": False}}),
+    ("minimal", {"model_type": "smollm3"}),
+    ("sized", {"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
+               "no_rope_layer_interval": 3, "sliding_window": 16}),
+    # use_sliding_window: the NoPE layers (no_rope_layers given) slide
+    ("window", {"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
+                "use_sliding_window": True, "sliding_window": 8, "no_rope_layers": [1, 0, 1, 0]}),
     ("minimal", {"model_type": "mistral"}),
     # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
     ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,

@@ -22,10 +22,12 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "qwen2.5-0.5b",
     "qwen3-0.6b",
     "llama-3.2-1b",
+    "smollm3-3b",
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen2",
     "tiny-qwen3",
+    "tiny-smollm3",
 ];
 
 /// Short names users type.
@@ -39,6 +41,8 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("qwen2.5-0.5b", "qwen2.5-0.5b"),
     ("qwen3-0.6b", "qwen3-0.6b"),
     ("llama-3.2-1b", "llama-3.2-1b"),
+    // SmolLM3: the Llama layout with NoPE layers.
+    ("smollm3-3b", "smollm3-3b"),
 ];
 
 fn builtin_json(name: &str) -> Option<&'static str> {
@@ -57,6 +61,8 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "tiny-mistral" => include_str!("../configs/tiny-mistral.json"),
         "tiny-qwen2" => include_str!("../configs/tiny-qwen2.json"),
         "tiny-qwen3" => include_str!("../configs/tiny-qwen3.json"),
+        "smollm3-3b" => include_str!("../configs/smollm3-3b.json"),
+        "tiny-smollm3" => include_str!("../configs/tiny-smollm3.json"),
         _ => return None,
     })
 }

@@ -174,6 +174,7 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-llama-rope-llama3", None),
         ("tiny-llama-rope-linear", None),
         ("tiny-llama-rope-yarn", None),
+        ("tiny-smollm3", None),
         ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full

@@ -95,6 +95,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     "mistral" => Variant::Mistral,
                     "qwen2" => Variant::Qwen2,
                     "qwen3" => Variant::Qwen3,
+                    "smollm3" => Variant::SmolLM3,
                     other => panic!("{label}: model_type {other}"),
                 };
                 assert_eq!(c.variant, want_variant, "{label}");
@@ -120,19 +121,26 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 check("attention_dropout", j!(c.attention_dropout).unwrap());
                 // Biases: the field where the type has one; Mistral none, Qwen2 q/k/v only.
                 match c.variant {
-                    Variant::Llama | Variant::Qwen3 => {
+                    Variant::Llama | Variant::Qwen3 | Variant::SmolLM3 => {
                         check("attention_bias", j!(c.qkv_bias).unwrap());
                         check("attention_bias", j!(c.o_bias).unwrap());
                     }
                     Variant::Mistral => assert!(!c.qkv_bias && !c.o_bias, "{label}"),
                     Variant::Qwen2 => assert!(c.qkv_bias && !c.o_bias, "{label}"),
                 }
-                if c.variant == Variant::Llama {
+                if matches!(c.variant, Variant::Llama | Variant::SmolLM3) {
                     check("mlp_bias", j!(c.mlp_bias).unwrap());
                 } else {
                     assert!(!c.mlp_bias, "{label}");
                 }
                 assert_eq!(c.qk_norm, c.variant == Variant::Qwen3, "{label}");
+                // SmolLM3's NoPE layers (HF's no_rope_layers, 1 = rotary).
+                let rope: Vec<i64> = c.rope_layers.iter().map(|&r| i64::from(r)).collect();
+                if c.variant == Variant::SmolLM3 {
+                    check("no_rope_layers", j!(&rope).unwrap());
+                } else {
+                    assert!(c.rope_layers.iter().all(|&r| r), "{label}");
+                }
                 // The rope parameters as standardised.
                 let rope = &hf["rope_parameters"];
                 same(&label, "rope_theta", rope, j!(c.rope.theta).unwrap());
@@ -178,7 +186,13 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     }
                 }
                 // The window and which layers slide (Mistral: every layer when it has one).
-                check("sliding_window", j!(c.sliding_window).unwrap());
+                // SmolLM3 keeps sliding_window in its config whether or not use_sliding_window
+                // turns it on; its attention reads it only then (the others null it).
+                if c.variant == Variant::SmolLM3 && hf["use_sliding_window"] != true {
+                    assert_eq!(c.sliding_window, None, "{label}");
+                } else {
+                    check("sliding_window", j!(c.sliding_window).unwrap());
+                }
                 let types: Vec<&str> = c
                     .layer_types
                     .iter()
@@ -204,7 +218,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         seen.insert(mt.to_string());
     }
     let want: std::collections::BTreeSet<String> =
-        ["bert", "gpt2", "llama", "mistral", "qwen2", "qwen3"]
+        ["bert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "smollm3"]
             .iter()
             .map(|s| s.to_string())
             .collect();

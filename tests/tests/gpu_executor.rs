@@ -258,15 +258,17 @@ fn family_config(name: &str, edit: ConfigEdit) -> ortbench_models::ModelConfig {
 /// The Llama family on the GPU executor — RMSNorm and the fused residual add + RMSNorm, rotary,
 /// the fused SwiGLU, grouped-query attention (tiny-llama: 4 query heads over 2 K/V heads; and
 /// with as many K/V heads as query heads), Qwen3's per-head q/k norms with head_dim ≠
-/// hidden/heads, Mistral's sliding window (5 of 40 positions), right and left padding — against
-/// the CPU engine, fp32, the GPT-2 tolerances.
+/// hidden/heads, Mistral's sliding window (5 of 40 positions), SmolLM3's NoPE layer, right and
+/// left padding — against the CPU engine, fp32, the GPT-2 tolerances.
 #[test]
 fn llama_family_step_matches_the_cpu_engine() {
-    let cases: [(&str, ConfigEdit); 4] = [
+    let cases: [(&str, ConfigEdit); 5] = [
         ("tiny-llama", |_| {}),
         ("tiny-llama", |r| r["num_key_value_heads"] = r["num_attention_heads"].clone()),
         ("tiny-qwen3", |_| {}),
         ("tiny-mistral", |r| r["sliding_window"] = serde_json::json!(5)),
+        // SmolLM3: layer 1 of 2 without the rotary embedding (NoPE).
+        ("tiny-smollm3", |_| {}),
     ];
     for (name, edit) in cases {
         let cfg = family_config(name, edit);

@@ -160,6 +160,11 @@ fn tiny_llama_rope_linear_dynamic_and_yarn_match_hf_for_pytorch_and_ort() {
 }
 
 #[test]
+fn tiny_smollm3_padded_matches_hf_for_pytorch_and_ort() {
+    check_fixture("tiny-smollm3-padded");
+}
+
+#[test]
 fn tiny_mistral_window_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-mistral-window");
 }
@@ -219,11 +224,17 @@ fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
     let no_scaling: fn(&mut serde_json::Value) = |r| {
         r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
     };
-    let cases: [Departure; 8] = [
+    let cases: [Departure; 9] = [
         ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-yarn", "loss0_without_rope_scaling", no_scaling, true),
+        (
+            "tiny-smollm3-padded",
+            "loss0_without_nope",
+            |r| r["no_rope_layers"] = serde_json::json!([1, 1]),
+            true,
+        ),
         (
             "tiny-mistral-window",
             "loss0_without_sliding_window",

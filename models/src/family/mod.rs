@@ -33,8 +33,15 @@ use crate::ModelError;
 
 /// Every family ortbench implements: where a config.json's `architectures` (or `model_type`)
 /// is looked up.
-pub static FAMILIES: &[&FamilyInfo] =
-    &[&bert::INFO, &gpt2::INFO, &llama::LLAMA, &llama::MISTRAL, &llama::QWEN2, &llama::QWEN3];
+pub static FAMILIES: &[&FamilyInfo] = &[
+    &bert::INFO,
+    &gpt2::INFO,
+    &llama::LLAMA,
+    &llama::MISTRAL,
+    &llama::QWEN2,
+    &llama::QWEN3,
+    &llama::SMOLLM3,
+];
 
 /// What a family is before a config is read.
 #[derive(Debug)]

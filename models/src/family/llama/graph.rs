@@ -69,8 +69,12 @@ fn decoder_layer(
     let q = split(b, q, heads, c.qk_norm.then_some("q_norm"))?;
     let k = split(b, k, kv_heads, c.qk_norm.then_some("k_norm"))?;
     let v = split(b, v, kv_heads, None)?;
-    let q = b.g.rotary(q, s.cos, s.sin)?;
-    let k = b.g.rotary(k, s.cos, s.sin)?;
+    // SmolLM3's NoPE layers leave q and k unrotated.
+    let (q, k) = if c.rope_layers[i] {
+        (b.g.rotary(q, s.cos, s.sin)?, b.g.rotary(k, s.cos, s.sin)?)
+    } else {
+        (q, k)
+    };
     let k = b.g.repeat_kv(k, c.n_rep())?; // (B, H, T, D)
     let v = b.g.repeat_kv(v, c.n_rep())?;
     let mask = match (c.layer_types[i], s.sliding_mask) {

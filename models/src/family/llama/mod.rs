@@ -34,6 +34,10 @@ const HEADS_QWEN3: &[(Head, &str)] = &[
     (Head::CausalLm, "Qwen3ForCausalLM"),
     (Head::SequenceClassification, "Qwen3ForSequenceClassification"),
 ];
+const HEADS_SMOLLM3: &[(Head, &str)] = &[
+    (Head::CausalLm, "SmolLM3ForCausalLM"),
+    (Head::SequenceClassification, "SmolLM3ForSequenceClassification"),
+];
 
 /// `model.embed_tokens.weight`: the input embedding the LM head ties to.
 const EMBED: &str = "model.embed_tokens.weight";
@@ -61,14 +65,18 @@ pub static MISTRAL: FamilyInfo = info!("Mistral", "mistral", HEADS_MISTRAL, pars
 pub static QWEN2: FamilyInfo = info!("Qwen2", "qwen2", HEADS_QWEN2, parse_qwen2);
 /// Qwen3ForCausalLM, Qwen3ForSequenceClassification.
 pub static QWEN3: FamilyInfo = info!("Qwen3", "qwen3", HEADS_QWEN3, parse_qwen3);
+/// SmolLM3ForCausalLM, SmolLM3ForSequenceClassification: Llama's layout with the rotary
+/// embedding left out of the layers `no_rope_layers` marks 0 (every fourth by default).
+pub static SMOLLM3: FamilyInfo = info!("SmolLM3", "smollm3", HEADS_SMOLLM3, parse_smollm3);
 
-/// Which of the four HF model types a config is.
+/// Which of the HF model types a config is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     Llama,
     Mistral,
     Qwen2,
     Qwen3,
+    SmolLM3,
 }
 
 impl Variant {
@@ -78,6 +86,7 @@ impl Variant {
             Variant::Mistral => &MISTRAL,
             Variant::Qwen2 => &QWEN2,
             Variant::Qwen3 => &QWEN3,
+            Variant::SmolLM3 => &SMOLLM3,
         }
     }
 }
@@ -284,6 +293,9 @@ pub struct LlamaConfig {
     /// The window of sliding layers (`kv_idx > q_idx − window`), None when no layer slides.
     pub sliding_window: Option<usize>,
     pub layer_types: Vec<LayerType>,
+    /// Per layer, whether its attention applies the rotary embedding (SmolLM3's
+    /// `no_rope_layers`: 0 for a NoPE layer; every layer in the other types).
+    pub rope_layers: Vec<bool>,
 }
 
 /// The config.json fields any of the four reads; absent ones take the type's HF default.
@@ -314,6 +326,8 @@ struct Raw {
     sliding_window: Option<Option<usize>>,
     use_sliding_window: Option<bool>,
     max_window_layers: Option<usize>,
+    no_rope_layers: Option<Vec<i64>>,
+    no_rope_layer_interval: Option<usize>,
     layer_types: Option<Vec<String>>,
 }
 
@@ -336,6 +350,9 @@ fn parse_qwen2(raw: &Value, origin: &str) -> Result<Family, ModelError> {
 fn parse_qwen3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
     parse(raw, origin, Variant::Qwen3)
 }
+fn parse_smollm3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    parse(raw, origin, Variant::SmolLM3)
+}
 
 fn unsupported(origin: &str, what: String) -> ModelError {
     ModelError::Unsupported(format!("{origin}: {what}"))
@@ -346,8 +363,9 @@ fn unsupported(origin: &str, what: String) -> ModelError {
 pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Family, ModelError> {
     let r: Raw = hf_fields(raw, origin)?;
     use Variant::*;
-    let hidden_size = r.hidden_size.unwrap_or(4096);
-    let heads = r.num_attention_heads.unwrap_or(32);
+    let smol = variant == SmolLM3;
+    let hidden_size = r.hidden_size.unwrap_or(if smol { 2048 } else { 4096 });
+    let heads = r.num_attention_heads.unwrap_or(if smol { 16 } else { 32 });
     if heads == 0 {
         return Err(ModelError::BadConfig(format!(
             "{origin}: num_attention_heads must be positive"
@@ -356,6 +374,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     let kv_default = match variant {
         Mistral => Some(8),
         Qwen2 | Qwen3 => Some(32),
+        SmolLM3 => Some(4),
         Llama => None,
     };
     // An explicit null is None in both: HF then takes num_attention_heads.
@@ -377,66 +396,20 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     let max_position_embeddings = r.max_position_embeddings.unwrap_or(match variant {
         Llama => 2048,
         Mistral => 4096 * 32,
-        Qwen2 | Qwen3 => 32768,
+        Qwen2 | Qwen3 | SmolLM3 => 32768,
     });
     // Attention and MLP biases: which fields each type reads.
     let attention_bias = r.attention_bias.unwrap_or(false);
     let (qkv_bias, o_bias) = match variant {
-        Llama | Qwen3 => (attention_bias, attention_bias),
+        Llama | Qwen3 | SmolLM3 => (attention_bias, attention_bias),
         Mistral => (false, false),
         Qwen2 => (true, false),
     };
-    let mlp_bias = variant == Llama && r.mlp_bias.unwrap_or(false);
-    let layers = r.num_hidden_layers.unwrap_or(32);
+    let mlp_bias = matches!(variant, Llama | SmolLM3) && r.mlp_bias.unwrap_or(false);
+    let layers = r.num_hidden_layers.unwrap_or(if variant == SmolLM3 { 36 } else { 32 });
+    let rope_layers = rope_layers(&r, origin, variant, layers)?;
 
-    // Sliding windows (configuration_mistral / configuration_qwen2 / configuration_qwen3).
-    let window_field = match r.sliding_window {
-        None => Some(4096), // absent: the class default
-        Some(w) => w,
-    };
-    let (sliding_window, layer_types) = match variant {
-        Llama => (None, vec![LayerType::Full; layers]),
-        Mistral => (window_field, vec![LayerType::Sliding; layers]),
-        Qwen2 | Qwen3 => {
-            let window = window_field.filter(|_| r.use_sliding_window.unwrap_or(false));
-            let types = match &r.layer_types {
-                Some(names) => {
-                    if names.len() != layers {
-                        return Err(ModelError::BadConfig(format!(
-                            "{origin}: layer_types has {} entries for {layers} layers",
-                            names.len()
-                        )));
-                    }
-                    names
-                        .iter()
-                        .map(|n| match n.as_str() {
-                            "full_attention" => Ok(LayerType::Full),
-                            "sliding_attention" => Ok(LayerType::Sliding),
-                            other => Err(unsupported(origin, format!("layer type '{other}'"))),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?
-                }
-                None => {
-                    let from = r.max_window_layers.unwrap_or(28);
-                    (0..layers)
-                        .map(|i| {
-                            if window.is_some() && i >= from {
-                                LayerType::Sliding
-                            } else {
-                                LayerType::Full
-                            }
-                        })
-                        .collect()
-                }
-            };
-            if window.is_none() && types.contains(&LayerType::Sliding) {
-                return Err(ModelError::BadConfig(format!(
-                    "{origin}: layer_types has sliding_attention layers but no sliding_window (use_sliding_window is false or sliding_window null)"
-                )));
-            }
-            (window, types)
-        }
-    };
+    let (sliding_window, layer_types) = layer_windows(&r, origin, variant, layers, &rope_layers)?;
     let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
     let layer_types =
         if sliding_window.is_some() { layer_types } else { vec![LayerType::Full; layers] };
@@ -444,17 +417,25 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         return Err(ModelError::BadConfig(format!("{origin}: sliding_window must be positive")));
     }
 
-    let rope = parse_rope(&r, origin, max_position_embeddings)?;
+    // SmolLM3's class default rope_theta is 2e6 (`default_theta`), the others' 1e4.
+    let theta = if variant == SmolLM3 { 2_000_000.0 } else { 10_000.0 };
+    let rope = parse_rope(&r, origin, max_position_embeddings, theta)?;
+    // SmolLM3 defaults pad_token_id to 128004 (an explicit null is None), the others to None.
+    let pad_token_id = match (variant, raw.get("pad_token_id")) {
+        (SmolLM3, None) => Some(128004),
+        _ => r.pad_token_id,
+    };
     let attention_dropout = r.attention_dropout.unwrap_or(0.0);
     let c = LlamaConfig {
         variant,
         vocab_size: r.vocab_size.unwrap_or(match variant {
             Llama | Mistral => 32000,
             Qwen2 | Qwen3 => 151936,
+            SmolLM3 => 128256,
         }),
         hidden_size,
         intermediate_size: r.intermediate_size.unwrap_or(match variant {
-            Llama => 11008,
+            Llama | SmolLM3 => 11008,
             Mistral => 14336,
             Qwen2 | Qwen3 => 22016,
         }),
@@ -466,8 +447,8 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         max_position_embeddings,
         initializer_range: r.initializer_range.unwrap_or(0.02),
         rms_norm_eps: r.rms_norm_eps.unwrap_or(1e-6),
-        pad_token_id: r.pad_token_id,
-        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(false),
+        pad_token_id,
+        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(variant == SmolLM3),
         rope,
         qkv_bias,
         o_bias,
@@ -476,6 +457,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         attention_dropout,
         sliding_window,
         layer_types,
+        rope_layers,
     };
     if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(ModelError::BadConfig(format!(
@@ -498,11 +480,121 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     Ok(Family::Llama(c))
 }
 
+/// The window and each layer's attention type (configuration_mistral, _qwen2, _qwen3,
+/// _smollm3): Mistral slides every layer (window 4096 when absent); Qwen2/3 and SmolLM3 only
+/// with `use_sliding_window`, per `layer_types` or, without it, from `max_window_layers`
+/// (Qwen) or the NoPE layers (SmolLM3); Llama never.
+fn layer_windows(
+    r: &Raw,
+    origin: &str,
+    variant: Variant,
+    layers: usize,
+    rope_layers: &[bool],
+) -> Result<(Option<usize>, Vec<LayerType>), ModelError> {
+    use Variant::*;
+    let window_field = match r.sliding_window {
+        None if variant == SmolLM3 => None, // absent: the class default
+        None => Some(4096),
+        Some(w) => w,
+    };
+    Ok(match variant {
+        Llama => (None, vec![LayerType::Full; layers]),
+        Mistral => (window_field, vec![LayerType::Sliding; layers]),
+        Qwen2 | Qwen3 | SmolLM3 => {
+            let window = window_field.filter(|_| r.use_sliding_window.unwrap_or(false));
+            let types = match &r.layer_types {
+                Some(names) => {
+                    if names.len() != layers {
+                        return Err(ModelError::BadConfig(format!(
+                            "{origin}: layer_types has {} entries for {layers} layers",
+                            names.len()
+                        )));
+                    }
+                    names
+                        .iter()
+                        .map(|n| match n.as_str() {
+                            "full_attention" => Ok(LayerType::Full),
+                            "sliding_attention" => Ok(LayerType::Sliding),
+                            other => Err(unsupported(origin, format!("layer type '{other}'"))),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                }
+                // SmolLM3: the NoPE layers slide, when a window is on.
+                None if variant == SmolLM3 => (0..layers)
+                    .map(|i| {
+                        if window.is_some() && !rope_layers[i] {
+                            LayerType::Sliding
+                        } else {
+                            LayerType::Full
+                        }
+                    })
+                    .collect(),
+                None => {
+                    let from = r.max_window_layers.unwrap_or(28);
+                    (0..layers)
+                        .map(|i| {
+                            if window.is_some() && i >= from {
+                                LayerType::Sliding
+                            } else {
+                                LayerType::Full
+                            }
+                        })
+                        .collect()
+                }
+            };
+            if window.is_none() && types.contains(&LayerType::Sliding) {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: layer_types has sliding_attention layers but no sliding_window (use_sliding_window is false or sliding_window null)"
+                )));
+            }
+            (window, types)
+        }
+    })
+}
+
+/// SmolLM3's `no_rope_layers` (1: the layer applies the rotary embedding; default every layer
+/// but each `no_rope_layer_interval`-th, 4); every layer for the other types.
+fn rope_layers(
+    r: &Raw,
+    origin: &str,
+    variant: Variant,
+    layers: usize,
+) -> Result<Vec<bool>, ModelError> {
+    if variant != Variant::SmolLM3 {
+        return Ok(vec![true; layers]);
+    }
+    match &r.no_rope_layers {
+        Some(flags) => {
+            if flags.len() != layers {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: no_rope_layers has {} entries for {layers} layers",
+                    flags.len()
+                )));
+            }
+            Ok(flags.iter().map(|&f| f != 0).collect())
+        }
+        None => {
+            let every = r.no_rope_layer_interval.unwrap_or(4);
+            if every == 0 {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: no_rope_layer_interval must be positive"
+                )));
+            }
+            Ok((0..layers).map(|i| (i + 1) % every != 0).collect())
+        }
+    }
+}
+
 /// HF's `convert_rope_params_to_dict` + `standardize_rope_params`: `rope_scaling` (legacy) or
 /// `rope_parameters`, `rope_theta` from the dict, else the top level, else 10000; the type from
 /// `rope_type` (or legacy `type`); llama3's and yarn's `original_max_position_embeddings` from
 /// the dict, else `max_position_embeddings` ([`original_length`]).
-fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, ModelError> {
+fn parse_rope(
+    r: &Raw,
+    origin: &str,
+    max_positions: usize,
+    default_theta: f64,
+) -> Result<Rope, ModelError> {
     let params = r
         .rope_scaling
         .clone()
@@ -513,7 +605,7 @@ fn parse_rope(r: &Raw, origin: &str, max_positions: usize) -> Result<Rope, Model
         ModelError::BadConfig(format!("{origin}: rope_parameters must be an object, got {params}"))
     })?;
     let num = |key: &str| obj.get(key).and_then(Value::as_f64);
-    let theta = num("rope_theta").or(r.rope_theta).unwrap_or(10_000.0);
+    let theta = num("rope_theta").or(r.rope_theta).unwrap_or(default_theta);
     let rope_type = obj
         .get("rope_type")
         .or_else(|| obj.get("type"))
@@ -871,6 +963,7 @@ mod tests {
             ("qwen2.5-0.5b", 494_032_768),
             ("qwen3-0.6b", 596_049_920),
             ("llama-3.2-1b", 1_235_814_400),
+            ("smollm3-3b", 3_075_098_624),
         ] {
             let cfg = builtin_config(name).unwrap();
             assert_eq!(crate::params::param_count(&cfg), want, "{name}");
@@ -880,6 +973,10 @@ mod tests {
             matches!(llama(&l).rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0)
         );
         assert_eq!(llama(&builtin_config("qwen2.5-0.5b").unwrap()).variant, Variant::Qwen2);
+        // SmolLM3-3B: every fourth of its 36 layers without the rotary embedding.
+        let s = llama(&builtin_config("smollm3-3b").unwrap()).rope_layers.clone();
+        assert_eq!(s.len(), 36);
+        assert!(s.iter().enumerate().all(|(i, &r)| r == ((i + 1) % 4 != 0)), "{s:?}");
     }
 
     /// What is not implemented is refused in one line naming it.

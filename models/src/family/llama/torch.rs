@@ -168,6 +168,8 @@ struct DecoderLayer {
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     sliding: bool,
+    /// SmolLM3's `use_rope` (false on its NoPE layers).
+    rope: bool,
 }
 
 /// What every layer shares: sizes and the step's position embeddings and masks.
@@ -207,6 +209,7 @@ impl DecoderLayer {
                 eps,
             ),
             sliding: c.layer_types[i] == LayerType::Sliding,
+            rope: c.rope_layers[i],
         }
     }
 
@@ -227,8 +230,11 @@ impl DecoderLayer {
         let q = heads(self.q_proj.forward(&h), &self.q_norm);
         let k = heads(self.k_proj.forward(&h), &self.k_norm);
         let v = heads(self.v_proj.forward(&h), &None);
-        let q = apply_rotary(&q, ctx.cos, ctx.sin);
-        let k = apply_rotary(&k, ctx.cos, ctx.sin);
+        let (q, k) = if self.rope {
+            (apply_rotary(&q, ctx.cos, ctx.sin), apply_rotary(&k, ctx.cos, ctx.sin))
+        } else {
+            (q, k)
+        };
         let mask = if self.sliding { ctx.sliding_mask } else { ctx.full_mask };
         let p = if train { ctx.dropout } else { 0.0 };
         let n_rep = ctx.heads / ctx.kv_heads;
