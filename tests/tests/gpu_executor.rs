@@ -612,17 +612,31 @@ mod cpu_only {
                 assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
                 let (mut lds, mut small_strides) =
                     (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+                let mut epilogues = std::collections::BTreeSet::new();
                 for (s, p) in &gemms {
                     for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
                         assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
                     }
-                    // No epilogue with a bias or aux operand is planned yet; when one is, its
-                    // pointers must be checked here too.
-                    assert_eq!(
-                        (s.epilogue, p.bias, p.aux),
-                        (Epilogue::None, 0, 0),
-                        "{name} {dtype:?}: {s:?}"
-                    );
+                    // The linear layers' epilogues: the bias (and GELU's aux, C's layout)
+                    // pointers 16-byte aligned too; none elsewhere.
+                    let (uses_bias, uses_aux) = match s.epilogue {
+                        Epilogue::Bias => (true, false),
+                        Epilogue::BiasGeluAux => (true, true),
+                        _ => (false, false),
+                    };
+                    epilogues.insert(format!("{:?}", s.epilogue));
+                    for (what, ptr, used) in [("bias", p.bias, uses_bias), ("aux", p.aux, uses_aux)]
+                    {
+                        if used {
+                            assert_eq!(
+                                ptr % 16,
+                                0,
+                                "{name} {dtype:?}: {what} of {s:?} at {ptr:#x}"
+                            );
+                        } else {
+                            assert_eq!(ptr, 0, "{name} {dtype:?}: a {what} pointer for {s:?}");
+                        }
+                    }
                     // The preferences are 16 or more, except where a batch stride is itself under
                     // 16 bytes (a batch of 1-element operands: BERT's LayerNorm-mean products) —
                     // there they must say so, or cuBLASLt would assume every batch aligned.
@@ -653,7 +667,16 @@ mod cpu_only {
                 // (30 522, 50 257) is the one that is not a multiple of 16 bytes, as in PyTorch —
                 // and 1, the row stride of the one-element operands above.
                 let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
-                println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}", gemms.len());
+                println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}; epilogues {epilogues:?}", gemms.len());
+                // Every linear layer's bias in its GEMM; GPT-2's MLP (tanh GELU) its GELU too,
+                // BERT's (erf GELU) not.
+                let want_gelu = name == "gpt2";
+                assert!(epilogues.contains("Bias"), "{name} {dtype:?}: {epilogues:?}");
+                assert_eq!(
+                    epilogues.contains("BiasGeluAux"),
+                    want_gelu,
+                    "{name} {dtype:?}: {epilogues:?}"
+                );
                 assert!(
                     odd.iter().all(|&ld| ld == 1 || ld as usize == cfg.vocab_size()),
                     "{name} {dtype:?}: unaligned leading dimensions {odd:?}"

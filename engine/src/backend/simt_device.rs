@@ -16,6 +16,7 @@ use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
 use crate::collective::HostMemory;
+use crate::ops::gelu::{gelu_forward, GeluApprox};
 
 /// The host SIMT harness as a GPU (see the module comment).
 pub struct SimtGpu {
@@ -163,17 +164,21 @@ impl GpuDevice for SimtGpu {
     }
     /// Row-major C[b] (+)= op(A[b])·op(B[b]) in plain loops: f32 accumulation (cuBLAS's
     /// CUBLAS_COMPUTE_32F), A and B in the shape's dtype, C in it or in f32; β = 1 for
-    /// `Epilogue::Accumulate` (as cuBLASLt). The other epilogues are not implemented.
+    /// `Epilogue::Accumulate` (as cuBLASLt); `Bias` adds the bias (C's dtype, per column) to
+    /// the f32 accumulator, `BiasGeluAux` stores that pre-activation as aux (C's dtype and
+    /// layout) and C = its tanh GELU computed in f32 — the epilogues the executor chooses
+    /// (`exec/gpu/launch/gemm.rs`). `DGelu` and `BGradB` are not implemented (not chosen).
     unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
         self.record(|| format!("gemm {s:?}"));
         if !self.execute {
             return Ok(());
         }
         let acc0 = match s.epilogue {
-            Epilogue::None => false,
+            Epilogue::None | Epilogue::Bias | Epilogue::BiasGeluAux => false,
             Epilogue::Accumulate => true,
             e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
         };
+        let bias = matches!(s.epilogue, Epilogue::Bias | Epilogue::BiasGeluAux);
         let ab = s.dtype;
         let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
         let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
@@ -206,6 +211,15 @@ impl GpuDevice for SimtGpu {
                         let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
                         let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
                         acc = x.mul_add(y, acc);
+                    }
+                    if bias {
+                        acc += ld(p.bias, j, cd);
+                    }
+                    if s.epilogue == Epilogue::BiasGeluAux {
+                        st(p.aux, at, cd, acc);
+                        let mut y = [0f32];
+                        gelu_forward(&mut y, &[acc], GeluApprox::Tanh);
+                        acc = y[0];
                     }
                     st(p.c, at, cd, acc);
                 }

@@ -1,12 +1,14 @@
 //! The GEMM ops' launches: cuBLASLt calls with their epilogues.
 use super::elementwise as ew;
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
+use crate::backend::gpu::{Epilogue, GemmPtrs, GemmShape};
 use crate::exec::gpu::contiguous;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{Linear, MatMul};
 use crate::graph::{ElemType, Graph};
+use crate::ops::gelu::GeluApprox;
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -75,52 +77,82 @@ impl GpuKernel for MatMul {
     }
 }
 
+/// The epilogue a linear layer's GEMM takes on the GPU, when one does its bias (and GELU) work:
+/// cuBLASLt's bias epilogue (C = product + bias) without GELU, its GELU_AUX_BIAS (the
+/// pre-activation product + bias saved as aux, C = its GELU) for the tanh GELU (cuBLASLt's only
+/// GELU: GPT-2's `gelu_new`). Not for the erf GELU (BERT's), a batched product or a
+/// pre-activation laid out otherwise than y (the aux takes C's leading dimension): those run
+/// the GEMM, then elementwise.cu's bias + GELU or bias add.
+fn linear_epilogue(gelu: Option<GeluApprox>, batched: bool, same_layout: bool) -> Option<Epilogue> {
+    match gelu {
+        _ if batched => None,
+        None => Some(Epilogue::Bias),
+        Some(GeluApprox::Tanh) if same_layout => Some(Epilogue::BiasGeluAux),
+        Some(_) => None,
+    }
+}
+
 impl GpuKernel for Linear {
+    // y (…, N) = [gelu](x (…, K)·op(w) + bias (N)); pre (…, N) the pre-activation with GELU.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let Linear { tb, gelu } = self;
+        let Linear { tb, gelu } = *self;
         let g = cx.g;
         let ins = &cx.node.inputs;
         let outs = &cx.node.outputs;
-        let calls = {
-            let (x, w) = (ins[0], ins[1]);
-            let c = outs[usize::from(gelu.is_some())];
-            cx.same(&[outs[0], x, w, ins[2], c])?;
-            let m = MatMulPlan::new(
+        let (x, w) = (ins[0], ins[1]);
+        let plan_into = |r: &Resolver<'_>, c| {
+            MatMulPlan::new(
                 false,
-                *tb,
+                tb,
                 (g.shape(x), r.strides(x)),
                 (g.shape(w), r.strides(w)),
                 (g.shape(c), r.strides(c)),
             )
-            .ok_or_else(|| cx.no(" for these operand layouts"))?;
-            let cols = cx.last(outs[0]);
-            let rows = cx.n(outs[0]) / cols.max(1);
-            let gemm = r.gemm(&m, (x, w, c), &|why: &str| cx.no(why))?;
-            let dtype = cx.dt(outs[0]);
-            let epi = match gelu {
-                Some(a) => ew::BiasGelu {
-                    dtype,
-                    y: cx.out(0),
-                    pre: cx.out(1),
-                    bias: cx.inp(2),
-                    rows,
-                    c: cols,
-                    approx: *a,
-                }
-                .launch(r.device()),
-                None => ew::Add {
-                    dtype,
-                    to_f32: false,
-                    out: cx.out(0),
-                    a: cx.out(0),
-                    b: cx.inp(2),
-                    n: cx.n(outs[0]),
-                    nb: cols,
-                }
-                .launch(r.device()),
-            };
-            vec![gemm, epi.into()]
+            .ok_or_else(|| cx.no(" for these operand layouts"))
         };
-        Ok(calls)
+        cx.same(&[outs[0], x, w, ins[2]])?;
+        let y = plan_into(r, outs[0])?;
+        let same_layout = gelu.is_none() || r.strides(outs[1]) == r.strides(outs[0]);
+        if let Some(epi) = linear_epilogue(gelu, y.offs.len() > 1, same_layout) {
+            // One GEMM: C = y, the bias (and aux = pre) in its epilogue.
+            let Call::Gemm(shape, ptrs) = r.gemm(&y, (x, w, outs[0]), &|why: &str| cx.no(why))?
+            else {
+                unreachable!("Resolver::gemm returns a GEMM")
+            };
+            let aux = if gelu.is_some() { cx.out(1) } else { 0 };
+            let ptrs = GemmPtrs { bias: cx.inp(2), aux, ..ptrs };
+            return Ok(vec![Call::Gemm(GemmShape { epilogue: epi, ..shape }, ptrs)]);
+        }
+        // The GEMM into pre (with GELU) or y, then the bias (+ GELU) kernel.
+        let c = outs[usize::from(gelu.is_some())];
+        cx.same(&[c])?;
+        let m = plan_into(r, c)?;
+        let cols = cx.last(outs[0]);
+        let rows = cx.n(outs[0]) / cols.max(1);
+        let gemm = r.gemm(&m, (x, w, c), &|why: &str| cx.no(why))?;
+        let dtype = cx.dt(outs[0]);
+        let epi = match gelu {
+            Some(approx) => ew::BiasGelu {
+                dtype,
+                y: cx.out(0),
+                pre: cx.out(1),
+                bias: cx.inp(2),
+                rows,
+                c: cols,
+                approx,
+            }
+            .launch(r.device()),
+            None => ew::Add {
+                dtype,
+                to_f32: false,
+                out: cx.out(0),
+                a: cx.out(0),
+                b: cx.inp(2),
+                n: cx.n(outs[0]),
+                nb: cols,
+            }
+            .launch(r.device()),
+        };
+        Ok(vec![gemm, epi.into()])
     }
 }
