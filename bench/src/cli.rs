@@ -277,6 +277,9 @@ pub struct TrainArgs {
     /// ort (the engine) or pytorch (libtorch eager).
     #[arg(long, default_value = "ort")]
     pub config: String,
+    /// cpu, cuda or cuda:N: where the trainer runs (one rank; evaluation runs on the CPU).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// masked-lm, causal-lm or sequence-classification [default: the checkpoint's].
     #[arg(long)]
     pub task: Option<String>,

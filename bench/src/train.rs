@@ -19,11 +19,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use ortbench_engine::backend::cuda::gpu::CudaGpu;
+use ortbench_engine::backend::gpu::GpuDevice;
 use ortbench_engine::DType;
 use ortbench_models::config::ProblemType;
 use ortbench_models::data::Task;
-use ortbench_models::graph::trainer::{EngineOptions, EngineState, EngineTrainer};
+use ortbench_models::graph::trainer::{
+    EngineOptions, EngineState, EngineTrainer, GpuEngineTrainer,
+};
 use ortbench_models::graph::{GraphOptions, InferenceModel};
 use ortbench_models::rng::Rng;
 use ortbench_models::torch::{TorchTrainer, TrainOptions};
@@ -48,8 +52,10 @@ const TOKENIZER_FILES: &[&str] = &[
     "merges.txt",
 ];
 
-enum Trainer {
+/// The trainer of a run: the engine on the CPU or on GPU `D`, or libtorch (CPU or CUDA).
+enum Trainer<D: GpuDevice> {
     Engine(Box<EngineTrainer>),
+    Gpu(Box<GpuEngineTrainer<D>>),
     Torch(Box<TorchTrainer>),
 }
 
@@ -60,18 +66,17 @@ struct StepOut {
     skipped: bool,
 }
 
-impl Trainer {
+impl<D: GpuDevice> Trainer<D> {
     fn step(&mut self, batch: &Batch) -> Result<StepOut> {
+        let engine = |s: ortbench_engine::session::StepStats| StepOut {
+            loss: s.loss as f64,
+            grad_norm: s.grad_norm as f64,
+            loss_scale: s.loss_scale as f64,
+            skipped: s.skipped,
+        };
         Ok(match self {
-            Trainer::Engine(t) => {
-                let s = t.step(batch)?;
-                StepOut {
-                    loss: s.loss as f64,
-                    grad_norm: s.grad_norm as f64,
-                    loss_scale: s.loss_scale as f64,
-                    skipped: s.skipped,
-                }
-            }
+            Trainer::Engine(t) => engine(t.step(batch)?),
+            Trainer::Gpu(t) => engine(t.step(batch)?),
             Trainer::Torch(t) => {
                 let s = t.step(batch)?;
                 StepOut {
@@ -87,8 +92,28 @@ impl Trainer {
     fn weights(&self) -> Result<Weights> {
         Ok(match self {
             Trainer::Engine(t) => t.weights()?,
+            Trainer::Gpu(t) => t.weights()?,
             Trainer::Torch(t) => t.weights(),
         })
+    }
+
+    /// The engine's resumable state (None for the baseline, whose optimizer state is not
+    /// checkpointed).
+    fn state(&self) -> Result<Option<EngineState>> {
+        Ok(match self {
+            Trainer::Engine(t) => Some(t.state()?),
+            Trainer::Gpu(t) => Some(t.state()?),
+            Trainer::Torch(_) => None,
+        })
+    }
+
+    fn restore(&mut self, state: EngineState) -> Result<()> {
+        match self {
+            Trainer::Engine(t) => t.restore(state)?,
+            Trainer::Gpu(t) => t.restore(state)?,
+            Trainer::Torch(_) => unreachable!("checked: --resume is ort only"),
+        }
+        Ok(())
     }
 }
 
@@ -359,6 +384,25 @@ fn write_logs(
 
 pub fn run(args: &TrainArgs) -> Result<i32> {
     check_args(args)?;
+    let device = crate::worker::parse_device(&args.device)?;
+    match (device, args.config.as_str()) {
+        (tch::Device::Cuda(i), "ort") => {
+            let gpu =
+                CudaGpu::open(i).map_err(|e| anyhow!("train --device {}: {e}", args.device))?;
+            run_on(args, Some(gpu))
+        }
+        (tch::Device::Cuda(_), _) if !tch::Cuda::is_available() => {
+            bail!("train --device {}: libtorch sees no CUDA GPU", args.device)
+        }
+        _ => run_on::<CudaGpu>(args, None),
+    }
+}
+
+/// `ortbench train` with the engine on `gpu` when given (`--device cuda`, or the SIMT device in
+/// the tests: the loop, logs, evaluation, checkpoints and `--resume` are the CPU's), else as
+/// `--device` and `--config` say on the CPU or libtorch's device.
+pub fn run_on<D: GpuDevice>(args: &TrainArgs, gpu: Option<D>) -> Result<i32> {
+    check_args(args)?;
     let precision: DType = args.precision.parse()?;
     let out = &args.output_dir;
     let resume_from = prepare_output_dir(args)?;
@@ -383,7 +427,7 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
 
     // The trainer, HF Trainer's conventions.
     let schedule = schedule(args, total);
-    let mut trainer = make_trainer(args, &cfg, &weights, &train, schedule, precision)?;
+    let mut trainer = make_trainer(args, &cfg, &weights, &train, (schedule, precision), gpu)?;
     let mut steps: Vec<StepRow> = Vec::new();
     let mut evals: Vec<EvalRow> = Vec::new();
     let mut start = 0;
@@ -393,10 +437,7 @@ pub fn run(args: &TrainArgs) -> Result<i32> {
         if state["total_steps"].as_u64() != Some(total as u64) {
             bail!("--resume: {} was written for {} steps, this run has {total}: give the same --epochs/--max-steps and data", dir.display(), state["total_steps"]);
         }
-        let Trainer::Engine(t) = &mut trainer else {
-            unreachable!("checked: --resume is ort only")
-        };
-        t.restore(load_state(dir, &state)?)?;
+        trainer.restore(load_state(dir, &state)?)?;
         // The logs up to the checkpoint, so the curve goes on in one table.
         steps = serde_json::from_value(state["log_history"].clone()).unwrap_or_default();
         evals = serde_json::from_value(state["eval_history"].clone()).unwrap_or_default();
@@ -608,15 +649,16 @@ fn load_data(
     Ok((train, eval))
 }
 
-/// The trainer, HF Trainer's conventions: the engine for `ort`, libtorch eager for `pytorch`.
-fn make_trainer(
+/// The trainer, HF Trainer's conventions: the engine for `ort` (on `gpu` when given),
+/// libtorch eager for `pytorch` (on `--device`).
+fn make_trainer<D: GpuDevice>(
     args: &TrainArgs,
     cfg: &ModelConfig,
     weights: &Weights,
     train: &DataSource,
-    schedule: LrSchedule,
-    precision: DType,
-) -> Result<Trainer> {
+    (schedule, precision): (LrSchedule, DType),
+    gpu: Option<D>,
+) -> Result<Trainer<D>> {
     Ok(match args.config.as_str() {
         "ort" => {
             let opts = EngineOptions {
@@ -629,6 +671,11 @@ fn make_trainer(
             };
             let graph = GraphOptions::new(args.batch_size, train.seq_len)
                 .with_attention_mask(train.has_attention_mask());
+            if let Some(dev) = gpu {
+                return Ok(Trainer::Gpu(Box::new(GpuEngineTrainer::new(
+                    cfg, weights, &graph, opts, dev,
+                )?)));
+            }
             let group = ortbench_engine::collective::LocalGroup::new(1).pop().expect("one rank");
             Trainer::Engine(Box::new(EngineTrainer::with_graph_options(
                 cfg,
@@ -640,12 +687,14 @@ fn make_trainer(
             )?))
         }
         _ => {
-            let p = match args.precision.as_str() {
-                "fp32" => ortbench_models::torch::Precision::Fp32,
-                "bf16" => ortbench_models::torch::Precision::Bf16,
-                other => {
-                    bail!("--precision {other}: the pytorch config trains fp32 or bf16 on the CPU")
-                }
+            let device = crate::worker::parse_device(&args.device)?;
+            let p = match (args.precision.as_str(), device) {
+                ("fp32", _) => ortbench_models::torch::Precision::Fp32,
+                ("bf16", _) => ortbench_models::torch::Precision::Bf16,
+                ("fp16", tch::Device::Cuda(_)) => ortbench_models::torch::Precision::Fp16,
+                (other, _) => bail!(
+                    "--precision {other}: the pytorch config trains fp32 or bf16 on the CPU, and fp16 too on CUDA"
+                ),
             };
             let opts = TrainOptions {
                 lr: args.lr,
@@ -655,25 +704,24 @@ fn make_trainer(
                 precision: p,
                 ..TrainOptions::default()
             };
-            Trainer::Torch(Box::new(TorchTrainer::new(cfg, weights, tch::Device::Cpu, opts)?))
+            Trainer::Torch(Box::new(TorchTrainer::new(cfg, weights, device, opts)?))
         }
     })
 }
 
 /// `checkpoint-N/`: the model as HF saves it and, for the engine, its optimizer state and
 /// `trainer_state.json` (the step, the loss scaler and the logs so far), for `--resume`.
-fn save_checkpoint(
+fn save_checkpoint<D: GpuDevice>(
     out: &Path,
     cfg: &ModelConfig,
-    trainer: &Trainer,
+    trainer: &Trainer<D>,
     source_dir: Option<&Path>,
     (done, total, epoch_f): (usize, usize, f64),
     (steps, evals): (&[StepRow], &[EvalRow]),
 ) -> Result<()> {
     let dir = out.join(format!("checkpoint-{done}"));
     save_hf_dir(&dir, cfg, &trainer.weights()?, source_dir)?;
-    if let Trainer::Engine(t) = &trainer {
-        let st = t.state()?;
+    if let Some(st) = trainer.state()? {
         save_state(&dir, &st)?;
         let state = json!({
             "global_step": done, "total_steps": total, "epoch": epoch_f, "adam_step": st.adam_step,

@@ -10,7 +10,9 @@
 
 use std::sync::Mutex;
 
-use ortbench_simt::{Arg, Order};
+use ortbench_simt::Arg;
+/// The thread orders of the harness (re-exported: users of [`SimtGpu`] need no other crate).
+pub use ortbench_simt::Order;
 
 use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,

@@ -397,6 +397,49 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
         self.model.unflatten(&p)
     }
 
+    /// What a resumed run needs to continue this one bit for bit ([`EngineTrainer::state`]'s
+    /// fields, copied from the device): one rank.
+    pub fn state(&self) -> Result<EngineState, ModelError> {
+        let train = |e: ortbench_engine::session::SessionError| ModelError::Training(e.to_string());
+        if self.session.layout().world != 1 {
+            return Err(ModelError::Training(
+                "checkpoints are written by one-rank trainers only".into(),
+            ));
+        }
+        let (exp_avg, exp_avg_sq) = self.session.moments().map_err(train)?;
+        Ok(EngineState {
+            params: self.session.params().map_err(train)?,
+            exp_avg,
+            exp_avg_sq,
+            adam_step: self.session.step,
+            steps_taken: self.steps_taken,
+            loss_scaler: self.session.loss_scaler().map(|l| (l.scale(), l.clean_steps())),
+        })
+    }
+
+    /// Continues from `state` (of a trainer of the same model and options, on any device).
+    pub fn restore(&mut self, state: EngineState) -> Result<(), ModelError> {
+        let n = self.model.flat_len();
+        if self.session.layout().world != 1
+            || [state.params.len(), state.exp_avg.len(), state.exp_avg_sq.len()] != [n, n, n]
+        {
+            return Err(ModelError::Training(format!(
+                "the checkpoint's flat buffers hold {} values, this model's {n} (one rank)",
+                state.params.len()
+            )));
+        }
+        let moments = (&state.exp_avg[..], &state.exp_avg_sq[..]);
+        self.session
+            .restore(&state.params, moments, state.adam_step)
+            .map_err(|e| ModelError::Training(e.to_string()))?;
+        self.steps_taken = state.steps_taken;
+        if let Some((scale, clean)) = state.loss_scaler {
+            let s = ortbench_engine::optim::LossScaler::resumed(scale, clean);
+            self.session.set_loss_scaler(Some(s));
+        }
+        Ok(())
+    }
+
     /// FLOPs of one step's GEMMs and attention products on the device.
     pub fn step_flops(&self) -> f64 {
         self.session.executor().step_flops()

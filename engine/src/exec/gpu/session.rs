@@ -196,6 +196,48 @@ impl<D: GpuDevice> GpuSession<D> {
         Ok(self.exec.download_params()?)
     }
 
+    /// The Adam moments (exp_avg, exp_avg_sq) of the elements this rank updates, fp32 (waits
+    /// for the device).
+    pub fn moments(&self) -> Result<(Vec<f32>, Vec<f32>), SessionError> {
+        let d = self.exec.device();
+        let get = |b: &D::Buffer| -> Result<Vec<f32>, SessionError> {
+            let mut bytes = vec![0u8; self.own.len() * 4];
+            // SAFETY: each moment buffer holds own.len() f32 (at least one).
+            unsafe { d.download(d.address(b), &mut bytes) }.map_err(dev)?;
+            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        };
+        Ok((get(&self.m)?, get(&self.v)?))
+    }
+
+    /// The loss scaler's state, if fp16 runs one.
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Continues from a saved state: the fp32 parameters (and their compute copy), both Adam
+    /// moments of this rank's elements and the optimizer's step, so the next step is the one
+    /// the saved session would have taken.
+    pub fn restore(
+        &mut self,
+        params: &[f32],
+        (m, v): (&[f32], &[f32]),
+        step: u64,
+    ) -> Result<(), SessionError> {
+        let n = self.own.len();
+        if m.len() != n || v.len() != n {
+            return Err(SessionError::ParamLen { expected: n, got: m.len().min(v.len()) });
+        }
+        self.exec.upload_params(params)?;
+        let d = self.exec.device();
+        for (buf, x) in [(&self.m, m), (&self.v, v)] {
+            let bytes: Vec<u8> = x.iter().flat_map(|f| f.to_le_bytes()).collect();
+            // SAFETY: each moment buffer holds own.len() f32.
+            unsafe { d.upload(d.address(buf), &bytes) }.map_err(dev)?;
+        }
+        self.step = step;
+        Ok(())
+    }
+
     /// The last step's gradients, scaled by that step's loss scale (waits for the device).
     pub fn grads(&self) -> Result<Vec<f32>, SessionError> {
         Ok(self.exec.download_grads()?)
