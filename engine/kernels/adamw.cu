@@ -63,23 +63,48 @@ __device__ void adamw_step(float* params, const float* grads, float* m, float* v
     if (stats[1] == 0.0f) return;  // inf/NaN gradients: the whole step is skipped
     const float g_scale = inv_scale * stats[2];
     const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
-    GRID_STRIDE(i, n) {
-        int lo = 0, hi = nseg - 1;  // last segment whose start ≤ i
+    // The last segment whose start ≤ i.
+    const auto segment = [&](long long i) {
+        int lo = 0, hi = nseg - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
             if (seg_start[mid] <= i) lo = mid; else hi = mid - 1;
         }
-        const float g = grads[i] * g_scale;
-        float p = params[i];
-        if (seg_decay[lo]) p *= decay_mul;
-        const float mi = beta1 * m[i] + one_minus_beta1 * g;
-        const float vi = beta2 * v[i] + one_minus_beta2 * g * g;
+        return lo;
+    };
+    // One element's update, in place on p, mi, vi.
+    const auto update = [&](float& p, float grad, float& mi, float& vi, int decay) {
+        const float g = grad * g_scale;
+        if (decay) p *= decay_mul;
+        mi = beta1 * mi + one_minus_beta1 * g;
+        vi = beta2 * vi + one_minus_beta2 * g * g;
         p -= step_size * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
-        m[i] = mi;
-        v[i] = vi;
-        params[i] = p;
-        if (mirror) mirror[i] = from_f32<T>(p);
-    }
+    };
+    // 4 f32 of each buffer in one 16-byte access where all four are aligned (the flat buffers
+    // are; a ZeRO-1 chunk or a test's offset view may not be).
+    grid_stride_packed<4>(
+        n, aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v),
+        [&](long long i) {
+            float p = params[i], mi = m[i], vi = v[i];
+            update(p, grads[i], mi, vi, seg_decay[segment(i)]);
+            m[i] = mi;
+            v[i] = vi;
+            params[i] = p;
+            if (mirror) mirror[i] = from_f32<T>(p);
+        },
+        [&](long long i) {
+            Pack<float> p = load_pack(params + i), mi = load_pack(m + i), vi = load_pack(v + i);
+            const Pack<float> g = load_pack(grads + i);
+            int seg = segment(i);
+            for (int j = 0; j < 4; ++j) {
+                while (seg + 1 < nseg && seg_start[seg + 1] <= i + j) ++seg;  // a segment may start mid-pack
+                update(p.e[j], g.e[j], mi.e[j], vi.e[j], seg_decay[seg]);
+                if (mirror) mirror[i + j] = from_f32<T>(p.e[j]);
+            }
+            store_pack(m + i, mi);
+            store_pack(v + i, vi);
+            store_pack(params + i, p);
+        });
 }
 
 #define ADAMW(S, T)                                                                                                            \

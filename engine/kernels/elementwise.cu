@@ -1,7 +1,8 @@
 // Elementwise kernels: fill, add (with a broadcast operand: bias add, residual add, gradient
 // sums), scale, the linear layer's bias + GELU epilogue, GELU and tanh backward, dropout, casts.
 // CPU counterparts: engine/src/backend/cpu/kernels/elementwise.rs (same formulas, same dropout
-// mask bits). One thread per element, grid-stride; arithmetic in f32, storage T.
+// mask bits). One thread per element (per 16-byte pack where the operands are aligned:
+// add, scale, dropout), grid-stride; arithmetic in f32, storage T.
 #include "port.cuh"
 
 // GELU: approx 0 = erf (exact), 1 = tanh (elementwise.rs `Gelu`, ops::gelu::gelu_forward).
@@ -32,9 +33,18 @@ __device__ void fill(T* out, long long n, float value) {
 // out may alias a. out, a: (N); b: (nb), nb divides N.
 template <typename T>
 __device__ void add(T* out, const T* a, const T* b, long long n, long long nb) {
-    // The plain add skips the 64-bit modulo (tens of instructions per element on a GPU).
+    // The plain add skips the 64-bit modulo (tens of instructions per element on a GPU), in
+    // 16-byte packs where the operands allow.
     if (nb == n) {
-        GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+        constexpr int V = Pack<T>::V;
+        grid_stride_packed<V>(
+            n, aligned16(out) && aligned16(a) && aligned16(b), [&](long long i) { out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i])); },
+            [&](long long i) {
+                const Pack<T> x = load_pack(a + i), y = load_pack(b + i);
+                Pack<T> o;
+                for (int j = 0; j < V; ++j) o.e[j] = from_f32<T>(to_f32(x.e[j]) + to_f32(y.e[j]));
+                store_pack(out + i, o);
+            });
     } else {
         GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i % nb]));
     }
@@ -51,7 +61,14 @@ __device__ void add_to_f32(float* out, const T* a, const T* b, long long n, long
 // out[i] = s·x[i]; out may alias x. out, x: (N)
 template <typename T>
 __device__ void scale(T* out, const T* x, long long n, float s) {
-    GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(x[i]) * s);
+    constexpr int V = Pack<T>::V;
+    grid_stride_packed<V>(
+        n, aligned16(out) && aligned16(x), [&](long long i) { out[i] = from_f32<T>(to_f32(x[i]) * s); },
+        [&](long long i) {
+            Pack<T> v = load_pack(x + i);
+            for (int j = 0; j < V; ++j) v.e[j] = from_f32<T>(to_f32(v.e[j]) * s);
+            store_pack(out + i, v);
+        });
 }
 
 // The epilogue of Op::Linear with GELU after the GEMM wrote x·w into pre: pre += bias,
@@ -91,7 +108,15 @@ __device__ void tanh_backward(T* dx, const T* y, const T* dy, long long n) {
 template <typename T>
 __device__ void dropout(T* out, const T* x, long long n, float p, unsigned long long seed, unsigned long long offset) {
     const DropMask m = drop_mask(p, seed);
-    GRID_STRIDE(i, n) out[i] = drop_keep(m, offset + (unsigned long long)i) ? from_f32<T>(to_f32(x[i]) * m.scale) : from_f32<T>(0.0f);
+    const auto one = [&](long long i, float v) { return drop_keep(m, offset + (unsigned long long)i) ? from_f32<T>(v * m.scale) : from_f32<T>(0.0f); };
+    constexpr int V = Pack<T>::V;
+    grid_stride_packed<V>(
+        n, aligned16(out) && aligned16(x), [&](long long i) { out[i] = one(i, to_f32(x[i])); },
+        [&](long long i) {
+            Pack<T> v = load_pack(x + i);
+            for (int j = 0; j < V; ++j) v.e[j] = one(i + j, to_f32(v.e[j]));
+            store_pack(out + i, v);
+        });
 }
 
 // Casts between storage types, rounding to nearest even. out, x: (N)

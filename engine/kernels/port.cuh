@@ -209,6 +209,44 @@ __device__ __forceinline__ ColumnChunk column_chunk(long long rows, int c, int r
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)gridDim.x * blockDim.x)
 
+// 16 bytes of storage T (4 f32 or 8 f16/bf16), loaded and stored as one 128-bit access: the
+// memory-bound kernels' unit where their operands are 16-byte aligned.
+template <typename T>
+struct alignas(16) Pack {
+    static constexpr int V = 16 / (int)sizeof(T);
+    T e[V];
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+#if defined(ORTBENCH_SIMT_HOST)
+template <typename T>
+inline Pack<T> load_pack(const T* p) {
+    Pack<T> r;
+    std::memcpy(&r, p, 16);
+    return r;
+}
+template <typename T>
+inline void store_pack(T* p, const Pack<T>& v) { std::memcpy(p, &v, 16); }
+#else
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_cast<const Pack<T>*>(p); }
+template <typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
+#endif
+
+// An elementwise loop over [0, n): with `packed` (every operand 16-byte aligned), `vec(i)` for
+// each pack of V elements i..i+V−1 — one 16-byte access per operand — then `one(i)` for the
+// last n mod V; otherwise `one(i)` for every element. Both compute the same bits per element.
+template <int V, typename One, typename Vec>
+__device__ __forceinline__ void grid_stride_packed(long long n, bool packed, One one, Vec vec) {
+    long long done = 0;
+    if (packed) {
+        const long long packs = n / V;
+        GRID_STRIDE(k, packs) vec(k * V);
+        done = packs * V;
+    }
+    GRID_STRIDE(j, n - done) one(done + j);
+}
+
 // ---------------------------------------------------------------- tensor cores (NVIDIA sm_80+, and the host harness)
 // mma.sync m16n8k16 with f16/bf16 operands and f32 accumulation, and ldmatrix, as inline PTX:
 // their fragment layouts are the PTX ISA's (§9.7.14.5.8, §9.7.14.5.15), which the host harness

@@ -109,12 +109,18 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                 assert!(st.finite);
                 norms.push(st.norm);
             }
-            for dev in devices() {
-                let (mut p, mut m, mut v) = (
-                    Buf::from_f32(&p0, D::F32),
-                    Buf::from_f32(&vec![0.0; N], D::F32),
-                    Buf::from_f32(&vec![0.0; N], D::F32),
-                );
+            // The flat buffers as the executor has them (16-byte aligned: the kernel's 16-byte
+            // packs, N mod 4 = 1 element after them, segments starting mid-pack) and with the
+            // parameters one element off (one element at a time).
+            for (dev, misaligned) in devices()
+                .into_iter()
+                .flat_map(|d| [(d, false)])
+                .chain(devices().into_iter().take(1).map(|d| (d, true)))
+            {
+                let p = Buf::from_f32(&p0, D::F32);
+                let p = if misaligned { p.misaligned() } else { p };
+                let (mut p, mut m, mut v) =
+                    (p, Buf::from_f32(&vec![0.0; N], D::F32), Buf::from_f32(&vec![0.0; N], D::F32));
                 let mut mirror = Buf::poisoned(N, dt);
                 for (t, g) in scaled.iter().enumerate() {
                     let mut gb = Buf::from_f32(g, D::F32);
@@ -132,7 +138,10 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                         mir,
                         dt,
                     );
-                    let what = format!("adamw {dt:?} clip {max_grad_norm} step {t} on {dev}");
+                    let what = format!(
+                        "adamw {dt:?} clip {max_grad_norm} step {t} on {dev}{}",
+                        if misaligned { " (params misaligned)" } else { "" }
+                    );
                     assert!(
                         (stats[0] - norms[t]).abs() <= 1e-6 * norms[t],
                         "{what}: norm {} vs CPU {}",
@@ -146,7 +155,10 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                         "{what}: clip coefficient"
                     );
                 }
-                let what = format!("adamw {dt:?} clip {max_grad_norm} on {dev}");
+                let what = format!(
+                    "adamw {dt:?} clip {max_grad_norm} on {dev}{}",
+                    if misaligned { " (params misaligned)" } else { "" }
+                );
                 check(
                     &format!("{what} params"),
                     &p.to_f32(),

@@ -135,9 +135,16 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
         let mut scaled = vec![0f32; n];
         ew::map1(&pool, &mut scaled, &a, ew::Scale(0.37));
         for dev in devices() {
-            for (nb, want, what) in [(n, &plain, "add"), (C, &bcast, "bias add")] {
-                let (mut out, mut ab, mut bb) =
-                    (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
+            // Aligned operands (16-byte packs, then the n mod V tail) and an output one element
+            // off (one element at a time).
+            for (nb, want, what, mis) in [
+                (n, &plain, "add", false),
+                (n, &plain, "add (out misaligned)", true),
+                (C, &bcast, "bias add", false),
+            ] {
+                let out = Buf::poisoned(n, dt);
+                let mut out = if mis { out.misaligned() } else { out };
+                let (mut ab, mut bb) = (Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
                 let (dtype, o, a, b) = (dtype(dt), &mut out, &mut ab, &mut bb);
                 let l = launch::Add { dtype, to_f32: false, out: o, a, b, n, nb };
                 dev.run(l.launch(dev.geometry())).unwrap();
@@ -158,10 +165,16 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
                     tol(D::F32, 1e-6),
                 );
             }
-            let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
-            let l = launch::Scale { dtype: dtype(dt), out: &mut out, x: &mut xb, n, s: 0.37 };
-            dev.run(l.launch(dev.geometry())).unwrap();
-            check(&format!("scale {dt:?} on {dev}"), &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
+            for mis in [false, true] {
+                let x = Buf::from_f32(&a, dt);
+                let (mut out, mut xb) =
+                    (Buf::poisoned(n, dt), if mis { x.misaligned() } else { x });
+                let l = launch::Scale { dtype: dtype(dt), out: &mut out, x: &mut xb, n, s: 0.37 };
+                dev.run(l.launch(dev.geometry())).unwrap();
+                let what =
+                    format!("scale {dt:?}{} on {dev}", if mis { " (x misaligned)" } else { "" });
+                check(&what, &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
+            }
             let mut out = Buf::poisoned(n, dt);
             let l = launch::Fill {
                 dtype: dtype(dt),
@@ -194,8 +207,15 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
         {
             let mut want = vec![0f32; n];
             ew::dropout(&pool, &mut want, &x, p, seed, offset);
-            for dev in devices() {
-                let (mut out, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+            // Aligned (16-byte packs and a tail: n mod 8 = 1) and x one element off.
+            for (dev, mis) in devices()
+                .into_iter()
+                .flat_map(|d| [(d, false)])
+                .chain(devices().into_iter().take(1).map(|d| (d, true)))
+            {
+                let xb = Buf::from_f32(&x, dt);
+                let (mut out, mut xb) =
+                    (Buf::poisoned(n, dt), if mis { xb.misaligned() } else { xb });
                 let (dtype, o, x, seed) = (dtype(dt), &mut out, &mut xb, launch::Seed::Fixed(seed));
                 let l = launch::Dropout { dtype, out: o, x, n, p, seed, offset };
                 dev.run(l.launch(dev.geometry())).unwrap();
@@ -207,7 +227,14 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
                         "dropout {dt:?} p {p}: element {i} kept differently on {dev}"
                     );
                 }
-                check(&format!("dropout {dt:?} p {p} on {dev}"), &got, &want, dt, tol(dt, 1e-6));
+                let mis = if mis { " (x misaligned)" } else { "" };
+                check(
+                    &format!("dropout {dt:?} p {p}{mis} on {dev}"),
+                    &got,
+                    &want,
+                    dt,
+                    tol(dt, 1e-6),
+                );
             }
         }
     }

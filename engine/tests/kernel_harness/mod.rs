@@ -189,7 +189,7 @@ fn cuda_run(
         .args
         .iter()
         .map(|a| match *a {
-            launch::Arg::Ptr(i) => KernelArg::Ptr(mirrors[i].ptr() + ortbench_simt::GUARD as u64),
+            launch::Arg::Ptr(i) => KernelArg::Ptr(mirrors[i].ptr() + bufs[i].front() as u64),
             launch::Arg::Null => KernelArg::Ptr(0),
             launch::Arg::I32(v) => KernelArg::I32(v),
             launch::Arg::U32(v) => KernelArg::U32(v),

@@ -176,19 +176,36 @@ impl Dtype {
 pub const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xA5;
 
-/// A host buffer of `len` elements of `dtype`, 16-byte aligned, between two guard bands.
+/// A host buffer of `len` elements of `dtype`, 16-byte aligned (or, [`Buf::misaligned`], one
+/// element off), between two guard bands.
 pub struct Buf {
     words: Vec<u128>,
     pub dtype: Dtype,
     pub len: usize,
+    /// Bytes before the first element: the guard band, plus one element when misaligned.
+    front: usize,
 }
 
 impl Buf {
     fn raw(len: usize, dtype: Dtype) -> Buf {
-        let bytes = 2 * GUARD + len * dtype.size();
-        let mut b = Buf { words: vec![0u128; bytes.div_ceil(16)], dtype, len };
+        let bytes = 2 * GUARD + (len + 1) * dtype.size();
+        let mut b = Buf { words: vec![0u128; bytes.div_ceil(16)], dtype, len, front: GUARD };
         b.bytes_all().fill(GUARD_BYTE);
         b
+    }
+    /// This buffer's elements moved one element up, so the first is not 16-byte aligned (a
+    /// kernel's packed 16-byte path must then not run): an operand at an odd offset.
+    pub fn misaligned(mut self) -> Buf {
+        let (n, es) = (self.len * self.dtype.size(), self.dtype.size());
+        let old = self.front;
+        self.bytes_all().copy_within(old..old + n, old + es);
+        self.bytes_all()[old..old + es].fill(GUARD_BYTE);
+        self.front = old + es;
+        self
+    }
+    /// Bytes from the allocation's start to the first element ([`Buf::raw_bytes`]).
+    pub fn front(&self) -> usize {
+        self.front
     }
     fn bytes_all(&mut self) -> &mut [u8] {
         let n = self.words.len() * 16;
@@ -199,14 +216,14 @@ impl Buf {
         // SAFETY: as above, the element region after the front guard.
         unsafe {
             std::slice::from_raw_parts(
-                (self.words.as_ptr() as *const u8).add(GUARD),
+                (self.words.as_ptr() as *const u8).add(self.front),
                 self.len * self.dtype.size(),
             )
         }
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let n = self.len * self.dtype.size();
-        &mut self.bytes_all()[GUARD..GUARD + n]
+        let (n, f) = (self.len * self.dtype.size(), self.front);
+        &mut self.bytes_all()[f..f + n]
     }
     /// The whole allocation, guard bands included (to mirror it on a device).
     pub fn raw_bytes(&self) -> &[u8] {
@@ -311,11 +328,12 @@ impl Buf {
         let all = unsafe {
             std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 16)
         };
-        let front = all[..GUARD].iter().position(|&x| x != GUARD_BYTE);
-        let back = all[GUARD + n..].iter().position(|&x| x != GUARD_BYTE);
+        let f = self.front;
+        let front = all[..f].iter().position(|&x| x != GUARD_BYTE);
+        let back = all[f + n..].iter().position(|&x| x != GUARD_BYTE);
         match (front, back) {
             (None, None) => Ok(()),
-            (Some(i), _) => Err(format!("write {} bytes before the buffer", GUARD - i)),
+            (Some(i), _) => Err(format!("write {} bytes before the buffer", f - i)),
             (_, Some(i)) => {
                 Err(format!("write {} bytes past the end of the buffer ({} elements)", i, self.len))
             }
