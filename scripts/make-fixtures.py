@@ -278,6 +278,16 @@ LLAMA_FIXTURES = {
                                                   "original_max_position_embeddings": 8},
                                  departures={"loss0_without_rope_scaling": {
                                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # longrope (Phi-3's) on a Llama: an original length of 16 and max_position_embeddings 64, so the
+    # 32-token batches take the long factors and cos/sin × √(1 + ln 4 / ln 16).
+    "tiny-llama-rope-longrope": dict(cls=LlamaForCausalLM, cfg_cls=LlamaConfig, seed=5016, base="tiny-llama",
+                                     max_position_embeddings=64,
+                                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                      "original_max_position_embeddings": 16,
+                                                      "short_factor": [1.0, 1.0, 1.05, 1.1, 1.2, 1.4, 1.6, 2.0],
+                                                      "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]},
+                                     departures={"loss0_without_rope_scaling": {
+                                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
     # SmolLM3's NoPE layers: no_rope_layer_interval 2, so layer 1 of 2 skips the rotary embedding;
     # padded as tiny-llama-padded. Departure: every layer rotary (no_rope_layers all 1).
     "tiny-smollm3-padded": dict(cls=SmolLM3ForCausalLM, cfg_cls=SmolLM3Config, seed=5015, base="tiny-smollm3",
@@ -509,6 +519,10 @@ CONFIG_DEFAULT_CASES = [
                          "max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
                          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16,
                                              "beta_slow": 2, "truncate": False}}),
+    ("rope-longrope", {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                       "max_position_embeddings": 4096,
+                       "rope_parameters": {"rope_type": "longrope", "original_max_position_embeddings": 1024,
+                                           "short_factor": [1.0] * 8, "long_factor": [1.0, 2, 3, 4, 5, 6, 7, 8]}}),
     ("minimal", {"model_type": "smollm3"}),
     ("sized", {"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
                "no_rope_layer_interval": 3, "sliding_window": 16}),

@@ -157,7 +157,7 @@ fn onnx_model(cfg: &ModelConfig, params: &[f32]) -> Result<(ModelProto, OnnxRepo
     let family = cfg.family.model();
     if !family.tables_slice_by_length() {
         return Err(unsupported(
-            "dynamic rope scaling has no ONNX export yet: its frequencies depend on the sequence length, and the exported tables are sliced from the longest".into(),
+            "dynamic and longrope rope scaling have no ONNX export yet: their frequencies depend on the sequence length, and the exported tables are sliced from the longest".into(),
         ));
     }
     if let Some(w) = family.sliding_window() {

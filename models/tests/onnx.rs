@@ -273,6 +273,9 @@ fn export_refuses_dynamic_rope_scaling_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.onnx");
     let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
-    assert!(e.contains("dynamic rope scaling has no ONNX export") && !e.contains('\n'), "{e}");
+    assert!(
+        e.contains("dynamic and longrope rope scaling have no ONNX export") && !e.contains('\n'),
+        "{e}"
+    );
     assert!(!path.exists(), "nothing half-written");
 }

@@ -174,6 +174,20 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                         assert_eq!(rope["rope_type"], t, "{label}");
                         same(&label, "factor", rope, j!(factor).unwrap());
                     }
+                    RopeScaling::LongRope {
+                        ref short_factor,
+                        original_max_position_embeddings,
+                        ..
+                    } => {
+                        assert_eq!(rope["rope_type"], "longrope", "{label}");
+                        same(&label, "short_factor", rope, j!(short_factor).unwrap());
+                        same(
+                            &label,
+                            "original_max_position_embeddings",
+                            rope,
+                            j!(original_max_position_embeddings).unwrap(),
+                        );
+                    }
                     RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
                         assert_eq!(rope["rope_type"], "yarn", "{label}");
                         same(&label, "factor", rope, j!(factor).unwrap());

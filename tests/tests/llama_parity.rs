@@ -153,8 +153,13 @@ fn tiny_llama_rope_llama3_matches_hf_for_pytorch_and_ort() {
 }
 
 #[test]
-fn tiny_llama_rope_linear_dynamic_and_yarn_match_hf_for_pytorch_and_ort() {
-    for name in ["tiny-llama-rope-linear", "tiny-llama-rope-dynamic", "tiny-llama-rope-yarn"] {
+fn tiny_llama_rope_linear_dynamic_yarn_and_longrope_match_hf_for_pytorch_and_ort() {
+    for name in [
+        "tiny-llama-rope-linear",
+        "tiny-llama-rope-dynamic",
+        "tiny-llama-rope-yarn",
+        "tiny-llama-rope-longrope",
+    ] {
         check_fixture(name);
     }
 }
@@ -224,11 +229,12 @@ fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
     let no_scaling: fn(&mut serde_json::Value) = |r| {
         r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
     };
-    let cases: [Departure; 9] = [
+    let cases: [Departure; 10] = [
         ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-yarn", "loss0_without_rope_scaling", no_scaling, true),
+        ("tiny-llama-rope-longrope", "loss0_without_rope_scaling", no_scaling, true),
         (
             "tiny-smollm3-padded",
             "loss0_without_nope",

@@ -92,7 +92,7 @@ impl Variant {
 }
 
 /// HF's rotary embedding type (`rope_parameters["rope_type"]`), among those implemented.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// `default`: inv_freq = 1 / θ^(2i/D).
     Default,
@@ -124,10 +124,21 @@ pub enum RopeScaling {
         truncate: bool,
         original_max_position_embeddings: f64,
     },
+    /// `longrope` (`_compute_longrope_parameters`, Phi-3's): θ^(-2i/D) divided by a per-frequency
+    /// factor — `short_factor` up to `original_max_position_embeddings` positions, `long_factor`
+    /// past it (HF switches by the sequence's length in the forward) — and cos/sin scaled by
+    /// `attention_factor` (default √(1 + ln(factor)/ln(original)), factor defaulting to
+    /// max_position_embeddings / original).
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        attention_factor: f64,
+        original_max_position_embeddings: f64,
+    },
 }
 
 /// HF's standardised `rope_parameters`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     pub theta: f64,
     pub scaling: RopeScaling,
@@ -175,10 +186,10 @@ impl Rope {
     /// (only `dynamic` depends on the length).
     pub fn inv_freq(&self, head_dim: usize, seq_len: usize) -> Vec<f32> {
         let inv = default_inv_freq(self.theta as f32, head_dim);
-        match self.scaling {
+        match &self.scaling {
             RopeScaling::Default => inv,
-            RopeScaling::Linear { factor } => inv.iter().map(|&f| f / factor as f32).collect(),
-            RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
+            RopeScaling::Linear { factor } => inv.iter().map(|&f| f / *factor as f32).collect(),
+            &RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
                 // seq_len = max(T, max_position_embeddings); the new base as float32 tensors.
                 let t = seq_len.max(max as usize) as f32;
                 let grow = (factor as f32 * t / max as f32) - (factor - 1.0) as f32;
@@ -186,7 +197,7 @@ impl Rope {
                 let base = self.theta as f32 * grow.powf((d / (d - 2.0)) as f32);
                 default_inv_freq(base, head_dim)
             }
-            RopeScaling::Yarn {
+            &RopeScaling::Yarn {
                 factor,
                 beta_fast,
                 beta_slow,
@@ -194,7 +205,20 @@ impl Rope {
                 original_max_position_embeddings: old,
                 ..
             } => yarn_inv_freq(self.theta, head_dim, (factor, beta_fast, beta_slow, truncate, old)),
-            RopeScaling::Llama3 {
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings: old,
+                ..
+            } => {
+                // 1 / (ext · base^(2i/D)) in f32; the long factors past the original length.
+                let ext = if seq_len as f64 > *old { long_factor } else { short_factor };
+                let base = self.theta as f32;
+                (0..head_dim / 2)
+                    .map(|i| 1.0 / (ext[i] as f32 * base.powf((2 * i) as f32 / head_dim as f32)))
+                    .collect()
+            }
+            &RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
@@ -228,7 +252,8 @@ impl Rope {
     /// attention factor, else 1.
     pub fn attention_scaling(&self) -> f32 {
         match self.scaling {
-            RopeScaling::Yarn { attention_factor, .. } => attention_factor as f32,
+            RopeScaling::Yarn { attention_factor, .. }
+            | RopeScaling::LongRope { attention_factor, .. } => attention_factor as f32,
             _ => 1.0,
         }
     }
@@ -419,7 +444,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
 
     // SmolLM3's class default rope_theta is 2e6 (`default_theta`), the others' 1e4.
     let theta = if variant == SmolLM3 { 2_000_000.0 } else { 10_000.0 };
-    let rope = parse_rope(&r, origin, max_position_embeddings, theta)?;
+    let rope = parse_rope(&r, origin, (max_position_embeddings, head_dim), theta)?;
     // SmolLM3 defaults pad_token_id to 128004 (an explicit null is None), the others to None.
     let pad_token_id = match (variant, raw.get("pad_token_id")) {
         (SmolLM3, None) => Some(128004),
@@ -592,7 +617,7 @@ fn rope_layers(
 fn parse_rope(
     r: &Raw,
     origin: &str,
-    max_positions: usize,
+    (max_positions, head_dim): (usize, usize),
     default_theta: f64,
 ) -> Result<Rope, ModelError> {
     let params = r
@@ -643,11 +668,12 @@ fn parse_rope(
             max_position_embeddings: max_positions as f64,
         },
         "yarn" => parse_yarn(obj, r, origin, max_positions)?,
+        "longrope" => parse_longrope(obj, r, origin, max_positions, head_dim)?,
         other => {
             return Err(unsupported(
                 origin,
                 format!(
-                    "rope_type '{other}' (implemented: default, llama3, linear, dynamic, yarn)"
+                    "rope_type '{other}' (implemented: default, llama3, linear, dynamic, yarn, longrope)"
                 ),
             ))
         }
@@ -674,6 +700,48 @@ fn original_length(
         );
     }
     old
+}
+
+/// longrope's parameters as `_compute_longrope_parameters` reads them: `short_factor` and
+/// `long_factor` (D/2 numbers each; HF only warns on another length, and then fails in the
+/// forward: refused here), the original length ([`original_length`]), `factor` (else
+/// max_position / original) and `attention_factor` (else 1 for a factor ≤ 1, else
+/// √(1 + ln(factor)/ln(original))).
+fn parse_longrope(
+    obj: &serde_json::Map<String, Value>,
+    r: &Raw,
+    origin: &str,
+    max_positions: usize,
+    head_dim: usize,
+) -> Result<RopeScaling, ModelError> {
+    let num = |key: &str| obj.get(key).and_then(Value::as_f64);
+    let list = |key: &str| -> Result<Vec<f64>, ModelError> {
+        let v: Option<Vec<f64>> = obj
+            .get(key)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_f64).collect());
+        match v {
+            Some(v) if v.len() == head_dim / 2 => Ok(v),
+            _ => Err(ModelError::BadConfig(format!(
+                "{origin}: longrope rope_parameters need '{key}': {} numbers (head_dim / 2), got {}",
+                head_dim / 2,
+                obj.get(key).map_or("none".into(), |v| v.to_string())
+            ))),
+        }
+    };
+    let old = original_length(&num, r, origin, max_positions);
+    let factor = num("factor").unwrap_or(max_positions as f64 / old);
+    let attention_factor = num("attention_factor").unwrap_or(if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / old.ln()).sqrt()
+    });
+    Ok(RopeScaling::LongRope {
+        short_factor: list("short_factor")?,
+        long_factor: list("long_factor")?,
+        attention_factor,
+        original_max_position_embeddings: old,
+    })
 }
 
 /// `factor` of a rope type that needs it.
@@ -798,7 +866,7 @@ impl FamilyModel for LlamaConfig {
         None
     }
     fn tables_slice_by_length(&self) -> bool {
-        !matches!(self.rope.scaling, RopeScaling::Dynamic { .. })
+        !matches!(self.rope.scaling, RopeScaling::Dynamic { .. } | RopeScaling::LongRope { .. })
     }
     fn initializer_range(&self) -> f64 {
         self.initializer_range
@@ -989,9 +1057,10 @@ mod tests {
             let e = parse_json(raw).unwrap_err().to_string();
             assert!(e.contains(what) && !e.contains('\n'), "{what}: {e}");
         };
+        refused(&|r| r["rope_parameters"]["rope_type"] = serde_json::json!("su"), "rope_type 'su'");
         refused(
             &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("longrope"),
-            "rope_type 'longrope'",
+            "longrope rope_parameters need 'short_factor': 8 numbers",
         );
         refused(
             &|r| r["rope_parameters"]["rope_type"] = serde_json::json!("yarn"),
@@ -1048,7 +1117,7 @@ mod tests {
             let mut raw = builtin_config("tiny-llama").unwrap().raw;
             raw["max_position_embeddings"] = serde_json::json!(16);
             raw["rope_parameters"] = rope;
-            llama(&parse_json(raw).unwrap()).rope
+            llama(&parse_json(raw).unwrap()).rope.clone()
         };
         let default = parse(serde_json::json!({"rope_type": "default", "rope_theta": 1e4}));
         let base = default.inv_freq(16, 32);

@@ -55,7 +55,7 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
     let exps = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
         / dim as f64;
     let inv = Tensor::pow_scalar(c.rope.theta, &exps).reciprocal();
-    match c.rope.scaling {
+    match c.rope.scaling.clone() {
         RopeScaling::Default => inv,
         RopeScaling::Linear { factor } => inv / factor,
         RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
@@ -94,6 +94,18 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
             let extrapolation_factor = -ramp + 1.0;
             interpolation * (-&extrapolation_factor + 1.0) + extrapolation * extrapolation_factor
         }
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings: old,
+            ..
+        } => {
+            // longrope_frequency_update: the long factors once the sequence passes the original length.
+            let ext = if t as f64 > old { long_factor } else { short_factor };
+            let ext: Vec<f32> = ext.iter().map(|&x| x as f32).collect();
+            let ext = Tensor::from_slice(&ext).to_device(device);
+            (ext * Tensor::pow_scalar(c.rope.theta, &exps)).reciprocal()
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -126,7 +138,8 @@ fn rotary_tables(c: &LlamaConfig, t: i64, like: &Tensor) -> (Tensor, Tensor) {
     let freqs = pos.unsqueeze(-1).to_kind(Kind::Float) * inv; // (1, T, D/2)
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
     let scale = match c.rope.scaling {
-        RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+        RopeScaling::Yarn { attention_factor, .. }
+        | RopeScaling::LongRope { attention_factor, .. } => attention_factor,
         _ => 1.0,
     };
     ((emb.cos() * scale).to_kind(like.kind()), (emb.sin() * scale).to_kind(like.kind()))
