@@ -91,6 +91,31 @@ __device__ __forceinline__ void mma_frag_b_kn(const T* tile, int k0, int n0, Mma
     b0 = MmaB{{r[0], r[1]}};
     b1 = MmaB{{r[2], r[3]}};
 }
+// One k-step of a product whose B is a tile's rows read as columns (S = Q·Kᵀ):
+// acc[0, 2·NP) (16 × 16·NP) += a (16 × 16) · tile[rows 0..16·NP, columns k0..k0 + 16)ᵀ.
+template <typename T, int P, int NP>
+__device__ __forceinline__ void mma_step_tile_t(MmaAcc* acc, const MmaA& a, const T* tile, int k0) {
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+        MmaB b0, b1;
+        mma_frag_b_nk<T, P>(tile, 16 * j, k0, b0, b1);
+        mma_16816<T>(acc[2 * j], a, b0);
+        mma_16816<T>(acc[2 * j + 1], a, b1);
+    }
+}
+// One k-step of a product whose B is a tile as it is (O += P·V):
+// acc[0, 2·NP) (16 × 16·NP) += a (16 × 16) · tile[rows k0..k0 + 16, columns 0..16·NP).
+template <typename T, int P, int NP>
+__device__ __forceinline__ void mma_step_tile(MmaAcc* acc, const MmaA& a, const T* tile, int k0) {
+#pragma unroll
+    for (int x = 0; x < NP; ++x) {
+        MmaB b0, b1;
+        mma_frag_b_kn<T, P>(tile, k0, 16 * x, b0, b1);
+        mma_16816<T>(acc[2 * x], a, b0);
+        mma_16816<T>(acc[2 * x + 1], a, b1);
+    }
+}
+
 // Accumulators of n-tiles 2j, 2j + 1 (16 columns) as the A fragment of the next product (their
 // columns become its k): port.cuh's fragment note.
 template <typename T>
@@ -167,14 +192,7 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
 #pragma unroll
         for (int n = 0; n < NS; ++n) s[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-        for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-            for (int j = 0; j < NS / 2; ++j) {
-                MmaB b0, b1;
-                mma_frag_b_nk<T, P>(k_s, 16 * j, 16 * kk, b0, b1);
-                mma_16816<T>(s[2 * j], qf[kk], b0);
-                mma_16816<T>(s[2 * j + 1], qf[kk], b1);
-            }
+        for (int kk = 0; kk < KD; ++kk) mma_step_tile_t<T, P, NS / 2>(s, qf[kk], k_s, 16 * kk);
         // Scores, the rows' new max, and the rescale of what came before.
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
@@ -212,16 +230,7 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
             for (int c = 0; c < 4; ++c) o[n].c[c] *= alpha[c >> 1];
         // O += P·V: P's accumulators are the A fragments, 16 keys at a time.
 #pragma unroll
-        for (int kk = 0; kk < NS / 2; ++kk) {
-            const MmaA pa = mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int x = 0; x < NO / 2; ++x) {
-                MmaB b0, b1;
-                mma_frag_b_kn<T, P>(v_s, 16 * kk, 16 * x, b0, b1);
-                mma_16816<T>(o[2 * x], pa, b0);
-                mma_16816<T>(o[2 * x + 1], pa, b1);
-            }
-        }
+        for (int kk = 0; kk < NS / 2; ++kk) mma_step_tile<T, P, NO / 2>(o, mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]), v_s, 16 * kk);
     }
     T* ob = out + bi * os.sb + hi * os.sh;
 #pragma unroll
@@ -325,17 +334,10 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
 #pragma unroll
         for (int n = 0; n < NS; ++n) s[n] = dp[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-        for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-            for (int j = 0; j < NS / 2; ++j) {
-                MmaB b0, b1;
-                mma_frag_b_nk<T, P>(k_s, 16 * j, 16 * kk, b0, b1);
-                mma_16816<T>(s[2 * j], qf[kk], b0);
-                mma_16816<T>(s[2 * j + 1], qf[kk], b1);
-                mma_frag_b_nk<T, P>(v_s, 16 * j, 16 * kk, b0, b1);
-                mma_16816<T>(dp[2 * j], gf[kk], b0);
-                mma_16816<T>(dp[2 * j + 1], gf[kk], b1);
-            }
+        for (int kk = 0; kk < KD; ++kk) {
+            mma_step_tile_t<T, P, NS / 2>(s, qf[kk], k_s, 16 * kk);
+            mma_step_tile_t<T, P, NS / 2>(dp, gf[kk], v_s, 16 * kk);
+        }
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -347,16 +349,7 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
             }
         // dQ += dS·K: dS's accumulators are the A fragments, 16 keys at a time.
 #pragma unroll
-        for (int kk = 0; kk < NS / 2; ++kk) {
-            const MmaA da = mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int x = 0; x < NO / 2; ++x) {
-                MmaB b0, b1;
-                mma_frag_b_kn<T, P>(k_s, 16 * kk, 16 * x, b0, b1);
-                mma_16816<T>(acc[2 * x], da, b0);
-                mma_16816<T>(acc[2 * x + 1], da, b1);
-            }
-        }
+        for (int kk = 0; kk < NS / 2; ++kk) mma_step_tile<T, P, NO / 2>(acc, mma_acc_to_a<T>(s[2 * kk], s[2 * kk + 1]), k_s, 16 * kk);
     }
     T* dqb = dq + bi * dqs.sb + hi * dqs.sh;
 #pragma unroll
@@ -426,17 +419,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
             for (int n = 0; n < NQ; ++n) st[n] = dpt[n] = MmaAcc{{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
             for (int kk = 0; kk < KD; ++kk) {
-                const MmaA ka = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk), va = mma_frag_a<T, P>(v_s, 16 * w, 16 * kk);
-#pragma unroll
-                for (int j = 0; j < NQ / 2; ++j) {
-                    MmaB b0, b1;
-                    mma_frag_b_nk<T, P>(q_s, 16 * j, 16 * kk, b0, b1);
-                    mma_16816<T>(st[2 * j], ka, b0);
-                    mma_16816<T>(st[2 * j + 1], ka, b1);
-                    mma_frag_b_nk<T, P>(g_s, 16 * j, 16 * kk, b0, b1);
-                    mma_16816<T>(dpt[2 * j], va, b0);
-                    mma_16816<T>(dpt[2 * j + 1], va, b1);
-                }
+                mma_step_tile_t<T, P, NQ / 2>(st, mma_frag_a<T, P>(k_s, 16 * w, 16 * kk), q_s, 16 * kk);
+                mma_step_tile_t<T, P, NQ / 2>(dpt, mma_frag_a<T, P>(v_s, 16 * w, 16 * kk), g_s, 16 * kk);
             }
 #pragma unroll
             for (int n = 0; n < NQ; ++n)
@@ -452,17 +436,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
             // dV += Pdᵀ·dO and dK += dSᵀ·Q, 16 queries at a time.
 #pragma unroll
             for (int kk = 0; kk < NQ / 2; ++kk) {
-                const MmaA pa = mma_acc_to_a<T>(st[2 * kk], st[2 * kk + 1]), da = mma_acc_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-                for (int x = 0; x < NO / 2; ++x) {
-                    MmaB b0, b1;
-                    mma_frag_b_kn<T, P>(g_s, 16 * kk, 16 * x, b0, b1);
-                    mma_16816<T>(dva[2 * x], pa, b0);
-                    mma_16816<T>(dva[2 * x + 1], pa, b1);
-                    mma_frag_b_kn<T, P>(q_s, 16 * kk, 16 * x, b0, b1);
-                    mma_16816<T>(dka[2 * x], da, b0);
-                    mma_16816<T>(dka[2 * x + 1], da, b1);
-                }
+                mma_step_tile<T, P, NO / 2>(dva, mma_acc_to_a<T>(st[2 * kk], st[2 * kk + 1]), g_s, 16 * kk);
+                mma_step_tile<T, P, NO / 2>(dka, mma_acc_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1]), q_s, 16 * kk);
             }
         }
     }

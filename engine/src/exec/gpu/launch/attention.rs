@@ -156,6 +156,57 @@ fn tail<P>(
     }
 }
 
+/// The three kernels of one attention, each in attention.cu and attention_mma.cu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Forward,
+    Dq,
+    Dkdv,
+}
+
+/// A kernel's launch from its operands (`args`): the tensor-core kernel where
+/// [`mma_head_dim`] allows, else attention.cu's at the tiles that fit ([`tiles`]); the tail
+/// of scalars and strides appended, the grid over query tiles of every (batch, query head) —
+/// key tiles of every (batch, K/V head) for dk/dv.
+fn finish<P>(
+    kernel: Kernel,
+    dtype: DType,
+    dims: Dims,
+    scores: Scores,
+    (strides, ms): (&[[i64; 3]], [Arg<P>; 4]),
+    mut args: Vec<Arg<P>>,
+    dev: Device,
+) -> Result<Launch<P>, NoTiles> {
+    let (name, slot) = match kernel {
+        Kernel::Forward => ("forward", 0),
+        Kernel::Dq => ("backward_dq", 1),
+        Kernel::Dkdv => ("backward_dkdv", 2),
+    };
+    let grid = |tile: usize| match kernel {
+        Kernel::Dkdv => (dims.b * dims.hkv * dims.tk.div_ceil(tile)) as u32,
+        _ => (dims.b * dims.h * dims.tq.div_ceil(tile)) as u32,
+    };
+    if let Some(d) = mma_head_dim(dims, dtype, dev) {
+        tail(&mut args, dims, scores, strides, ms, None);
+        return Ok(Launch {
+            name: mma_name(name, dtype, d),
+            grid: grid(MMA_ROWS),
+            block: MMA_BLOCK,
+            smem: mma_smem(d)[slot],
+            args,
+        });
+    }
+    let (bq, bk) = tiles(dims, dev)?;
+    tail(&mut args, dims, scores, strides, ms, Some((bq, bk)));
+    Ok(Launch {
+        name: kernel_name(&format!("attention_{name}"), dtype),
+        grid: grid(if kernel == Kernel::Dkdv { bk } else { bq }),
+        block: ROW_BLOCK,
+        smem: attention_smem(bq, bk, dims.d, dims.dv)[slot],
+        args,
+    })
+}
+
 /// `attention_forward_<T>`: out = dropout(softmax(scale·q·kᵀ + mask))·v, and each query row's
 /// log-sum-exp for the backward (instead of the probabilities).
 // out: (B, H, Tq, Dv) T; lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) T;
@@ -180,25 +231,7 @@ impl<P> AttentionForward<P> {
             vec![Arg::Ptr(out.at), Arg::Ptr(lse), Arg::Ptr(q.at), Arg::Ptr(k.at), Arg::Ptr(v.at)];
         args.push(mask);
         let strides = [q.strides, k.strides, v.strides, out.strides];
-        if let Some(d) = mma_head_dim(dims, dtype, dev) {
-            tail(&mut args, dims, scores, &strides, ms, None);
-            return Ok(Launch {
-                name: mma_name("forward", dtype, d),
-                grid: (dims.b * dims.h * dims.tq.div_ceil(MMA_ROWS)) as u32,
-                block: MMA_BLOCK,
-                smem: mma_smem(d)[0],
-                args,
-            });
-        }
-        let (bq, bk) = tiles(dims, dev)?;
-        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
-        Ok(Launch {
-            name: kernel_name("attention_forward", dtype),
-            grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
-            block: ROW_BLOCK,
-            smem: attention_smem(bq, bk, dims.d, dims.dv)[0],
-            args,
-        })
+        finish(Kernel::Forward, dtype, dims, scores, (&strides, ms), args, dev)
     }
 }
 
@@ -225,7 +258,7 @@ impl<P> AttentionBackwardDq<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
         let Self { dtype, dq, delta, dout, out, q, k, v, mask, lse, dims, scores } = self;
         let (mask, ms) = mask_args(mask);
-        let mut args = vec![
+        let args = vec![
             Arg::Ptr(dq.at),
             Arg::Ptr(delta),
             Arg::Ptr(dout.at),
@@ -237,25 +270,7 @@ impl<P> AttentionBackwardDq<P> {
             Arg::Ptr(lse),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, out.strides, dq.strides];
-        if let Some(d) = mma_head_dim(dims, dtype, dev) {
-            tail(&mut args, dims, scores, &strides, ms, None);
-            return Ok(Launch {
-                name: mma_name("backward_dq", dtype, d),
-                grid: (dims.b * dims.h * dims.tq.div_ceil(MMA_ROWS)) as u32,
-                block: MMA_BLOCK,
-                smem: mma_smem(d)[1],
-                args,
-            });
-        }
-        let (bq, bk) = tiles(dims, dev)?;
-        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
-        Ok(Launch {
-            name: kernel_name("attention_backward_dq", dtype),
-            grid: (dims.b * dims.h * dims.tq.div_ceil(bq)) as u32,
-            block: ROW_BLOCK,
-            smem: attention_smem(bq, bk, dims.d, dims.dv)[1],
-            args,
-        })
+        finish(Kernel::Dq, dtype, dims, scores, (&strides, ms), args, dev)
     }
 }
 
@@ -281,7 +296,7 @@ impl<P> AttentionBackwardDkdv<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
         let Self { dtype, dk, dv, dout, q, k, v, mask, lse, delta, dims, scores } = self;
         let (mask, ms) = mask_args(mask);
-        let mut args = vec![
+        let args = vec![
             Arg::Ptr(dk.at),
             Arg::Ptr(dv.at),
             Arg::Ptr(dout.at),
@@ -293,25 +308,7 @@ impl<P> AttentionBackwardDkdv<P> {
             Arg::Ptr(delta),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, dk.strides, dv.strides];
-        if let Some(d) = mma_head_dim(dims, dtype, dev) {
-            tail(&mut args, dims, scores, &strides, ms, None);
-            return Ok(Launch {
-                name: mma_name("backward_dkdv", dtype, d),
-                grid: (dims.b * dims.hkv * dims.tk.div_ceil(MMA_ROWS)) as u32,
-                block: MMA_BLOCK,
-                smem: mma_smem(d)[2],
-                args,
-            });
-        }
-        let (bq, bk) = tiles(dims, dev)?;
-        tail(&mut args, dims, scores, &strides, ms, Some((bq, bk)));
-        Ok(Launch {
-            name: kernel_name("attention_backward_dkdv", dtype),
-            grid: (dims.b * dims.hkv * dims.tk.div_ceil(bk)) as u32,
-            block: ROW_BLOCK,
-            smem: attention_smem(bq, bk, dims.d, dims.dv)[2],
-            args,
-        })
+        finish(Kernel::Dkdv, dtype, dims, scores, (&strides, ms), args, dev)
     }
 }
 
