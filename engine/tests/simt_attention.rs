@@ -368,6 +368,32 @@ impl Prob {
         })
     }
 
+    /// The forward on `dev` at geometry `geo` from the case's inputs in `dt`: out, lse and the
+    /// kernel the launcher chose.
+    fn forward_on(&self, dev: &Dev, geo: Device, dt: Dtype) -> (Buf, Buf, String) {
+        let c = &self.c;
+        let (mut out, mut lse) =
+            (Buf::poisoned(self.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
+        let (mut q, mut k, mut v) =
+            (Buf::from_f32(&self.q, dt), Buf::from_f32(&self.k, dt), Buf::from_f32(&self.v, dt));
+        let mut mask = self.mask.as_ref().map(|m| Buf::from_f32(m, dt));
+        let l = launch::AttentionForward {
+            dtype: dtype(dt),
+            out: st(&mut out, self.os),
+            lse: &mut lse,
+            q: st(&mut q, self.qs),
+            k: st(&mut k, self.ks),
+            v: st(&mut v, self.vs),
+            mask: self.mask_arg(&mut mask),
+            dims: self.dims(),
+            scores: self.scores(),
+        };
+        let l = l.launch(geo).unwrap();
+        let kernel = l.name.clone();
+        dev.run(l).unwrap();
+        (out, lse, kernel)
+    }
+
     fn name(&self, dt: Dtype) -> String {
         let c = &self.c;
         format!(
@@ -383,23 +409,8 @@ fn forward_matches_the_cpu_kernel_and_lse() {
         for (n, &c) in CASES.iter().enumerate() {
             let p = Prob::new(c, dt, 10 + n as u64);
             for dev in devices() {
-                let (mut out, mut lse) =
-                    (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
-                let (mut q, mut k, mut v) =
-                    (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
-                let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
-                let l = launch::AttentionForward {
-                    dtype: dtype(dt),
-                    out: st(&mut out, p.os),
-                    lse: &mut lse,
-                    q: st(&mut q, p.qs),
-                    k: st(&mut k, p.ks),
-                    v: st(&mut v, p.vs),
-                    mask: p.mask_arg(&mut mask),
-                    dims: p.dims(),
-                    scores: p.scores(),
-                };
-                dev.run(l.launch(p.device(&dev)).unwrap()).unwrap();
+                let (out, lse, kernel) = p.forward_on(&dev, p.device(&dev), dt);
+                assert!(kernel.starts_with("attention_forward"), "{kernel}");
                 let what = format!("{} forward on {dev}", p.name(dt));
                 // Sums that cancel (module comment): 1e-5 of the largest element on top.
                 let (t, tl) = (tol(dt, 1e-5), tol(D::F32, 1e-5));
@@ -540,25 +551,8 @@ fn mma_forward_matches_the_cpu_kernel_and_lse() {
             let p = Prob::new(c, dt, 30 + n as u64);
             for dev in devices() {
                 let Some(geo) = p.mma_device(&dev, dt) else { continue };
-                let (mut out, mut lse) =
-                    (Buf::poisoned(p.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
-                let (mut q, mut k, mut v) =
-                    (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
-                let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
-                let l = launch::AttentionForward {
-                    dtype: dtype(dt),
-                    out: st(&mut out, p.os),
-                    lse: &mut lse,
-                    q: st(&mut q, p.qs),
-                    k: st(&mut k, p.ks),
-                    v: st(&mut v, p.vs),
-                    mask: p.mask_arg(&mut mask),
-                    dims: p.dims(),
-                    scores: p.scores(),
-                };
-                let l = l.launch(geo).unwrap();
-                assert!(l.name.starts_with("attention_mma_forward"), "{}", l.name);
-                dev.run(l).unwrap();
+                let (out, lse, kernel) = p.forward_on(&dev, geo, dt);
+                assert!(kernel.starts_with("attention_mma_forward"), "{kernel}");
                 let what = format!("{} tensor-core forward on {dev}", p.name(dt));
                 let t = tol(dt, 1e-5);
                 let t = Tol { of_largest: 1e-5 + unit_roundoff(dt), ..t };

@@ -249,7 +249,13 @@ fn onnxruntime_computes_the_engine_logits() {
 /// it bites, so an export made at short probe sequences would attend beyond the window.
 #[test]
 fn export_refuses_a_sliding_window_in_one_line() {
-    let cfg = config("tiny-mistral", None);
+    let e = refused_export("tiny-mistral");
+    assert!(e.contains("sliding-window attention (window 64)") && !e.contains('\n'), "{e}");
+}
+
+/// The error of exporting `base` (which must fail), having checked nothing was written.
+fn refused_export(base: &str) -> String {
+    let cfg = config(base, None);
     let params = build_training_graph(&cfg, &GraphOptions::new(1, 8))
         .unwrap()
         .flatten(&Weights::init(&cfg, 0))
@@ -257,25 +263,17 @@ fn export_refuses_a_sliding_window_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.onnx");
     let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
-    assert!(e.contains("sliding-window attention (window 64)") && !e.contains('\n'), "{e}");
-    assert!(!path.exists(), "nothing half-written");
+    assert!(!path.exists(), "{base}: nothing half-written");
+    e
 }
 
 /// Dynamic rope scaling is refused in one line: its frequencies depend on the sequence length,
 /// and the export slices its tables from the longest.
 #[test]
 fn export_refuses_dynamic_rope_scaling_in_one_line() {
-    let cfg = config("tiny-llama-rope-dynamic", None);
-    let params = build_training_graph(&cfg, &GraphOptions::new(1, 8))
-        .unwrap()
-        .flatten(&Weights::init(&cfg, 0))
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.onnx");
-    let e = export_onnx(&cfg, &params, &path).unwrap_err().to_string();
+    let e = refused_export("tiny-llama-rope-dynamic");
     assert!(
         e.contains("dynamic and longrope rope scaling have no ONNX export") && !e.contains('\n'),
         "{e}"
     );
-    assert!(!path.exists(), "nothing half-written");
 }
