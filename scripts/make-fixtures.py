@@ -34,7 +34,9 @@ import torch
 import transformers
 from safetensors.numpy import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
-                          GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          DistilBertConfig, DistilBertForMaskedLM, DistilBertForSequenceClassification,
+                          RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
+                          RobertaForTokenClassification, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           LlamaForSequenceClassification, MistralConfig, MistralForCausalLM,
                           MistralForSequenceClassification, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
@@ -72,16 +74,18 @@ def perturb(model, seed):
 
 
 def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, left_pad=None, pad_in_text=False,
-         departures=None, **overrides):
+         departures=None, departure_inputs=None, **overrides):
     """`randomise`: norm weights and biases moved off their init (perturb). `left_pad`: odd rows padded
     on the left (default: GPT-2's fixtures). `pad_in_text`: pad_token_id planted among the real tokens
     of rows 2 and 3 (nn.Embedding's padding_idx then takes no gradient from them) and, for sequence
     classification, as row 4's last real token (HF pools the rightmost token that is not pad).
     `departures`: {key: config overrides}: the step-0 loss of the same weights under those overrides
-    (e.g. without the sliding window), recorded in expected.json beside HF's."""
+    (e.g. without the sliding window), recorded in expected.json beside HF's. `departure_inputs`: {key:
+    f(input_ids) -> extra forward kwargs}: the same, with inputs HF computes otherwise given explicitly (e.g.
+    RoBERTa's positions as BERT's 0..T)."""
     cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{base or name}.json")))
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-              "attention_dropout"):
+              "attention_dropout", "dropout", "seq_classif_dropout", "qa_dropout"):
         if k in cfg:
             cfg[k] = 0.0
     cfg.pop("architectures", None)
@@ -116,7 +120,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
                 ids[4, np.flatnonzero(mask[4])[-1]] = pad
         ids = np.where(mask == 1, ids, pad)
         tensors = {"input_ids": ids, "attention_mask": mask}
-    if cls is BertForMaskedLM:
+    if cls.__name__.endswith("ForMaskedLM"):  # 15 % of real tokens, replaced by id 103
         labels = np.full_like(ids, -100)
         sel = (rng.random(ids.shape) < 0.15) & (np.arange(SEQ)[None, :] < tokens[:, None])
         sel[:, 0] = True  # at least one label per row
@@ -124,7 +128,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
         ids = ids.copy()
         ids[sel] = 103
         tensors.update(input_ids=ids, labels=labels)
-    elif cls is BertForTokenClassification:  # a tag per token, -100 at padding
+    elif cls.__name__.endswith("ForTokenClassification"):  # a tag per token, -100 at padding
         tags = rng.integers(0, model.config.num_labels, size=ids.shape, dtype=np.int64)
         tensors["labels"] = np.where(tensors["attention_mask"] == 1, tags, -100)
     elif cls.__name__.endswith("ForSequenceClassification"):
@@ -139,12 +143,14 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
         tensors["labels"] = np.where(tensors["attention_mask"] == 1, ids, -100)
     save_file(tensors, os.path.join(out, "batches.safetensors"))
 
-    def step0_loss(m, mask=True):
+    def step0_loss(m, mask=True, inputs=None):
         rows = list(range(BATCH))
         labels = torch.from_numpy(tensors["labels"][rows]) if "labels" in tensors else torch.from_numpy(ids[rows])
         kwargs = {"attention_mask": torch.from_numpy(tensors["attention_mask"][rows])} if padded and mask else {}
+        batch_ids = torch.from_numpy(tensors["input_ids"][rows])
+        kwargs.update(inputs(batch_ids) if inputs else {})
         with torch.no_grad():
-            return m(input_ids=torch.from_numpy(tensors["input_ids"][rows]), labels=labels, **kwargs).loss.item()
+            return m(input_ids=batch_ids, labels=labels, **kwargs).loss.item()
 
     extra = {}
     if padded and randomise:  # what the mask is worth here: the same step 0 without it
@@ -154,6 +160,9 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
         other.load_state_dict(model.state_dict())
         other.train()
         extra[key] = step0_loss(other)
+    for key, inputs in (departure_inputs or {}).items():
+        model.train()
+        extra[key] = step0_loss(model, inputs=inputs)
     if extra:
         model.train()
         extra["loss0_check"] = step0_loss(model)
@@ -328,6 +337,31 @@ LLAMA_FIXTURES = {
                                                                            "layer_types": None}}),
 }
 
+# RoBERTa and DistilBERT (transformers 5.23, sdpa), padded with pad ids planted inside the text, norm weights and
+# biases randomised, initializer_range 0.2. RoBERTa's odd rows are left-padded, so that its positions (counted from
+# pad + 1 over the non-pad tokens) differ from BERT's 0..T in both ways; the departure is HF's own step-0 loss with
+# position_ids = 0..T given explicitly.
+BERT_POSITIONS = {"loss0_with_bert_positions": lambda ids: {"position_ids": torch.arange(ids.shape[1]).expand(ids.shape)}}
+FIXTURES.update({
+    "tiny-roberta-padded": lambda: make(
+        "tiny-roberta-padded", RobertaForMaskedLM, RobertaConfig, 2101, base="tiny-roberta", padded=True,
+        randomise=True, left_pad=True, pad_in_text=True, departure_inputs=BERT_POSITIONS, initializer_range=0.2),
+    "tiny-roberta-cls-padded": lambda: make(
+        "tiny-roberta-cls-padded", RobertaForSequenceClassification, RobertaConfig, 2102, base="tiny-roberta",
+        padded=True, randomise=True, left_pad=True, pad_in_text=True, departure_inputs=BERT_POSITIONS, num_labels=3,
+        initializer_range=0.2),
+    "tiny-roberta-token-cls-padded": lambda: make(
+        "tiny-roberta-token-cls-padded", RobertaForTokenClassification, RobertaConfig, 2103, base="tiny-roberta",
+        padded=True, randomise=True, left_pad=False, pad_in_text=True, num_labels=5, initializer_range=0.2),
+    "tiny-distilbert-padded": lambda: make(
+        "tiny-distilbert-padded", DistilBertForMaskedLM, DistilBertConfig, 2201, base="tiny-distilbert", padded=True,
+        randomise=True, left_pad=False, pad_in_text=True, initializer_range=0.2),
+    "tiny-distilbert-cls-padded": lambda: make(
+        "tiny-distilbert-cls-padded", DistilBertForSequenceClassification, DistilBertConfig, 2202,
+        base="tiny-distilbert", padded=True, randomise=True, left_pad=False, pad_in_text=True, num_labels=3,
+        initializer_range=0.2),
+})
+
 
 def _llama_fixture(name, kw):
     kw = dict(kw)
@@ -495,6 +529,14 @@ CONFIG_DEFAULT_CASES = [
     ("minimal", {"model_type": "bert"}),
     ("sized", {"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
                "intermediate_size": 100, "vocab_size": 259}),
+    # RoBERTa: BertConfig's fields, its own vocab and pad defaults
+    ("minimal", {"model_type": "roberta"}),
+    ("sized", {"model_type": "roberta", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 2,
+               "intermediate_size": 100, "vocab_size": 261, "max_position_embeddings": 66, "type_vocab_size": 1}),
+    # DistilBERT: its own field names (dim, n_layers, n_heads, hidden_dim, activation)
+    ("minimal", {"model_type": "distilbert"}),
+    ("sized", {"model_type": "distilbert", "dim": 64, "n_heads": 4, "n_layers": 2, "hidden_dim": 100,
+               "vocab_size": 259, "activation": "relu", "seq_classif_dropout": 0.3}),
     ("minimal", {"model_type": "gpt2"}),
     ("sized", {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 259,
                "n_positions": 64}),

@@ -18,6 +18,13 @@ struct Silu {
     }
 };
 
+// ReLU: max(x, 0) (NaN passes through, as torch.relu) and its derivative 1 where x > 0, else 0
+// (ATen's threshold_backward) (ops::pointwise UnaryFn::Relu).
+struct Relu {
+    static __device__ __forceinline__ float f(float x) { return x < 0.0f ? 0.0f : x; }
+    static __device__ __forceinline__ float df(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+};
+
 // y = F::f(x); y may alias x. y, x: (N)
 template <typename F, typename T>
 __device__ void unary_forward(T* y, const T* x, long long n) {
@@ -64,5 +71,7 @@ struct Mul {
 
 #define SILU(S, T) UNARY(silu, Silu, S, T)
 ORT_FOR_FLOATS(SILU)
+#define RELU(S, T) UNARY(relu, Relu, S, T)
+ORT_FOR_FLOATS(RELU)
 #define MUL(S, T) BINARY(mul, Mul, S, T)
 ORT_FOR_FLOATS(MUL)

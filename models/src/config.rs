@@ -48,6 +48,8 @@ pub enum Activation {
     GeluTanh,
     /// `silu` / `swish`: x·σ(x) (nn.SiLU).
     Silu,
+    /// `relu`: max(x, 0) (nn.ReLU; DistilBERT's other `activation`).
+    Relu,
 }
 
 /// HF's `ACT2FN[name]`, among those we implement (a family checks its config's at parse time).
@@ -56,8 +58,9 @@ pub(crate) fn parse_activation(name: &str) -> Result<Activation, ModelError> {
         "gelu" => Ok(Activation::GeluErf),
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
         "silu" | "swish" => Ok(Activation::Silu),
+        "relu" => Ok(Activation::Relu),
         other => Err(ModelError::Unsupported(format!(
-            "activation '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh, silu)"
+            "activation '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh, silu, relu)"
         ))),
     }
 }

@@ -48,7 +48,7 @@ use crate::config::ModelConfig;
 use crate::family::Pads;
 use crate::graph::{
     GraphOptions, InferenceModel, ATTENTION_MASK, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK,
-    POSITION_IDS, TOKEN_TYPE_IDS,
+    POSITION_IDS, POSITION_IDS_AFTER_PAD, TOKEN_TYPE_IDS,
 };
 use crate::ModelError;
 use proto::tensor_shape_proto::{dimension, Dimension};
@@ -759,6 +759,23 @@ impl<'a> Exporter<'a> {
                     vec![attr_t("value", value)],
                 );
             }
+            POSITION_IDS_AFTER_PAD => {
+                // RoBERTa's create_position_ids_from_input_ids: m = Cast(ids ≠ pad) (B, T);
+                // CumSum(m, axis 1)·m + pad → (B, T) int64
+                // (https://onnx.ai/onnx/operators/onnx__CumSum.html).
+                let pad = pads.embedding.ok_or(
+                    "the graph takes positions after pad but the config has no pad_token_id",
+                )?;
+                let pad = o.i64s(&[pad], true);
+                let is_pad = o.op("Equal", "pos_is_pad", &[INPUT_IDS, &pad], vec![]); // (B, T) bool
+                let not_pad = o.op("Not", "pos_not_pad", &[&is_pad], vec![]);
+                let m =
+                    o.op("Cast", "pos_mask", &[&not_pad], vec![attr_i("to", proto::INT64 as i64)]);
+                let axis = o.i64s(&[1], true);
+                let count = o.op("CumSum", "pos_count", &[&m, &axis], vec![]); // (B, T)
+                let counted = o.op("Mul", "pos_counted", &[&count, &m], vec![]);
+                o.node("Add", &y, &[&counted, &pad], &[&y], vec![]);
+            }
             NOT_PAD_MASK | PAD_MASK => {
                 // 1.0 where the id is (not) the pad id, (B, T) → (B, T, 1, 1) f32.
                 let pad = pads
@@ -996,6 +1013,8 @@ impl<'a> Exporter<'a> {
                     let s = self.out.op("Sigmoid", &format!("{nm}_sigmoid"), &[&x[0]], vec![]);
                     self.out.node("Mul", &nm, &[&x[0], &s], &[&y[0]], vec![]);
                 }
+                // max(x, 0) (https://onnx.ai/onnx/operators/onnx__Relu.html).
+                UnaryFn::Relu => self.out.node("Relu", &nm, &[&x[0]], &[&y[0]], vec![]),
             },
             // f(a, b), b's shape a suffix of a's: numpy broadcasting aligns trailing axes.
             Op::Binary(Binary { f }) => match f {

@@ -14,9 +14,13 @@ use crate::ModelError;
 pub const BUILTIN_NAMES: &[&str] = &[
     "bert-base-uncased",
     "bert-large-uncased",
+    "roberta-base",
+    "distilbert-base-uncased",
     "gpt2",
     "gpt2-medium",
     "tiny-bert",
+    "tiny-roberta",
+    "tiny-distilbert",
     "tiny-gpt2",
     "smollm2-135m",
     "qwen2.5-0.5b",
@@ -34,6 +38,11 @@ pub const BUILTIN_NAMES: &[&str] = &[
 pub const ALIASES: &[(&str, &str)] = &[
     ("bert", "bert-base-uncased"),
     ("bert-large", "bert-large-uncased"),
+    // The seeds' ORT Training chart: RoBERTa and DistilBERT beside BERT and GPT-2.
+    ("roberta-base", "roberta-base"),
+    ("roberta", "roberta-base"),
+    ("distilbert-base-uncased", "distilbert-base-uncased"),
+    ("distilbert", "distilbert-base-uncased"),
     ("gpt2", "gpt2"),
     ("gpt2-medium", "gpt2-medium"),
     // The Llama family; SmolLM2-135M is its benchmark default.
@@ -52,6 +61,10 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "gpt2" => include_str!("../configs/gpt2.json"),
         "gpt2-medium" => include_str!("../configs/gpt2-medium.json"),
         "tiny-bert" => include_str!("../configs/tiny-bert.json"),
+        "roberta-base" => include_str!("../configs/roberta-base.json"),
+        "distilbert-base-uncased" => include_str!("../configs/distilbert-base-uncased.json"),
+        "tiny-roberta" => include_str!("../configs/tiny-roberta.json"),
+        "tiny-distilbert" => include_str!("../configs/tiny-distilbert.json"),
         "tiny-gpt2" => include_str!("../configs/tiny-gpt2.json"),
         "smollm2-135m" => include_str!("../configs/smollm2-135m.json"),
         "qwen2.5-0.5b" => include_str!("../configs/qwen2.5-0.5b.json"),

@@ -1,12 +1,13 @@
 //! Config readers against HF's AutoConfig: tests/fixtures/config-defaults.json (made by
 //! scripts/make-fixtures.py config-defaults with transformers 5.23) holds, for minimal and
-//! partly sized config.json files of bert, gpt2, llama, mistral, qwen2 and qwen3 (and the four
+//! partly sized config.json files of bert, roberta, distilbert, gpt2, llama, mistral, qwen2 and qwen3 (and the four
 //! published Llama-family configs in their legacy rope_theta/rope_scaling form), the attributes
 //! of the config HF builds from each. Every family's parsed config must equal HF's on each
 //! field it reads: a field HF defaults is never an error here, and takes HF's value.
 
 use std::path::Path;
 
+use ortbench_models::family::bert::Variant as BertVariant;
 use ortbench_models::family::llama::{LayerType, RopeScaling, Variant};
 use ortbench_models::family::Family;
 use ortbench_models::ModelConfig;
@@ -51,6 +52,8 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         };
         match &cfg.family {
             Family::Bert(c) => {
+                let want = if mt == "roberta" { BertVariant::Roberta } else { BertVariant::Bert };
+                assert_eq!(c.variant, want, "{label}");
                 check("vocab_size", j!(c.vocab_size).unwrap());
                 check("hidden_size", j!(c.hidden_size).unwrap());
                 check("num_hidden_layers", j!(c.num_hidden_layers).unwrap());
@@ -65,6 +68,23 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 check("layer_norm_eps", j!(c.layer_norm_eps).unwrap());
                 check("pad_token_id", j!(c.pad_token_id).unwrap());
                 check("classifier_dropout", j!(c.classifier_dropout).unwrap());
+                check("tie_word_embeddings", j!(c.tie_word_embeddings).unwrap());
+            }
+            Family::DistilBert(c) => {
+                check("vocab_size", j!(c.vocab_size).unwrap());
+                check("max_position_embeddings", j!(c.max_position_embeddings).unwrap());
+                check("sinusoidal_pos_embds", j!(c.sinusoidal_pos_embds).unwrap());
+                check("n_layers", j!(c.n_layers).unwrap());
+                check("n_heads", j!(c.n_heads).unwrap());
+                check("dim", j!(c.dim).unwrap());
+                check("hidden_dim", j!(c.hidden_dim).unwrap());
+                check("dropout", j!(c.dropout).unwrap());
+                check("attention_dropout", j!(c.attention_dropout).unwrap());
+                check("activation", j!(&c.activation).unwrap());
+                check("initializer_range", j!(c.initializer_range).unwrap());
+                check("qa_dropout", j!(c.qa_dropout).unwrap());
+                check("seq_classif_dropout", j!(c.seq_classif_dropout).unwrap());
+                check("pad_token_id", j!(c.pad_token_id).unwrap());
                 check("tie_word_embeddings", j!(c.tie_word_embeddings).unwrap());
             }
             Family::Gpt2(c) => {
@@ -232,7 +252,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         seen.insert(mt.to_string());
     }
     let want: std::collections::BTreeSet<String> =
-        ["bert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "smollm3"]
+        ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "smollm3"]
             .iter()
             .map(|s| s.to_string())
             .collect();

@@ -261,6 +261,43 @@ fn classification_heads_planned_engine_match_torch() {
     }
 }
 
+/// RoBERTa and DistilBERT, every head, on padded batches with pad ids inside the text too,
+/// planned executor: RoBERTa's positions after pad (left-padded rows included) and its heads,
+/// DistilBERT's names, ReLU classifier and a relu `activation`, untied MLM decoders.
+#[test]
+fn roberta_and_distilbert_heads_planned_engine_match_torch() {
+    let untied = serde_json::json!({"tie_word_embeddings": false});
+    let cases = [
+        ("tiny-roberta", "RobertaForMaskedLM", untied.clone()),
+        ("tiny-roberta", "RobertaForSequenceClassification", serde_json::json!({"num_labels": 3})),
+        ("tiny-roberta", "RobertaForTokenClassification", serde_json::json!({"num_labels": 5})),
+        (
+            "tiny-distilbert",
+            "DistilBertForMaskedLM",
+            serde_json::json!({"tie_word_embeddings": false, "activation": "relu"}),
+        ),
+        (
+            "tiny-distilbert",
+            "DistilBertForSequenceClassification",
+            serde_json::json!({"num_labels": 3}),
+        ),
+        (
+            "tiny-distilbert",
+            "DistilBertForTokenClassification",
+            serde_json::json!({"num_labels": 4}),
+        ),
+    ];
+    for (base, arch, extra) in cases {
+        let cfg = classifier(base, arch, extra.clone());
+        let pad = cfg.raw["pad_token_id"].as_i64().unwrap();
+        let mut batch = padded(DataSource::synthetic(&cfg, 4, 16, 15).unwrap().batch(0), pad);
+        for row in 0..4 {
+            batch.input_ids[row * 16 + 9] = pad; // a pad inside the text
+        }
+        check_parity_planned(&format!("{arch} {extra}"), &cfg, &batch);
+    }
+}
+
 /// With every pass off: the builders' eager graphs (unfused attention, matmul + bias add, dropout
 /// nodes at p = 0) on the planned executor, at the same tolerances.
 #[test]

@@ -109,16 +109,19 @@ pub enum UnaryFn {
     /// SiLU (swish): x·σ(x), σ the logistic sigmoid — Llama's, Mistral's and Qwen's MLP
     /// activation (`torch.nn.functional.silu`).
     Silu,
+    /// ReLU: max(x, 0) — DistilBERT's pre-classifier activation (`torch.nn.ReLU`).
+    Relu,
 }
 
 impl UnaryFn {
     /// Every function, for the tests that cover each one.
-    pub const ALL: &'static [UnaryFn] = &[UnaryFn::Silu];
+    pub const ALL: &'static [UnaryFn] = &[UnaryFn::Silu, UnaryFn::Relu];
 
     /// The op's name and its kernels' stem (`<name>_forward_<T>`, `<name>_backward_<T>`).
     pub fn name(self) -> &'static str {
         match self {
             UnaryFn::Silu => "silu",
+            UnaryFn::Relu => "relu",
         }
     }
 
@@ -126,6 +129,7 @@ impl UnaryFn {
     pub fn backward_name(self) -> &'static str {
         match self {
             UnaryFn::Silu => "silu_backward",
+            UnaryFn::Relu => "relu_backward",
         }
     }
 
@@ -133,6 +137,14 @@ impl UnaryFn {
     pub fn f<T: Real>(self, x: T) -> T {
         match self {
             UnaryFn::Silu => x * sigmoid(x),
+            // NaN stays NaN (torch.relu propagates it).
+            UnaryFn::Relu => {
+                if x < T::ZERO {
+                    T::ZERO
+                } else {
+                    x
+                }
+            }
         }
     }
 
@@ -143,6 +155,14 @@ impl UnaryFn {
             UnaryFn::Silu => {
                 let s = sigmoid(x);
                 s * (T::ONE + x * (T::ONE - s))
+            }
+            // ATen's `threshold_backward(dy, x, 0)`: dy where x > 0, else 0 (0 at x = 0).
+            UnaryFn::Relu => {
+                if x > T::ZERO {
+                    T::ONE
+                } else {
+                    T::ZERO
+                }
             }
         }
     }

@@ -15,6 +15,7 @@
 //! `Family::model_mut`, and its `INFO` in [`FAMILIES`].
 
 pub mod bert;
+pub mod distilbert;
 mod flops;
 pub mod gpt2;
 mod head;
@@ -35,6 +36,8 @@ use crate::ModelError;
 /// is looked up.
 pub static FAMILIES: &[&FamilyInfo] = &[
     &bert::INFO,
+    &bert::ROBERTA,
+    &distilbert::INFO,
     &gpt2::INFO,
     &llama::LLAMA,
     &llama::MISTRAL,
@@ -81,7 +84,9 @@ impl FamilyInfo {
 /// A parsed config of one family: the family's struct mirroring HF's config class.
 #[derive(Clone, Debug)]
 pub enum Family {
+    /// BERT and RoBERTa (one module: `BertConfig::variant` tells them apart).
     Bert(bert::BertConfig),
+    DistilBert(distilbert::DistilBertConfig),
     Gpt2(gpt2::Gpt2Config),
     /// Llama, Mistral, Qwen2 and Qwen3 (one module: `LlamaConfig::variant` tells them apart).
     Llama(llama::LlamaConfig),
@@ -92,6 +97,7 @@ impl Family {
     pub(crate) fn model(&self) -> &dyn FamilyModel {
         match self {
             Family::Bert(c) => c,
+            Family::DistilBert(c) => c,
             Family::Gpt2(c) => c,
             Family::Llama(c) => c,
         }
@@ -101,6 +107,7 @@ impl Family {
     pub(crate) fn model_mut(&mut self) -> &mut dyn FamilyModel {
         match self {
             Family::Bert(c) => c,
+            Family::DistilBert(c) => c,
             Family::Gpt2(c) => c,
             Family::Llama(c) => c,
         }

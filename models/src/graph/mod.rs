@@ -46,6 +46,9 @@ pub const INPUT_IDS: &str = "input_ids";
 pub const LABELS: &str = "labels";
 /// 0..T, (T) i64: HF's default `position_ids` (absolute positions).
 pub const POSITION_IDS: &str = "position_ids";
+/// RoBERTa's positions (`create_position_ids_from_input_ids`), (B, T) i64: the pad id
+/// ([`Pads::embedding`]) at pad tokens, pad id + the running count of non-pad tokens elsewhere.
+pub const POSITION_IDS_AFTER_PAD: &str = "position_ids_after_pad";
 /// Segment ids (BERT's), (B, T) i64; zeros, as HF's default when none are given.
 pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 /// A word embedding with a `padding_idx` ([`Pads::embedding`]): 1.0 where the token is not
@@ -379,6 +382,21 @@ struct FeedInfo {
     fixed: std::sync::Arc<Vec<(&'static str, Vec<f32>)>>,
 }
 
+/// HF's `create_position_ids_from_input_ids` (modeling_roberta.py): per row, `pad` at pad
+/// tokens and `pad` + the number of non-pad tokens up to and including this one elsewhere.
+// ids: (B·T) -> (B·T)
+pub fn positions_after_pad(ids: &[i64], t: usize, pad: i64) -> Vec<i64> {
+    let mut out = Vec::with_capacity(ids.len());
+    for row in ids.chunks_exact(t) {
+        let mut count = 0;
+        for &id in row {
+            count += i64::from(id != pad);
+            out.push(if id == pad { pad } else { pad + count });
+        }
+    }
+    out
+}
+
 impl FeedInfo {
     /// Every input of `graph` for `batch`: ids, labels (a causal LM's shifted here) when the
     /// graph has a loss, positions, token types, the padding masks, the pooled-token selector.
@@ -432,6 +450,10 @@ impl FeedInfo {
                 LABELS => FeedData::Ids(self.labels(batch)),
                 POSITION_IDS => FeedData::Ids((0..t as i64).collect()),
                 TOKEN_TYPE_IDS => FeedData::Ids(vec![0; b * t]),
+                POSITION_IDS_AFTER_PAD => {
+                    let pad = self.pads.embedding.expect("positions after pad need a padding_idx");
+                    FeedData::Ids(positions_after_pad(&batch.input_ids, t, pad))
+                }
                 NOT_PAD_MASK | PAD_MASK => {
                     let pad = self.pads.embedding.expect("pad masks exist only with a padding_idx");
                     let want = name == PAD_MASK;
@@ -759,6 +781,7 @@ impl Builder {
             Activation::GeluErf => GeluApprox::Erf,
             Activation::GeluTanh => GeluApprox::Tanh,
             Activation::Silu => return Ok(self.g.apply(UnaryFn::Silu, x)?),
+            Activation::Relu => return Ok(self.g.apply(UnaryFn::Relu, x)?),
         };
         Ok(self.g.gelu(x, approx)?)
     }
@@ -891,6 +914,14 @@ mod tests {
         let e = m.flatten(&bad).unwrap_err().to_string();
         assert!(e.contains(&w.tensors[1].name), "{e}");
         assert!(m.unflatten(&flat[1..]).is_err());
+    }
+
+    /// HF's create_position_ids_from_input_ids(torch.tensor([[0, 5, 1, 7, 1], [1, 1, 4, 9, 8]]), 1):
+    /// [[2, 3, 1, 4, 1], [1, 1, 2, 3, 4]] — a pad inside the text keeps the count.
+    #[test]
+    fn positions_after_pad_are_hf_robertas() {
+        let got = positions_after_pad(&[0, 5, 1, 7, 1, 1, 1, 4, 9, 8], 5, 1);
+        assert_eq!(got, vec![2, 3, 1, 4, 1, 1, 1, 2, 3, 4]);
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub fn activation(act: Activation, gelu_new_literal: bool, x: &Tensor) -> Tensor
         }
         Activation::GeluTanh => x.gelu("tanh"),
         Activation::Silu => x.silu(),
+        Activation::Relu => x.relu(),
     }
 }
 

@@ -1,36 +1,46 @@
-//! BERT as engine graphs: the same function as `torch.rs` beside it (transformers'
-//! modeling_bert.py, absolute positions; with an attention mask when the graph is built for
-//! padded batches — without one, pad tokens are attended to like any token, as HF does when no
-//! `attention_mask` is passed).
+//! BERT and RoBERTa as engine graphs: the same functions as `torch.rs` beside it (transformers'
+//! modeling_bert.py and modeling_roberta.py, absolute positions; with an attention mask when the
+//! graph is built for padded batches — without one, pad tokens are attended to like any token,
+//! as HF does when no `attention_mask` is passed).
 
 use ortbench_engine::graph::TensorId;
 
-use super::{BertConfig, INFO};
-use crate::config::ModelConfig;
+use super::{BertConfig, EncoderLayerNames, Variant};
+use crate::config::{Activation, ModelConfig};
 use crate::family::Head;
 use crate::graph::{
-    BResult, Builder, GraphOptions, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS, TOKEN_TYPE_IDS,
+    BResult, Builder, GraphOptions, INPUT_IDS, NOT_PAD_MASK, PAD_MASK, POSITION_IDS,
+    POSITION_IDS_AFTER_PAD, TOKEN_TYPE_IDS,
 };
 
-/// The word-embedding lookup with `padding_idx`: rows of `table` for `ids`, where the padding
-/// row gets no gradient from this lookup (it still gets one through a tied decoder).
+/// A lookup with `padding_idx` where `ids` is the padding row exactly at the pad tokens (the
+/// word embedding; RoBERTa's positions): rows of `table` for `ids`, where the padding row gets
+/// no gradient from this lookup (it still gets one through a tied decoder).
 ///
 /// The engine's embedding has no padding_idx, so: x·keep + stop_gradient(x)·pad, with keep/pad
 /// the fed 0/1 masks of non-padding/padding positions and each product a batched K=1 matmul
 /// (a per-row scale, (1,1)·(1,C)). Values are exact (x + 0 or 0 + x); the gradient w.r.t. x is
 /// keep·dy, so the scatter-add into the table adds exact zeros at padding positions.
+/// `masks`: the fed (keep, pad) inputs, declared by the first lookup that needs them.
 // ids: (B, T) -> (B, T, C)
-fn word_embedding(
+pub(crate) fn padded_lookup(
     b: &mut Builder,
     table: TensorId,
     ids: TensorId,
+    masks: &mut Option<(TensorId, TensorId)>,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
     let x = b.g.embedding(table, ids)?; // (B, T, C)
     let (bs, t) = (opts.batch_size, opts.seq_len);
     let c = b.g.shape(x)[2];
-    let keep = b.g.input_float(NOT_PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
-    let pad = b.g.input_float(PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
+    let (keep, pad) = match *masks {
+        Some(m) => m,
+        None => {
+            let keep = b.g.input_float(NOT_PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
+            let pad = b.g.input_float(PAD_MASK, &[bs, t, 1, 1])?; // (B, T, 1, 1)
+            *masks.insert((keep, pad))
+        }
+    };
     let x4 = b.g.reshape(x, &[bs, t, 1, c])?; // (B, T, 1, C)
     let frozen = b.stop_gradient(x4)?; // (B, T, 1, C), no gradient
     let kept = b.g.matmul(keep, x4, false, false)?; // (B, T, 1, C)
@@ -39,57 +49,86 @@ fn word_embedding(
     Ok(b.g.reshape(y, &[bs, t, c])?)
 }
 
-/// `BertEmbeddings`: word + token_type (zeros) + position embeddings → LayerNorm → dropout.
+/// `BertEmbeddings` / `RobertaEmbeddings`: word + token_type (zeros) + position embeddings →
+/// LayerNorm → dropout. RoBERTa's positions are `create_position_ids_from_input_ids` (fed:
+/// [`POSITION_IDS_AFTER_PAD`]), looked up with the padding_idx.
 // returns (B, T, C)
-fn bert_embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BResult<TensorId> {
+fn embeddings(b: &mut Builder, c: &BertConfig, opts: &GraphOptions) -> BResult<TensorId> {
     let (bs, t) = (opts.batch_size, opts.seq_len);
+    let base = c.prefix();
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?; // (B, T)
     let token_types = b.g.input_ids(TOKEN_TYPE_IDS, &[bs, t])?; // (B, T)
-    let positions = b.g.input_ids(POSITION_IDS, &[t])?; // (T)
-    let word_table = b.p(INFO.word_embedding);
+    let positions = match c.variant {
+        Variant::Bert => b.g.input_ids(POSITION_IDS, &[t])?, // (T)
+        Variant::Roberta => b.g.input_ids(POSITION_IDS_AFTER_PAD, &[bs, t])?, // (B, T)
+    };
+    let mut masks = None;
+    let word_table = b.p(c.info().word_embedding);
     let word = match c.padding_idx() {
-        Some(_) => word_embedding(b, word_table, ids, opts)?,
+        Some(_) => padded_lookup(b, word_table, ids, &mut masks, opts)?,
         None => b.g.embedding(word_table, ids)?,
     }; // (B, T, C)
-    let tt = b.g.embedding(b.p("bert.embeddings.token_type_embeddings.weight"), token_types)?; // (B, T, C)
-    let pos = b.g.embedding(b.p("bert.embeddings.position_embeddings.weight"), positions)?; // (T, C)
+    let tt = b
+        .g
+        .embedding(b.p(&format!("{base}.embeddings.token_type_embeddings.weight")), token_types)?; // (B, T, C)
+    let pos_table = b.p(&format!("{base}.embeddings.position_embeddings.weight"));
+    let pos = match c.variant {
+        Variant::Bert => b.g.embedding(pos_table, positions)?, // (T, C)
+        // The padding_idx is a pad row exactly where the token is pad (parse_roberta).
+        Variant::Roberta => padded_lookup(b, pos_table, positions, &mut masks, opts)?, // (B, T, C)
+    };
     let x = b.g.add(word, tt)?;
-    let x = b.g.add(x, pos)?; // (B, T, C), positions broadcast over B
-    let x = b.layer_norm(x, "bert.embeddings.LayerNorm", c.layer_norm_eps)?;
+    let x = b.g.add(x, pos)?; // (B, T, C), BERT's positions broadcast over B
+    let x = b.layer_norm(x, &format!("{base}.embeddings.LayerNorm"), c.layer_norm_eps)?;
     b.dropout(x, c.hidden_dropout_prob)
 }
 
-/// `BertLayer` (post-LN): BertSelfAttention (eager: q·kᵀ/√D, softmax, dropout, ·v) → BertSelfOutput (dense, dropout,
-/// residual, LayerNorm) → BertIntermediate (dense, act) → BertOutput (dense, dropout,
-/// residual, LayerNorm).
+/// A post-LN encoder layer's settings: BertLayer's, RobertaLayer's, DistilBERT's TransformerBlock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EncoderLayer {
+    pub names: EncoderLayerNames,
+    pub heads: usize,
+    pub eps: f64,
+    pub act: Activation,
+    /// On the attention probabilities.
+    pub attn_dropout: f64,
+    /// On the attention's output projection, before the residual (none in DistilBERT).
+    pub attn_out_dropout: f64,
+    /// On the feed-forward's output, before the residual.
+    pub ffn_dropout: f64,
+}
+
+/// A post-LN encoder layer (BertLayer): self-attention (eager: q·kᵀ/√D, softmax, dropout, ·v) →
+/// output projection, dropout, residual, LayerNorm → up, activation, down, dropout, residual,
+/// LayerNorm.
 // x: (B, T, C) -> (B, T, C)
-fn bert_layer(
+pub(crate) fn encoder_layer(
     b: &mut Builder,
     x: TensorId,
     p: &str,
-    c: &BertConfig,
-    cfg: &ModelConfig,
+    l: &EncoderLayer,
 ) -> BResult<TensorId> {
-    let heads = c.num_attention_heads;
-    let q = b.linear(x, &format!("{p}.attention.self.query"))?; // (B, T, C)
-    let k = b.linear(x, &format!("{p}.attention.self.key"))?;
-    let v = b.linear(x, &format!("{p}.attention.self.value"))?;
+    let n = |name: &str| format!("{p}.{name}");
+    let heads = l.heads;
+    let q = b.linear(x, &n(l.names.query))?; // (B, T, C)
+    let k = b.linear(x, &n(l.names.key))?;
+    let v = b.linear(x, &n(l.names.value))?;
     let (q, k, v) = (b.split_heads(q, heads)?, b.split_heads(k, heads)?, b.split_heads(v, heads)?); // (B, H, T, D)
-    let ctx = b.eager_attention(q, k, v, false, c.attention_probs_dropout_prob)?; // (B, H, T, D)
+    let ctx = b.eager_attention(q, k, v, false, l.attn_dropout)?; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, C)
-    let a = b.linear(ctx, &format!("{p}.attention.output.dense"))?;
-    let a = b.dropout(a, c.hidden_dropout_prob)?;
+    let a = b.linear(ctx, &n(l.names.attn_out))?;
+    let a = b.dropout(a, l.attn_out_dropout)?;
     let a = b.g.add(a, x)?;
-    let a = b.layer_norm(a, &format!("{p}.attention.output.LayerNorm"), c.layer_norm_eps)?; // (B, T, C)
-    let h = b.linear(a, &format!("{p}.intermediate.dense"))?; // (B, T, I)
-    let h = b.activation(h, cfg.activation())?;
-    let o = b.linear(h, &format!("{p}.output.dense"))?; // (B, T, C)
-    let o = b.dropout(o, c.hidden_dropout_prob)?;
+    let a = b.layer_norm(a, &n(l.names.attn_norm), l.eps)?; // (B, T, C)
+    let h = b.linear(a, &n(l.names.up))?; // (B, T, I)
+    let h = b.activation(h, l.act)?;
+    let o = b.linear(h, &n(l.names.down))?; // (B, T, C)
+    let o = b.dropout(o, l.ffn_dropout)?;
     let o = b.g.add(o, a)?;
-    b.layer_norm(o, &format!("{p}.output.LayerNorm"), c.layer_norm_eps)
+    b.layer_norm(o, &n(l.names.out_norm), l.eps)
 }
 
-/// `BertModel` without the pooler: embeddings and the encoder layers.
+/// `BertModel` / `RobertaModel` without the pooler: embeddings and the encoder layers.
 // returns (B, T, C)
 fn bert_encoder(
     b: &mut Builder,
@@ -97,11 +136,21 @@ fn bert_encoder(
     cfg: &ModelConfig,
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
-    let mut x = bert_embeddings(b, c, opts)?;
+    let mut x = embeddings(b, c, opts)?;
+    let layer = c.encoder_layer(cfg.activation());
     for i in 0..c.num_hidden_layers {
-        x = bert_layer(b, x, &format!("bert.encoder.layer.{i}"), c, cfg)?;
+        x = encoder_layer(b, x, &format!("{}.encoder.layer.{i}", c.prefix()), &layer)?;
     }
     Ok(x)
+}
+
+/// Each row's first token: `hidden_states[:, 0]`, the first C values of each (T·C) row.
+// h: (B, T, C) -> (B, C)
+pub(crate) fn first_token(b: &mut Builder, h: TensorId) -> BResult<TensorId> {
+    let s = b.g.shape(h).to_vec();
+    let (bs, t, hidden) = (s[0], s[1], s[2]);
+    let flat = b.g.reshape(h, &[bs, t * hidden])?; // (B, T·C)
+    Ok(if t > 1 { b.g.split(flat, &[hidden, (t - 1) * hidden])?[0] } else { flat })
 }
 
 /// `BertForMaskedLM`: encoder → BertOnlyMLMHead (transform: dense, act, LayerNorm; decoder
@@ -119,7 +168,8 @@ pub(super) fn bert_for_masked_lm(
     let h = b.linear(h, "cls.predictions.transform.dense")?;
     let h = b.activation(h, cfg.activation())?;
     let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
-    let decoder = if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head };
+    let info = c.info();
+    let decoder = if c.tie_word_embeddings { info.word_embedding } else { info.untied_head };
     let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
     Ok(b.g.bias_add(logits, b.p("cls.predictions.bias"))?) // (B, T, V)
 }
@@ -134,12 +184,8 @@ pub(super) fn bert_for_sequence_classification(
     opts: &GraphOptions,
 ) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch.head(), Head::SequenceClassification);
-    let (bs, t) = (opts.batch_size, opts.seq_len);
     let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
-    let hidden = c.hidden_size;
-    // hidden_states[:, 0]: the first C values of each (T·C) row.
-    let flat = b.g.reshape(h, &[bs, t * hidden])?; // (B, T·C)
-    let first = if t > 1 { b.g.split(flat, &[hidden, (t - 1) * hidden])?[0] } else { flat }; // (B, C)
+    let first = first_token(b, h)?; // (B, C)
     let pooled = b.linear(first, "bert.pooler.dense")?;
     let pooled = b.g.tanh(pooled)?; // (B, C)
     let pooled = b.dropout(pooled, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
@@ -159,4 +205,44 @@ pub(super) fn bert_for_token_classification(
     let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
     let h = b.dropout(h, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
     b.linear(h, "classifier") // (B, T, num_labels)
+}
+
+/// `RobertaForMaskedLM`: encoder → RobertaLMHead (dense, GELU — erf, whatever `hidden_act`
+/// says —, layer_norm, decoder tied to the word embedding unless `tie_word_embeddings` is
+/// false, `lm_head.bias`). Returns the logits (B, T, V).
+pub(super) fn roberta_for_masked_lm(
+    b: &mut Builder,
+    c: &BertConfig,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
+    debug_assert_eq!(cfg.arch.head(), Head::MaskedLm);
+    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
+    let h = b.linear(h, "lm_head.dense")?;
+    let h = b.activation(h, Activation::GeluErf)?;
+    let h = b.layer_norm(h, "lm_head.layer_norm", c.layer_norm_eps)?; // (B, T, C)
+    let info = c.info();
+    let decoder = if c.tie_word_embeddings { info.word_embedding } else { info.untied_head };
+    let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
+    Ok(b.g.bias_add(logits, b.p("lm_head.bias"))?) // (B, T, V)
+}
+
+/// `RobertaForSequenceClassification`: encoder (no pooler) → RobertaClassificationHead (token
+/// 0, dropout, dense, tanh, dropout, out_proj; dropout `classifier_dropout` or
+/// `hidden_dropout_prob`). Returns the logits (B, num_labels).
+pub(super) fn roberta_for_sequence_classification(
+    b: &mut Builder,
+    c: &BertConfig,
+    cfg: &ModelConfig,
+    opts: &GraphOptions,
+) -> BResult<TensorId> {
+    debug_assert_eq!(cfg.arch.head(), Head::SequenceClassification);
+    let p = c.classifier_dropout.unwrap_or(c.hidden_dropout_prob);
+    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
+    let x = first_token(b, h)?; // (B, C)
+    let x = b.dropout(x, p)?;
+    let x = b.linear(x, "classifier.dense")?;
+    let x = b.g.tanh(x)?;
+    let x = b.dropout(x, p)?;
+    b.linear(x, "classifier.out_proj") // (B, num_labels)
 }

@@ -1,9 +1,17 @@
-//! BERT (transformers/models/bert): its config, parameters, FLOP count and pad ids here; its
-//! engine graph in `graph`, its tch module in `torch`.
+//! BERT and RoBERTa (transformers/models/bert, …/roberta): their config, parameters, FLOP
+//! count and pad ids here; the engine graph in `graph`, the tch module in `torch`. RoBERTa is
+//! BERT's layout under other names with three differences, all in this module: positions
+//! counted from `padding_idx + 1` over the non-pad tokens, its LM head (`lm_head`, GELU always)
+//! and its classification head (`classifier.dense` → tanh → `classifier.out_proj` on `<s>`).
+//! The post-LN encoder layer is shared with DistilBERT ([`EncoderLayerNames`]).
 
 mod graph;
 #[cfg(feature = "torch")]
 mod torch;
+
+pub(crate) use graph::{encoder_layer, first_token, padded_lookup, EncoderLayer};
+#[cfg(feature = "torch")]
+pub(crate) use torch::TorchEncoderLayer;
 
 use ortbench_engine::graph::TensorId;
 use serde::Deserialize;
@@ -29,8 +37,73 @@ pub static INFO: FamilyInfo = FamilyInfo {
     untied_head: "cls.predictions.decoder.weight",
     // HF ties the decoder's bias to `cls.predictions.bias`; some checkpoints save it there.
     checkpoint_aliases: &[("cls.predictions.decoder.bias", "cls.predictions.bias")],
-    parse,
+    parse: parse_bert,
 };
+
+/// RoBERTa: RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification.
+pub static ROBERTA: FamilyInfo = FamilyInfo {
+    name: "RoBERTa",
+    model_type: "roberta",
+    heads: &[
+        (Head::MaskedLm, "RobertaForMaskedLM"),
+        (Head::SequenceClassification, "RobertaForSequenceClassification"),
+        (Head::TokenClassification, "RobertaForTokenClassification"),
+    ],
+    base_prefix: "roberta",
+    word_embedding: "roberta.embeddings.word_embeddings.weight",
+    untied_head: "lm_head.decoder.weight",
+    // `_tied_weights_keys`: the decoder's bias is `lm_head.bias`.
+    checkpoint_aliases: &[("lm_head.decoder.bias", "lm_head.bias")],
+    parse: parse_roberta,
+};
+
+/// Which of the two layouts a [`BertConfig`] is (HF's two config classes have the same fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Variant {
+    #[default]
+    Bert,
+    Roberta,
+}
+
+/// The parameter names of one post-LN encoder layer (BertLayer, DistilBERT's TransformerBlock)
+/// after the layer's prefix: the graph and the tch module of each family read them from here.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EncoderLayerNames {
+    pub query: &'static str,
+    pub key: &'static str,
+    pub value: &'static str,
+    pub attn_out: &'static str,
+    pub attn_norm: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+    pub out_norm: &'static str,
+}
+
+/// BertLayer's (and RobertaLayer's) names.
+pub(crate) const BERT_LAYER: EncoderLayerNames = EncoderLayerNames {
+    query: "attention.self.query",
+    key: "attention.self.key",
+    value: "attention.self.value",
+    attn_out: "attention.output.dense",
+    attn_norm: "attention.output.LayerNorm",
+    up: "intermediate.dense",
+    down: "output.dense",
+    out_norm: "output.LayerNorm",
+};
+
+impl EncoderLayerNames {
+    /// Each layer's parameters, in `named_parameters()` order.
+    pub(crate) fn push_specs(&self, l: &mut Layout, p: &str, h: usize, inter: usize) {
+        l.linear(&format!("{p}.{}", self.query), h, h);
+        l.linear(&format!("{p}.{}", self.key), h, h);
+        l.linear(&format!("{p}.{}", self.value), h, h);
+        l.linear(&format!("{p}.{}", self.attn_out), h, h);
+        l.layer_norm(&format!("{p}.{}", self.attn_norm), h);
+        l.linear(&format!("{p}.{}", self.up), inter, h);
+        l.linear(&format!("{p}.{}", self.down), h, inter);
+        l.layer_norm(&format!("{p}.{}", self.out_norm), h);
+    }
+}
 
 fn default_true() -> bool {
     true
@@ -42,10 +115,13 @@ fn default_abs() -> String {
     "absolute".into()
 }
 
-/// `BertConfig` (transformers/models/bert/configuration_bert.py): a field missing from
-/// config.json takes HF 5.23's default.
+/// `BertConfig` (transformers/models/bert/configuration_bert.py) or `RobertaConfig` (the same
+/// fields; other defaults, filled in by [`parse_roberta`]): a field missing from config.json
+/// takes HF 5.23's default.
 #[derive(Clone, Debug, Deserialize)]
 pub struct BertConfig {
+    #[serde(skip)]
+    pub variant: Variant,
     #[serde(default = "d::vocab")]
     pub vocab_size: usize,
     #[serde(default = "d::hidden")]
@@ -120,11 +196,61 @@ impl BertConfig {
     pub fn padding_idx(&self) -> Option<i64> {
         self.pad_token_id.filter(|&p| p >= 0 && (p as usize) < self.vocab_size)
     }
+
+    /// The family's registry entry.
+    pub fn info(&self) -> &'static FamilyInfo {
+        match self.variant {
+            Variant::Bert => &INFO,
+            Variant::Roberta => &ROBERTA,
+        }
+    }
+
+    /// The base model's prefix ("bert", "roberta").
+    pub(crate) fn prefix(&self) -> &'static str {
+        self.info().base_prefix
+    }
+
+    /// The encoder layer's settings (the names are BertLayer's for both variants).
+    pub(crate) fn encoder_layer(&self, act: Activation) -> EncoderLayer {
+        EncoderLayer {
+            names: BERT_LAYER,
+            heads: self.num_attention_heads,
+            eps: self.layer_norm_eps,
+            act,
+            attn_dropout: self.attention_probs_dropout_prob,
+            attn_out_dropout: self.hidden_dropout_prob,
+            ffn_dropout: self.hidden_dropout_prob,
+        }
+    }
 }
 
-/// [`FamilyInfo::parse`]: the fields, the activation, absolute positions only.
-fn parse(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+/// [`FamilyInfo::parse`] of BERT: the fields, the activation, absolute positions only.
+fn parse_bert(raw: &Value, origin: &str) -> Result<Family, ModelError> {
     let c: BertConfig = hf_fields(raw, origin)?;
+    check(c)
+}
+
+/// [`FamilyInfo::parse`] of RoBERTa: `RobertaConfig`'s own defaults (vocab 50265, pad 1) under
+/// BertConfig's fields; a pad id that is a row of both embeddings, which its positions need.
+fn parse_roberta(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    let mut raw = raw.clone();
+    if let Some(obj) = raw.as_object_mut() {
+        obj.entry("vocab_size").or_insert(50265.into());
+        obj.entry("pad_token_id").or_insert(1.into());
+    }
+    let mut c: BertConfig = hf_fields(&raw, origin)?;
+    c.variant = Variant::Roberta;
+    match c.padding_idx() {
+        Some(p) if (p as usize) + 1 < c.max_position_embeddings => check(c),
+        _ => Err(ModelError::Unsupported(format!(
+            "{origin}: RoBERTa with pad_token_id {:?}: its positions count from pad_token_id + 1, which must be a row of both embeddings (vocab {}, positions {})",
+            c.pad_token_id, c.vocab_size, c.max_position_embeddings
+        ))),
+    }
+}
+
+/// What both variants refuse.
+fn check(c: BertConfig) -> Result<Family, ModelError> {
     parse_activation(&c.hidden_act)?;
     if c.position_embedding_type != "absolute" {
         return Err(ModelError::Unsupported(format!(
@@ -154,6 +280,13 @@ impl FamilyModel for BertConfig {
     fn max_positions(&self) -> usize {
         self.max_position_embeddings
     }
+    /// RoBERTa's last position is `padding_idx + T` (positions start after the pad id).
+    fn position_limit(&self) -> Option<usize> {
+        Some(match (self.variant, self.padding_idx()) {
+            (Variant::Roberta, Some(p)) => self.max_position_embeddings - p as usize - 1,
+            _ => self.max_position_embeddings,
+        })
+    }
     fn initializer_range(&self) -> f64 {
         self.initializer_range
     }
@@ -179,31 +312,38 @@ impl FamilyModel for BertConfig {
     fn param_specs(&self, cfg: &ModelConfig) -> Vec<ParamSpec> {
         let std = self.initializer_range;
         let mut l = Layout::new(std);
-        let h = self.hidden_size;
-        let word_init = match self.padding_idx() {
+        let (h, base) = (self.hidden_size, self.prefix());
+        let pad_row = |row: Option<i64>| match row {
             Some(row) => Init::NormalPadRow { std, row: row as usize },
             None => Init::Normal { std },
         };
-        l.push(INFO.word_embedding.into(), &[self.vocab_size, h], word_init, true);
-        l.weight(
-            "bert.embeddings.position_embeddings.weight".into(),
-            &[self.max_position_embeddings, h],
-        );
-        l.weight("bert.embeddings.token_type_embeddings.weight".into(), &[self.type_vocab_size, h]);
-        l.layer_norm("bert.embeddings.LayerNorm", h);
-        for i in 0..self.num_hidden_layers {
-            let p = format!("bert.encoder.layer.{i}");
-            l.linear(&format!("{p}.attention.self.query"), h, h);
-            l.linear(&format!("{p}.attention.self.key"), h, h);
-            l.linear(&format!("{p}.attention.self.value"), h, h);
-            l.linear(&format!("{p}.attention.output.dense"), h, h);
-            l.layer_norm(&format!("{p}.attention.output.LayerNorm"), h);
-            l.linear(&format!("{p}.intermediate.dense"), self.intermediate_size, h);
-            l.linear(&format!("{p}.output.dense"), h, self.intermediate_size);
-            l.layer_norm(&format!("{p}.output.LayerNorm"), h);
+        let word = pad_row(self.padding_idx());
+        l.push(self.info().word_embedding.into(), &[self.vocab_size, h], word, true);
+        let positions = format!("{base}.embeddings.position_embeddings.weight");
+        let positions_shape = [self.max_position_embeddings, h];
+        // BertEmbeddings declares positions before token types; RobertaEmbeddings after its
+        // LayerNorm, with the padding_idx.
+        if self.variant == Variant::Bert {
+            l.weight(positions.clone(), &positions_shape);
         }
-        match cfg.arch.head() {
-            Head::MaskedLm => {
+        l.weight(
+            format!("{base}.embeddings.token_type_embeddings.weight"),
+            &[self.type_vocab_size, h],
+        );
+        l.layer_norm(&format!("{base}.embeddings.LayerNorm"), h);
+        if self.variant == Variant::Roberta {
+            l.push(positions, &positions_shape, pad_row(self.padding_idx()), true);
+        }
+        for i in 0..self.num_hidden_layers {
+            BERT_LAYER.push_specs(
+                &mut l,
+                &format!("{base}.encoder.layer.{i}"),
+                h,
+                self.intermediate_size,
+            );
+        }
+        match (self.variant, cfg.arch.head()) {
+            (Variant::Bert, Head::MaskedLm) => {
                 l.push("cls.predictions.bias".into(), &[self.vocab_size], Init::Zeros, false);
                 l.linear("cls.predictions.transform.dense", h, h);
                 l.layer_norm("cls.predictions.transform.LayerNorm", h);
@@ -211,13 +351,27 @@ impl FamilyModel for BertConfig {
                     l.weight(INFO.untied_head.into(), &[self.vocab_size, h]);
                 }
             }
-            // BertForTokenClassification: BertModel(add_pooling_layer=False) + classifier.
-            Head::TokenClassification => l.linear("classifier", cfg.num_labels(), h),
-            Head::SequenceClassification => {
+            // RobertaLMHead: dense, layer_norm, decoder (tied unless untied), bias.
+            (Variant::Roberta, Head::MaskedLm) => {
+                l.linear("lm_head.dense", h, h);
+                l.layer_norm("lm_head.layer_norm", h);
+                if !self.tie_word_embeddings {
+                    l.weight(ROBERTA.untied_head.into(), &[self.vocab_size, h]);
+                }
+                l.push("lm_head.bias".into(), &[self.vocab_size], Init::Zeros, false);
+            }
+            // …ForTokenClassification: the model without a pooler + classifier.
+            (_, Head::TokenClassification) => l.linear("classifier", cfg.num_labels(), h),
+            (Variant::Bert, Head::SequenceClassification) => {
                 l.linear("bert.pooler.dense", h, h);
                 l.linear("classifier", cfg.num_labels(), h);
             }
-            Head::CausalLm => unreachable!("BERT lists no causal-lm head"),
+            // RobertaClassificationHead (no pooler in the model).
+            (Variant::Roberta, Head::SequenceClassification) => {
+                l.linear("classifier.dense", h, h);
+                l.linear("classifier.out_proj", cfg.num_labels(), h);
+            }
+            (_, Head::CausalLm) => unreachable!("BERT lists no causal-lm head"),
         }
         l.into_specs()
     }
@@ -239,7 +393,7 @@ impl FamilyModel for BertConfig {
             vocab: self.vocab_size,
             head,
             num_labels: cfg.num_labels(),
-            // The MLM head's transform; the sequence classifier's pooler.
+            // The MLM head's transform; the sequence classifier's pooler (RoBERTa: its dense).
             head_dense: match head {
                 Head::MaskedLm | Head::SequenceClassification => 1,
                 Head::TokenClassification | Head::CausalLm => 0,
@@ -254,6 +408,12 @@ impl FamilyModel for BertConfig {
         opts: &GraphOptions,
     ) -> BResult<TensorId> {
         match cfg.arch.head() {
+            Head::MaskedLm if self.variant == Variant::Roberta => {
+                graph::roberta_for_masked_lm(b, self, cfg, opts)
+            }
+            Head::SequenceClassification if self.variant == Variant::Roberta => {
+                graph::roberta_for_sequence_classification(b, self, cfg, opts)
+            }
             Head::MaskedLm => graph::bert_for_masked_lm(b, self, cfg, opts),
             Head::SequenceClassification => {
                 graph::bert_for_sequence_classification(b, self, cfg, opts)
@@ -270,6 +430,12 @@ impl FamilyModel for BertConfig {
         vars: &crate::torch::Vars,
     ) -> Box<dyn crate::torch::TorchLoss> {
         match cfg.arch.head() {
+            Head::MaskedLm if self.variant == Variant::Roberta => {
+                Box::new(torch::RobertaForMaskedLM::new(self, cfg, vars))
+            }
+            Head::SequenceClassification if self.variant == Variant::Roberta => {
+                Box::new(torch::RobertaForSequenceClassification::new(self, cfg, vars))
+            }
             Head::MaskedLm => Box::new(torch::BertForMaskedLM::new(self, cfg, vars)),
             Head::SequenceClassification => {
                 Box::new(torch::BertForSequenceClassification::new(self, cfg, vars))

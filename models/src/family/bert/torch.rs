@@ -1,15 +1,17 @@
-//! BERT as transformers/models/bert/modeling_bert.py writes it (sdpa attention path).
+//! BERT and RoBERTa as transformers/models/bert/modeling_bert.py and
+//! …/roberta/modeling_roberta.py write them (sdpa attention path).
 
 use tch::{Kind, Tensor};
 
-use super::{BertConfig, INFO};
+use super::graph::EncoderLayer;
+use super::{BertConfig, Variant};
 use crate::config::{Activation, ModelConfig, ProblemType};
 use crate::torch::layers::{
     activation, classification_loss, cross_entropy, padding_mask, sdpa, LayerNorm, Linear,
 };
 use crate::torch::{TorchLoss, Vars};
 
-/// BertEmbeddings: word + position + token type, LayerNorm, dropout.
+/// BertEmbeddings / RobertaEmbeddings: word + token type + position, LayerNorm, dropout.
 struct BertEmbeddings {
     word: Tensor,
     position: Tensor,
@@ -17,6 +19,7 @@ struct BertEmbeddings {
     layer_norm: LayerNorm,
     dropout: f64,
     padding_idx: i64,
+    variant: Variant,
 }
 
 impl BertEmbeddings {
@@ -24,94 +27,105 @@ impl BertEmbeddings {
     fn forward(&self, input_ids: &Tensor, train: bool) -> Tensor {
         let (_, t) = input_ids.size2().expect("(B, T) ids");
         let dev = input_ids.device();
-        let position_ids = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(0);
         let token_type_ids = Tensor::zeros_like(input_ids);
         // nn.Embedding(padding_idx=pad_token_id): the padding row gets no gradient.
         let x = Tensor::embedding(&self.word, input_ids, self.padding_idx, false, false)
-            + Tensor::embedding(&self.token_type, &token_type_ids, -1, false, false)
-            + Tensor::embedding(&self.position, &position_ids, -1, false, false);
+            + Tensor::embedding(&self.token_type, &token_type_ids, -1, false, false);
+        let x = match self.variant {
+            Variant::Bert => {
+                let position_ids = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(0);
+                x + Tensor::embedding(&self.position, &position_ids, -1, false, false)
+            }
+            Variant::Roberta => {
+                // create_position_ids_from_input_ids, as HF writes it.
+                let mask = input_ids.ne(self.padding_idx).to_kind(Kind::Int);
+                let positions =
+                    (mask.cumsum(1, Kind::Int) * &mask).to_kind(Kind::Int64) + self.padding_idx;
+                x + Tensor::embedding(&self.position, &positions, self.padding_idx, false, false)
+            }
+        };
         self.layer_norm.forward(&x).dropout(self.dropout, train)
     }
 }
 
-/// BertLayer: self-attention + BertSelfOutput, BertIntermediate + BertOutput.
-struct BertLayer {
+/// A post-LN encoder layer (BertLayer, RobertaLayer, DistilBERT's TransformerBlock): its
+/// self-attention and output projection, then its feed-forward (up, activation, down).
+pub(crate) struct TorchEncoderLayer {
     query: Linear,
     key: Linear,
     value: Linear,
     attn_out: Linear,
     attn_ln: LayerNorm,
-    intermediate: Linear,
-    output: Linear,
+    up: Linear,
+    down: Linear,
     out_ln: LayerNorm,
-    heads: i64,
-    act: Activation,
-    hidden_dropout: f64,
-    attn_dropout: f64,
+    l: EncoderLayer,
 }
 
-impl BertLayer {
-    fn new(v: &Vars, p: &str, c: &BertConfig, act: Activation) -> Self {
-        BertLayer {
-            query: Linear::new(v, &format!("{p}.attention.self.query")),
-            key: Linear::new(v, &format!("{p}.attention.self.key")),
-            value: Linear::new(v, &format!("{p}.attention.self.value")),
-            attn_out: Linear::new(v, &format!("{p}.attention.output.dense")),
-            attn_ln: LayerNorm::new(
-                v,
-                &format!("{p}.attention.output.LayerNorm"),
-                c.layer_norm_eps,
-            ),
-            intermediate: Linear::new(v, &format!("{p}.intermediate.dense")),
-            output: Linear::new(v, &format!("{p}.output.dense")),
-            out_ln: LayerNorm::new(v, &format!("{p}.output.LayerNorm"), c.layer_norm_eps),
-            heads: c.num_attention_heads as i64,
-            act,
-            hidden_dropout: c.hidden_dropout_prob,
-            attn_dropout: c.attention_probs_dropout_prob,
+impl TorchEncoderLayer {
+    pub(crate) fn new(v: &Vars, p: &str, l: EncoderLayer) -> Self {
+        let n = |name: &str| format!("{p}.{name}");
+        let names = l.names;
+        TorchEncoderLayer {
+            query: Linear::new(v, &n(names.query)),
+            key: Linear::new(v, &n(names.key)),
+            value: Linear::new(v, &n(names.value)),
+            attn_out: Linear::new(v, &n(names.attn_out)),
+            attn_ln: LayerNorm::new(v, &n(names.attn_norm), l.eps),
+            up: Linear::new(v, &n(names.up)),
+            down: Linear::new(v, &n(names.down)),
+            out_ln: LayerNorm::new(v, &n(names.out_norm), l.eps),
+            l,
         }
     }
 
     // x: (B, T, C), mask: (B, 1, 1, T) bool -> (B, T, C)
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
+    pub(crate) fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
         let (b, t, c) = x.size3().expect("(B, T, C)");
-        let d = c / self.heads;
-        // (B, T, C) -> (B, H, T, D), as BertSelfAttention's view + transpose.
-        let heads = |y: Tensor| y.view([b, t, self.heads, d]).transpose(1, 2);
-        let q = heads(self.query.forward(x));
-        let k = heads(self.key.forward(x));
-        let v = heads(self.value.forward(x));
-        let p = if train { self.attn_dropout } else { 0.0 };
+        let heads = self.l.heads as i64;
+        let d = c / heads;
+        // (B, T, C) -> (B, H, T, D), as the self-attention's view + transpose.
+        let split = |y: Tensor| y.view([b, t, heads, d]).transpose(1, 2);
+        let q = split(self.query.forward(x));
+        let k = split(self.key.forward(x));
+        let v = split(self.value.forward(x));
+        let p = if train { self.l.attn_dropout } else { 0.0 };
         let ctx = sdpa(&q, &k, &v, mask, p, false).transpose(1, 2).reshape([b, t, c]);
-        let attn = self
-            .attn_ln
-            .forward(&(self.attn_out.forward(&ctx).dropout(self.hidden_dropout, train) + x));
-        let inter = activation(self.act, true, &self.intermediate.forward(&attn));
-        self.out_ln
-            .forward(&(self.output.forward(&inter).dropout(self.hidden_dropout, train) + attn))
+        let attn = self.attn_out.forward(&ctx).dropout(self.l.attn_out_dropout, train);
+        let attn = self.attn_ln.forward(&(attn + x));
+        let inter = activation(self.l.act, true, &self.up.forward(&attn));
+        let out = self.down.forward(&inter).dropout(self.l.ffn_dropout, train);
+        self.out_ln.forward(&(out + attn))
     }
 }
 
-/// BertModel without the pooler (`add_pooling_layer=False`, as BertForMaskedLM builds it).
+/// BertModel / RobertaModel without the pooler (`add_pooling_layer=False`, as their MLM
+/// and token classifiers build it).
 struct BertEncoder {
     embeddings: BertEmbeddings,
-    layers: Vec<BertLayer>,
+    layers: Vec<TorchEncoderLayer>,
 }
 
 impl BertEncoder {
     fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
-        let act = cfg.activation();
+        let base = c.prefix();
+        let layer = c.encoder_layer(cfg.activation());
         BertEncoder {
             embeddings: BertEmbeddings {
-                word: v.get(INFO.word_embedding),
-                position: v.get("bert.embeddings.position_embeddings.weight"),
-                token_type: v.get("bert.embeddings.token_type_embeddings.weight"),
-                layer_norm: LayerNorm::new(v, "bert.embeddings.LayerNorm", c.layer_norm_eps),
+                word: v.get(c.info().word_embedding),
+                position: v.get(&format!("{base}.embeddings.position_embeddings.weight")),
+                token_type: v.get(&format!("{base}.embeddings.token_type_embeddings.weight")),
+                layer_norm: LayerNorm::new(
+                    v,
+                    &format!("{base}.embeddings.LayerNorm"),
+                    c.layer_norm_eps,
+                ),
                 dropout: c.hidden_dropout_prob,
                 padding_idx: c.padding_idx().unwrap_or(-1),
+                variant: c.variant,
             },
             layers: (0..c.num_hidden_layers)
-                .map(|i| BertLayer::new(v, &format!("bert.encoder.layer.{i}"), c, act))
+                .map(|i| TorchEncoderLayer::new(v, &format!("{base}.encoder.layer.{i}"), layer))
                 .collect(),
         }
     }
@@ -140,8 +154,9 @@ pub struct BertForMaskedLM {
 
 impl BertForMaskedLM {
     pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        let info = c.info();
         let decoder_weight =
-            v.get(if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head });
+            v.get(if c.tie_word_embeddings { info.word_embedding } else { info.untied_head });
         BertForMaskedLM {
             bert: BertEncoder::new(c, cfg, v),
             transform: Linear::new(v, "cls.predictions.transform.dense"),
@@ -247,5 +262,88 @@ impl TorchLoss for BertForTokenClassification {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let logits = self.classifier.forward(&h.dropout(self.dropout, train));
         cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))
+    }
+}
+
+/// RobertaForMaskedLM: encoder + RobertaLMHead (dense, erf GELU, layer_norm, decoder tied to the
+/// word embedding, `lm_head.bias`).
+pub struct RobertaForMaskedLM {
+    roberta: BertEncoder,
+    dense: Linear,
+    layer_norm: LayerNorm,
+    decoder_weight: Tensor,
+    decoder_bias: Tensor,
+}
+
+impl RobertaForMaskedLM {
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        let info = c.info();
+        let decoder_weight =
+            v.get(if c.tie_word_embeddings { info.word_embedding } else { info.untied_head });
+        RobertaForMaskedLM {
+            roberta: BertEncoder::new(c, cfg, v),
+            dense: Linear::new(v, "lm_head.dense"),
+            layer_norm: LayerNorm::new(v, "lm_head.layer_norm", c.layer_norm_eps),
+            decoder_weight,
+            decoder_bias: v.get("lm_head.bias"),
+        }
+    }
+}
+
+impl TorchLoss for RobertaForMaskedLM {
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
+    fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        _targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let h = self.roberta.forward(input_ids, attention_mask, train);
+        let h = activation(Activation::GeluErf, true, &self.dense.forward(&h));
+        let logits =
+            self.layer_norm.forward(&h).linear(&self.decoder_weight, Some(&self.decoder_bias));
+        let v = self.decoder_weight.size()[0];
+        cross_entropy(&logits.view([-1, v]), &labels.view([-1]))
+    }
+}
+
+/// RobertaForSequenceClassification: encoder (no pooler) + RobertaClassificationHead (`<s>`,
+/// dropout, dense, tanh, dropout, out_proj).
+pub struct RobertaForSequenceClassification {
+    roberta: BertEncoder,
+    dense: Linear,
+    out_proj: Linear,
+    dropout: f64,
+    problem: ProblemType,
+}
+
+impl RobertaForSequenceClassification {
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        RobertaForSequenceClassification {
+            roberta: BertEncoder::new(c, cfg, v),
+            dense: Linear::new(v, "classifier.dense"),
+            out_proj: Linear::new(v, "classifier.out_proj"),
+            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
+            problem: cfg.problem_type().expect("checked when the config was parsed"),
+        }
+    }
+}
+
+impl TorchLoss for RobertaForSequenceClassification {
+    // input_ids: (B, T), attention_mask: (B, T), labels: (B,) or (B·L,), targets: (B,) -> scalar
+    fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+        targets: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let h = self.roberta.forward(input_ids, attention_mask, train);
+        let x = h.select(1, 0).dropout(self.dropout, train);
+        let x = self.dense.forward(&x).tanh().dropout(self.dropout, train);
+        classification_loss(&self.out_proj.forward(&x), labels, targets, self.problem)
     }
 }

@@ -23,6 +23,10 @@ macro_rules! with_unary {
                 let ($fwd, $bwd) = (Silu, SiluBackward);
                 $body
             }
+            UnaryFn::Relu => {
+                let ($fwd, $bwd) = (Relu, ReluBackward);
+                $body
+            }
         }
     };
 }
@@ -107,6 +111,35 @@ impl Map2 for SiluBackward {
     fn f(&self, x: f32, dy: f32) -> f32 {
         let s = sigmoid(x);
         dy * (s * x.mul_add(1.0 - s, 1.0))
+    }
+}
+
+/// max(x, 0) (`UnaryFn::Relu`); NaN passes through, as torch.relu.
+#[derive(Clone, Copy)]
+pub struct Relu;
+impl Map1 for Relu {
+    #[inline(always)]
+    fn f(&self, x: f32) -> f32 {
+        if x < 0.0 {
+            0.0
+        } else {
+            x
+        }
+    }
+}
+
+/// dx = dy where x > 0, else 0, as f(x, dy) (`UnaryFn::Relu`'s derivative, ATen's
+/// `threshold_backward`).
+#[derive(Clone, Copy)]
+pub struct ReluBackward;
+impl Map2 for ReluBackward {
+    #[inline(always)]
+    fn f(&self, x: f32, dy: f32) -> f32 {
+        if x > 0.0 {
+            dy
+        } else {
+            0.0
+        }
     }
 }
 
