@@ -754,6 +754,67 @@ def make_llama_text_fixture():
 
 
 FIXTURES["llama-text"] = make_llama_text_fixture
+
+
+def make_encoder_text_fixtures():
+    """tiny-roberta-text and tiny-distilbert-text: RobertaForMaskedLM with RoBERTa's tokenizer layout (byte-level
+    BPE trained on text/corpus.txt, `<s> $A </s>` by RobertaProcessing, <pad> = 1, <mask>) and DistilBertForMaskedLM
+    with a WordPiece tokenizer (DistilBertTokenizerFast: `[CLS] $A [SEP]`, no token types), saved as HF saves them,
+    with `tokens.json` (what AutoTokenizer gives for the eval texts) for the Rust parity test. Reads the corpus the
+    `text` target wrote."""
+    import csv
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, DistilBertTokenizerFast, RobertaTokenizerFast
+
+    text = os.path.join(OUT, "text")
+    corpus = [l.rstrip("\n") for l in open(os.path.join(text, "corpus.txt"))]
+    evals = [r["text"] for r in csv.DictReader(open(os.path.join(text, "eval.csv")))][:6]
+
+    # RoBERTa: specials in roberta-base's order (<s> 0, <pad> 1, </s> 2, <unk> 3), <mask> last.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=380, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens(["<mask>"])
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
+                                                      add_prefix_space=False)
+    rob = RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>",
+                               cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+    assert (rob.bos_token_id, rob.pad_token_id, rob.eos_token_id) == (0, 1, 2)
+    # DistilBERT: WordPiece, uncased, [PAD] = 0 as distilbert-base-uncased.
+    wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wp.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wp.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]",
+                                                                                             "[SEP]", "[MASK]"]))
+    cls, sep = wp.token_to_id("[CLS]"), wp.token_to_id("[SEP]")
+    wp.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    wp.decoder = decoders.WordPiece()
+    dis = DistilBertTokenizerFast(tokenizer_object=wp, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                  cls_token="[CLS]", mask_token="[MASK]")
+    for name, hf_tok, base, cls_, cfg_cls, seed in (
+            ("tiny-roberta-text", rob, "tiny-roberta", RobertaForMaskedLM, RobertaConfig, 14),
+            ("tiny-distilbert-text", dis, "tiny-distilbert", DistilBertForMaskedLM, DistilBertConfig, 15)):
+        cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{base}.json")))
+        cfg.pop("architectures", None)
+        cfg.update(vocab_size=len(hf_tok), pad_token_id=hf_tok.pad_token_id)
+        torch.manual_seed(seed)
+        model = cls_(cfg_cls(**cfg, attn_implementation="sdpa"))
+        d = os.path.join(OUT, name)
+        model.save_pretrained(d)
+        hf_tok.save_pretrained(d)
+        back = AutoTokenizer.from_pretrained(d)  # what a user of the saved directory gets
+        enc = back(evals, truncation=True, max_length=16, padding="longest")
+        assert enc["input_ids"] == hf_tok(evals, truncation=True, max_length=16, padding="longest")["input_ids"]
+        json.dump({"texts": evals, "max_length": 16, "input_ids": enc["input_ids"],
+                   "attention_mask": enc["attention_mask"]}, open(os.path.join(d, "tokens.json"), "w"), indent=1)
+        print(f"{name}: {len(hf_tok)} tokens ({type(back).__name__}), first ids", enc["input_ids"][0][:8],
+              file=sys.stderr)
+
+
+FIXTURES["encoder-text"] = make_encoder_text_fixtures
 FIXTURES["model-configs"] = make_model_configs
 FIXTURES["config-defaults"] = make_config_defaults
 

@@ -297,6 +297,72 @@ fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
     onnx_computes_the_engine_logits(&out, tmp.path(), "llama");
 }
 
+/// RoBERTa (byte-level BPE, `<s> … </s>`, `<mask>`) and DistilBERT (WordPiece) through every
+/// user path: `train` as masked LMs on a text file and RoBERTa as a classifier (a new head via
+/// --task), each saved directory loads in Transformers with the engine's logits, and its ONNX
+/// export computes them under onnxruntime.
+#[test]
+fn train_saves_roberta_and_distilbert_that_hf_loads_and_onnx_exports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        ("tiny-roberta-text", "masked-lm", "text/corpus.txt", "RobertaForMaskedLM"),
+        (
+            "tiny-roberta-text",
+            "sequence-classification",
+            "text/train.csv",
+            "RobertaForSequenceClassification",
+        ),
+        ("tiny-distilbert-text", "masked-lm", "text/corpus.txt", "DistilBertForMaskedLM"),
+    ];
+    // The classifier's labels, as a user states them in config.json (train.csv's are strings).
+    let labelled = tmp.path().join("tiny-roberta-labelled");
+    std::fs::create_dir(&labelled).unwrap();
+    for f in std::fs::read_dir(fixture("tiny-roberta-text")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, labelled.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(labelled.join("config.json")).unwrap())
+            .unwrap();
+    cfg["id2label"] = serde_json::json!({"0": "negative", "1": "positive"});
+    cfg["label2id"] = serde_json::json!({"negative": 0, "positive": 1});
+    std::fs::write(labelled.join("config.json"), cfg.to_string()).unwrap();
+    for (model, task, data, label) in cases {
+        let out = tmp.path().join(label);
+        let model =
+            if task == "sequence-classification" { labelled.clone() } else { fixture(model) };
+        let (ok, _, stderr) = ortbench(
+            &[
+                "train",
+                "--model",
+                model.to_str().unwrap(),
+                "--task",
+                task,
+                "--dataset",
+                fixture(data).to_str().unwrap(),
+                "--max-steps",
+                "4",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--lr",
+                "1e-3",
+                "--output-dir",
+                out.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        assert!(ok, "{label}: {stderr}");
+        let saved: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(saved["architectures"][0], label);
+        hf_agrees(&out, label);
+        onnx_computes_the_engine_logits(&out, tmp.path(), label);
+    }
+}
+
 /// 20 steps straight, and the same run resumed from its checkpoint at step 10: the same
 /// losses and gradient norms, bit for bit, and the same final weights.
 #[test]

@@ -97,6 +97,9 @@ mod tests {
         assert_eq!(param_count(&builtin_config("gpt2").unwrap()), 124_439_808);
         assert_eq!(param_count(&builtin_config("bert-large-uncased").unwrap()), 335_174_458);
         assert_eq!(param_count(&builtin_config("gpt2-medium").unwrap()), 354_823_168);
+        // RobertaForMaskedLM(roberta-base), DistilBertForMaskedLM(distilbert-base-uncased).
+        assert_eq!(param_count(&builtin_config("roberta-base").unwrap()), 124_697_433);
+        assert_eq!(param_count(&builtin_config("distilbert-base-uncased").unwrap()), 66_985_530);
     }
 
     #[test]

@@ -570,7 +570,13 @@ mod hf_tests {
 
     #[test]
     fn tokenisation_matches_hf() {
-        for name in ["tiny-bert-sentiment", "tiny-gpt2-text", "tiny-llama-text"] {
+        for name in [
+            "tiny-bert-sentiment",
+            "tiny-gpt2-text",
+            "tiny-llama-text",
+            "tiny-roberta-text",
+            "tiny-distilbert-text",
+        ] {
             let dir = fixture(name);
             let want: Value =
                 serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap())

@@ -1,6 +1,7 @@
 //! The ONNX export computes the engine's logits: for the five architectures (tiny-bert MLM,
 //! tiny-gpt2 LM, a tiny BERT classifier and a tiny GPT-2 classifier, both with pad_token_id 0,
-//! and a tiny BERT token classifier) and the Llama family's (tiny Llama, Qwen2 and Qwen3 LMs,
+//! and a tiny BERT token classifier), RoBERTa's three heads, DistilBERT's MLM and classifier,
+//! and the Llama family's (tiny Llama, Qwen2 and Qwen3 LMs,
 //! Llama with Llama 3's rope scaling, a tiny Llama classifier)
 //! with random weights, one export runs on onnxruntime (CPU execution provider, through
 //! `scripts/onnx-check.py`) at three batch shapes — 2×9 and 3×16 with right-padded,
@@ -93,8 +94,9 @@ fn python() -> Result<(String, bool), String> {
 /// Padded rows of a batch: (row, pad on the left, how many).
 type PadRows = &'static [(usize, bool, usize)];
 
-/// Rows padded as HF tokenizers pad: (row, pad on the left, how many), pad ids set to 0.
-fn padded(mut batch: Batch, pads: &[(usize, bool, usize)]) -> Batch {
+/// Rows padded as HF tokenizers pad: (row, pad on the left, how many), pad ids set to the
+/// config's pad_token_id (0 without one).
+fn padded(mut batch: Batch, pads: &[(usize, bool, usize)], pad: i64) -> Batch {
     let t = batch.seq_len;
     let mut mask = vec![1i64; batch.batch_size * t];
     for &(row, left, n) in pads {
@@ -107,7 +109,7 @@ fn padded(mut batch: Batch, pads: &[(usize, bool, usize)]) -> Batch {
     }
     for (id, &m) in batch.input_ids.iter_mut().zip(&mask) {
         if m == 0 {
-            *id = 0;
+            *id = pad;
         }
     }
     batch.attention_mask = Some(mask);
@@ -165,6 +167,13 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-bert", Some("BertForSequenceClassification")),
         ("tiny-gpt2", Some("GPT2ForSequenceClassification")),
         ("tiny-bert", Some("BertForTokenClassification")),
+        // RoBERTa (positions after pad, CumSum) with its three heads; DistilBERT's MLM and
+        // ReLU classifier.
+        ("tiny-roberta", None),
+        ("tiny-roberta", Some("RobertaForSequenceClassification")),
+        ("tiny-roberta", Some("RobertaForTokenClassification")),
+        ("tiny-distilbert", None),
+        ("tiny-distilbert", Some("DistilBertForSequenceClassification")),
         // The Llama family: GQA (4 heads, 2 K/V), tied head; Qwen2's q/k/v biases; Qwen3's
         // q/k norms and head_dim ≠ hidden/heads, untied; Llama 3's rope scaling; the
         // last-token classifier.
@@ -196,7 +205,8 @@ fn onnxruntime_computes_the_engine_logits() {
         let report = export_onnx(&cfg, &params, &model).unwrap();
         println!("{report}");
         for &(b, t, pads) in &shapes {
-            let batch = padded(DataSource::synthetic(&cfg, b, t, 7).unwrap().batch(0), pads);
+            let pad = cfg.raw["pad_token_id"].as_i64().unwrap_or(0);
+            let batch = padded(DataSource::synthetic(&cfg, b, t, 7).unwrap().batch(0), pads, pad);
             let engine =
                 InferenceModel::new(&cfg, &GraphOptions::new(b, t).with_attention_mask(true))
                     .unwrap();
