@@ -279,6 +279,33 @@ fn llama_family_step_matches_the_cpu_engine() {
     }
 }
 
+/// RoBERTa (positions after pad, the padded position row, erf GELU in its LM head, its
+/// classification head) and DistilBERT (its names, no token types, the ReLU pre-classifier) on
+/// the GPU executor against the CPU engine, padded, fp32 at both warp sizes and bf16 — every op
+/// of both families has GPU kernels.
+#[test]
+fn roberta_and_distilbert_steps_match_the_cpu_engine() {
+    let seq: ConfigEdit = |r| {
+        r["architectures"] = serde_json::json!([match r["model_type"].as_str().unwrap() {
+            "roberta" => "RobertaForSequenceClassification",
+            _ => "DistilBertForSequenceClassification",
+        }]);
+        r["num_labels"] = serde_json::json!(3);
+    };
+    let cases: [(&str, ConfigEdit); 4] = [
+        ("tiny-roberta", |_| {}),
+        ("tiny-roberta", seq),
+        ("tiny-distilbert", |_| {}),
+        ("tiny-distilbert", seq),
+    ];
+    for (name, edit) in cases {
+        let cfg = family_config(name, edit);
+        let label = format!("{name} ({})", cfg.arch.hf_name());
+        one_step_of(&label, &cfg, 2, 40, DType::F32, &BOTH, (1e-5, 1e-5), true);
+        one_step_of(&label, &cfg, 2, 40, DType::BF16, &BOTH[..1], (2e-4, 2e-2), true);
+    }
+}
+
 #[test]
 fn one_step_matches_the_cpu_engine_with_dropout() {
     for (name, b, t) in MODELS {
