@@ -243,8 +243,9 @@ pub struct CompareArgs {
 
 pub fn print_list() {
     println!("models:");
+    let width = ortbench_models::spec::ALIASES.iter().map(|(a, _)| a.len()).max().unwrap_or(0);
     for (alias, name) in ortbench_models::spec::ALIASES {
-        println!("  {alias:<12} -> {name}");
+        println!("  {alias:<width$} -> {name}");
     }
     for name in ortbench_models::spec::BUILTIN_NAMES {
         println!("  {name}");
