@@ -25,6 +25,7 @@ holds step-0 losses of the same weights with one thing taken away (`loss0_withou
 Other targets: `model-configs` writes the Llama family's configs in models/configs/ as transformers
 saves them; `config-defaults` writes tests/fixtures/config-defaults.json (HF's config defaults).
 """
+import copy
 import json
 import os
 import sys
@@ -40,7 +41,8 @@ from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassifica
                           LlamaForSequenceClassification, MistralConfig, MistralForCausalLM,
                           MistralForSequenceClassification, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3ForSequenceClassification, SmolLM3Config, SmolLM3ForCausalLM)
+                          Qwen3ForSequenceClassification, SmolLM3Config, SmolLM3ForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Phi3ForSequenceClassification)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -302,6 +304,27 @@ LLAMA_FIXTURES = {
     "tiny-smollm3-padded": dict(cls=SmolLM3ForCausalLM, cfg_cls=SmolLM3Config, seed=5015, base="tiny-smollm3",
                                 padded=True, left_pad=True, pad_in_text=True, pad_token_id=0,
                                 departures={"loss0_without_nope": {"no_rope_layers": [1, 1]}}),
+    # Phi-3: fused qkv_proj and gate_up_proj, every layer sliding (4 of 32 positions), padded as
+    # tiny-llama-padded; departure: no window.
+    "tiny-phi3-padded": dict(cls=Phi3ForCausalLM, cfg_cls=Phi3Config, seed=5017, base="tiny-phi3", padded=True,
+                             left_pad=True, pad_in_text=True, sliding_window=4,
+                             departures={"loss0_without_sliding_window": {"sliding_window": None}}),
+    # Phi-3's longrope, given in the legacy form (rope_scaling type "su", which Phi3Config reads as
+    # longrope): original length 16 of max_position_embeddings 64, so the 32-token batches take the
+    # long factors. Phi3Config's top-level original_max_position_embeddings is the one its rope
+    # reads (it overrides the dict's).
+    "tiny-phi3-longrope": dict(cls=Phi3ForCausalLM, cfg_cls=Phi3Config, seed=5018, base="tiny-phi3",
+                               max_position_embeddings=64, original_max_position_embeddings=16, rope_parameters=None,
+                               rope_scaling={"type": "su", "rope_theta": 10000.0,
+                                             "original_max_position_embeddings": 16,
+                                             "short_factor": [1.0, 1.0, 1.05, 1.1, 1.2, 1.4, 1.6, 2.0],
+                                             "long_factor": [2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]},
+                               departures={"loss0_without_rope_scaling": {
+                                   "rope_scaling": None,
+                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "tiny-phi3-cls-padded": dict(cls=Phi3ForSequenceClassification, cfg_cls=Phi3Config, seed=5019,
+                                 base="tiny-phi3", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                 initializer_range=0.05),
     # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
     "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
                                 sliding_window=8,
@@ -401,6 +424,16 @@ HUB_CONFIGS = {
         "rope_theta": 5000000.0, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
         "vocab_size": 128256,
     },
+    # microsoft/Phi-3-mini-4k-instruct: fused qkv_proj / gate_up_proj, every layer sliding (2047).
+    "phi-3-mini-4k-instruct": {
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+        "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "vocab_size": 32064,
+    },
     "qwen2.5-0.5b": {  # Qwen/Qwen2.5-0.5B
         "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
         "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
@@ -432,7 +465,7 @@ HUB_CONFIGS = {
     },
 }
 # The sizes their model pages give (safetensors parameter counts; tied lm_head counted once).
-PUBLISHED_PARAMS = {"smollm3-3b": 3_075_098_624, "smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+PUBLISHED_PARAMS = {"phi-3-mini-4k-instruct": 3_821_079_552, "smollm3-3b": 3_075_098_624, "smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
                     "llama-3.2-1b": 1_235_814_400}
 
 # Tiny test configs: sizes off multiples of 8 where HF allows (head_dim must stay even for RoPE's
@@ -467,6 +500,14 @@ TINY_CONFIGS = {
         "rope_theta": 10000.0, "no_rope_layer_interval": 2, "use_sliding_window": False, "sliding_window": None,
         "attention_dropout": 0.0,
     },
+    "tiny-phi3": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 267, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 128, "original_max_position_embeddings": 128,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-05, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": None, "attention_dropout": 0.0,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+    },
     "tiny-qwen3": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 251, "hidden_size": 48,
         "intermediate_size": 76, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -481,7 +522,7 @@ TINY_CONFIGS = {
 def hf_config(d):
     from transformers import AutoConfig
 
-    d = dict(d)
+    d = copy.deepcopy(d)  # HF standardises nested rope dicts in place; the case keeps what was given
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
@@ -571,6 +612,14 @@ CONFIG_DEFAULT_CASES = [
     # use_sliding_window: the NoPE layers (no_rope_layers given) slide
     ("window", {"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
                 "use_sliding_window": True, "sliding_window": 8, "no_rope_layers": [1, 0, 1, 0]}),
+    # Phi-3: its defaults (vocab 32064, pad 32000, rms eps 1e-5, untied, no window); a sized one with a window and
+    # longrope in the legacy "su" form (Phi3Config reads it as longrope)
+    ("minimal", {"model_type": "phi3"}),
+    ("sized", {"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_hidden_layers": 2, "intermediate_size": 100, "vocab_size": 267, "max_position_embeddings": 256,
+               "sliding_window": 32, "resid_pdrop": 0.1,
+               "rope_scaling": {"type": "su", "original_max_position_embeddings": 64, "short_factor": [1.0] * 8,
+                                "long_factor": [2.0] * 8}}),
     ("minimal", {"model_type": "mistral"}),
     # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
     ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,

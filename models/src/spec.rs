@@ -27,11 +27,13 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "qwen3-0.6b",
     "llama-3.2-1b",
     "smollm3-3b",
+    "phi-3-mini-4k-instruct",
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-smollm3",
+    "tiny-phi3",
 ];
 
 /// Short names users type.
@@ -52,6 +54,9 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("llama-3.2-1b", "llama-3.2-1b"),
     // SmolLM3: the Llama layout with NoPE layers.
     ("smollm3-3b", "smollm3-3b"),
+    // Phi-3: fused projections, a sliding window on every layer.
+    ("phi-3-mini-4k-instruct", "phi-3-mini-4k-instruct"),
+    ("phi-3-mini", "phi-3-mini-4k-instruct"),
 ];
 
 fn builtin_json(name: &str) -> Option<&'static str> {
@@ -76,6 +81,8 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "tiny-qwen3" => include_str!("../configs/tiny-qwen3.json"),
         "smollm3-3b" => include_str!("../configs/smollm3-3b.json"),
         "tiny-smollm3" => include_str!("../configs/tiny-smollm3.json"),
+        "phi-3-mini-4k-instruct" => include_str!("../configs/phi-3-mini-4k-instruct.json"),
+        "tiny-phi3" => include_str!("../configs/tiny-phi3.json"),
         _ => return None,
     })
 }

@@ -184,6 +184,8 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-llama-rope-linear", None),
         ("tiny-llama-rope-yarn", None),
         ("tiny-smollm3", None),
+        // Phi-3's fused projections (split in the graph).
+        ("tiny-phi3", None),
         ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full

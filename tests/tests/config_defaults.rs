@@ -116,6 +116,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     "qwen2" => Variant::Qwen2,
                     "qwen3" => Variant::Qwen3,
                     "smollm3" => Variant::SmolLM3,
+                    "phi3" => Variant::Phi3,
                     other => panic!("{label}: model_type {other}"),
                 };
                 assert_eq!(c.variant, want_variant, "{label}");
@@ -145,7 +146,9 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                         check("attention_bias", j!(c.qkv_bias).unwrap());
                         check("attention_bias", j!(c.o_bias).unwrap());
                     }
-                    Variant::Mistral => assert!(!c.qkv_bias && !c.o_bias, "{label}"),
+                    Variant::Mistral | Variant::Phi3 => {
+                        assert!(!c.qkv_bias && !c.o_bias, "{label}")
+                    }
                     Variant::Qwen2 => assert!(c.qkv_bias && !c.o_bias, "{label}"),
                 }
                 if matches!(c.variant, Variant::Llama | Variant::SmolLM3) {
@@ -154,6 +157,12 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     assert!(!c.mlp_bias, "{label}");
                 }
                 assert_eq!(c.qk_norm, c.variant == Variant::Qwen3, "{label}");
+                // Phi-3's fused projections and residual dropout.
+                assert_eq!(c.fused_projections, c.variant == Variant::Phi3, "{label}");
+                match c.resid_dropout {
+                    Some(p) => check("resid_pdrop", j!(p).unwrap()),
+                    None => assert!(c.variant != Variant::Phi3, "{label}"),
+                }
                 // SmolLM3's NoPE layers (HF's no_rope_layers, 1 = rotary).
                 let rope: Vec<i64> = c.rope_layers.iter().map(|&r| i64::from(r)).collect();
                 if c.variant == Variant::SmolLM3 {
@@ -251,10 +260,20 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         println!("{label}: {n} fields equal HF's");
         seen.insert(mt.to_string());
     }
-    let want: std::collections::BTreeSet<String> =
-        ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "smollm3"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let want: std::collections::BTreeSet<String> = [
+        "bert",
+        "roberta",
+        "distilbert",
+        "gpt2",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "smollm3",
+        "phi3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     assert_eq!(seen, want);
 }

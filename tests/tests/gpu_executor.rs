@@ -262,13 +262,15 @@ fn family_config(name: &str, edit: ConfigEdit) -> ortbench_models::ModelConfig {
 /// left padding — against the CPU engine, fp32, the GPT-2 tolerances.
 #[test]
 fn llama_family_step_matches_the_cpu_engine() {
-    let cases: [(&str, ConfigEdit); 5] = [
+    let cases: [(&str, ConfigEdit); 6] = [
         ("tiny-llama", |_| {}),
         ("tiny-llama", |r| r["num_key_value_heads"] = r["num_attention_heads"].clone()),
         ("tiny-qwen3", |_| {}),
         ("tiny-mistral", |r| r["sliding_window"] = serde_json::json!(5)),
         // SmolLM3: layer 1 of 2 without the rotary embedding (NoPE).
         ("tiny-smollm3", |_| {}),
+        // Phi-3: q/k/v and gate/up split from fused projections, every layer sliding.
+        ("tiny-phi3", |r| r["sliding_window"] = serde_json::json!(5)),
     ];
     for (name, edit) in cases {
         let cfg = family_config(name, edit);

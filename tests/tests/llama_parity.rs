@@ -169,6 +169,15 @@ fn tiny_smollm3_padded_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-smollm3-padded");
 }
 
+/// Phi-3: fused qkv_proj / gate_up_proj, every layer sliding, padded; its longrope given as
+/// the legacy "su"; its classifier.
+#[test]
+fn tiny_phi3_matches_hf_for_pytorch_and_ort() {
+    for name in ["tiny-phi3-padded", "tiny-phi3-longrope", "tiny-phi3-cls-padded"] {
+        check_fixture(name);
+    }
+}
+
 #[test]
 fn tiny_mistral_window_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-mistral-window");
@@ -229,12 +238,29 @@ fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
     let no_scaling: fn(&mut serde_json::Value) = |r| {
         r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
     };
-    let cases: [Departure; 10] = [
+    let cases: [Departure; 12] = [
         ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-yarn", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-longrope", "loss0_without_rope_scaling", no_scaling, true),
+        (
+            "tiny-phi3-longrope",
+            "loss0_without_rope_scaling",
+            |r| {
+                r["rope_parameters"] =
+                    serde_json::json!({"rope_type": "default", "rope_theta": 10000.0});
+            },
+            true,
+        ),
+        (
+            "tiny-phi3-padded",
+            "loss0_without_sliding_window",
+            |r| {
+                r["sliding_window"] = serde_json::Value::Null;
+            },
+            true,
+        ),
         (
             "tiny-smollm3-padded",
             "loss0_without_nope",
@@ -375,7 +401,7 @@ fn batch(cfg: &ModelConfig, b: usize, t: usize, seed: u64, padded: bool) -> Batc
 
 #[test]
 fn llama_engine_gradients_match_torch() {
-    for name in ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"] {
+    for name in ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3"] {
         let cfg = config(name, |_| {});
         check_gradients(name, &cfg, &batch(&cfg, 3, 16, 21, false));
         let padded = config(name, |r| r["pad_token_id"] = serde_json::json!(0));

@@ -44,6 +44,7 @@ pub static FAMILIES: &[&FamilyInfo] = &[
     &llama::QWEN2,
     &llama::QWEN3,
     &llama::SMOLLM3,
+    &llama::PHI3,
 ];
 
 /// What a family is before a config is read.
@@ -88,7 +89,8 @@ pub enum Family {
     Bert(bert::BertConfig),
     DistilBert(distilbert::DistilBertConfig),
     Gpt2(gpt2::Gpt2Config),
-    /// Llama, Mistral, Qwen2 and Qwen3 (one module: `LlamaConfig::variant` tells them apart).
+    /// Llama, Mistral, Qwen2, Qwen3, SmolLM3 and Phi-3 (one module: `LlamaConfig::variant`
+    /// tells them apart).
     Llama(llama::LlamaConfig),
 }
 

@@ -41,7 +41,8 @@ struct Shared {
 }
 
 /// LlamaDecoderLayer: input_layernorm → LlamaAttention → residual; post_attention_layernorm →
-/// LlamaMLP (down(silu(gate(x)) · up(x))) → residual.
+/// LlamaMLP (down(silu(gate(x)) · up(x))) → residual. Phi3DecoderLayer: the same with q/k/v
+/// and gate/up split from fused projections and dropout before each residual add.
 // x: (B, T, C) -> (B, T, C)
 fn decoder_layer(
     b: &mut Builder,
@@ -63,9 +64,17 @@ fn decoder_layer(
         };
         Ok(b.g.permute(y, &[0, 2, 1, 3])?) // (B, n, T, D)
     };
-    let q = proj(b, h, &format!("{p}.self_attn.q_proj"), c.qkv_bias)?;
-    let k = proj(b, h, &format!("{p}.self_attn.k_proj"), c.qkv_bias)?;
-    let v = proj(b, h, &format!("{p}.self_attn.v_proj"), c.qkv_bias)?;
+    let (q, k, v) = if c.fused_projections {
+        // Phi-3: qkv[..., :H·D], then K·D, then K·D.
+        let qkv = proj(b, h, &format!("{p}.self_attn.qkv_proj"), false)?; // (B, T, (H + 2K)·D)
+        let parts = b.g.split(qkv, &[heads * d, kv_heads * d, kv_heads * d])?;
+        (parts[0], parts[1], parts[2])
+    } else {
+        let q = proj(b, h, &format!("{p}.self_attn.q_proj"), c.qkv_bias)?;
+        let k = proj(b, h, &format!("{p}.self_attn.k_proj"), c.qkv_bias)?;
+        let v = proj(b, h, &format!("{p}.self_attn.v_proj"), c.qkv_bias)?;
+        (q, k, v)
+    };
     let q = split(b, q, heads, c.qk_norm.then_some("q_norm"))?;
     let k = split(b, k, kv_heads, c.qk_norm.then_some("k_norm"))?;
     let v = split(b, v, kv_heads, None)?;
@@ -84,13 +93,29 @@ fn decoder_layer(
     let ctx = b.eager_attention_masked(q, k, v, true, c.attention_dropout, mask)?; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, H·D)
     let a = proj(b, ctx, &format!("{p}.self_attn.o_proj"), c.o_bias)?;
+    let a = match c.resid_dropout {
+        Some(p) => b.dropout(a, p)?,
+        None => a,
+    };
     let x = b.g.add(x, a)?;
     let h = rms_norm(b, x, &format!("{p}.post_attention_layernorm"), c.rms_norm_eps)?;
-    let gate = proj(b, h, &format!("{p}.mlp.gate_proj"), c.mlp_bias)?;
-    let up = proj(b, h, &format!("{p}.mlp.up_proj"), c.mlp_bias)?;
+    let (gate, up) = if c.fused_projections {
+        // Phi-3: gate_up.chunk(2, dim=-1).
+        let gate_up = proj(b, h, &format!("{p}.mlp.gate_up_proj"), false)?; // (B, T, 2I)
+        let inter = c.intermediate_size;
+        let parts = b.g.split(gate_up, &[inter, inter])?;
+        (parts[0], parts[1])
+    } else {
+        let gate = proj(b, h, &format!("{p}.mlp.gate_proj"), c.mlp_bias)?;
+        (gate, proj(b, h, &format!("{p}.mlp.up_proj"), c.mlp_bias)?)
+    };
     let act = b.g.apply(UnaryFn::Silu, gate)?;
     let m = b.g.apply2(BinaryFn::Mul, act, up)?;
     let m = proj(b, m, &format!("{p}.mlp.down_proj"), c.mlp_bias)?;
+    let m = match c.resid_dropout {
+        Some(p) => b.dropout(m, p)?,
+        None => m,
+    };
     Ok(b.g.add(x, m)?)
 }
 

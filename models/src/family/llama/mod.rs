@@ -1,7 +1,8 @@
-//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3}): four HF model types that
-//! compute one function — RMSNorm pre-norm blocks, rotary position embeddings, grouped-query
-//! attention, a SwiGLU MLP — and differ in a few switches (attention biases, Qwen3's q/k norms,
-//! sliding windows, defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
+//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3}): HF model
+//! types that compute one function — RMSNorm pre-norm blocks, rotary position embeddings,
+//! grouped-query attention, a SwiGLU MLP — and differ in a few switches (attention biases,
+//! Qwen3's q/k norms, sliding windows, SmolLM3's NoPE layers, Phi-3's fused projections and
+//! residual dropout, defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
 //! pad ids and rotary tables here; its engine graph in `graph`, its tch module in `torch`.
 
 mod graph;
@@ -38,6 +39,10 @@ const HEADS_SMOLLM3: &[(Head, &str)] = &[
     (Head::CausalLm, "SmolLM3ForCausalLM"),
     (Head::SequenceClassification, "SmolLM3ForSequenceClassification"),
 ];
+const HEADS_PHI3: &[(Head, &str)] = &[
+    (Head::CausalLm, "Phi3ForCausalLM"),
+    (Head::SequenceClassification, "Phi3ForSequenceClassification"),
+];
 
 /// `model.embed_tokens.weight`: the input embedding the LM head ties to.
 const EMBED: &str = "model.embed_tokens.weight";
@@ -68,6 +73,9 @@ pub static QWEN3: FamilyInfo = info!("Qwen3", "qwen3", HEADS_QWEN3, parse_qwen3)
 /// SmolLM3ForCausalLM, SmolLM3ForSequenceClassification: Llama's layout with the rotary
 /// embedding left out of the layers `no_rope_layers` marks 0 (every fourth by default).
 pub static SMOLLM3: FamilyInfo = info!("SmolLM3", "smollm3", HEADS_SMOLLM3, parse_smollm3);
+/// Phi3ForCausalLM, Phi3ForSequenceClassification: Llama's function with q/k/v in one
+/// `qkv_proj` and gate/up in one `gate_up_proj`, dropout on both residual branches.
+pub static PHI3: FamilyInfo = info!("Phi-3", "phi3", HEADS_PHI3, parse_phi3);
 
 /// Which of the HF model types a config is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +85,7 @@ pub enum Variant {
     Qwen2,
     Qwen3,
     SmolLM3,
+    Phi3,
 }
 
 impl Variant {
@@ -87,6 +96,7 @@ impl Variant {
             Variant::Qwen2 => &QWEN2,
             Variant::Qwen3 => &QWEN3,
             Variant::SmolLM3 => &SMOLLM3,
+            Variant::Phi3 => &PHI3,
         }
     }
 }
@@ -321,6 +331,12 @@ pub struct LlamaConfig {
     /// Per layer, whether its attention applies the rotary embedding (SmolLM3's
     /// `no_rope_layers`: 0 for a NoPE layer; every layer in the other types).
     pub rope_layers: Vec<bool>,
+    /// Phi-3's `qkv_proj` (q, k, v rows in that order) and `gate_up_proj` (gate rows, then up)
+    /// in place of the five projections.
+    pub fused_projections: bool,
+    /// Phi-3's `resid_pdrop`: dropout on the attention's and the MLP's output before each
+    /// residual add (the other types have no such dropout).
+    pub resid_dropout: Option<f64>,
 }
 
 /// The config.json fields any of the four reads; absent ones take the type's HF default.
@@ -354,6 +370,7 @@ struct Raw {
     no_rope_layers: Option<Vec<i64>>,
     no_rope_layer_interval: Option<usize>,
     layer_types: Option<Vec<String>>,
+    resid_pdrop: Option<f64>,
 }
 
 /// `sliding_window`: absent (HF's default) vs an explicit null (no window).
@@ -378,6 +395,40 @@ fn parse_qwen3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
 fn parse_smollm3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
     parse(raw, origin, Variant::SmolLM3)
 }
+/// Phi3Config's `convert_rope_params_to_dict` and `validate_rope`: `standardize_rope_params`
+/// first — for a `longrope` or `yarn` type the config's top-level
+/// `original_max_position_embeddings` (default 4096) replaces the dict's — then `su` and `yarn`
+/// become `longrope` (an `su` dict keeps its own original length); the only other type is
+/// `default`.
+fn parse_phi3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    let mut raw = raw.clone();
+    let original = raw.get("original_max_position_embeddings").cloned().unwrap_or(4096.into());
+    for key in ["rope_scaling", "rope_parameters"] {
+        if let Some(obj) = raw.get_mut(key).and_then(Value::as_object_mut) {
+            let t = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str);
+            let t = t.unwrap_or("default").to_string();
+            if matches!(t.as_str(), "longrope" | "yarn") {
+                obj.insert("original_max_position_embeddings".into(), original.clone());
+            }
+            match t.as_str() {
+                "su" | "yarn" => {
+                    obj.remove("type");
+                    obj.insert("rope_type".into(), "longrope".into());
+                }
+                "default" | "longrope" => {}
+                other => {
+                    return Err(unsupported(
+                        origin,
+                        format!(
+                            "Phi-3 rope_type '{other}' (Phi3Config takes default and longrope)"
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+    parse(&raw, origin, Variant::Phi3)
+}
 
 fn unsupported(origin: &str, what: String) -> ModelError {
     ModelError::Unsupported(format!("{origin}: {what}"))
@@ -388,8 +439,12 @@ fn unsupported(origin: &str, what: String) -> ModelError {
 pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Family, ModelError> {
     let r: Raw = hf_fields(raw, origin)?;
     use Variant::*;
-    let smol = variant == SmolLM3;
-    let hidden_size = r.hidden_size.unwrap_or(if smol { 2048 } else { 4096 });
+    let (smol, phi3) = (variant == SmolLM3, variant == Phi3);
+    let hidden_size = r.hidden_size.unwrap_or(match variant {
+        SmolLM3 => 2048,
+        Phi3 => 3072,
+        _ => 4096,
+    });
     let heads = r.num_attention_heads.unwrap_or(if smol { 16 } else { 32 });
     if heads == 0 {
         return Err(ModelError::BadConfig(format!(
@@ -400,7 +455,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         Mistral => Some(8),
         Qwen2 | Qwen3 => Some(32),
         SmolLM3 => Some(4),
-        Llama => None,
+        Llama | Phi3 => None,
     };
     // An explicit null is None in both: HF then takes num_attention_heads.
     let kv_present = raw.get("num_key_value_heads").is_some();
@@ -422,12 +477,13 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         Llama => 2048,
         Mistral => 4096 * 32,
         Qwen2 | Qwen3 | SmolLM3 => 32768,
+        Phi3 => 4096,
     });
     // Attention and MLP biases: which fields each type reads.
     let attention_bias = r.attention_bias.unwrap_or(false);
     let (qkv_bias, o_bias) = match variant {
         Llama | Qwen3 | SmolLM3 => (attention_bias, attention_bias),
-        Mistral => (false, false),
+        Mistral | Phi3 => (false, false),
         Qwen2 => (true, false),
     };
     let mlp_bias = matches!(variant, Llama | SmolLM3) && r.mlp_bias.unwrap_or(false);
@@ -448,6 +504,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     // SmolLM3 defaults pad_token_id to 128004 (an explicit null is None), the others to None.
     let pad_token_id = match (variant, raw.get("pad_token_id")) {
         (SmolLM3, None) => Some(128004),
+        (Phi3, None) => Some(32000),
         _ => r.pad_token_id,
     };
     let attention_dropout = r.attention_dropout.unwrap_or(0.0);
@@ -457,12 +514,14 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
             Llama | Mistral => 32000,
             Qwen2 | Qwen3 => 151936,
             SmolLM3 => 128256,
+            Phi3 => 32064,
         }),
         hidden_size,
         intermediate_size: r.intermediate_size.unwrap_or(match variant {
             Llama | SmolLM3 => 11008,
             Mistral => 14336,
             Qwen2 | Qwen3 => 22016,
+            Phi3 => 8192,
         }),
         num_hidden_layers: layers,
         num_attention_heads: heads,
@@ -471,7 +530,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         hidden_act,
         max_position_embeddings,
         initializer_range: r.initializer_range.unwrap_or(0.02),
-        rms_norm_eps: r.rms_norm_eps.unwrap_or(1e-6),
+        rms_norm_eps: r.rms_norm_eps.unwrap_or(if phi3 { 1e-5 } else { 1e-6 }),
         pad_token_id,
         tie_word_embeddings: r.tie_word_embeddings.unwrap_or(variant == SmolLM3),
         rope,
@@ -483,6 +542,8 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         sliding_window,
         layer_types,
         rope_layers,
+        fused_projections: phi3,
+        resid_dropout: phi3.then(|| r.resid_pdrop.unwrap_or(0.0)),
     };
     if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(ModelError::BadConfig(format!(
@@ -495,6 +556,9 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
             "{origin}: head_dim {} must be even (rotary embeddings rotate halves)",
             c.head_dim
         )));
+    }
+    if let Some(p) = c.resid_dropout.filter(|p| !(0.0..1.0).contains(p)) {
+        return Err(ModelError::BadConfig(format!("{origin}: resid_pdrop {p} is not in [0, 1)")));
     }
     if !(0.0..1.0).contains(&c.attention_dropout) {
         return Err(ModelError::BadConfig(format!(
@@ -518,13 +582,15 @@ fn layer_windows(
 ) -> Result<(Option<usize>, Vec<LayerType>), ModelError> {
     use Variant::*;
     let window_field = match r.sliding_window {
-        None if variant == SmolLM3 => None, // absent: the class default
+        None if matches!(variant, SmolLM3 | Phi3) => None, // absent: the class default
         None => Some(4096),
         Some(w) => w,
     };
     Ok(match variant {
         Llama => (None, vec![LayerType::Full; layers]),
         Mistral => (window_field, vec![LayerType::Sliding; layers]),
+        // Phi3Model: every layer slides when sliding_window is set (default none).
+        Phi3 => (r.sliding_window.flatten(), vec![LayerType::Sliding; layers]),
         Qwen2 | Qwen3 | SmolLM3 => {
             let window = window_field.filter(|_| r.use_sliding_window.unwrap_or(false));
             let types = match &r.layer_types {
@@ -883,9 +949,15 @@ impl FamilyModel for LlamaConfig {
 
     fn set_dropout(&mut self, p: f64) {
         self.attention_dropout = p;
+        if self.resid_dropout.is_some() {
+            self.resid_dropout = Some(p);
+        }
     }
     fn dropout_keys(&self) -> &'static [&'static str] {
-        &["attention_dropout"]
+        match self.variant {
+            Variant::Phi3 => &["attention_dropout", "resid_pdrop"],
+            _ => &["attention_dropout"],
+        }
     }
 
     fn param_specs(&self, cfg: &ModelConfig) -> Vec<ParamSpec> {
@@ -912,17 +984,27 @@ impl FamilyModel for LlamaConfig {
             let p = format!("model.layers.{i}");
             // named_parameters() order: self_attn (q, k, v, o, q_norm, k_norm), mlp (gate, up,
             // down), input_layernorm, post_attention_layernorm.
-            linear(&mut l, &format!("{p}.self_attn.q_proj"), q, h, self.qkv_bias);
-            linear(&mut l, &format!("{p}.self_attn.k_proj"), kv, h, self.qkv_bias);
-            linear(&mut l, &format!("{p}.self_attn.v_proj"), kv, h, self.qkv_bias);
-            linear(&mut l, &format!("{p}.self_attn.o_proj"), h, q, self.o_bias);
+            // Phi-3: o_proj, then qkv_proj (declaration order); no biases.
+            if self.fused_projections {
+                linear(&mut l, &format!("{p}.self_attn.o_proj"), h, q, false);
+                linear(&mut l, &format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h, false);
+            } else {
+                linear(&mut l, &format!("{p}.self_attn.q_proj"), q, h, self.qkv_bias);
+                linear(&mut l, &format!("{p}.self_attn.k_proj"), kv, h, self.qkv_bias);
+                linear(&mut l, &format!("{p}.self_attn.v_proj"), kv, h, self.qkv_bias);
+                linear(&mut l, &format!("{p}.self_attn.o_proj"), h, q, self.o_bias);
+            }
             if self.qk_norm {
                 l.push(format!("{p}.self_attn.q_norm.weight"), &[d], Init::Ones, false);
                 l.push(format!("{p}.self_attn.k_norm.weight"), &[d], Init::Ones, false);
             }
             let inter = self.intermediate_size;
-            linear(&mut l, &format!("{p}.mlp.gate_proj"), inter, h, self.mlp_bias);
-            linear(&mut l, &format!("{p}.mlp.up_proj"), inter, h, self.mlp_bias);
+            if self.fused_projections {
+                linear(&mut l, &format!("{p}.mlp.gate_up_proj"), 2 * inter, h, false);
+            } else {
+                linear(&mut l, &format!("{p}.mlp.gate_proj"), inter, h, self.mlp_bias);
+                linear(&mut l, &format!("{p}.mlp.up_proj"), inter, h, self.mlp_bias);
+            }
             linear(&mut l, &format!("{p}.mlp.down_proj"), h, inter, self.mlp_bias);
             l.push(format!("{p}.input_layernorm.weight"), &[h], Init::Ones, false);
             l.push(format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones, false);
@@ -1032,6 +1114,7 @@ mod tests {
             ("qwen3-0.6b", 596_049_920),
             ("llama-3.2-1b", 1_235_814_400),
             ("smollm3-3b", 3_075_098_624),
+            ("phi-3-mini-4k-instruct", 3_821_079_552),
         ] {
             let cfg = builtin_config(name).unwrap();
             assert_eq!(crate::params::param_count(&cfg), want, "{name}");
@@ -1041,6 +1124,11 @@ mod tests {
             matches!(llama(&l).rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0)
         );
         assert_eq!(llama(&builtin_config("qwen2.5-0.5b").unwrap()).variant, Variant::Qwen2);
+        // Phi-3-mini: fused projections, every layer sliding at 2047.
+        let p = llama(&builtin_config("phi-3-mini-4k-instruct").unwrap()).clone();
+        assert!(p.fused_projections && p.variant == Variant::Phi3);
+        assert_eq!(p.sliding_window, Some(2047));
+        assert!(p.layer_types.iter().all(|&t| t == LayerType::Sliding));
         // SmolLM3-3B: every fourth of its 36 layers without the rotary embedding.
         let s = llama(&builtin_config("smollm3-3b").unwrap()).rope_layers.clone();
         assert_eq!(s.len(), 36);

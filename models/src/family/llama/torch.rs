@@ -168,16 +168,54 @@ fn repeat_kv(x: &Tensor, n_rep: i64) -> Tensor {
     x.unsqueeze(2).expand([b, kv, n_rep, t, d], false).reshape([b, kv * n_rep, t, d])
 }
 
+/// The attention's input projections: q, k, v (Llama) or Phi-3's `qkv_proj`.
+enum Qkv {
+    Separate { q: Proj, k: Proj, v: Proj },
+    Fused { qkv: Proj, q: i64, kv: i64 },
+}
+
+impl Qkv {
+    // x: (B, T, C) -> (B, T, H·D), (B, T, K·D), (B, T, K·D)
+    fn forward(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        match self {
+            Qkv::Separate { q, k, v } => (q.forward(x), k.forward(x), v.forward(x)),
+            Qkv::Fused { qkv, q, kv } => {
+                // Phi3Attention: qkv[..., :q], qkv[..., q:q + kv], qkv[..., q + kv:].
+                let y = qkv.forward(x);
+                (y.narrow(-1, 0, *q), y.narrow(-1, *q, *kv), y.narrow(-1, q + kv, *kv))
+            }
+        }
+    }
+}
+
+/// The MLP's gate and up projections: separate (Llama) or Phi-3's `gate_up_proj`.
+enum GateUp {
+    Separate { gate: Proj, up: Proj },
+    Fused(Proj),
+}
+
+impl GateUp {
+    // x: (B, T, C) -> gate, up: (B, T, I)
+    fn forward(&self, x: &Tensor) -> (Tensor, Tensor) {
+        match self {
+            GateUp::Separate { gate, up } => (gate.forward(x), up.forward(x)),
+            GateUp::Fused(p) => {
+                let y = p.forward(x).chunk(2, -1);
+                (y[0].shallow_clone(), y[1].shallow_clone())
+            }
+        }
+    }
+}
+
 struct DecoderLayer {
-    q_proj: Proj,
-    k_proj: Proj,
-    v_proj: Proj,
+    qkv: Qkv,
     o_proj: Proj,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
-    gate_proj: Proj,
-    up_proj: Proj,
+    gate_up: GateUp,
     down_proj: Proj,
+    /// Phi-3's resid_pdrop before each residual add.
+    resid_dropout: Option<f64>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     sliding: bool,
@@ -205,16 +243,37 @@ impl DecoderLayer {
         let eps = c.rms_norm_eps;
         let norm =
             |name: &str| c.qk_norm.then(|| RmsNorm::new(v, &format!("{p}.self_attn.{name}"), eps));
+        let (q, kv) = (
+            (c.num_attention_heads * c.head_dim) as i64,
+            (c.num_key_value_heads * c.head_dim) as i64,
+        );
+        let proj = |name: &str, bias: bool| Proj::new(v, &format!("{p}.{name}"), bias);
+        let (qkv, gate_up) = if c.fused_projections {
+            (
+                Qkv::Fused { qkv: proj("self_attn.qkv_proj", false), q, kv },
+                GateUp::Fused(proj("mlp.gate_up_proj", false)),
+            )
+        } else {
+            (
+                Qkv::Separate {
+                    q: proj("self_attn.q_proj", c.qkv_bias),
+                    k: proj("self_attn.k_proj", c.qkv_bias),
+                    v: proj("self_attn.v_proj", c.qkv_bias),
+                },
+                GateUp::Separate {
+                    gate: proj("mlp.gate_proj", c.mlp_bias),
+                    up: proj("mlp.up_proj", c.mlp_bias),
+                },
+            )
+        };
         DecoderLayer {
-            q_proj: Proj::new(v, &format!("{p}.self_attn.q_proj"), c.qkv_bias),
-            k_proj: Proj::new(v, &format!("{p}.self_attn.k_proj"), c.qkv_bias),
-            v_proj: Proj::new(v, &format!("{p}.self_attn.v_proj"), c.qkv_bias),
-            o_proj: Proj::new(v, &format!("{p}.self_attn.o_proj"), c.o_bias),
+            qkv,
+            o_proj: proj("self_attn.o_proj", c.o_bias),
             q_norm: norm("q_norm"),
             k_norm: norm("k_norm"),
-            gate_proj: Proj::new(v, &format!("{p}.mlp.gate_proj"), c.mlp_bias),
-            up_proj: Proj::new(v, &format!("{p}.mlp.up_proj"), c.mlp_bias),
-            down_proj: Proj::new(v, &format!("{p}.mlp.down_proj"), c.mlp_bias),
+            gate_up,
+            down_proj: proj("mlp.down_proj", c.mlp_bias),
+            resid_dropout: c.resid_dropout,
             input_layernorm: RmsNorm::new(v, &format!("{p}.input_layernorm"), eps),
             post_attention_layernorm: RmsNorm::new(
                 v,
@@ -240,9 +299,8 @@ impl DecoderLayer {
             };
             y.transpose(1, 2)
         };
-        let q = heads(self.q_proj.forward(&h), &self.q_norm);
-        let k = heads(self.k_proj.forward(&h), &self.k_norm);
-        let v = heads(self.v_proj.forward(&h), &None);
+        let (q, k, v) = self.qkv.forward(&h);
+        let (q, k, v) = (heads(q, &self.q_norm), heads(k, &self.k_norm), heads(v, &None));
         let (q, k) = if self.rope {
             (apply_rotary(&q, ctx.cos, ctx.sin), apply_rotary(&k, ctx.cos, ctx.sin))
         } else {
@@ -260,11 +318,16 @@ impl DecoderLayer {
         let ctx_out =
             Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, is_causal, Some(scale), gqa); // (B, H, T, D)
         let a = ctx_out.transpose(1, 2).contiguous().reshape([b, t, -1]).contiguous();
-        let x = x + self.o_proj.forward(&a);
+        let resid = |y: Tensor| match self.resid_dropout {
+            Some(p) => y.dropout(p, train),
+            None => y,
+        };
+        let x = x + resid(self.o_proj.forward(&a));
         let h = self.post_attention_layernorm.forward(&x);
-        let m =
-            self.down_proj.forward(&(self.gate_proj.forward(&h).silu() * self.up_proj.forward(&h)));
-        &x + m
+        let (gate, up) = self.gate_up.forward(&h);
+        // Phi3MLP: up · act(gate); LlamaMLP: act(gate) · up — the same product.
+        let m = self.down_proj.forward(&(gate.silu() * up));
+        &x + resid(m)
     }
 }
 
