@@ -382,7 +382,7 @@ FIXTURES.update({
     "tiny-distilbert-cls-padded": lambda: make(
         "tiny-distilbert-cls-padded", DistilBertForSequenceClassification, DistilBertConfig, 2202,
         base="tiny-distilbert", padded=True, randomise=True, left_pad=False, pad_in_text=True, num_labels=3,
-        initializer_range=0.2),
+        initializer_range=0.05),  # at 0.2 its loss falls to 0.03 by step 6, where fp32 rounding is 2e-5 of it
 })
 
 
