@@ -322,6 +322,14 @@ LLAMA_FIXTURES = {
                                departures={"loss0_without_rope_scaling": {
                                    "rope_scaling": None,
                                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # Phi-3's partial rotary embedding: the first half of each head's 16 dimensions turned, the rest passed
+    # through. Departure: the whole head turned.
+    "tiny-phi3-partial": dict(cls=Phi3ForCausalLM, cfg_cls=Phi3Config, seed=5020, base="tiny-phi3",
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.5},
+                              departures={"loss0_without_partial_rotary": {
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 1.0}}}),
     "tiny-phi3-cls-padded": dict(cls=Phi3ForSequenceClassification, cfg_cls=Phi3Config, seed=5019,
                                  base="tiny-phi3", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
                                  initializer_range=0.05),

@@ -61,6 +61,12 @@ fn config(base: &str, arch: Option<&str>) -> ModelConfig {
             }
             raw
         }
+        // Phi-3's partial rotary embedding: 8 of each head's 16 dimensions turned.
+        "tiny-phi3-partial" => {
+            let mut raw = builtin_config("tiny-phi3").unwrap().raw;
+            raw["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(0.5);
+            raw
+        }
         _ => builtin_config(base).unwrap().raw,
     };
     if let Some(arch) = arch {
@@ -186,6 +192,7 @@ fn onnxruntime_computes_the_engine_logits() {
         ("tiny-smollm3", None),
         // Phi-3's fused projections (split in the graph).
         ("tiny-phi3", None),
+        ("tiny-phi3-partial", None),
         ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full

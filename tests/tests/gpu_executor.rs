@@ -262,7 +262,7 @@ fn family_config(name: &str, edit: ConfigEdit) -> ortbench_models::ModelConfig {
 /// left padding — against the CPU engine, fp32, the GPT-2 tolerances.
 #[test]
 fn llama_family_step_matches_the_cpu_engine() {
-    let cases: [(&str, ConfigEdit); 6] = [
+    let cases: [(&str, ConfigEdit); 7] = [
         ("tiny-llama", |_| {}),
         ("tiny-llama", |r| r["num_key_value_heads"] = r["num_attention_heads"].clone()),
         ("tiny-qwen3", |_| {}),
@@ -271,6 +271,8 @@ fn llama_family_step_matches_the_cpu_engine() {
         ("tiny-smollm3", |_| {}),
         // Phi-3: q/k/v and gate/up split from fused projections, every layer sliding.
         ("tiny-phi3", |r| r["sliding_window"] = serde_json::json!(5)),
+        // …and its partial rotary embedding (12 of 16 dimensions turned).
+        ("tiny-phi3", |r| r["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(0.75)),
     ];
     for (name, edit) in cases {
         let cfg = family_config(name, edit);

@@ -170,10 +170,12 @@ fn tiny_smollm3_padded_matches_hf_for_pytorch_and_ort() {
 }
 
 /// Phi-3: fused qkv_proj / gate_up_proj, every layer sliding, padded; its longrope given as
-/// the legacy "su"; its classifier.
+/// the legacy "su"; its partial rotary embedding (half of each head); its classifier.
 #[test]
 fn tiny_phi3_matches_hf_for_pytorch_and_ort() {
-    for name in ["tiny-phi3-padded", "tiny-phi3-longrope", "tiny-phi3-cls-padded"] {
+    for name in
+        ["tiny-phi3-padded", "tiny-phi3-longrope", "tiny-phi3-partial", "tiny-phi3-cls-padded"]
+    {
         check_fixture(name);
     }
 }
@@ -238,7 +240,7 @@ fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
     let no_scaling: fn(&mut serde_json::Value) = |r| {
         r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
     };
-    let cases: [Departure; 12] = [
+    let cases: [Departure; 13] = [
         ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
@@ -251,6 +253,12 @@ fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
                 r["rope_parameters"] =
                     serde_json::json!({"rope_type": "default", "rope_theta": 10000.0});
             },
+            true,
+        ),
+        (
+            "tiny-phi3-partial",
+            "loss0_without_partial_rotary",
+            |r| r["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(1.0),
             true,
         ),
         (

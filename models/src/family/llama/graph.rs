@@ -32,6 +32,18 @@ fn rms_norm(b: &mut Builder, x: TensorId, prefix: &str, eps: f64) -> BResult<Ten
     Ok(b.g.rms_norm(x, w, eps as f32)?)
 }
 
+/// apply_rotary_pos_emb on one of q, k: the whole head, or (Phi-3's partial rotary) its first
+/// R dimensions, the rest passed through: cat(rotary(x[..., :R]), x[..., R:]).
+// x: (B, n, T, D) -> (B, n, T, D)
+fn rotary(b: &mut Builder, x: TensorId, c: &LlamaConfig, s: &Shared) -> BResult<TensorId> {
+    if c.rotary_dim == c.head_dim {
+        return Ok(b.g.rotary(x, s.cos, s.sin)?);
+    }
+    let parts = b.g.split(x, &[c.rotary_dim, c.head_dim - c.rotary_dim])?; // (…, R), (…, D − R)
+    let turned = b.g.rotary(parts[0], s.cos, s.sin)?;
+    Ok(b.g.concat(&[turned, parts[1]])?)
+}
+
 /// The rotary tables and masks every layer reads.
 struct Shared {
     cos: TensorId,
@@ -79,11 +91,7 @@ fn decoder_layer(
     let k = split(b, k, kv_heads, c.qk_norm.then_some("k_norm"))?;
     let v = split(b, v, kv_heads, None)?;
     // SmolLM3's NoPE layers leave q and k unrotated.
-    let (q, k) = if c.rope_layers[i] {
-        (b.g.rotary(q, s.cos, s.sin)?, b.g.rotary(k, s.cos, s.sin)?)
-    } else {
-        (q, k)
-    };
+    let (q, k) = if c.rope_layers[i] { (rotary(b, q, c, s)?, rotary(b, k, c, s)?) } else { (q, k) };
     let k = b.g.repeat_kv(k, c.n_rep())?; // (B, H, T, D)
     let v = b.g.repeat_kv(v, c.n_rep())?;
     let mask = match (c.layer_types[i], s.sliding_mask) {
@@ -151,8 +159,8 @@ fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult
         Some(_) => padded_embedding(b, table, ids, opts)?,
         None => b.g.embedding(table, ids)?,
     };
-    let cos = b.g.input_float(ROPE_COS, &[t, c.head_dim])?; // (T, D)
-    let sin = b.g.input_float(ROPE_SIN, &[t, c.head_dim])?;
+    let cos = b.g.input_float(ROPE_COS, &[t, c.rotary_dim])?; // (T, R), R ≤ D
+    let sin = b.g.input_float(ROPE_SIN, &[t, c.rotary_dim])?;
     let sliding_mask = match c.biting_window(t) {
         Some(_) => Some(b.g.input_float(SLIDING_WINDOW_MASK, &[bs, 1, t, t])?),
         None => None,

@@ -309,6 +309,9 @@ pub struct LlamaConfig {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
+    /// The leading dimensions of each head the rotary embedding turns: `head_dim`, or Phi-3's
+    /// `int(head_dim · partial_rotary_factor)` (the rest pass through).
+    pub rotary_dim: usize,
     pub hidden_act: String,
     pub max_position_embeddings: usize,
     pub initializer_range: f64,
@@ -500,7 +503,8 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
 
     // SmolLM3's class default rope_theta is 2e6 (`default_theta`), the others' 1e4.
     let theta = if variant == SmolLM3 { 2_000_000.0 } else { 10_000.0 };
-    let rope = parse_rope(&r, origin, (max_position_embeddings, head_dim), theta)?;
+    let (rope, rotary_dim) =
+        parse_rope(&r, origin, (max_position_embeddings, head_dim), theta, variant == Phi3)?;
     // SmolLM3 defaults pad_token_id to 128004 (an explicit null is None), the others to None.
     let pad_token_id = match (variant, raw.get("pad_token_id")) {
         (SmolLM3, None) => Some(128004),
@@ -527,6 +531,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         num_attention_heads: heads,
         num_key_value_heads,
         head_dim,
+        rotary_dim,
         hidden_act,
         max_position_embeddings,
         initializer_range: r.initializer_range.unwrap_or(0.02),
@@ -679,13 +684,17 @@ fn rope_layers(
 /// HF's `convert_rope_params_to_dict` + `standardize_rope_params`: `rope_scaling` (legacy) or
 /// `rope_parameters`, `rope_theta` from the dict, else the top level, else 10000; the type from
 /// `rope_type` (or legacy `type`); llama3's and yarn's `original_max_position_embeddings` from
-/// the dict, else `max_position_embeddings` ([`original_length`]).
+/// the dict, else `max_position_embeddings` ([`original_length`]). Returns the rope and the
+/// rotary dimensions: `int(head_dim · partial_rotary_factor)` where the type computes a partial
+/// rotary embedding (`partial`: Phi-3's `apply_rotary_pos_emb` passes the rest through; the
+/// others' would fail on it, so a factor other than 1 is refused there).
 fn parse_rope(
     r: &Raw,
     origin: &str,
     (max_positions, head_dim): (usize, usize),
     default_theta: f64,
-) -> Result<Rope, ModelError> {
+    partial_allowed: bool,
+) -> Result<(Rope, usize), ModelError> {
     let params = r
         .rope_scaling
         .clone()
@@ -702,16 +711,23 @@ fn parse_rope(
         .or_else(|| obj.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let partial = num("partial_rotary_factor").or(r.partial_rotary_factor);
-    if partial.is_some_and(|p| p != 1.0) {
+    let partial = num("partial_rotary_factor").or(r.partial_rotary_factor).unwrap_or(1.0);
+    if partial != 1.0 && !partial_allowed {
         return Err(unsupported(
             origin,
             format!(
-                "partial_rotary_factor {} (only full rotary embeddings are implemented)",
-                partial.unwrap()
+                "partial_rotary_factor {partial} (this model type's rotary embedding takes the whole head; Phi-3's takes a part)"
             ),
         ));
     }
+    // HF: dim = int(head_dim * partial_rotary_factor).
+    let rot = (head_dim as f64 * partial) as usize;
+    if rot == 0 || rot > head_dim || !rot.is_multiple_of(2) {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: partial_rotary_factor {partial} gives {rot} rotary dimensions of head_dim {head_dim} (need an even number in 2..=head_dim)"
+        )));
+    }
+    let head_dim = rot;
     let scaling = match rope_type {
         "default" => RopeScaling::Default,
         "llama3" => {
@@ -744,7 +760,7 @@ fn parse_rope(
             ))
         }
     };
-    Ok(Rope { theta, scaling })
+    Ok((Rope { theta, scaling }, head_dim))
 }
 
 /// llama3's and yarn's pretraining length as HF 5.23's Llama-family configs standardise it:
@@ -789,7 +805,7 @@ fn parse_longrope(
         match v {
             Some(v) if v.len() == head_dim / 2 => Ok(v),
             _ => Err(ModelError::BadConfig(format!(
-                "{origin}: longrope rope_parameters need '{key}': {} numbers (head_dim / 2), got {}",
+                "{origin}: longrope rope_parameters need '{key}': {} numbers (rotary dimensions / 2), got {}",
                 head_dim / 2,
                 obj.get(key).map_or("none".into(), |v| v.to_string())
             ))),
@@ -1028,7 +1044,7 @@ impl FamilyModel for LlamaConfig {
     }
 
     fn fixed_inputs(&self, seq_len: usize) -> Vec<(&'static str, Vec<f32>)> {
-        let (cos, sin) = self.rope.tables(self.head_dim, seq_len);
+        let (cos, sin) = self.rope.tables(self.rotary_dim, seq_len);
         vec![(crate::graph::ROPE_COS, cos), (crate::graph::ROPE_SIN, sin)]
     }
 

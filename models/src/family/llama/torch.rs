@@ -51,7 +51,8 @@ impl RmsNorm {
 /// `_compute_linear_scaling_…`, `_compute_dynamic_ntk_…` at a sequence of `t`,
 /// `_compute_yarn_…`): inv_freq (D/2,) f32, op by op as HF writes them.
 fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
-    let dim = c.head_dim as i64;
+    // int(head_dim * partial_rotary_factor)
+    let dim = c.rotary_dim as i64;
     let exps = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
         / dim as f64;
     let inv = Tensor::pow_scalar(c.rope.theta, &exps).reciprocal();
@@ -152,11 +153,18 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[&(-x2), &x1], -1)
 }
 
-/// apply_rotary_pos_emb for one tensor (cos/sin unsqueezed at dim 1).
-// x: (B, H, T, D), cos/sin: (1, T, D)
+/// apply_rotary_pos_emb for one tensor (cos/sin unsqueezed at dim 1); with fewer rotary
+/// dimensions than the head (Phi-3's partial rotary), the first R turned and the rest passed
+/// through, as Phi-3's version writes it.
+// x: (B, H, T, D), cos/sin: (1, T, R)
 fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
-    x * &cos + rotate_half(x) * &sin
+    let (d, r) = (x.size()[3], cos.size()[3]);
+    if r == d {
+        return x * &cos + rotate_half(x) * &sin;
+    }
+    let (x_rot, x_pass) = (x.narrow(-1, 0, r), x.narrow(-1, r, d - r));
+    Tensor::cat(&[&x_rot * &cos + rotate_half(&x_rot) * &sin, x_pass], -1)
 }
 
 /// repeat_kv: (B, KV, T, D) → (B, KV·n_rep, T, D).
