@@ -10,9 +10,9 @@ use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
 
 use super::{LayerType, LlamaConfig, EMBED};
 use crate::config::ModelConfig;
+use crate::family::bert::padded_lookup;
 use crate::graph::{
-    BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, NOT_PAD_MASK, PAD_MASK, ROPE_COS,
-    ROPE_SIN, SLIDING_WINDOW_MASK,
+    BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, ROPE_COS, ROPE_SIN, SLIDING_WINDOW_MASK,
 };
 use crate::ModelError;
 
@@ -127,28 +127,6 @@ fn decoder_layer(
     Ok(b.g.add(x, m)?)
 }
 
-/// The word-embedding lookup with `padding_idx` (the padding row gets no gradient from it), as
-/// BERT's builder writes it: x·keep + stop_gradient(x)·pad with the fed 0/1 masks.
-// ids: (B, T) -> (B, T, C)
-fn padded_embedding(
-    b: &mut Builder,
-    table: TensorId,
-    ids: TensorId,
-    opts: &GraphOptions,
-) -> BResult<TensorId> {
-    let x = b.g.embedding(table, ids)?; // (B, T, C)
-    let (bs, t) = (opts.batch_size, opts.seq_len);
-    let c = b.g.shape(x)[2];
-    let keep = b.g.input_float(NOT_PAD_MASK, &[bs, t, 1, 1])?;
-    let pad = b.g.input_float(PAD_MASK, &[bs, t, 1, 1])?;
-    let x4 = b.g.reshape(x, &[bs, t, 1, c])?;
-    let frozen = b.stop_gradient(x4)?;
-    let kept = b.g.matmul(keep, x4, false, false)?;
-    let padded = b.g.matmul(pad, frozen, false, false)?;
-    let y = b.g.add(kept, padded)?;
-    Ok(b.g.reshape(y, &[bs, t, c])?)
-}
-
 /// LlamaModel: embed_tokens, the rotary tables, the layers, norm.
 // returns (B, T, C)
 fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult<TensorId> {
@@ -156,7 +134,7 @@ fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult
     let ids = b.g.input_ids(INPUT_IDS, &[bs, t])?;
     let table = b.p(EMBED);
     let mut x = match c.padding_idx() {
-        Some(_) => padded_embedding(b, table, ids, opts)?,
+        Some(_) => padded_lookup(b, table, ids, &mut None, opts)?,
         None => b.g.embedding(table, ids)?,
     };
     let cos = b.g.input_float(ROPE_COS, &[t, c.rotary_dim])?; // (T, R), R ≤ D
