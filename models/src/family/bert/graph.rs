@@ -153,11 +153,36 @@ pub(crate) fn first_token(b: &mut Builder, h: TensorId) -> BResult<TensorId> {
     Ok(if t > 1 { b.g.split(flat, &[hidden, (t - 1) * hidden])?[0] } else { flat })
 }
 
-/// `BertForMaskedLM`: encoder → BertOnlyMLMHead (transform: dense, act, LayerNorm; decoder
-/// tied to the word embedding unless `tie_word_embeddings` is false; `cls.predictions.bias`).
-/// Returns the logits (B, T, V); the loss (mean cross-entropy over labels ≠ −100) is added by
-/// the caller.
-pub(super) fn bert_for_masked_lm(
+/// An MLM head's names and settings: BertOnlyMLMHead (`cls.predictions.transform.dense`, the
+/// config's activation, `….LayerNorm`, `cls.predictions.bias`), RobertaLMHead (`lm_head.dense`,
+/// erf GELU whatever `hidden_act` says, `lm_head.layer_norm`, `lm_head.bias`), DistilBERT's
+/// (`vocab_transform`, its activation, `vocab_layer_norm`, `vocab_projector.bias`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MlmHead {
+    pub dense: &'static str,
+    pub norm: &'static str,
+    /// The decoder's bias.
+    pub bias: &'static str,
+    /// The decoder's weight: the word embedding when tied, else the head's own.
+    pub decoder: &'static str,
+    pub act: Activation,
+    pub eps: f64,
+}
+
+/// dense → activation → LayerNorm → decoder + bias, over every position. Returns the logits
+/// (B, T, V); the caller's loss is the mean cross-entropy over labels ≠ −100.
+// h: (B, T, C) -> (B, T, V)
+pub(crate) fn mlm_head(b: &mut Builder, h: TensorId, m: &MlmHead) -> BResult<TensorId> {
+    let h = b.linear(h, m.dense)?;
+    let h = b.activation(h, m.act)?;
+    let h = b.layer_norm(h, m.norm, m.eps)?; // (B, T, C)
+    let logits = b.g.matmul(h, b.p(m.decoder), false, true)?; // (B, T, V)
+    Ok(b.g.bias_add(logits, b.p(m.bias))?)
+}
+
+/// `BertForMaskedLM` / `RobertaForMaskedLM`: the encoder and the variant's MLM head
+/// ([`BertConfig::mlm_head`]). Returns the logits (B, T, V).
+pub(super) fn for_masked_lm(
     b: &mut Builder,
     c: &BertConfig,
     cfg: &ModelConfig,
@@ -165,13 +190,7 @@ pub(super) fn bert_for_masked_lm(
 ) -> BResult<TensorId> {
     debug_assert_eq!(cfg.arch.head(), Head::MaskedLm);
     let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
-    let h = b.linear(h, "cls.predictions.transform.dense")?;
-    let h = b.activation(h, cfg.activation())?;
-    let h = b.layer_norm(h, "cls.predictions.transform.LayerNorm", c.layer_norm_eps)?; // (B, T, C)
-    let info = c.info();
-    let decoder = if c.tie_word_embeddings { info.word_embedding } else { info.untied_head };
-    let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
-    Ok(b.g.bias_add(logits, b.p("cls.predictions.bias"))?) // (B, T, V)
+    mlm_head(b, h, &c.mlm_head(cfg.activation()))
 }
 
 /// `BertForSequenceClassification`: encoder → BertPooler (token 0, dense, tanh) → dropout
@@ -205,26 +224,6 @@ pub(super) fn bert_for_token_classification(
     let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
     let h = b.dropout(h, c.classifier_dropout.unwrap_or(c.hidden_dropout_prob))?;
     b.linear(h, "classifier") // (B, T, num_labels)
-}
-
-/// `RobertaForMaskedLM`: encoder → RobertaLMHead (dense, GELU — erf, whatever `hidden_act`
-/// says —, layer_norm, decoder tied to the word embedding unless `tie_word_embeddings` is
-/// false, `lm_head.bias`). Returns the logits (B, T, V).
-pub(super) fn roberta_for_masked_lm(
-    b: &mut Builder,
-    c: &BertConfig,
-    cfg: &ModelConfig,
-    opts: &GraphOptions,
-) -> BResult<TensorId> {
-    debug_assert_eq!(cfg.arch.head(), Head::MaskedLm);
-    let h = bert_encoder(b, c, cfg, opts)?; // (B, T, C)
-    let h = b.linear(h, "lm_head.dense")?;
-    let h = b.activation(h, Activation::GeluErf)?;
-    let h = b.layer_norm(h, "lm_head.layer_norm", c.layer_norm_eps)?; // (B, T, C)
-    let info = c.info();
-    let decoder = if c.tie_word_embeddings { info.word_embedding } else { info.untied_head };
-    let logits = b.g.matmul(h, b.p(decoder), false, true)?; // (B, T, V)
-    Ok(b.g.bias_add(logits, b.p("lm_head.bias"))?) // (B, T, V)
 }
 
 /// `RobertaForSequenceClassification`: encoder (no pooler) → RobertaClassificationHead (token

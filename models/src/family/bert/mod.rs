@@ -9,9 +9,11 @@ mod graph;
 #[cfg(feature = "torch")]
 mod torch;
 
-pub(crate) use graph::{encoder_layer, first_token, padded_lookup, EncoderLayer};
+pub(crate) use graph::{
+    encoder_layer, first_token, mlm_head, padded_lookup, EncoderLayer, MlmHead,
+};
 #[cfg(feature = "torch")]
-pub(crate) use torch::TorchEncoderLayer;
+pub(crate) use torch::{TorchEncoderLayer, TorchMlmHead};
 
 use ortbench_engine::graph::TensorId;
 use serde::Deserialize;
@@ -208,6 +210,32 @@ impl BertConfig {
     /// The base model's prefix ("bert", "roberta").
     pub(crate) fn prefix(&self) -> &'static str {
         self.info().base_prefix
+    }
+
+    /// The MLM head of the variant: BERT's (`cls.predictions`, the config's activation) or
+    /// RoBERTa's (`lm_head`, erf GELU always, as HF's `RobertaLMHead`).
+    pub(crate) fn mlm_head(&self, act: Activation) -> MlmHead {
+        let info = self.info();
+        let decoder = if self.tie_word_embeddings { info.word_embedding } else { info.untied_head };
+        let eps = self.layer_norm_eps;
+        match self.variant {
+            Variant::Bert => MlmHead {
+                dense: "cls.predictions.transform.dense",
+                norm: "cls.predictions.transform.LayerNorm",
+                bias: "cls.predictions.bias",
+                decoder,
+                act,
+                eps,
+            },
+            Variant::Roberta => MlmHead {
+                dense: "lm_head.dense",
+                norm: "lm_head.layer_norm",
+                bias: "lm_head.bias",
+                decoder,
+                act: Activation::GeluErf,
+                eps,
+            },
+        }
     }
 
     /// The encoder layer's settings (the names are BertLayer's for both variants).
@@ -408,13 +436,10 @@ impl FamilyModel for BertConfig {
         opts: &GraphOptions,
     ) -> BResult<TensorId> {
         match cfg.arch.head() {
-            Head::MaskedLm if self.variant == Variant::Roberta => {
-                graph::roberta_for_masked_lm(b, self, cfg, opts)
-            }
+            Head::MaskedLm => graph::for_masked_lm(b, self, cfg, opts),
             Head::SequenceClassification if self.variant == Variant::Roberta => {
                 graph::roberta_for_sequence_classification(b, self, cfg, opts)
             }
-            Head::MaskedLm => graph::bert_for_masked_lm(b, self, cfg, opts),
             Head::SequenceClassification => {
                 graph::bert_for_sequence_classification(b, self, cfg, opts)
             }
@@ -430,13 +455,10 @@ impl FamilyModel for BertConfig {
         vars: &crate::torch::Vars,
     ) -> Box<dyn crate::torch::TorchLoss> {
         match cfg.arch.head() {
-            Head::MaskedLm if self.variant == Variant::Roberta => {
-                Box::new(torch::RobertaForMaskedLM::new(self, cfg, vars))
-            }
+            Head::MaskedLm => Box::new(torch::ForMaskedLM::new(self, cfg, vars)),
             Head::SequenceClassification if self.variant == Variant::Roberta => {
                 Box::new(torch::RobertaForSequenceClassification::new(self, cfg, vars))
             }
-            Head::MaskedLm => Box::new(torch::BertForMaskedLM::new(self, cfg, vars)),
             Head::SequenceClassification => {
                 Box::new(torch::BertForSequenceClassification::new(self, cfg, vars))
             }

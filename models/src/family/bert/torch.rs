@@ -3,7 +3,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::graph::EncoderLayer;
+use super::graph::{EncoderLayer, MlmHead};
 use super::{BertConfig, Variant};
 use crate::config::{Activation, ModelConfig, ProblemType};
 use crate::torch::layers::{
@@ -141,38 +141,49 @@ impl BertEncoder {
     }
 }
 
-/// BertForMaskedLM: encoder + BertOnlyMLMHead (transform, decoder tied to the word
-/// embedding, its own bias).
-pub struct BertForMaskedLM {
-    bert: BertEncoder,
-    transform: Linear,
-    transform_ln: LayerNorm,
-    decoder_weight: Tensor,
-    decoder_bias: Tensor,
+/// An MLM head (`graph::MlmHead`): dense, activation, LayerNorm, the decoder and its bias.
+pub(crate) struct TorchMlmHead {
+    dense: Linear,
+    norm: LayerNorm,
+    weight: Tensor,
+    bias: Tensor,
     act: Activation,
 }
 
-impl BertForMaskedLM {
-    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
-        let info = c.info();
-        let decoder_weight =
-            v.get(if c.tie_word_embeddings { info.word_embedding } else { info.untied_head });
-        BertForMaskedLM {
-            bert: BertEncoder::new(c, cfg, v),
-            transform: Linear::new(v, "cls.predictions.transform.dense"),
-            transform_ln: LayerNorm::new(
-                v,
-                "cls.predictions.transform.LayerNorm",
-                c.layer_norm_eps,
-            ),
-            decoder_weight,
-            decoder_bias: v.get("cls.predictions.bias"),
-            act: cfg.activation(),
+impl TorchMlmHead {
+    pub(crate) fn new(v: &Vars, m: &MlmHead) -> Self {
+        TorchMlmHead {
+            dense: Linear::new(v, m.dense),
+            norm: LayerNorm::new(v, m.norm, m.eps),
+            weight: v.get(m.decoder),
+            bias: v.get(m.bias),
+            act: m.act,
         }
+    }
+
+    /// Mean cross-entropy of the logits over labels ≠ −100.
+    // h: (B, T, C), labels: (B·T,) -> scalar
+    pub(crate) fn loss(&self, h: &Tensor, labels: &Tensor) -> Tensor {
+        let h = self.norm.forward(&activation(self.act, true, &self.dense.forward(h)));
+        let logits = h.linear(&self.weight, Some(&self.bias));
+        cross_entropy(&logits.view([-1, self.weight.size()[0]]), &labels.view([-1]))
     }
 }
 
-impl TorchLoss for BertForMaskedLM {
+/// BertForMaskedLM / RobertaForMaskedLM: the encoder and the variant's MLM head.
+pub struct ForMaskedLM {
+    encoder: BertEncoder,
+    head: TorchMlmHead,
+}
+
+impl ForMaskedLM {
+    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
+        let head = TorchMlmHead::new(v, &c.mlm_head(cfg.activation()));
+        ForMaskedLM { encoder: BertEncoder::new(c, cfg, v), head }
+    }
+}
+
+impl TorchLoss for ForMaskedLM {
     // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
     fn loss(
         &self,
@@ -182,11 +193,7 @@ impl TorchLoss for BertForMaskedLM {
         _targets: Option<&Tensor>,
         train: bool,
     ) -> Tensor {
-        let h = self.bert.forward(input_ids, attention_mask, train);
-        let h = self.transform_ln.forward(&activation(self.act, true, &self.transform.forward(&h)));
-        let logits = h.linear(&self.decoder_weight, Some(&self.decoder_bias));
-        let v = self.decoder_weight.size()[0];
-        cross_entropy(&logits.view([-1, v]), &labels.view([-1]))
+        self.head.loss(&self.encoder.forward(input_ids, attention_mask, train), labels)
     }
 }
 
@@ -262,50 +269,6 @@ impl TorchLoss for BertForTokenClassification {
         let h = self.bert.forward(input_ids, attention_mask, train);
         let logits = self.classifier.forward(&h.dropout(self.dropout, train));
         cross_entropy(&logits.view([-1, self.num_labels]), &labels.view([-1]))
-    }
-}
-
-/// RobertaForMaskedLM: encoder + RobertaLMHead (dense, erf GELU, layer_norm, decoder tied to the
-/// word embedding, `lm_head.bias`).
-pub struct RobertaForMaskedLM {
-    roberta: BertEncoder,
-    dense: Linear,
-    layer_norm: LayerNorm,
-    decoder_weight: Tensor,
-    decoder_bias: Tensor,
-}
-
-impl RobertaForMaskedLM {
-    pub(super) fn new(c: &BertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
-        let info = c.info();
-        let decoder_weight =
-            v.get(if c.tie_word_embeddings { info.word_embedding } else { info.untied_head });
-        RobertaForMaskedLM {
-            roberta: BertEncoder::new(c, cfg, v),
-            dense: Linear::new(v, "lm_head.dense"),
-            layer_norm: LayerNorm::new(v, "lm_head.layer_norm", c.layer_norm_eps),
-            decoder_weight,
-            decoder_bias: v.get("lm_head.bias"),
-        }
-    }
-}
-
-impl TorchLoss for RobertaForMaskedLM {
-    // input_ids: (B, T), attention_mask: (B, T), labels: (B·T,) -> scalar
-    fn loss(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: Option<&Tensor>,
-        labels: &Tensor,
-        _targets: Option<&Tensor>,
-        train: bool,
-    ) -> Tensor {
-        let h = self.roberta.forward(input_ids, attention_mask, train);
-        let h = activation(Activation::GeluErf, true, &self.dense.forward(&h));
-        let logits =
-            self.layer_norm.forward(&h).linear(&self.decoder_weight, Some(&self.decoder_bias));
-        let v = self.decoder_weight.size()[0];
-        cross_entropy(&logits.view([-1, v]), &labels.view([-1]))
     }
 }
 

@@ -5,7 +5,7 @@ use ortbench_engine::graph::TensorId;
 
 use super::{DistilBertConfig, INFO, LAYER_NORM_EPS};
 use crate::config::ModelConfig;
-use crate::family::bert::{encoder_layer, first_token, padded_lookup};
+use crate::family::bert::{encoder_layer, first_token, mlm_head, padded_lookup};
 use crate::family::Head;
 use crate::graph::{BResult, Builder, GraphOptions, INPUT_IDS, POSITION_IDS};
 
@@ -44,14 +44,7 @@ pub(super) fn logits(
         h = encoder_layer(b, h, &format!("distilbert.transformer.layer.{i}"), &layer)?;
     }
     match cfg.arch.head() {
-        Head::MaskedLm => {
-            let x = b.linear(h, "vocab_transform")?;
-            let x = b.activation(x, layer.act)?;
-            let x = b.layer_norm(x, "vocab_layer_norm", LAYER_NORM_EPS)?; // (B, T, C)
-            let w = if c.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head };
-            let logits = b.g.matmul(x, b.p(w), false, true)?; // (B, T, V)
-            Ok(b.g.bias_add(logits, b.p("vocab_projector.bias"))?)
-        }
+        Head::MaskedLm => mlm_head(b, h, &c.mlm_head()), // (B, T, V)
         Head::SequenceClassification => {
             let x = first_token(b, h)?; // (B, C)
             let x = b.linear(x, "pre_classifier")?;

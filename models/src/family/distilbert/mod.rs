@@ -13,7 +13,7 @@ use ortbench_engine::graph::TensorId;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::bert::{EncoderLayer, EncoderLayerNames};
+use super::bert::{EncoderLayer, EncoderLayerNames, MlmHead};
 use super::{Family, FamilyInfo, FamilyModel, FlopCount, Head, Pads};
 use crate::config::{hf_fields, parse_activation, Activation, ModelConfig};
 use crate::graph::{BResult, Builder, GraphOptions};
@@ -133,6 +133,19 @@ impl DistilBertConfig {
         self.pad_token_id.filter(|&p| p >= 0 && (p as usize) < self.vocab_size)
     }
 
+    /// DistilBertForMaskedLM's head: vocab_transform, the config's activation,
+    /// vocab_layer_norm, vocab_projector (its weight the word embedding unless untied).
+    pub(crate) fn mlm_head(&self) -> MlmHead {
+        MlmHead {
+            dense: "vocab_transform",
+            norm: "vocab_layer_norm",
+            bias: "vocab_projector.bias",
+            decoder: if self.tie_word_embeddings { INFO.word_embedding } else { INFO.untied_head },
+            act: self.activation(),
+            eps: LAYER_NORM_EPS,
+        }
+    }
+
     /// TransformerBlock's settings: no dropout on the attention's output projection.
     pub(crate) fn encoder_layer(&self) -> EncoderLayer {
         EncoderLayer {
@@ -157,7 +170,7 @@ fn parse(raw: &Value, origin: &str) -> Result<Family, ModelError> {
             "{origin}: DistilBERT with sinusoidal_pos_embds (only learned position embeddings)"
         )));
     }
-    if c.dim % c.n_heads != 0 {
+    if !c.dim.is_multiple_of(c.n_heads) {
         return Err(ModelError::BadConfig(format!(
             "{origin}: n_heads {} must divide dim {}",
             c.n_heads, c.dim

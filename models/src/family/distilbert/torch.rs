@@ -4,18 +4,16 @@
 use tch::{Kind, Tensor};
 
 use super::{DistilBertConfig, INFO, LAYER_NORM_EPS};
-use crate::config::{Activation, ModelConfig, ProblemType};
-use crate::family::bert::TorchEncoderLayer;
+use crate::config::{ModelConfig, ProblemType};
+use crate::family::bert::{TorchEncoderLayer, TorchMlmHead};
 use crate::family::Head;
-use crate::torch::layers::{
-    activation, classification_loss, cross_entropy, padding_mask, LayerNorm, Linear,
-};
+use crate::torch::layers::{classification_loss, cross_entropy, padding_mask, LayerNorm, Linear};
 use crate::torch::{TorchLoss, Vars};
 
 /// The head on top of DistilBertModel.
 enum DistilHead {
     /// vocab_transform, activation, vocab_layer_norm, vocab_projector (weight, bias).
-    MaskedLm { transform: Linear, norm: LayerNorm, weight: Tensor, bias: Tensor },
+    MaskedLm(TorchMlmHead),
     /// pre_classifier, ReLU, dropout, classifier.
     Sequence { pre: Linear, classifier: Linear, dropout: f64, problem: ProblemType },
     /// dropout, classifier.
@@ -30,7 +28,6 @@ pub struct DistilBert {
     dropout: f64,
     padding_idx: i64,
     layers: Vec<TorchEncoderLayer>,
-    act: Activation,
     head: DistilHead,
 }
 
@@ -38,16 +35,7 @@ impl DistilBert {
     pub(super) fn new(c: &DistilBertConfig, cfg: &ModelConfig, v: &Vars) -> Self {
         let layer = c.encoder_layer();
         let head = match cfg.arch.head() {
-            Head::MaskedLm => DistilHead::MaskedLm {
-                transform: Linear::new(v, "vocab_transform"),
-                norm: LayerNorm::new(v, "vocab_layer_norm", LAYER_NORM_EPS),
-                weight: v.get(if c.tie_word_embeddings {
-                    INFO.word_embedding
-                } else {
-                    INFO.untied_head
-                }),
-                bias: v.get("vocab_projector.bias"),
-            },
+            Head::MaskedLm => DistilHead::MaskedLm(TorchMlmHead::new(v, &c.mlm_head())),
             Head::SequenceClassification => DistilHead::Sequence {
                 pre: Linear::new(v, "pre_classifier"),
                 classifier: Linear::new(v, "classifier"),
@@ -72,7 +60,6 @@ impl DistilBert {
                     TorchEncoderLayer::new(v, &format!("distilbert.transformer.layer.{i}"), layer)
                 })
                 .collect(),
-            act: layer.act,
             head,
         }
     }
@@ -105,11 +92,7 @@ impl TorchLoss for DistilBert {
     ) -> Tensor {
         let h = self.hidden(input_ids, attention_mask, train);
         match &self.head {
-            DistilHead::MaskedLm { transform, norm, weight, bias } => {
-                let x = norm.forward(&activation(self.act, true, &transform.forward(&h)));
-                let logits = x.linear(weight, Some(bias));
-                cross_entropy(&logits.view([-1, weight.size()[0]]), &labels.view([-1]))
-            }
+            DistilHead::MaskedLm(head) => head.loss(&h, labels),
             DistilHead::Sequence { pre, classifier, dropout, problem } => {
                 let x = pre.forward(&h.select(1, 0)).relu().dropout(*dropout, train);
                 classification_loss(&classifier.forward(&x), labels, targets, *problem)
