@@ -185,18 +185,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         }
         write_tables(&out, &results, &steps)?;
     }
-    for r in &results {
-        let (mfu, hfu) = (r.mfu.unwrap_or(0.0), r.hfu.unwrap_or(0.0));
-        if hfu > 1.0 || (r.hfu.is_none() && mfu > 1.0) {
-            // The peak is an upper bound by construction; past it with the FLOPs that ran, one
-            // of its inputs is wrong.
-            eprintln!("ortbench: warning: {} {} executes {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * hfu.max(mfu), peak.source);
-        } else if mfu > 1.0 {
-            // MFU counts the model's FLOPs as HF computes them; a config that skips work (the
-            // MLM head's unlabelled rows) passes 100 % with them while what ran (HFU) does not.
-            eprintln!("ortbench: note: {} {}: MFU {:.0} % counts the model's FLOPs as HF computes them (the LM head over every position); this config ran fewer (HFU {:.0} %: it skips the MLM head's unlabelled rows, README \"row skip\")", r.model, r.config, 100.0 * mfu, 100.0 * hfu);
-        }
-    }
+    say_utilisation_past_peak(&results, &peak);
     let mut meta_json = meta(&peak, Some(unix_now()), interrupted, &results);
     if let Some(auto) = &plan.auto_batch {
         meta_json["batch_search"] = json!({ "budget": auto, "stop_line_bytes": auto.stop_bytes(), "configs": batch_search });
@@ -381,6 +370,24 @@ fn install_ctrlc() {
             std::process::exit(130);
         }
     });
+}
+
+/// Rows past the theoretical peak: a warning when what ran (HFU) passes it — one of the peak's
+/// inputs is wrong —, a note when only MFU does (the model's FLOPs as HF computes them, more
+/// than a config that skips work ran).
+fn say_utilisation_past_peak(results: &[ResultRow], peak: &DevicePeak) {
+    for r in results {
+        let (mfu, hfu) = (r.mfu.unwrap_or(0.0), r.hfu.unwrap_or(0.0));
+        if hfu > 1.0 || (r.hfu.is_none() && mfu > 1.0) {
+            // The peak is an upper bound by construction; past it with the FLOPs that ran, one
+            // of its inputs is wrong.
+            eprintln!("ortbench: warning: {} {} executes {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * hfu.max(mfu), peak.source);
+        } else if mfu > 1.0 {
+            // MFU counts the model's FLOPs as HF computes them; a config that skips work (the
+            // MLM head's unlabelled rows) passes 100 % with them while what ran (HFU) does not.
+            eprintln!("ortbench: note: {} {}: MFU {:.0} % counts the model's FLOPs as HF computes them (the LM head over every position); this config ran fewer (HFU {:.0} %: it skips the MLM head's unlabelled rows, README \"row skip\")", r.model, r.config, 100.0 * mfu, 100.0 * hfu);
+        }
+    }
 }
 
 /// The device's peak: on the CPU the theoretical peak of the cores the runs use
