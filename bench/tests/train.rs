@@ -224,6 +224,27 @@ fn train_fine_tunes_a_classifier_that_hf_loads_and_onnx_exports() {
     onnx_computes_the_engine_logits(&out, tmp.path(), "sentiment");
 }
 
+/// `ortbench train` of `model` for `steps` steps at batch 4 × seq 32, lr 1e-3, on the fixture
+/// `data`, saved to `out` (`--task task` when given): whether it succeeded, and its stderr.
+fn train_briefly(
+    model: &Path,
+    task: Option<&str>,
+    data: &str,
+    steps: &str,
+    out: &Path,
+    cwd: &Path,
+) -> (bool, String) {
+    let (model, data) = (model.to_str().unwrap(), fixture(data));
+    let mut args = vec!["train", "--model", model, "--dataset", data.to_str().unwrap()];
+    if let Some(task) = task {
+        args.extend(["--task", task]);
+    }
+    args.extend(["--max-steps", steps, "--batch-size", "4", "--seq-len", "32", "--lr", "1e-3"]);
+    args.extend(["--output-dir", out.to_str().unwrap()]);
+    let (ok, _, stderr) = ortbench(&args, cwd);
+    (ok, stderr)
+}
+
 /// A masked LM (the sentiment checkpoint with --task masked-lm: a new head) and a causal LM
 /// with a tied decoder, a few steps each: HF loads what train saved.
 #[test]
@@ -234,28 +255,8 @@ fn saved_language_models_load_in_hf() {
         ("tiny-gpt2-text", "causal-lm", "GPT2LMHeadModel"),
     ] {
         let out = tmp.path().join(task);
-        let (ok, _, stderr) = ortbench(
-            &[
-                "train",
-                "--model",
-                fixture(model).to_str().unwrap(),
-                "--task",
-                task,
-                "--dataset",
-                fixture("text/corpus.txt").to_str().unwrap(),
-                "--max-steps",
-                "3",
-                "--batch-size",
-                "4",
-                "--seq-len",
-                "32",
-                "--lr",
-                "1e-3",
-                "--output-dir",
-                out.to_str().unwrap(),
-            ],
-            tmp.path(),
-        );
+        let (ok, stderr) =
+            train_briefly(&fixture(model), Some(task), "text/corpus.txt", "3", &out, tmp.path());
         assert!(ok, "{label}: {stderr}");
         hf_agrees(&out, label);
     }
@@ -268,26 +269,8 @@ fn saved_language_models_load_in_hf() {
 fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("llama");
-    let (ok, _, stderr) = ortbench(
-        &[
-            "train",
-            "--model",
-            fixture("tiny-llama-text").to_str().unwrap(),
-            "--dataset",
-            fixture("text/corpus.txt").to_str().unwrap(),
-            "--max-steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "32",
-            "--lr",
-            "1e-3",
-            "--output-dir",
-            out.to_str().unwrap(),
-        ],
-        tmp.path(),
-    );
+    let model = fixture("tiny-llama-text");
+    let (ok, stderr) = train_briefly(&model, None, "text/corpus.txt", "4", &out, tmp.path());
     assert!(ok, "{stderr}");
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(out.join(f).is_file(), "{f}");
@@ -331,28 +314,7 @@ fn train_saves_roberta_and_distilbert_that_hf_loads_and_onnx_exports() {
         let out = tmp.path().join(label);
         let model =
             if task == "sequence-classification" { labelled.clone() } else { fixture(model) };
-        let (ok, _, stderr) = ortbench(
-            &[
-                "train",
-                "--model",
-                model.to_str().unwrap(),
-                "--task",
-                task,
-                "--dataset",
-                fixture(data).to_str().unwrap(),
-                "--max-steps",
-                "4",
-                "--batch-size",
-                "4",
-                "--seq-len",
-                "32",
-                "--lr",
-                "1e-3",
-                "--output-dir",
-                out.to_str().unwrap(),
-            ],
-            tmp.path(),
-        );
+        let (ok, stderr) = train_briefly(&model, Some(task), data, "4", &out, tmp.path());
         assert!(ok, "{label}: {stderr}");
         let saved: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
