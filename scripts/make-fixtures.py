@@ -42,7 +42,8 @@ from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassifica
                           MistralForSequenceClassification, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3ForSequenceClassification, SmolLM3Config, SmolLM3ForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Phi3ForSequenceClassification)
+                          Phi3ForCausalLM, Phi3ForSequenceClassification, GemmaConfig, GemmaForCausalLM,
+                          GemmaForSequenceClassification)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -70,7 +71,9 @@ def perturb(model, seed):
             norm = "Norm" in type(mod).__name__
             for p_name, p in mod.named_parameters(recurse=False):
                 if norm and p_name == "weight":
-                    p.mul_(1 + 0.2 * torch.randn(p.shape, generator=g))
+                    noise = 0.2 * torch.randn(p.shape, generator=g)
+                    # Gemma's (1 + w) norms start at 0: moved by the same draw, added.
+                    p.add_(noise) if bool((p == 0).all()) else p.mul_(1 + noise)
                 elif p_name == "bias":
                     p.copy_(0.1 * torch.randn(p.shape, generator=g))
 
@@ -333,6 +336,13 @@ LLAMA_FIXTURES = {
     "tiny-phi3-cls-padded": dict(cls=Phi3ForSequenceClassification, cfg_cls=Phi3Config, seed=5019,
                                  base="tiny-phi3", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
                                  initializer_range=0.05),
+    # Gemma: (1 + w) RMSNorms (weights from 0, moved by perturb), the embedding × √64, GeGLU, head_dim 24;
+    # padded as tiny-llama-padded; its classifier.
+    "tiny-gemma-padded": dict(cls=GemmaForCausalLM, cfg_cls=GemmaConfig, seed=5021, base="tiny-gemma", padded=True,
+                              left_pad=True, pad_in_text=True),
+    "tiny-gemma-cls-padded": dict(cls=GemmaForSequenceClassification, cfg_cls=GemmaConfig, seed=5022,
+                                  base="tiny-gemma", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                  initializer_range=0.05),
     # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
     "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
                                 sliding_window=8,
@@ -516,6 +526,14 @@ TINY_CONFIGS = {
         "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": None, "attention_dropout": 0.0,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0,
     },
+    # Gemma: head_dim 24 with hidden 64 / 4 heads (not hidden / heads), tanh-GELU MLP, tied.
+    "tiny-gemma": {
+        "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "vocab_size": 263, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 24, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 128, "initializer_range": 0.02,
+        "rms_norm_eps": 1e-06, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": True,
+        "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": 0.0,
+    },
     "tiny-qwen3": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 251, "hidden_size": 48,
         "intermediate_size": 76, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -628,6 +646,10 @@ CONFIG_DEFAULT_CASES = [
                "sliding_window": 32, "resid_pdrop": 0.1,
                "rope_scaling": {"type": "su", "original_max_position_embeddings": 64, "short_factor": [1.0] * 8,
                                 "long_factor": [2.0] * 8}}),
+    # Gemma: head_dim 256 whatever the sizes, gelu_pytorch_tanh ("gelu" read as it), tied, pad 0
+    ("minimal", {"model_type": "gemma"}),
+    ("sized", {"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "num_hidden_layers": 2, "intermediate_size": 100, "vocab_size": 263, "hidden_act": "gelu"}),
     ("minimal", {"model_type": "mistral"}),
     # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
     ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,

@@ -34,6 +34,7 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "tiny-qwen3",
     "tiny-smollm3",
     "tiny-phi3",
+    "tiny-gemma",
 ];
 
 /// Short names users type.
@@ -83,6 +84,7 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "tiny-smollm3" => include_str!("../configs/tiny-smollm3.json"),
         "phi-3-mini-4k-instruct" => include_str!("../configs/phi-3-mini-4k-instruct.json"),
         "tiny-phi3" => include_str!("../configs/tiny-phi3.json"),
+        "tiny-gemma" => include_str!("../configs/tiny-gemma.json"),
         _ => return None,
     })
 }

@@ -193,6 +193,7 @@ fn onnxruntime_computes_the_engine_logits() {
         // Phi-3's fused projections (split in the graph).
         ("tiny-phi3", None),
         ("tiny-phi3-partial", None),
+        ("tiny-gemma", None),
         ("tiny-llama", Some("LlamaForSequenceClassification")),
     ];
     // 2×9: one row right-padded; 3×16: right-padded, unpadded, left-padded; 1×64: one full

@@ -117,6 +117,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     "qwen3" => Variant::Qwen3,
                     "smollm3" => Variant::SmolLM3,
                     "phi3" => Variant::Phi3,
+                    "gemma" => Variant::Gemma,
                     other => panic!("{label}: model_type {other}"),
                 };
                 assert_eq!(c.variant, want_variant, "{label}");
@@ -142,7 +143,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 check("attention_dropout", j!(c.attention_dropout).unwrap());
                 // Biases: the field where the type has one; Mistral none, Qwen2 q/k/v only.
                 match c.variant {
-                    Variant::Llama | Variant::Qwen3 | Variant::SmolLM3 => {
+                    Variant::Llama | Variant::Qwen3 | Variant::SmolLM3 | Variant::Gemma => {
                         check("attention_bias", j!(c.qkv_bias).unwrap());
                         check("attention_bias", j!(c.o_bias).unwrap());
                     }
@@ -271,6 +272,7 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         "qwen3",
         "smollm3",
         "phi3",
+        "gemma",
     ]
     .iter()
     .map(|s| s.to_string())

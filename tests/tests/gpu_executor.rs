@@ -310,6 +310,19 @@ fn roberta_and_distilbert_steps_match_the_cpu_engine() {
     }
 }
 
+/// Gemma's GeGLU needs a GELU on a bias-free projection's output, which has no GPU kernel yet
+/// (the GPU runs GELU only inside a linear layer's cuBLASLt epilogue): the executor refuses the
+/// graph naming the op, instead of running something else.
+#[test]
+fn gemma_is_refused_on_the_gpu_naming_its_missing_kernel() {
+    let cfg = family_config("tiny-gemma", |_| {});
+    let model = build_training_graph(&cfg, &GraphOptions::new(2, 16)).unwrap();
+    let dev = SimtGpu::new(32, Order::Forward);
+    let e = GpuExecutor::new(&model.graph, dev).err().expect("refused").to_string();
+    println!("tiny-gemma on the GPU executor: {e}");
+    assert!(e.contains("gelu"), "{e}");
+}
+
 #[test]
 fn one_step_matches_the_cpu_engine_with_dropout() {
     for (name, b, t) in MODELS {

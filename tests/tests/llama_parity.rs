@@ -180,6 +180,15 @@ fn tiny_phi3_matches_hf_for_pytorch_and_ort() {
     }
 }
 
+/// Gemma: (1 + w) RMSNorms, the embedding × √hidden, GeGLU, head_dim ≠ hidden / heads; padded;
+/// its classifier.
+#[test]
+fn tiny_gemma_matches_hf_for_pytorch_and_ort() {
+    for name in ["tiny-gemma-padded", "tiny-gemma-cls-padded"] {
+        check_fixture(name);
+    }
+}
+
 #[test]
 fn tiny_mistral_window_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-mistral-window");
@@ -339,8 +348,9 @@ fn check_gradients_with(
         .with_passes(passes)
         .with_attention_mask(batch.attention_mask.is_some());
     let model = build_training_graph(cfg, &gopts).unwrap();
-    // The SiLU-gated MLP of every layer is one `swiglu` when the pass is on.
-    let swiglu = if passes.enabled("fuse_swiglu") { cfg.num_layers() } else { 0 };
+    // The SiLU-gated MLP of every layer is one `swiglu` when the pass is on (Gemma's GeGLU is not).
+    let silu = cfg.activation() == ortbench_models::config::Activation::Silu;
+    let swiglu = if passes.enabled("fuse_swiglu") && silu { cfg.num_layers() } else { 0 };
     assert_eq!(model.pass_report.rewrites("fuse_swiglu"), swiglu, "{label}: {}", model.pass_report);
     let params = model.flatten(&weights).unwrap();
     let mut grads = vec![f32::NAN; params.len()];
@@ -409,7 +419,9 @@ fn batch(cfg: &ModelConfig, b: usize, t: usize, seed: u64, padded: bool) -> Batc
 
 #[test]
 fn llama_engine_gradients_match_torch() {
-    for name in ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3"] {
+    for name in
+        ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-gemma"]
+    {
         let cfg = config(name, |_| {});
         check_gradients(name, &cfg, &batch(&cfg, 3, 16, 21, false));
         let padded = config(name, |r| r["pad_token_id"] = serde_json::json!(0));

@@ -45,6 +45,7 @@ pub static FAMILIES: &[&FamilyInfo] = &[
     &llama::QWEN3,
     &llama::SMOLLM3,
     &llama::PHI3,
+    &llama::GEMMA,
 ];
 
 /// What a family is before a config is read.
@@ -89,8 +90,8 @@ pub enum Family {
     Bert(bert::BertConfig),
     DistilBert(distilbert::DistilBertConfig),
     Gpt2(gpt2::Gpt2Config),
-    /// Llama, Mistral, Qwen2, Qwen3, SmolLM3 and Phi-3 (one module: `LlamaConfig::variant`
-    /// tells them apart).
+    /// Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3 and Gemma (one module:
+    /// `LlamaConfig::variant` tells them apart).
     Llama(llama::LlamaConfig),
 }
 

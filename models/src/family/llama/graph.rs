@@ -5,11 +5,11 @@
 //! computed on the host in f32 as HF computes them; a sliding window that bites is the fed
 //! additive mask [`SLIDING_WINDOW_MASK`].
 
-use ortbench_engine::graph::TensorId;
+use ortbench_engine::graph::{GeluApprox, TensorId};
 use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
 
 use super::{LayerType, LlamaConfig, EMBED};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::family::bert::padded_lookup;
 use crate::graph::{
     BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, ROPE_COS, ROPE_SIN, SLIDING_WINDOW_MASK,
@@ -26,9 +26,22 @@ fn proj(b: &mut Builder, x: TensorId, prefix: &str, bias: bool) -> BResult<Tenso
     }
 }
 
-/// LlamaRMSNorm `{prefix}.weight`.
-fn rms_norm(b: &mut Builder, x: TensorId, prefix: &str, eps: f64) -> BResult<TensorId> {
+/// LlamaRMSNorm `{prefix}.weight` (w · x̂), or GemmaRMSNorm's (1 + w) · x̂ (`offset`).
+fn rms_norm(
+    b: &mut Builder,
+    x: TensorId,
+    prefix: &str,
+    eps: f64,
+    offset: bool,
+) -> BResult<TensorId> {
     let w = b.p(&format!("{prefix}.weight"));
+    let w = if offset {
+        let n = b.g.shape(w).to_vec();
+        let one = b.g.fill(&n, 1.0);
+        b.g.add(w, one)? // (C): 1 + w
+    } else {
+        w
+    };
     Ok(b.g.rms_norm(x, w, eps as f32)?)
 }
 
@@ -66,12 +79,14 @@ fn decoder_layer(
     let p = format!("model.layers.{i}");
     let (bs, t) = (b.g.shape(x)[0], b.g.shape(x)[1]);
     let (d, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
-    let h = rms_norm(b, x, &format!("{p}.input_layernorm"), c.rms_norm_eps)?;
+    let h = rms_norm(b, x, &format!("{p}.input_layernorm"), c.rms_norm_eps, c.norm_offset)?;
     // view(B, T, -1, D) [q_norm / k_norm over D] .transpose(1, 2)
     let split = |b: &mut Builder, y: TensorId, n: usize, norm: Option<&str>| -> BResult<TensorId> {
         let y = b.g.reshape(y, &[bs, t, n, d])?;
         let y = match norm {
-            Some(name) => rms_norm(b, y, &format!("{p}.self_attn.{name}"), c.rms_norm_eps)?,
+            Some(name) => {
+                rms_norm(b, y, &format!("{p}.self_attn.{name}"), c.rms_norm_eps, c.norm_offset)?
+            }
             None => y,
         };
         Ok(b.g.permute(y, &[0, 2, 1, 3])?) // (B, n, T, D)
@@ -106,7 +121,8 @@ fn decoder_layer(
         None => a,
     };
     let x = b.g.add(x, a)?;
-    let h = rms_norm(b, x, &format!("{p}.post_attention_layernorm"), c.rms_norm_eps)?;
+    let h =
+        rms_norm(b, x, &format!("{p}.post_attention_layernorm"), c.rms_norm_eps, c.norm_offset)?;
     let (gate, up) = if c.fused_projections {
         // Phi-3: gate_up.chunk(2, dim=-1).
         let gate_up = proj(b, h, &format!("{p}.mlp.gate_up_proj"), false)?; // (B, T, 2I)
@@ -117,7 +133,11 @@ fn decoder_layer(
         let gate = proj(b, h, &format!("{p}.mlp.gate_proj"), c.mlp_bias)?;
         (gate, proj(b, h, &format!("{p}.mlp.up_proj"), c.mlp_bias)?)
     };
-    let act = b.g.apply(UnaryFn::Silu, gate)?;
+    // SwiGLU, or Gemma's GeGLU (tanh GELU).
+    let act = match c.mlp_act {
+        Activation::GeluTanh => b.g.gelu(gate, GeluApprox::Tanh)?,
+        _ => b.g.apply(UnaryFn::Silu, gate)?,
+    };
     let m = b.g.apply2(BinaryFn::Mul, act, up)?;
     let m = proj(b, m, &format!("{p}.mlp.down_proj"), c.mlp_bias)?;
     let m = match c.resid_dropout {
@@ -137,6 +157,10 @@ fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult
         Some(_) => padded_lookup(b, table, ids, &mut None, opts)?,
         None => b.g.embedding(table, ids)?,
     };
+    if let Some(scale) = c.embed_scale {
+        // Gemma: × √hidden, the factor in the activations' dtype as HF casts it.
+        x = b.g.scale(x, opts.dtype.round(scale))?;
+    }
     let cos = b.g.input_float(ROPE_COS, &[t, c.rotary_dim])?; // (T, R), R ≤ D
     let sin = b.g.input_float(ROPE_SIN, &[t, c.rotary_dim])?;
     let sliding_mask = match c.biting_window(t) {
@@ -147,7 +171,7 @@ fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult
     for i in 0..c.num_hidden_layers {
         x = decoder_layer(b, x, i, c, &s)?;
     }
-    rms_norm(b, x, "model.norm", c.rms_norm_eps)
+    rms_norm(b, x, "model.norm", c.rms_norm_eps, c.norm_offset)
 }
 
 fn check_len(c: &LlamaConfig, cfg: &ModelConfig, t: usize) -> BResult<()> {

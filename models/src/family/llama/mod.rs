@@ -39,6 +39,10 @@ const HEADS_SMOLLM3: &[(Head, &str)] = &[
     (Head::CausalLm, "SmolLM3ForCausalLM"),
     (Head::SequenceClassification, "SmolLM3ForSequenceClassification"),
 ];
+const HEADS_GEMMA: &[(Head, &str)] = &[
+    (Head::CausalLm, "GemmaForCausalLM"),
+    (Head::SequenceClassification, "GemmaForSequenceClassification"),
+];
 const HEADS_PHI3: &[(Head, &str)] = &[
     (Head::CausalLm, "Phi3ForCausalLM"),
     (Head::SequenceClassification, "Phi3ForSequenceClassification"),
@@ -76,6 +80,9 @@ pub static SMOLLM3: FamilyInfo = info!("SmolLM3", "smollm3", HEADS_SMOLLM3, pars
 /// Phi3ForCausalLM, Phi3ForSequenceClassification: Llama's function with q/k/v in one
 /// `qkv_proj` and gate/up in one `gate_up_proj`, dropout on both residual branches.
 pub static PHI3: FamilyInfo = info!("Phi-3", "phi3", HEADS_PHI3, parse_phi3);
+/// GemmaForCausalLM, GemmaForSequenceClassification: Llama's layout with (1 + w) RMSNorms, the
+/// embedding scaled by √hidden, a tanh-GELU gated MLP (GeGLU) and head_dim 256 by default.
+pub static GEMMA: FamilyInfo = info!("Gemma", "gemma", HEADS_GEMMA, parse_gemma);
 
 /// Which of the HF model types a config is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +93,7 @@ pub enum Variant {
     Qwen3,
     SmolLM3,
     Phi3,
+    Gemma,
 }
 
 impl Variant {
@@ -97,6 +105,7 @@ impl Variant {
             Variant::Qwen3 => &QWEN3,
             Variant::SmolLM3 => &SMOLLM3,
             Variant::Phi3 => &PHI3,
+            Variant::Gemma => &GEMMA,
         }
     }
 }
@@ -340,6 +349,12 @@ pub struct LlamaConfig {
     /// Phi-3's `resid_pdrop`: dropout on the attention's and the MLP's output before each
     /// residual add (the other types have no such dropout).
     pub resid_dropout: Option<f64>,
+    /// Gemma's RMSNorm: x̂ · (1 + w) in f32, weights initialised 0 (the others': w · x̂).
+    pub norm_offset: bool,
+    /// Gemma's embedding scale √hidden (in f32, then the weights' dtype), None elsewhere.
+    pub embed_scale: Option<f32>,
+    /// The gated MLP's activation: SiLU (SwiGLU), or Gemma's tanh GELU (GeGLU).
+    pub mlp_act: Activation,
 }
 
 /// The config.json fields any of the four reads; absent ones take the type's HF default.
@@ -398,6 +413,21 @@ fn parse_qwen3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
 fn parse_smollm3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
     parse(raw, origin, Variant::SmolLM3)
 }
+/// GemmaConfig's `__post_init__`: `hidden_act` "gelu" (the official releases' legacy value) is
+/// the tanh approximation; bidirectional attention is refused.
+fn parse_gemma(raw: &Value, origin: &str) -> Result<Family, ModelError> {
+    let mut raw = raw.clone();
+    if let Some(obj) = raw.as_object_mut() {
+        if obj.get("hidden_act").and_then(Value::as_str) == Some("gelu") {
+            obj.insert("hidden_act".into(), "gelu_pytorch_tanh".into());
+        }
+        if obj.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
+            return Err(unsupported(origin, "Gemma with use_bidirectional_attention".into()));
+        }
+    }
+    parse(&raw, origin, Variant::Gemma)
+}
+
 /// Phi3Config's `convert_rope_params_to_dict` and `validate_rope`: `standardize_rope_params`
 /// first — for a `longrope` or `yarn` type the config's top-level
 /// `original_max_position_embeddings` (default 4096) replaces the dict's — then `su` and `yarn`
@@ -442,13 +472,13 @@ fn unsupported(origin: &str, what: String) -> ModelError {
 pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Family, ModelError> {
     let r: Raw = hf_fields(raw, origin)?;
     use Variant::*;
-    let (smol, phi3) = (variant == SmolLM3, variant == Phi3);
+    let (smol, phi3, gemma) = (variant == SmolLM3, variant == Phi3, variant == Gemma);
     let hidden_size = r.hidden_size.unwrap_or(match variant {
         SmolLM3 => 2048,
-        Phi3 => 3072,
+        Phi3 | Gemma => 3072,
         _ => 4096,
     });
-    let heads = r.num_attention_heads.unwrap_or(if smol { 16 } else { 32 });
+    let heads = r.num_attention_heads.unwrap_or(if smol || gemma { 16 } else { 32 });
     if heads == 0 {
         return Err(ModelError::BadConfig(format!(
             "{origin}: num_attention_heads must be positive"
@@ -458,6 +488,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         Mistral => Some(8),
         Qwen2 | Qwen3 => Some(32),
         SmolLM3 => Some(4),
+        Gemma => Some(16),
         Llama | Phi3 => None,
     };
     // An explicit null is None in both: HF then takes num_attention_heads.
@@ -467,13 +498,19 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     let head_dim = match (r.head_dim, variant) {
         (Some(d), _) => d,
         (None, Qwen3) if raw.get("head_dim").is_none() => 128,
+        (None, Gemma) if raw.get("head_dim").is_none() => 256,
         (None, _) => hidden_size / heads,
     };
-    let hidden_act = r.hidden_act.clone().unwrap_or_else(|| "silu".into());
-    if parse_activation(&hidden_act)? != Activation::Silu {
+    let act_default = if gemma { "gelu_pytorch_tanh" } else { "silu" };
+    let hidden_act = r.hidden_act.clone().unwrap_or_else(|| act_default.into());
+    let mlp_act = parse_activation(&hidden_act)?;
+    if !matches!(mlp_act, Activation::Silu | Activation::GeluTanh) {
         return Err(unsupported(
             origin,
-            format!("{} hidden_act '{hidden_act}' (only silu is implemented)", variant.info().name),
+            format!(
+                "{} hidden_act '{hidden_act}' (implemented: silu, gelu_pytorch_tanh)",
+                variant.info().name
+            ),
         ));
     }
     let max_position_embeddings = r.max_position_embeddings.unwrap_or(match variant {
@@ -481,16 +518,21 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         Mistral => 4096 * 32,
         Qwen2 | Qwen3 | SmolLM3 => 32768,
         Phi3 => 4096,
+        Gemma => 8192,
     });
     // Attention and MLP biases: which fields each type reads.
     let attention_bias = r.attention_bias.unwrap_or(false);
     let (qkv_bias, o_bias) = match variant {
-        Llama | Qwen3 | SmolLM3 => (attention_bias, attention_bias),
+        Llama | Qwen3 | SmolLM3 | Gemma => (attention_bias, attention_bias),
         Mistral | Phi3 => (false, false),
         Qwen2 => (true, false),
     };
     let mlp_bias = matches!(variant, Llama | SmolLM3) && r.mlp_bias.unwrap_or(false);
-    let layers = r.num_hidden_layers.unwrap_or(if variant == SmolLM3 { 36 } else { 32 });
+    let layers = r.num_hidden_layers.unwrap_or(match variant {
+        SmolLM3 => 36,
+        Gemma => 28,
+        _ => 32,
+    });
     let rope_layers = rope_layers(&r, origin, variant, layers)?;
 
     let (sliding_window, layer_types) = layer_windows(&r, origin, variant, layers, &rope_layers)?;
@@ -509,6 +551,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     let pad_token_id = match (variant, raw.get("pad_token_id")) {
         (SmolLM3, None) => Some(128004),
         (Phi3, None) => Some(32000),
+        (Gemma, None) => Some(0),
         _ => r.pad_token_id,
     };
     let attention_dropout = r.attention_dropout.unwrap_or(0.0);
@@ -519,6 +562,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
             Qwen2 | Qwen3 => 151936,
             SmolLM3 => 128256,
             Phi3 => 32064,
+            Gemma => 256000,
         }),
         hidden_size,
         intermediate_size: r.intermediate_size.unwrap_or(match variant {
@@ -526,6 +570,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
             Mistral => 14336,
             Qwen2 | Qwen3 => 22016,
             Phi3 => 8192,
+            Gemma => 24576,
         }),
         num_hidden_layers: layers,
         num_attention_heads: heads,
@@ -537,7 +582,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         initializer_range: r.initializer_range.unwrap_or(0.02),
         rms_norm_eps: r.rms_norm_eps.unwrap_or(if phi3 { 1e-5 } else { 1e-6 }),
         pad_token_id,
-        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(variant == SmolLM3),
+        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(smol || gemma),
         rope,
         qkv_bias,
         o_bias,
@@ -549,6 +594,10 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         rope_layers,
         fused_projections: phi3,
         resid_dropout: phi3.then(|| r.resid_pdrop.unwrap_or(0.0)),
+        norm_offset: gemma,
+        // torch.tensor(hidden_size**0.5): the f64 root as an f32.
+        embed_scale: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+        mlp_act,
     };
     if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(ModelError::BadConfig(format!(
@@ -592,7 +641,7 @@ fn layer_windows(
         Some(w) => w,
     };
     Ok(match variant {
-        Llama => (None, vec![LayerType::Full; layers]),
+        Llama | Gemma => (None, vec![LayerType::Full; layers]),
         Mistral => (window_field, vec![LayerType::Sliding; layers]),
         // Phi3Model: every layer slides when sliding_window is set (default none).
         Phi3 => (r.sliding_window.flatten(), vec![LayerType::Sliding; layers]),
@@ -960,7 +1009,7 @@ impl FamilyModel for LlamaConfig {
         self.tie_word_embeddings
     }
     fn activation(&self) -> Activation {
-        Activation::Silu
+        self.mlp_act
     }
 
     fn set_dropout(&mut self, p: f64) {
@@ -990,6 +1039,8 @@ impl FamilyModel for LlamaConfig {
             None => Init::Normal { std },
         };
         push(&mut l, EMBED.into(), &[self.vocab_size, h], emb_init);
+        // Gemma's (1 + w) norms start at w = 0, the others' at w = 1: both the identity scale.
+        let norm = if self.norm_offset { Init::Zeros } else { Init::Ones };
         let linear = |l: &mut Layout, prefix: &str, out: usize, inp: usize, bias: bool| {
             push(l, format!("{prefix}.weight"), &[out, inp], Init::Normal { std });
             if bias {
@@ -1011,8 +1062,8 @@ impl FamilyModel for LlamaConfig {
                 linear(&mut l, &format!("{p}.self_attn.o_proj"), h, q, self.o_bias);
             }
             if self.qk_norm {
-                l.push(format!("{p}.self_attn.q_norm.weight"), &[d], Init::Ones, false);
-                l.push(format!("{p}.self_attn.k_norm.weight"), &[d], Init::Ones, false);
+                l.push(format!("{p}.self_attn.q_norm.weight"), &[d], norm, false);
+                l.push(format!("{p}.self_attn.k_norm.weight"), &[d], norm, false);
             }
             let inter = self.intermediate_size;
             if self.fused_projections {
@@ -1022,10 +1073,10 @@ impl FamilyModel for LlamaConfig {
                 linear(&mut l, &format!("{p}.mlp.up_proj"), inter, h, self.mlp_bias);
             }
             linear(&mut l, &format!("{p}.mlp.down_proj"), h, inter, self.mlp_bias);
-            l.push(format!("{p}.input_layernorm.weight"), &[h], Init::Ones, false);
-            l.push(format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones, false);
+            l.push(format!("{p}.input_layernorm.weight"), &[h], norm, false);
+            l.push(format!("{p}.post_attention_layernorm.weight"), &[h], norm, false);
         }
-        l.push("model.norm.weight".into(), &[h], Init::Ones, false);
+        l.push("model.norm.weight".into(), &[h], norm, false);
         if cfg.arch.head() == Head::SequenceClassification {
             // nn.Linear(hidden_size, num_labels, bias=False)
             l.weight("score.weight".into(), &[cfg.num_labels(), h]);

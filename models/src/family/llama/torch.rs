@@ -5,7 +5,7 @@
 use tch::{Kind, Tensor};
 
 use super::{LayerType, LlamaConfig, RopeScaling, EMBED};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::torch::heads::{CausalLm, Decoder, LastTokenClassifier};
 use crate::torch::layers::padding_mask;
 use crate::torch::{TorchLoss, Vars};
@@ -28,21 +28,27 @@ impl Proj {
     }
 }
 
-/// LlamaRMSNorm: in f32, `weight * hidden_states.to(input_dtype)`.
+/// LlamaRMSNorm: in f32, `weight * hidden_states.to(input_dtype)`; GemmaRMSNorm (`offset`):
+/// `(x̂ * (1 + weight.float())).type_as(x)`, the product in f32.
 struct RmsNorm {
     weight: Tensor,
     eps: f64,
+    offset: bool,
 }
 
 impl RmsNorm {
-    fn new(v: &Vars, prefix: &str, eps: f64) -> Self {
-        RmsNorm { weight: v.get(&format!("{prefix}.weight")), eps }
+    fn new(v: &Vars, prefix: &str, c: &LlamaConfig) -> Self {
+        let weight = v.get(&format!("{prefix}.weight"));
+        RmsNorm { weight, eps: c.rms_norm_eps, offset: c.norm_offset }
     }
     fn forward(&self, x: &Tensor) -> Tensor {
         let input_dtype = x.kind();
         let h = x.to_kind(Kind::Float);
         let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, None);
         let h = &h * (variance + self.eps).rsqrt();
+        if self.offset {
+            return (h * (self.weight.to_kind(Kind::Float) + 1.0)).to_kind(input_dtype);
+        }
         &self.weight * h.to_kind(input_dtype)
     }
 }
@@ -224,6 +230,8 @@ struct DecoderLayer {
     down_proj: Proj,
     /// Phi-3's resid_pdrop before each residual add.
     resid_dropout: Option<f64>,
+    /// SiLU, or Gemma's tanh GELU.
+    act: Activation,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     sliding: bool,
@@ -248,9 +256,8 @@ struct Ctx<'a> {
 impl DecoderLayer {
     fn new(c: &LlamaConfig, v: &Vars, i: usize) -> Self {
         let p = format!("model.layers.{i}");
-        let eps = c.rms_norm_eps;
         let norm =
-            |name: &str| c.qk_norm.then(|| RmsNorm::new(v, &format!("{p}.self_attn.{name}"), eps));
+            |name: &str| c.qk_norm.then(|| RmsNorm::new(v, &format!("{p}.self_attn.{name}"), c));
         let (q, kv) = (
             (c.num_attention_heads * c.head_dim) as i64,
             (c.num_key_value_heads * c.head_dim) as i64,
@@ -282,12 +289,9 @@ impl DecoderLayer {
             gate_up,
             down_proj: proj("mlp.down_proj", c.mlp_bias),
             resid_dropout: c.resid_dropout,
-            input_layernorm: RmsNorm::new(v, &format!("{p}.input_layernorm"), eps),
-            post_attention_layernorm: RmsNorm::new(
-                v,
-                &format!("{p}.post_attention_layernorm"),
-                eps,
-            ),
+            input_layernorm: RmsNorm::new(v, &format!("{p}.input_layernorm"), c),
+            post_attention_layernorm: RmsNorm::new(v, &format!("{p}.post_attention_layernorm"), c),
+            act: c.mlp_act,
             sliding: c.layer_types[i] == LayerType::Sliding,
             rope: c.rope_layers[i],
         }
@@ -334,7 +338,11 @@ impl DecoderLayer {
         let h = self.post_attention_layernorm.forward(&x);
         let (gate, up) = self.gate_up.forward(&h);
         // Phi3MLP: up · act(gate); LlamaMLP: act(gate) · up — the same product.
-        let m = self.down_proj.forward(&(gate.silu() * up));
+        let gate = match self.act {
+            Activation::GeluTanh => gate.gelu("tanh"),
+            _ => gate.silu(),
+        };
+        let m = self.down_proj.forward(&(gate * up));
         &x + resid(m)
     }
 }
@@ -354,7 +362,7 @@ impl LlamaModel {
             embed_tokens: v.get(EMBED),
             padding_idx: c.padding_idx().unwrap_or(-1),
             layers: (0..c.num_hidden_layers).map(|i| DecoderLayer::new(c, v, i)).collect(),
-            norm: RmsNorm::new(v, "model.norm", c.rms_norm_eps),
+            norm: RmsNorm::new(v, "model.norm", c),
             config: c.clone(),
         }
     }
@@ -366,6 +374,11 @@ impl Decoder for LlamaModel {
         let c = &self.config;
         let (_, t) = input_ids.size2().expect("(B, T) ids");
         let x = Tensor::embedding(&self.embed_tokens, input_ids, self.padding_idx, false, false);
+        // Gemma: × torch.tensor(√hidden) in the weights' dtype.
+        let x = match c.embed_scale {
+            Some(s) => x * Tensor::from(s).to_kind(self.embed_tokens.kind()),
+            None => x,
+        };
         // create_causal_mask: None without padding (sdpa's is_causal), else causal ∧ key.
         let full = attention_mask.map(|m| padding_mask(m, true));
         // create_sliding_window_causal_mask: the mask also when the window bites (kv ≥ window),
