@@ -472,37 +472,25 @@ fn unsupported(origin: &str, what: String) -> ModelError {
 pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Family, ModelError> {
     let r: Raw = hf_fields(raw, origin)?;
     use Variant::*;
-    let (smol, phi3, gemma) = (variant == SmolLM3, variant == Phi3, variant == Gemma);
-    let hidden_size = r.hidden_size.unwrap_or(match variant {
-        SmolLM3 => 2048,
-        Phi3 | Gemma => 3072,
-        _ => 4096,
-    });
-    let heads = r.num_attention_heads.unwrap_or(if smol || gemma { 16 } else { 32 });
+    let d = variant.defaults();
+    let (phi3, gemma) = (variant == Phi3, variant == Gemma);
+    let hidden_size = r.hidden_size.unwrap_or(d.hidden_size);
+    let heads = r.num_attention_heads.unwrap_or(d.heads);
     if heads == 0 {
         return Err(ModelError::BadConfig(format!(
             "{origin}: num_attention_heads must be positive"
         )));
     }
-    let kv_default = match variant {
-        Mistral => Some(8),
-        Qwen2 | Qwen3 => Some(32),
-        SmolLM3 => Some(4),
-        Gemma => Some(16),
-        Llama | Phi3 => None,
-    };
     // An explicit null is None in both: HF then takes num_attention_heads.
     let kv_present = raw.get("num_key_value_heads").is_some();
     let num_key_value_heads =
-        if kv_present { r.num_key_value_heads } else { kv_default }.unwrap_or(heads);
-    let head_dim = match (r.head_dim, variant) {
-        (Some(d), _) => d,
-        (None, Qwen3) if raw.get("head_dim").is_none() => 128,
-        (None, Gemma) if raw.get("head_dim").is_none() => 256,
+        if kv_present { r.num_key_value_heads } else { d.kv_heads }.unwrap_or(heads);
+    let head_dim = match (r.head_dim, d.head_dim) {
+        (Some(h), _) => h,
+        (None, Some(h)) if raw.get("head_dim").is_none() => h,
         (None, _) => hidden_size / heads,
     };
-    let act_default = if gemma { "gelu_pytorch_tanh" } else { "silu" };
-    let hidden_act = r.hidden_act.clone().unwrap_or_else(|| act_default.into());
+    let hidden_act = r.hidden_act.clone().unwrap_or_else(|| d.hidden_act.into());
     let mlp_act = parse_activation(&hidden_act)?;
     if !matches!(mlp_act, Activation::Silu | Activation::GeluTanh) {
         return Err(unsupported(
@@ -513,13 +501,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
             ),
         ));
     }
-    let max_position_embeddings = r.max_position_embeddings.unwrap_or(match variant {
-        Llama => 2048,
-        Mistral => 4096 * 32,
-        Qwen2 | Qwen3 | SmolLM3 => 32768,
-        Phi3 => 4096,
-        Gemma => 8192,
-    });
+    let max_position_embeddings = r.max_position_embeddings.unwrap_or(d.max_positions);
     // Attention and MLP biases: which fields each type reads.
     let attention_bias = r.attention_bias.unwrap_or(false);
     let (qkv_bias, o_bias) = match variant {
@@ -528,11 +510,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         Qwen2 => (true, false),
     };
     let mlp_bias = matches!(variant, Llama | SmolLM3) && r.mlp_bias.unwrap_or(false);
-    let layers = r.num_hidden_layers.unwrap_or(match variant {
-        SmolLM3 => 36,
-        Gemma => 28,
-        _ => 32,
-    });
+    let layers = r.num_hidden_layers.unwrap_or(d.layers);
     let rope_layers = rope_layers(&r, origin, variant, layers)?;
 
     let (sliding_window, layer_types) = layer_windows(&r, origin, variant, layers, &rope_layers)?;
@@ -542,36 +520,18 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     if sliding_window == Some(0) {
         return Err(ModelError::BadConfig(format!("{origin}: sliding_window must be positive")));
     }
-
-    // SmolLM3's class default rope_theta is 2e6 (`default_theta`), the others' 1e4.
-    let theta = if variant == SmolLM3 { 2_000_000.0 } else { 10_000.0 };
     let (rope, rotary_dim) =
-        parse_rope(&r, origin, (max_position_embeddings, head_dim), theta, variant == Phi3)?;
-    // SmolLM3 defaults pad_token_id to 128004 (an explicit null is None), the others to None.
-    let pad_token_id = match (variant, raw.get("pad_token_id")) {
-        (SmolLM3, None) => Some(128004),
-        (Phi3, None) => Some(32000),
-        (Gemma, None) => Some(0),
-        _ => r.pad_token_id,
+        parse_rope(&r, origin, (max_position_embeddings, head_dim), d.rope_theta, phi3)?;
+    // An explicit null pad_token_id is None; absent, the class default.
+    let pad_token_id = match raw.get("pad_token_id") {
+        None => d.pad_token_id,
+        Some(_) => r.pad_token_id,
     };
-    let attention_dropout = r.attention_dropout.unwrap_or(0.0);
     let c = LlamaConfig {
         variant,
-        vocab_size: r.vocab_size.unwrap_or(match variant {
-            Llama | Mistral => 32000,
-            Qwen2 | Qwen3 => 151936,
-            SmolLM3 => 128256,
-            Phi3 => 32064,
-            Gemma => 256000,
-        }),
+        vocab_size: r.vocab_size.unwrap_or(d.vocab_size),
         hidden_size,
-        intermediate_size: r.intermediate_size.unwrap_or(match variant {
-            Llama | SmolLM3 => 11008,
-            Mistral => 14336,
-            Qwen2 | Qwen3 => 22016,
-            Phi3 => 8192,
-            Gemma => 24576,
-        }),
+        intermediate_size: r.intermediate_size.unwrap_or(d.intermediate_size),
         num_hidden_layers: layers,
         num_attention_heads: heads,
         num_key_value_heads,
@@ -580,15 +540,15 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         hidden_act,
         max_position_embeddings,
         initializer_range: r.initializer_range.unwrap_or(0.02),
-        rms_norm_eps: r.rms_norm_eps.unwrap_or(if phi3 { 1e-5 } else { 1e-6 }),
+        rms_norm_eps: r.rms_norm_eps.unwrap_or(d.rms_norm_eps),
         pad_token_id,
-        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(smol || gemma),
+        tie_word_embeddings: r.tie_word_embeddings.unwrap_or(d.tie_word_embeddings),
         rope,
         qkv_bias,
         o_bias,
         mlp_bias,
         qk_norm: variant == Qwen3,
-        attention_dropout,
+        attention_dropout: r.attention_dropout.unwrap_or(0.0),
         sliding_window,
         layer_types,
         rope_layers,
@@ -599,28 +559,128 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         embed_scale: gemma.then(|| (hidden_size as f64).sqrt() as f32),
         mlp_act,
     };
-    if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
-        return Err(ModelError::BadConfig(format!(
-            "{origin}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-            c.num_attention_heads, c.num_key_value_heads
-        )));
-    }
-    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
-        return Err(ModelError::BadConfig(format!(
-            "{origin}: head_dim {} must be even (rotary embeddings rotate halves)",
-            c.head_dim
-        )));
-    }
-    if let Some(p) = c.resid_dropout.filter(|p| !(0.0..1.0).contains(p)) {
-        return Err(ModelError::BadConfig(format!("{origin}: resid_pdrop {p} is not in [0, 1)")));
-    }
-    if !(0.0..1.0).contains(&c.attention_dropout) {
-        return Err(ModelError::BadConfig(format!(
-            "{origin}: attention_dropout {} is not in [0, 1)",
-            c.attention_dropout
-        )));
-    }
+    c.check(origin)?;
     Ok(Family::Llama(c))
+}
+
+/// A model type's config class defaults (HF 5.23), where the types differ.
+struct Defaults {
+    hidden_size: usize,
+    intermediate_size: usize,
+    layers: usize,
+    heads: usize,
+    /// None: num_attention_heads.
+    kv_heads: Option<usize>,
+    /// None: hidden_size / heads.
+    head_dim: Option<usize>,
+    hidden_act: &'static str,
+    max_positions: usize,
+    vocab_size: usize,
+    rope_theta: f64,
+    rms_norm_eps: f64,
+    pad_token_id: Option<i64>,
+    tie_word_embeddings: bool,
+}
+
+impl Variant {
+    /// configuration_{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma}.py's class attributes.
+    fn defaults(self) -> Defaults {
+        use Variant::*;
+        let llama = Defaults {
+            hidden_size: 4096,
+            intermediate_size: 11008,
+            layers: 32,
+            heads: 32,
+            kv_heads: None,
+            head_dim: None,
+            hidden_act: "silu",
+            max_positions: 2048,
+            vocab_size: 32000,
+            rope_theta: 10_000.0,
+            rms_norm_eps: 1e-6,
+            pad_token_id: None,
+            tie_word_embeddings: false,
+        };
+        match self {
+            Llama => llama,
+            Mistral => Defaults {
+                intermediate_size: 14336,
+                kv_heads: Some(8),
+                max_positions: 4096 * 32,
+                ..llama
+            },
+            Qwen2 | Qwen3 => Defaults {
+                intermediate_size: 22016,
+                kv_heads: Some(32),
+                // Qwen3's head_dim stays 128, not hidden_size / heads.
+                head_dim: (self == Qwen3).then_some(128),
+                max_positions: 32768,
+                vocab_size: 151936,
+                ..llama
+            },
+            SmolLM3 => Defaults {
+                hidden_size: 2048,
+                layers: 36,
+                heads: 16,
+                kv_heads: Some(4),
+                max_positions: 32768,
+                vocab_size: 128256,
+                rope_theta: 2_000_000.0,
+                pad_token_id: Some(128004),
+                tie_word_embeddings: true,
+                ..llama
+            },
+            Phi3 => Defaults {
+                hidden_size: 3072,
+                intermediate_size: 8192,
+                max_positions: 4096,
+                vocab_size: 32064,
+                rms_norm_eps: 1e-5,
+                pad_token_id: Some(32000),
+                ..llama
+            },
+            Gemma => Defaults {
+                hidden_size: 3072,
+                intermediate_size: 24576,
+                layers: 28,
+                heads: 16,
+                kv_heads: Some(16),
+                head_dim: Some(256),
+                hidden_act: "gelu_pytorch_tanh",
+                max_positions: 8192,
+                vocab_size: 256000,
+                pad_token_id: Some(0),
+                tie_word_embeddings: true,
+                ..llama
+            },
+        }
+    }
+}
+
+impl LlamaConfig {
+    /// The sizes and probabilities a model of the family can run with.
+    fn check(&self, origin: &str) -> Result<(), ModelError> {
+        let bad = |what: String| Err(ModelError::BadConfig(format!("{origin}: {what}")));
+        let (heads, kv) = (self.num_attention_heads, self.num_key_value_heads);
+        if kv == 0 || !heads.is_multiple_of(kv) {
+            return bad(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!(
+                "head_dim {} must be even (rotary embeddings rotate halves)",
+                self.head_dim
+            ));
+        }
+        if let Some(p) = self.resid_dropout.filter(|p| !(0.0..1.0).contains(p)) {
+            return bad(format!("resid_pdrop {p} is not in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&self.attention_dropout) {
+            return bad(format!("attention_dropout {} is not in [0, 1)", self.attention_dropout));
+        }
+        Ok(())
+    }
 }
 
 /// The window and each layer's attention type (configuration_mistral, _qwen2, _qwen3,
