@@ -376,7 +376,7 @@ impl FamilyModel for BertConfig {
                 l.linear("cls.predictions.transform.dense", h, h);
                 l.layer_norm("cls.predictions.transform.LayerNorm", h);
                 if !self.tie_word_embeddings {
-                    l.weight(INFO.untied_head.into(), &[self.vocab_size, h]);
+                    l.weight(self.info().untied_head.into(), &[self.vocab_size, h]);
                 }
             }
             // RobertaLMHead: dense, layer_norm, decoder (tied unless untied), bias.
@@ -384,7 +384,7 @@ impl FamilyModel for BertConfig {
                 l.linear("lm_head.dense", h, h);
                 l.layer_norm("lm_head.layer_norm", h);
                 if !self.tie_word_embeddings {
-                    l.weight(ROBERTA.untied_head.into(), &[self.vocab_size, h]);
+                    l.weight(self.info().untied_head.into(), &[self.vocab_size, h]);
                 }
                 l.push("lm_head.bias".into(), &[self.vocab_size], Init::Zeros, false);
             }

@@ -1,8 +1,9 @@
-//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3}): HF model
-//! types that compute one function — RMSNorm pre-norm blocks, rotary position embeddings,
-//! grouped-query attention, a SwiGLU MLP — and differ in a few switches (attention biases,
-//! Qwen3's q/k norms, sliding windows, SmolLM3's NoPE layers, Phi-3's fused projections and
-//! residual dropout, defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
+//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma}): HF
+//! model types that compute one function — RMSNorm pre-norm blocks, rotary position embeddings,
+//! grouped-query attention, a gated MLP — and differ in a few switches (attention biases,
+//! Qwen3's q/k norms, sliding windows, SmolLM3's NoPE layers, Phi-3's fused projections,
+//! residual dropout and partial rotary, Gemma's (1 + w) norms, scaled embedding and GeGLU,
+//! defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
 //! pad ids and rotary tables here; its engine graph in `graph`, its tch module in `torch`.
 
 mod graph;

@@ -144,11 +144,8 @@ fn rotary_tables(c: &LlamaConfig, t: i64, like: &Tensor) -> (Tensor, Tensor) {
     let pos = Tensor::arange(t, (Kind::Int64, like.device())).unsqueeze(0); // (1, T)
     let freqs = pos.unsqueeze(-1).to_kind(Kind::Float) * inv; // (1, T, D/2)
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
-    let scale = match c.rope.scaling {
-        RopeScaling::Yarn { attention_factor, .. }
-        | RopeScaling::LongRope { attention_factor, .. } => attention_factor,
-        _ => 1.0,
-    };
+    // A python float times an f32 tensor: the factor is applied in f32.
+    let scale = f64::from(c.rope.attention_scaling());
     ((emb.cos() * scale).to_kind(like.kind()), (emb.sin() * scale).to_kind(like.kind()))
 }
 
