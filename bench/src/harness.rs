@@ -384,8 +384,9 @@ fn say_utilisation_past_peak(results: &[ResultRow], peak: &DevicePeak) {
             eprintln!("ortbench: warning: {} {} executes {:.0} % of the theoretical peak: the peak's inputs ({}) are too low", r.model, r.config, 100.0 * hfu.max(mfu), peak.source);
         } else if mfu > 1.0 {
             // MFU counts the model's FLOPs as HF computes them; a config that skips work (the
-            // MLM head's unlabelled rows) passes 100 % with them while what ran (HFU) does not.
-            eprintln!("ortbench: note: {} {}: MFU {:.0} % counts the model's FLOPs as HF computes them (the LM head over every position); this config ran fewer (HFU {:.0} %: it skips the MLM head's unlabelled rows, README \"row skip\")", r.model, r.config, 100.0 * mfu, 100.0 * hfu);
+            // MLM head's unlabelled rows, masked causal blocks) can pass 100 % with them while
+            // what ran (HFU) does not.
+            eprintln!("ortbench: note: {} {}: MFU {:.0} % counts the model's FLOPs as HF computes them (the LM head over every position); this config ran fewer (HFU {:.0} %: the work it skips, such as the MLM head's unlabelled rows, README \"row skip\")", r.model, r.config, 100.0 * mfu, 100.0 * hfu);
         }
     }
 }
