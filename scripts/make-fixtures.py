@@ -43,7 +43,9 @@ from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassifica
                           Qwen2ForSequenceClassification, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3ForSequenceClassification, SmolLM3Config, SmolLM3ForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Phi3ForSequenceClassification, GemmaConfig, GemmaForCausalLM,
-                          GemmaForSequenceClassification)
+                          GemmaForSequenceClassification, Gemma2Config, Gemma2ForCausalLM,
+                          Gemma2ForSequenceClassification, Gemma3TextConfig, Gemma3ForCausalLM,
+                          Gemma3TextForSequenceClassification)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures")
@@ -79,7 +81,7 @@ def perturb(model, seed):
 
 
 def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, left_pad=None, pad_in_text=False,
-         departures=None, departure_inputs=None, **overrides):
+         departures=None, departure_inputs=None, attn="sdpa", **overrides):
     """`randomise`: norm weights and biases moved off their init (perturb). `left_pad`: odd rows padded
     on the left (default: GPT-2's fixtures). `pad_in_text`: pad_token_id planted among the real tokens
     of rows 2 and 3 (nn.Embedding's padding_idx then takes no gradient from them) and, for sequence
@@ -87,7 +89,8 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
     `departures`: {key: config overrides}: the step-0 loss of the same weights under those overrides
     (e.g. without the sliding window), recorded in expected.json beside HF's. `departure_inputs`: {key:
     f(input_ids) -> extra forward kwargs}: the same, with inputs HF computes otherwise given explicitly (e.g.
-    RoBERTa's positions as BERT's 0..T)."""
+    RoBERTa's positions as BERT's 0..T). `attn`: HF's attention implementation (Gemma 2's default is eager: sdpa
+    has no soft-capping)."""
     cfg = json.load(open(os.path.join(ROOT, "models", "configs", f"{base or name}.json")))
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop",
               "attention_dropout", "dropout", "seq_classif_dropout", "qa_dropout"):
@@ -96,7 +99,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
     cfg.pop("architectures", None)
     cfg.update(overrides)
     torch.manual_seed(seed)
-    model = cls(cfg_cls(**cfg, attn_implementation="sdpa"))
+    model = cls(cfg_cls(**cfg, attn_implementation=attn))
     if randomise:
         perturb(model, seed)
     out = os.path.join(OUT, name)
@@ -161,7 +164,7 @@ def make(name, cls, cfg_cls, seed, base=None, padded=False, randomise=False, lef
     if padded and randomise:  # what the mask is worth here: the same step 0 without it
         extra["loss0_without_attention_mask"] = step0_loss(model, mask=False)
     for key, changes in (departures or {}).items():
-        other = cls(cfg_cls(**{**cfg, **changes}, attn_implementation="sdpa"))
+        other = cls(cfg_cls(**{**cfg, **changes}, attn_implementation=attn))
         other.load_state_dict(model.state_dict())
         other.train()
         extra[key] = step0_loss(other)
@@ -343,6 +346,39 @@ LLAMA_FIXTURES = {
     "tiny-gemma-cls-padded": dict(cls=GemmaForSequenceClassification, cfg_cls=GemmaConfig, seed=5022,
                                   base="tiny-gemma", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
                                   initializer_range=0.05),
+    # Gemma 2: query_pre_attn_scalar 6 (head_dim 24: scores twice HF's default scale), sliding and global layers alternating (window 8 of the 32
+    # positions), attention scores capped at 3 and logits at 2 (both saturate: scores and logits reach several
+    # caps at initializer_range 0.2), norms around attention and MLP; eager attention (HF's default for Gemma 2).
+    # Departures: no soft-capping; no window; the scale head_dim^-1/2.
+    "tiny-gemma2-padded": dict(cls=Gemma2ForCausalLM, cfg_cls=Gemma2Config, seed=5023, base="tiny-gemma2",
+                               padded=True, left_pad=True, pad_in_text=True, attn="eager", sliding_window=8,
+                               attn_logit_softcapping=3.0, final_logit_softcapping=2.0, query_pre_attn_scalar=6,
+                               departures={"loss0_without_softcapping": {"attn_logit_softcapping": None,
+                                                                         "final_logit_softcapping": None},
+                                           "loss0_without_sliding_window": {
+                                               "layer_types": ["full_attention", "full_attention"]},
+                                           "loss0_with_head_dim_scale": {"query_pre_attn_scalar": 24}}),
+    "tiny-gemma2-cls-padded": dict(cls=Gemma2ForSequenceClassification, cfg_cls=Gemma2Config, seed=5024,
+                                   base="tiny-gemma2", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                   attn="eager", sliding_window=8, initializer_range=0.05),
+    # Gemma 3: q/k norms, layer 0 sliding (window 8) with the local rope (base 100, so that it turns fast enough
+    # to differ inside the window), layer 1 global with linear scaling (factor 4, base 1e6), query_pre_attn_scalar 32. Departures: the global rope on the sliding layer
+    # too; no window.
+    "tiny-gemma3-padded": dict(cls=Gemma3ForCausalLM, cfg_cls=Gemma3TextConfig, seed=5025, base="tiny-gemma3",
+                               padded=True, left_pad=True, pad_in_text=True, sliding_window=8,
+                               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                   "rope_theta": 1000000.0},
+                                                "sliding_attention": {"rope_type": "default",
+                                                                      "rope_theta": 100.0}},
+                               departures={"loss0_without_local_rope": {"rope_parameters": {
+                                   "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                                   "sliding_attention": {"rope_type": "linear", "factor": 4.0,
+                                                         "rope_theta": 1000000.0}}},
+                                   "loss0_without_sliding_window": {
+                                       "layer_types": ["full_attention", "full_attention"]}}),
+    "tiny-gemma3-cls-padded": dict(cls=Gemma3TextForSequenceClassification, cfg_cls=Gemma3TextConfig, seed=5026,
+                                   base="tiny-gemma3", padded=True, left_pad=True, pad_in_text=True, num_labels=3,
+                                   sliding_window=8, initializer_range=0.05),
     # Mistral's sliding window (8 of the 32 positions: a query sees itself and the 7 before it).
     "tiny-mistral-window": dict(cls=MistralForCausalLM, cfg_cls=MistralConfig, seed=5004, base="tiny-mistral",
                                 sliding_window=8,
@@ -470,6 +506,41 @@ HUB_CONFIGS = {
         "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
         "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
     },
+    # google/gemma-2-2b: soft-capping (attention 50, logits 30), query_pre_attn_scalar 256, alternating
+    # sliding (4096) and global layers, sandwich norms, both hidden_act and hidden_activation given.
+    "gemma-2-2b": {
+        "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+        "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+        "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000,
+    },
+    # google/gemma-3-270m: Gemma 3's text model — five sliding layers (512) to a global one, local rope base 1e4,
+    # global 1e6, q/k norms, no soft-capping, a 262 144-token vocabulary.
+    "gemma-3-270m": {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1, "final_logit_softcapping": None,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640, "initializer_range": 0.02,
+        "intermediate_size": 2048, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+        "num_attention_heads": 4, "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+        "use_bidirectional_attention": False, "use_cache": True, "vocab_size": 262144,
+    },
+    # google/gemma-3-1b-pt: the same layout at hidden 1152, 26 layers.
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1, "final_logit_softcapping": None,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": 262144,
+    },
     "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
         "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
@@ -483,7 +554,8 @@ HUB_CONFIGS = {
     },
 }
 # The sizes their model pages give (safetensors parameter counts; tied lm_head counted once).
-PUBLISHED_PARAMS = {"phi-3-mini-4k-instruct": 3_821_079_552, "smollm3-3b": 3_075_098_624, "smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+PUBLISHED_PARAMS = {"gemma-2-2b": 2_614_341_888, "gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952,
+                    "phi-3-mini-4k-instruct": 3_821_079_552, "smollm3-3b": 3_075_098_624, "smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
                     "llama-3.2-1b": 1_235_814_400}
 
 # Tiny test configs: sizes off multiples of 8 where HF allows (head_dim must stay even for RoPE's
@@ -533,6 +605,26 @@ TINY_CONFIGS = {
         "head_dim": 24, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 128, "initializer_range": 0.02,
         "rms_norm_eps": 1e-06, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": True,
         "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": 0.0,
+    },
+    # Gemma 2: hidden_activation (not hidden_act), query_pre_attn_scalar ≠ head_dim, both soft-caps, a window.
+    "tiny-gemma2": {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 269, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 24, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 128,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-06, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+        "tie_word_embeddings": True, "rope_theta": 10000.0, "attention_bias": False, "attention_dropout": 0.0,
+        "query_pre_attn_scalar": 20, "sliding_window": 64, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+    # Gemma 3 (text): layer 0 sliding, layer 1 global (sliding_window_pattern 2), each with its rope.
+    "tiny-gemma3": {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 271, "hidden_size": 64,
+        "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 24, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 128,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-06, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+        "tie_word_embeddings": True, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "attention_bias": False, "attention_dropout": 0.0, "query_pre_attn_scalar": 32, "sliding_window": 64,
+        "sliding_window_pattern": 2,
     },
     "tiny-qwen3": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 251, "hidden_size": 48,
@@ -650,6 +742,22 @@ CONFIG_DEFAULT_CASES = [
     ("minimal", {"model_type": "gemma"}),
     ("sized", {"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
                "num_hidden_layers": 2, "intermediate_size": 100, "vocab_size": 263, "hidden_act": "gelu"}),
+    # Gemma 2: its defaults (soft-caps 50 / 30, query_pre_attn_scalar 256, alternating layers, window 4096); sized
+    # with hidden_act beside hidden_activation (the MLP reads the latter), a null window-free config refused
+    ("minimal", {"model_type": "gemma2"}),
+    ("sized", {"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_hidden_layers": 3, "intermediate_size": 100, "vocab_size": 269, "query_pre_attn_scalar": 20,
+               "attn_logit_softcapping": None, "sliding_window": 16}),
+    # Gemma 3: per-layer-type rope (defaults 1e6 / 1e4), pattern 6; legacy rope_scaling onto the full layers
+    ("minimal", {"model_type": "gemma3_text"}),
+    ("sized", {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "num_hidden_layers": 4, "intermediate_size": 100, "vocab_size": 271, "sliding_window_pattern": 3,
+               "rope_local_base_freq": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+               "final_logit_softcapping": 30.0}),
+    ("rope-dict", {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                   "layer_types": ["sliding_attention", "full_attention"],
+                   "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}}),
     ("minimal", {"model_type": "mistral"}),
     # num_key_value_heads: Mistral's default is 8 (not num_attention_heads), Qwen2/3's 32
     ("sized", {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 2,

@@ -28,6 +28,9 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "llama-3.2-1b",
     "smollm3-3b",
     "phi-3-mini-4k-instruct",
+    "gemma-2-2b",
+    "gemma-3-270m",
+    "gemma-3-1b",
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen2",
@@ -35,6 +38,8 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "tiny-smollm3",
     "tiny-phi3",
     "tiny-gemma",
+    "tiny-gemma2",
+    "tiny-gemma3",
 ];
 
 /// Short names users type.
@@ -58,6 +63,10 @@ pub const ALIASES: &[(&str, &str)] = &[
     // Phi-3: fused projections, a sliding window on every layer.
     ("phi-3-mini-4k-instruct", "phi-3-mini-4k-instruct"),
     ("phi-3-mini", "phi-3-mini-4k-instruct"),
+    // Gemma 2 (soft-capping, alternating windows) and Gemma 3 (local rope, q/k norms).
+    ("gemma-2-2b", "gemma-2-2b"),
+    ("gemma-3-270m", "gemma-3-270m"),
+    ("gemma-3-1b", "gemma-3-1b"),
 ];
 
 fn builtin_json(name: &str) -> Option<&'static str> {
@@ -85,6 +94,11 @@ fn builtin_json(name: &str) -> Option<&'static str> {
         "phi-3-mini-4k-instruct" => include_str!("../configs/phi-3-mini-4k-instruct.json"),
         "tiny-phi3" => include_str!("../configs/tiny-phi3.json"),
         "tiny-gemma" => include_str!("../configs/tiny-gemma.json"),
+        "tiny-gemma2" => include_str!("../configs/tiny-gemma2.json"),
+        "tiny-gemma3" => include_str!("../configs/tiny-gemma3.json"),
+        "gemma-2-2b" => include_str!("../configs/gemma-2-2b.json"),
+        "gemma-3-270m" => include_str!("../configs/gemma-3-270m.json"),
+        "gemma-3-1b" => include_str!("../configs/gemma-3-1b.json"),
         _ => return None,
     })
 }

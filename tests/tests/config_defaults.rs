@@ -1,14 +1,14 @@
 //! Config readers against HF's AutoConfig: tests/fixtures/config-defaults.json (made by
 //! scripts/make-fixtures.py config-defaults with transformers 5.23) holds, for minimal and
-//! partly sized config.json files of bert, roberta, distilbert, gpt2, llama, mistral, qwen2 and qwen3 (and the four
-//! published Llama-family configs in their legacy rope_theta/rope_scaling form), the attributes
+//! partly sized config.json files of every model type ortbench reads (and the published
+//! Llama-family configs in their legacy rope_theta/rope_scaling form), the attributes
 //! of the config HF builds from each. Every family's parsed config must equal HF's on each
 //! field it reads: a field HF defaults is never an error here, and takes HF's value.
 
 use std::path::Path;
 
 use ortbench_models::family::bert::Variant as BertVariant;
-use ortbench_models::family::llama::{LayerType, RopeScaling, Variant};
+use ortbench_models::family::llama::{LayerType, Rope, RopeScaling, Variant};
 use ortbench_models::family::Family;
 use ortbench_models::ModelConfig;
 use serde_json::Value;
@@ -118,6 +118,8 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     "smollm3" => Variant::SmolLM3,
                     "phi3" => Variant::Phi3,
                     "gemma" => Variant::Gemma,
+                    "gemma2" => Variant::Gemma2,
+                    "gemma3_text" => Variant::Gemma3,
                     other => panic!("{label}: model_type {other}"),
                 };
                 assert_eq!(c.variant, want_variant, "{label}");
@@ -134,7 +136,10 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                     hf["head_dim"].as_u64().unwrap() as usize
                 };
                 assert_eq!(c.head_dim, hd, "{label}: head_dim");
-                check("hidden_act", j!(&c.hidden_act).unwrap());
+                // Gemma 2/3's MLP reads hidden_activation.
+                let gemma23 = matches!(c.variant, Variant::Gemma2 | Variant::Gemma3);
+                let act = if gemma23 { "hidden_activation" } else { "hidden_act" };
+                check(act, j!(&c.hidden_act).unwrap());
                 check("max_position_embeddings", j!(c.max_position_embeddings).unwrap());
                 check("initializer_range", j!(c.initializer_range).unwrap());
                 check("rms_norm_eps", j!(c.rms_norm_eps).unwrap());
@@ -143,7 +148,12 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 check("attention_dropout", j!(c.attention_dropout).unwrap());
                 // Biases: the field where the type has one; Mistral none, Qwen2 q/k/v only.
                 match c.variant {
-                    Variant::Llama | Variant::Qwen3 | Variant::SmolLM3 | Variant::Gemma => {
+                    Variant::Llama
+                    | Variant::Qwen3
+                    | Variant::SmolLM3
+                    | Variant::Gemma
+                    | Variant::Gemma2
+                    | Variant::Gemma3 => {
                         check("attention_bias", j!(c.qkv_bias).unwrap());
                         check("attention_bias", j!(c.o_bias).unwrap());
                     }
@@ -157,7 +167,20 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 } else {
                     assert!(!c.mlp_bias, "{label}");
                 }
-                assert_eq!(c.qk_norm, c.variant == Variant::Qwen3, "{label}");
+                let qk_norm = matches!(c.variant, Variant::Qwen3 | Variant::Gemma3);
+                assert_eq!(c.qk_norm, qk_norm, "{label}");
+                // Gemma 2/3's score scale, soft-caps and sandwich norms.
+                assert_eq!(c.sandwich_norms, gemma23, "{label}");
+                if gemma23 {
+                    check("query_pre_attn_scalar", j!(c.query_pre_attn_scalar).unwrap());
+                    check("attn_logit_softcapping", j!(c.attn_logit_softcapping).unwrap());
+                    check("final_logit_softcapping", j!(c.final_logit_softcapping).unwrap());
+                } else {
+                    assert!(c.query_pre_attn_scalar.is_none(), "{label}");
+                    assert!(c.attn_logit_softcapping.is_none(), "{label}");
+                    assert!(c.final_logit_softcapping.is_none(), "{label}");
+                }
+                assert_eq!(c.local_rope.is_some(), c.variant == Variant::Gemma3, "{label}");
                 // Phi-3's fused projections and residual dropout.
                 assert_eq!(c.fused_projections, c.variant == Variant::Phi3, "{label}");
                 match c.resid_dropout {
@@ -171,63 +194,14 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
                 } else {
                     assert!(c.rope_layers.iter().all(|&r| r), "{label}");
                 }
-                // The rope parameters as standardised.
+                // The rope parameters as standardised; Gemma 3's per layer type.
                 let rope = &hf["rope_parameters"];
-                same(&label, "rope_theta", rope, j!(c.rope.theta).unwrap());
-                match c.rope.scaling {
-                    RopeScaling::Default => {
-                        assert_eq!(rope["rope_type"], "default", "{label}")
+                match &c.local_rope {
+                    Some(local) => {
+                        check_rope(&label, &rope["full_attention"], &c.rope);
+                        check_rope(&label, &rope["sliding_attention"], local);
                     }
-                    RopeScaling::Llama3 {
-                        factor,
-                        low_freq_factor,
-                        high_freq_factor,
-                        original_max_position_embeddings,
-                    } => {
-                        assert_eq!(rope["rope_type"], "llama3", "{label}");
-                        same(&label, "factor", rope, j!(factor).unwrap());
-                        same(&label, "low_freq_factor", rope, j!(low_freq_factor).unwrap());
-                        same(&label, "high_freq_factor", rope, j!(high_freq_factor).unwrap());
-                        same(
-                            &label,
-                            "original_max_position_embeddings",
-                            rope,
-                            j!(original_max_position_embeddings).unwrap(),
-                        );
-                    }
-                    RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor, .. } => {
-                        let t = if matches!(c.rope.scaling, RopeScaling::Linear { .. }) {
-                            "linear"
-                        } else {
-                            "dynamic"
-                        };
-                        assert_eq!(rope["rope_type"], t, "{label}");
-                        same(&label, "factor", rope, j!(factor).unwrap());
-                    }
-                    RopeScaling::LongRope {
-                        ref short_factor,
-                        original_max_position_embeddings,
-                        ..
-                    } => {
-                        assert_eq!(rope["rope_type"], "longrope", "{label}");
-                        same(&label, "short_factor", rope, j!(short_factor).unwrap());
-                        same(
-                            &label,
-                            "original_max_position_embeddings",
-                            rope,
-                            j!(original_max_position_embeddings).unwrap(),
-                        );
-                    }
-                    RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
-                        assert_eq!(rope["rope_type"], "yarn", "{label}");
-                        same(&label, "factor", rope, j!(factor).unwrap());
-                        same(
-                            &label,
-                            "original_max_position_embeddings",
-                            rope,
-                            j!(original_max_position_embeddings).unwrap(),
-                        );
-                    }
+                    None => check_rope(&label, rope, &c.rope),
                 }
                 // The window and which layers slide (Mistral: every layer when it has one).
                 // SmolLM3 keeps sliding_window in its config whether or not use_sliding_window
@@ -273,9 +247,67 @@ fn parsed_configs_equal_hf_autoconfig_defaults() {
         "smollm3",
         "phi3",
         "gemma",
+        "gemma2",
+        "gemma3_text",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     assert_eq!(seen, want);
+}
+
+/// A rope as HF standardised it (`hf`: one `rope_parameters` dict) against ours.
+fn check_rope(label: &str, hf: &Value, rope: &Rope) {
+    same(label, "rope_theta", hf, j!(rope.theta).unwrap());
+    match rope.scaling {
+        RopeScaling::Default => {
+            assert_eq!(hf["rope_type"], "default", "{label}")
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            assert_eq!(hf["rope_type"], "llama3", "{label}");
+            same(label, "factor", hf, j!(factor).unwrap());
+            same(label, "low_freq_factor", hf, j!(low_freq_factor).unwrap());
+            same(label, "high_freq_factor", hf, j!(high_freq_factor).unwrap());
+            same(
+                label,
+                "original_max_position_embeddings",
+                hf,
+                j!(original_max_position_embeddings).unwrap(),
+            );
+        }
+        RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor, .. } => {
+            let t = if matches!(rope.scaling, RopeScaling::Linear { .. }) {
+                "linear"
+            } else {
+                "dynamic"
+            };
+            assert_eq!(hf["rope_type"], t, "{label}");
+            same(label, "factor", hf, j!(factor).unwrap());
+        }
+        RopeScaling::LongRope { ref short_factor, original_max_position_embeddings, .. } => {
+            assert_eq!(hf["rope_type"], "longrope", "{label}");
+            same(label, "short_factor", hf, j!(short_factor).unwrap());
+            same(
+                label,
+                "original_max_position_embeddings",
+                hf,
+                j!(original_max_position_embeddings).unwrap(),
+            );
+        }
+        RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
+            assert_eq!(hf["rope_type"], "yarn", "{label}");
+            same(label, "factor", hf, j!(factor).unwrap());
+            same(
+                label,
+                "original_max_position_embeddings",
+                hf,
+                j!(original_max_position_embeddings).unwrap(),
+            );
+        }
+    }
 }

@@ -189,6 +189,25 @@ fn tiny_gemma_matches_hf_for_pytorch_and_ort() {
     }
 }
 
+/// Gemma 2: query_pre_attn_scalar, sandwich norms, alternating sliding and global layers,
+/// saturating soft-caps on the attention scores and the logits (HF's eager attention); its
+/// classifier.
+#[test]
+fn tiny_gemma2_matches_hf_for_pytorch_and_ort() {
+    for name in ["tiny-gemma2-padded", "tiny-gemma2-cls-padded"] {
+        check_fixture(name);
+    }
+}
+
+/// Gemma 3: q/k norms, the sliding layer's own rope (local base) beside the global layer's
+/// linear-scaled one, a window shorter than the sequence; its classifier.
+#[test]
+fn tiny_gemma3_matches_hf_for_pytorch_and_ort() {
+    for name in ["tiny-gemma3-padded", "tiny-gemma3-cls-padded"] {
+        check_fixture(name);
+    }
+}
+
 #[test]
 fn tiny_mistral_window_matches_hf_for_pytorch_and_ort() {
     check_fixture("tiny-mistral-window");
@@ -245,11 +264,39 @@ type Departure = (&'static str, &'static str, fn(&mut serde_json::Value), bool);
 /// With the feature ignored, our step-0 loss is HF's `loss0_without_…` (1e-4), and both are
 /// far (> 1e-3 relative) from HF's loss with it: the parity tests check the feature.
 #[test]
-fn ignoring_rope_scaling_window_or_mask_departs_from_hf() {
+fn ignoring_rope_scaling_window_softcap_or_mask_departs_from_hf() {
     let no_scaling: fn(&mut serde_json::Value) = |r| {
         r["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": r["rope_parameters"]["rope_theta"]});
     };
-    let cases: [Departure; 13] = [
+    let full_types: fn(&mut serde_json::Value) =
+        |r| r["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
+    let cases: [Departure; 18] = [
+        (
+            "tiny-gemma2-padded",
+            "loss0_without_softcapping",
+            |r| {
+                r["attn_logit_softcapping"] = serde_json::Value::Null;
+                r["final_logit_softcapping"] = serde_json::Value::Null;
+            },
+            true,
+        ),
+        ("tiny-gemma2-padded", "loss0_without_sliding_window", full_types, true),
+        (
+            "tiny-gemma2-padded",
+            "loss0_with_head_dim_scale",
+            |r| r["query_pre_attn_scalar"] = serde_json::json!(24),
+            true,
+        ),
+        (
+            "tiny-gemma3-padded",
+            "loss0_without_local_rope",
+            |r| {
+                let full = r["rope_parameters"]["full_attention"].clone();
+                r["rope_parameters"]["sliding_attention"] = full;
+            },
+            true,
+        ),
+        ("tiny-gemma3-padded", "loss0_without_sliding_window", full_types, true),
         ("tiny-llama-rope-llama3", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-linear", "loss0_without_rope_scaling", no_scaling, true),
         ("tiny-llama-rope-dynamic", "loss0_without_rope_scaling", no_scaling, true),
@@ -419,9 +466,16 @@ fn batch(cfg: &ModelConfig, b: usize, t: usize, seed: u64, padded: bool) -> Batc
 
 #[test]
 fn llama_engine_gradients_match_torch() {
-    for name in
-        ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-gemma"]
-    {
+    for name in [
+        "tiny-llama",
+        "tiny-mistral",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-phi3",
+        "tiny-gemma",
+        "tiny-gemma2",
+        "tiny-gemma3",
+    ] {
         let cfg = config(name, |_| {});
         check_gradients(name, &cfg, &batch(&cfg, 3, 16, 21, false));
         let padded = config(name, |r| r["pad_token_id"] = serde_json::json!(0));
@@ -459,6 +513,16 @@ fn llama_engine_gradients_match_torch_mqa_window_llama3_untied_biases() {
         r["pad_token_id"] = serde_json::json!(0);
     });
     check_gradients("tiny-qwen3 window 4 from layer 1", &qwen3, &batch(&qwen3, 3, 16, 26, true));
+    // Gemma 2's soft-caps where tanh bends (scores and logits of a few caps), a window of 5;
+    // Gemma 3's local rope on its sliding layer, a window of 5.
+    let gemma2 = config("tiny-gemma2", |r| {
+        r["sliding_window"] = serde_json::json!(5);
+        r["attn_logit_softcapping"] = serde_json::json!(0.05);
+        r["final_logit_softcapping"] = serde_json::json!(0.2);
+    });
+    check_gradients("tiny-gemma2 window 5, caps", &gemma2, &batch(&gemma2, 3, 16, 28, true));
+    let gemma3 = config("tiny-gemma3", |r| r["sliding_window"] = serde_json::json!(5));
+    check_gradients("tiny-gemma3 window 5", &gemma3, &batch(&gemma3, 3, 16, 29, true));
 }
 
 #[test]

@@ -46,6 +46,8 @@ pub static FAMILIES: &[&FamilyInfo] = &[
     &llama::SMOLLM3,
     &llama::PHI3,
     &llama::GEMMA,
+    &llama::GEMMA2,
+    &llama::GEMMA3,
 ];
 
 /// What a family is before a config is read.

@@ -72,10 +72,27 @@ pub const LAST_TOKEN: &str = "last_token_selector";
 pub const ROPE_COS: &str = "rope_cos";
 /// The sin table beside [`ROPE_COS`].
 pub const ROPE_SIN: &str = "rope_sin";
+/// Gemma 3's sliding layers' rotary cos table (their own rope, the local base), beside
+/// [`ROPE_COS`] of its full layers.
+pub const ROPE_COS_LOCAL: &str = "rope_cos_local";
+/// The sin table beside [`ROPE_COS_LOCAL`].
+pub const ROPE_SIN_LOCAL: &str = "rope_sin_local";
 /// A sliding-window layer's additive mask, (B, 1, T, T) in the graph's dtype: 0 where key j
 /// may be read by query i (j ≤ i, j > i − window, and j is not padding), −∞ elsewhere — HF's
 /// `create_sliding_window_causal_mask`. Built only when the window bites (T > window).
 pub const SLIDING_WINDOW_MASK: &str = "sliding_window_mask";
+/// Models HF runs with eager attention (Gemma 2, whose class has no sdpa), padded: the additive
+/// mask of its full layers, (B, 1, T, T), 0 where key j may be read by query i (j ≤ i, j not
+/// padding) and [`EAGER_MASK_MIN`] elsewhere, the causal part included — HF's eager float mask.
+/// Unlike −∞, a finite minimum leaves a query with no key to read (a left pad) attending to
+/// every key alike, as HF's eager softmax does; the causal LM's loss reads that query's output
+/// (the last left pad predicts the first token).
+pub const EAGER_MASK: &str = "eager_attention_mask";
+/// [`EAGER_MASK`] of the sliding layers: also j > i − window.
+pub const EAGER_SLIDING_MASK: &str = "eager_sliding_window_mask";
+/// The masked entries of the eager masks: bfloat16's finfo.min (HF's is the dtype's; any
+/// minimum this far below the scores gives the same probabilities in f32 and bf16).
+pub const EAGER_MASK_MIN: f32 = -3.389_531_4e38;
 
 /// What to build: the static sizes of a step, the storage dtype of activations and the graph
 /// passes to run.
@@ -493,6 +510,24 @@ impl FeedInfo {
                             .collect(),
                     )
                 }
+                EAGER_MASK | EAGER_SLIDING_MASK => {
+                    let w = match name {
+                        EAGER_SLIDING_MASK => self.sliding_window.expect("a sliding mask has one"),
+                        _ => t,
+                    };
+                    let mask = batch.attention_mask.as_deref();
+                    let mut m = vec![EAGER_MASK_MIN; b * t * t];
+                    for row in 0..b {
+                        for i in 0..t {
+                            for j in (i + 1).saturating_sub(w)..=i {
+                                if mask.is_none_or(|m| m[row * t + j] != 0) {
+                                    m[(row * t + i) * t + j] = 0.0;
+                                }
+                            }
+                        }
+                    }
+                    FeedData::Floats(m)
+                }
                 SLIDING_WINDOW_MASK => {
                     let w = self.sliding_window.expect("a window mask exists only with a window");
                     let mask = batch.attention_mask.as_deref();
@@ -712,25 +747,28 @@ impl Builder {
         causal: bool,
         dropout_p: f64,
     ) -> BResult<TensorId> {
-        self.eager_attention_masked(q, k, v, causal, dropout_p, self.attention_mask)
+        let scale = 1.0 / (self.g.shape(q)[3] as f32).sqrt();
+        self.eager_attention_scaled(q, k, v, causal, scale, dropout_p, self.attention_mask)
     }
 
-    /// [`eager_attention`](Self::eager_attention) with the additive `mask` (broadcast to
-    /// (B, H, T, T)) in place of the graph's padding mask: a sliding-window layer's.
+    /// [`eager_attention`](Self::eager_attention) with the scores' `scale` (HF's `scaling`) and
+    /// the additive `mask` (broadcast to (B, H, T, T)) in place of 1/√D and the graph's padding
+    /// mask: a sliding-window layer's mask, Gemma's query_pre_attn_scalar^-½.
     // q, k, v: (B, H, T, D) -> (B, H, T, D)
-    pub fn eager_attention_masked(
+    #[allow(clippy::too_many_arguments)]
+    pub fn eager_attention_scaled(
         &mut self,
         q: TensorId,
         k: TensorId,
         v: TensorId,
         causal: bool,
+        scale: f32,
         dropout_p: f64,
         mask: Option<TensorId>,
     ) -> BResult<TensorId> {
-        let d = self.g.shape(q)[3];
         let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
         let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
-        let scores = self.g.scale(scores, 1.0 / (d as f32).sqrt())?;
+        let scores = self.g.scale(scores, scale)?;
         let probs = self.g.softmax(scores, 1.0, causal, mask)?;
         let probs = self.dropout(probs, dropout_p)?;
         Ok(self.g.matmul(probs, v, false, false)?)

@@ -20,12 +20,19 @@ pub(crate) trait Decoder: Send {
 pub(crate) struct CausalLm<D> {
     body: D,
     lm_head: Tensor,
+    /// Gemma 2's `final_logit_softcapping`: logits → cap · tanh(logits / cap).
+    softcap: Option<f64>,
 }
 
 impl<D: Decoder> CausalLm<D> {
     /// `lm_head`: the HF name of the head's weight (V, C), the embedding's when tied.
     pub(crate) fn new(body: D, v: &Vars, lm_head: &str) -> Self {
-        CausalLm { body, lm_head: v.get(lm_head) }
+        CausalLm { body, lm_head: v.get(lm_head), softcap: None }
+    }
+
+    /// The logits soft-capped at `cap` before the loss (Gemma 2).
+    pub(crate) fn with_logit_softcapping(self, cap: f64) -> Self {
+        CausalLm { softcap: Some(cap), ..self }
     }
 }
 
@@ -42,7 +49,11 @@ impl<D: Decoder> TorchLoss for CausalLm<D> {
         let (b, t) = input_ids.size2().expect("(B, T) ids");
         let x = self.body.forward(input_ids, attention_mask, train);
         let logits = x.linear::<Tensor>(&self.lm_head, None); // (B, T, V)
-                                                              // HF 5.x's ForCausalLMLoss: shift the labels, not the logits.
+        let logits = match self.softcap {
+            Some(cap) => (logits / cap).tanh() * cap,
+            None => logits,
+        };
+        // HF 5.x's ForCausalLMLoss: shift the labels, not the logits.
         causal_lm_loss(&logits, &labels.view([b, t]))
     }
 }

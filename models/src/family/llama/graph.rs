@@ -2,8 +2,10 @@
 //! eager form (modeling_llama.py's `eager_attention_forward`: repeat_kv, q·kᵀ·scale + mask,
 //! softmax, dropout, ·v — the engine passes fuse it), on the engine's rms_norm, rotary and
 //! repeat_kv ops. The rotary cos/sin tables are fed graph inputs ([`ROPE_COS`], [`ROPE_SIN`])
-//! computed on the host in f32 as HF computes them; a sliding window that bites is the fed
-//! additive mask [`SLIDING_WINDOW_MASK`].
+//! computed on the host in f32 as HF computes them (Gemma 3's sliding layers' own: [`ROPE_COS_LOCAL`],
+//! [`ROPE_SIN_LOCAL`]); a sliding window that bites is the fed additive mask
+//! [`SLIDING_WINDOW_MASK`]. Gemma 2's soft-capped attention stays eager (the fused attention
+//! op has no soft-capping); padded, it reads HF's eager float masks ([`EAGER_MASK`]).
 
 use ortbench_engine::graph::{GeluApprox, TensorId};
 use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};
@@ -12,7 +14,8 @@ use super::{LayerType, LlamaConfig, EMBED};
 use crate::config::{Activation, ModelConfig};
 use crate::family::bert::padded_lookup;
 use crate::graph::{
-    BResult, Builder, GraphOptions, INPUT_IDS, LAST_TOKEN, ROPE_COS, ROPE_SIN, SLIDING_WINDOW_MASK,
+    BResult, Builder, GraphOptions, EAGER_MASK, EAGER_SLIDING_MASK, INPUT_IDS, LAST_TOKEN,
+    ROPE_COS, ROPE_COS_LOCAL, ROPE_SIN, ROPE_SIN_LOCAL, SLIDING_WINDOW_MASK,
 };
 use crate::ModelError;
 
@@ -45,41 +48,62 @@ fn rms_norm(
     Ok(b.g.rms_norm(x, w, eps as f32)?)
 }
 
-/// apply_rotary_pos_emb on one of q, k: the whole head, or (Phi-3's partial rotary) its first
-/// R dimensions, the rest passed through: cat(rotary(x[..., :R]), x[..., R:]).
+/// apply_rotary_pos_emb on one of q, k with `tables` (cos, sin): the whole head, or (Phi-3's
+/// partial rotary) its first R dimensions, the rest passed through: cat(rotary(x[..., :R]),
+/// x[..., R:]).
 // x: (B, n, T, D) -> (B, n, T, D)
-fn rotary(b: &mut Builder, x: TensorId, c: &LlamaConfig, s: &Shared) -> BResult<TensorId> {
+fn rotary(
+    b: &mut Builder,
+    x: TensorId,
+    c: &LlamaConfig,
+    (cos, sin): (TensorId, TensorId),
+) -> BResult<TensorId> {
     if c.rotary_dim == c.head_dim {
-        return Ok(b.g.rotary(x, s.cos, s.sin)?);
+        return Ok(b.g.rotary(x, cos, sin)?);
     }
     let parts = b.g.split(x, &[c.rotary_dim, c.head_dim - c.rotary_dim])?; // (…, R), (…, D − R)
-    let turned = b.g.rotary(parts[0], s.cos, s.sin)?;
+    let turned = b.g.rotary(parts[0], cos, sin)?;
     Ok(b.g.concat(&[turned, parts[1]])?)
+}
+
+/// Gemma 2's tanh soft-capping, as HF writes it: cap · tanh(x / cap).
+fn softcap(b: &mut Builder, x: TensorId, cap: f64) -> BResult<TensorId> {
+    let x = b.g.scale(x, (1.0 / cap) as f32)?;
+    let x = b.g.tanh(x)?;
+    Ok(b.g.scale(x, cap as f32)?)
 }
 
 /// The rotary tables and masks every layer reads.
 struct Shared {
-    cos: TensorId,
-    sin: TensorId,
-    /// The additive mask of sliding layers (padding + window), when the window bites.
+    /// (cos, sin), each (T, R).
+    rope: (TensorId, TensorId),
+    /// Gemma 3's sliding layers' (cos, sin).
+    local_rope: Option<(TensorId, TensorId)>,
+    /// The additive mask of full layers: the padding mask (or none), or Gemma 2's eager mask.
+    full_mask: Option<TensorId>,
+    /// The additive mask of sliding layers (padding + window), when the window bites; else
+    /// they read `full_mask`.
     sliding_mask: Option<TensorId>,
+    /// Whether the softmax applies the causal mask itself (not with Gemma 2's eager masks,
+    /// which hold it).
+    causal: bool,
 }
 
-/// LlamaDecoderLayer: input_layernorm → LlamaAttention → residual; post_attention_layernorm →
-/// LlamaMLP (down(silu(gate(x)) · up(x))) → residual. Phi3DecoderLayer: the same with q/k/v
-/// and gate/up split from fused projections and dropout before each residual add.
-// x: (B, T, C) -> (B, T, C)
-fn decoder_layer(
+/// LlamaAttention (and the other types'): q/k/v projections (Phi-3: one fused), [q_norm /
+/// k_norm], rotary (not on SmolLM3's NoPE layers; Gemma 3's sliding layers with their own
+/// tables), repeat_kv, eager attention (scale head_dim^-½ or Gemma's query_pre_attn_scalar^-½,
+/// Gemma 2's soft-capped scores; the layer's mask), o_proj.
+// h: (B, T, C) -> (B, T, C)
+fn self_attention(
     b: &mut Builder,
-    x: TensorId,
+    h: TensorId,
     i: usize,
     c: &LlamaConfig,
     s: &Shared,
 ) -> BResult<TensorId> {
     let p = format!("model.layers.{i}");
-    let (bs, t) = (b.g.shape(x)[0], b.g.shape(x)[1]);
+    let (bs, t) = (b.g.shape(h)[0], b.g.shape(h)[1]);
     let (d, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
-    let h = rms_norm(b, x, &format!("{p}.input_layernorm"), c.rms_norm_eps, c.norm_offset)?;
     // view(B, T, -1, D) [q_norm / k_norm over D] .transpose(1, 2)
     let split = |b: &mut Builder, y: TensorId, n: usize, norm: Option<&str>| -> BResult<TensorId> {
         let y = b.g.reshape(y, &[bs, t, n, d])?;
@@ -105,24 +129,45 @@ fn decoder_layer(
     let q = split(b, q, heads, c.qk_norm.then_some("q_norm"))?;
     let k = split(b, k, kv_heads, c.qk_norm.then_some("k_norm"))?;
     let v = split(b, v, kv_heads, None)?;
+    let sliding = c.layer_types[i] == LayerType::Sliding;
+    let tables = match s.local_rope {
+        Some(local) if sliding => local,
+        _ => s.rope,
+    };
     // SmolLM3's NoPE layers leave q and k unrotated.
-    let (q, k) = if c.rope_layers[i] { (rotary(b, q, c, s)?, rotary(b, k, c, s)?) } else { (q, k) };
+    let (q, k) = if c.rope_layers[i] {
+        (rotary(b, q, c, tables)?, rotary(b, k, c, tables)?)
+    } else {
+        (q, k)
+    };
     let k = b.g.repeat_kv(k, c.n_rep())?; // (B, H, T, D)
     let v = b.g.repeat_kv(v, c.n_rep())?;
-    let mask = match (c.layer_types[i], s.sliding_mask) {
-        (LayerType::Sliding, Some(m)) => Some(m),
-        _ => b.attention_mask(),
+    let mask = if sliding { s.sliding_mask.or(s.full_mask) } else { s.full_mask };
+    let scale = match c.query_pre_attn_scalar {
+        Some(s) => s.powf(-0.5) as f32, // a Python float: f64, then the f32 op's scalar
+        None => 1.0 / (d as f32).sqrt(),
     };
-    let ctx = b.eager_attention_masked(q, k, v, true, c.attention_dropout, mask)?; // (B, H, T, D)
+    let ctx = match c.attn_logit_softcapping {
+        None => b.eager_attention_scaled(q, k, v, s.causal, scale, c.attention_dropout, mask)?,
+        Some(cap) => {
+            // Gemma 2's eager_attention_forward: q·kᵀ·scale, soft-capped, + mask, softmax.
+            let kt = b.g.transpose(k, 2, 3)?; // (B, H, D, T)
+            let scores = b.g.matmul(q, kt, false, false)?; // (B, H, T, T)
+            let scores = b.g.scale(scores, scale)?;
+            let scores = softcap(b, scores, cap)?;
+            let probs = b.g.softmax(scores, 1.0, s.causal, mask)?;
+            let probs = b.dropout(probs, c.attention_dropout)?;
+            b.g.matmul(probs, v, false, false)?
+        }
+    }; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, H·D)
-    let a = proj(b, ctx, &format!("{p}.self_attn.o_proj"), c.o_bias)?;
-    let a = match c.resid_dropout {
-        Some(p) => b.dropout(a, p)?,
-        None => a,
-    };
-    let x = b.g.add(x, a)?;
-    let h =
-        rms_norm(b, x, &format!("{p}.post_attention_layernorm"), c.rms_norm_eps, c.norm_offset)?;
+    proj(b, ctx, &format!("{p}.self_attn.o_proj"), c.o_bias)
+}
+
+/// LlamaMLP: down(act(gate(x)) · up(x)), SiLU (SwiGLU) or Gemma's tanh GELU (GeGLU); Phi-3's
+/// gate and up from one fused projection.
+// h: (B, T, C) -> (B, T, C)
+fn mlp(b: &mut Builder, h: TensorId, p: &str, c: &LlamaConfig) -> BResult<TensorId> {
     let (gate, up) = if c.fused_projections {
         // Phi-3: gate_up.chunk(2, dim=-1).
         let gate_up = proj(b, h, &format!("{p}.mlp.gate_up_proj"), false)?; // (B, T, 2I)
@@ -133,17 +178,45 @@ fn decoder_layer(
         let gate = proj(b, h, &format!("{p}.mlp.gate_proj"), c.mlp_bias)?;
         (gate, proj(b, h, &format!("{p}.mlp.up_proj"), c.mlp_bias)?)
     };
-    // SwiGLU, or Gemma's GeGLU (tanh GELU).
     let act = match c.mlp_act {
         Activation::GeluTanh => b.g.gelu(gate, GeluApprox::Tanh)?,
         _ => b.g.apply(UnaryFn::Silu, gate)?,
     };
     let m = b.g.apply2(BinaryFn::Mul, act, up)?;
-    let m = proj(b, m, &format!("{p}.mlp.down_proj"), c.mlp_bias)?;
-    let m = match c.resid_dropout {
-        Some(p) => b.dropout(m, p)?,
-        None => m,
+    proj(b, m, &format!("{p}.mlp.down_proj"), c.mlp_bias)
+}
+
+/// LlamaDecoderLayer: input_layernorm → attention → residual; post_attention_layernorm → MLP →
+/// residual. Phi3DecoderLayer: dropout before each residual add. Gemma 2/3's (sandwich norms):
+/// input_layernorm → attention → post_attention_layernorm → residual; pre_feedforward_layernorm
+/// → MLP → post_feedforward_layernorm → residual.
+// x: (B, T, C) -> (B, T, C)
+fn decoder_layer(
+    b: &mut Builder,
+    x: TensorId,
+    i: usize,
+    c: &LlamaConfig,
+    s: &Shared,
+) -> BResult<TensorId> {
+    let p = format!("model.layers.{i}");
+    let norm = |b: &mut Builder, x: TensorId, name: &str| {
+        rms_norm(b, x, &format!("{p}.{name}"), c.rms_norm_eps, c.norm_offset)
     };
+    let resid = |b: &mut Builder, y: TensorId| match c.resid_dropout {
+        Some(p) => b.dropout(y, p),
+        None => Ok(y),
+    };
+    let h = norm(b, x, "input_layernorm")?;
+    let a = self_attention(b, h, i, c, s)?;
+    let a = resid(b, a)?;
+    let a = if c.sandwich_norms { norm(b, a, "post_attention_layernorm")? } else { a };
+    let x = b.g.add(x, a)?;
+    let before_mlp =
+        if c.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+    let h = norm(b, x, before_mlp)?;
+    let m = mlp(b, h, &p, c)?;
+    let m = resid(b, m)?;
+    let m = if c.sandwich_norms { norm(b, m, "post_feedforward_layernorm")? } else { m };
     Ok(b.g.add(x, m)?)
 }
 
@@ -163,11 +236,25 @@ fn llama_model(b: &mut Builder, c: &LlamaConfig, opts: &GraphOptions) -> BResult
     }
     let cos = b.g.input_float(ROPE_COS, &[t, c.rotary_dim])?; // (T, R), R ≤ D
     let sin = b.g.input_float(ROPE_SIN, &[t, c.rotary_dim])?;
-    let sliding_mask = match c.biting_window(t) {
-        Some(_) => Some(b.g.input_float(SLIDING_WINDOW_MASK, &[bs, 1, t, t])?),
+    let local_rope = match c.local_rope() {
+        Some(_) => Some((
+            b.g.input_float(ROPE_COS_LOCAL, &[t, c.rotary_dim])?,
+            b.g.input_float(ROPE_SIN_LOCAL, &[t, c.rotary_dim])?,
+        )),
         None => None,
     };
-    let s = Shared { cos, sin, sliding_mask };
+    let window = c.biting_window(t).is_some();
+    let (full_mask, sliding_mask, causal) = if c.eager_attention && b.attention_mask().is_some() {
+        let full = b.g.input_float(EAGER_MASK, &[bs, 1, t, t])?;
+        let sliding =
+            if window { Some(b.g.input_float(EAGER_SLIDING_MASK, &[bs, 1, t, t])?) } else { None };
+        (Some(full), sliding, false)
+    } else {
+        let sliding =
+            if window { Some(b.g.input_float(SLIDING_WINDOW_MASK, &[bs, 1, t, t])?) } else { None };
+        (b.attention_mask(), sliding, true)
+    };
+    let s = Shared { rope: (cos, sin), local_rope, full_mask, sliding_mask, causal };
     for i in 0..c.num_hidden_layers {
         x = decoder_layer(b, x, i, c, &s)?;
     }
@@ -197,7 +284,11 @@ pub(super) fn for_causal_lm(
     check_len(c, cfg, opts.seq_len)?;
     let x = llama_model(b, c, opts)?;
     let head = if c.tie_word_embeddings { EMBED } else { "lm_head.weight" };
-    Ok(b.g.matmul(x, b.p(head), false, true)?) // (B, T, V)
+    let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
+    match c.final_logit_softcapping {
+        Some(cap) => softcap(b, logits, cap), // Gemma 2
+        None => Ok(logits),
+    }
 }
 
 /// `…ForSequenceClassification` (GenericForSequenceClassification): the model, score (no bias)

@@ -1,11 +1,13 @@
-//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma}): HF
-//! model types that compute one function — RMSNorm pre-norm blocks, rotary position embeddings,
-//! grouped-query attention, a gated MLP — and differ in a few switches (attention biases,
-//! Qwen3's q/k norms, sliding windows, SmolLM3's NoPE layers, Phi-3's fused projections,
-//! residual dropout and partial rotary, Gemma's (1 + w) norms, scaled embedding and GeGLU,
-//! defaults), all held by [`LlamaConfig`]. Its config, parameters, FLOP count,
-//! pad ids and rotary tables here; its engine graph in `graph`, its tch module in `torch`.
+//! The Llama family (transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma,gemma2,
+//! gemma3}): HF model types that compute one function — RMSNorm pre-norm blocks, rotary position
+//! embeddings, grouped-query attention, a gated MLP — and differ in a few switches (attention
+//! biases, Qwen3's q/k norms, sliding windows, SmolLM3's NoPE layers, Phi-3's fused projections,
+//! residual dropout and partial rotary, Gemma's (1 + w) norms, scaled embedding and GeGLU, Gemma
+//! 2/3's score scale, sandwich norms, soft-capping and local rope, defaults), all held by
+//! [`LlamaConfig`]. Its config, parameters, FLOP count, pad ids and rotary tables here (Gemma's
+//! config rules in `gemma`); its engine graph in `graph`, its tch module in `torch`.
 
+mod gemma;
 mod graph;
 #[cfg(feature = "torch")]
 mod torch;
@@ -44,6 +46,14 @@ const HEADS_GEMMA: &[(Head, &str)] = &[
     (Head::CausalLm, "GemmaForCausalLM"),
     (Head::SequenceClassification, "GemmaForSequenceClassification"),
 ];
+const HEADS_GEMMA2: &[(Head, &str)] = &[
+    (Head::CausalLm, "Gemma2ForCausalLM"),
+    (Head::SequenceClassification, "Gemma2ForSequenceClassification"),
+];
+const HEADS_GEMMA3: &[(Head, &str)] = &[
+    (Head::CausalLm, "Gemma3ForCausalLM"),
+    (Head::SequenceClassification, "Gemma3TextForSequenceClassification"),
+];
 const HEADS_PHI3: &[(Head, &str)] = &[
     (Head::CausalLm, "Phi3ForCausalLM"),
     (Head::SequenceClassification, "Phi3ForSequenceClassification"),
@@ -53,7 +63,7 @@ const HEADS_PHI3: &[(Head, &str)] = &[
 const EMBED: &str = "model.embed_tokens.weight";
 
 macro_rules! info {
-    ($name:expr, $model_type:expr, $heads:expr, $parse:ident) => {
+    ($name:expr, $model_type:expr, $heads:expr, $parse:path) => {
         FamilyInfo {
             name: $name,
             model_type: $model_type,
@@ -83,7 +93,15 @@ pub static SMOLLM3: FamilyInfo = info!("SmolLM3", "smollm3", HEADS_SMOLLM3, pars
 pub static PHI3: FamilyInfo = info!("Phi-3", "phi3", HEADS_PHI3, parse_phi3);
 /// GemmaForCausalLM, GemmaForSequenceClassification: Llama's layout with (1 + w) RMSNorms, the
 /// embedding scaled by √hidden, a tanh-GELU gated MLP (GeGLU) and head_dim 256 by default.
-pub static GEMMA: FamilyInfo = info!("Gemma", "gemma", HEADS_GEMMA, parse_gemma);
+pub static GEMMA: FamilyInfo = info!("Gemma", "gemma", HEADS_GEMMA, gemma::parse_gemma);
+/// Gemma2ForCausalLM, Gemma2ForSequenceClassification: Gemma with the attention scale
+/// query_pre_attn_scalar^-½, norms after the attention and around the MLP, tanh soft-capping of
+/// the attention scores and the logits, sliding and global layers alternating.
+pub static GEMMA2: FamilyInfo = info!("Gemma 2", "gemma2", HEADS_GEMMA2, gemma::parse_gemma2);
+/// Gemma3ForCausalLM, Gemma3TextForSequenceClassification (model type `gemma3_text`): Gemma 2's
+/// layer with q/k norms, no soft-capping by default, five sliding layers to a global one, and the
+/// sliding layers' own rope (local base 10 000).
+pub static GEMMA3: FamilyInfo = info!("Gemma 3", "gemma3_text", HEADS_GEMMA3, gemma::parse_gemma3);
 
 /// Which of the HF model types a config is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +113,8 @@ pub enum Variant {
     SmolLM3,
     Phi3,
     Gemma,
+    Gemma2,
+    Gemma3,
 }
 
 impl Variant {
@@ -107,6 +127,8 @@ impl Variant {
             Variant::SmolLM3 => &SMOLLM3,
             Variant::Phi3 => &PHI3,
             Variant::Gemma => &GEMMA,
+            Variant::Gemma2 => &GEMMA2,
+            Variant::Gemma3 => &GEMMA3,
         }
     }
 }
@@ -356,6 +378,23 @@ pub struct LlamaConfig {
     pub embed_scale: Option<f32>,
     /// The gated MLP's activation: SiLU (SwiGLU), or Gemma's tanh GELU (GeGLU).
     pub mlp_act: Activation,
+    /// Gemma 2/3: the attention scores' scale is `query_pre_attn_scalar`^-½ (else head_dim^-½).
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2: the attention scores soft-capped, cap · tanh(s / cap), before the mask.
+    pub attn_logit_softcapping: Option<f64>,
+    /// Gemma 2: the LM head's logits soft-capped the same way.
+    pub final_logit_softcapping: Option<f64>,
+    /// Gemma 2/3's sandwich norms: `post_attention_layernorm` on the attention's output before
+    /// its residual add, `pre_feedforward_layernorm` before the MLP, `post_feedforward_layernorm`
+    /// on its output (the others: `post_attention_layernorm` before the MLP, nothing after).
+    pub sandwich_norms: bool,
+    /// Gemma 2: HF runs eager attention (the class has no sdpa), whose finite float masks leave
+    /// a query with no visible key (a left pad) reading every key alike, where sdpa's give
+    /// zeros; the causal LM's loss reads that query (the last pad predicts the first token).
+    pub eager_attention: bool,
+    /// Gemma 3: the sliding layers' rope (`rope_parameters["sliding_attention"]`, the local base);
+    /// [`LlamaConfig::rope`] is then the full layers'.
+    pub local_rope: Option<Rope>,
 }
 
 /// The config.json fields any of the four reads; absent ones take the type's HF default.
@@ -382,7 +421,7 @@ struct Raw {
     attention_bias: Option<bool>,
     attention_dropout: Option<f64>,
     mlp_bias: Option<bool>,
-    #[serde(default, deserialize_with = "nullable_window")]
+    #[serde(default, deserialize_with = "nullable")]
     sliding_window: Option<Option<usize>>,
     use_sliding_window: Option<bool>,
     max_window_layers: Option<usize>,
@@ -390,13 +429,20 @@ struct Raw {
     no_rope_layer_interval: Option<usize>,
     layer_types: Option<Vec<String>>,
     resid_pdrop: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    #[serde(default, deserialize_with = "nullable")]
+    attn_logit_softcapping: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "nullable")]
+    final_logit_softcapping: Option<Option<f64>>,
+    sliding_window_pattern: Option<usize>,
 }
 
-/// `sliding_window`: absent (HF's default) vs an explicit null (no window).
-fn nullable_window<'de, D: serde::Deserializer<'de>>(
+/// A field whose explicit null differs from its absence (HF's default): absent is None, null
+/// Some(None).
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
-) -> Result<Option<Option<usize>>, D::Error> {
-    Ok(Some(Option::<usize>::deserialize(d)?))
+) -> Result<Option<Option<T>>, D::Error> {
+    Ok(Some(Option::<T>::deserialize(d)?))
 }
 
 fn parse_llama(raw: &Value, origin: &str) -> Result<Family, ModelError> {
@@ -414,21 +460,6 @@ fn parse_qwen3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
 fn parse_smollm3(raw: &Value, origin: &str) -> Result<Family, ModelError> {
     parse(raw, origin, Variant::SmolLM3)
 }
-/// GemmaConfig's `__post_init__`: `hidden_act` "gelu" (the official releases' legacy value) is
-/// the tanh approximation; bidirectional attention is refused.
-fn parse_gemma(raw: &Value, origin: &str) -> Result<Family, ModelError> {
-    let mut raw = raw.clone();
-    if let Some(obj) = raw.as_object_mut() {
-        if obj.get("hidden_act").and_then(Value::as_str) == Some("gelu") {
-            obj.insert("hidden_act".into(), "gelu_pytorch_tanh".into());
-        }
-        if obj.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
-            return Err(unsupported(origin, "Gemma with use_bidirectional_attention".into()));
-        }
-    }
-    parse(&raw, origin, Variant::Gemma)
-}
-
 /// Phi3Config's `convert_rope_params_to_dict` and `validate_rope`: `standardize_rope_params`
 /// first — for a `longrope` or `yarn` type the config's top-level
 /// `original_max_position_embeddings` (default 4096) replaces the dict's — then `su` and `yarn`
@@ -474,7 +505,11 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     let r: Raw = hf_fields(raw, origin)?;
     use Variant::*;
     let d = variant.defaults();
-    let (phi3, gemma) = (variant == Phi3, variant == Gemma);
+    let phi3 = variant == Phi3;
+    // Gemma's norms and embedding scale (all three); Gemma 2/3's layer (sandwich norms, score
+    // scale, soft-capping).
+    let gemma = matches!(variant, Gemma | Gemma2 | Gemma3);
+    let sandwich = matches!(variant, Gemma2 | Gemma3);
     let hidden_size = r.hidden_size.unwrap_or(d.hidden_size);
     let heads = r.num_attention_heads.unwrap_or(d.heads);
     if heads == 0 {
@@ -506,7 +541,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
     // Attention and MLP biases: which fields each type reads.
     let attention_bias = r.attention_bias.unwrap_or(false);
     let (qkv_bias, o_bias) = match variant {
-        Llama | Qwen3 | SmolLM3 | Gemma => (attention_bias, attention_bias),
+        Llama | Qwen3 | SmolLM3 | Gemma | Gemma2 | Gemma3 => (attention_bias, attention_bias),
         Mistral | Phi3 => (false, false),
         Qwen2 => (true, false),
     };
@@ -548,7 +583,7 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: variant == Qwen3,
+        qk_norm: matches!(variant, Qwen3 | Gemma3),
         attention_dropout: r.attention_dropout.unwrap_or(0.0),
         sliding_window,
         layer_types,
@@ -559,6 +594,18 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         // torch.tensor(hidden_size**0.5): the f64 root as an f32.
         embed_scale: gemma.then(|| (hidden_size as f64).sqrt() as f32),
         mlp_act,
+        query_pre_attn_scalar: d
+            .query_pre_attn_scalar
+            .map(|s| r.query_pre_attn_scalar.unwrap_or(s)),
+        attn_logit_softcapping: sandwich
+            .then(|| r.attn_logit_softcapping.unwrap_or(d.attn_logit_softcapping))
+            .flatten(),
+        final_logit_softcapping: sandwich
+            .then(|| r.final_logit_softcapping.unwrap_or(d.final_logit_softcapping))
+            .flatten(),
+        sandwich_norms: sandwich,
+        eager_attention: variant == Gemma2,
+        local_rope: None,
     };
     c.check(origin)?;
     Ok(Family::Llama(c))
@@ -581,10 +628,15 @@ struct Defaults {
     rms_norm_eps: f64,
     pad_token_id: Option<i64>,
     tie_word_embeddings: bool,
+    /// Gemma 2/3's (None: the type has no such field).
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
 }
 
 impl Variant {
-    /// configuration_{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma}.py's class attributes.
+    /// configuration_{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma,gemma2,gemma3}.py's class
+    /// attributes.
     fn defaults(self) -> Defaults {
         use Variant::*;
         let llama = Defaults {
@@ -601,6 +653,9 @@ impl Variant {
             rms_norm_eps: 1e-6,
             pad_token_id: None,
             tie_word_embeddings: false,
+            query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
         };
         match self {
             Llama => llama,
@@ -654,6 +709,25 @@ impl Variant {
                 tie_word_embeddings: true,
                 ..llama
             },
+            Gemma2 | Gemma3 => Defaults {
+                hidden_size: 2304,
+                intermediate_size: 9216,
+                layers: 26,
+                heads: 8,
+                kv_heads: Some(4),
+                head_dim: Some(256),
+                hidden_act: "gelu_pytorch_tanh",
+                max_positions: if self == Gemma2 { 8192 } else { 131_072 },
+                vocab_size: if self == Gemma2 { 256_000 } else { 262_208 },
+                // Gemma 3's: the full layers' (the sliding layers' is 10 000, `gemma`).
+                rope_theta: if self == Gemma2 { 10_000.0 } else { 1_000_000.0 },
+                pad_token_id: Some(0),
+                tie_word_embeddings: true,
+                query_pre_attn_scalar: Some(256.0),
+                attn_logit_softcapping: (self == Gemma2).then_some(50.0),
+                final_logit_softcapping: (self == Gemma2).then_some(30.0),
+                ..llama
+            },
         }
     }
 }
@@ -679,6 +753,15 @@ impl LlamaConfig {
         }
         if !(0.0..1.0).contains(&self.attention_dropout) {
             return bad(format!("attention_dropout {} is not in [0, 1)", self.attention_dropout));
+        }
+        for (name, v) in [
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+            ("final_logit_softcapping", self.final_logit_softcapping),
+        ] {
+            if let Some(v) = v.filter(|v| !(*v > 0.0)) {
+                return bad(format!("{name} {v} must be positive"));
+            }
         }
         Ok(())
     }
@@ -706,25 +789,39 @@ fn layer_windows(
         Mistral => (window_field, vec![LayerType::Sliding; layers]),
         // Phi3Model: every layer slides when sliding_window is set (default none).
         Phi3 => (r.sliding_window.flatten(), vec![LayerType::Sliding; layers]),
+        // Gemma 2: every other layer slides (the first does); Gemma 3: all but every
+        // `sliding_window_pattern`-th (6). A window is needed then (HF's sliding mask reads it).
+        Gemma2 | Gemma3 => {
+            let every = if variant == Gemma2 { 2 } else { r.sliding_window_pattern.unwrap_or(6) };
+            if every == 0 {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: sliding_window_pattern must be positive"
+                )));
+            }
+            let types =
+                match &r.layer_types {
+                    Some(names) => named_layer_types(names, origin, layers)?,
+                    None => (0..layers)
+                        .map(|i| {
+                            if (i + 1) % every != 0 {
+                                LayerType::Sliding
+                            } else {
+                                LayerType::Full
+                            }
+                        })
+                        .collect(),
+                };
+            if window_field.is_none() && types.contains(&LayerType::Sliding) {
+                return Err(ModelError::BadConfig(format!(
+                    "{origin}: sliding_attention layers need a sliding_window (it is null)"
+                )));
+            }
+            (window_field, types)
+        }
         Qwen2 | Qwen3 | SmolLM3 => {
             let window = window_field.filter(|_| r.use_sliding_window.unwrap_or(false));
             let types = match &r.layer_types {
-                Some(names) => {
-                    if names.len() != layers {
-                        return Err(ModelError::BadConfig(format!(
-                            "{origin}: layer_types has {} entries for {layers} layers",
-                            names.len()
-                        )));
-                    }
-                    names
-                        .iter()
-                        .map(|n| match n.as_str() {
-                            "full_attention" => Ok(LayerType::Full),
-                            "sliding_attention" => Ok(LayerType::Sliding),
-                            other => Err(unsupported(origin, format!("layer type '{other}'"))),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?
-                }
+                Some(names) => named_layer_types(names, origin, layers)?,
                 // SmolLM3: the NoPE layers slide, when a window is on.
                 None if variant == SmolLM3 => (0..layers)
                     .map(|i| {
@@ -756,6 +853,28 @@ fn layer_windows(
             (window, types)
         }
     })
+}
+
+/// HF's `layer_types` names, one per layer.
+fn named_layer_types(
+    names: &[String],
+    origin: &str,
+    layers: usize,
+) -> Result<Vec<LayerType>, ModelError> {
+    if names.len() != layers {
+        return Err(ModelError::BadConfig(format!(
+            "{origin}: layer_types has {} entries for {layers} layers",
+            names.len()
+        )));
+    }
+    names
+        .iter()
+        .map(|n| match n.as_str() {
+            "full_attention" => Ok(LayerType::Full),
+            "sliding_attention" => Ok(LayerType::Sliding),
+            other => Err(unsupported(origin, format!("layer type '{other}'"))),
+        })
+        .collect()
 }
 
 /// SmolLM3's `no_rope_layers` (1: the layer applies the rotary embedding; default every layer
@@ -1028,6 +1147,19 @@ impl LlamaConfig {
         self.pad_token_id.filter(|&p| p >= 0 && (p as usize) < self.vocab_size)
     }
 
+    /// Gemma 3's sliding layers' rope, when a layer slides (its tables are then a graph input).
+    pub fn local_rope(&self) -> Option<&Rope> {
+        self.local_rope.as_ref().filter(|_| self.layer_types.contains(&LayerType::Sliding))
+    }
+
+    /// The rope of layer `i`: Gemma 3's local one on its sliding layers, else [`Self::rope`].
+    pub fn rope_of(&self, i: usize) -> &Rope {
+        match (self.layer_types[i], self.local_rope()) {
+            (LayerType::Sliding, Some(local)) => local,
+            _ => &self.rope,
+        }
+    }
+
     /// The window when it bites at `seq_len` (HF builds the window's mask when
     /// kv_length ≥ window; below that it changes nothing).
     pub fn biting_window(&self, seq_len: usize) -> Option<usize> {
@@ -1058,7 +1190,9 @@ impl FamilyModel for LlamaConfig {
         None
     }
     fn tables_slice_by_length(&self) -> bool {
-        !matches!(self.rope.scaling, RopeScaling::Dynamic { .. } | RopeScaling::LongRope { .. })
+        [Some(&self.rope), self.local_rope()].into_iter().flatten().all(|r| {
+            !matches!(r.scaling, RopeScaling::Dynamic { .. } | RopeScaling::LongRope { .. })
+        })
     }
     fn initializer_range(&self) -> f64 {
         self.initializer_range
@@ -1136,6 +1270,10 @@ impl FamilyModel for LlamaConfig {
             linear(&mut l, &format!("{p}.mlp.down_proj"), h, inter, self.mlp_bias);
             l.push(format!("{p}.input_layernorm.weight"), &[h], norm, false);
             l.push(format!("{p}.post_attention_layernorm.weight"), &[h], norm, false);
+            if self.sandwich_norms {
+                l.push(format!("{p}.pre_feedforward_layernorm.weight"), &[h], norm, false);
+                l.push(format!("{p}.post_feedforward_layernorm.weight"), &[h], norm, false);
+            }
         }
         l.push("model.norm.weight".into(), &[h], norm, false);
         if cfg.arch.head() == Head::SequenceClassification {
@@ -1156,8 +1294,14 @@ impl FamilyModel for LlamaConfig {
     }
 
     fn fixed_inputs(&self, seq_len: usize) -> Vec<(&'static str, Vec<f32>)> {
+        use crate::graph::{ROPE_COS, ROPE_COS_LOCAL, ROPE_SIN, ROPE_SIN_LOCAL};
         let (cos, sin) = self.rope.tables(self.rotary_dim, seq_len);
-        vec![(crate::graph::ROPE_COS, cos), (crate::graph::ROPE_SIN, sin)]
+        let mut inputs = vec![(ROPE_COS, cos), (ROPE_SIN, sin)];
+        if let Some(local) = self.local_rope() {
+            let (cos, sin) = local.tables(self.rotary_dim, seq_len);
+            inputs.extend([(ROPE_COS_LOCAL, cos), (ROPE_SIN_LOCAL, sin)]);
+        }
+        inputs
     }
 
     fn flop_count(&self, cfg: &ModelConfig) -> FlopCount {
@@ -1243,6 +1387,9 @@ mod tests {
             ("llama-3.2-1b", 1_235_814_400),
             ("smollm3-3b", 3_075_098_624),
             ("phi-3-mini-4k-instruct", 3_821_079_552),
+            ("gemma-2-2b", 2_614_341_888),
+            ("gemma-3-270m", 268_098_176),
+            ("gemma-3-1b", 999_885_952),
         ] {
             let cfg = builtin_config(name).unwrap();
             assert_eq!(crate::params::param_count(&cfg), want, "{name}");

@@ -1,10 +1,11 @@
-//! The Llama family as transformers/models/{llama,mistral,qwen2,qwen3}/modeling_*.py write it
-//! (HF 5.23, sdpa attention: `integrations/sdpa_attention.py`; masks as `masking_utils` builds
-//! them for sdpa).
+//! The Llama family as transformers/models/{llama,mistral,qwen2,qwen3,smollm3,phi3,gemma,gemma2,
+//! gemma3}/modeling_*.py write it (HF 5.23, sdpa attention: `integrations/sdpa_attention.py`;
+//! masks as `masking_utils` builds them for sdpa). Gemma 2's soft-capped attention is HF's
+//! `eager_attention_forward` (its default: sdpa has no soft-capping) on eager's float masks.
 
 use tch::{Kind, Tensor};
 
-use super::{LayerType, LlamaConfig, RopeScaling, EMBED};
+use super::{LayerType, LlamaConfig, Rope, RopeScaling, EMBED};
 use crate::config::{Activation, ModelConfig};
 use crate::torch::heads::{CausalLm, Decoder, LastTokenClassifier};
 use crate::torch::layers::padding_mask;
@@ -56,13 +57,13 @@ impl RmsNorm {
 /// HF's rope parameter functions (`compute_default_rope_parameters`, `_compute_llama3_…`,
 /// `_compute_linear_scaling_…`, `_compute_dynamic_ntk_…` at a sequence of `t`,
 /// `_compute_yarn_…`): inv_freq (D/2,) f32, op by op as HF writes them.
-fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
+fn inv_freq(c: &LlamaConfig, rope: &Rope, t: i64, device: tch::Device) -> Tensor {
     // int(head_dim * partial_rotary_factor)
     let dim = c.rotary_dim as i64;
     let exps = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
         / dim as f64;
-    let inv = Tensor::pow_scalar(c.rope.theta, &exps).reciprocal();
-    match c.rope.scaling.clone() {
+    let inv = Tensor::pow_scalar(rope.theta, &exps).reciprocal();
+    match rope.scaling.clone() {
         RopeScaling::Default => inv,
         RopeScaling::Linear { factor } => inv / factor,
         RopeScaling::Dynamic { factor, max_position_embeddings: max } => {
@@ -70,7 +71,7 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
             let seq = Tensor::from(t.max(max as i64)).to_device(device);
             let d = dim as f64;
             let base = ((seq * factor / max) - (factor - 1.0)).pow_tensor_scalar(d / (d - 2.0))
-                * c.rope.theta;
+                * rope.theta;
             base.pow(&exps).reciprocal()
         }
         RopeScaling::Yarn {
@@ -83,7 +84,7 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
         } => {
             let d = dim as f64;
             let corr = |rot: f64| {
-                (d * (old / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * c.rope.theta.ln())
+                (d * (old / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * rope.theta.ln())
             };
             let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
             if truncate {
@@ -93,7 +94,7 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
             if low == high {
                 high += 0.001;
             }
-            let pos_freqs = Tensor::pow_scalar(c.rope.theta, &exps);
+            let pos_freqs = Tensor::pow_scalar(rope.theta, &exps);
             let extrapolation = pos_freqs.reciprocal();
             let interpolation = (&pos_freqs * factor).reciprocal();
             let ramp = ((Tensor::arange(dim / 2, (Kind::Float, device)) - low) / (high - low))
@@ -111,7 +112,7 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
             let ext = if t as f64 > old { long_factor } else { short_factor };
             let ext: Vec<f32> = ext.iter().map(|&x| x as f32).collect();
             let ext = Tensor::from_slice(&ext).to_device(device);
-            (ext * Tensor::pow_scalar(c.rope.theta, &exps)).reciprocal()
+            (ext * Tensor::pow_scalar(rope.theta, &exps)).reciprocal()
         }
         RopeScaling::Llama3 {
             factor,
@@ -137,15 +138,16 @@ fn inv_freq(c: &LlamaConfig, t: i64, device: tch::Device) -> Tensor {
     }
 }
 
-/// LlamaRotaryEmbedding.forward: cos, sin (1, T, D) of cat(freqs, freqs), freqs =
-/// position_ids · inv_freq in f32, times attention_scaling (yarn's attention factor, else 1).
-fn rotary_tables(c: &LlamaConfig, t: i64, like: &Tensor) -> (Tensor, Tensor) {
-    let inv = inv_freq(c, t, like.device());
+/// LlamaRotaryEmbedding.forward (Gemma 3's per layer type): cos, sin (1, T, D) of
+/// cat(freqs, freqs), freqs = position_ids · inv_freq in f32, times attention_scaling (yarn's
+/// attention factor, else 1).
+fn rotary_tables(c: &LlamaConfig, rope: &Rope, t: i64, like: &Tensor) -> (Tensor, Tensor) {
+    let inv = inv_freq(c, rope, t, like.device());
     let pos = Tensor::arange(t, (Kind::Int64, like.device())).unsqueeze(0); // (1, T)
     let freqs = pos.unsqueeze(-1).to_kind(Kind::Float) * inv; // (1, T, D/2)
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
     // A python float times an f32 tensor: the factor is applied in f32.
-    let scale = f64::from(c.rope.attention_scaling());
+    let scale = f64::from(rope.attention_scaling());
     ((emb.cos() * scale).to_kind(like.kind()), (emb.sin() * scale).to_kind(like.kind()))
 }
 
@@ -231,6 +233,8 @@ struct DecoderLayer {
     act: Activation,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+    /// Gemma 2/3's pre_feedforward_layernorm and post_feedforward_layernorm (sandwich norms).
+    feedforward_norms: Option<(RmsNorm, RmsNorm)>,
     sliding: bool,
     /// SmolLM3's `use_rope` (false on its NoPE layers).
     rope: bool,
@@ -242,8 +246,15 @@ struct Ctx<'a> {
     kv_heads: i64,
     head_dim: i64,
     dropout: f64,
+    /// The scores' scale: head_dim^-½, Gemma 2/3's query_pre_attn_scalar^-½.
+    scale: f64,
+    /// Gemma 2: HF's eager attention (with its soft-capping, when set) in place of sdpa.
+    eager: bool,
+    softcap: Option<f64>,
     cos: &'a Tensor,
     sin: &'a Tensor,
+    /// Gemma 3's sliding layers' (cos, sin).
+    local: Option<(&'a Tensor, &'a Tensor)>,
     /// HF's boolean sdpa masks (true = attend) of full and sliding layers, None where HF
     /// passes none (sdpa's is_causal instead).
     full_mask: Option<&'a Tensor>,
@@ -288,6 +299,10 @@ impl DecoderLayer {
             resid_dropout: c.resid_dropout,
             input_layernorm: RmsNorm::new(v, &format!("{p}.input_layernorm"), c),
             post_attention_layernorm: RmsNorm::new(v, &format!("{p}.post_attention_layernorm"), c),
+            feedforward_norms: c.sandwich_norms.then(|| {
+                let norm = |name: &str| RmsNorm::new(v, &format!("{p}.{name}"), c);
+                (norm("pre_feedforward_layernorm"), norm("post_feedforward_layernorm"))
+            }),
             act: c.mlp_act,
             sliding: c.layer_types[i] == LayerType::Sliding,
             rope: c.rope_layers[i],
@@ -296,8 +311,43 @@ impl DecoderLayer {
 
     // x: (B, T, C) -> (B, T, C)
     fn forward(&self, x: &Tensor, ctx: &Ctx, train: bool) -> Tensor {
-        let (b, t, _) = x.size3().expect("(B, T, C)");
         let h = self.input_layernorm.forward(x);
+        let resid = |y: Tensor| match self.resid_dropout {
+            Some(p) => y.dropout(p, train),
+            None => y,
+        };
+        let a = resid(self.attention(&h, ctx, train));
+        let (x, h) = match &self.feedforward_norms {
+            // Gemma 2/3: post_attention_layernorm on the attention's output.
+            Some((pre, _)) => {
+                let x = x + self.post_attention_layernorm.forward(&a);
+                let h = pre.forward(&x);
+                (x, h)
+            }
+            None => {
+                let x = x + a;
+                let h = self.post_attention_layernorm.forward(&x);
+                (x, h)
+            }
+        };
+        let (gate, up) = self.gate_up.forward(&h);
+        // Phi3MLP: up · act(gate); LlamaMLP: act(gate) · up — the same product.
+        let gate = match self.act {
+            Activation::GeluTanh => gate.gelu("tanh"),
+            _ => gate.silu(),
+        };
+        let m = resid(self.down_proj.forward(&(gate * up)));
+        match &self.feedforward_norms {
+            Some((_, post)) => &x + post.forward(&m),
+            None => &x + m,
+        }
+    }
+
+    /// q/k/v, [q/k norms], rotary, attention (sdpa, or Gemma 2's eager, soft-capped form),
+    /// o_proj.
+    // h: (B, T, C) -> (B, T, C)
+    fn attention(&self, h: &Tensor, ctx: &Ctx, train: bool) -> Tensor {
+        let (b, t, _) = h.size3().expect("(B, T, C)");
         let d = ctx.head_dim;
         // view(B, T, -1, D) [q_norm / k_norm] .transpose(1, 2)
         let heads = |y: Tensor, norm: &Option<RmsNorm>| {
@@ -308,40 +358,81 @@ impl DecoderLayer {
             };
             y.transpose(1, 2)
         };
-        let (q, k, v) = self.qkv.forward(&h);
+        let (q, k, v) = self.qkv.forward(h);
         let (q, k, v) = (heads(q, &self.q_norm), heads(k, &self.k_norm), heads(v, &None));
+        let (cos, sin) = match ctx.local {
+            Some(local) if self.sliding => local,
+            _ => (ctx.cos, ctx.sin),
+        };
         let (q, k) = if self.rope {
-            (apply_rotary(&q, ctx.cos, ctx.sin), apply_rotary(&k, ctx.cos, ctx.sin))
+            (apply_rotary(&q, cos, sin), apply_rotary(&k, cos, sin))
         } else {
             (q, k)
         };
         let mask = if self.sliding { ctx.sliding_mask } else { ctx.full_mask };
         let p = if train { ctx.dropout } else { 0.0 };
         let n_rep = ctx.heads / ctx.kv_heads;
-        // sdpa_attention_forward: enable_gqa when there is no mask (and D ≤ 256), else repeat_kv.
-        let gqa = n_rep > 1 && mask.is_none() && d <= 256;
-        let (k, v) =
-            if n_rep > 1 && !gqa { (repeat_kv(&k, n_rep), repeat_kv(&v, n_rep)) } else { (k, v) };
-        let is_causal = t > 1 && mask.is_none();
-        let scale = (d as f64).powf(-0.5);
-        let ctx_out =
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, is_causal, Some(scale), gqa); // (B, H, T, D)
+        let ctx_out = if ctx.eager {
+            eager(&q, &k, &v, mask, (ctx.scale, ctx.softcap, n_rep), p, train)
+        } else {
+            // sdpa_attention_forward: enable_gqa when there is no mask (and D ≤ 256), else
+            // repeat_kv.
+            let gqa = n_rep > 1 && mask.is_none() && d <= 256;
+            let (k, v) = if n_rep > 1 && !gqa {
+                (repeat_kv(&k, n_rep), repeat_kv(&v, n_rep))
+            } else {
+                (k, v)
+            };
+            let is_causal = t > 1 && mask.is_none();
+            Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                mask,
+                p,
+                is_causal,
+                Some(ctx.scale),
+                gqa,
+            )
+        }; // (B, H, T, D)
         let a = ctx_out.transpose(1, 2).contiguous().reshape([b, t, -1]).contiguous();
-        let resid = |y: Tensor| match self.resid_dropout {
-            Some(p) => y.dropout(p, train),
-            None => y,
-        };
-        let x = x + resid(self.o_proj.forward(&a));
-        let h = self.post_attention_layernorm.forward(&x);
-        let (gate, up) = self.gate_up.forward(&h);
-        // Phi3MLP: up · act(gate); LlamaMLP: act(gate) · up — the same product.
-        let gate = match self.act {
-            Activation::GeluTanh => gate.gelu("tanh"),
-            _ => gate.silu(),
-        };
-        let m = self.down_proj.forward(&(gate * up));
-        &x + resid(m)
+        self.o_proj.forward(&a)
     }
+}
+
+/// Gemma 2's `eager_attention_forward`: repeat_kv, q·kᵀ·scaling, [/ cap, tanh, · cap], + the
+/// eager float mask (HF's boolean mask as 0 / finfo.min; the causal one when there is none),
+/// softmax in f32, dropout, ·v.
+// q: (B, H, T, D), k, v: (B, K, T, D) -> (B, H, T, D)
+fn eager(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    (scaling, softcap, n_rep): (f64, Option<f64>, i64),
+    p: f64,
+    train: bool,
+) -> Tensor {
+    let (k, v) = (repeat_kv(k, n_rep), repeat_kv(v, n_rep));
+    let w = q.matmul(&k.transpose(2, 3)) * scaling;
+    let w = match softcap {
+        Some(cap) => (w / cap).tanh() * cap,
+        None => w,
+    };
+    let t = q.size()[2];
+    let allowed = match mask {
+        Some(m) => m.shallow_clone(),
+        None => Tensor::ones([t, t], (Kind::Bool, q.device())).tril(0).view([1, 1, t, t]),
+    };
+    let min = match q.kind() {
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.3895313892515355e38,
+        _ => f64::from(f32::MIN),
+    };
+    let additive = Tensor::zeros(allowed.size(), (q.kind(), q.device()))
+        .masked_fill(&allowed.logical_not(), min);
+    let w = (w + additive).softmax(-1, Kind::Float).to_kind(q.kind());
+    w.dropout(p, train).matmul(&v)
 }
 
 /// LlamaModel: embed_tokens (padding_idx = pad_token_id), rotary tables, masks, layers, norm.
@@ -394,14 +485,20 @@ impl Decoder for LlamaModel {
             }
             _ => None,
         };
-        let (cos, sin) = rotary_tables(c, t, &x);
+        let (cos, sin) = rotary_tables(c, &c.rope, t, &x);
+        let local = c.local_rope().map(|rope| rotary_tables(c, rope, t, &x));
         let ctx = Ctx {
             heads: c.num_attention_heads as i64,
             kv_heads: c.num_key_value_heads as i64,
             head_dim: c.head_dim as i64,
             dropout: c.attention_dropout,
+            // Gemma: query_pre_attn_scalar**-0.5; the others: head_dim**-0.5.
+            scale: c.query_pre_attn_scalar.unwrap_or(c.head_dim as f64).powf(-0.5),
+            eager: c.eager_attention,
+            softcap: c.attn_logit_softcapping,
             cos: &cos,
             sin: &sin,
+            local: local.as_ref().map(|(c, s)| (c, s)),
             full_mask: full.as_ref(),
             sliding_mask: sliding.as_ref(),
         };
@@ -417,7 +514,11 @@ impl Decoder for LlamaModel {
 /// `tie_word_embeddings` (`crate::torch::heads`).
 pub(super) fn causal_lm(c: &LlamaConfig, v: &Vars) -> Box<dyn TorchLoss> {
     let head = if c.tie_word_embeddings { EMBED } else { "lm_head.weight" };
-    Box::new(CausalLm::new(LlamaModel::new(c, v), v, head))
+    let lm = CausalLm::new(LlamaModel::new(c, v), v, head);
+    Box::new(match c.final_logit_softcapping {
+        Some(cap) => lm.with_logit_softcapping(cap),
+        None => lm,
+    })
 }
 
 /// LlamaForSequenceClassification, and Mistral/Qwen2/Qwen3's (`crate::torch::heads`).
