@@ -19,7 +19,9 @@ from safetensors.torch import load_file, save_file
 def main(model_dir, inputs, out):
     cfg = json.load(open(f"{model_dir}/config.json"))
     cls = getattr(transformers, cfg["architectures"][0])
-    model, info = cls.from_pretrained(model_dir, output_loading_info=True, attn_implementation="sdpa")
+    # sdpa, as the baseline; eager for the classes without it (Gemma 2: HF's default there).
+    attn = "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
+    model, info = cls.from_pretrained(model_dir, output_loading_info=True, attn_implementation=attn)
     model.eval()
     x = load_file(inputs)
     with torch.no_grad():

@@ -120,12 +120,17 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// HF loads `dir` with nothing missing or unexpected and computes the engine's logits within
-/// 1e-4 of the largest.
+/// 1e-4 of the largest, on the eval texts.
 fn hf_agrees(dir: &Path, label: &str) {
     let (cfg, batch) = inputs(dir, "text/eval.csv");
+    hf_agrees_on(dir, &cfg, &batch, label);
+}
+
+/// [`hf_agrees`] on `batch`.
+fn hf_agrees_on(dir: &Path, cfg: &ModelConfig, batch: &Batch, label: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let (inp, out) = (tmp.path().join("in.safetensors"), tmp.path().join("out.safetensors"));
-    write_inputs(&inp, &batch);
+    write_inputs(&inp, batch);
     let o = Command::new(python())
         .arg(root().join("scripts/hf-logits.py"))
         .args([dir, &inp, &out])
@@ -139,7 +144,7 @@ fn hf_agrees(dir: &Path, label: &str) {
         ("[]", "[]"),
         "{label}: HF's loading report"
     );
-    let ours = engine_logits(dir, &cfg, &batch);
+    let ours = engine_logits(dir, cfg, batch);
     let d = rel_diff(&ours, &hf);
     println!("{label}: HF Transformers loads the saved directory; logits max |engine − HF| / max|HF| = {d:.2e} ({} values)", hf.len());
     assert!(d < 1e-4, "{label}: {d}");
@@ -278,6 +283,32 @@ fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
     hf_agrees(&out, "LlamaForCausalLM (trained)");
 
     onnx_computes_the_engine_logits(&out, tmp.path(), "llama");
+}
+
+/// Gemma 2 (soft-capping, eager attention in HF) and Gemma 3 (local rope, q/k norms): `train`
+/// on the fixtures' tokenised padded rows (`--data`), the saved directory loads in Transformers
+/// with the engine's logits on those rows (left-padded ones included). Their ONNX export is
+/// refused (sliding layers; models/tests/onnx.rs).
+#[test]
+fn train_saves_gemma2_and_gemma3_that_hf_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, label) in
+        [("tiny-gemma2-padded", "Gemma2ForCausalLM"), ("tiny-gemma3-padded", "Gemma3ForCausalLM")]
+    {
+        let (model, data) = (fixture(name), fixture(&format!("{name}/batches.safetensors")));
+        let out = tmp.path().join(name);
+        let mut args = vec!["train", "--model", model.to_str().unwrap()];
+        args.extend(["--data", data.to_str().unwrap(), "--max-steps", "3", "--batch-size", "4"]);
+        args.extend(["--lr", "1e-3", "--output-dir", out.to_str().unwrap()]);
+        let (ok, _, stderr) = ortbench(&args, tmp.path());
+        assert!(ok, "{label}: {stderr}");
+        let mut cfg = resolve(out.to_str().unwrap(), &HubOptions::from_env()).unwrap().config;
+        cfg.set_dropout(0.0);
+        let batch =
+            ortbench_models::DataSource::from_file(&cfg, &data, 8, None, 0).unwrap().batch(0);
+        assert!(batch.attention_mask.as_ref().is_some_and(|m| m.contains(&0)), "{label}: padded");
+        hf_agrees_on(&out, &cfg, &batch, &format!("{label} (trained)"));
+    }
 }
 
 /// RoBERTa (byte-level BPE, `<s> … </s>`, `<mask>`) and DistilBERT (WordPiece) through every

@@ -269,8 +269,14 @@ fn onnxruntime_computes_the_engine_logits() {
 /// it bites, so an export made at short probe sequences would attend beyond the window.
 #[test]
 fn export_refuses_a_sliding_window_in_one_line() {
-    let e = refused_export("tiny-mistral");
-    assert!(e.contains("sliding-window attention (window 64)") && !e.contains('\n'), "{e}");
+    // Gemma 2 and 3 always have sliding layers: refused the same way.
+    for base in ["tiny-mistral", "tiny-gemma2", "tiny-gemma3"] {
+        let e = refused_export(base);
+        assert!(
+            e.contains("sliding-window attention (window 64)") && !e.contains('\n'),
+            "{base}: {e}"
+        );
+    }
 }
 
 /// The error of exporting `base` (which must fail), having checked nothing was written.
