@@ -523,6 +523,9 @@ fn llama_engine_gradients_match_torch_mqa_window_llama3_untied_biases() {
     check_gradients("tiny-gemma2 window 5, caps", &gemma2, &batch(&gemma2, 3, 16, 28, true));
     let gemma3 = config("tiny-gemma3", |r| r["sliding_window"] = serde_json::json!(5));
     check_gradients("tiny-gemma3 window 5", &gemma3, &batch(&gemma3, 3, 16, 29, true));
+    // A Gemma 3 given attention soft-capping runs eager, as HF must run it.
+    let capped = config("tiny-gemma3", |r| r["attn_logit_softcapping"] = serde_json::json!(0.05));
+    check_gradients("tiny-gemma3 capped", &capped, &batch(&capped, 3, 16, 30, true));
 }
 
 #[test]

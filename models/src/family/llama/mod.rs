@@ -388,7 +388,8 @@ pub struct LlamaConfig {
     /// its residual add, `pre_feedforward_layernorm` before the MLP, `post_feedforward_layernorm`
     /// on its output (the others: `post_attention_layernorm` before the MLP, nothing after).
     pub sandwich_norms: bool,
-    /// Gemma 2: HF runs eager attention (the class has no sdpa), whose finite float masks leave
+    /// Gemma 2 (and a Gemma 3 with `attn_logit_softcapping`, which HF's sdpa refuses): HF runs
+    /// eager attention (Gemma 2's class has no sdpa), whose finite float masks leave
     /// a query with no visible key (a left pad) reading every key alike, where sdpa's give
     /// zeros; the causal LM's loss reads that query (the last pad predicts the first token).
     pub eager_attention: bool,
@@ -563,6 +564,8 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         None => d.pad_token_id,
         Some(_) => r.pad_token_id,
     };
+    let attn_logit_softcapping =
+        sandwich.then(|| r.attn_logit_softcapping.unwrap_or(d.attn_logit_softcapping)).flatten();
     let c = LlamaConfig {
         variant,
         vocab_size: r.vocab_size.unwrap_or(d.vocab_size),
@@ -597,14 +600,13 @@ pub(crate) fn parse(raw: &Value, origin: &str, variant: Variant) -> Result<Famil
         query_pre_attn_scalar: d
             .query_pre_attn_scalar
             .map(|s| r.query_pre_attn_scalar.unwrap_or(s)),
-        attn_logit_softcapping: sandwich
-            .then(|| r.attn_logit_softcapping.unwrap_or(d.attn_logit_softcapping))
-            .flatten(),
+        attn_logit_softcapping,
         final_logit_softcapping: sandwich
             .then(|| r.final_logit_softcapping.unwrap_or(d.final_logit_softcapping))
             .flatten(),
         sandwich_norms: sandwich,
-        eager_attention: variant == Gemma2,
+        // HF's sdpa refuses soft-capping: a Gemma 3 with it runs eager there too.
+        eager_attention: variant == Gemma2 || attn_logit_softcapping.is_some(),
         local_rope: None,
     };
     c.check(origin)?;
