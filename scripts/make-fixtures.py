@@ -1002,6 +1002,60 @@ def make_encoder_text_fixtures():
 
 
 FIXTURES["encoder-text"] = make_encoder_text_fixtures
+
+
+def make_gemma_text_fixture():
+    """tiny-gemma3-text: a tiny Gemma 3 with a tokenizer of Gemma's layout trained on text/corpus.txt — BPE over
+    SentencePiece-style pieces (the normalizer turns spaces into "▁", no pre-tokenizer), byte fallback to the 256
+    `<0xNN>` pieces for characters the vocabulary lacks, `<bos>` added in front by the post-processor, ids <pad> 0,
+    <eos> 1, <bos> 2, <unk> 3 as Gemma's — saved as HF saves it, with `tokens.json` (what AutoTokenizer gives for the
+    eval texts and one with characters outside the corpus, which take the byte pieces) for the Rust parity test."""
+    import csv
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    text = os.path.join(OUT, "text")
+    corpus = [l.rstrip("\n") for l in open(os.path.join(text, "corpus.txt"))]
+    evals = [r["text"] for r in csv.DictReader(open(os.path.join(text, "eval.csv")))][:5]
+    evals.append("the café was naïve — 100% lovely.")
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=360, special_tokens=specials))
+    # The byte pieces right after the specials, as Gemma's vocabulary has them; merges name pieces, not ids.
+    spec = json.loads(tok.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    pieces = specials + [f"<0x{i:02X}>" for i in range(256)] + [p for p, _ in trained if p not in specials]
+    spec["model"]["vocab"] = {p: i for i, p in enumerate(pieces)}
+    spec["added_tokens"] = [dict(a, id=pieces.index(a["content"])) for a in spec["added_tokens"]]
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                      special_tokens=[("<bos>", 2)])
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                     unk_token="<unk>")
+    assert (hf_tok.pad_token_id, hf_tok.eos_token_id, hf_tok.bos_token_id) == (0, 1, 2)
+    cfg = json.load(open(os.path.join(ROOT, "models", "configs", "tiny-gemma3.json")))
+    for k in ("architectures", "transformers_version"):
+        cfg.pop(k, None)
+    cfg.update(vocab_size=len(hf_tok), pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(16)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**cfg, attn_implementation="sdpa"))
+    d = os.path.join(OUT, "tiny-gemma3-text")
+    model.save_pretrained(d)
+    hf_tok.save_pretrained(d)
+    back = AutoTokenizer.from_pretrained(d)  # what a user of the saved directory gets
+    enc = back(evals, truncation=True, max_length=16, padding="longest")
+    assert enc["input_ids"] == hf_tok(evals, truncation=True, max_length=16, padding="longest")["input_ids"]
+    byte_ids = [i for i in back(evals[-1])["input_ids"] if 4 <= i < 260]
+    assert byte_ids, "the non-corpus characters take byte pieces"
+    json.dump({"texts": evals, "max_length": 16, "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+              open(os.path.join(d, "tokens.json"), "w"), indent=1)
+    print(f"tiny-gemma3-text: {len(hf_tok)} pieces ({type(back).__name__}); byte pieces for the last text:",
+          back.convert_ids_to_tokens(byte_ids), file=sys.stderr)
+
+
+FIXTURES["gemma-text"] = make_gemma_text_fixture
 FIXTURES["model-configs"] = make_model_configs
 FIXTURES["config-defaults"] = make_config_defaults
 

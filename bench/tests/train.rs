@@ -287,8 +287,9 @@ fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
 
 /// Gemma 2 (soft-capping, eager attention in HF) and Gemma 3 (local rope, q/k norms): `train`
 /// on the fixtures' tokenised padded rows (`--data`), the saved directory loads in Transformers
-/// with the engine's logits on those rows (left-padded ones included). Their ONNX export is
-/// refused (sliding layers; models/tests/onnx.rs).
+/// with the engine's logits on those rows (left-padded ones included); Gemma 3 also from a text
+/// file with a Gemma-layout tokenizer. Their ONNX export is refused (sliding layers;
+/// models/tests/onnx.rs).
 #[test]
 fn train_saves_gemma2_and_gemma3_that_hf_loads() {
     let tmp = tempfile::tempdir().unwrap();
@@ -309,6 +310,14 @@ fn train_saves_gemma2_and_gemma3_that_hf_loads() {
         assert!(batch.attention_mask.as_ref().is_some_and(|m| m.contains(&0)), "{label}: padded");
         hf_agrees_on(&out, &cfg, &batch, &format!("{label} (trained)"));
     }
+    // Gemma 3 from text, through its own tokenizer's layout (SentencePiece-style pieces, byte
+    // fallback, <bos>): the saved directory (tokenizer included) loads in HF.
+    let out = tmp.path().join("gemma3-text");
+    let model = fixture("tiny-gemma3-text");
+    let (ok, stderr) = train_briefly(&model, None, "text/corpus.txt", "3", &out, tmp.path());
+    assert!(ok, "{stderr}");
+    assert!(out.join("tokenizer.json").is_file());
+    hf_agrees(&out, "Gemma3ForCausalLM (trained from text)");
 }
 
 /// RoBERTa (byte-level BPE, `<s> … </s>`, `<mask>`) and DistilBERT (WordPiece) through every

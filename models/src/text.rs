@@ -576,6 +576,7 @@ mod hf_tests {
             "tiny-llama-text",
             "tiny-roberta-text",
             "tiny-distilbert-text",
+            "tiny-gemma3-text",
         ] {
             let dir = fixture(name);
             let want: Value =
