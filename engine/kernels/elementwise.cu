@@ -1,5 +1,6 @@
 // Elementwise kernels: fill, add (with a broadcast operand: bias add, residual add, gradient
-// sums), scale, the linear layer's bias + GELU epilogue, GELU and tanh backward, dropout, casts.
+// sums), scale, the linear layer's bias + GELU epilogue, GELU on its own (Gemma's GeGLU gate:
+// no bias), GELU and tanh backward, dropout, casts.
 // CPU counterparts: engine/src/backend/cpu/kernels/elementwise.rs (same formulas, same dropout
 // mask bits). One thread per element (per 16-byte pack where the operands are aligned:
 // add, scale, dropout), grid-stride; arithmetic in f32, storage T.
@@ -82,6 +83,13 @@ __device__ void bias_gelu(T* y, T* pre, const T* bias, long long rows, int c, in
     }
 }
 
+// y = gelu(x), a GELU outside a linear layer (elementwise.rs `gelu_forward`); y may alias x.
+// y, x: (N)
+template <typename T>
+__device__ void gelu_forward(T* y, const T* x, long long n, int approx) {
+    GRID_STRIDE(i, n) y[i] = from_f32<T>(gelu_f(to_f32(x[i]), approx));
+}
+
 // dx = dy·gelu'(x); dx may alias dy. dx, x, dy: (N)
 template <typename T>
 __device__ void gelu_backward(T* dx, const T* x, const T* dy, long long n, int approx) {
@@ -136,6 +144,8 @@ __device__ void cast(To* out, const From* x, long long n) {
         bias_gelu<T>(y, pre, bias, rows, c, approx);                                                                             \
     }                                                                                                                            \
     ORT_REGISTER(bias_gelu_##S)                                                                                                  \
+    ORT_KERNEL(gelu_forward_##S)(T * y, const T* x, long long n, int approx) { gelu_forward<T>(y, x, n, approx); }               \
+    ORT_REGISTER(gelu_forward_##S)                                                                                               \
     ORT_KERNEL(gelu_backward_##S)(T * dx, const T* x, const T* dy, long long n, int approx) { gelu_backward<T>(dx, x, dy, n, approx); } \
     ORT_REGISTER(gelu_backward_##S)                                                                                              \
     ORT_KERNEL(tanh_forward_##S)(T * y, const T* x, long long n) { tanh_forward<T>(y, x, n); }                                    \

@@ -77,6 +77,21 @@ fn gelu_and_tanh_backward_and_forward_match() {
         let dy = rng.vec(n, -1.0, 1.0, dt);
         let yt: Vec<f32> = x.iter().map(|v| dt.round(v.tanh())).collect();
         for approx in [GeluApprox::Erf, GeluApprox::Tanh] {
+            // The standalone forward (a GELU outside a linear layer: Gemma's GeGLU gate).
+            let mut fwd = vec![0f32; n];
+            ew::map1(&pool, &mut fwd, &x, ew::Gelu(approx));
+            for dev in devices() {
+                let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+                let l = launch::GeluForward { dtype: dtype(dt), y: &mut y, x: &mut xb, n, approx };
+                dev.run(l.launch(dev.geometry())).unwrap();
+                check(
+                    &format!("gelu_forward {dt:?} {approx:?} on {dev}"),
+                    &y.to_f32(),
+                    &fwd,
+                    dt,
+                    Tol { of_largest: GELU_OF_LARGEST, ..tol(dt, 1e-5) },
+                );
+            }
             let mut want = vec![0f32; n];
             ew::map2(&pool, &mut want, &x, &dy, ew::GeluBackward(approx));
             for dev in devices() {

@@ -310,23 +310,40 @@ fn roberta_and_distilbert_steps_match_the_cpu_engine() {
     }
 }
 
-/// Gemma's GeGLU needs a GELU on a bias-free projection's output, which has no GPU kernel yet
-/// (the GPU runs GELU only inside a linear layer's cuBLASLt epilogue): the executor refuses the
-/// graph naming the op, instead of running something else.
-/// Gemma 2 and 3 the same (their MLP is Gemma's).
+/// Gemma and Gemma 3 on the GPU executor against the CPU engine, padded, fp32 at both warp
+/// sizes (and Gemma in bf16): GeGLU's GELU on the bias-free gate (`gelu_forward`), the (1 + w)
+/// norms, Gemma 3's sandwich norms, q/k norms, query_pre_attn_scalar and its sliding layer's
+/// own rope (a window of 5). Gemma 3 in bf16 is not checked here: one gradient tensor
+/// (layer 0's up_proj) differs by 2.2 % of its largest element against the 2 % the other
+/// families meet, not yet explained (docs/measurements.md).
 #[test]
-fn gemma_is_refused_on_the_gpu_naming_its_missing_kernel() {
-    for name in ["tiny-gemma", "tiny-gemma2", "tiny-gemma3"] {
-        let cfg = family_config(name, |_| {});
-        let model = build_training_graph(&cfg, &GraphOptions::new(2, 16)).unwrap();
-        let dev = SimtGpu::new(32, Order::Forward);
-        let Err(e) = GpuExecutor::new(&model.graph, dev) else {
-            panic!("{name} was accepted by the GPU executor")
-        };
-        let e = e.to_string();
-        println!("{name} on the GPU executor: {e}");
-        assert!(e.contains("gelu") && !e.contains('\n'), "{e}");
+fn gemma_steps_match_the_cpu_engine() {
+    let cases: [(&str, ConfigEdit); 2] =
+        [("tiny-gemma", |_| {}), ("tiny-gemma3", |r| r["sliding_window"] = serde_json::json!(5))];
+    for (name, edit) in cases {
+        let cfg = family_config(name, edit);
+        let label = format!("{name} ({})", cfg.arch.hf_name());
+        one_step_of(&label, &cfg, 2, 40, DType::F32, &BOTH, (1e-5, 1e-5), true);
+        if name == "tiny-gemma" {
+            one_step_of(&label, &cfg, 2, 40, DType::BF16, &BOTH[..1], (2e-4, 2e-2), true);
+        }
     }
+}
+
+/// Gemma 2's soft-capped attention stays unfused (the fused attention op has no soft-capping),
+/// and its score product over the repeated K/V heads is a batched matmul the GPU's GEMM
+/// cannot stride: the executor refuses the graph in one line naming the op.
+#[test]
+fn gemma2_is_refused_on_the_gpu_naming_its_missing_kernel() {
+    let cfg = family_config("tiny-gemma2", |_| {});
+    let model = build_training_graph(&cfg, &GraphOptions::new(2, 16)).unwrap();
+    let dev = SimtGpu::new(32, Order::Forward);
+    let Err(e) = GpuExecutor::new(&model.graph, dev) else {
+        panic!("tiny-gemma2 was accepted by the GPU executor")
+    };
+    let e = e.to_string();
+    println!("tiny-gemma2 on the GPU executor: {e}");
+    assert!(e.contains("matmul") && !e.contains('\n'), "{e}");
 }
 
 #[test]

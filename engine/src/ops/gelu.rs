@@ -8,10 +8,10 @@ use super::def::{EvalArgs, GradCtx, Grads, OpDef, Reference};
 use super::OpError;
 use super::Real;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
-use crate::exec::gpu::support::GpuSupport;
+use crate::exec::gpu::launch::elementwise::GeluForward;
 use crate::exec::gpu::{Call, Resolver};
 use crate::graph::GraphError;
-use crate::graph::{Graph, Node, Op, TensorId};
+use crate::graph::{Graph, Op, TensorId};
 use crate::plan::PlanError;
 
 /// (x) → gelu(x)
@@ -47,13 +47,15 @@ impl OpDef for Gelu {
 }
 
 impl GpuKernel for Gelu {
-    fn check(&self, _sup: &GpuSupport, _g: &Graph, _node: &Node) -> Result<(), String> {
-        Err(" for a GELU outside a linear layer (the passes fuse it into Op::Linear)".into())
-    }
-
-    // The passes fuse GELU into its linear layer; `GpuSupport::check` refuses the rest.
-    fn launches(&self, _r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        Err(cx.no(": gelu has no GPU launch outside a linear layer"))
+    // A GELU the passes left outside a linear layer (Gemma's GeGLU gate has no bias):
+    // `gelu_forward_<T>` (elementwise.cu), y = gelu(x), y may be x.
+    fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        let (ins, outs) = (&cx.node.inputs, &cx.node.outputs);
+        cx.same(&[outs[0], ins[0]])?;
+        let y = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+        let (dtype, n, approx) = (cx.dt(outs[0]), cx.n(outs[0]), self.approx);
+        let l = GeluForward { dtype, y, x: cx.inp(0), n, approx };
+        Ok(vec![l.launch(r.device()).into()])
     }
 }
 

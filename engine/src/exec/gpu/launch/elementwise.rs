@@ -135,6 +135,27 @@ impl<P> BiasGelu<P> {
     }
 }
 
+/// `gelu_forward_<T>`: y = gelu(x), a GELU outside a linear layer; y may be x.
+// y, x: (n)
+pub struct GeluForward<P> {
+    pub dtype: DType,
+    pub y: P,
+    pub x: P,
+    pub n: usize,
+    pub approx: GeluApprox,
+}
+
+impl<P> GeluForward<P> {
+    pub fn launch(self, dev: Device) -> Launch<P> {
+        grid_stride(
+            kernel_name("gelu_forward", self.dtype),
+            self.n,
+            dev,
+            vec![Arg::Ptr(self.y), Arg::Ptr(self.x), Arg::I64(self.n as i64), approx(self.approx)],
+        )
+    }
+}
+
 /// `gelu_backward_<T>`: dx = dy·gelu'(x); dx may be dy.
 // dx, x, dy: (n)
 pub struct GeluBackward<P> {
