@@ -46,9 +46,12 @@ pub(super) fn parse_gemma3(raw: &Value, origin: &str) -> Result<Family, ModelErr
     let r: Raw = hf_fields(&with(sliding), origin)?;
     let positions = (c.max_position_embeddings, c.head_dim);
     let (local, _) = parse_rope(&r, origin, positions, LOCAL_THETA, false)?;
-    c.local_rope = Some(local);
+    c.local_rope = Some(Box::new(local));
     Ok(Family::Llama(c))
 }
+
+/// One layer type's `rope_parameters` dict.
+type RopeDict = Map<String, Value>;
 
 /// Gemma3TextConfig's `default_theta`: the full layers' base, and the sliding layers'.
 const GLOBAL_THETA: f64 = 1_000_000.0;
@@ -58,10 +61,7 @@ const LOCAL_THETA: f64 = 10_000.0;
 /// layer type (each `{"rope_type": "default"}` when absent); a legacy `rope_scaling` updates the
 /// full layers'; `rope_theta` defaults the full layers' base (else 1e6), `rope_local_base_freq`
 /// the sliding layers' (else 1e4). A flat dict (the other types' form) is refused.
-fn rope_dicts(
-    raw: &Value,
-    origin: &str,
-) -> Result<(Map<String, Value>, Map<String, Value>), ModelError> {
+fn rope_dicts(raw: &Value, origin: &str) -> Result<(RopeDict, RopeDict), ModelError> {
     let default = || Map::from_iter([("rope_type".to_string(), Value::from("default"))]);
     let params = match raw.get("rope_parameters") {
         None | Some(Value::Null) => Map::new(),

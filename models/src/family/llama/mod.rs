@@ -395,7 +395,7 @@ pub struct LlamaConfig {
     pub eager_attention: bool,
     /// Gemma 3: the sliding layers' rope (`rope_parameters["sliding_attention"]`, the local base);
     /// [`LlamaConfig::rope`] is then the full layers'.
-    pub local_rope: Option<Rope>,
+    pub local_rope: Option<Box<Rope>>,
 }
 
 /// The config.json fields any of the four reads; absent ones take the type's HF default.
@@ -761,7 +761,7 @@ impl LlamaConfig {
             ("attn_logit_softcapping", self.attn_logit_softcapping),
             ("final_logit_softcapping", self.final_logit_softcapping),
         ] {
-            if let Some(v) = v.filter(|v| !(*v > 0.0)) {
+            if let Some(v) = v.filter(|v| v.is_nan() || *v <= 0.0) {
                 return bad(format!("{name} {v} must be positive"));
             }
         }
@@ -1151,7 +1151,7 @@ impl LlamaConfig {
 
     /// Gemma 3's sliding layers' rope, when a layer slides (its tables are then a graph input).
     pub fn local_rope(&self) -> Option<&Rope> {
-        self.local_rope.as_ref().filter(|_| self.layer_types.contains(&LayerType::Sliding))
+        self.local_rope.as_deref().filter(|_| self.layer_types.contains(&LayerType::Sliding))
     }
 
     /// The rope of layer `i`: Gemma 3's local one on its sliding layers, else [`Self::rope`].
