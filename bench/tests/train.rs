@@ -285,17 +285,22 @@ fn train_saves_a_llama_that_hf_loads_and_onnx_exports() {
     onnx_computes_the_engine_logits(&out, tmp.path(), "llama");
 }
 
-/// Gemma 2 (soft-capping, eager attention in HF) and Gemma 3 (local rope, q/k norms): `train`
-/// on the fixtures' tokenised padded rows (`--data`), the saved directory loads in Transformers
-/// with the engine's logits on those rows (left-padded ones included); Gemma 3 also from a text
-/// file with a Gemma-layout tokenizer. Their ONNX export is refused (sliding layers;
-/// models/tests/onnx.rs).
+/// The Llama family's other types — SmolLM3 (NoPE layers), Phi-3 (fused projections, a
+/// window), Gemma, Gemma 2 (soft-capping, eager attention in HF) and Gemma 3 (local rope, q/k
+/// norms): `train` on the fixtures' tokenised padded rows (`--data`), the saved directory loads
+/// in Transformers with the engine's logits on those rows (left-padded ones included); Gemma 3
+/// also from a text file with a Gemma-layout tokenizer. (ONNX: models/tests/onnx.rs exports
+/// SmolLM3, Phi-3 and Gemma and refuses the sliding layers of Phi-3's window and Gemma 2/3.)
 #[test]
-fn train_saves_gemma2_and_gemma3_that_hf_loads() {
+fn train_saves_smollm3_phi3_and_gemma_1_2_3_that_hf_loads() {
     let tmp = tempfile::tempdir().unwrap();
-    for (name, label) in
-        [("tiny-gemma2-padded", "Gemma2ForCausalLM"), ("tiny-gemma3-padded", "Gemma3ForCausalLM")]
-    {
+    for (name, label) in [
+        ("tiny-smollm3-padded", "SmolLM3ForCausalLM"),
+        ("tiny-phi3-padded", "Phi3ForCausalLM"),
+        ("tiny-gemma-padded", "GemmaForCausalLM"),
+        ("tiny-gemma2-padded", "Gemma2ForCausalLM"),
+        ("tiny-gemma3-padded", "Gemma3ForCausalLM"),
+    ] {
         let (model, data) = (fixture(name), fixture(&format!("{name}/batches.safetensors")));
         let out = tmp.path().join(name);
         let mut args = vec!["train", "--model", model.to_str().unwrap()];

@@ -399,6 +399,24 @@ struct FeedInfo {
     fixed: std::sync::Arc<Vec<(&'static str, Vec<f32>)>>,
 }
 
+/// The additive (B, 1, T, T) mask of causal attention over the last `window` positions (T: no
+/// window) and the batch's non-pad keys: 0 where query i may read key j (i − window < j ≤ i,
+/// j not padding), `masked` elsewhere.
+fn causal_mask(batch: &Batch, t: usize, window: usize, masked: f32) -> Vec<f32> {
+    let (b, mask) = (batch.batch_size, batch.attention_mask.as_deref());
+    let mut m = vec![masked; b * t * t];
+    for row in 0..b {
+        for i in 0..t {
+            for j in (i + 1).saturating_sub(window)..=i {
+                if mask.is_none_or(|m| m[row * t + j] != 0) {
+                    m[(row * t + i) * t + j] = 0.0;
+                }
+            }
+        }
+    }
+    m
+}
+
 /// HF's `create_position_ids_from_input_ids` (modeling_roberta.py): per row, `pad` at pad
 /// tokens and `pad` + the number of non-pad tokens up to and including this one elsewhere.
 // ids: (B·T) -> (B·T)
@@ -510,38 +528,12 @@ impl FeedInfo {
                             .collect(),
                     )
                 }
-                EAGER_MASK | EAGER_SLIDING_MASK => {
-                    let w = match name {
-                        EAGER_SLIDING_MASK => self.sliding_window.expect("a sliding mask has one"),
-                        _ => t,
-                    };
-                    let mask = batch.attention_mask.as_deref();
-                    let mut m = vec![EAGER_MASK_MIN; b * t * t];
-                    for row in 0..b {
-                        for i in 0..t {
-                            for j in (i + 1).saturating_sub(w)..=i {
-                                if mask.is_none_or(|m| m[row * t + j] != 0) {
-                                    m[(row * t + i) * t + j] = 0.0;
-                                }
-                            }
-                        }
-                    }
-                    FeedData::Floats(m)
-                }
-                SLIDING_WINDOW_MASK => {
+                EAGER_MASK => FeedData::Floats(causal_mask(batch, t, t, EAGER_MASK_MIN)),
+                EAGER_SLIDING_MASK | SLIDING_WINDOW_MASK => {
                     let w = self.sliding_window.expect("a window mask exists only with a window");
-                    let mask = batch.attention_mask.as_deref();
-                    let mut m = vec![f32::NEG_INFINITY; b * t * t];
-                    for row in 0..b {
-                        for i in 0..t {
-                            for j in (i + 1).saturating_sub(w)..=i {
-                                if mask.is_none_or(|m| m[row * t + j] != 0) {
-                                    m[(row * t + i) * t + j] = 0.0;
-                                }
-                            }
-                        }
-                    }
-                    FeedData::Floats(m)
+                    let masked =
+                        if name == EAGER_SLIDING_MASK { EAGER_MASK_MIN } else { f32::NEG_INFINITY };
+                    FeedData::Floats(causal_mask(batch, t, w, masked))
                 }
                 other => match self.fixed.iter().find(|(n, _)| *n == other) {
                     Some((_, values)) => FeedData::Floats(values.clone()),
