@@ -740,12 +740,14 @@ impl Builder {
         dropout_p: f64,
     ) -> BResult<TensorId> {
         let scale = 1.0 / (self.g.shape(q)[3] as f32).sqrt();
-        self.eager_attention_scaled(q, k, v, causal, scale, dropout_p, self.attention_mask)
+        self.eager_attention_scaled(q, k, v, causal, (scale, None), dropout_p, self.attention_mask)
     }
 
-    /// [`eager_attention`](Self::eager_attention) with the scores' `scale` (HF's `scaling`) and
-    /// the additive `mask` (broadcast to (B, H, T, T)) in place of 1/√D and the graph's padding
-    /// mask: a sliding-window layer's mask, Gemma's query_pre_attn_scalar^-½.
+    /// [`eager_attention`](Self::eager_attention) with the scores' `scale` (HF's `scaling`), an
+    /// optional tanh soft-cap on them (Gemma 2's `softcap`, before the mask) and the additive
+    /// `mask` (broadcast to (B, H, T, T)) in place of 1/√D and the graph's padding mask: a
+    /// sliding-window layer's mask, Gemma's query_pre_attn_scalar^-½. A soft-capped chain is
+    /// not fused (the attention op has no soft-cap).
     // q, k, v: (B, H, T, D) -> (B, H, T, D)
     #[allow(clippy::too_many_arguments)]
     pub fn eager_attention_scaled(
@@ -754,16 +756,27 @@ impl Builder {
         k: TensorId,
         v: TensorId,
         causal: bool,
-        scale: f32,
+        (scale, softcap): (f32, Option<f64>),
         dropout_p: f64,
         mask: Option<TensorId>,
     ) -> BResult<TensorId> {
         let kt = self.g.transpose(k, 2, 3)?; // (B, H, D, T)
         let scores = self.g.matmul(q, kt, false, false)?; // (B, H, T, T)
         let scores = self.g.scale(scores, scale)?;
+        let scores = match softcap {
+            Some(cap) => self.softcap(scores, cap)?,
+            None => scores,
+        };
         let probs = self.g.softmax(scores, 1.0, causal, mask)?;
         let probs = self.dropout(probs, dropout_p)?;
         Ok(self.g.matmul(probs, v, false, false)?)
+    }
+
+    /// Tanh soft-capping as HF writes it (Gemma 2's scores and logits): cap · tanh(x / cap).
+    pub fn softcap(&mut self, x: TensorId, cap: f64) -> BResult<TensorId> {
+        let x = self.g.scale(x, (1.0 / cap) as f32)?;
+        let x = self.g.tanh(x)?;
+        Ok(self.g.scale(x, cap as f32)?)
     }
 
     /// The loss of a sequence classifier's `logits` (B, L) as HF's `…ForSequenceClassification`

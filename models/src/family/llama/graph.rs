@@ -66,13 +66,6 @@ fn rotary(
     Ok(b.g.concat(&[turned, parts[1]])?)
 }
 
-/// Gemma 2's tanh soft-capping, as HF writes it: cap · tanh(x / cap).
-fn softcap(b: &mut Builder, x: TensorId, cap: f64) -> BResult<TensorId> {
-    let x = b.g.scale(x, (1.0 / cap) as f32)?;
-    let x = b.g.tanh(x)?;
-    Ok(b.g.scale(x, cap as f32)?)
-}
-
 /// The rotary tables and masks every layer reads.
 struct Shared {
     /// (cos, sin), each (T, R).
@@ -147,19 +140,9 @@ fn self_attention(
         Some(s) => s.powf(-0.5) as f32, // a Python float: f64, then the f32 op's scalar
         None => 1.0 / (d as f32).sqrt(),
     };
-    let ctx = match c.attn_logit_softcapping {
-        None => b.eager_attention_scaled(q, k, v, s.causal, scale, c.attention_dropout, mask)?,
-        Some(cap) => {
-            // Gemma 2's eager_attention_forward: q·kᵀ·scale, soft-capped, + mask, softmax.
-            let kt = b.g.transpose(k, 2, 3)?; // (B, H, D, T)
-            let scores = b.g.matmul(q, kt, false, false)?; // (B, H, T, T)
-            let scores = b.g.scale(scores, scale)?;
-            let scores = softcap(b, scores, cap)?;
-            let probs = b.g.softmax(scores, 1.0, s.causal, mask)?;
-            let probs = b.dropout(probs, c.attention_dropout)?;
-            b.g.matmul(probs, v, false, false)?
-        }
-    }; // (B, H, T, D)
+    let scores = (scale, c.attn_logit_softcapping); // Gemma 2's soft-capped
+    let p_drop = c.attention_dropout;
+    let ctx = b.eager_attention_scaled(q, k, v, s.causal, scores, p_drop, mask)?; // (B, H, T, D)
     let ctx = b.merge_heads(ctx)?; // (B, T, H·D)
     proj(b, ctx, &format!("{p}.self_attn.o_proj"), c.o_bias)
 }
@@ -286,7 +269,7 @@ pub(super) fn for_causal_lm(
     let head = if c.tie_word_embeddings { EMBED } else { "lm_head.weight" };
     let logits = b.g.matmul(x, b.p(head), false, true)?; // (B, T, V)
     match c.final_logit_softcapping {
-        Some(cap) => softcap(b, logits, cap), // Gemma 2
+        Some(cap) => b.softcap(logits, cap), // Gemma 2
         None => Ok(logits),
     }
 }
