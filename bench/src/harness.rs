@@ -92,6 +92,13 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             "environment": environment,
             "torch_compile": torch_compile,
             "runs": plan.runs,
+            // The engine on a GPU: each run's step captured as a CUDA graph and replayed, or
+            // launched kernel by kernel, and why (results' `step_launches`).
+            "step_launches": results
+                .iter()
+                .filter(|r| !r.step_launches.is_empty())
+                .map(|r| json!({ "model": r.model, "config": r.config, "precision": r.precision, "ranks": r.ranks, "how": r.step_launches }))
+                .collect::<Vec<_>>(),
         })
     };
     let mut steps: Vec<StepRow> = Vec::new();
@@ -236,6 +243,7 @@ fn aggregate(
     let first = timed.first().or(probe);
     row.param_count = first.and_then(|r| r.param_count);
     row.optimizer_bytes_per_rank = first.and_then(|r| r.optimizer_bytes_per_rank);
+    row.step_launches = first.map(|r| r.step_launches.clone()).unwrap_or_default();
     // The split of the timed run with that peak: a torch config's activations are what that
     // run's peak leaves.
     let peak_run =
@@ -667,6 +675,7 @@ struct Summary {
     hw_flops_per_sample: Option<f64>,
     compile_s: Option<f64>,
     mem_split: Option<MemSplit>,
+    step_launches: Option<String>,
 }
 
 /// What a run's workers sent: every step record, and per worker its summary or its error
@@ -760,6 +769,7 @@ impl Workers<'_> {
                 hw_flops_per_sample,
                 mem_split,
                 compile_s,
+                step_launches,
             }) => {
                 self.watch.done(r);
                 records.summaries[r] = Some(Summary {
@@ -769,6 +779,7 @@ impl Workers<'_> {
                     hw_flops_per_sample,
                     compile_s,
                     mem_split,
+                    step_launches,
                 })
             }
             Ok(Event::Error { message, oom }) => {
@@ -943,6 +954,7 @@ fn ended_well(
     row.param_count = Some(sums[0].param_count);
     row.hw_flops_per_sample = sums[0].hw_flops_per_sample;
     row.compile_s = sums[0].compile_s;
+    row.step_launches = sums[0].step_launches.clone().unwrap_or_default();
     // Per rank: the largest rank's peak and optimizer state.
     row.peak_mem_bytes = sums.iter().map(|s| s.peak_mem_bytes).max();
     // The split of the rank with that peak (its parts are that rank's).

@@ -64,6 +64,9 @@ pub enum Event {
         /// cannot say (a worker written before it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mem_split: Option<MemSplit>,
+        /// The engine on a GPU: how its steps reached the device (results' `step_launches`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step_launches: Option<String>,
     },
     Error {
         message: String,
@@ -329,7 +332,8 @@ pub fn parse_device(d: &str) -> Result<tch::Device> {
 
 /// What a rank reports when its steps are done: its optimizer state's bytes, the FLOPs it
 /// executed over the measured steps (None: not counted) and its memory split (the engine's).
-type RankEnd = (usize, Option<f64>, Option<MemorySplit>);
+/// A rank's end: its optimizer bytes, FLOPs and memory split, and how its steps were launched.
+type RankEnd = ((usize, Option<f64>, Option<MemorySplit>), Option<String>);
 
 /// What a rank's step reports, whichever trainer ran it.
 struct RankStep {
@@ -353,6 +357,10 @@ trait RankTrainer {
     /// This rank's memory by what holds it, from the engine's plan; None for the baseline
     /// (its split is derived from the run's shapes: `mem_split::torch`).
     fn memory_split(&self) -> Option<MemorySplit> {
+        None
+    }
+    /// The engine on a GPU: how its steps reach the device ([`GpuEngineTrainer::step_launches`]).
+    fn step_launches(&self) -> Option<String> {
         None
     }
     /// Makes the next step fail inside libtorch (the baseline only).
@@ -453,6 +461,9 @@ impl RankTrainer for GpuRank {
     }
     fn memory_split(&self) -> Option<MemorySplit> {
         Some(self.trainer.memory_split())
+    }
+    fn step_launches(&self) -> Option<String> {
+        Some(self.trainer.step_launches())
     }
 }
 
@@ -795,7 +806,8 @@ impl<'a> Setup<'a> {
                 skipped: st.skipped,
             });
         }
-        Ok((trainer.optimizer_bytes(), flops, trainer.memory_split()))
+        let end = (trainer.optimizer_bytes(), flops, trainer.memory_split());
+        Ok((end, trainer.step_launches()))
     }
 
     /// Folds the ranks' ends (the first failed rank's error, else the largest rank's optimizer
@@ -812,8 +824,10 @@ impl<'a> Setup<'a> {
         let mut flops = Some(0.0);
         // Per rank: the largest rank's split, as the peak and the optimizer state are.
         let mut plan_split: Option<MemorySplit> = None;
+        let mut step_launches = None;
         for r in results {
-            let (bytes, f, split) = r?;
+            let ((bytes, f, split), launches) = r?;
+            step_launches = step_launches.or(launches);
             optimizer_bytes = optimizer_bytes.max(bytes);
             flops = flops.zip(f).map(|(a, b)| a + b);
             if split.is_some_and(|s| plan_split.is_none_or(|p| s.total() > p.total())) {
@@ -868,6 +882,7 @@ impl<'a> Setup<'a> {
                 hw_flops_per_sample,
                 compile_s: None,
                 mem_split,
+                step_launches,
             },
         );
         Ok(())

@@ -13,10 +13,12 @@
 // `AdamW::update`, `adamw_kernel`), the same f32 formulas in the same order.
 #include "port.cuh"
 
-// partials[blockIdx.x] = Σ (g·inv_scale)² over the block's grid-stride elements.
+// partials[blockIdx.x] = Σ (g·inv_scale)² over the block's grid-stride elements; inv_scale from
+// the step block when given one (a captured step).
 // grads: (N) f32; partials: (gridDim.x) f32. Block size: any multiple of the warp size ≤ 1024.
-ORT_KERNEL(grad_sumsq_partial)(float* partials, const float* grads, long long n, float inv_scale) {
+ORT_KERNEL(grad_sumsq_partial)(float* partials, const float* grads, long long n, float inv_scale, const StepBlock* step) {
     __shared__ float scratch[32];
+    if (step) inv_scale = step->inv_scale;
     float s = 0.0f;
     GRID_STRIDE(i, n) {
         const float y = grads[i] * inv_scale;
@@ -52,7 +54,8 @@ ORT_REGISTER(grad_stats_finish)
 //   g = grad·inv_scale·coef; p *= decay_mul (decaying segments only); m = β1·m + (1−β1)·g;
 //   v = β2·v + (1−β2)·g²; p −= step_size·m / (sqrt(v)·inv_bc2_sqrt + eps); mirror = round(p).
 // step_size = lr / (1 − β1^t), inv_bc2_sqrt = 1/sqrt(1 − β2^t), decay_mul = 1 − lr·wd: per-step
-// scalars from the host (it knows t: skipped steps do not count). Segments: sorted starts,
+// scalars from the host (it knows t: skipped steps do not count), as arguments or, in the
+// kernel `adamw_step_<T>`, from the step block when given one (with inv_scale). Segments: sorted starts,
 // one decay flag each; an element's segment is found by binary search (a few hundred at most).
 // params, grads, m, v: (N) f32; mirror: (N) T or null; seg_start: (nseg) i64; seg_decay: (nseg)
 // i32; stats: (3) f32 from grad_stats_finish.
@@ -110,7 +113,13 @@ __device__ void adamw_step(float* params, const float* grads, float* m, float* v
 #define ADAMW(S, T)                                                                                                            \
     ORT_KERNEL(adamw_step_##S)(float* params, const float* grads, float* m, float* v, T* mirror, long long n, const long long* seg_start, \
                                const int* seg_decay, int nseg, const float* stats, float inv_scale, float beta1, float beta2, float eps, \
-                               float step_size, float inv_bc2_sqrt, float decay_mul) {                                         \
+                               float step_size, float inv_bc2_sqrt, float decay_mul, const StepBlock* step) {                  \
+        if (step) {                                                                                                            \
+            inv_scale = step->inv_scale;                                                                                       \
+            step_size = step->step_size;                                                                                       \
+            inv_bc2_sqrt = step->inv_bc2_sqrt;                                                                                 \
+            decay_mul = step->decay_mul;                                                                                       \
+        }                                                                                                                      \
         adamw_step<T>(params, grads, m, v, mirror, n, seg_start, seg_decay, nseg, stats, inv_scale, beta1, beta2, eps, step_size, \
                       inv_bc2_sqrt, decay_mul);                                                                                \
     }                                                                                                                          \

@@ -357,27 +357,28 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
 // Scalars common to the three kernels: h = query heads, hkv = K/V heads (h a multiple of it:
 // grouped-query attention; B is implied by the grid), tq/tk query
 // and key lengths, d the q/k head size, dv the v head size, scale, causal (0/1), dropout_p,
-// seed and offset of the dropout site; then the (b, h, t) strides of each operand, the mask's
+// seed and offset of the dropout site, the step block (null, or the step's seed in place of
+// `seed`: a captured step); then the (b, h, t) strides of each operand, the mask's
 // 4 strides, and the tile sizes bq, bk.
 #define ATTENTION(S, T)                                                                                                                        \
     ORT_KERNEL(attention_forward_##S)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, \
-                                      float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, long long q_sb,  \
+                                      float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,  \
                                       long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, \
                                       long long v_st, long long o_sb, long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq,  \
                                       long long m_sk, int bq, int bk) {                                                                         \
-        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, causal, dropout_p, seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
+        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
                              AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                          \
                              MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                      \
     }                                                                                                                                          \
     ORT_REGISTER(attention_forward_##S)                                                                                                        \
     ORT_KERNEL(attention_backward_dkdv_##S)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,      \
                                             const float* delta, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
-                                            unsigned long long seed, unsigned long long offset, long long q_sb, long long q_sh, long long q_st,    \
+                                            unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,    \
                                             long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,        \
                                             long long g_sb, long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,     \
                                             long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh, long long m_sq,     \
                                             long long m_sk, int bq, int bk) {                                                                   \
-        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,          \
+        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, step ? step->seed : seed, offset,          \
                                    AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                 \
                                    AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},           \
                                    MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                \
@@ -385,12 +386,12 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
     ORT_REGISTER(attention_backward_dkdv_##S)                                                                                                  \
     ORT_KERNEL(attention_backward_dq_##S)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,     \
                                           const float* lse, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
-                                          unsigned long long seed, unsigned long long offset, long long q_sb, long long q_sh, long long q_st,      \
+                                          unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,      \
                                           long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,          \
                                           long long g_sb, long long g_sh, long long g_st, long long o_sb, long long o_sh, long long o_st,          \
                                           long long dq_sb, long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,       \
                                           long long m_sk, int bq, int bk) {                                                                     \
-        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, seed, offset,           \
+        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, step ? step->seed : seed, offset,           \
                                  AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                   \
                                  AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},                \
                                  MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                  \

@@ -463,23 +463,23 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
 #define ATTENTION_MMA(S, T, D)                                                                                                                    \
     ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
                                                  int tk, float scale, int causal, float dropout_p, unsigned long long seed,                      \
-                                                 unsigned long long offset, long long q_sb, long long q_sh, long long q_st, long long k_sb,      \
+                                                 unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st, long long k_sb,      \
                                                  long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st, long long o_sb, \
                                                  long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq, long long m_sk) { \
-        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
+        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
                                     AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                   \
                                     MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                        \
     }                                                                                                                                             \
     ORT_REGISTER(attention_mma_forward_##S##_d##D)                                                                                           \
     ORT_KERNEL(attention_mma_backward_dq_##S##_d##D)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,      \
                                                      const T* mask, const float* lse, int h, int hkv, int tq, int tk, float scale, int causal,    \
-                                                     float dropout_p, unsigned long long seed, unsigned long long offset, long long q_sb,         \
+                                                     float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,         \
                                                      long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st,             \
                                                      long long v_sb, long long v_sh, long long v_st, long long g_sb, long long g_sh,             \
                                                      long long g_st, long long o_sb, long long o_sh, long long o_st, long long dq_sb,            \
                                                      long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,           \
                                                      long long m_sk) {                                                                          \
-        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset,          \
+        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset,          \
                                         AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},              \
                                         AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},           \
                                         MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                    \
@@ -487,13 +487,13 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
     ORT_REGISTER(attention_mma_backward_dq_##S##_d##D)                                                                                            \
     ORT_KERNEL(attention_mma_backward_dkdv_##S##_d##D)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask,         \
                                                        const float* lse, const float* delta, int h, int hkv, int tq, int tk, float scale,        \
-                                                       int causal, float dropout_p, unsigned long long seed, unsigned long long offset,          \
+                                                       int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step,          \
                                                        long long q_sb, long long q_sh, long long q_st, long long k_sb, long long k_sh,           \
                                                        long long k_st, long long v_sb, long long v_sh, long long v_st, long long g_sb,           \
                                                        long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,        \
                                                        long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh,        \
                                                        long long m_sq, long long m_sk) {                                                        \
-        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, causal, dropout_p, seed, offset,         \
+        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset,         \
                                           AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},            \
                                           AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},      \
                                           MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                  \

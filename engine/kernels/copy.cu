@@ -32,6 +32,7 @@ __device__ void copy_strided(T* dst, const T* src, long long n, const long long*
 }
 
 // Every element of the strided dst = value. meta: (1 + 2·rank) i64 = [rank, shape, strides].
+// Given a step block, value × its loss scale (autodiff's seed in a strided place, as `fill_<T>`).
 template <typename T>
 __device__ void fill_strided(T* dst, long long n, const long long* meta, float value) {
     const int r = (int)meta[0];
@@ -42,6 +43,8 @@ __device__ void fill_strided(T* dst, long long n, const long long* meta, float v
 #define COPY(S, T)                                                                                                 \
     ORT_KERNEL(copy_strided_##S)(T * dst, const T* src, long long n, const long long* meta) { copy_strided<T>(dst, src, n, meta); } \
     ORT_REGISTER(copy_strided_##S)                                                                                 \
-    ORT_KERNEL(fill_strided_##S)(T * dst, long long n, const long long* meta, float value) { fill_strided<T>(dst, n, meta, value); } \
+    ORT_KERNEL(fill_strided_##S)(T * dst, long long n, const long long* meta, float value, const StepBlock* step) {              \
+        fill_strided<T>(dst, n, meta, step ? value * step->loss_scale : value);                                                  \
+    }                                                                                                                            \
     ORT_REGISTER(fill_strided_##S)
 ORT_FOR_FLOATS(COPY)

@@ -23,7 +23,8 @@ __device__ __forceinline__ float gelu_grad(float x, int approx) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
-// out[i] = value. out: (N)
+// out[i] = value. out: (N). The kernel `fill_<T>` multiplies value by the step block's loss
+// scale when given one: autodiff's seed d(loss)/d(loss), which holds the loss scale.
 template <typename T>
 __device__ void fill(T* out, long long n, float value) {
     const T v = from_f32<T>(value);
@@ -134,7 +135,9 @@ __device__ void cast(To* out, const From* x, long long n) {
 }
 
 #define ELEMENTWISE(S, T)                                                                                                        \
-    ORT_KERNEL(fill_##S)(T * out, long long n, float value) { fill<T>(out, n, value); }                                           \
+    ORT_KERNEL(fill_##S)(T * out, long long n, float value, const StepBlock* step) {                                             \
+        fill<T>(out, n, step ? value * step->loss_scale : value);                                                                \
+    }                                                                                                                            \
     ORT_REGISTER(fill_##S)                                                                                                       \
     ORT_KERNEL(add_##S)(T * out, const T* a, const T* b, long long n, long long nb) { add<T>(out, a, b, n, nb); }                 \
     ORT_REGISTER(add_##S)                                                                                                        \
@@ -152,8 +155,9 @@ __device__ void cast(To* out, const From* x, long long n) {
     ORT_REGISTER(tanh_forward_##S)                                                                                               \
     ORT_KERNEL(tanh_backward_##S)(T * dx, const T* y, const T* dy, long long n) { tanh_backward<T>(dx, y, dy, n); }               \
     ORT_REGISTER(tanh_backward_##S)                                                                                              \
-    ORT_KERNEL(dropout_##S)(T * out, const T* x, long long n, float p, unsigned long long seed, unsigned long long offset) {      \
-        dropout<T>(out, x, n, p, seed, offset);                                                                                  \
+    ORT_KERNEL(dropout_##S)(T * out, const T* x, long long n, float p, unsigned long long seed, unsigned long long offset,       \
+                            const StepBlock* step) {                                                                             \
+        dropout<T>(out, x, n, p, step ? step->seed : seed, offset);                                                              \
     }                                                                                                                            \
     ORT_REGISTER(dropout_##S)
 ORT_FOR_FLOATS(ELEMENTWISE)

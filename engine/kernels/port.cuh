@@ -186,6 +186,22 @@ __device__ __forceinline__ bool drop_keep(const DropMask& m, unsigned long long 
     return (drop_mix(m.key ^ (counter * 0x9E3779B97F4A7C15ull)) >> 40) >= m.threshold;
 }
 
+// What changes from one training step to the next, in device memory (exec/gpu/step_block.rs
+// `StepBlock`, the same layout). A captured step (a CUDA graph) replays its launches with the
+// arguments they were captured with, so the kernels of a step read these from the block the
+// host uploads before each step — as PyTorch's graph-safe Philox state reads its seed through a
+// pointer. A kernel given a null block uses its value arguments instead (a kernel launched
+// alone, as the kernel tests do).
+struct StepBlock {
+    unsigned long long seed;  // the step's dropout seed
+    float loss_scale;         // the backward's seed d(loss)/d(loss): loss scale · the rank's weight
+    float inv_scale;          // 1 / loss scale: the optimizer unscales the gradients by it
+    float step_size;          // AdamW: lr / (1 − β1^t)
+    float inv_bc2_sqrt;       // AdamW: 1 / sqrt(1 − β2^t)
+    float decay_mul;          // AdamW: 1 − lr·weight_decay
+    float reserved;
+};
+
 // Instantiates X(suffix, storage type) for each float storage type: kernels per dtype.
 #define ORT_FOR_FLOATS(X) X(f32, float) X(f16, f16_t) X(bf16, bf16_t)
 

@@ -14,7 +14,7 @@ use crate::graph::Graph;
 use crate::optim::adamw::sum_squares;
 use crate::optim::{AdamW, AdamWConfig, LossScaler, ParamMirror, Segment};
 use crate::plan::{Plan, PlanError};
-use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor};
+use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor, StepValues};
 use crate::DType;
 
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +285,8 @@ pub(crate) struct CpuStep<'a> {
     /// ZeRO-1 over several ranks; None: the session's own optimizer updates everything.
     shard: Option<Shard<'a>>,
     faults: GradFaults,
+    /// The step's values, from the backward on.
+    values: StepValues,
     loss: f32,
     sumsq: f64,
     finite: bool,
@@ -294,7 +296,8 @@ pub(crate) struct CpuStep<'a> {
 impl<'a> CpuStep<'a> {
     /// A step of `s`, updating `shard` under ZeRO-1 or everything with the session's optimizer.
     pub fn new(s: &'a mut TrainSession, shard: Option<Shard<'a>>, faults: GradFaults) -> Self {
-        CpuStep { s, shard, faults, loss: f32::NAN, sumsq: 0.0, finite: true, norm: 0.0 }
+        let values = StepValues { seed: 0, loss_scale: 1.0, weight: 1.0, lr: 0.0 };
+        CpuStep { s, shard, faults, values, loss: f32::NAN, sumsq: 0.0, finite: true, norm: 0.0 }
     }
 
     /// The elements this rank updates and its optimizer's thread count.
@@ -311,17 +314,13 @@ impl<G: Collective> StepExecutor<G> for CpuStep<'_> {
         self.shard.as_ref().map(|z| z.chunk)
     }
 
-    fn backward(
-        &mut self,
-        inputs: &Inputs<'_>,
-        seed: u64,
-        loss_scale: f32,
-        weight: f32,
-    ) -> Result<(), StepError> {
+    fn backward(&mut self, inputs: &Inputs<'_>, v: &StepValues) -> Result<(), StepError> {
+        self.values = *v;
+        let weight = v.weight;
         // The backward of scale · loss: in f16 storage its gradients overflow (→ inf) exactly
         // where a GPU's would, which the statistics catch. The weight multiplies afterwards
         // (the GPU seeds its backward with it instead).
-        self.loss = self.s.forward_backward_scaled(inputs, seed, loss_scale)?;
+        self.loss = self.s.forward_backward_scaled(inputs, v.seed, v.loss_scale)?;
         let grads = &mut self.s.grads;
         if let Some(f) = self.faults.scale {
             grads.iter_mut().for_each(|g| *g *= f);
@@ -349,8 +348,9 @@ impl<G: Collective> StepExecutor<G> for CpuStep<'_> {
         Ok(())
     }
 
-    fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError> {
+    fn grad_sumsq(&mut self) -> Result<(), StepError> {
         let (own, threads) = self.own();
+        let inv_scale = self.values.inv_scale();
         (self.sumsq, self.finite) = sum_squares(&self.s.grads[own], inv_scale, threads);
         Ok(())
     }
@@ -369,10 +369,11 @@ impl<G: Collective> StepExecutor<G> for CpuStep<'_> {
         Ok(())
     }
 
-    fn adamw_update(&mut self, lr: f32, inv_scale: f32) -> Result<(), StepError> {
+    fn adamw_update(&mut self) -> Result<(), StepError> {
         if !self.finite {
             return Ok(());
         }
+        let (lr, inv_scale) = (self.values.lr, self.values.inv_scale());
         let s = &mut *self.s;
         match &mut self.shard {
             // Every element, and the compute-dtype copy with it.

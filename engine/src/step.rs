@@ -29,6 +29,27 @@ pub enum Reduction {
     ReduceScatter { chunk: usize },
 }
 
+/// What one step is given, the same on every rank: all of it at the step's start
+/// ([`StepExecutor::backward`]), since a GPU uploads it before the step's first kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepValues {
+    /// Drives the step's dropout masks.
+    pub seed: u64,
+    /// The loss scaler's scale (1 without one): the backward is seeded with it.
+    pub loss_scale: f32,
+    /// This rank's share of the global batch's labelled tokens (1 on one rank).
+    pub weight: f32,
+    /// The learning rate.
+    pub lr: f32,
+}
+
+impl StepValues {
+    /// What the statistics and the update multiply the gradients by.
+    pub fn inv_scale(&self) -> f32 {
+        1.0 / self.loss_scale
+    }
+}
+
 /// What a step leaves for the host once its work is done.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Finished {
@@ -74,21 +95,17 @@ pub trait StepExecutor<G: Collective> {
     /// chunk r); None when every rank updates everything (DDP, or one rank).
     fn zero1_chunk(&self) -> Option<usize>;
 
-    /// Forward and backward: the flat gradients become `loss_scale · weight · ∇loss`, zeros
-    /// when `weight` is 0 (a slice without a labelled token has a NaN mean loss).
-    fn backward(
-        &mut self,
-        inputs: &Inputs<'_>,
-        seed: u64,
-        loss_scale: f32,
-        weight: f32,
-    ) -> Result<(), StepError>;
+    /// Forward and backward with the step's values (kept for the later phases): the flat
+    /// gradients become `loss_scale · weight · ∇loss`, zeros when `weight` is 0 (a slice
+    /// without a labelled token has a NaN mean loss).
+    fn backward(&mut self, inputs: &Inputs<'_>, v: &StepValues) -> Result<(), StepError>;
 
     /// Sums the gradients over the ranks of `group`, as `how` says.
     fn reduce_grads(&mut self, group: &G, how: Reduction) -> Result<(), StepError>;
 
-    /// The sum of squares of the own range's gradients · `inv_scale` (inf/NaN carried along).
-    fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError>;
+    /// The sum of squares of the own range's gradients · the step's inv_scale (inf/NaN
+    /// carried along).
+    fn grad_sumsq(&mut self) -> Result<(), StepError>;
 
     /// Sums the ranks' sums of squares (and their inf/NaN): the own ranges tile the buffer.
     fn reduce_grad_sumsq(&mut self, group: &G) -> Result<(), StepError>;
@@ -97,10 +114,10 @@ pub trait StepExecutor<G: Collective> {
     /// coefficient at the optimizer's max norm (torch's `clip_grad_norm_`).
     fn grad_stats(&mut self) -> Result<(), StepError>;
 
-    /// AdamW on the own range at `lr` with its decay segments, the gradients times
-    /// `inv_scale` and the clipping coefficient; skipped when the statistics are not finite
-    /// (a skipped update does not count as an optimizer step).
-    fn adamw_update(&mut self, lr: f32, inv_scale: f32) -> Result<(), StepError>;
+    /// AdamW on the own range at the step's lr with its decay segments, the gradients times
+    /// the step's inv_scale and the clipping coefficient; skipped when the statistics are not
+    /// finite (a skipped update does not count as an optimizer step).
+    fn adamw_update(&mut self) -> Result<(), StepError>;
 
     /// ZeRO-1: every rank's updated chunk (`chunk` elements) into every rank's parameters,
     /// then the compute-dtype copy the next forward reads. A skipped step may leave it out
@@ -129,20 +146,19 @@ pub fn train_step<G: Collective, E: StepExecutor<G>>(
     let ranks = group.world_size() > 1;
     let zero1 = exec.zero1_chunk().filter(|_| ranks);
     let scale = scaler.as_deref().map_or(1.0, LossScaler::scale);
-    let inv_scale = 1.0 / scale;
-    exec.backward(inputs, seed, scale, weight)?;
+    exec.backward(inputs, &StepValues { seed, loss_scale: scale, weight, lr })?;
     if ranks {
         let how = zero1.map_or(Reduction::AllReduce, |chunk| Reduction::ReduceScatter { chunk });
         exec.reduce_grads(group, how)?;
     }
-    exec.grad_sumsq(inv_scale)?;
+    exec.grad_sumsq()?;
     if zero1.is_some() {
         // Each rank summed its own chunk: the global norm and overflow flag are the ranks'
         // together, so every rank clips and skips identically.
         exec.reduce_grad_sumsq(group)?;
     }
     exec.grad_stats()?;
-    exec.adamw_update(lr, inv_scale)?;
+    exec.adamw_update()?;
     if let Some(chunk) = zero1 {
         exec.gather_params(group, chunk)?;
     }

@@ -14,6 +14,8 @@ mod kernel_harness;
 
 use kernel_harness::*;
 use ortbench_engine::exec::gpu::launch::adamw as launch;
+use ortbench_engine::exec::gpu::launch::PerStep;
+use ortbench_engine::exec::gpu::StepBlock;
 use ortbench_engine::optim::adamw::{AdamW, AdamWConfig, ParamMirror, Segment};
 use ortbench_engine::DType;
 use ortbench_simt::Buf;
@@ -32,7 +34,8 @@ fn segments() -> Vec<Segment> {
         .collect()
 }
 
-/// Launches the three kernels of one step; returns the stats buffer (norm, finite, coef).
+/// Launches the three kernels of one step, the per-step scalars given as values or (`block`)
+/// in a step block as the session passes them; returns the stats buffer (norm, finite, coef).
 #[allow(clippy::too_many_arguments)]
 fn gpu_step(
     dev: &Dev,
@@ -45,7 +48,7 @@ fn gpu_step(
     m: &mut Buf,
     v: &mut Buf,
     mirror: Option<&mut Buf>,
-    dt: D,
+    (dt, block): (D, bool),
 ) -> Vec<f32> {
     let segs = segments();
     let mut starts = Buf::from_i64(&segs.iter().map(|s| s.start as i64).collect::<Vec<_>>());
@@ -53,8 +56,14 @@ fn gpu_step(
     let mut partials = Buf::poisoned(PARTS as usize, D::F32);
     let mut stats = Buf::poisoned(3, D::F32);
     let geo = dev.geometry();
+    let sc = cfg.step_scalars(t, lr);
+    let (step_size, inv_bc2_sqrt, decay_mul) = (sc.step_size, sc.inv_bc2_sqrt, sc.decay_mul);
+    let sb = StepBlock { inv_scale, step_size, inv_bc2_sqrt, decay_mul, ..StepBlock::default() };
+    let (mut sb1, mut sb2) = (step_block(&sb), step_block(&sb));
     let (partials_, grads) = (&mut partials, &mut *g);
-    let l = launch::GradSumsqPartial { partials: partials_, parts: PARTS, grads, n: N, inv_scale };
+    let inv = if block { PerStep::Block(&mut sb1) } else { PerStep::Value(inv_scale) };
+    let l =
+        launch::GradSumsqPartial { partials: partials_, parts: PARTS, grads, n: N, inv_scale: inv };
     dev.run(l.launch(geo)).unwrap();
     let (stats_, max_norm) = (&mut stats, cfg.max_grad_norm);
     let l =
@@ -72,11 +81,10 @@ fn gpu_step(
         seg_decay: &mut decay,
         nseg: segs.len(),
         stats: &mut stats,
-        inv_scale,
         beta1: cfg.beta1,
         beta2: cfg.beta2,
         eps: cfg.eps,
-        step: cfg.step_scalars(t, lr),
+        step: if block { PerStep::Block(&mut sb2) } else { PerStep::Value((inv_scale, sc)) },
     };
     dev.run(l.launch(geo)).unwrap();
     stats.to_f32()
@@ -111,11 +119,12 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
             }
             // The flat buffers as the executor has them (16-byte aligned: the kernel's 16-byte
             // packs, N mod 4 = 1 element after them, segments starting mid-pack) and with the
-            // parameters one element off (one element at a time).
-            for (dev, misaligned) in devices()
-                .into_iter()
-                .flat_map(|d| [(d, false)])
-                .chain(devices().into_iter().take(1).map(|d| (d, true)))
+            // parameters one element off (one element at a time); and the per-step scalars read
+            // from a step block.
+            let first = devices()[0];
+            let cases = devices().into_iter().map(|d| (d, false, false));
+            for (dev, misaligned, block) in
+                cases.chain([(first, true, false), (first, false, true)])
             {
                 let p = Buf::from_f32(&p0, D::F32);
                 let p = if misaligned { p.misaligned() } else { p };
@@ -136,11 +145,12 @@ fn three_steps_match_the_cpu_optimizer_with_clipping_decay_and_the_mirror() {
                         &mut m,
                         &mut v,
                         mir,
-                        dt,
+                        (dt, block),
                     );
                     let what = format!(
-                        "adamw {dt:?} clip {max_grad_norm} step {t} on {dev}{}",
-                        if misaligned { " (params misaligned)" } else { "" }
+                        "adamw {dt:?} clip {max_grad_norm} step {t} on {dev}{}{}",
+                        if misaligned { " (params misaligned)" } else { "" },
+                        if block { " (scalars from a step block)" } else { "" }
                     );
                     assert!(
                         (stats[0] - norms[t]).abs() <= 1e-6 * norms[t],
@@ -193,8 +203,19 @@ fn an_inf_gradient_skips_the_step_and_touches_nothing() {
             );
             let mut mirror = Buf::poisoned(N, dt);
             let mir = if dt == D::F32 { None } else { Some(&mut mirror) };
-            let stats =
-                gpu_step(&dev, &cfg, 1, cfg.lr, 1.0, &mut p, &mut gb, &mut m, &mut v, mir, dt);
+            let stats = gpu_step(
+                &dev,
+                &cfg,
+                1,
+                cfg.lr,
+                1.0,
+                &mut p,
+                &mut gb,
+                &mut m,
+                &mut v,
+                mir,
+                (dt, false),
+            );
             assert_eq!(stats[1], 0.0, "finite flag on {dev}");
             assert_eq!(p.to_f32(), p0, "params on {dev}");
             assert_eq!(m.to_f32(), m0, "exp_avg on {dev}");

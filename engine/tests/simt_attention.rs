@@ -334,7 +334,7 @@ impl Prob {
         Dims { b, h, hkv, tq, tk, d, dv }
     }
 
-    fn scores(&self) -> Scores {
+    fn scores<P>(&self) -> Scores<P> {
         let c = &self.c;
         Scores {
             scale: self.scale,

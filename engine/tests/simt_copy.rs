@@ -8,6 +8,7 @@ use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::copy;
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::exec::gpu::launch::copy::{self as launch, copy_meta, fill_meta};
+use ortbench_engine::exec::gpu::StepBlock;
 use ortbench_simt::Buf;
 
 fn contiguous(shape: &[usize]) -> Vec<usize> {
@@ -70,25 +71,22 @@ fn permutes_and_splits_copy_what_the_cpu_copies() {
             copy::fill_strided(&pool, want.as_mut_ptr().add(9), &split_shape, &split_strides, 0.5)
         };
         let m = fill_meta(&split_shape, &split_strides);
-        for dev in devices() {
+        // The value alone, and times the step block's loss scale (autodiff's seed).
+        let block = StepBlock { loss_scale: 4.0, ..StepBlock::default() };
+        for (dev, scaled) in devices().into_iter().flat_map(|d| [false, true].map(|s| (d, s))) {
             let mut mb = Buf::from_i64(&m);
+            let mut sb = step_block(&block);
             // The piece starts at element 9: the kernel gets the buffer from there on.
             let mut piece = Buf::from_f32(&x[9..], dt);
             let (dtype, dst, meta) = (dtype(dt), &mut piece, &mut mb);
-            let l = launch::FillStrided {
-                dtype,
-                dst,
-                n: 37 * 23,
-                meta,
-                value: 0.5,
-                loss_scaled: false,
-            };
+            let (value, scaled_by) = if scaled { (0.125, Some(&mut sb)) } else { (0.5, None) };
+            let l = launch::FillStrided { dtype, dst, n: 37 * 23, meta, value, scaled_by };
             dev.run(l.launch(dev.geometry())).unwrap();
             let got: Vec<f32> = x[..9].iter().copied().chain(piece.to_f32()).collect();
             assert_eq!(
                 got,
                 want.iter().map(|&v| dt.round(v)).collect::<Vec<_>>(),
-                "fill_strided {dt:?} on {dev}"
+                "fill_strided {dt:?} (step block: {scaled}) on {dev}"
             );
         }
     }

@@ -16,6 +16,7 @@ use ortbench_engine::backend::cpu::kernels::{elementwise as ew, reduce};
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::exec::gpu::launch::{elementwise as launch, reduce as rlaunch};
 use ortbench_engine::exec::gpu::support::chunks;
+use ortbench_engine::exec::gpu::StepBlock;
 use ortbench_engine::ops::gelu::GeluApprox;
 use ortbench_simt::Buf;
 
@@ -190,22 +191,15 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
                     format!("scale {dt:?}{} on {dev}", if mis { " (x misaligned)" } else { "" });
                 check(&what, &out.to_f32(), &scaled, dt, tol(dt, 1e-6));
             }
-            let mut out = Buf::poisoned(n, dt);
-            let l = launch::Fill {
-                dtype: dtype(dt),
-                out: &mut out,
-                n,
-                value: -0.3,
-                loss_scaled: false,
-            };
-            dev.run(l.launch(dev.geometry())).unwrap();
-            check(
-                &format!("fill {dt:?} on {dev}"),
-                &out.to_f32(),
-                &vec![-0.3; n],
-                dt,
-                tol(dt, 0.0),
-            );
+            // The value alone, and times the step block's loss scale (autodiff's seed).
+            let mut sb = step_block(&StepBlock { loss_scale: 3.0, ..StepBlock::default() });
+            for (value, scaled_by, want) in [(-0.3, None, -0.3), (-0.1, Some(&mut sb), -0.3f32)] {
+                let mut out = Buf::poisoned(n, dt);
+                let what = format!("fill {dt:?} (step block: {}) on {dev}", scaled_by.is_some());
+                let l = launch::Fill { dtype: dtype(dt), out: &mut out, n, value, scaled_by };
+                dev.run(l.launch(dev.geometry())).unwrap();
+                check(&what, &out.to_f32(), &vec![want; n], dt, tol(dt, 1e-6));
+            }
         }
     }
 }
@@ -222,16 +216,18 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
         {
             let mut want = vec![0f32; n];
             ew::dropout(&pool, &mut want, &x, p, seed, offset);
-            // Aligned (16-byte packs and a tail: n mod 8 = 1) and x one element off.
-            for (dev, mis) in devices()
-                .into_iter()
-                .flat_map(|d| [(d, false)])
-                .chain(devices().into_iter().take(1).map(|d| (d, true)))
-            {
+            // Aligned (16-byte packs and a tail: n mod 8 = 1), x one element off, and the seed
+            // read from a step block (as the executor's launches read it).
+            let cases = devices().into_iter().map(|d| (d, false, false));
+            let first = devices()[0];
+            for (dev, mis, block) in cases.chain([(first, true, false), (first, false, true)]) {
                 let xb = Buf::from_f32(&x, dt);
                 let (mut out, mut xb) =
                     (Buf::poisoned(n, dt), if mis { xb.misaligned() } else { xb });
-                let (dtype, o, x, seed) = (dtype(dt), &mut out, &mut xb, launch::Seed::Fixed(seed));
+                let mut sb = step_block(&StepBlock { seed, ..StepBlock::default() });
+                let seed =
+                    if block { launch::Seed::Step(&mut sb) } else { launch::Seed::Fixed(seed) };
+                let (dtype, o, x) = (dtype(dt), &mut out, &mut xb);
                 let l = launch::Dropout { dtype, out: o, x, n, p, seed, offset };
                 dev.run(l.launch(dev.geometry())).unwrap();
                 let got = out.to_f32();
@@ -243,8 +239,9 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
                     );
                 }
                 let mis = if mis { " (x misaligned)" } else { "" };
+                let block = if block { " (seed from a step block)" } else { "" };
                 check(
-                    &format!("dropout {dt:?} p {p}{mis} on {dev}"),
+                    &format!("dropout {dt:?} p {p}{mis}{block} on {dev}"),
                     &got,
                     &want,
                     dt,

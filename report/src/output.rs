@@ -81,6 +81,10 @@ pub struct ResultRow {
     /// each compiling with a fresh cache. Never part of the step times (that step is warm-up).
     /// None for the other configs.
     pub compile_s: Option<f64>,
+    /// How the engine's GPU steps reached the device: "captured" (a CUDA graph replayed each
+    /// step) or "direct: <why>" (one host call per kernel, and the reason); empty for the CPU
+    /// and the baselines.
+    pub step_launches: String,
     /// Model FLOPs of one training sample, as the literature counts them for MFU
     /// (metrics::train_flops_per_sample: every position's LM head included).
     pub train_flops_per_sample: Option<f64>,
@@ -274,6 +278,7 @@ pub const RESULT_COLUMNS: &[&str] = &[
     "step_ms_max",
     "step_ms_std",
     "compile_s",
+    "step_launches",
     "train_flops_per_sample",
     "hw_flops_per_sample",
     "tflops",

@@ -157,6 +157,7 @@ pub fn results_frame(rows: &[ResultRow]) -> Result<DataFrame> {
         col("step_ms_max", f(|r| r.step_ms_max)),
         col("step_ms_std", f(|r| r.step_ms_std)),
         col("compile_s", f(|r| r.compile_s)),
+        col("step_launches", s(|r| &r.step_launches)),
         col("train_flops_per_sample", f(|r| r.train_flops_per_sample)),
         col("hw_flops_per_sample", f(|r| r.hw_flops_per_sample)),
         col("tflops", f(|r| r.tflops)),
@@ -336,6 +337,8 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
         c.bools("speedup_vs_torch_compile_significant")?,
         f("compile_s")?,
     );
+    // Runs written before captured GPU steps: empty.
+    let launches = c.strs("step_launches")?;
     Ok((0..df.height())
         .map(|i| ResultRow {
             model: model[i].clone(),
@@ -366,6 +369,7 @@ pub fn result_rows(df: &DataFrame) -> Result<Vec<ResultRow>> {
             step_ms_max: max[i],
             step_ms_std: std[i],
             compile_s: compile[i],
+            step_launches: launches[i].clone(),
             train_flops_per_sample: flops[i],
             hw_flops_per_sample: hw[i],
             tflops: tflops[i],

@@ -21,6 +21,11 @@ pub struct GpuError(pub String);
 pub trait GpuDevice {
     /// Device memory, freed on drop.
     type Buffer;
+    /// Page-locked host memory ([`GpuDevice::alloc_pinned`]), freed on drop: what an
+    /// asynchronous copy reads from.
+    type Pinned: std::ops::DerefMut<Target = [u8]>;
+    /// Queued work captured once and replayed ([`GpuDevice::capture_end`]).
+    type Graph;
 
     /// The device for messages ("NVIDIA H100 80GB HBM3 (sm_90)").
     fn describe(&self) -> String;
@@ -69,6 +74,30 @@ pub trait GpuDevice {
     unsafe fn gemm(&self, shape: &GemmShape, ptrs: &GemmPtrs) -> Result<(), GpuError>;
     /// Waits for everything queued.
     fn synchronize(&self) -> Result<(), GpuError>;
+
+    /// `bytes` of zeroed page-locked host memory.
+    fn alloc_pinned(&self, bytes: usize) -> Result<Self::Pinned, GpuError>;
+    /// Queues a copy of `src` (page-locked) to device address `dst`, after the work queued
+    /// before, without waiting: the bytes are read when the copy runs, so the host leaves
+    /// them unchanged until a later wait for the device.
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies inside one live buffer of this device, and `src` outlives
+    /// the copy.
+    unsafe fn upload_pinned(&self, dst: u64, src: &Self::Pinned) -> Result<(), GpuError>;
+    /// Starts capturing: the launches and GEMMs queued until [`GpuDevice::capture_end`] are
+    /// recorded, not run (CUDA stream capture). Nothing in between may wait for the device or
+    /// copy from pageable memory; the device refuses it.
+    fn capture_begin(&self) -> Result<(), GpuError>;
+    /// Ends the capture: what was queued since [`GpuDevice::capture_begin`], ready to replay.
+    /// A capture that failed on the way is ended and its error returned.
+    fn capture_end(&self) -> Result<Self::Graph, GpuError>;
+    /// Queues the captured work once more, with the arguments it was captured with: whatever
+    /// changes between replays is read from device memory.
+    ///
+    /// # Safety
+    /// Every buffer the graph addresses is still alive.
+    unsafe fn replay(&self, graph: &Self::Graph) -> Result<(), GpuError>;
 }
 
 /// One scalar or pointer argument of a kernel, as the kernel's C signature declares it.

@@ -5,6 +5,12 @@
 //! [`SimtGpu::recording`] it also lists every launch and GEMM, and with [`SimtGpu::dry_run`] it
 //! runs none of them (`tests/tests/fingerprints.rs`: full-size models' launch fingerprints).
 //!
+//! Capture is emulated as CUDA's stream capture behaves: between `capture_begin` and
+//! `capture_end` launches, GEMMs and pinned copies are recorded with their arguments' values
+//! and not run; a wait, a pageable copy or a replay inside a capture is refused and fails the
+//! capture; a replay runs the recorded work in order, the pinned copies reading their source
+//! as it is then (`tests/tests/captured_step.rs`).
+//!
 //! Compiled for the engine's unit tests and under the `simt` feature (which the `tests` crate
 //! and the engine's own integration tests turn on); the `ortbench` binary does not use it.
 
@@ -32,6 +38,36 @@ pub struct SimtGpu {
     execute: bool,
     /// Offer the tensor-core kernels (at warp 32: the harness emulates mma.sync there only).
     mma: bool,
+    /// While capturing: the work queued so far, or why the capture failed (a wait or a
+    /// pageable copy inside it, as CUDA refuses them and invalidates the capture).
+    capture: Mutex<Option<Result<Vec<Work>, GpuError>>>,
+}
+
+/// One queued operation, as a capture holds it: a kernel with its arguments' values at
+/// capture, a GEMM, or a copy that reads its page-locked source when it runs.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Launch { name: String, grid: u32, block: u32, smem: u32, args: Vec<KernelArg> },
+    Gemm(GemmShape, GemmPtrs),
+    Copy { dst: u64, src: u64, len: usize },
+}
+
+/// A captured step ([`GpuDevice::capture_end`]): its work in queue order.
+pub struct SimtGraph(pub Vec<Work>);
+
+/// Page-locked memory on a host device: plain host memory.
+pub struct HostPinned(Box<[u8]>);
+
+impl std::ops::Deref for HostPinned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+impl std::ops::DerefMut for HostPinned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
 }
 
 /// Zeroed host memory, 16-byte aligned (as device allocations are at least).
@@ -50,6 +86,7 @@ impl SimtGpu {
             trace: None,
             execute: true,
             mma: true,
+            capture: Mutex::new(None),
         }
     }
 
@@ -95,10 +132,70 @@ impl SimtGpu {
             t.lock().unwrap().push(line());
         }
     }
+
+    /// While capturing, queues `w` in the capture (true); else leaves it to the caller.
+    fn captured(&self, w: impl FnOnce() -> Work) -> bool {
+        match &mut *self.capture.lock().unwrap() {
+            Some(Ok(list)) => {
+                list.push(w());
+                true
+            }
+            Some(Err(_)) => true,
+            None => false,
+        }
+    }
+
+    /// Refuses `what` inside a capture, as CUDA does, invalidating the capture.
+    fn outside_capture(&self, what: &str) -> Result<(), GpuError> {
+        let mut c = self.capture.lock().unwrap();
+        match &mut *c {
+            None => Ok(()),
+            Some(state) => {
+                let e = GpuError(format!("{what} inside a captured step (not capturable)"));
+                if state.is_ok() {
+                    *state = Err(e.clone());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs one operation now.
+    unsafe fn run(&self, w: &Work) -> Result<(), GpuError> {
+        match w {
+            Work::Launch { name, grid, block, smem, args } => {
+                if !self.execute {
+                    return Ok(());
+                }
+                let raw: Vec<Arg> = args
+                    .iter()
+                    .map(|a| match *a {
+                        KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
+                        KernelArg::I32(v) => Arg::I32(v),
+                        KernelArg::U32(v) => Arg::U32(v),
+                        KernelArg::I64(v) => Arg::I64(v),
+                        KernelArg::U64(v) => Arg::U64(v),
+                        KernelArg::F32(v) => Arg::F32(v),
+                    })
+                    .collect();
+                let (g, b) = ((*grid, 1, 1), (*block, 1, 1));
+                ortbench_simt::launch(name, g, b, *smem, self.warp, self.order, &raw)
+                    .map_err(|e| GpuError(format!("{name}: {e}")))
+            }
+            Work::Gemm(s, p) if self.execute => host_gemm(s, p),
+            Work::Gemm(..) => Ok(()),
+            Work::Copy { dst, src, len } => {
+                std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len);
+                Ok(())
+            }
+        }
+    }
 }
 
 impl GpuDevice for SimtGpu {
     type Buffer = HostBuf;
+    type Pinned = HostPinned;
+    type Graph = SimtGraph;
     fn describe(&self) -> String {
         let what = if self.execute { "simt" } else { "simt recorder" };
         format!("{what} warp {} {:?}", self.warp, self.order)
@@ -122,10 +219,12 @@ impl GpuDevice for SimtGpu {
         b.0.as_ptr() as u64
     }
     unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        self.outside_capture("a copy from pageable memory")?;
         std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
         Ok(())
     }
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.outside_capture("a copy to the host")?;
         std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
         Ok(())
     }
@@ -147,91 +246,113 @@ impl GpuDevice for SimtGpu {
                 .collect();
             format!("{name} {grid} {block} {smem} {}", a.join(","))
         });
-        if !self.execute {
+        let w = || Work::Launch { name: name.to_string(), grid, block, smem, args: args.to_vec() };
+        if self.captured(w) {
             return Ok(());
         }
-        let raw: Vec<Arg> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => Arg::Ptr(p as *mut std::ffi::c_void),
-                KernelArg::I32(v) => Arg::I32(v),
-                KernelArg::U32(v) => Arg::U32(v),
-                KernelArg::I64(v) => Arg::I64(v),
-                KernelArg::U64(v) => Arg::U64(v),
-                KernelArg::F32(v) => Arg::F32(v),
-            })
-            .collect();
-        ortbench_simt::launch(name, (grid, 1, 1), (block, 1, 1), smem, self.warp, self.order, &raw)
-            .map_err(|e| GpuError(format!("{name}: {e}")))
+        self.run(&w())
     }
-    /// Row-major C[b] (+)= op(A[b])·op(B[b]) in plain loops: f32 accumulation (cuBLAS's
-    /// CUBLAS_COMPUTE_32F), A and B in the shape's dtype, C in it or in f32; β = 1 for
-    /// `Epilogue::Accumulate` (as cuBLASLt); `Bias` adds the bias (C's dtype, per column) to
-    /// the f32 accumulator, `BiasGeluAux` stores that pre-activation as aux (C's dtype and
-    /// layout) and C = its tanh GELU computed in f32 — the epilogues the executor chooses
-    /// (`exec/gpu/launch/gemm.rs`). `DGelu` and `BGradB` are not implemented (not chosen).
     unsafe fn gemm(&self, s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
         self.record(|| format!("gemm {s:?}"));
-        if !self.execute {
+        if self.captured(|| Work::Gemm(*s, *p)) {
             return Ok(());
         }
-        let acc0 = match s.epilogue {
-            Epilogue::None | Epilogue::Bias | Epilogue::BiasGeluAux => false,
-            Epilogue::Accumulate => true,
-            e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
-        };
-        let bias = matches!(s.epilogue, Epilogue::Bias | Epilogue::BiasGeluAux);
-        let ab = s.dtype;
-        let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
-        let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
-            match d {
-                GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
-                GemmDtype::F16 => {
-                    half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-                GemmDtype::BF16 => {
-                    half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
-                }
-            }
-        };
-        let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
-            GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
-            GemmDtype::F16 => {
-                *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits()
-            }
-            GemmDtype::BF16 => {
-                *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
-            }
-        };
-        for bi in 0..s.batch as i64 {
-            let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
-            for i in 0..s.m as i64 {
-                for j in 0..s.n as i64 {
-                    let at = oc + i * s.ldc + j;
-                    let mut acc = if acc0 { ld(p.c, at, cd) } else { 0f32 };
-                    for k in 0..s.k as i64 {
-                        let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
-                        let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
-                        acc = x.mul_add(y, acc);
-                    }
-                    if bias {
-                        acc += ld(p.bias, j, cd);
-                    }
-                    if s.epilogue == Epilogue::BiasGeluAux {
-                        st(p.aux, at, cd, acc);
-                        let mut y = [0f32];
-                        gelu_forward(&mut y, &[acc], GeluApprox::Tanh);
-                        acc = y[0];
-                    }
-                    st(p.c, at, cd, acc);
-                }
-            }
-        }
-        Ok(())
+        self.run(&Work::Gemm(*s, *p))
     }
     fn synchronize(&self) -> Result<(), GpuError> {
+        self.outside_capture("a wait for the device")
+    }
+    fn alloc_pinned(&self, bytes: usize) -> Result<HostPinned, GpuError> {
+        Ok(HostPinned(vec![0u8; bytes].into_boxed_slice()))
+    }
+    unsafe fn upload_pinned(&self, dst: u64, src: &HostPinned) -> Result<(), GpuError> {
+        let w = || Work::Copy { dst, src: src.as_ptr() as u64, len: src.len() };
+        self.record(|| format!("upload_pinned {}", src.len()));
+        if self.captured(w) {
+            return Ok(());
+        }
+        self.run(&w())
+    }
+    fn capture_begin(&self) -> Result<(), GpuError> {
+        let mut c = self.capture.lock().unwrap();
+        if c.is_some() {
+            return Err(GpuError("a capture inside a capture".into()));
+        }
+        *c = Some(Ok(Vec::new()));
         Ok(())
     }
+    fn capture_end(&self) -> Result<SimtGraph, GpuError> {
+        match self.capture.lock().unwrap().take() {
+            Some(Ok(work)) => Ok(SimtGraph(work)),
+            Some(Err(e)) => Err(e),
+            None => Err(GpuError("capture_end without capture_begin".into())),
+        }
+    }
+    unsafe fn replay(&self, g: &SimtGraph) -> Result<(), GpuError> {
+        self.record(|| format!("replay {}", g.0.len()));
+        self.outside_capture("a replay")?;
+        g.0.iter().try_for_each(|w| self.run(w))
+    }
+}
+
+/// Row-major C[b] (+)= op(A[b])·op(B[b]) in plain loops: f32 accumulation (cuBLAS's
+/// CUBLAS_COMPUTE_32F), A and B in the shape's dtype, C in it or in f32; β = 1 for
+/// `Epilogue::Accumulate` (as cuBLASLt); `Bias` adds the bias (C's dtype, per column) to
+/// the f32 accumulator, `BiasGeluAux` stores that pre-activation as aux (C's dtype and
+/// layout) and C = its tanh GELU computed in f32 — the epilogues the executor chooses
+/// (`exec/gpu/launch/gemm.rs`). `DGelu` and `BGradB` are not implemented (not chosen).
+unsafe fn host_gemm(s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
+    let acc0 = match s.epilogue {
+        Epilogue::None | Epilogue::Bias | Epilogue::BiasGeluAux => false,
+        Epilogue::Accumulate => true,
+        e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
+    };
+    let bias = matches!(s.epilogue, Epilogue::Bias | Epilogue::BiasGeluAux);
+    let ab = s.dtype;
+    let cd = if s.c_f32 { GemmDtype::F32 { tf32: false } } else { ab };
+    let ld = |base: u64, i: i64, d: GemmDtype| -> f32 {
+        match d {
+            GemmDtype::F32 { .. } => *(base as *const f32).offset(i as isize),
+            GemmDtype::F16 => {
+                half::f16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+            }
+            GemmDtype::BF16 => {
+                half::bf16::from_bits(*(base as *const u16).offset(i as isize)).to_f32()
+            }
+        }
+    };
+    let st = |base: u64, i: i64, d: GemmDtype, v: f32| match d {
+        GemmDtype::F32 { .. } => *(base as *mut f32).offset(i as isize) = v,
+        GemmDtype::F16 => *(base as *mut u16).offset(i as isize) = half::f16::from_f32(v).to_bits(),
+        GemmDtype::BF16 => {
+            *(base as *mut u16).offset(i as isize) = half::bf16::from_f32(v).to_bits()
+        }
+    };
+    for bi in 0..s.batch as i64 {
+        let (oa, ob, oc) = (bi * s.stride_a, bi * s.stride_b, bi * s.stride_c);
+        for i in 0..s.m as i64 {
+            for j in 0..s.n as i64 {
+                let at = oc + i * s.ldc + j;
+                let mut acc = if acc0 { ld(p.c, at, cd) } else { 0f32 };
+                for k in 0..s.k as i64 {
+                    let x = ld(p.a, oa + if s.ta { k * s.lda + i } else { i * s.lda + k }, ab);
+                    let y = ld(p.b, ob + if s.tb { j * s.ldb + k } else { k * s.ldb + j }, ab);
+                    acc = x.mul_add(y, acc);
+                }
+                if bias {
+                    acc += ld(p.bias, j, cd);
+                }
+                if s.epilogue == Epilogue::BiasGeluAux {
+                    st(p.aux, at, cd, acc);
+                    let mut y = [0f32];
+                    gelu_forward(&mut y, &[acc], GeluApprox::Tanh);
+                    acc = y[0];
+                }
+                st(p.c, at, cd, acc);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Its "device memory" is the host's (collectives work on it in place).

@@ -36,8 +36,9 @@ impl Default for AdamWConfig {
 }
 
 /// The per-step scalars of the update, computed in f64 once per step (the GPU kernel
-/// `adamw_step` takes them as arguments, so both devices use the same values).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// `adamw_step` reads them from its arguments or the step block, so both devices use the same
+/// values).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepScalars {
     /// lr / (1 − β1^t)
     pub step_size: f32,

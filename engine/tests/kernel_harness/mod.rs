@@ -17,6 +17,7 @@ use ortbench_simt::{Buf, Dtype, Order};
 pub use ortbench_simt::Dtype as D;
 
 /// Where a kernel runs.
+#[derive(Clone, Copy)]
 pub enum Dev {
     Simt {
         warp: u32,
@@ -139,7 +140,6 @@ impl Dev {
                         launch::Arg::I64(v) => ortbench_simt::Arg::I64(v),
                         launch::Arg::U64(v) => ortbench_simt::Arg::U64(v),
                         launch::Arg::F32(v) => ortbench_simt::Arg::F32(v),
-                        launch::Arg::Step(s) => step_value(&l.name, s),
                     })
                     .collect();
                 // SAFETY: each test sizes its buffers for the kernel's contract; guards catch
@@ -164,11 +164,6 @@ impl Dev {
         }
         Ok(())
     }
-}
-
-/// A test passes fixed values through the launchers' fields (`Seed::Fixed`, no loss scale).
-fn step_value(name: &str, s: launch::StepValue) -> ! {
-    panic!("{name}: a test passes fixed values, not {s:?}")
 }
 
 #[cfg(feature = "cuda")]
@@ -196,7 +191,6 @@ fn cuda_run(
             launch::Arg::I64(v) => KernelArg::I64(v),
             launch::Arg::U64(v) => KernelArg::U64(v),
             launch::Arg::F32(v) => KernelArg::F32(v),
-            launch::Arg::Step(s) => step_value(&l.name, s),
         })
         .collect();
     // SAFETY: as for the SIMT launch; the mirrors outlive the synchronise below.
@@ -210,6 +204,13 @@ fn cuda_run(
 }
 
 /// The engine's name for a storage dtype (the typed launchers take it).
+/// A step block ([`StepBlock`]) in a buffer, for the kernels' step-block path.
+pub fn step_block(b: &ortbench_engine::exec::gpu::StepBlock) -> Buf {
+    let words: Vec<i64> =
+        b.to_bytes().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    Buf::from_i64(&words)
+}
+
 pub fn dtype(dt: Dtype) -> DType {
     match dt {
         Dtype::F32 => DType::F32,

@@ -440,6 +440,16 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
         Ok(())
     }
 
+    /// How the steps reach the device, as results.csv's `step_launches` says it: "captured"
+    /// (the step captured once as a CUDA graph, replayed) or "direct: <why>".
+    pub fn step_launches(&self) -> String {
+        use ortbench_engine::exec::gpu::session::Launching;
+        match self.session.launching() {
+            Launching::Captured => "captured".into(),
+            Launching::Direct(why) => format!("direct: {why}"),
+        }
+    }
+
     /// FLOPs of one step's GEMMs and attention products on the device.
     pub fn step_flops(&self) -> f64 {
         self.session.executor().step_flops()

@@ -17,7 +17,9 @@ use super::kernel_cache;
 use super::libs::{self, CudaLib};
 use super::CudaError;
 use crate::backend::gpu_sources;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::result::{graph, stream};
+use cudarc::driver::sys::{CUgraph, CUgraphExec, CUstream};
+use cudarc::driver::{CudaContext, CudaFunction};
 
 pub use crate::backend::gpu::KernelArg;
 
@@ -46,10 +48,101 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Page-locked host memory (freed on drop): the source of asynchronous uploads.
+pub struct PinnedBuffer {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the buffer owns its allocation; nothing else holds the pointer.
+unsafe impl Send for PinnedBuffer {}
+
+impl std::ops::Deref for PinnedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes allocated (at least one) and owned by this buffer.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+impl std::ops::DerefMut for PinnedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from malloc_host in this context and is freed once.
+            let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+/// The device's one stream. A blocking stream of its own: not the legacy default stream, which
+/// cannot be captured, yet ordered with it — `watch::DeviceWatch` times a step between events
+/// on the legacy stream, for libtorch and the engine alike.
+struct Stream {
+    raw: CUstream,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUDA stream handle may be used from any thread of its context (the driver
+// serialises calls on it), as cudarc's own `CudaStream` is Send and Sync.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: created by `stream::create` in this context and destroyed once.
+            let _ = unsafe { stream::destroy(self.raw) };
+        }
+    }
+}
+
+/// A captured step, instantiated ([`CudaDevice::capture_end`]), freed on drop.
+pub struct StepGraph {
+    graph: CUgraph,
+    exec: CUgraphExec,
+    stream: CUstream,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the graph is owned here and used by one thread at a time (`&self` launches only;
+// CUDA requires no concurrent use of one graph, which `Send` without `Sync` keeps).
+unsafe impl Send for StepGraph {}
+
+impl StepGraph {
+    /// Queues the captured work on the stream it was captured on.
+    ///
+    /// # Safety
+    /// Every buffer the captured work addresses is alive.
+    pub unsafe fn launch(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        graph::launch(self.exec, self.stream)
+            .map_err(|e| CudaError::Driver(format!("replaying the captured step: {e:?}")))
+    }
+}
+
+impl Drop for StepGraph {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: instantiated from `graph` by capture_end; each destroyed once.
+            unsafe {
+                let _ = graph::exec_destroy(self.exec);
+                let _ = graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
 /// An open GPU with the engine's kernels loaded.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    stream: Stream,
     name: String,
     arch: &'static str,
     functions: HashMap<String, CudaFunction>,
@@ -72,7 +165,10 @@ impl CudaDevice {
         // One stream, one arena: cudarc's per-allocation event tracking is pure overhead.
         // SAFETY: every launch and copy of this device goes through `stream`.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let raw = stream::create(stream::StreamKind::Default)
+            .map_err(|e| CudaError::Driver(format!("creating a stream: {e:?}")))?;
+        let stream = Stream { raw, ctx: ctx.clone() };
         let mut functions = HashMap::new();
         let mut origins = Vec::new();
         for (file, _) in gpu_sources::SOURCES {
@@ -182,7 +278,7 @@ impl CudaDevice {
             grid,
             block,
             shared_bytes,
-            self.stream.cu_stream(),
+            self.stream.raw,
             &mut params,
         )
         .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
@@ -195,17 +291,15 @@ impl CudaDevice {
 
     /// The stream every launch and copy of this device is queued on.
     pub fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
-        self.stream.cu_stream()
+        self.stream.raw
     }
 
     /// Zeroes a buffer (queued on the stream).
     pub fn zero(&self, buf: &DeviceBuffer) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
         // SAFETY: the whole of a live buffer of this context.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(buf.ptr, 0, buf.bytes, self.stream.cu_stream())
-        }
-        .map_err(|e| CudaError::Driver(format!("{e:?}")))
+        unsafe { cudarc::driver::result::memset_d8_async(buf.ptr, 0, buf.bytes, self.stream.raw) }
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
     /// Copies `src` to device address `dst` (ordered after the queued work).
@@ -230,9 +324,67 @@ impl CudaDevice {
             .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 
+    /// `bytes` of zeroed page-locked host memory (`cuMemHostAlloc`).
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer, CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let len = bytes.max(1);
+        // SAFETY: a plain allocation in the current context; zeroed before it is shared.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(len, 0) }
+            .map_err(|e| CudaError::Driver(format!("pinning {bytes} bytes: {e:?}")))?;
+        // SAFETY: `len` writable bytes at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, len) };
+        Ok(PinnedBuffer { ptr: ptr as *mut u8, len: bytes, ctx: self.ctx.clone() })
+    }
+
+    /// Queues a copy of page-locked `src` to device address `dst` on the stream.
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies in one live buffer; `src` is unchanged until it has run.
+    pub unsafe fn upload_pinned(&self, dst: u64, src: &PinnedBuffer) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        cudarc::driver::result::memcpy_htod_async(dst, &src[..], self.stream.raw)
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
+    }
+
+    /// Starts capturing the stream (this thread's calls only).
+    pub fn capture_begin(&self) -> Result<(), CudaError> {
+        use cudarc::driver::sys::CUstreamCaptureMode;
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: the device's live stream.
+        unsafe { stream::begin_capture(self.stream.raw, mode) }
+            .map_err(|e| CudaError::Driver(format!("beginning a capture: {e:?}")))
+    }
+
+    /// Ends the capture and instantiates what it recorded.
+    pub fn capture_end(&self) -> Result<StepGraph, CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // SAFETY: the device's live stream, capturing.
+        let g = unsafe { stream::end_capture(self.stream.raw) }
+            .map_err(|e| CudaError::Driver(format!("ending a capture: {e:?}")))?;
+        if g.is_null() {
+            return Err(CudaError::Driver("the capture recorded nothing".into()));
+        }
+        let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        // SAFETY: `g` is the graph just captured; destroyed here if it cannot be instantiated.
+        match unsafe { graph::instantiate(g, flags) } {
+            Ok(exec) => {
+                Ok(StepGraph { graph: g, exec, stream: self.stream.raw, ctx: self.ctx.clone() })
+            }
+            Err(e) => {
+                // SAFETY: as above, destroyed once.
+                let _ = unsafe { graph::destroy(g) };
+                Err(CudaError::Driver(format!("instantiating the captured step: {e:?}")))
+            }
+        }
+    }
+
     /// Waits for everything queued.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.stream.synchronize().map_err(|e| CudaError::Driver(format!("{e:?}")))
+        self.ctx.bind_to_thread().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+        // SAFETY: the device's live stream.
+        unsafe { stream::synchronize(self.stream.raw) }
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
     }
 }
 

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use cudarc::driver::sys::CUdevice_attribute;
 
-use super::device::{CudaDevice, DeviceBuffer};
+use super::device::{CudaDevice, DeviceBuffer, PinnedBuffer, StepGraph};
 use super::gemm::Gemm;
 use super::CudaError;
 use crate::backend::gpu::{Epilogue, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg};
@@ -42,6 +42,8 @@ impl CudaGpu {
 
 impl GpuDevice for CudaGpu {
     type Buffer = DeviceBuffer;
+    type Pinned = PinnedBuffer;
+    type Graph = StepGraph;
 
     fn describe(&self) -> String {
         format!("{} ({})", self.dev.name(), self.dev.arch())
@@ -91,5 +93,20 @@ impl GpuDevice for CudaGpu {
     }
     fn synchronize(&self) -> Result<(), GpuError> {
         self.dev.synchronize().map_err(err)
+    }
+    fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer, GpuError> {
+        self.dev.alloc_pinned(bytes).map_err(err)
+    }
+    unsafe fn upload_pinned(&self, dst: u64, src: &PinnedBuffer) -> Result<(), GpuError> {
+        self.dev.upload_pinned(dst, src).map_err(err)
+    }
+    fn capture_begin(&self) -> Result<(), GpuError> {
+        self.dev.capture_begin().map_err(err)
+    }
+    fn capture_end(&self) -> Result<StepGraph, GpuError> {
+        self.dev.capture_end().map_err(err)
+    }
+    unsafe fn replay(&self, graph: &StepGraph) -> Result<(), GpuError> {
+        graph.launch().map_err(err)
     }
 }

@@ -3,19 +3,22 @@
 //!
 //! At build it plans the graph with the GPU kernels' requirements ([`support::GpuSupport`]),
 //! allocates every buffer once — the planned arena, the flat parameter and gradient buffers,
-//! one buffer per step input, a small array of copy shapes, a status block — and resolves each
-//! step to launches with every address, size, stride and tile fixed: a step then uploads its
-//! inputs and queues the launches, substituting only the dropout seed and the loss scale. The
-//! host reads back one status block per step (loss, bad-id flag, and from the optimizer the
-//! gradient norm, finite flag and clip coefficient: `session`), the only synchronisation.
+//! one buffer for the step's inputs, a small array of copy shapes, a status block — and
+//! resolves each step to launches with every address, size, stride and tile fixed. What
+//! changes from step to step (the dropout seed, the loss scale, the optimizer's scalars) is
+//! read by the kernels from the step block, uploaded with the inputs from pinned memory in one
+//! asynchronous copy ([`step_block`]): a step's launches are the same every step, so a session
+//! can capture them once as a CUDA graph and replay it (`session`). The host reads back one
+//! status block per step (loss, bad-id flag, and from the optimizer the gradient norm, finite
+//! flag and clip coefficient), the only synchronisation.
 //!
 //! The same executor runs on an NVIDIA GPU (`backend::cuda`) and, in the tests, on the host
 //! SIMT harness with a host GEMM, where it is checked against the CPU engine
 //! (`tests/tests/gpu_executor.rs`): the device path, not only each kernel, runs in CI.
 //!
-//! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; GEMMs keep the
-//! CPU's split (GEMM, then the bias or bias + GELU pass) so both compute the same thing —
-//! cuBLASLt's fused epilogues are a tuning step still to come.
+//! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; a linear layer's
+//! bias and tanh GELU ride cuBLASLt's epilogues (`launch/gemm.rs`), which the host GEMM of the
+//! SIMT device implements too.
 //!
 //! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
@@ -27,6 +30,7 @@
 pub mod kernel;
 pub mod launch;
 pub mod session;
+pub mod step_block;
 pub mod support;
 
 use crate::backend::cpu::kernels::matmul::MatMulPlan;
@@ -37,8 +41,9 @@ use crate::exec::{ExecError, InputData, Inputs};
 use crate::graph::{Graph, Node, TensorId, TensorKind};
 use crate::plan::{self, Place, Plan, PlanError, Root};
 use crate::DType;
-use launch::StepValue;
 use launch::{copy, elementwise as ew};
+pub use step_block::StepBlock;
+use step_block::StepInputs;
 use support::GpuSupport;
 
 /// Words of the status block the host reads once per step (f32 unless said).
@@ -52,35 +57,17 @@ pub mod status {
     pub const WORDS: usize = 8;
 }
 
-/// One argument of a resolved launch: fixed at build, or this step's seed / loss scale.
-#[derive(Debug, Clone, Copy)]
-pub enum Arg {
-    K(KernelArg),
-    /// The step's dropout seed (u64).
-    Seed,
-    /// value · the step's loss scale (f32): the backward's seed.
-    Scaled(f32),
-}
-
-/// One queued operation of a step.
+/// One queued operation of a step, every argument fixed at build: what changes from step to
+/// step is read from the step block ([`StepBlock`]).
 #[derive(Debug, Clone)]
 pub enum Call {
-    Kernel { name: String, grid: u32, block: u32, smem: u32, args: Vec<Arg> },
+    Kernel { name: String, grid: u32, block: u32, smem: u32, args: Vec<KernelArg> },
     Gemm(GemmShape, GemmPtrs),
 }
 
 impl From<launch::Launch<u64>> for Call {
-    /// A typed launcher's launch over device addresses; its step values stay symbolic.
     fn from(l: launch::Launch<u64>) -> Call {
-        let args = l
-            .args
-            .into_iter()
-            .map(|a| match a.kernel_arg() {
-                Ok(k) => Arg::K(k),
-                Err(StepValue::Seed) => Arg::Seed,
-                Err(StepValue::LossScaled(v)) => Arg::Scaled(v),
-            })
-            .collect();
+        let args = l.args.iter().map(launch::Arg::kernel_arg).collect();
         Call::Kernel { name: l.name, grid: l.grid, block: l.block, smem: l.smem, args }
     }
 }
@@ -107,11 +94,9 @@ pub struct GpuExecutor<D: GpuDevice> {
     grads: D::Buffer,
     status: D::Buffer,
     _meta: D::Buffer,
-    /// Per graph input: its buffer and byte size.
-    inputs: Vec<(D::Buffer, usize)>,
+    /// The step block and the graph's inputs, uploaded together each step.
+    step_in: StepInputs<D>,
     loss_scale: f32,
-    /// Launch argument scratch (no allocation per launch).
-    scratch: Vec<KernelArg>,
     flops: f64,
 }
 
@@ -160,19 +145,22 @@ impl<D: GpuDevice> GpuExecutor<D> {
         };
         let grads = dev.alloc_zeroed(n * 4).map_err(gpu_err)?;
         let status = dev.alloc_zeroed(status::WORDS * 4).map_err(gpu_err)?;
-        let mut inputs = Vec::new();
-        for &t in graph.inputs() {
-            let info = graph.tensor(t);
-            let bytes =
-                info.numel() * if info.elem.is_float() { dtypes[t.index()].size() } else { 8 };
-            inputs.push((dev.alloc_zeroed(bytes).map_err(gpu_err)?, bytes));
-        }
+        let sizes: Vec<usize> = graph
+            .inputs()
+            .iter()
+            .map(|&t| {
+                let info = graph.tensor(t);
+                info.numel() * if info.elem.is_float() { dtypes[t.index()].size() } else { 8 }
+            })
+            .collect();
+        let step_in = StepInputs::new(&dev, &sizes).map_err(gpu_err)?;
         let bases = Bases {
             arena: dev.address(&arena),
             params: dev.address(compute.as_ref().unwrap_or(&params)),
             grads: dev.address(&grads),
             status: dev.address(&status),
-            inputs: inputs.iter().map(|(b, _)| dev.address(b)).collect(),
+            step: step_in.block_address(&dev),
+            inputs: (0..sizes.len()).map(|k| step_in.input_address(&dev, k)).collect(),
         };
         // Copy shapes go into one small device array; launches address it by offset, so it is
         // filled first and uploaded once its size is known.
@@ -198,7 +186,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
         let f32_ = DType::F32;
         for &(off, n) in &plan.grad_zeros {
             let out = bases.grads + 4 * off as u64;
-            let zero = ew::Fill { dtype: f32_, out, n, value: 0.0, loss_scaled: false };
+            let zero = ew::Fill { dtype: f32_, out, n, value: 0.0, scaled_by: None };
             tail.push(zero.launch(r.device()).into());
         }
         for &(t, off, len) in &plan.grad_copies {
@@ -219,7 +207,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
 
         // The kernels only ever set the bad-id flag: each step zeroes it first.
         let flag = bases.status + 4 * status::BAD_ID as u64;
-        let zero = ew::Fill { dtype: DType::F32, out: flag, n: 1, value: 0.0, loss_scaled: false };
+        let zero = ew::Fill { dtype: DType::F32, out: flag, n: 1, value: 0.0, scaled_by: None };
         let reset = vec![zero.launch(r.device()).into()];
 
         let meta_bytes: Vec<u8> = r.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -233,11 +221,11 @@ impl<D: GpuDevice> GpuExecutor<D> {
             for c in calls.iter_mut() {
                 if let Call::Kernel { args, .. } = c {
                     for a in args.iter_mut() {
-                        if let Arg::K(KernelArg::Ptr(p)) = a {
+                        if let KernelArg::Ptr(p) = a {
                             if let Some(i) =
                                 p.checked_sub(META_TAG).filter(|i| (*i as usize) < refs.len())
                             {
-                                *a = ptr(meta_base + 8 * refs[i as usize] as u64);
+                                *p = meta_base + 8 * refs[i as usize] as u64;
                             }
                         }
                     }
@@ -258,9 +246,8 @@ impl<D: GpuDevice> GpuExecutor<D> {
             grads,
             status,
             _meta: meta,
-            inputs,
+            step_in,
             loss_scale: 1.0,
-            scratch: Vec::with_capacity(64),
             flops,
         })
     }
@@ -290,6 +277,10 @@ impl<D: GpuDevice> GpuExecutor<D> {
     }
     pub fn status_address(&self) -> u64 {
         self.dev.address(&self.status)
+    }
+    /// The step block's device address ([`StepBlock`]).
+    pub fn step_block_address(&self) -> u64 {
+        self.step_in.block_address(&self.dev)
     }
 
     /// Every GEMM a step queues, in order, with its pointers (what cuBLASLt is asked to run:
@@ -360,31 +351,36 @@ impl<D: GpuDevice> GpuExecutor<D> {
     /// Queues one forward + backward: gradients land in the gradient buffer, the loss in the
     /// status block. Nothing is waited for; [`GpuExecutor::finish_step`] reads the result.
     pub fn queue_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<(), ExecError> {
+        let block = StepBlock { seed, loss_scale: self.loss_scale, ..StepBlock::default() };
+        self.upload_step(inputs, &block)?;
+        self.queue_calls()
+    }
+
+    /// Writes `inputs` and `block` into the next pinned image and queues its upload: what the
+    /// step's launches ([`GpuExecutor::queue_calls`], or a replay of them) read.
+    pub fn upload_step(&mut self, inputs: &Inputs<'_>, block: &StepBlock) -> Result<(), ExecError> {
         self.bind(inputs)?;
-        let reset = std::mem::take(&mut self.reset);
-        let (steps, tail) = (std::mem::take(&mut self.steps), std::mem::take(&mut self.tail));
-        let nodes = steps.iter().map(|(n, c)| (Some(*n), c));
-        let mut res = Ok(());
-        'run: for (node, calls) in [(None, &reset)].into_iter().chain(nodes).chain([(None, &tail)])
-        {
+        self.step_in.upload(&self.dev, block).map_err(dev_err)
+    }
+
+    /// Queues the forward's and backward's launches and GEMMs, as resolved at build (a device
+    /// capturing records them).
+    pub fn queue_calls(&self) -> Result<(), ExecError> {
+        let nodes = self.steps.iter().map(|(n, c)| (Some(*n), c));
+        let all = [(None, &self.reset)].into_iter().chain(nodes).chain([(None, &self.tail)]);
+        for (node, calls) in all {
             for c in calls {
-                if let Err(e) = self.run(c, seed) {
-                    res = Err(match node {
-                        Some(i) => ExecError::Device(format!(
-                            "node {i} ({}): {}",
-                            self.graph.nodes()[i].op.name(),
-                            e.0
-                        )),
-                        None => dev_err(e),
-                    });
-                    break 'run;
-                }
+                self.run(c).map_err(|e| match node {
+                    Some(i) => ExecError::Device(format!(
+                        "node {i} ({}): {}",
+                        self.graph.nodes()[i].op.name(),
+                        e.0
+                    )),
+                    None => dev_err(e),
+                })?;
             }
         }
-        self.reset = reset;
-        self.steps = steps;
-        self.tail = tail;
-        res
+        Ok(())
     }
 
     /// Reads the step's status; an out-of-range id or label is named from the host's inputs.
@@ -402,17 +398,11 @@ impl<D: GpuDevice> GpuExecutor<D> {
         Ok(self.finish_step(inputs)?[status::LOSS])
     }
 
-    fn run(&mut self, c: &Call, seed: u64) -> Result<(), GpuError> {
+    fn run(&self, c: &Call) -> Result<(), GpuError> {
         match c {
             Call::Kernel { name, grid, block, smem, args } => {
-                self.scratch.clear();
-                self.scratch.extend(args.iter().map(|a| match *a {
-                    Arg::K(k) => k,
-                    Arg::Seed => KernelArg::U64(seed),
-                    Arg::Scaled(v) => KernelArg::F32(v * self.loss_scale),
-                }));
                 // SAFETY: resolved against the plan: every pointer is inside its buffer.
-                unsafe { self.dev.launch(name, *grid, *block, *smem, &self.scratch) }
+                unsafe { self.dev.launch(name, *grid, *block, *smem, args) }
             }
             // SAFETY: as above.
             Call::Gemm(s, p) => unsafe { self.dev.gemm(s, p) },
@@ -473,10 +463,8 @@ impl<D: GpuDevice> GpuExecutor<D> {
                     got: format!("{got} elements"),
                 });
             }
-            let (buf, size) = &self.inputs[k];
-            debug_assert_eq!(bytes.len(), *size);
-            // SAFETY: the input's buffer holds exactly its bytes.
-            unsafe { self.dev.upload(self.dev.address(buf), bytes) }.map_err(dev_err)?;
+            debug_assert_eq!(bytes.len(), self.step_in.input_bytes(k));
+            self.step_in.input_mut(k).copy_from_slice(bytes);
         }
         Ok(())
     }
@@ -514,16 +502,14 @@ pub(crate) struct Bases {
     params: u64,
     grads: u64,
     status: u64,
+    /// The step block ([`StepBlock`]).
+    step: u64,
     inputs: Vec<u64>,
 }
 
 /// Pointer arguments at or above this tag are indices into the copy-shape array, patched to
 /// its device address once it is uploaded (no real address is this high on a 48-bit VA).
 const META_TAG: u64 = 0xfff0_0000_0000_0000;
-
-fn ptr(a: u64) -> Arg {
-    Arg::K(KernelArg::Ptr(a))
-}
 
 pub(crate) fn contiguous(shape: &[usize]) -> Vec<usize> {
     plan::layout::contiguous_strides(shape).into_iter().map(|s| s as usize).collect()
@@ -583,6 +569,12 @@ impl Resolver<'_> {
     /// What the typed launchers' geometry depends on.
     pub(crate) fn device(&self) -> launch::Device {
         self.dev
+    }
+
+    /// The step block's device address: dropout seeds and the backward's loss scale are read
+    /// from it ([`StepBlock`]).
+    pub(crate) fn step_block(&self) -> u64 {
+        self.b.step
     }
 
     /// Bytes per element of `t` as stored.

@@ -8,6 +8,15 @@
 //! dynamic loss scaling that skips a step on inf/NaN (the kernel skips itself, the host then
 //! does not count the step). `tests/tests/gpu_executor.rs` trains both side by side.
 //!
+//! A session of one rank captures its step once as a CUDA graph (forward, backward and the
+//! optimizer: every launch reads what changes from step to step from the step block, see
+//! [`super::step_block`]) and then replays it: a step is one pinned upload, one replay and one
+//! status read, instead of one host call per kernel — the ~550–750 launches of a gpt2 or
+//! bert-base step. The first step runs directly (it loads the kernels and lets cuBLASLt pick
+//! its algorithms, which a capture must not do); a step that cannot be captured runs directly
+//! with the reason kept ([`GpuSession::launching`]): several ranks (their collectives run
+//! between the phases from the host), a device that refuses the capture, or capture turned off.
+//!
 //! Data parallelism ([`GpuSession::ranked`], [`GpuSession::step_ranked`]) is the CPU's
 //! `crate::parallel` on device buffers through a [`DeviceCollective`] (NCCL on a GPU), queued
 //! between the backward and the optimizer with no host copy:
@@ -22,16 +31,16 @@
 
 use std::ops::Range;
 
-use super::launch::{adamw, elementwise as ew, Device};
-use super::{status, GpuExecutor};
-use crate::backend::gpu::GpuDevice;
+use super::launch::{adamw, elementwise as ew, Device, PerStep};
+use super::{status, GpuExecutor, StepBlock};
+use crate::backend::gpu::{GpuDevice, GpuError};
 use crate::collective::{DeviceCollective, ElementKind, ReduceOp, Sharding};
 use crate::exec::{ExecError, Inputs};
 use crate::graph::Graph;
 use crate::optim::{AdamWConfig, LossScaler, Segment};
 use crate::parallel::{shard_segments, Strategy, SHARD_ALIGN};
 use crate::session::{SessionError, StepStats};
-use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor};
+use crate::step::{train_step, Alone, Finished, Reduction, StepError, StepExecutor, StepValues};
 use crate::DType;
 
 /// Where a session's rank stands in a data-parallel run.
@@ -47,6 +56,33 @@ impl RankLayout {
     pub fn single() -> Self {
         RankLayout { rank: 0, world: 1, strategy: Strategy::Ddp }
     }
+}
+
+/// How a session's steps reach the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launching {
+    /// Each step replays the step captured as a CUDA graph.
+    Captured,
+    /// Each launch is issued from the host, for this reason.
+    Direct(String),
+}
+
+impl std::fmt::Display for Launching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Launching::Captured => write!(f, "captured step, replayed"),
+            Launching::Direct(why) => write!(f, "direct launches: {why}"),
+        }
+    }
+}
+
+/// Where a session stands with its captured step.
+enum Capture<G> {
+    /// To capture once a step has run directly.
+    Pending,
+    Ready(G),
+    /// Not captured, for this reason.
+    Off(String),
 }
 
 pub struct GpuSession<D: GpuDevice> {
@@ -68,6 +104,11 @@ pub struct GpuSession<D: GpuDevice> {
     /// Updates applied (skipped steps do not count), as the CPU's `AdamW::step`.
     pub step: u64,
     scaler: Option<LossScaler>,
+    capture: Capture<D::Graph>,
+    /// This step is a replay of the captured one: its later phases are in it.
+    replaying: bool,
+    /// A step has run (the kernels are loaded and the GEMM algorithms chosen).
+    warm: bool,
 }
 
 fn dev(e: crate::backend::gpu::GpuError) -> SessionError {
@@ -165,7 +206,30 @@ impl<D: GpuDevice> GpuSession<D> {
             chunk,
             step: 0,
             scaler: None,
+            capture: if layout.world > 1 {
+                let why = "several ranks run their collectives between the phases from the host";
+                Capture::Off(why.into())
+            } else {
+                Capture::Pending
+            },
+            replaying: false,
+            warm: false,
         })
+    }
+
+    /// How the steps reach the device: replayed from a capture, or launched directly and why.
+    pub fn launching(&self) -> Launching {
+        match &self.capture {
+            Capture::Ready(_) => Launching::Captured,
+            Capture::Pending if self.warm => Launching::Direct("the next step is captured".into()),
+            Capture::Pending => Launching::Direct("the first step runs directly".into()),
+            Capture::Off(why) => Launching::Direct(why.clone()),
+        }
+    }
+
+    /// Launches every step directly, for `reason` (a user's choice, a test's comparison).
+    pub fn capture_off(&mut self, reason: &str) {
+        self.capture = Capture::Off(reason.to_string());
     }
 
     pub fn layout(&self) -> RankLayout {
@@ -308,6 +372,77 @@ impl<D: GpuDevice> GpuSession<D> {
     fn own_address(&self, base: u64, size: usize) -> u64 {
         base + (self.own.start * size) as u64
     }
+
+    /// Records one step — the executor's launches, then the optimizer's — as a graph; nothing
+    /// runs. A capture that fails is ended before the error returns.
+    fn capture_step(&self) -> Result<D::Graph, GpuError> {
+        let d = self.exec.device();
+        d.capture_begin()?;
+        let queued = (|| {
+            self.exec.queue_calls().map_err(|e| GpuError(e.to_string()))?;
+            self.queue_grad_sumsq()?;
+            self.queue_grad_stats()?;
+            self.queue_adamw()
+        })();
+        let graph = d.capture_end();
+        queued?;
+        graph
+    }
+
+    /// Per-block sums of squares of the own range's gradients · the step block's inv_scale.
+    fn queue_grad_sumsq(&self) -> Result<(), GpuError> {
+        let d = self.exec.device();
+        let l = adamw::GradSumsqPartial {
+            partials: d.address(&self.partials),
+            parts: self.parts,
+            grads: self.own_address(self.exec.grad_address(), 4),
+            n: self.own.len(),
+            inv_scale: PerStep::Block(self.exec.step_block_address()),
+        };
+        // SAFETY: `parts` partials; the own range lies inside the gradient buffer.
+        unsafe { l.launch(Device::of(d)).run(d) }
+    }
+
+    /// The global norm, finite flag and clip coefficient into the status block.
+    fn queue_grad_stats(&self) -> Result<(), GpuError> {
+        let d = self.exec.device();
+        let l = adamw::GradStatsFinish {
+            stats: self.stats_address(),
+            partials: d.address(&self.partials),
+            parts: self.parts,
+            max_norm: self.cfg.max_grad_norm,
+        };
+        // SAFETY: the status block and `parts` partials.
+        unsafe { l.launch(Device::of(d)).run(d) }
+    }
+
+    /// AdamW on the own range with the step block's scalars (skipped by the kernel when the
+    /// statistics are not finite).
+    fn queue_adamw(&self) -> Result<(), GpuError> {
+        let (d, c) = (self.exec.device(), &self.cfg);
+        let dtype = self.exec.graph().dtype();
+        let l = adamw::AdamwStep {
+            dtype,
+            params: self.own_address(self.exec.param_address(), 4),
+            grads: self.own_address(self.exec.grad_address(), 4),
+            m: d.address(&self.m),
+            v: d.address(&self.v),
+            // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
+            mirror: self.exec.compute_address().map(|a| self.own_address(a, dtype.size())),
+            n: self.own.len(),
+            seg_start: d.address(&self.seg_start),
+            seg_decay: d.address(&self.seg_decay),
+            nseg: self.nseg,
+            stats: self.stats_address(),
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            step: PerStep::Block(self.exec.step_block_address()),
+        };
+        // SAFETY: the flat buffers hold at least n f32 (own ⊆ 0..n), the moments own.len(),
+        // the segments nseg, and the status block its words.
+        unsafe { l.launch(Device::of(d)).run(d) }
+    }
 }
 
 /// The GPU side of the step contract: every phase queued on the device in order, the
@@ -318,22 +453,39 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         self.chunk
     }
 
-    fn backward(
-        &mut self,
-        inputs: &Inputs<'_>,
-        seed: u64,
-        loss_scale: f32,
-        weight: f32,
-    ) -> Result<(), StepError> {
+    fn backward(&mut self, inputs: &Inputs<'_>, v: &StepValues) -> Result<(), StepError> {
         // The backward is seeded with scale·weight: the gradients come out weighted, ready to
         // be summed (the CPU multiplies them after the backward instead; one pass over Ψ
         // fewer here). A rank with no labelled token contributes zeros.
-        self.exec.set_loss_scale(if weight == 0.0 { loss_scale } else { loss_scale * weight });
-        self.exec.queue_step(inputs, seed)?;
+        let weight = v.weight;
+        // If this step is applied it is update number step + 1; `finish` counts it then.
+        let sc = self.cfg.step_scalars(self.step + 1, v.lr);
+        let block = StepBlock {
+            seed: v.seed,
+            loss_scale: if weight == 0.0 { v.loss_scale } else { v.loss_scale * weight },
+            inv_scale: v.inv_scale(),
+            step_size: sc.step_size,
+            inv_bc2_sqrt: sc.inv_bc2_sqrt,
+            decay_mul: sc.decay_mul,
+        };
+        self.exec.upload_step(inputs, &block)?;
+        if matches!(self.capture, Capture::Pending) && self.warm {
+            self.capture = match self.capture_step() {
+                Ok(g) => Capture::Ready(g),
+                Err(e) => Capture::Off(format!("the capture failed: {}", e.0)),
+            };
+        }
+        if let Capture::Ready(g) = &self.capture {
+            // SAFETY: the graph addresses this session's buffers, alive as long as it is.
+            unsafe { self.exec.device().replay(g) }.map_err(dev)?;
+            self.replaying = true;
+            return Ok(());
+        }
+        self.exec.queue_calls()?;
         if weight == 0.0 {
             let (d, n) = (self.exec.device(), self.exec.graph().num_param_elems());
             let out = self.exec.grad_address();
-            let zero = ew::Fill { dtype: DType::F32, out, n, value: 0.0, loss_scaled: false };
+            let zero = ew::Fill { dtype: DType::F32, out, n, value: 0.0, scaled_by: None };
             // SAFETY: the gradient buffer holds at least n f32.
             unsafe { zero.launch(Device::of(d)).run(d) }.map_err(dev)?;
         }
@@ -357,17 +509,11 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
         Ok(())
     }
 
-    fn grad_sumsq(&mut self, inv_scale: f32) -> Result<(), StepError> {
-        let d = self.exec.device();
-        let l = adamw::GradSumsqPartial {
-            partials: d.address(&self.partials),
-            parts: self.parts,
-            grads: self.own_address(self.exec.grad_address(), 4),
-            n: self.own.len(),
-            inv_scale,
-        };
-        // SAFETY: `parts` partials; the own range lies inside the gradient buffer.
-        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
+    fn grad_sumsq(&mut self) -> Result<(), StepError> {
+        if self.replaying {
+            return Ok(());
+        }
+        self.queue_grad_sumsq().map_err(dev)?;
         Ok(())
     }
 
@@ -384,45 +530,18 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
     }
 
     fn grad_stats(&mut self) -> Result<(), StepError> {
-        let d = self.exec.device();
-        let l = adamw::GradStatsFinish {
-            stats: self.stats_address(),
-            partials: d.address(&self.partials),
-            parts: self.parts,
-            max_norm: self.cfg.max_grad_norm,
-        };
-        // SAFETY: the status block and `parts` partials.
-        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
+        if self.replaying {
+            return Ok(());
+        }
+        self.queue_grad_stats().map_err(dev)?;
         Ok(())
     }
 
-    fn adamw_update(&mut self, lr: f32, inv_scale: f32) -> Result<(), StepError> {
-        let (d, c, own) = (self.exec.device(), &self.cfg, self.own.clone());
-        // If this step is applied it is update number step + 1; `finish` counts it then.
-        let sc = c.step_scalars(self.step + 1, lr);
-        let dtype = self.exec.graph().dtype();
-        let l = adamw::AdamwStep {
-            dtype,
-            params: self.own_address(self.exec.param_address(), 4),
-            grads: self.own_address(self.exec.grad_address(), 4),
-            m: d.address(&self.m),
-            v: d.address(&self.v),
-            // The compute copy (f16/bf16) is written as the master is updated; none in fp32.
-            mirror: self.exec.compute_address().map(|a| self.own_address(a, dtype.size())),
-            n: own.len(),
-            seg_start: d.address(&self.seg_start),
-            seg_decay: d.address(&self.seg_decay),
-            nseg: self.nseg,
-            stats: self.stats_address(),
-            inv_scale,
-            beta1: c.beta1,
-            beta2: c.beta2,
-            eps: c.eps,
-            step: sc,
-        };
-        // SAFETY: the flat buffers hold at least n f32 (own ⊆ 0..n), the moments own.len(),
-        // the segments nseg, and the status block its words.
-        unsafe { l.launch(Device::of(d)).run(d) }.map_err(dev)?;
+    fn adamw_update(&mut self) -> Result<(), StepError> {
+        if self.replaying {
+            return Ok(());
+        }
+        self.queue_adamw().map_err(dev)?;
         Ok(())
     }
 
@@ -445,7 +564,9 @@ impl<D: GpuDevice, C: DeviceCollective<D>> StepExecutor<C> for GpuSession<D> {
     }
 
     fn finish(&mut self, inputs: &Inputs<'_>) -> Result<Finished, StepError> {
+        self.replaying = false;
         let s = self.exec.finish_step(inputs)?;
+        self.warm = true;
         let finite = s[status::STATS + 1] != 0.0;
         // Updates applied: a skipped step does not count (the CPU's `AdamW::update` likewise).
         if finite {

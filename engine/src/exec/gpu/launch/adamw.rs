@@ -3,7 +3,7 @@
 //! one block for the global norm, finite flag and clip coefficient, then the fused AdamW
 //! (skipped on the device when not finite). CPU counterparts: `optim/adamw.rs`.
 
-use super::{grid_stride, kernel_name, opt, Arg, Device, Launch};
+use super::{grid_stride, kernel_name, opt, Arg, Device, Launch, PerStep};
 use crate::exec::gpu::support::{EW_BLOCK, NORM_BLOCKS};
 use crate::optim::adamw::StepScalars;
 use crate::DType;
@@ -17,18 +17,22 @@ pub fn sumsq_blocks(n: usize) -> u32 {
 }
 
 /// `grad_sumsq_partial`: partials[b] = Σ (grads·inv_scale)² over block b's grid-stride
-/// elements, one block per partial.
+/// elements, one block per partial; inv_scale given or the step block's.
 // partials: (parts) f32; grads: (n) f32
 pub struct GradSumsqPartial<P> {
     pub partials: P,
     pub parts: u32,
     pub grads: P,
     pub n: usize,
-    pub inv_scale: f32,
+    pub inv_scale: PerStep<f32, P>,
 }
 
 impl<P> GradSumsqPartial<P> {
     pub fn launch(self, _dev: Device) -> Launch<P> {
+        let (inv_scale, block) = match self.inv_scale {
+            PerStep::Value(v) => (Arg::F32(v), Arg::Null),
+            PerStep::Block(b) => (Arg::F32(0.0), Arg::Ptr(b)),
+        };
         Launch {
             name: "grad_sumsq_partial".into(),
             grid: self.parts,
@@ -38,7 +42,8 @@ impl<P> GradSumsqPartial<P> {
                 Arg::Ptr(self.partials),
                 Arg::Ptr(self.grads),
                 Arg::I64(self.n as i64),
-                Arg::F32(self.inv_scale),
+                inv_scale,
+                block,
             ],
         }
     }
@@ -90,16 +95,20 @@ pub struct AdamwStep<P> {
     pub seg_decay: P,
     pub nseg: usize,
     pub stats: P,
-    pub inv_scale: f32,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    /// step_size, inv_bc2_sqrt, decay_mul of this update (`AdamWConfig::step_scalars`).
-    pub step: StepScalars,
+    /// inv_scale and the step_size, inv_bc2_sqrt, decay_mul of this update
+    /// (`AdamWConfig::step_scalars`), or the step block holding them.
+    pub step: PerStep<(f32, StepScalars), P>,
 }
 
 impl<P> AdamwStep<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
+        let ((inv_scale, st), block) = match self.step {
+            PerStep::Value(v) => (v, Arg::Null),
+            PerStep::Block(b) => ((0.0, StepScalars::default()), Arg::Ptr(b)),
+        };
         grid_stride(
             kernel_name("adamw_step", self.dtype),
             self.n,
@@ -115,13 +124,14 @@ impl<P> AdamwStep<P> {
                 Arg::Ptr(self.seg_decay),
                 Arg::I32(self.nseg as i32),
                 Arg::Ptr(self.stats),
-                Arg::F32(self.inv_scale),
+                Arg::F32(inv_scale),
                 Arg::F32(self.beta1),
                 Arg::F32(self.beta2),
                 Arg::F32(self.eps),
-                Arg::F32(self.step.step_size),
-                Arg::F32(self.step.inv_bc2_sqrt),
-                Arg::F32(self.step.decay_mul),
+                Arg::F32(st.step_size),
+                Arg::F32(st.inv_bc2_sqrt),
+                Arg::F32(st.decay_mul),
+                block,
             ],
         )
     }

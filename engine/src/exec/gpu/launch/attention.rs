@@ -50,11 +50,11 @@ pub struct Dims {
 /// (key j > query i masked, top-left aligned), dropout of the probabilities with the engine's
 /// counter-based mask at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Scores {
+pub struct Scores<P> {
     pub scale: f32,
     pub causal: bool,
     pub dropout_p: f32,
-    pub seed: Seed,
+    pub seed: Seed<P>,
     pub offset: u64,
 }
 
@@ -116,8 +116,9 @@ fn mma_name(kernel: &str, dtype: DType, d: usize) -> String {
 }
 
 /// The arguments between the operands and the strides: h, hkv, tq, tk, [d, dv,] scale,
-/// causal, dropout_p, seed, offset (the tensor-core kernels have the head size in their name).
-fn scalars<P>(dims: Dims, s: Scores, head_sizes: bool) -> Vec<Arg<P>> {
+/// causal, dropout_p, seed, offset, the step block (the tensor-core kernels have the head size
+/// in their name).
+fn scalars<P>(dims: Dims, s: Scores<P>, head_sizes: bool) -> Vec<Arg<P>> {
     let mut a = vec![
         Arg::I32(dims.h as i32),
         Arg::I32(dims.hkv as i32),
@@ -127,12 +128,14 @@ fn scalars<P>(dims: Dims, s: Scores, head_sizes: bool) -> Vec<Arg<P>> {
     if head_sizes {
         a.extend([Arg::I32(dims.d as i32), Arg::I32(dims.dv as i32)]);
     }
+    let (seed, step) = s.seed.args();
     a.extend([
         Arg::F32(s.scale),
         Arg::I32(i32::from(s.causal)),
         Arg::F32(s.dropout_p),
-        s.seed.arg(),
+        seed,
         Arg::U64(s.offset),
+        step,
     ]);
     a
 }
@@ -143,7 +146,7 @@ fn scalars<P>(dims: Dims, s: Scores, head_sizes: bool) -> Vec<Arg<P>> {
 fn tail<P>(
     args: &mut Vec<Arg<P>>,
     dims: Dims,
-    scores: Scores,
+    scores: Scores<P>,
     strides: &[[i64; 3]],
     ms: [Arg<P>; 4],
     tiles: Option<(usize, usize)>,
@@ -172,7 +175,7 @@ fn finish<P>(
     kernel: Kernel,
     dtype: DType,
     dims: Dims,
-    scores: Scores,
+    scores: Scores<P>,
     (strides, ms): (&[[i64; 3]], [Arg<P>; 4]),
     mut args: Vec<Arg<P>>,
     dev: Device,
@@ -220,7 +223,7 @@ pub struct AttentionForward<P> {
     pub v: Strided<P>,
     pub mask: Option<Mask<P>>,
     pub dims: Dims,
-    pub scores: Scores,
+    pub scores: Scores<P>,
 }
 
 impl<P> AttentionForward<P> {
@@ -251,7 +254,7 @@ pub struct AttentionBackwardDq<P> {
     pub mask: Option<Mask<P>>,
     pub lse: P,
     pub dims: Dims,
-    pub scores: Scores,
+    pub scores: Scores<P>,
 }
 
 impl<P> AttentionBackwardDq<P> {
@@ -289,7 +292,7 @@ pub struct AttentionBackwardDkdv<P> {
     pub lse: P,
     pub delta: P,
     pub dims: Dims,
-    pub scores: Scores,
+    pub scores: Scores<P>,
 }
 
 impl<P> AttentionBackwardDkdv<P> {
@@ -362,7 +365,8 @@ impl GpuKernel for Attention {
                 strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
             });
             let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
-            let scores = Scores { scale, causal, dropout_p, seed: launch::Seed::Step, offset };
+            let seed = launch::Seed::Step(r.step_block());
+            let scores = Scores { scale, causal, dropout_p, seed, offset };
             // The forward's products; the backward's are twice those, plus the recomputed
             // scores.
             let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;

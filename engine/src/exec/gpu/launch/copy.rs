@@ -4,7 +4,7 @@
 //! [`fill_meta`] —, addressed like an operand (a device array the executor uploads once, a
 //! host buffer in the tests). CPU counterpart: `backend/cpu/kernels/copy.rs`.
 
-use super::{grid_stride, kernel_name, Arg, Device, Launch, StepValue};
+use super::{grid_stride, kernel_name, opt, Arg, Device, Launch};
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 
 use crate::exec::gpu::{Call, Resolver};
@@ -54,8 +54,8 @@ impl<P> CopyStrided<P> {
     }
 }
 
-/// `fill_strided_<T>`: every element of the strided dst = value, or value × the step's loss
-/// scale (the backward's seed in a strided place).
+/// `fill_strided_<T>`: every element of the strided dst = value, or value × the loss scale of
+/// the step block `scaled_by` (the backward's seed in a strided place).
 // dst: n elements, strided as `meta` ([`fill_meta`]) says
 pub struct FillStrided<P> {
     pub dtype: DType,
@@ -63,21 +63,22 @@ pub struct FillStrided<P> {
     pub n: usize,
     pub meta: P,
     pub value: f32,
-    pub loss_scaled: bool,
+    pub scaled_by: Option<P>,
 }
 
 impl<P> FillStrided<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
-        let v = if self.loss_scaled {
-            Arg::Step(StepValue::LossScaled(self.value))
-        } else {
-            Arg::F32(self.value)
-        };
         grid_stride(
             kernel_name("fill_strided", self.dtype),
             self.n,
             dev,
-            vec![Arg::Ptr(self.dst), Arg::I64(self.n as i64), Arg::Ptr(self.meta), v],
+            vec![
+                Arg::Ptr(self.dst),
+                Arg::I64(self.n as i64),
+                Arg::Ptr(self.meta),
+                Arg::F32(self.value),
+                opt(self.scaled_by),
+            ],
         )
     }
 }

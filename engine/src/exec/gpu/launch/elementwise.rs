@@ -4,7 +4,7 @@
 
 use super::copy;
 pub use super::Seed;
-use super::{grid_stride, kernel_name, Arg, Device, Launch, StepValue};
+use super::{grid_stride, kernel_name, opt, Arg, Device, Launch};
 use crate::exec::gpu::contiguous;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::{Call, Resolver};
@@ -25,28 +25,29 @@ fn approx<P>(a: GeluApprox) -> Arg<P> {
     })
 }
 
-/// `fill_<T>`: out[i] = value, or value × the step's loss scale (the backward's seed).
+/// `fill_<T>`: out[i] = value, or value × the loss scale of the step block `scaled_by` (the
+/// backward's seed).
 // out: (n)
 pub struct Fill<P> {
     pub dtype: DType,
     pub out: P,
     pub n: usize,
     pub value: f32,
-    pub loss_scaled: bool,
+    pub scaled_by: Option<P>,
 }
 
 impl<P> Fill<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
-        let v = if self.loss_scaled {
-            Arg::Step(StepValue::LossScaled(self.value))
-        } else {
-            Arg::F32(self.value)
-        };
         grid_stride(
             kernel_name("fill", self.dtype),
             self.n,
             dev,
-            vec![Arg::Ptr(self.out), Arg::I64(self.n as i64), v],
+            vec![
+                Arg::Ptr(self.out),
+                Arg::I64(self.n as i64),
+                Arg::F32(self.value),
+                opt(self.scaled_by),
+            ],
         )
     }
 }
@@ -234,12 +235,13 @@ pub struct Dropout<P> {
     pub x: P,
     pub n: usize,
     pub p: f32,
-    pub seed: Seed,
+    pub seed: Seed<P>,
     pub offset: u64,
 }
 
 impl<P> Dropout<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
+        let (seed, step) = self.seed.args();
         grid_stride(
             kernel_name("dropout", self.dtype),
             self.n,
@@ -249,8 +251,9 @@ impl<P> Dropout<P> {
                 Arg::Ptr(self.x),
                 Arg::I64(self.n as i64),
                 Arg::F32(self.p),
-                self.seed.arg(),
+                seed,
                 Arg::U64(self.offset),
+                step,
             ],
         )
     }
@@ -298,19 +301,14 @@ impl GpuKernel for op::Fill {
             let sh = g.shape(o);
             if p.strides == contiguous(sh) {
                 let (dtype, n, value) = (cx.dt(o), cx.n(o), *value);
-                let fill = Fill { dtype, out: cx.out(0), n, value, loss_scaled: is_seed };
+                let scaled_by = is_seed.then(|| r.step_block());
+                let fill = Fill { dtype, out: cx.out(0), n, value, scaled_by };
                 vec![fill.launch(r.device()).into()]
             } else {
                 let meta = r.fill_meta(sh, &p.strides);
                 let (dtype, n, value) = (cx.dt(o), cx.n(o), *value);
-                let fill = copy::FillStrided {
-                    dtype,
-                    dst: cx.out(0),
-                    n,
-                    meta,
-                    value,
-                    loss_scaled: is_seed,
-                };
+                let scaled_by = is_seed.then(|| r.step_block());
+                let fill = copy::FillStrided { dtype, dst: cx.out(0), n, meta, value, scaled_by };
                 vec![fill.launch(r.device()).into()]
             }
         };
@@ -423,7 +421,7 @@ impl GpuKernel for op::Dropout {
             cx.same(&[outs[0], ins[0]])?;
             let o = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
             let (dtype, n, p, offset) = (cx.dt(outs[0]), cx.n(outs[0]), *p, *offset);
-            let seed = Seed::Step;
+            let seed = Seed::Step(r.step_block());
             let drop = Dropout { dtype, out: o, x: cx.inp(0), n, p, seed, offset };
             vec![drop.launch(r.device()).into()]
         };

@@ -234,8 +234,7 @@ impl GpuKernel for LinearCrossEntropy {
                     if outs.len() > 3 { Some(lw.db.map_or_else(|| cx.out(3), wa)) } else { None };
                 if bwd {
                     let (dtype, n) = (cx.dt(outs[1]), cx.n(outs[1]));
-                    let zero =
-                        ew::Fill { dtype, out: cx.out(1), n, value: 0.0, loss_scaled: false };
+                    let zero = ew::Fill { dtype, out: cx.out(1), n, value: 0.0, scaled_by: None };
                     calls.push(zero.launch(dev).into());
                 }
                 // f32 GEMMs read g in place in the logits; half ones its copy in T.

@@ -50,30 +50,31 @@ impl Device {
     }
 }
 
-/// A scalar only known when a step runs: the executor fills it in each step; a test passes a
-/// fixed value through the launcher's field instead.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum StepValue {
-    /// The step's dropout seed (u64).
-    Seed,
-    /// This value times the step's loss scale (f32): the backward's seed.
-    LossScaled(f32),
-}
-
-/// A dropout mask's seed: fixed (tests), or the step's (the executor).
+/// A dropout mask's seed: fixed (tests), or the step's, read from the step block at `P`
+/// ([`super::StepBlock`]: a captured step replays its launches unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seed {
+pub enum Seed<P> {
     Fixed(u64),
-    Step,
+    Step(P),
 }
 
-impl Seed {
-    fn arg<P>(self) -> Arg<P> {
+impl<P> Seed<P> {
+    /// The kernel's `seed` value and, at the end of its arguments, its step block (or null).
+    fn args(self) -> (Arg<P>, Arg<P>) {
         match self {
-            Seed::Fixed(s) => Arg::U64(s),
-            Seed::Step => Arg::Step(StepValue::Seed),
+            Seed::Fixed(s) => (Arg::U64(s), Arg::Null),
+            Seed::Step(block) => (Arg::U64(0), Arg::Ptr(block)),
         }
     }
+}
+
+/// Per-step scalar arguments: given as values (a kernel launched alone, as the kernel tests
+/// do), or read by the kernel from the step block at `P` ([`super::StepBlock`]: the session's
+/// launches, which a captured step replays unchanged).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PerStep<V, P> {
+    Value(V),
+    Block(P),
 }
 
 /// An additive mask (storage T) broadcast to a (B, H, Tq, Tk) score tensor, as softmax.cu and
@@ -109,7 +110,6 @@ pub enum Arg<P> {
     I64(i64),
     U64(u64),
     F32(f32),
-    Step(StepValue),
 }
 
 /// One launch: the kernel's name (with its storage-type suffix), a 1-D grid of 1-D blocks,
@@ -137,7 +137,6 @@ impl<P> Launch<P> {
                 Arg::I64(v) => Arg::I64(v),
                 Arg::U64(v) => Arg::U64(v),
                 Arg::F32(v) => Arg::F32(v),
-                Arg::Step(v) => Arg::Step(v),
             })
             .collect();
         Launch { name: self.name, grid: self.grid, block: self.block, smem: self.smem, args }
@@ -146,29 +145,20 @@ impl<P> Launch<P> {
 
 impl Launch<u64> {
     /// Launches now on `dev`: the launches outside the executor's resolved step (the
-    /// session's optimizer, the step's status reset). A step value is refused: only the
-    /// executor's queued calls fill them in.
+    /// session's optimizer, a kernel test's launch).
     ///
     /// # Safety
     /// Every operand addresses live device memory as large as the kernel touches.
     pub unsafe fn run<D: GpuDevice>(&self, dev: &D) -> Result<(), GpuError> {
-        let mut args = Vec::with_capacity(self.args.len());
-        for a in &self.args {
-            args.push(
-                a.kernel_arg().map_err(|s| {
-                    GpuError(format!("{}: {s:?} outside a resolved step", self.name))
-                })?,
-            );
-        }
+        let args: Vec<KernelArg> = self.args.iter().map(Arg::kernel_arg).collect();
         dev.launch(&self.name, self.grid, self.block, self.smem, &args)
     }
 }
 
 impl Arg<u64> {
-    /// The argument as the device takes it (a null operand is address 0), or the step value
-    /// it stands for: only the executor's queued calls fill those in.
-    pub fn kernel_arg(&self) -> Result<KernelArg, StepValue> {
-        Ok(match *self {
+    /// The argument as the device takes it (a null operand is address 0).
+    pub fn kernel_arg(&self) -> KernelArg {
+        match *self {
             Arg::Ptr(p) => KernelArg::Ptr(p),
             Arg::Null => KernelArg::Ptr(0),
             Arg::I32(v) => KernelArg::I32(v),
@@ -176,8 +166,7 @@ impl Arg<u64> {
             Arg::I64(v) => KernelArg::I64(v),
             Arg::U64(v) => KernelArg::U64(v),
             Arg::F32(v) => KernelArg::F32(v),
-            Arg::Step(s) => return Err(s),
-        })
+        }
     }
 }
 
