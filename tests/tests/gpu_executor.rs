@@ -662,19 +662,20 @@ mod cpu_only {
                 assert!(gemms.len() > 12 * 6, "{name} {dtype:?}: {} GEMMs", gemms.len());
                 let (mut lds, mut small_strides) =
                     (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
-                let mut epilogues = std::collections::BTreeSet::new();
+                let mut epilogues = std::collections::BTreeMap::<String, usize>::new();
                 for (s, p) in &gemms {
                     for (what, ptr) in [("A", p.a), ("B", p.b), ("C", p.c)] {
                         assert_eq!(ptr % 16, 0, "{name} {dtype:?}: operand {what} of {s:?} at {ptr:#x} is not 16-byte aligned");
                     }
-                    // The linear layers' epilogues: the bias (and GELU's aux, C's layout)
-                    // pointers 16-byte aligned too; none elsewhere.
+                    // The linear layers' epilogues: the bias (and GELU's aux, C's layout, which
+                    // the backward's DGELU reads) pointers 16-byte aligned too; none elsewhere.
                     let (uses_bias, uses_aux) = match s.epilogue {
                         Epilogue::Bias => (true, false),
                         Epilogue::BiasGeluAux => (true, true),
+                        Epilogue::DGelu => (false, true),
                         _ => (false, false),
                     };
-                    epilogues.insert(format!("{:?}", s.epilogue));
+                    *epilogues.entry(format!("{:?}", s.epilogue)).or_default() += 1;
                     for (what, ptr, used) in [("bias", p.bias, uses_bias), ("aux", p.aux, uses_aux)]
                     {
                         if used {
@@ -719,12 +720,13 @@ mod cpu_only {
                 let odd: Vec<i64> = lds.iter().filter(|(ok, _)| !ok).map(|(_, ld)| *ld).collect();
                 println!("{name} {dtype:?}: {} GEMMs, pointers 16-byte aligned; batch strides under 16 bytes: {small_strides:?}; leading dimensions not a multiple of 16 bytes: {odd:?}; epilogues {epilogues:?}", gemms.len());
                 // Every linear layer's bias in its GEMM; GPT-2's MLP (tanh GELU) its GELU too,
-                // BERT's (erf GELU) not.
-                let want_gelu = name == "gpt2";
-                assert!(epilogues.contains("Bias"), "{name} {dtype:?}: {epilogues:?}");
+                // forward and backward (DGELU) in each of its 12 layers; BERT's (erf GELU) not.
+                let gelus = if name == "gpt2" { 12 } else { 0 };
+                let count = |e: &str| epilogues.get(e).copied().unwrap_or(0);
+                assert!(count("Bias") > 0, "{name} {dtype:?}: {epilogues:?}");
                 assert_eq!(
-                    epilogues.contains("BiasGeluAux"),
-                    want_gelu,
+                    (count("BiasGeluAux"), count("DGelu")),
+                    (gelus, gelus),
                     "{name} {dtype:?}: {epilogues:?}"
                 );
                 assert!(

@@ -24,7 +24,7 @@ use crate::backend::gpu::{
     Epilogue, GemmDtype, GemmPtrs, GemmShape, GpuDevice, GpuError, KernelArg,
 };
 use crate::collective::HostMemory;
-use crate::ops::gelu::{gelu_forward, GeluApprox};
+use crate::ops::gelu::{gelu_backward, gelu_forward, GeluApprox};
 
 /// The host SIMT harness as a GPU (see the module comment).
 pub struct SimtGpu {
@@ -299,11 +299,12 @@ impl GpuDevice for SimtGpu {
 /// CUBLAS_COMPUTE_32F), A and B in the shape's dtype, C in it or in f32; β = 1 for
 /// `Epilogue::Accumulate` (as cuBLASLt); `Bias` adds the bias (C's dtype, per column) to
 /// the f32 accumulator, `BiasGeluAux` stores that pre-activation as aux (C's dtype and
-/// layout) and C = its tanh GELU computed in f32 — the epilogues the executor chooses
-/// (`exec/gpu/launch/gemm.rs`). `DGelu` and `BGradB` are not implemented (not chosen).
+/// layout) and C = its tanh GELU computed in f32; `DGelu` multiplies the f32 product by the
+/// tanh GELU's derivative at aux (C's dtype and layout) — the epilogues the executor chooses
+/// (`exec/gpu/launch/gemm.rs`). `BGradB` is not implemented (not chosen).
 unsafe fn host_gemm(s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
     let acc0 = match s.epilogue {
-        Epilogue::None | Epilogue::Bias | Epilogue::BiasGeluAux => false,
+        Epilogue::None | Epilogue::Bias | Epilogue::BiasGeluAux | Epilogue::DGelu => false,
         Epilogue::Accumulate => true,
         e => return Err(GpuError(format!("the host GEMM has no {e:?} epilogue"))),
     };
@@ -341,6 +342,11 @@ unsafe fn host_gemm(s: &GemmShape, p: &GemmPtrs) -> Result<(), GpuError> {
                 }
                 if bias {
                     acc += ld(p.bias, j, cd);
+                }
+                if s.epilogue == Epilogue::DGelu {
+                    let mut dx = [0f32];
+                    gelu_backward(&mut dx, &[ld(p.aux, at, cd)], &[acc], GeluApprox::Tanh);
+                    acc = dx[0];
                 }
                 if s.epilogue == Epilogue::BiasGeluAux {
                     st(p.aux, at, cd, acc);

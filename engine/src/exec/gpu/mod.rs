@@ -17,8 +17,9 @@
 //! (`tests/tests/gpu_executor.rs`): the device path, not only each kernel, runs in CI.
 //!
 //! The kernels and the CPU kernels they must match are `engine/kernels/*.cu`; a linear layer's
-//! bias and tanh GELU ride cuBLASLt's epilogues (`launch/gemm.rs`), which the host GEMM of the
-//! SIMT device implements too.
+//! bias and tanh GELU ride cuBLASLt's epilogues (`launch/gemm.rs`), and so does the tanh GELU's
+//! backward (DGELU) where it follows a GEMM; the host GEMM of the SIMT device implements them
+//! too.
 //!
 //! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
@@ -174,6 +175,7 @@ impl<D: GpuDevice> GpuExecutor<D> {
             meta: Vec::new(),
             meta_refs: Vec::new(),
             flops: 0.0,
+            dgelu: launch::gemm::dgelu_pairs(graph, &plan),
         };
         let mut steps = Vec::with_capacity(plan.steps.len());
         r.check_buffers()?;
@@ -563,6 +565,9 @@ pub struct Resolver<'a> {
     pub(crate) meta: Vec<i64>,
     pub(crate) meta_refs: Vec<usize>,
     pub(crate) flops: f64,
+    /// GEMMs that take a GELU backward into their DGELU epilogue: (MatMul node, GELU
+    /// backward node, pre-activation) ([`launch::gemm::dgelu_pairs`]).
+    pub(crate) dgelu: Vec<(usize, usize, TensorId)>,
 }
 
 impl Resolver<'_> {
@@ -575,6 +580,17 @@ impl Resolver<'_> {
     /// from it ([`StepBlock`]).
     pub(crate) fn step_block(&self) -> u64 {
         self.b.step
+    }
+
+    /// The pre-activation's address when MatMul node `i` takes a GELU backward into its DGELU
+    /// epilogue.
+    pub(crate) fn dgelu_aux(&self, i: usize) -> Option<u64> {
+        self.dgelu.iter().find(|d| d.0 == i).map(|d| self.at(d.2))
+    }
+
+    /// Whether node `i` (a GELU backward) runs in a GEMM's epilogue.
+    pub(crate) fn in_epilogue(&self, i: usize) -> bool {
+        self.dgelu.iter().any(|d| d.1 == i)
     }
 
     /// Bytes per element of `t` as stored.

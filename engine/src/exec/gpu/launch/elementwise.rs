@@ -406,8 +406,12 @@ impl GpuKernel for op::TanhBackward {
 }
 
 impl GpuKernel for op::GeluBackward {
-    // One binding for the two activation backwards: it reads which from the node.
+    // One binding for the two activation backwards: it reads which from the node. Nothing
+    // where the GEMM producing dy does the work in its DGELU epilogue (`gemm::dgelu_pairs`).
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
+        if r.in_epilogue(cx.i) {
+            return Ok(Vec::new());
+        }
         op::TanhBackward.launches(r, cx)
     }
 }

@@ -6,11 +6,53 @@ use crate::exec::gpu::contiguous;
 use crate::exec::gpu::kernel::{GpuKernel, NodeCx};
 use crate::exec::gpu::support::GpuSupport;
 use crate::exec::gpu::{Call, Resolver};
-use crate::graph::op::{Linear, MatMul};
-use crate::graph::{ElemType, Graph};
+use crate::graph::op::{GeluBackward, Linear, MatMul};
+use crate::graph::{ElemType, Graph, Op, TensorId};
 use crate::ops::gelu::GeluApprox;
-use crate::plan::PlanError;
+use crate::plan::{Plan, PlanError};
 use crate::DType;
+
+/// The GEMMs whose output only a tanh GELU's backward reads, run in place over it (GPT-2's MLP
+/// backward: the projection's dx is the GELU's dy): cuBLASLt's DGELU epilogue gives
+/// dpre = product ∘ gelu'(pre) directly, from the pre-activation the forward's GELU_AUX_BIAS
+/// saved, and the GELU backward node launches nothing. Per such MatMul node: the GELU backward
+/// node and the pre-activation. Only where the GEMM is one plain product in the storage dtype
+/// and pre has the output's dense layout (the aux takes C's leading dimension).
+pub(crate) fn dgelu_pairs(g: &Graph, plan: &Plan) -> Vec<(usize, usize, TensorId)> {
+    let producers = g.producers();
+    let mut readers = vec![0usize; g.tensors().len()];
+    for n in g.nodes() {
+        n.inputs.iter().for_each(|t| readers[t.index()] += 1);
+    }
+    let dense = |t: TensorId| plan.places[t.index()].strides == contiguous(g.shape(t));
+    let elem = |t: TensorId| g.tensor(t).elem;
+    let mut pairs = Vec::new();
+    for s in plan.steps.iter().filter(|s| s.inplace == Some(1)) {
+        let node = &g.nodes()[s.node];
+        if !matches!(node.op, Op::GeluBackward(GeluBackward { approx: GeluApprox::Tanh })) {
+            continue;
+        }
+        let (pre, dy) = (node.inputs[0], node.inputs[1]);
+        let Some(i) = producers[dy.index()] else { continue };
+        let mm = &g.nodes()[i];
+        let Op::MatMul(MatMul { ta, tb }) = mm.op else { continue };
+        let (a, b) = (mm.inputs[0], mm.inputs[1]);
+        let strides = |t: TensorId| plan.places[t.index()].strides.clone();
+        let one = MatMulPlan::new(
+            ta,
+            tb,
+            (g.shape(a), &strides(a)),
+            (g.shape(b), &strides(b)),
+            (g.shape(dy), &strides(dy)),
+        )
+        .is_some_and(|m| m.offs.len() == 1);
+        let same = elem(a) == elem(dy) && elem(b) == elem(dy) && elem(pre) == elem(dy);
+        if one && same && readers[dy.index()] == 1 && dense(dy) && dense(pre) {
+            pairs.push((i, s.node, pre));
+        }
+    }
+    pairs
+}
 
 impl GpuKernel for MatMul {
     // A product of a half and an f32 operand: the f32 one cast to half here.
@@ -40,7 +82,15 @@ impl GpuKernel for MatMul {
             )
             .ok_or_else(|| cx.no(" for these operand layouts"))?;
             if cx.dt(a) == cx.dt(b) {
-                vec![r.gemm(&m, (a, b, c), &|why: &str| cx.no(why))?]
+                let gemm = r.gemm(&m, (a, b, c), &|why: &str| cx.no(why))?;
+                match (r.dgelu_aux(cx.i), gemm) {
+                    // The GELU backward's work in this GEMM's epilogue (`dgelu_pairs`).
+                    (Some(pre), Call::Gemm(shape, ptrs)) => {
+                        let shape = GemmShape { epilogue: Epilogue::DGelu, ..shape };
+                        vec![Call::Gemm(shape, GemmPtrs { aux: pre, ..ptrs })]
+                    }
+                    (_, gemm) => vec![gemm],
+                }
             } else {
                 // An f32 operand of a half product (BERT's stop-gradient is a layer_norm's
                 // f32 mean): cast into the workspace, the CPU's rounding of what it reads.
