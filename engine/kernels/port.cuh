@@ -263,6 +263,20 @@ __device__ __forceinline__ void grid_stride_packed(long long n, bool packed, One
     GRID_STRIDE(j, n - done) one(done + j);
 }
 
+// A warp's loop over the c elements of a row (the row kernels: one warp per row): with `packed`
+// (c a multiple of V and every row operand's base 16-byte aligned, so every row is), `vec(i)`
+// for the packs i..i+V−1 the lane owns — i = lane·V, then a warp's V·warpSize further on —
+// else `one(i)` for i = lane, lane + warpSize, …. Both visit every element once; the order of
+// a lane's partial sums differs (a row's sums agree to rounding, not bits).
+template <int V, typename One, typename Vec>
+__device__ __forceinline__ void warp_row_packed(int c, bool packed, One one, Vec vec) {
+    if (packed) {
+        for (int i = lane_id() * V; i < c; i += warpSize * V) vec(i);
+    } else {
+        for (int i = lane_id(); i < c; i += warpSize) one(i);
+    }
+}
+
 // ---------------------------------------------------------------- tensor cores (NVIDIA sm_80+, and the host harness)
 // mma.sync m16n8k16 with f16/bf16 operands and f32 accumulation, and ldmatrix, as inline PTX:
 // their fragment layouts are the PTX ISA's (§9.7.14.5.8, §9.7.14.5.15), which the host harness

@@ -5,7 +5,8 @@
 // engine/src/exec/gpu/launch/rmsnorm.rs.
 //
 // The structure of layernorm.cu: one warp per row (the row stays in L1 between the passes),
-// rstd = 1/sqrt(mean(x²) + eps) in f32; the weight gradient is a column sum over all rows,
+// in 16-byte packs where the width and the operands allow (`warp_row_packed`), rstd =
+// 1/sqrt(mean(x²) + eps) in f32; the weight gradient is a column sum over all rows,
 // per-chunk partials here added in order by reduce.cu's `column_sum_finish`, so no atomics
 // and the same bits on every run.
 #include "port.cuh"
@@ -17,14 +18,29 @@ __device__ void rmsnorm_forward(T* y, float* rstd, const T* x, const T* w, long 
     const long long row = (long long)blockIdx.x * (blockDim.x / warpSize) + warp_id();
     if (row >= rows) return;  // warp-uniform: no collective is skipped by part of a warp
     const T* xr = x + row * c;
-    float s = 0.0f;
-    for (int i = lane_id(); i < c; i += warpSize) {
-        const float v = to_f32(xr[i]);
-        s = fmaf(v, v, s);
-    }
-    const float r = 1.0f / sqrtf(warp_sum(s) * (1.0f / (float)c) + eps);
     T* yr = y + row * c;
-    for (int i = lane_id(); i < c; i += warpSize) yr[i] = from_f32<T>(to_f32(w[i]) * (to_f32(xr[i]) * r));
+    constexpr int V = Pack<T>::V;
+    const bool packed = c % V == 0 && aligned16(x) && aligned16(y) && aligned16(w);
+    float s = 0.0f;
+    warp_row_packed<V>(
+        c, packed,
+        [&](int i) {
+            const float v = to_f32(xr[i]);
+            s = fmaf(v, v, s);
+        },
+        [&](int i) {
+            const Pack<T> p = load_pack(xr + i);
+            for (int j = 0; j < V; ++j) s = fmaf(to_f32(p.e[j]), to_f32(p.e[j]), s);
+        });
+    const float r = 1.0f / sqrtf(warp_sum(s) * (1.0f / (float)c) + eps);
+    warp_row_packed<V>(
+        c, packed, [&](int i) { yr[i] = from_f32<T>(to_f32(w[i]) * (to_f32(xr[i]) * r)); },
+        [&](int i) {
+            const Pack<T> p = load_pack(xr + i), wp = load_pack(w + i);
+            Pack<T> o;
+            for (int j = 0; j < V; ++j) o.e[j] = from_f32<T>(to_f32(wp.e[j]) * (to_f32(p.e[j]) * r));
+            store_pack(yr + i, o);
+        });
     if (lane_id() == 0) rstd[row] = r;
 }
 
@@ -36,17 +52,42 @@ __device__ void add_rmsnorm_forward(T* sum, T* y, float* rstd, const T* a, const
     const long long row = (long long)blockIdx.x * (blockDim.x / warpSize) + warp_id();
     if (row >= rows) return;  // warp-uniform
     const long long o = row * c;
+    constexpr int V = Pack<T>::V;
+    const bool packed = c % V == 0 && aligned16(sum) && aligned16(y) && aligned16(a) && aligned16(b) && aligned16(w);
     float s = 0.0f;
-    for (int i = lane_id(); i < c; i += warpSize) {
-        const float t = to_f32(a[o + i]) + to_f32(b[o + i]);
-        s = fmaf(t, t, s);
-    }
+    warp_row_packed<V>(
+        c, packed,
+        [&](int i) {
+            const float t = to_f32(a[o + i]) + to_f32(b[o + i]);
+            s = fmaf(t, t, s);
+        },
+        [&](int i) {
+            const Pack<T> pa = load_pack(a + o + i), pb = load_pack(b + o + i);
+            for (int j = 0; j < V; ++j) {
+                const float t = to_f32(pa.e[j]) + to_f32(pb.e[j]);
+                s = fmaf(t, t, s);
+            }
+        });
     const float r = 1.0f / sqrtf(warp_sum(s) * (1.0f / (float)c) + eps);
-    for (int i = lane_id(); i < c; i += warpSize) {
-        const float t = to_f32(a[o + i]) + to_f32(b[o + i]);  // read before the write: a may be sum
-        sum[o + i] = from_f32<T>(t);
-        y[o + i] = from_f32<T>(to_f32(w[i]) * (t * r));
-    }
+    // Each element (or pack) read before it is written: a may be sum.
+    warp_row_packed<V>(
+        c, packed,
+        [&](int i) {
+            const float t = to_f32(a[o + i]) + to_f32(b[o + i]);
+            sum[o + i] = from_f32<T>(t);
+            y[o + i] = from_f32<T>(to_f32(w[i]) * (t * r));
+        },
+        [&](int i) {
+            const Pack<T> pa = load_pack(a + o + i), pb = load_pack(b + o + i), wp = load_pack(w + i);
+            Pack<T> ps, py;
+            for (int j = 0; j < V; ++j) {
+                const float t = to_f32(pa.e[j]) + to_f32(pb.e[j]);
+                ps.e[j] = from_f32<T>(t);
+                py.e[j] = from_f32<T>(to_f32(wp.e[j]) * (t * r));
+            }
+            store_pack(sum + o + i, ps);
+            store_pack(y + o + i, py);
+        });
     if (lane_id() == 0) rstd[row] = r;
 }
 
@@ -58,13 +99,29 @@ __device__ void rmsnorm_backward_dx(T* dx, const T* dy, const T* x, const T* w, 
     if (row >= rows) return;  // warp-uniform
     const long long o = row * c;
     const float r = rstd[row];
+    constexpr int V = Pack<T>::V;
+    const bool packed = c % V == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
     float g = 0.0f;
-    for (int i = lane_id(); i < c; i += warpSize) g = fmaf(to_f32(w[i]) * to_f32(dy[o + i]), to_f32(x[o + i]) * r, g);
+    warp_row_packed<V>(
+        c, packed, [&](int i) { g = fmaf(to_f32(w[i]) * to_f32(dy[o + i]), to_f32(x[o + i]) * r, g); },
+        [&](int i) {
+            const Pack<T> pw = load_pack(w + i), pd = load_pack(dy + o + i), px = load_pack(x + o + i);
+            for (int j = 0; j < V; ++j) g = fmaf(to_f32(pw.e[j]) * to_f32(pd.e[j]), to_f32(px.e[j]) * r, g);
+        });
     const float gx = warp_sum(g) * (1.0f / (float)c);
-    for (int i = lane_id(); i < c; i += warpSize) {
-        const float xh = to_f32(x[o + i]) * r;
-        dx[o + i] = from_f32<T>(r * (to_f32(w[i]) * to_f32(dy[o + i]) - xh * gx));
-    }
+    // dx may be dy (in place): each pack read before it is written.
+    warp_row_packed<V>(
+        c, packed,
+        [&](int i) {
+            const float xh = to_f32(x[o + i]) * r;
+            dx[o + i] = from_f32<T>(r * (to_f32(w[i]) * to_f32(dy[o + i]) - xh * gx));
+        },
+        [&](int i) {
+            const Pack<T> pw = load_pack(w + i), pd = load_pack(dy + o + i), px = load_pack(x + o + i);
+            Pack<T> out;
+            for (int j = 0; j < V; ++j) out.e[j] = from_f32<T>(r * (to_f32(pw.e[j]) * to_f32(pd.e[j]) - to_f32(px.e[j]) * r * gx));
+            store_pack(dx + o + i, out);
+        });
 }
 
 // Partial weight gradients per chunk of rows: ws[k, j] = Σ_{r in chunk k} dy·x·rstd (then

@@ -21,6 +21,8 @@ use ortbench_simt::Buf;
 
 // Rows not a multiple of the 4 rows per block, widths below / between / above the warp sizes;
 // dw/db over 2 and 3 chunks of 32 rows (the last partial), one or two column blocks of 128.
+// Width 200 is a multiple of every pack (4 f32, 8 f16/bf16): the row kernels' 16-byte path,
+// which `misaligned` (x, or the add's a) turns back to one element at a time; 61 and 13 are not.
 const SHAPES: [(usize, usize); 3] = [(37, 61), (9, 13), (70, 200)];
 const EPS: f32 = 1e-5;
 
@@ -56,15 +58,18 @@ fn forward_and_add_forward_match() {
                 &bias,
                 EPS,
             );
-            for dev in devices() {
+            let first = devices()[0];
+            let cases = devices().into_iter().map(|d| (d, false));
+            for (dev, mis) in cases.chain([(first, true)]) {
                 let (dtype, geo) = (dtype(dt), dev.geometry());
                 let (mut y, mut m, mut r) = (
                     Buf::poisoned(rows * c, dt),
                     Buf::poisoned(rows, D::F32),
                     Buf::poisoned(rows, D::F32),
                 );
+                let off = |b: Buf| if mis { b.misaligned() } else { b };
                 let (mut xb, mut wb, mut bb) =
-                    (Buf::from_f32(&b, dt), Buf::from_f32(&w, dt), Buf::from_f32(&bias, dt));
+                    (off(Buf::from_f32(&b, dt)), Buf::from_f32(&w, dt), Buf::from_f32(&bias, dt));
                 let l = launch::LayerNormForward {
                     dtype,
                     y: &mut y,
@@ -78,7 +83,8 @@ fn forward_and_add_forward_match() {
                     eps: EPS,
                 };
                 dev.run(l.launch(geo)).unwrap();
-                let what = format!("layernorm {dt:?} {rows}x{c} on {dev}");
+                let mis_ = if mis { " (misaligned)" } else { "" };
+                let what = format!("layernorm {dt:?} {rows}x{c}{mis_} on {dev}");
                 check(&format!("{what} y"), &y.to_f32(), &y0, dt, cancels(dt));
                 check(&format!("{what} mean"), &m.to_f32(), &m0, D::F32, tol(D::F32, 2e-5));
                 check(&format!("{what} rstd"), &r.to_f32(), &r0, D::F32, tol(D::F32, 2e-5));
@@ -89,7 +95,7 @@ fn forward_and_add_forward_match() {
                     Buf::poisoned(rows, D::F32),
                     Buf::poisoned(rows, D::F32),
                 );
-                let mut ab = Buf::from_f32(&a, dt);
+                let mut ab = off(Buf::from_f32(&a, dt));
                 let l = launch::AddLayerNormForward {
                     dtype,
                     sum: &mut s,
@@ -105,7 +111,7 @@ fn forward_and_add_forward_match() {
                     eps: EPS,
                 };
                 dev.run(l.launch(geo)).unwrap();
-                let what = format!("add_layernorm {dt:?} {rows}x{c} on {dev}");
+                let what = format!("add_layernorm {dt:?} {rows}x{c}{mis_} on {dev}");
                 check(&format!("{what} sum"), &s.to_f32(), &s1, dt, tol(dt, 1e-6));
                 check(&format!("{what} y"), &y.to_f32(), &y1, dt, cancels(dt));
                 check(&format!("{what} mean"), &m.to_f32(), &m1, D::F32, tol(D::F32, 2e-5));
@@ -134,12 +140,15 @@ fn backward_matches_dx_dw_db() {
                 &pool, &mut dx0, &mut dw0, &mut db0, &dy, &x, &w, &m0, &r0, &mut ws,
             );
             let chunks = chunks(rows);
-            for dev in devices() {
+            let first = devices()[0];
+            let cases = devices().into_iter().map(|d| (d, false));
+            for (dev, mis) in cases.chain([(first, true)]) {
                 let (dtype, geo) = (dtype(dt), dev.geometry());
+                let xb = Buf::from_f32(&x, dt);
                 let (mut dx, mut dyb, mut xb, mut wb) = (
                     Buf::poisoned(rows * c, dt),
                     Buf::from_f32(&dy, dt),
-                    Buf::from_f32(&x, dt),
+                    if mis { xb.misaligned() } else { xb },
                     Buf::from_f32(&w, dt),
                 );
                 let (mut mb, mut rb) = (Buf::from_f32(&m0, D::F32), Buf::from_f32(&r0, D::F32));
@@ -155,7 +164,8 @@ fn backward_matches_dx_dw_db() {
                     c,
                 };
                 dev.run(l.launch(geo)).unwrap();
-                let what = format!("layernorm backward {dt:?} {rows}x{c} on {dev}");
+                let mis_ = if mis { " (x misaligned)" } else { "" };
+                let what = format!("layernorm backward {dt:?} {rows}x{c}{mis_} on {dev}");
                 check(&format!("{what} dx"), &dx.to_f32(), &dx0, dt, cancels(dt));
 
                 let mut part = Buf::poisoned(2 * chunks * c, D::F32);
