@@ -92,13 +92,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             "environment": environment,
             "torch_compile": torch_compile,
             "runs": plan.runs,
-            // The engine on a GPU: each run's step captured as a CUDA graph and replayed, or
-            // launched kernel by kernel, and why (results' `step_launches`).
-            "step_launches": results
-                .iter()
-                .filter(|r| !r.step_launches.is_empty())
-                .map(|r| json!({ "model": r.model, "config": r.config, "precision": r.precision, "ranks": r.ranks, "how": r.step_launches }))
-                .collect::<Vec<_>>(),
+            "step_launches": step_launches(results),
         })
     };
     let mut steps: Vec<StepRow> = Vec::new();
@@ -664,6 +658,14 @@ fn spawn_workers(
     }
     drop(tx);
     Ok((procs, rx))
+}
+
+/// The engine on a GPU, for run.json: each run's step captured as a CUDA graph and replayed,
+/// or launched kernel by kernel and why (results' `step_launches`).
+fn step_launches(results: &[ResultRow]) -> serde_json::Value {
+    let runs = results.iter().filter(|r| !r.step_launches.is_empty());
+    runs.map(|r| json!({ "model": r.model, "config": r.config, "precision": r.precision, "ranks": r.ranks, "how": r.step_launches }))
+        .collect()
 }
 
 /// A worker's summary record: what its run's row takes from it.
