@@ -201,6 +201,8 @@ struct StepBlock {
     float decay_mul;          // AdamW: 1 − lr·weight_decay
     float reserved;
 };
+// The host writes it as 32 bytes (`StepBlock::BYTES`, its unit test the field offsets).
+static_assert(sizeof(StepBlock) == 32, "StepBlock is 32 bytes, as step_block.rs writes it");
 
 // Instantiates X(suffix, storage type) for each float storage type: kernels per dtype.
 #define ORT_FOR_FLOATS(X) X(f32, float) X(f16, f16_t) X(bf16, bf16_t)

@@ -340,7 +340,7 @@ impl Prob {
             scale: self.scale,
             causal: c.causal,
             dropout_p: c.p,
-            seed: Seed::Fixed(SEED),
+            seed: Seed::Value(SEED),
             offset: OFFSET,
         }
     }

@@ -226,7 +226,7 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
                     (Buf::poisoned(n, dt), if mis { xb.misaligned() } else { xb });
                 let mut sb = step_block(&StepBlock { seed, ..StepBlock::default() });
                 let seed =
-                    if block { launch::Seed::Step(&mut sb) } else { launch::Seed::Fixed(seed) };
+                    if block { launch::Seed::Block(&mut sb) } else { launch::Seed::Value(seed) };
                 let (dtype, o, x) = (dtype(dt), &mut out, &mut xb);
                 let l = launch::Dropout { dtype, out: o, x, n, p, seed, offset };
                 dev.run(l.launch(dev.geometry())).unwrap();

@@ -97,7 +97,6 @@ pub struct GpuExecutor<D: GpuDevice> {
     _meta: D::Buffer,
     /// The step block and the graph's inputs, uploaded together each step.
     step_in: StepInputs<D>,
-    loss_scale: f32,
     flops: f64,
 }
 
@@ -249,7 +248,6 @@ impl<D: GpuDevice> GpuExecutor<D> {
             status,
             _meta: meta,
             step_in,
-            loss_scale: 1.0,
             flops,
         })
     }
@@ -344,16 +342,12 @@ impl<D: GpuDevice> GpuExecutor<D> {
         Ok(s)
     }
 
-    /// Seeds the next steps' backward with `scale` instead of 1 (see the CPU executor's
-    /// `set_loss_scale`).
-    pub fn set_loss_scale(&mut self, scale: f32) {
-        self.loss_scale = scale;
-    }
-
-    /// Queues one forward + backward: gradients land in the gradient buffer, the loss in the
-    /// status block. Nothing is waited for; [`GpuExecutor::finish_step`] reads the result.
+    /// Queues one forward + backward, seeded with 1 (a session seeds it with its loss scale
+    /// through the step block: [`GpuExecutor::upload_step`]): gradients land in the gradient
+    /// buffer, the loss in the status block. Nothing is waited for;
+    /// [`GpuExecutor::finish_step`] reads the result.
     pub fn queue_step(&mut self, inputs: &Inputs<'_>, seed: u64) -> Result<(), ExecError> {
-        let block = StepBlock { seed, loss_scale: self.loss_scale, ..StepBlock::default() };
+        let block = StepBlock { seed, loss_scale: 1.0, ..StepBlock::default() };
         self.upload_step(inputs, &block)?;
         self.queue_calls()
     }

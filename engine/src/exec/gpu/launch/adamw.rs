@@ -29,10 +29,7 @@ pub struct GradSumsqPartial<P> {
 
 impl<P> GradSumsqPartial<P> {
     pub fn launch(self, _dev: Device) -> Launch<P> {
-        let (inv_scale, block) = match self.inv_scale {
-            PerStep::Value(v) => (Arg::F32(v), Arg::Null),
-            PerStep::Block(b) => (Arg::F32(0.0), Arg::Ptr(b)),
-        };
+        let (inv_scale, block) = self.inv_scale.split();
         Launch {
             name: "grad_sumsq_partial".into(),
             grid: self.parts,
@@ -42,7 +39,7 @@ impl<P> GradSumsqPartial<P> {
                 Arg::Ptr(self.partials),
                 Arg::Ptr(self.grads),
                 Arg::I64(self.n as i64),
-                inv_scale,
+                Arg::F32(inv_scale),
                 block,
             ],
         }
@@ -105,10 +102,7 @@ pub struct AdamwStep<P> {
 
 impl<P> AdamwStep<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
-        let ((inv_scale, st), block) = match self.step {
-            PerStep::Value(v) => (v, Arg::Null),
-            PerStep::Block(b) => ((0.0, StepScalars::default()), Arg::Ptr(b)),
-        };
+        let ((inv_scale, st), block) = self.step.split();
         grid_stride(
             kernel_name("adamw_step", self.dtype),
             self.n,

@@ -128,12 +128,12 @@ fn scalars<P>(dims: Dims, s: Scores<P>, head_sizes: bool) -> Vec<Arg<P>> {
     if head_sizes {
         a.extend([Arg::I32(dims.d as i32), Arg::I32(dims.dv as i32)]);
     }
-    let (seed, step) = s.seed.args();
+    let (seed, step) = s.seed.split();
     a.extend([
         Arg::F32(s.scale),
         Arg::I32(i32::from(s.causal)),
         Arg::F32(s.dropout_p),
-        seed,
+        Arg::U64(seed),
         Arg::U64(s.offset),
         step,
     ]);
@@ -365,7 +365,7 @@ impl GpuKernel for Attention {
                 strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
             });
             let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
-            let seed = launch::Seed::Step(r.step_block());
+            let seed = launch::Seed::Block(r.step_block());
             let scores = Scores { scale, causal, dropout_p, seed, offset };
             // The forward's products; the backward's are twice those, plus the recomputed
             // scores.

@@ -241,7 +241,7 @@ pub struct Dropout<P> {
 
 impl<P> Dropout<P> {
     pub fn launch(self, dev: Device) -> Launch<P> {
-        let (seed, step) = self.seed.args();
+        let (seed, step) = self.seed.split();
         grid_stride(
             kernel_name("dropout", self.dtype),
             self.n,
@@ -251,7 +251,7 @@ impl<P> Dropout<P> {
                 Arg::Ptr(self.x),
                 Arg::I64(self.n as i64),
                 Arg::F32(self.p),
-                seed,
+                Arg::U64(seed),
                 Arg::U64(self.offset),
                 step,
             ],
@@ -425,7 +425,7 @@ impl GpuKernel for op::Dropout {
             cx.same(&[outs[0], ins[0]])?;
             let o = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
             let (dtype, n, p, offset) = (cx.dt(outs[0]), cx.n(outs[0]), *p, *offset);
-            let seed = Seed::Step(r.step_block());
+            let seed = Seed::Block(r.step_block());
             let drop = Dropout { dtype, out: o, x: cx.inp(0), n, p, seed, offset };
             vec![drop.launch(r.device()).into()]
         };

@@ -50,32 +50,28 @@ impl Device {
     }
 }
 
-/// A dropout mask's seed: fixed (tests), or the step's, read from the step block at `P`
-/// ([`super::StepBlock`]: a captured step replays its launches unchanged).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seed<P> {
-    Fixed(u64),
-    Step(P),
-}
-
-impl<P> Seed<P> {
-    /// The kernel's `seed` value and, at the end of its arguments, its step block (or null).
-    fn args(self) -> (Arg<P>, Arg<P>) {
-        match self {
-            Seed::Fixed(s) => (Arg::U64(s), Arg::Null),
-            Seed::Step(block) => (Arg::U64(0), Arg::Ptr(block)),
-        }
-    }
-}
-
 /// Per-step scalar arguments: given as values (a kernel launched alone, as the kernel tests
-/// do), or read by the kernel from the step block at `P` ([`super::StepBlock`]: the session's
-/// launches, which a captured step replays unchanged).
+/// do), or read by the kernel from the step block at `P` ([`super::StepBlock`]: the executor's
+/// and the session's launches, which a captured step replays unchanged).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PerStep<V, P> {
     Value(V),
     Block(P),
 }
+
+impl<V: Default, P> PerStep<V, P> {
+    /// The kernel's value arguments (unread, zero, with a block) and its step block argument
+    /// (null without one), which the kernels take last.
+    fn split(self) -> (V, Arg<P>) {
+        match self {
+            PerStep::Value(v) => (v, Arg::Null),
+            PerStep::Block(b) => (V::default(), Arg::Ptr(b)),
+        }
+    }
+}
+
+/// A dropout mask's seed: fixed (tests), or the step block's (the executor).
+pub type Seed<P> = PerStep<u64, P>;
 
 /// An additive mask (storage T) broadcast to a (B, H, Tq, Tk) score tensor, as softmax.cu and
 /// attention.cu take it: the operand and its 4 element strides against (B, H, Tq, Tk), 0 on a
