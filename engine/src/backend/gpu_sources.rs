@@ -39,6 +39,36 @@ pub fn include_dir(lib_dirs: &[PathBuf]) -> Option<PathBuf> {
     cands.into_iter().find(|d| d.join("cuda_fp16.h").is_file())
 }
 
+/// `f` on every kernel file, its results in [`SOURCES`]' order, on as many threads as the
+/// machine has: the compile gates run NVRTC (thread-safe across programs, NVRTC guide
+/// "Thread Safety") and ptxas on ~15 files per architecture, each compile single-threaded.
+pub fn map_files<R: Send>(f: impl Fn(&'static str) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SOURCES.len());
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((file, _)) = SOURCES.get(i) else { break mine };
+                        mine.push((i, f(file)));
+                    }
+                })
+            })
+            .collect();
+        // A panic in `f` (a gate's assertion) is re-raised here with its message.
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// hiprtc options for `arch` (`gfx90a`, `gfx908`, `gfx1030`, ...): C++17, optimised. The
 /// wavefront size follows the target (64 on CDNA, 32 by default on RDNA); kernels read it from
 /// `warpSize`.
@@ -82,6 +112,13 @@ mod tests {
             assert!(!s.contains("#include \"port.cuh\"") && s.contains("drop_mix"), "{file}");
         }
         assert!(full_source("nope.cu").is_none());
+    }
+
+    #[test]
+    fn map_files_returns_one_result_per_file_in_source_order() {
+        let names = map_files(|file| file.to_string());
+        let want: Vec<String> = SOURCES.iter().map(|(f, _)| f.to_string()).collect();
+        assert_eq!(names, want);
     }
 
     #[test]

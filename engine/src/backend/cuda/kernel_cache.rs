@@ -193,17 +193,23 @@ pub fn image(file: &str, arch: &'static str) -> Result<KernelImage, CudaError> {
             }
         }
     }
+    let (ptx, origin) = ptx(file, arch, key)?;
+    let entries = gpu_sources::ptx_entries(&ptx);
+    Ok(KernelImage { image: Ptx::from_src(ptx), entries, origin })
+}
+
+/// `file`'s PTX for `arch` under `key`: from the disk cache, else compiled by NVRTC now and
+/// written there (steps 2 and 3 of the module comment).
+pub fn ptx(file: &str, arch: &'static str, key: u64) -> Result<(String, Origin), CudaError> {
     let cached = cache_dir().join(file_name(file, arch, key, "ptx"));
-    let (ptx, origin) = match std::fs::read_to_string(&cached) {
-        Ok(text) => (text, Origin::CachedPtx),
+    match std::fs::read_to_string(&cached) {
+        Ok(text) => Ok((text, Origin::CachedPtx)),
         Err(_) => {
             let ptx = compile_ptx(file, arch)?;
             store_ptx(file, arch, key, &ptx);
-            (ptx, Origin::Compiled)
+            Ok((ptx, Origin::Compiled))
         }
-    };
-    let entries = gpu_sources::ptx_entries(&ptx);
-    Ok(KernelImage { image: Ptx::from_src(ptx), entries, origin })
+    }
 }
 
 /// NVRTC's log from a failed compile, or the error itself.
