@@ -29,7 +29,7 @@ use ortbench_engine::session::{ExecutorKind, StepStats, TrainSession};
 use ortbench_engine::DType;
 use ortbench_models::graph::{build_training_graph, GraphOptions};
 use ortbench_models::spec::builtin_config;
-use ortbench_models::{DataSource, Weights};
+use ortbench_models::{Batch, DataSource, Weights};
 use ortbench_simt::Order;
 
 /// The host SIMT harness as a GPU (`ortbench_engine::backend::simt_device`): host memory,
@@ -185,21 +185,7 @@ fn one_step_of(
     )
     .unwrap();
     let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
-    let mut batch = DataSource::synthetic(&cfg, b, t, 17).unwrap().batch(0);
-    if padded {
-        let mut mask = vec![1i64; b * t];
-        mask[t - 7..t].fill(0);
-        if b > 1 {
-            mask[t..t + 13].fill(0);
-        }
-        for (i, &m) in mask.iter().enumerate() {
-            if m == 0 && batch.labels.len() == b * t {
-                batch.labels[i] = -100;
-            }
-        }
-        batch.attention_mask = Some(mask);
-    }
-    let feed = model.feed(&batch).unwrap();
+    let feed = model.feed(&batch_of(&cfg, b, t, padded)).unwrap();
     let inputs = feed.inputs();
     let mut g_cpu = vec![f32::NAN; params.len()];
     let compute: Vec<f32> = params.iter().map(|&x| dtype.round(x)).collect();
@@ -240,6 +226,26 @@ fn one_step_of(
             100.0 * worst.1
         );
     });
+}
+
+/// The tests' batch of `cfg` (data seed 17); with `padded`, row 0 padded on the right (its last
+/// 7 positions) and row 1 on the left (its first 13), labels −100 there.
+fn batch_of(cfg: &ortbench_models::ModelConfig, b: usize, t: usize, padded: bool) -> Batch {
+    let mut batch = DataSource::synthetic(cfg, b, t, 17).unwrap().batch(0);
+    if padded {
+        let mut mask = vec![1i64; b * t];
+        mask[t - 7..t].fill(0);
+        if b > 1 {
+            mask[t..t + 13].fill(0);
+        }
+        for (i, &m) in mask.iter().enumerate() {
+            if m == 0 && batch.labels.len() == b * t {
+                batch.labels[i] = -100;
+            }
+        }
+        batch.attention_mask = Some(mask);
+    }
+    batch
 }
 
 const BOTH: [(u32, Order); 2] = [(32, Order::Forward), (64, Order::Reverse)];
@@ -313,9 +319,8 @@ fn roberta_and_distilbert_steps_match_the_cpu_engine() {
 /// Gemma and Gemma 3 on the GPU executor against the CPU engine, padded, fp32 at both warp
 /// sizes (and Gemma in bf16): GeGLU's GELU on the bias-free gate (`gelu_forward`), the (1 + w)
 /// norms, Gemma 3's sandwich norms, q/k norms, query_pre_attn_scalar and its sliding layer's
-/// own rope (a window of 5). Gemma 3 in bf16 is not checked here: one gradient tensor
-/// (layer 0's up_proj) differs by 2.2 % of its largest element against the 2 % the other
-/// families meet, not yet explained (docs/measurements.md).
+/// own rope (a window of 5). Gemma 3 in bf16 against the fp32 gradients instead
+/// ([`bf16_step_as_close_to_f32_as_the_cpu`]).
 #[test]
 fn gemma_steps_match_the_cpu_engine() {
     let cases: [(&str, ConfigEdit); 2] =
@@ -326,8 +331,87 @@ fn gemma_steps_match_the_cpu_engine() {
         one_step_of(&label, &cfg, 2, 40, DType::F32, &BOTH, (1e-5, 1e-5), true);
         if name == "tiny-gemma" {
             one_step_of(&label, &cfg, 2, 40, DType::BF16, &BOTH[..1], (2e-4, 2e-2), true);
+        } else {
+            bf16_step_as_close_to_f32_as_the_cpu(&label, &cfg, 2, 40);
         }
     }
+}
+
+/// One bf16 step of `cfg` (padded) on the GPU executor, it and the CPU engine's bf16 step both
+/// measured against the CPU engine's fp32 step on the same bf16-rounded weights: per gradient
+/// tensor, ‖g_gpu − g_f32‖₂ ≤ 2·‖g_cpu − g_f32‖₂ + 2e-4·G·√n (G the largest |g_f32|, n the
+/// tensor's length: the floor of [`one_step_of`], for gradients zero in exact arithmetic), and
+/// the loss within 2e-4 of the fp32 loss, relative.
+///
+/// Why not GPU against CPU, as for the other families: each executor's Gemma 3 bf16 gradients
+/// are 1.6–2.5 % (L2, worst tensor) from the fp32 ones — 2–3× the other families' 0.7–0.9 %,
+/// likely its sandwich and q/k norms — so the two bf16 results, rounded in different orders,
+/// differ by up to 4.3 % of a tensor's largest element (tiny-gemma3, three weight and data
+/// seeds; docs/measurements.md). The GPU's distance to fp32 was at most 1.5× the CPU's there:
+/// a GPU bf16 step within twice the CPU's distance of the exact result is as good as the
+/// CPU's; a wrong kernel lands far beyond it (a planted 5 % error in the bf16 RMSNorm weight
+/// gradient: 3.6× the CPU's), and the fp32 check above catches smaller slips.
+fn bf16_step_as_close_to_f32_as_the_cpu(
+    name: &str,
+    cfg: &ortbench_models::ModelConfig,
+    b: usize,
+    t: usize,
+) {
+    let build = |dtype| {
+        let opts = GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(true);
+        build_training_graph(cfg, &opts).unwrap()
+    };
+    let (exact, half) = (build(DType::F32), build(DType::BF16));
+    let layout = |m: &ortbench_models::graph::EngineModel| {
+        m.params.iter().map(|p| (p.name.clone(), p.offset, p.len)).collect::<Vec<_>>()
+    };
+    assert_eq!(layout(&exact), layout(&half), "{name}: fp32 and bf16 parameter layouts");
+    let params = half.flatten(&Weights::init(cfg, 3)).unwrap();
+    let rounded: Vec<f32> = params.iter().map(|&x| DType::BF16.round(x)).collect();
+    let batch = batch_of(cfg, b, t, true);
+    let cpu = |m: &ortbench_models::graph::EngineModel| {
+        let mut g = vec![f32::NAN; rounded.len()];
+        let feed = m.feed(&batch).unwrap();
+        let l = PlannedExecutor::new(&m.graph)
+            .unwrap()
+            .train_step(&rounded, &feed.inputs(), 5, &mut g)
+            .unwrap();
+        (l, g)
+    };
+    let ((l_f32, g_f32), (_, g_cpu)) = (cpu(&exact), cpu(&half));
+    let big = g_f32.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let l2 = |a: &[f32], r: &[f32]| {
+        a.iter().zip(r).map(|(&x, &y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt()
+    };
+    let feed = half.feed(&batch).unwrap();
+    on_simt(&BOTH[..1], &|dev, make| {
+        let label = format!("{name} BF16 on {dev}, against fp32");
+        let (l, g, _) = make().step(&half.graph, &params, &feed.inputs(), 5);
+        let rel = ((l - l_f32) / l_f32).abs();
+        println!("{label}: loss gpu {l:.7} fp32 {l_f32:.7} (rel {rel:.1e})");
+        assert!(rel <= 2e-4, "{label}: loss {l} vs fp32 {l_f32}");
+        let mut worst = (String::new(), 0f64);
+        for p in &half.params {
+            let r = p.offset..p.offset + p.len;
+            let (d_gpu, d_cpu) =
+                (l2(&g[r.clone()], &g_f32[r.clone()]), l2(&g_cpu[r.clone()], &g_f32[r]));
+            let tol = 2.0 * d_cpu + 2e-4 * f64::from(big) * (p.len as f64).sqrt();
+            assert!(
+                d_gpu <= tol,
+                "{label}: gradient of {} is {d_gpu:e} from fp32 (L2), the CPU's bf16 {d_cpu:e}",
+                p.name
+            );
+            if d_gpu / tol > worst.1 {
+                worst = (p.name.clone(), d_gpu / tol);
+            }
+        }
+        println!(
+            "{label}: {} gradients as close to fp32 as the CPU's; worst {} at {:.1}% of tolerance",
+            half.params.len(),
+            worst.0,
+            100.0 * worst.1
+        );
+    });
 }
 
 #[test]
