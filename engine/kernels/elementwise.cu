@@ -2,8 +2,9 @@
 // sums), scale, the linear layer's bias + GELU epilogue, GELU on its own (Gemma's GeGLU gate:
 // no bias), GELU and tanh backward, dropout, casts.
 // CPU counterparts: engine/src/backend/cpu/kernels/elementwise.rs (same formulas, same dropout
-// mask bits). One thread per element (per 16-byte pack where the operands are aligned:
-// add, scale, dropout), grid-stride; arithmetic in f32, storage T.
+// mask bits). One thread per element (per 16-byte pack where the operands are aligned: add —
+// the bias add too, where its width is a multiple of the pack —, scale, GELU and tanh forward
+// and backward, dropout), grid-stride; arithmetic in f32, storage T.
 #include "port.cuh"
 
 // GELU: approx 0 = erf (exact), 1 = tanh (elementwise.rs `Gelu`, ops::gelu::gelu_forward).
@@ -32,24 +33,11 @@ __device__ void fill(T* out, long long n, float value) {
 }
 
 // out[i] = a[i] + b[i mod nb] — nb = N for a plain add, nb = C for a bias over rows of C.
-// out may alias a. out, a: (N); b: (nb), nb divides N.
+// out may alias a. out, a: (N); b: (nb), nb divides N. In packs where the operands allow
+// (port.cuh map2_packed).
 template <typename T>
 __device__ void add(T* out, const T* a, const T* b, long long n, long long nb) {
-    // The plain add skips the 64-bit modulo (tens of instructions per element on a GPU), in
-    // 16-byte packs where the operands allow.
-    if (nb == n) {
-        constexpr int V = Pack<T>::V;
-        grid_stride_packed<V>(
-            n, aligned16(out) && aligned16(a) && aligned16(b), [&](long long i) { out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i])); },
-            [&](long long i) {
-                const Pack<T> x = load_pack(a + i), y = load_pack(b + i);
-                Pack<T> o;
-                for (int j = 0; j < V; ++j) o.e[j] = from_f32<T>(to_f32(x.e[j]) + to_f32(y.e[j]));
-                store_pack(out + i, o);
-            });
-    } else {
-        GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i % nb]));
-    }
+    map2_packed(out, a, b, n, nb, [](float x, float y) { return x + y; });
 }
 
 // The same sum of two f16/bf16 operands written in f32: the tied embedding's gradient, whose
@@ -63,14 +51,7 @@ __device__ void add_to_f32(float* out, const T* a, const T* b, long long n, long
 // out[i] = s·x[i]; out may alias x. out, x: (N)
 template <typename T>
 __device__ void scale(T* out, const T* x, long long n, float s) {
-    constexpr int V = Pack<T>::V;
-    grid_stride_packed<V>(
-        n, aligned16(out) && aligned16(x), [&](long long i) { out[i] = from_f32<T>(to_f32(x[i]) * s); },
-        [&](long long i) {
-            Pack<T> v = load_pack(x + i);
-            for (int j = 0; j < V; ++j) v.e[j] = from_f32<T>(to_f32(v.e[j]) * s);
-            store_pack(out + i, v);
-        });
+    map1_packed(out, x, n, [s](float v) { return v * s; });
 }
 
 // The epilogue of Op::Linear with GELU after the GEMM wrote x·w into pre: pre += bias,
@@ -88,28 +69,25 @@ __device__ void bias_gelu(T* y, T* pre, const T* bias, long long rows, int c, in
 // y, x: (N)
 template <typename T>
 __device__ void gelu_forward(T* y, const T* x, long long n, int approx) {
-    GRID_STRIDE(i, n) y[i] = from_f32<T>(gelu_f(to_f32(x[i]), approx));
+    map1_packed(y, x, n, [approx](float v) { return gelu_f(v, approx); });
 }
 
 // dx = dy·gelu'(x); dx may alias dy. dx, x, dy: (N)
 template <typename T>
 __device__ void gelu_backward(T* dx, const T* x, const T* dy, long long n, int approx) {
-    GRID_STRIDE(i, n) dx[i] = from_f32<T>(to_f32(dy[i]) * gelu_grad(to_f32(x[i]), approx));
+    map2_packed(dx, x, dy, n, n, [approx](float v, float d) { return d * gelu_grad(v, approx); });
 }
 
 // y = tanh(x) (elementwise.rs `Tanh`). y, x: (N)
 template <typename T>
 __device__ void tanh_forward(T* y, const T* x, long long n) {
-    GRID_STRIDE(i, n) y[i] = from_f32<T>(tanhf(to_f32(x[i])));
+    map1_packed(y, x, n, [](float v) { return tanhf(v); });
 }
 
 // dx = dy·(1 − y²) (elementwise.rs `TanhBackward`). dx, y, dy: (N)
 template <typename T>
 __device__ void tanh_backward(T* dx, const T* y, const T* dy, long long n) {
-    GRID_STRIDE(i, n) {
-        const float v = to_f32(y[i]);
-        dx[i] = from_f32<T>(to_f32(dy[i]) * (1.0f - v * v));
-    }
+    map2_packed(dx, y, dy, n, n, [](float v, float d) { return d * (1.0f - v * v); });
 }
 
 // out[i] = x[i]/(1−p) if element offset+i of the site is kept, else 0 (elementwise.rs

@@ -1,6 +1,7 @@
 // Pointwise functions (engine/src/ops/pointwise.rs): y = f(x), dx = dy·f'(x), out = f(a, b)
-// with b broadcast over a's leading dims. One thread per element, grid-stride; arithmetic in
-// f32, storage T. CPU counterparts: engine/src/backend/cpu/kernels/pointwise.rs (same
+// with b broadcast over a's leading dims. One thread per element, or per 16-byte pack where
+// the operands allow (port.cuh map1_packed / map2_packed), grid-stride; arithmetic in f32,
+// storage T. CPU counterparts: engine/src/backend/cpu/kernels/pointwise.rs (same
 // formulas). Launchers: engine/src/exec/gpu/launch/pointwise.rs.
 //
 // A function is its device formulas (F::f, F::df for a unary one; F::f for a binary one) and
@@ -28,24 +29,19 @@ struct Relu {
 // y = F::f(x); y may alias x. y, x: (N)
 template <typename F, typename T>
 __device__ void unary_forward(T* y, const T* x, long long n) {
-    GRID_STRIDE(i, n) y[i] = from_f32<T>(F::f(to_f32(x[i])));
+    map1_packed(y, x, n, [](float v) { return F::f(v); });
 }
 
 // dx = dy·F::df(x), from the forward's input; dx may alias dy. dx, x, dy: (N)
 template <typename F, typename T>
 __device__ void unary_backward(T* dx, const T* x, const T* dy, long long n) {
-    GRID_STRIDE(i, n) dx[i] = from_f32<T>(to_f32(dy[i]) * F::df(to_f32(x[i])));
+    map2_packed(dx, x, dy, n, n, [](float v, float d) { return d * F::df(v); });
 }
 
 // out[i] = F::f(a[i], b[i mod nb]); out may alias a (or b when nb = N). out, a: (N); b: (nb)
 template <typename F, typename T>
 __device__ void binary(T* out, const T* a, const T* b, long long n, long long nb) {
-    // The same-shape case skips the 64-bit modulo (as elementwise.cu's add).
-    if (nb == n) {
-        GRID_STRIDE(i, n) out[i] = from_f32<T>(F::f(to_f32(a[i]), to_f32(b[i])));
-    } else {
-        GRID_STRIDE(i, n) out[i] = from_f32<T>(F::f(to_f32(a[i]), to_f32(b[i % nb])));
-    }
+    map2_packed(out, a, b, n, nb, [](float x, float y) { return F::f(x, y); });
 }
 
 // a·b (ops::pointwise BinaryFn::Mul).

@@ -265,6 +265,40 @@ __device__ __forceinline__ void grid_stride_packed(long long n, bool packed, One
     GRID_STRIDE(j, n - done) one(done + j);
 }
 
+// out[i] = f(x[i]) in f32, storage T, packed where out and x are 16-byte aligned (unary
+// functions, their forms of the derivative that read one tensor). out may alias x.
+template <typename T, typename F>
+__device__ __forceinline__ void map1_packed(T* out, const T* x, long long n, F f) {
+    constexpr int V = Pack<T>::V;
+    grid_stride_packed<V>(
+        n, aligned16(out) && aligned16(x), [&](long long i) { out[i] = from_f32<T>(f(to_f32(x[i]))); },
+        [&](long long i) {
+            Pack<T> v = load_pack(x + i);
+            for (int j = 0; j < V; ++j) v.e[j] = from_f32<T>(f(to_f32(v.e[j])));
+            store_pack(out + i, v);
+        });
+}
+
+// out[i] = f(a[i], b[i mod nb]) in f32, storage T; nb divides n (nb = n: same shape; nb = C:
+// b broadcast over rows of C, a bias). Packed where every operand is 16-byte aligned and nb is
+// a multiple of V — then a pack of a never straddles two rows, b's pack starts at i mod nb,
+// and the 64-bit modulo (tens of instructions on a GPU) is paid once per pack, not per
+// element. The same-shape case skips it altogether. out may alias a (or b when nb = n).
+template <typename T, typename F>
+__device__ __forceinline__ void map2_packed(T* out, const T* a, const T* b, long long n, long long nb, F f) {
+    constexpr int V = Pack<T>::V;
+    const bool same = nb == n;
+    grid_stride_packed<V>(
+        n, nb % V == 0 && aligned16(out) && aligned16(a) && aligned16(b),
+        [&](long long i) { out[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[same ? i : i % nb]))); },
+        [&](long long i) {
+            const Pack<T> x = load_pack(a + i), y = load_pack(b + (same ? i : i % nb));
+            Pack<T> o;
+            for (int j = 0; j < V; ++j) o.e[j] = from_f32<T>(f(to_f32(x.e[j]), to_f32(y.e[j])));
+            store_pack(out + i, o);
+        });
+}
+
 // A warp's loop over the c elements of a row (the row kernels: one warp per row): with `packed`
 // (c a multiple of V and every row operand's base 16-byte aligned, so every row is), `vec(i)`
 // for the packs i..i+V−1 the lane owns — i = lane·V, then a warp's V·warpSize further on —

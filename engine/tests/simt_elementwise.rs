@@ -81,12 +81,15 @@ fn gelu_and_tanh_backward_and_forward_match() {
             // The standalone forward (a GELU outside a linear layer: Gemma's GeGLU gate).
             let mut fwd = vec![0f32; n];
             ew::map1(&pool, &mut fwd, &x, ew::Gelu(approx));
-            for dev in devices() {
-                let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+            // Aligned (16-byte packs, then the n mod V tail) and one input an element off.
+            for (dev, mis) in devices().iter().flat_map(|d| [(d, false), (d, true)]) {
+                let xb = Buf::from_f32(&x, dt);
+                let (mut y, mut xb) =
+                    (Buf::poisoned(n, dt), if mis { xb.misaligned() } else { xb });
                 let l = launch::GeluForward { dtype: dtype(dt), y: &mut y, x: &mut xb, n, approx };
                 dev.run(l.launch(dev.geometry())).unwrap();
                 check(
-                    &format!("gelu_forward {dt:?} {approx:?} on {dev}"),
+                    &format!("gelu_forward {dt:?} {approx:?} (misaligned x: {mis}) on {dev}"),
                     &y.to_f32(),
                     &fwd,
                     dt,
@@ -95,14 +98,15 @@ fn gelu_and_tanh_backward_and_forward_match() {
             }
             let mut want = vec![0f32; n];
             ew::map2(&pool, &mut want, &x, &dy, ew::GeluBackward(approx));
-            for dev in devices() {
-                let (mut dx, mut xb, mut dyb) =
-                    (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
+            for (dev, mis) in devices().iter().flat_map(|d| [(d, false), (d, true)]) {
+                let dyb = Buf::from_f32(&dy, dt);
+                let dyb = if mis { dyb.misaligned() } else { dyb };
+                let (mut dx, mut xb, mut dyb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt), dyb);
                 let (dtype, dx_, x, dy) = (dtype(dt), &mut dx, &mut xb, &mut dyb);
                 let l = launch::GeluBackward { dtype, dx: dx_, x, dy, n, approx };
                 dev.run(l.launch(dev.geometry())).unwrap();
                 check(
-                    &format!("gelu_backward {dt:?} {approx:?} on {dev}"),
+                    &format!("gelu_backward {dt:?} {approx:?} (misaligned dy: {mis}) on {dev}"),
                     &dx.to_f32(),
                     &want,
                     dt,
@@ -114,18 +118,20 @@ fn gelu_and_tanh_backward_and_forward_match() {
         ew::map1(&pool, &mut tanh_want, &x, ew::Tanh);
         let mut tanh_bwd_want = vec![0f32; n];
         ew::map2(&pool, &mut tanh_bwd_want, &yt, &dy, ew::TanhBackward);
-        for dev in devices() {
-            let (mut y, mut xb) = (Buf::poisoned(n, dt), Buf::from_f32(&x, dt));
+        for (dev, mis) in devices().iter().flat_map(|d| [(d, false), (d, true)]) {
+            let off = |b: Buf| if mis { b.misaligned() } else { b };
+            let (mut y, mut xb) = (Buf::poisoned(n, dt), off(Buf::from_f32(&x, dt)));
             let l = launch::TanhForward { dtype: dtype(dt), y: &mut y, x: &mut xb, n };
             dev.run(l.launch(dev.geometry())).unwrap();
-            check(&format!("tanh {dt:?} on {dev}"), &y.to_f32(), &tanh_want, dt, tol(dt, 1e-5));
+            let what = format!("tanh {dt:?} (misaligned: {mis}) on {dev}");
+            check(&what, &y.to_f32(), &tanh_want, dt, tol(dt, 1e-5));
             let (mut dx, mut yb, mut dyb) =
-                (Buf::poisoned(n, dt), Buf::from_f32(&yt, dt), Buf::from_f32(&dy, dt));
+                (Buf::poisoned(n, dt), off(Buf::from_f32(&yt, dt)), Buf::from_f32(&dy, dt));
             let (dtype, dx_, y, dy) = (dtype(dt), &mut dx, &mut yb, &mut dyb);
             let l = launch::TanhBackward { dtype, dx: dx_, y, dy, n };
             dev.run(l.launch(dev.geometry())).unwrap();
             check(
-                &format!("tanh_backward {dt:?} on {dev}"),
+                &format!("tanh_backward {dt:?} (misaligned y: {mis}) on {dev}"),
                 &dx.to_f32(),
                 &tanh_bwd_want,
                 dt,
@@ -165,6 +171,24 @@ fn add_with_and_without_broadcast_scale_and_fill_match() {
                 let l = launch::Add { dtype, to_f32: false, out: o, a, b, n, nb };
                 dev.run(l.launch(dev.geometry())).unwrap();
                 check(&format!("{what} {dt:?} on {dev}"), &out.to_f32(), want, dt, tol(dt, 1e-6));
+            }
+            // A bias 40 wide (a multiple of every pack: the broadcast in 16-byte packs), and an
+            // element off.
+            let n40 = ROWS * 40;
+            let want40: Vec<f32> =
+                a[..n40].iter().enumerate().map(|(i, &v)| v + b[i % 40]).collect();
+            for mis in [false, true] {
+                let bb = Buf::from_f32(&b[..40], dt);
+                let (mut out, mut ab, mut bb) = (
+                    Buf::poisoned(n40, dt),
+                    Buf::from_f32(&a[..n40], dt),
+                    if mis { bb.misaligned() } else { bb },
+                );
+                let (dtype, o, a, b) = (dtype(dt), &mut out, &mut ab, &mut bb);
+                let l = launch::Add { dtype, to_f32: false, out: o, a, b, n: n40, nb: 40 };
+                dev.run(l.launch(dev.geometry())).unwrap();
+                let what = format!("bias add of 40 {dt:?} (misaligned bias: {mis}) on {dev}");
+                check(&what, &out.to_f32(), &want40, dt, tol(dt, 1e-6));
             }
             if dt != D::F32 {
                 // Half operands, f32 sum (not rounded to the half dtype).

@@ -33,19 +33,22 @@ fn unary_forward_and_backward_match_the_cpu_kernels() {
             let (mut y_want, mut dx_want) = (vec![0f32; N], vec![0f32; N]);
             cpu::unary(&pool, &mut y_want, &x, f);
             cpu::unary_backward(&pool, &mut dx_want, &x, &dy, f);
-            for dev in devices() {
-                let (mut y, mut xb) = (Buf::poisoned(N, dt), Buf::from_f32(&x, dt));
+            // Aligned operands (16-byte packs, then the N mod V tail), and one input an element
+            // off (one element at a time).
+            for (dev, mis) in devices().iter().flat_map(|d| [(d, false), (d, true)]) {
+                let off = |b: Buf| if mis { b.misaligned() } else { b };
+                let (mut y, mut xb) = (Buf::poisoned(N, dt), off(Buf::from_f32(&x, dt)));
                 let l = launch::Unary { f, dtype: dtype(dt), y: &mut y, x: &mut xb, n: N };
                 dev.run(l.launch(dev.geometry())).unwrap();
-                let what = format!("{} {dt:?} on {dev}", f.name());
+                let what = format!("{} {dt:?} (misaligned x: {mis}) on {dev}", f.name());
                 check(&what, &y.to_f32(), &y_want, dt, tol(dt, 2e-6));
                 let (mut dx, mut xb, mut dyb) =
-                    (Buf::poisoned(N, dt), Buf::from_f32(&x, dt), Buf::from_f32(&dy, dt));
+                    (Buf::poisoned(N, dt), Buf::from_f32(&x, dt), off(Buf::from_f32(&dy, dt)));
                 let (dx_, x_, dy_) = (&mut dx, &mut xb, &mut dyb);
                 let l =
                     launch::UnaryBackward { f, dtype: dtype(dt), dx: dx_, x: x_, dy: dy_, n: N };
                 dev.run(l.launch(dev.geometry())).unwrap();
-                let what = format!("{} {dt:?} on {dev}", f.backward_name());
+                let what = format!("{} {dt:?} (misaligned dy: {mis}) on {dev}", f.backward_name());
                 check(&what, &dx.to_f32(), &dx_want, dt, tol(dt, 2e-6));
             }
         }
@@ -55,25 +58,30 @@ fn unary_forward_and_backward_match_the_cpu_kernels() {
 #[test]
 fn binary_same_shape_and_broadcast_match_the_cpu_kernels() {
     let pool = Pool::new(2);
-    // Rows of C (not a multiple of the block) broadcast over N / C rows.
-    const C: usize = 61;
-    let n = C * 29;
-    for &f in BinaryFn::ALL {
-        for dt in FLOATS {
-            let mut rng = Rng::new(23);
-            let a = rng.vec(n, -3.0, 3.0, dt);
-            let b = rng.vec(n, -3.0, 3.0, dt);
-            for nb in [n, C] {
-                let mut want = vec![0f32; n];
-                cpu::binary(&pool, &mut want, &a, &b[..nb], f);
-                for dev in devices() {
-                    let (mut out, mut ab, mut bb) =
-                        (Buf::poisoned(n, dt), Buf::from_f32(&a, dt), Buf::from_f32(&b[..nb], dt));
-                    let (o, a_, b_) = (&mut out, &mut ab, &mut bb);
-                    let l = launch::Binary { f, dtype: dtype(dt), out: o, a: a_, b: b_, n, nb };
-                    dev.run(l.launch(dev.geometry())).unwrap();
-                    let what = format!("{} {dt:?} b of {nb} on {dev}", f.name());
-                    check(&what, &out.to_f32(), &want, dt, tol(dt, 1e-6));
+    // Rows of C broadcast over N / C rows: C = 61 (not a multiple of the block or of a pack:
+    // one element at a time, and an N mod V tail when not broadcast) and C = 40 (a multiple
+    // of every pack: the broadcast in 16-byte packs), with b aligned and an element off.
+    for c in [61, 40] {
+        let n = c * 29;
+        for &f in BinaryFn::ALL {
+            for dt in FLOATS {
+                let mut rng = Rng::new(23);
+                let a = rng.vec(n, -3.0, 3.0, dt);
+                let b = rng.vec(n, -3.0, 3.0, dt);
+                for (nb, mis) in [(n, false), (c, false), (c, true)] {
+                    let mut want = vec![0f32; n];
+                    cpu::binary(&pool, &mut want, &a, &b[..nb], f);
+                    for dev in devices() {
+                        let bb = Buf::from_f32(&b[..nb], dt);
+                        let mut bb = if mis { bb.misaligned() } else { bb };
+                        let (mut out, mut ab) = (Buf::poisoned(n, dt), Buf::from_f32(&a, dt));
+                        let (o, a_, b_) = (&mut out, &mut ab, &mut bb);
+                        let l = launch::Binary { f, dtype: dtype(dt), out: o, a: a_, b: b_, n, nb };
+                        dev.run(l.launch(dev.geometry())).unwrap();
+                        let what =
+                            format!("{} {dt:?} b of {nb} (misaligned: {mis}) on {dev}", f.name());
+                        check(&what, &out.to_f32(), &want, dt, tol(dt, 1e-6));
+                    }
                 }
             }
         }
