@@ -204,28 +204,34 @@ fn one_step_of(
             t0.elapsed().as_secs_f64()
         );
         assert!(rel <= loss_rel, "{label}: loss {l} vs cpu {l_cpu}");
-        let mut worst = (String::new(), 0f32);
-        for p in &model.params {
+        let worst = worst_gradient(&model.params, |p| {
             let (a, r) = (&g[p.offset..p.offset + p.len], &g_cpu[p.offset..p.offset + p.len]);
             let max_g = r.iter().fold(0f32, |m, v| m.max(v.abs()));
             let max_d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
             let tol = grad_rel * max_g + grad_rel / 100.0 * big;
-            assert!(
-                max_d <= tol,
-                "{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})",
-                p.name
-            );
-            if max_d / tol > worst.1 {
-                worst = (p.name.clone(), max_d / tol);
-            }
-        }
-        println!(
-            "{label}: {} gradients match; worst {} at {:.1}% of tolerance",
-            model.params.len(),
-            worst.0,
-            100.0 * worst.1
-        );
+            let why =
+                format!("{label}: gradient of {} differs by {max_d:e} (max |g| {max_g:e})", p.name);
+            (f64::from(max_d), f64::from(tol), why)
+        });
+        println!("{label}: {} gradients match; {worst}", model.params.len());
     });
+}
+
+/// Asserts, for each parameter, the (distance, tolerance, failure message) that `check` gives
+/// it; returns which came nearest its tolerance and how near, for the log.
+fn worst_gradient(
+    params: &[ortbench_models::graph::ParamSlot],
+    check: impl Fn(&ortbench_models::graph::ParamSlot) -> (f64, f64, String),
+) -> String {
+    let mut worst = (String::new(), 0f64);
+    for p in params {
+        let (d, tol, why) = check(p);
+        assert!(d <= tol, "{why}");
+        if d / tol > worst.1 {
+            worst = (p.name.clone(), d / tol);
+        }
+    }
+    format!("worst {} at {:.1}% of tolerance", worst.0, 100.0 * worst.1)
 }
 
 /// The tests' batch of `cfg` (data seed 17); with `padded`, row 0 padded on the right (its last
@@ -390,27 +396,19 @@ fn bf16_step_as_close_to_f32_as_the_cpu(
         let rel = ((l - l_f32) / l_f32).abs();
         println!("{label}: loss gpu {l:.7} fp32 {l_f32:.7} (rel {rel:.1e})");
         assert!(rel <= 2e-4, "{label}: loss {l} vs fp32 {l_f32}");
-        let mut worst = (String::new(), 0f64);
-        for p in &half.params {
+        let worst = worst_gradient(&half.params, |p| {
             let r = p.offset..p.offset + p.len;
             let (d_gpu, d_cpu) =
                 (l2(&g[r.clone()], &g_f32[r.clone()]), l2(&g_cpu[r.clone()], &g_f32[r]));
             let tol = 2.0 * d_cpu + 2e-4 * f64::from(big) * (p.len as f64).sqrt();
-            assert!(
-                d_gpu <= tol,
+            let why = format!(
                 "{label}: gradient of {} is {d_gpu:e} from fp32 (L2), the CPU's bf16 {d_cpu:e}",
                 p.name
             );
-            if d_gpu / tol > worst.1 {
-                worst = (p.name.clone(), d_gpu / tol);
-            }
-        }
-        println!(
-            "{label}: {} gradients as close to fp32 as the CPU's; worst {} at {:.1}% of tolerance",
-            half.params.len(),
-            worst.0,
-            100.0 * worst.1
-        );
+            (d_gpu, tol, why)
+        });
+        let n = half.params.len();
+        println!("{label}: {n} gradients as close to fp32 as the CPU's; {worst}");
     });
 }
 
