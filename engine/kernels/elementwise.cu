@@ -4,7 +4,7 @@
 // CPU counterparts: engine/src/backend/cpu/kernels/elementwise.rs (same formulas, same dropout
 // mask bits). One thread per element (per 16-byte pack where the operands are aligned: add —
 // the bias add too, where its width is a multiple of the pack —, scale, GELU and tanh forward
-// and backward, dropout), grid-stride; arithmetic in f32, storage T.
+// and backward, dropout, casts), grid-stride; arithmetic in f32, storage T.
 #include "port.cuh"
 
 // GELU: approx 0 = erf (exact), 1 = tanh (elementwise.rs `Gelu`, ops::gelu::gelu_forward).
@@ -107,9 +107,26 @@ __device__ void dropout(T* out, const T* x, long long n, float p, unsigned long 
 }
 
 // Casts between storage types, rounding to nearest even. out, x: (N)
+// Where both are 16-byte aligned, E = max of the two packs' lengths elements a step: E / VF
+// packs read, E / VT written (f32 → bf16: two packs of 4 in, one of 8 out), every access
+// 16 bytes and aligned (i is a multiple of E, and E elements of either type are ≥ 16 bytes).
 template <typename To, typename From>
 __device__ void cast(To* out, const From* x, long long n) {
-    GRID_STRIDE(i, n) out[i] = from_f32<To>(to_f32(x[i]));
+    constexpr int VT = Pack<To>::V, VF = Pack<From>::V, E = VT > VF ? VT : VF;
+    grid_stride_packed<E>(
+        n, aligned16(out) && aligned16(x), [&](long long i) { out[i] = from_f32<To>(to_f32(x[i])); },
+        [&](long long i) {
+            float v[E];
+            for (int p = 0; p < E / VF; ++p) {
+                const Pack<From> f = load_pack(x + i + p * VF);
+                for (int j = 0; j < VF; ++j) v[p * VF + j] = to_f32(f.e[j]);
+            }
+            for (int p = 0; p < E / VT; ++p) {
+                Pack<To> t;
+                for (int j = 0; j < VT; ++j) t.e[j] = from_f32<To>(v[p * VT + j]);
+                store_pack(out + i + p * VT, t);
+            }
+        });
 }
 
 #define ELEMENTWISE(S, T)                                                                                                        \

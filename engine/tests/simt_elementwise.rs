@@ -277,16 +277,27 @@ fn dropout_keeps_the_cpu_mask_bit_for_bit() {
 }
 
 #[test]
-fn casts_widen_exactly() {
+fn casts_widen_exactly_and_narrow_as_the_cpu_rounds() {
+    // 1003 elements: 125 packs of 8 and a tail of 3 (250 of 4 and 3 for f32); then the input
+    // one element off (one element at a time).
     let n = 1000 + 3;
     for dt in [D::F16, D::BF16] {
         let mut rng = Rng::new(17);
         let x = rng.vec(n, -100.0, 100.0, dt);
-        for dev in devices() {
-            let (mut out, mut xb) = (Buf::poisoned(n, D::F32), Buf::from_f32(&x, dt));
+        // f32 values with bits below the half types' precision: narrowing rounds them (to
+        // nearest even, as the CPU's DType::round).
+        let wide = rng.vec(n, -100.0, 100.0, D::F32);
+        let narrowed: Vec<f32> = wide.iter().map(|&v| dt.round(v)).collect();
+        for (dev, mis) in devices().iter().flat_map(|d| [(d, false), (d, true)]) {
+            let off = |b: Buf| if mis { b.misaligned() } else { b };
+            let (mut out, mut xb) = (Buf::poisoned(n, D::F32), off(Buf::from_f32(&x, dt)));
             let (from, to, o, xs) = (dtype(dt), dtype(D::F32), &mut out, &mut xb);
             dev.run(launch::Cast { from, to, out: o, x: xs, n }.launch(dev.geometry())).unwrap();
-            assert_eq!(out.to_f32(), x, "cast {dt:?} → f32 on {dev}");
+            assert_eq!(out.to_f32(), x, "cast {dt:?} → f32 (misaligned: {mis}) on {dev}");
+            let (mut out, mut xb) = (Buf::poisoned(n, dt), off(Buf::from_f32(&wide, D::F32)));
+            let (from, to, o, xs) = (dtype(D::F32), dtype(dt), &mut out, &mut xb);
+            dev.run(launch::Cast { from, to, out: o, x: xs, n }.launch(dev.geometry())).unwrap();
+            assert_eq!(out.to_f32(), narrowed, "cast f32 → {dt:?} (misaligned: {mis}) on {dev}");
         }
     }
 }
