@@ -63,7 +63,7 @@ pub const ALIGN_ELEMS: usize = 16;
 pub enum PlanError {
     #[error("the planned executor needs a training graph with a loss: run autodiff::backward on the forward graph")]
     NotTraining,
-    #[error("node {node} ({op}): the {backend} backend has no kernel for it{why}; add one (one match arm in the executor) or run the reference executor (ORTBENCH_EXECUTOR=ref)")]
+    #[error("node {node} ({op}): the {backend} backend has no kernel for it{why}; a kernel is its op's `CpuKernel` / `GpuKernel` (docs/ARCHITECTURE.md, \"Where a new piece goes\"); or run the reference executor (ORTBENCH_EXECUTOR=ref)")]
     NoKernel { node: usize, op: &'static str, backend: &'static str, why: String },
     /// Several ops without a kernel: each named once (in graph order), so a user sees all that
     /// is missing (a model family the GPU backend does not have yet), then the first's reason.
