@@ -450,6 +450,7 @@ fn lm_head(c: &mut Criterion) {
         c: C,
         v,
         ignore_index: IGNORE,
+        softcap: None,
         chunk,
         skip_ignored: true,
     };

@@ -13,9 +13,9 @@
 //   per chunk of positions [start, start + k):
 //     lce_gather_<T>: xs (k, C) = x rows idx[start + s] (zeros past the count);
 //     GEMM logits (k, V) f32 = xs · wᵀ;
-//     lce_rows_<T>: per row, bias added, lse, loss lse − z[y], and with dloss the row
-//       overwritten by g·softmax − g·onehot, g = dloss / count (and its copy in T for half
-//       GEMM operands);
+//     lce_rows_<T>: per row, bias added, [soft-capped,] lse, loss lse − z[y], and with dloss
+//       the row overwritten by g·softmax − g·onehot, g = dloss / count [times the cap's
+//       derivative] (and its copy in T for half GEMM operands);
 //     GEMM dxs (k, C) f32 = G · w, lce_scatter_<T> to dx's rows idx[start + s];
 //     GEMM dw (V, C) f32 (+)= Gᵀ · xs (β = 1 after the first chunk);
 //     lce_column_sum: dbias (V) f32 (+)= the column sums of G, rows in order (the CPU's order);
@@ -96,10 +96,12 @@ __device__ void lce_gather(T* xs, const T* x, const int* idx, const float* count
     }
 }
 
-// One chunk's logits rows, position p = start + s: z = logits[s] (+ bias); losses[p] =
-// lse(z) − z[y], y = labels[idx[p]]; with dloss, logits[s] = g·softmax(z) − g·onehot(y),
-// g = dloss[0] / max(count, 1), and g16[s] the same in T when g16 is given (a half GEMM's
-// operand). Past the count: losses[p] = 0 and (with dloss) zero rows. Each thread rewrites
+// One chunk's logits rows, position p = start + s: z = logits[s] (+ bias), soft-capped
+// z ← cap·tanh(inv·z) when cap ≠ 0 (Gemma 2's final_logit_softcapping; as elementwise.cu's
+// scale, tanh and scale compute it); losses[p] = lse(z) − z[y], y = labels[idx[p]]; with dloss,
+// logits[s] = g·softmax(z) − g·onehot(y), g = dloss[0] / max(count, 1) (with a cap, times
+// cap·(1 − t²)·inv, t = z / cap: the unfused backward's order), and g16[s] the same in T when
+// g16 is given (a half GEMM's operand). Past the count: losses[p] = 0 and (with dloss) zero rows. Each thread rewrites
 // only the columns it read itself, and the label's loss is taken by the thread owning column
 // y before it overwrites it, so the in-place rewrite needs no barrier of its own.
 // logits: (k, v) f32; g16: (k, v) T or null; losses: (≥ start + k) f32; err: (1) i32 or null;
@@ -108,7 +110,7 @@ __device__ void lce_gather(T* xs, const T* x, const int* idx, const float* count
 // k rows; block: a multiple of the warp size ≤ 1024.
 template <typename T>
 __device__ void lce_rows(float* logits, T* g16, float* losses, int* err, const long long* labels, const int* idx, const float* count, const T* bias,
-                         const float* dloss, long long start, int k, int v, long long ignore_index) {
+                         const float* dloss, long long start, int k, int v, long long ignore_index, float inv, float cap) {
     __shared__ float scratch[64];
     const long long n = (long long)count[0];
     const float g = dloss ? dloss[0] / fmaxf(count[0], 1.0f) : 0.0f;
@@ -134,6 +136,8 @@ __device__ void lce_rows(float* logits, T* g16, float* losses, int* err, const l
         }
         if (bias)
             for (int j = threadIdx.x; j < v; j += blockDim.x) row[j] += to_f32(bias[j]);
+        if (cap != 0.0f)  // the same threads' columns as lce_block_lse reads: no barrier
+            for (int j = threadIdx.x; j < v; j += blockDim.x) row[j] = tanhf(row[j] * inv) * cap;
         const float lse = lce_block_lse(row, v, scratch);
         for (int j = threadIdx.x; j < v; j += blockDim.x) {
             const float z = row[j];
@@ -141,6 +145,10 @@ __device__ void lce_rows(float* logits, T* g16, float* losses, int* err, const l
             if (dloss) {
                 float d = g * expf(z - lse);
                 if (j == y) d -= g;
+                if (cap != 0.0f) {
+                    const float t = z / cap;
+                    d = d * cap * (1.0f - t * t) * inv;
+                }
                 row[j] = d;
                 if (grow) grow[j] = from_f32<T>(d);
             }
@@ -178,8 +186,8 @@ ORT_REGISTER(lce_column_sum)
     ORT_REGISTER(lce_gather_##S)                                                                                                    \
     ORT_KERNEL(lce_rows_##S)(float* logits, T* g16, float* losses, int* err, const long long* labels, const int* idx,              \
                              const float* count, const T* bias, const float* dloss, long long start, int k, int v,                 \
-                             long long ignore_index) {                                                                              \
-        lce_rows<T>(logits, g16, losses, err, labels, idx, count, bias, dloss, start, k, v, ignore_index);                          \
+                             long long ignore_index, float inv, float cap) {                                                        \
+        lce_rows<T>(logits, g16, losses, err, labels, idx, count, bias, dloss, start, k, v, ignore_index, inv, cap);                \
     }                                                                                                                               \
     ORT_REGISTER(lce_rows_##S)                                                                                                      \
     ORT_KERNEL(lce_scatter_##S)(T * dx, const float* dxs, const int* idx, const float* count, long long start, int k, int c) {     \

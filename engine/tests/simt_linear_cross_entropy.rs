@@ -20,7 +20,9 @@
 //!   scatter (stored in x's dtype: the f32 workspace sum cast at the end);
 //! - each as autodiff makes it (the forward node and the backward node) and after the training
 //!   pass `fuse_linear_cross_entropy_backward` (the backward alone gives the loss);
-//! - every 4th label the ignore index (−100), labels 0 and V − 1 included; f32, f16, bf16.
+//! - every 4th label the ignore index (−100), labels 0 and V − 1 included; f32, f16, bf16;
+//! - merged, also with the logits soft-capped at 2 (Gemma 2's head: |z| reaches ~6 here, so
+//!   tanh bends).
 //!
 //! Tolerances, per element |got − want| ≤ rel·|want| + of_largest·max|want|:
 //! - loss: 2e-6 relative (f32 GEMM sums of C = 24 terms and the block lse in another order than
@@ -42,8 +44,9 @@ use ortbench_engine::backend::gpu::{Epilogue, GpuDevice};
 use ortbench_engine::backend::simt_device::SimtGpu;
 use ortbench_engine::exec::gpu::support::GpuSupport;
 use ortbench_engine::exec::gpu::GpuExecutor;
+use ortbench_engine::graph::op::LinearCrossEntropy;
 use ortbench_engine::graph::Graph;
-use ortbench_engine::ops::linear_cross_entropy as reference;
+use ortbench_engine::ops::linear_cross_entropy::{self as reference, SoftCap};
 use ortbench_engine::{DType, Inputs};
 use ortbench_simt::Order;
 
@@ -126,7 +129,7 @@ struct Case {
     grads: Vec<(String, Vec<f64>)>,
 }
 
-fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
+fn case(dtype: DType, tied: bool, merged: bool, seed: u64, softcap: Option<SoftCap>) -> Case {
     let mut rng = Rng(seed);
     let mut g = Graph::with_dtype(dtype);
     let w = g.param("w", &[V, C]).unwrap();
@@ -135,7 +138,8 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
     let ids_t = g.input_ids("ids", &[1, R]).unwrap();
     let labels_t = g.input_ids("labels", &[1, R]).unwrap();
     let x = g.embedding(table, ids_t).unwrap();
-    let loss = g.linear_cross_entropy(x, w, labels_t, bias, IGNORE).unwrap();
+    let head = LinearCrossEntropy { ignore_index: IGNORE, softcap };
+    let loss = g.linear_cross_entropy(x, w, labels_t, bias, head).unwrap();
     let mut graph = ortbench_engine::autodiff::backward(&g, loss).unwrap();
     if merged {
         let (m, n) =
@@ -177,7 +181,7 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
         &labels,
         b64.as_deref(),
         C,
-        IGNORE,
+        reference::Head { ignore_index: IGNORE, softcap },
         Some(grads),
     )
     .unwrap();
@@ -194,8 +198,9 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64) -> Case {
         vec![("w".to_string(), dw), ("bias".to_string(), db), ("e".to_string(), dtable)]
     };
     let what = format!(
-        "{dtype:?} {} {}",
+        "{dtype:?} {} {}{}",
         if tied { "tied" } else { "untied+bias" },
+        if softcap.is_some() { "soft-capped " } else { "" },
         if merged { "merged" } else { "fwd+bwd" }
     );
     Case { what, graph, params, ids, labels, loss, grads }
@@ -246,8 +251,9 @@ fn check_case<D: GpuDevice>(c: &Case, dev: D, chunk: usize) -> f64 {
     worst
 }
 
-/// Every dtype, tied and untied, with and without the merge, chunks of 5 rows (and one of all
-/// rows), on every test device: loss and gradients against the reference.
+/// Every dtype, tied and untied, with and without the merge (merged, also soft-capped), chunks
+/// of 5 rows (and one of all rows), on every test device: loss and gradients against the
+/// reference.
 #[test]
 fn gpu_executor_linear_cross_entropy_matches_the_reference() {
     let devs = [
@@ -260,8 +266,9 @@ fn gpu_executor_linear_cross_entropy_matches_the_reference() {
     ];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for tied in [false, true] {
-            for merged in [false, true] {
-                let c = case(dtype, tied, merged, 7 + tied as u64);
+            let cap = Some(SoftCap { inv: 0.5, cap: 2.0 });
+            for (merged, softcap) in [(false, None), (true, None), (true, cap)] {
+                let c = case(dtype, tied, merged, 7 + tied as u64, softcap);
                 let mut worst = 0f64;
                 on_devices!(&devs, |dev| worst = worst.max(check_case(&c, dev, 5)));
                 on_devices!(&devs[..1], |dev| worst = worst.max(check_case(&c, dev, R)));
@@ -287,7 +294,7 @@ fn executor_in_chunks_of_5<D: GpuDevice>(c: &Case, dev: D) -> (GpuExecutor<D>, I
 #[test]
 fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
     for bad in [V as i64, -3] {
-        let mut c = case(DType::F32, false, true, 3);
+        let mut c = case(DType::F32, false, true, 3, None);
         c.labels[5] = bad;
         on_devices!(&[(32, Order::Forward)], |dev| {
             let (mut ex, inputs) = executor_in_chunks_of_5(&c, dev);
@@ -302,7 +309,7 @@ fn gpu_executor_linear_cross_entropy_names_a_bad_label() {
 #[test]
 fn gpu_executor_linear_cross_entropy_with_every_label_ignored_gives_nan_and_zero_gradients() {
     for dtype in [DType::F32, DType::BF16] {
-        let mut c = case(dtype, false, true, 5);
+        let mut c = case(dtype, false, true, 5, None);
         c.labels.fill(IGNORE);
         on_devices!(&[(64, Order::Greedy)], |dev| {
             let (mut ex, inputs) = executor_in_chunks_of_5(&c, dev);
@@ -446,6 +453,7 @@ fn each_kernel_matches_host_loops_within_its_buffers() {
                 k,
                 v: V,
                 ignore_index: IGNORE,
+                softcap: None, // soft-capped rows: the executor-level test above
             };
             dev.run(rows.launch(geo)).unwrap();
             let g = dloss / n as f32;

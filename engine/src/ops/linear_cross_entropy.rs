@@ -26,13 +26,44 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LinearCrossEntropy {
     pub ignore_index: i64,
+    /// The logits soft-capped before the loss (Gemma 2's `final_logit_softcapping`).
+    pub softcap: Option<SoftCap>,
+}
+
+/// A tanh soft-cap of the logits, z ↦ cap·tanh(inv·z), as HF's Gemma 2 writes it
+/// (`logits / cap`, `tanh`, `* cap`): `inv` and `cap` are the unfused graph's two scales, each
+/// as it holds it (inv = 1/cap rounded to f32), so the fused op computes what those three ops do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftCap {
+    pub inv: f32,
+    pub cap: f32,
+}
+
+impl SoftCap {
+    /// The capped logit and tanh(inv·z).
+    pub fn apply<T: Real>(self, z: T) -> (T, T) {
+        let t = (T::from_f64(self.inv.into()) * z).tanh();
+        (T::from_f64(self.cap.into()) * t, t)
+    }
+
+    /// The gradient of z from that of the capped logit `d` and t = tanh(inv·z), in the unfused
+    /// backward's order: ·cap (the outer scale), ·(1 − t²) (tanh), ·inv (the inner scale).
+    pub fn grad<T: Real>(self, d: T, t: T) -> T {
+        let (inv, cap) = (T::from_f64(self.inv.into()), T::from_f64(self.cap.into()));
+        d * cap * (T::ONE - t * t) * inv
+    }
+
+    fn attrs(cap: Option<Self>) -> String {
+        cap.map_or(String::new(), |s| format!(" softcap={}*tanh({}*z)", s.cap, s.inv))
+    }
 }
 
 impl Reference for LinearCrossEntropy {
     fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
         let bias = (a.operands() > 3).then(|| a.f(3));
         let (x, w, labels, c) = (a.f(0), a.f(1), a.ids(2), a.last(0));
-        outs[0][0] = linear_cross_entropy(x, w, labels, bias, c, self.ignore_index, None)?;
+        let head = Head { ignore_index: self.ignore_index, softcap: self.softcap };
+        outs[0][0] = linear_cross_entropy(x, w, labels, bias, c, head, None)?;
         Ok(())
     }
 }
@@ -43,7 +74,7 @@ impl OpDef for LinearCrossEntropy {
     }
 
     fn attrs(&self) -> String {
-        format!("ignore_index={}", self.ignore_index)
+        format!("ignore_index={}{}", self.ignore_index, SoftCap::attrs(self.softcap))
     }
 
     // The fused head never stores the logits: what it holds of them is its chunk of logits in
@@ -67,14 +98,7 @@ impl OpDef for LinearCrossEntropy {
         // `fuse_linear_cross_entropy_backward` makes it the loss and drops the forward).
         let (ins, dy) = (cx.ins(), cx.gy()?);
         let bias = ins.get(3).copied();
-        let d = cx.g.linear_cross_entropy_backward(
-            dy,
-            ins[0],
-            ins[1],
-            ins[2],
-            bias,
-            self.ignore_index,
-        )?;
+        let d = cx.g.linear_cross_entropy_backward(dy, ins[0], ins[1], ins[2], bias, *self)?;
         let mut grads = vec![Some(d[1]), Some(d[2]), None];
         if bias.is_some() {
             grads.push(Some(d[3]));
@@ -92,6 +116,7 @@ impl OpDef for LinearCrossEntropy {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LinearCrossEntropyBackward {
     pub ignore_index: i64,
+    pub softcap: Option<SoftCap>,
 }
 
 impl Reference for LinearCrossEntropyBackward {
@@ -107,7 +132,8 @@ impl Reference for LinearCrossEntropyBackward {
             db: db.first_mut().map(|d| &mut d[..]),
         };
         let (x, w, labels, c) = (a.f(1), a.f(2), a.ids(3), a.last(1));
-        loss[0][0] = linear_cross_entropy(x, w, labels, bias, c, self.ignore_index, Some(grads))?;
+        let head = Head { ignore_index: self.ignore_index, softcap: self.softcap };
+        loss[0][0] = linear_cross_entropy(x, w, labels, bias, c, head, Some(grads))?;
         Ok(())
     }
 }
@@ -118,7 +144,7 @@ impl OpDef for LinearCrossEntropyBackward {
     }
 
     fn attrs(&self) -> String {
-        format!("ignore_index={}", self.ignore_index)
+        format!("ignore_index={}{}", self.ignore_index, SoftCap::attrs(self.softcap))
     }
 
     // The fused head never stores the logits: what it holds of them is its chunk of logits in
@@ -168,9 +194,18 @@ pub struct LceGrads<'a, T> {
     pub db: Option<&'a mut [T]>,
 }
 
-/// The mean loss over labelled rows (NaN when none is, as torch's 0/0); with `grads`, writes
-/// dx = dloss/count·(softmax − onehot)·w, dw = its transpose product with x, dbias = its row
-/// sum (ignored rows contribute nothing).
+/// What the loss head does with its logits besides the cross-entropy: the label it ignores and
+/// the soft-cap it applies first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Head {
+    pub ignore_index: i64,
+    pub softcap: Option<SoftCap>,
+}
+
+/// The mean loss over labelled rows (NaN when none is, as torch's 0/0) of the logits x·wᵀ
+/// [+ bias] [soft-capped]; with `grads`, writes dx = G·w, dw = Gᵀ·x, dbias = G's row sum,
+/// G = dloss/count·(softmax − onehot) [· the soft-cap's derivative] (ignored rows contribute
+/// nothing).
 // x: (R, C); w: (V, C); labels: (R); bias: (V)
 pub fn linear_cross_entropy<T: Real>(
     x: &[T],
@@ -178,7 +213,7 @@ pub fn linear_cross_entropy<T: Real>(
     labels: &[i64],
     bias: Option<&[T]>,
     c: usize,
-    ignore_index: i64,
+    Head { ignore_index, softcap }: Head,
     mut grads: Option<LceGrads<'_, T>>,
 ) -> Result<T, OpError> {
     let v = w.len() / c;
@@ -205,7 +240,8 @@ pub fn linear_cross_entropy<T: Real>(
             db.fill(T::ZERO);
         }
     }
-    let mut z = vec![T::ZERO; v]; // one row's logits
+    let mut z = vec![T::ZERO; v]; // one row's logits (soft-capped)
+    let mut t = vec![T::ZERO; v]; // tanh(inv·z) of the soft-cap
     let mut sum = T::ZERO;
     for (r, (xr, &label)) in x.chunks_exact(c).zip(labels).enumerate() {
         if label == ignore_index {
@@ -218,6 +254,11 @@ pub fn linear_cross_entropy<T: Real>(
                 acc += a * b;
             }
             *zj = acc;
+        }
+        if let Some(cap) = softcap {
+            for (zj, tj) in z.iter_mut().zip(&mut t) {
+                (*zj, *tj) = cap.apply(*zj);
+            }
         }
         let mut max = T::NEG_INFINITY;
         for &s in &z {
@@ -237,6 +278,9 @@ pub fn linear_cross_entropy<T: Real>(
             let mut gj = gs * (zj - lse).exp();
             if j == y {
                 gj -= gs;
+            }
+            if let Some(cap) = softcap {
+                gj = cap.grad(gj, t[j]);
             }
             let wj = &w[j * c..(j + 1) * c];
             for (d, &b) in dxr.iter_mut().zip(wj) {
@@ -264,18 +308,14 @@ impl Graph {
         w: TensorId,
         labels: TensorId,
         bias: Option<TensorId>,
-        ignore_index: i64,
+        head: LinearCrossEntropy,
     ) -> Result<TensorId, GraphError> {
         let op = "linear_cross_entropy";
         self.linear_cross_entropy_operands(op, x, w, labels, bias)?;
         let mut inputs = vec![x, w, labels];
         inputs.extend(bias);
         let loss = (vec![], ElemType::Float(DType::F32));
-        Ok(self.push(
-            Op::LinearCrossEntropy(LinearCrossEntropy { ignore_index }),
-            inputs,
-            vec![loss],
-        )[0])
+        Ok(self.push(Op::LinearCrossEntropy(head), inputs, vec![loss])[0])
     }
 
     /// [`Op::LinearCrossEntropyBackward`]: returns (loss, dx, dw, dbias when there is a bias);
@@ -288,7 +328,7 @@ impl Graph {
         w: TensorId,
         labels: TensorId,
         bias: Option<TensorId>,
-        ignore_index: i64,
+        LinearCrossEntropy { ignore_index, softcap }: LinearCrossEntropy,
     ) -> Result<Vec<TensorId>, GraphError> {
         let op = "linear_cross_entropy_backward";
         let (sd, _) = self.float_arg(op, "dloss", dloss)?;
@@ -304,7 +344,7 @@ impl Graph {
         let mut inputs = vec![dloss, x, w, labels];
         inputs.extend(bias);
         Ok(self.push(
-            Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index }),
+            Op::LinearCrossEntropyBackward(LinearCrossEntropyBackward { ignore_index, softcap }),
             inputs,
             outs,
         ))
@@ -346,14 +386,17 @@ mod tests {
     use crate::ops::testutil::*;
 
     const IGNORE: i64 = -100;
+    const PLAIN: Head = Head { ignore_index: IGNORE, softcap: None };
 
-    /// (loss, dlogits) of the composition: logits = x·wᵀ + b, then `ops::cross_entropy`.
+    /// (loss, dlogits) of the composition: logits = x·wᵀ + b [then cap·tanh(inv·logits), as
+    /// `ops::scale` and `ops::tanh` compute it], then `ops::cross_entropy`.
     fn composed(
         x: &[f64],
         w: &[f64],
         b: &[f64],
         labels: &[i64],
         c: usize,
+        softcap: Option<SoftCap>,
     ) -> (f64, Vec<f64>, Vec<f64>) {
         let (r, v) = (labels.len(), b.len());
         let mut logits = vec![0.0; r * v];
@@ -362,26 +405,48 @@ mod tests {
                 logits[i * v + j] = b[j] + (0..c).map(|k| x[i * c + k] * w[j * c + k]).sum::<f64>();
             }
         }
-        let l = cross_entropy::cross_entropy_forward(&logits, labels, v, IGNORE).unwrap();
+        let tanh: Vec<f64> = match softcap {
+            Some(s) => logits.iter().map(|&z| (f64::from(s.inv) * z).tanh()).collect(),
+            None => vec![],
+        };
+        let capped: Vec<f64> = match softcap {
+            Some(s) => tanh.iter().map(|&t| f64::from(s.cap) * t).collect(),
+            None => logits.clone(),
+        };
+        let l = cross_entropy::cross_entropy_forward(&capped, labels, v, IGNORE).unwrap();
         let mut d = vec![0.0; r * v];
-        cross_entropy::cross_entropy_backward(&mut d, 1.3, &logits, labels, v, IGNORE).unwrap();
+        cross_entropy::cross_entropy_backward(&mut d, 1.3, &capped, labels, v, IGNORE).unwrap();
+        if let Some(s) = softcap {
+            // d(cap·t)/dz = cap·(1 − t²)·inv (`ops::tanh`'s backward between the two scales').
+            for (dj, &t) in d.iter_mut().zip(&tanh) {
+                *dj *= f64::from(s.cap) * (1.0 - t * t) * f64::from(s.inv);
+            }
+        }
         (l, d, logits)
     }
 
-    /// The fused reference against matmul + bias + cross-entropy (f64, 1e-12): loss, dx, dw,
-    /// dbias, with ignored rows; and its gradient against finite differences of its loss.
+    /// The fused reference against matmul + bias [+ soft-cap] + cross-entropy (f64, 1e-12):
+    /// loss, dx, dw, dbias, with ignored rows; and its gradient against finite differences of
+    /// its loss. The soft-cap at 0.8 bends the logits (|z| up to ~3).
     #[test]
     fn matches_matmul_bias_then_cross_entropy_and_finite_differences() {
+        for softcap in [None, Some(SoftCap { inv: 1.25, cap: 0.8 })] {
+            matches_the_composition(softcap);
+        }
+    }
+
+    fn matches_the_composition(softcap: Option<SoftCap>) {
+        let head = Head { ignore_index: IGNORE, softcap };
         let (r, c, v) = (7, 5, 11);
         let mut rng = Rng::new(41);
         let x: Vec<f64> = rng.vec(r * c).iter().map(|a| 2.0 * a).collect();
         let w: Vec<f64> = rng.vec(v * c).iter().map(|a| 1.5 * a).collect();
         let b: Vec<f64> = rng.vec(v);
         let labels = [3, IGNORE, 0, 10, IGNORE, 7, 7];
-        let (want, dlogits, _) = composed(&x, &w, &b, &labels, c);
+        let (want, dlogits, _) = composed(&x, &w, &b, &labels, c, softcap);
         let (mut dx, mut dw, mut db) = (vec![0.0; r * c], vec![0.0; v * c], vec![0.0; v]);
         let grads = LceGrads { dloss: 1.3, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
-        let l = linear_cross_entropy(&x, &w, &labels, Some(&b), c, IGNORE, Some(grads)).unwrap();
+        let l = linear_cross_entropy(&x, &w, &labels, Some(&b), c, head, Some(grads)).unwrap();
         assert!((l - want).abs() <= 1e-12 * want.abs(), "loss {l} vs {want}");
         // dx = dlogits·w, dw = dlogitsᵀ·x, db = Σ_rows dlogits.
         let mut want_dx = vec![0.0; r * c];
@@ -402,7 +467,7 @@ mod tests {
         assert_close(&db, &want_db, 1e-12, "dbias");
         assert!(dx[c..2 * c].iter().all(|&g| g == 0.0), "an ignored row gets no gradient");
         let loss = |x: &[f64]| {
-            1.3 * linear_cross_entropy(x, &w, &labels, Some(&b), c, IGNORE, None).unwrap()
+            1.3 * linear_cross_entropy(x, &w, &labels, Some(&b), c, head, None).unwrap()
         };
         assert_close(&dx, &fd_grad(&x, FD_STEP, loss), FD_TOL, "dx vs finite differences");
     }
@@ -410,9 +475,9 @@ mod tests {
     #[test]
     fn bad_label_is_an_error_and_all_ignored_is_nan() {
         let (x, w) = ([0.5f32; 6], [0.25f32; 12]);
-        assert!(linear_cross_entropy(&x, &w, &[4, 0], None, 3, IGNORE, None).is_err());
-        assert!(linear_cross_entropy(&x, &w, &[-1, 0], None, 3, IGNORE, None).is_err());
-        let l = linear_cross_entropy(&x, &w, &[IGNORE, IGNORE], None, 3, IGNORE, None).unwrap();
+        assert!(linear_cross_entropy(&x, &w, &[4, 0], None, 3, PLAIN, None).is_err());
+        assert!(linear_cross_entropy(&x, &w, &[-1, 0], None, 3, PLAIN, None).is_err());
+        let l = linear_cross_entropy(&x, &w, &[IGNORE, IGNORE], None, 3, PLAIN, None).unwrap();
         assert!(l.is_nan());
     }
 }

@@ -222,7 +222,11 @@ mod tests {
         let x = g.input_float("x", &[3, 8]).unwrap();
         let labels = g.input_ids("labels", &[3]).unwrap();
         let w = g.param("w", &[10, 8]).unwrap();
-        let loss = g.linear_cross_entropy(x, w, labels, None, crate::graph::IGNORE_INDEX).unwrap();
+        let head = crate::graph::op::LinearCrossEntropy {
+            ignore_index: crate::graph::IGNORE_INDEX,
+            softcap: None,
+        };
+        let loss = g.linear_cross_entropy(x, w, labels, None, head).unwrap();
         let g = backward(&g, loss).unwrap();
         let plan = build(&g, &Fixed { inplace: true }).unwrap();
         plan.check(&g).unwrap();

@@ -1,7 +1,8 @@
 //! Linear + cross-entropy without the logits: the labelled rows of x are taken a chunk at a
 //! time; each chunk's logits (chunk, V) are made by one GEMM into the workspace, reduced to
 //! their log-sum-exp and loss, and — when gradients are asked for — turned in place into
-//! g = dloss/count·(softmax − onehot), from which two more GEMMs give the chunk's dx rows and
+//! g = dloss/count·(softmax − onehot) (the logits soft-capped first when the op says so, g then
+//! times the cap's derivative), from which two more GEMMs give the chunk's dx rows and
 //! add its part of dw (f32 accumulation in the GEMM), and a column sum its part of dbias.
 //! The chunk's buffer is then reused: the workspace holds one chunk, never the (R, V) logits.
 //!
@@ -29,6 +30,7 @@ use crate::exec::planned::CpuSupport;
 use crate::graph::op::{LinearCrossEntropy, LinearCrossEntropyBackward};
 use crate::graph::Graph;
 use crate::graph::Op;
+use crate::ops::linear_cross_entropy::SoftCap;
 use crate::ops::OpError;
 
 /// The most rows one chunk holds (its row indices live on the stack).
@@ -67,6 +69,8 @@ pub struct Lce<'a> {
     pub c: usize,
     pub v: usize,
     pub ignore_index: i64,
+    /// The logits soft-capped before the loss.
+    pub softcap: Option<SoftCap>,
     pub chunk: usize,
     /// Whether rows with an ignored label are left out of the GEMMs (the row skip,
     /// `plan::rows`); when not, they are computed and their loss and gradient zeroed — the
@@ -83,8 +87,9 @@ pub struct LceGrads<'a> {
     pub db: Option<&'a mut [f32]>,
 }
 
-/// One chunk's logits rows: bias added, per-row loss lse − z[y], and with `g` the row
-/// overwritten by g·softmax − g·onehot.
+/// One chunk's logits rows: bias added, soft-capped (z ← cap·tanh(inv·z), as the unfused
+/// scale, tanh and scale kernels compute it), per-row loss lse − z[y], and with `g` the row
+/// overwritten by g·softmax − g·onehot (times the cap's derivative, t recovered as z/cap).
 #[inline(always)]
 fn rows_pass(
     logits: &mut [f32],
@@ -93,7 +98,7 @@ fn rows_pass(
     bias: Option<&[f32]>,
     v: usize,
     g: Option<f32>,
-    ignore_index: i64,
+    (ignore_index, softcap): (i64, Option<SoftCap>),
 ) {
     for ((row, loss), &y) in logits.chunks_exact_mut(v).zip(losses.iter_mut()).zip(labels) {
         if y == ignore_index {
@@ -107,17 +112,34 @@ fn rows_pass(
                 *z += bj;
             }
         }
+        if let Some(s) = softcap {
+            for z in row.iter_mut() {
+                *z = s.cap * simd::tanh(*z * s.inv);
+            }
+        }
         let l = lse(row);
         *loss = l - row[y as usize];
-        if let Some(g) = g {
-            for z in row.iter_mut() {
-                *z = g * simd::exp(*z - l);
+        let Some(g) = g else { continue };
+        match softcap {
+            None => {
+                for z in row.iter_mut() {
+                    *z = g * simd::exp(*z - l);
+                }
+                row[y as usize] -= g;
             }
-            row[y as usize] -= g;
+            Some(s) => {
+                for (j, z) in row.iter_mut().enumerate() {
+                    let mut d = g * simd::exp(*z - l);
+                    if j == y as usize {
+                        d -= g;
+                    }
+                    *z = s.grad(d, *z / s.cap);
+                }
+            }
         }
     }
 }
-multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>, ignore_index: i64) => rows_pass);
+multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>, head: (i64, Option<SoftCap>)) => rows_pass);
 
 /// dbias[j] += Σ_rows g[row, j] over columns `cols`.
 #[inline(always)]
@@ -207,7 +229,7 @@ pub fn linear_cross_entropy(
                 p.bias,
                 v,
                 g,
-                p.ignore_index,
+                (p.ignore_index, p.softcap),
             )
         });
         for &l in &losses[..n] {
@@ -273,7 +295,7 @@ impl CpuKernel for LinearCrossEntropy {
     }
 
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        let LinearCrossEntropy { ignore_index } = self;
+        let LinearCrossEntropy { ignore_index, softcap } = self;
         // Operands from x on: the backward's slot 0 is dloss.
         let at = usize::from(matches!(k.node.op, Op::LinearCrossEntropyBackward(_)));
         let (v, c) = (k.g.shape(k.node.inputs[at + 1])[0], k.g.shape(k.node.inputs[at + 1])[1]);
@@ -286,6 +308,7 @@ impl CpuKernel for LinearCrossEntropy {
             c,
             v,
             ignore_index: *ignore_index,
+            softcap: *softcap,
             chunk: lce::chunk_rows(v, k.pool.threads()),
             skip_ignored: k.x.row_skip,
         };
@@ -316,7 +339,7 @@ impl CpuKernel for LinearCrossEntropyBackward {
 
     // One kernel call for both directions: it reads which from the node.
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        LinearCrossEntropy { ignore_index: self.ignore_index }.exec(k)
+        LinearCrossEntropy { ignore_index: self.ignore_index, softcap: self.softcap }.exec(k)
     }
 }
 
@@ -348,11 +371,14 @@ mod tests {
     #[test]
     fn chunked_kernel_matches_the_row_by_row_reference() {
         let pool = Pool::new(2);
-        for &(r, c, v, chunk, bias) in &[
-            (29usize, 24usize, 131usize, 3usize, true),
-            (29, 24, 131, 7, false),
-            (40, 16, 1000, 64, true),
-            (1, 8, 9, 3, false),
+        let cap = Some(SoftCap { inv: 1.0 / 1.5, cap: 1.5 });
+        for &(r, c, v, chunk, bias, softcap) in &[
+            (29usize, 24usize, 131usize, 3usize, true, None),
+            (29, 24, 131, 7, false, None),
+            (40, 16, 1000, 64, true, None),
+            (1, 8, 9, 3, false, None),
+            (29, 24, 131, 7, true, cap),
+            (40, 16, 1000, 64, false, cap),
         ] {
             let mut rng = Rng::new((r * 1000 + v + chunk) as u64);
             let x: Vec<f32> = rng.vec_f32(r * c).iter().map(|a| 1.5 * a).collect();
@@ -371,7 +397,7 @@ mod tests {
                 &labels,
                 bias.map(|_| &b64[..]),
                 c,
-                -100,
+                reference::Head { ignore_index: -100, softcap },
                 Some(reference::LceGrads {
                     dloss: 0.7,
                     dx: &mut dx0,
@@ -389,6 +415,7 @@ mod tests {
                     c,
                     v,
                     ignore_index: -100,
+                    softcap,
                     chunk,
                     skip_ignored,
                 };
@@ -401,7 +428,7 @@ mod tests {
                 let fwd = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap() as f64;
                 assert_eq!(fwd, got, "the loss without gradients is the same sum");
                 let what = format!(
-                    "r {r} v {v} chunk {chunk} bias {} skip {skip_ignored}",
+                    "r {r} v {v} chunk {chunk} bias {} skip {skip_ignored} softcap {softcap:?}",
                     bias.is_some()
                 );
                 for (name, got, want) in
@@ -435,6 +462,7 @@ mod tests {
             c: 3,
             v: 4,
             ignore_index: -100,
+            softcap: None,
             chunk: 8,
             skip_ignored: true,
         };

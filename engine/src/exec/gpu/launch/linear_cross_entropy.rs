@@ -15,6 +15,7 @@ use crate::exec::gpu::{Call, Resolver};
 use crate::graph::op::{LinearCrossEntropy, LinearCrossEntropyBackward};
 use crate::graph::Op;
 use crate::graph::{Graph, Node, TensorId};
+use crate::ops::linear_cross_entropy::SoftCap;
 use crate::plan::PlanError;
 use crate::DType;
 
@@ -82,9 +83,10 @@ impl<P> LceGather<P> {
     }
 }
 
-/// `lce_rows_<T>`: per chunk row (position start + s): bias added, losses[start + s] =
-/// lse − z[label]; with `dloss`, the row overwritten by g·softmax − g·onehot (g = dloss/count),
-/// copied to `g16` in T when given. Zero rows and losses past the labelled count.
+/// `lce_rows_<T>`: per chunk row (position start + s): bias added, soft-capped when `softcap`
+/// is given, losses[start + s] = lse − z[label]; with `dloss`, the row overwritten by
+/// g·softmax − g·onehot (g = dloss/count; times the soft-cap's derivative), copied to `g16` in
+/// T when given. Zero rows and losses past the labelled count.
 // logits: (k, v) f32; g16: (k, v) T or none; losses: (rows) f32; err: (1) i32 or none;
 // labels: (rows) i64; idx: (rows) i32; count: (1) f32; bias: (v) T or none; dloss: (1) f32 or
 // none (the forward)
@@ -103,6 +105,7 @@ pub struct LceRows<P> {
     pub k: usize,
     pub v: usize,
     pub ignore_index: i64,
+    pub softcap: Option<SoftCap>,
 }
 
 impl<P> LceRows<P> {
@@ -125,6 +128,9 @@ impl<P> LceRows<P> {
                 Arg::I32(self.k as i32),
                 Arg::I32(self.v as i32),
                 Arg::I64(self.ignore_index),
+                // (inv, cap); cap 0 is no soft-cap.
+                Arg::F32(self.softcap.map_or(0.0, |s| s.inv)),
+                Arg::F32(self.softcap.map_or(0.0, |s| s.cap)),
             ],
         )
     }
@@ -200,7 +206,7 @@ impl GpuKernel for LinearCrossEntropy {
     }
 
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let LinearCrossEntropy { ignore_index } = self;
+        let LinearCrossEntropy { ignore_index, softcap } = self;
         let g = cx.g;
         let ins = &cx.node.inputs;
         let outs = &cx.node.outputs;
@@ -267,6 +273,7 @@ impl GpuKernel for LinearCrossEntropy {
                         k,
                         v,
                         ignore_index,
+                        softcap: *softcap,
                     };
                     calls.push(rows_pass.launch(dev).into());
                     if !bwd {
@@ -341,7 +348,8 @@ impl GpuKernel for LinearCrossEntropyBackward {
 
     // One binding for both directions: it reads which from the node.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        LinearCrossEntropy { ignore_index: self.ignore_index }.launches(r, cx)
+        LinearCrossEntropy { ignore_index: self.ignore_index, softcap: self.softcap }
+            .launches(r, cx)
     }
 }
 
