@@ -101,9 +101,10 @@ __device__ void lce_gather(T* xs, const T* x, const int* idx, const float* count
 // scale, tanh and scale compute it); losses[p] = lse(z) − z[y], y = labels[idx[p]]; with dloss,
 // logits[s] = g·softmax(z) − g·onehot(y), g = dloss[0] / max(count, 1) (with a cap, times
 // cap·(1 − t²)·inv, t = z / cap: the unfused backward's order), and g16[s] the same in T when
-// g16 is given (a half GEMM's operand). Past the count: losses[p] = 0 and (with dloss) zero rows. Each thread rewrites
-// only the columns it read itself, and the label's loss is taken by the thread owning column
-// y before it overwrites it, so the in-place rewrite needs no barrier of its own.
+// g16 is given (a half GEMM's operand). Past the count: losses[p] = 0 and (with dloss) zero
+// rows. Each thread rewrites only the columns it read itself, and the label's loss is taken by
+// the thread owning column y before it overwrites it, so the in-place rewrite needs no barrier
+// of its own.
 // logits: (k, v) f32; g16: (k, v) T or null; losses: (≥ start + k) f32; err: (1) i32 or null;
 // labels: (rows) i64; idx: (rows) i32; count: (1) f32; bias: (v) T or null; dloss: (1) f32 or
 // null (the forward). Grid: any (one block per row is the natural size), grid-stride over the

@@ -175,16 +175,9 @@ fn case(dtype: DType, tied: bool, merged: bool, seed: u64, softcap: Option<SoftC
         ids.iter().flat_map(|&i| t64[i as usize * C..(i as usize + 1) * C].to_vec()).collect();
     let (mut dx, mut dw, mut db) = (vec![0.0; R * C], vec![0.0; V * C], vec![0.0; V]);
     let grads = reference::LceGrads { dloss: 1.0, dx: &mut dx, dw: &mut dw, db: Some(&mut db) };
-    let loss = reference::linear_cross_entropy(
-        &x64,
-        &w64,
-        &labels,
-        b64.as_deref(),
-        C,
-        reference::Head { ignore_index: IGNORE, softcap },
-        Some(grads),
-    )
-    .unwrap();
+    let loss =
+        reference::linear_cross_entropy(&x64, &w64, &labels, b64.as_deref(), C, head, Some(grads))
+            .unwrap();
     // The embedding's gradient: dx's rows added into the table's rows ids[r].
     let mut dtable = vec![0.0; rows_of_table * C];
     for (r, &i) in ids.iter().enumerate() {

@@ -62,8 +62,7 @@ impl Reference for LinearCrossEntropy {
     fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
         let bias = (a.operands() > 3).then(|| a.f(3));
         let (x, w, labels, c) = (a.f(0), a.f(1), a.ids(2), a.last(0));
-        let head = Head { ignore_index: self.ignore_index, softcap: self.softcap };
-        outs[0][0] = linear_cross_entropy(x, w, labels, bias, c, head, None)?;
+        outs[0][0] = linear_cross_entropy(x, w, labels, bias, c, *self, None)?;
         Ok(())
     }
 }
@@ -132,7 +131,7 @@ impl Reference for LinearCrossEntropyBackward {
             db: db.first_mut().map(|d| &mut d[..]),
         };
         let (x, w, labels, c) = (a.f(1), a.f(2), a.ids(3), a.last(1));
-        let head = Head { ignore_index: self.ignore_index, softcap: self.softcap };
+        let head = LinearCrossEntropy { ignore_index: self.ignore_index, softcap: self.softcap };
         loss[0][0] = linear_cross_entropy(x, w, labels, bias, c, head, Some(grads))?;
         Ok(())
     }
@@ -194,14 +193,6 @@ pub struct LceGrads<'a, T> {
     pub db: Option<&'a mut [T]>,
 }
 
-/// What the loss head does with its logits besides the cross-entropy: the label it ignores and
-/// the soft-cap it applies first.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Head {
-    pub ignore_index: i64,
-    pub softcap: Option<SoftCap>,
-}
-
 /// The mean loss over labelled rows (NaN when none is, as torch's 0/0) of the logits x·wᵀ
 /// [+ bias] [soft-capped]; with `grads`, writes dx = G·w, dw = Gᵀ·x, dbias = G's row sum,
 /// G = dloss/count·(softmax − onehot) [· the soft-cap's derivative] (ignored rows contribute
@@ -213,7 +204,7 @@ pub fn linear_cross_entropy<T: Real>(
     labels: &[i64],
     bias: Option<&[T]>,
     c: usize,
-    Head { ignore_index, softcap }: Head,
+    LinearCrossEntropy { ignore_index, softcap }: LinearCrossEntropy,
     mut grads: Option<LceGrads<'_, T>>,
 ) -> Result<T, OpError> {
     let v = w.len() / c;
@@ -386,7 +377,7 @@ mod tests {
     use crate::ops::testutil::*;
 
     const IGNORE: i64 = -100;
-    const PLAIN: Head = Head { ignore_index: IGNORE, softcap: None };
+    const PLAIN: LinearCrossEntropy = LinearCrossEntropy { ignore_index: IGNORE, softcap: None };
 
     /// (loss, dlogits) of the composition: logits = x·wᵀ + b [then cap·tanh(inv·logits), as
     /// `ops::scale` and `ops::tanh` compute it], then `ops::cross_entropy`.
@@ -436,7 +427,7 @@ mod tests {
     }
 
     fn matches_the_composition(softcap: Option<SoftCap>) {
-        let head = Head { ignore_index: IGNORE, softcap };
+        let head = LinearCrossEntropy { ignore_index: IGNORE, softcap };
         let (r, c, v) = (7, 5, 11);
         let mut rng = Rng::new(41);
         let x: Vec<f64> = rng.vec(r * c).iter().map(|a| 2.0 * a).collect();

@@ -98,7 +98,7 @@ fn rows_pass(
     bias: Option<&[f32]>,
     v: usize,
     g: Option<f32>,
-    (ignore_index, softcap): (i64, Option<SoftCap>),
+    LinearCrossEntropy { ignore_index, softcap }: LinearCrossEntropy,
 ) {
     for ((row, loss), &y) in logits.chunks_exact_mut(v).zip(losses.iter_mut()).zip(labels) {
         if y == ignore_index {
@@ -139,7 +139,7 @@ fn rows_pass(
         }
     }
 }
-multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>, head: (i64, Option<SoftCap>)) => rows_pass);
+multiversion!(fn rows_chunk<>(logits: &mut [f32], losses: &mut [f32], labels: &[i64], bias: Option<&[f32]>, v: usize, g: Option<f32>, head: LinearCrossEntropy) => rows_pass);
 
 /// dbias[j] += Σ_rows g[row, j] over columns `cols`.
 #[inline(always)]
@@ -229,7 +229,7 @@ pub fn linear_cross_entropy(
                 p.bias,
                 v,
                 g,
-                (p.ignore_index, p.softcap),
+                LinearCrossEntropy { ignore_index: p.ignore_index, softcap: p.softcap },
             )
         });
         for &l in &losses[..n] {
@@ -397,7 +397,7 @@ mod tests {
                 &labels,
                 bias.map(|_| &b64[..]),
                 c,
-                reference::Head { ignore_index: -100, softcap },
+                LinearCrossEntropy { ignore_index: -100, softcap },
                 Some(reference::LceGrads {
                     dloss: 0.7,
                     dx: &mut dx0,
