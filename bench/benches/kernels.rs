@@ -190,6 +190,7 @@ fn attention(c: &mut Criterion) {
             causal,
             dropout_p: p,
             offset,
+            softcap: None,
             q: s,
             k: s,
             v: s,
@@ -202,7 +203,7 @@ fn attention(c: &mut Criterion) {
         let rows =
             attention::AttnPlan { q: r, k: r, v: r, o: r, dq: r, dk: r, dvs: r, ..plan.clone() };
         let dims = AttnDims { bh: B * H, rep: 1, tq: T, tk: T, d: D, dv: D };
-        let cfg = AttnCfg { scale, causal, dropout_p: p, seed, offset };
+        let cfg = AttnCfg { scale, causal, dropout_p: p, seed, offset, softcap: None };
         let threads = pool.threads();
         let ws_len = [&plan, &rows]
             .iter()

@@ -28,8 +28,9 @@
 // of dv + 1 where read down a column) so that a warp's threads, which read different key rows,
 // hit different banks. Arithmetic is f32 throughout; storage T is read once per tile.
 //
-// Semantics shared with the CPU kernel: causal masks key j > query i (top-left aligned, as
-// torch.tril, also for Tq ≠ Tk); the additive mask (storage T, broadcast to (B, H, Tq, Tk)
+// Semantics shared with the CPU kernel: with a soft-cap (cap ≠ 0; Gemma 2) the scores are
+// cap·tanh(scale·q·k) (port.cuh `attn_softcap`) and dS takes its slope; causal masks key
+// j > query i (top-left aligned, as torch.tril, also for Tq ≠ Tk); the additive mask (storage T, broadcast to (B, H, Tq, Tk)
 // through 4 element strides, 0 on a broadcast dim; null for none) is added after the scale; a
 // row whose every key is masked (−∞) outputs zeros, as torch's sdpa (`_safe_softmax`), with
 // LSE +∞ so that the backward's P = exp(s − LSE) is 0 there too; dropout multiplies
@@ -59,13 +60,15 @@ __device__ __forceinline__ void attn_load_tile(float* dst, int ld, const T* src,
     }
 }
 
-// s = scale·(q·k) + mask, as the CPU's GEMM with alpha = scale followed by `probs_rows`.
+// s = scale·(q·k) [soft-capped] + mask, as the CPU's GEMM with alpha = scale followed by
+// `probs_rows`; `slope` gets the soft-cap's ds/du (1 without one) for the backward.
 // qr: (d) f32 shared; kr: (d) f32 shared; mask_bh: the mask at (b, h, 0, 0), or null.
 template <typename T>
-__device__ __forceinline__ float attn_score(const float* qr, const float* kr, int d, float scale, const T* mask_bh, const MaskStrides& ms, int i, int j) {
+__device__ __forceinline__ float attn_score(const float* qr, const float* kr, int d, float scale, float cap, const T* mask_bh, const MaskStrides& ms, int i, int j,
+                                            float& slope) {
     float acc = 0.0f;
     for (int c = 0; c < d; ++c) acc = fmaf(qr[c], kr[c], acc);
-    float s = acc * scale;
+    float s = attn_softcap(acc * scale, cap, slope);
     if (mask_bh) s += to_f32(mask_bh[(long long)i * ms.sq + (long long)j * ms.sk]);
     return s;
 }
@@ -81,7 +84,7 @@ __device__ __forceinline__ float attn_score(const float* qr, const float* kr, in
 // h / (H / Hkv), HF's repeat_kv); mask: broadcast to (B, H, Tq, Tk) or null.
 template <typename T>
 __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, float scale,
-                                  int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
+                                  float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                   AttnStrides os, MaskStrides ms, int bq, int bk) {
     DYN_SHARED(float, sm);
     const int ldk = d + 1;
@@ -124,7 +127,8 @@ __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, co
         for (int idx = tid; idx < bq * bk; idx += nt) {
             const int r = idx / bk, j = idx % bk;
             const int i = q0 + r, kj = k0 + j;
-            p_s[idx] = (r < rows && j < kn && !(causal && kj > i)) ? attn_score(q_s + r * d, k_s + j * ldk, d, scale, mb, ms, i, kj) : neg_inf();
+            float slope;
+            p_s[idx] = (r < rows && j < kn && !(causal && kj > i)) ? attn_score(q_s + r * d, k_s + j * ldk, d, scale, cap, mb, ms, i, kj, slope) : neg_inf();
         }
         __syncthreads();
         // Online softmax update, one thread per query row.
@@ -174,20 +178,22 @@ __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, co
 
 // ---------------------------------------------------------------- backward
 
-// The (bq, bk) tile of Pd = dropout(P) (when pd_s is not null) and dS = P ⊙ (dPd·dropout − delta)·scale,
-// P = exp(s − lse), dPd = dO·Vᵀ, for queries [q0, q0 + rows) and keys [k0, k0 + kn); 0 outside
+// The (bq, bk) tile of Pd = dropout(P) (when pd_s is not null) and dS = P ⊙ (dPd·dropout − delta)·scale
+// [⊙ the soft-cap's slope], P = exp(s − lse), dPd = dO·Vᵀ, for queries [q0, q0 + rows) and keys [k0, k0 + kn); 0 outside
 // those or past the causal limit. attention.rs: `drop_chunk` (Pd), `ds_body` (dS).
 // q_s: (bq, d); do_s: (bq, dv); k_s: (bk, d + 1); v_s: (bk, dv + 1); lse_s, del_s: (bq).
 template <typename T>
 __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const float* q_s, const float* do_s, const float* k_s, const float* v_s, const float* lse_s,
                                              const float* del_s, int d, int dv, int bq, int bk, int q0, int rows, int k0, int kn, int bh, int tq, int tk,
-                                             float scale, int causal, bool drop, const DropMask& dm, unsigned long long offset, const T* mb, const MaskStrides& ms) {
+                                             float scale, float cap, int causal, bool drop, const DropMask& dm, unsigned long long offset, const T* mb,
+                                             const MaskStrides& ms) {
     for (int idx = threadIdx.x; idx < bq * bk; idx += blockDim.x) {
         const int r = idx / bk, j = idx % bk;
         const int i = q0 + r, kj = k0 + j;
         float pd = 0.0f, ds = 0.0f;
         if (r < rows && j < kn && !(causal && kj > i)) {
-            const float p = expf(attn_score(q_s + r * d, k_s + j * (d + 1), d, scale, mb, ms, i, kj) - lse_s[r]);
+            float slope;
+            const float p = expf(attn_score(q_s + r * d, k_s + j * (d + 1), d, scale, cap, mb, ms, i, kj, slope) - lse_s[r]);
             const float* gr = do_s + r * dv;
             const float* vr = v_s + j * (dv + 1);
             float dpd = 0.0f;
@@ -198,7 +204,7 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
                 pd = keep ? p * dm.scale : 0.0f;
                 dpd = keep ? dpd * dm.scale : 0.0f;
             }
-            ds = p * (dpd - del_s[r]) * scale;
+            ds = p * (dpd - del_s[r]) * scale * slope;
         }
         if (pd_s) pd_s[idx] = pd;
         ds_s[idx] = ds;
@@ -213,8 +219,8 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
 // written by attention_backward_dq (launched first).
 template <typename T>
 __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse, const float* delta, int h,
-                                        int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
-                                        AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms, int bq,
+                                        int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, unsigned long long seed,
+                                        unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms, int bq,
                                         int bk) {
     DYN_SHARED(float, sm);
     float* k_s = sm;                     // (bk, d + 1)
@@ -260,7 +266,7 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
                 del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
             }
             __syncthreads();
-            attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, causal, drop, dm, offset, mb, ms);
+            attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
             __syncthreads();
             // Each thread owns the same accumulator elements on every tile: no barrier needed
             // between these updates and the next tile's.
@@ -294,8 +300,8 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
 // attention_backward_dkdv.
 template <typename T>
 __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask, const float* lse, int h,
-                                      int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset,
-                                      AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms, int bq,
+                                      int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, unsigned long long seed,
+                                      unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms, int bq,
                                       int bk) {
     DYN_SHARED(float, sm);
     float* q_s = sm;                    // (bq, d)
@@ -340,7 +346,7 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
         attn_load_tile(k_s, d + 1, kb + (long long)k0 * ks.st, ks.st, kn, bk, d);
         attn_load_tile(v_s, dvd + 1, vb + (long long)k0 * vs.st, vs.st, kn, bk, dvd);
         __syncthreads();
-        attn_ds_tile<T>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, causal, drop, dm, offset, mb, ms);
+        attn_ds_tile<T>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
         __syncthreads();
         for (int idx = tid; idx < bq * d; idx += nt) {
             const int r = idx / d, c = idx % d;
@@ -356,42 +362,43 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
 // ---------------------------------------------------------------- kernels
 // Scalars common to the three kernels: h = query heads, hkv = K/V heads (h a multiple of it:
 // grouped-query attention; B is implied by the grid), tq/tk query
-// and key lengths, d the q/k head size, dv the v head size, scale, causal (0/1), dropout_p,
+// and key lengths, d the q/k head size, dv the v head size, scale, cap (the soft-cap, 0 for
+// none), causal (0/1), dropout_p,
 // seed and offset of the dropout site, the step block (null, or the step's seed in place of
 // `seed`: a captured step); then the (b, h, t) strides of each operand, the mask's
 // 4 strides, and the tile sizes bq, bk.
 #define ATTENTION(S, T)                                                                                                                        \
     ORT_KERNEL(attention_forward_##S)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, \
-                                      float scale, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,  \
+                                      float scale, float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,  \
                                       long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, \
                                       long long v_st, long long o_sb, long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq,  \
                                       long long m_sk, int bq, int bk) {                                                                         \
-        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
+        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
                              AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                          \
                              MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                      \
     }                                                                                                                                          \
     ORT_REGISTER(attention_forward_##S)                                                                                                        \
     ORT_KERNEL(attention_backward_dkdv_##S)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,      \
-                                            const float* delta, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
+                                            const float* delta, int h, int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, \
                                             unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,    \
                                             long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,        \
                                             long long g_sb, long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,     \
                                             long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh, long long m_sq,     \
                                             long long m_sk, int bq, int bk) {                                                                   \
-        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, step ? step->seed : seed, offset,          \
+        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
                                    AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                 \
                                    AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},           \
                                    MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                \
     }                                                                                                                                          \
     ORT_REGISTER(attention_backward_dkdv_##S)                                                                                                  \
     ORT_KERNEL(attention_backward_dq_##S)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,     \
-                                          const float* lse, int h, int hkv, int tq, int tk, int d, int dvd, float scale, int causal, float dropout_p, \
+                                          const float* lse, int h, int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, \
                                           unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,      \
                                           long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,          \
                                           long long g_sb, long long g_sh, long long g_st, long long o_sb, long long o_sh, long long o_st,          \
                                           long long dq_sb, long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,       \
                                           long long m_sk, int bq, int bk) {                                                                     \
-        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, causal, dropout_p, step ? step->seed : seed, offset,           \
+        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,           \
                                  AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                   \
                                  AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},                \
                                  MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                  \

@@ -123,12 +123,15 @@ __device__ __forceinline__ MmaA mma_acc_to_a(const MmaAcc& lo, const MmaAcc& hi)
     return MmaA{{pack_half2<T>(lo.c[0], lo.c[1]), pack_half2<T>(lo.c[2], lo.c[3]), pack_half2<T>(hi.c[0], hi.c[1]), pack_half2<T>(hi.c[2], hi.c[3])}};
 }
 
-// s = scale·acc + mask for query i, key j; −∞ where masked: past the valid keys (kend), past
-// the causal limit, or a row past Tq.
+// s = scale·acc [soft-capped: port.cuh `attn_softcap`, its slope in `slope`] + mask for query
+// i, key j; −∞ where masked: past the valid keys (kend), past the causal limit, or a row past
+// Tq.
 template <typename T>
-__device__ __forceinline__ float mma_score(float acc, float scale, const T* mb, const MaskStrides& ms, int i, int j, int tq, int kend, int causal) {
+__device__ __forceinline__ float mma_score(float acc, float scale, float cap, const T* mb, const MaskStrides& ms, int i, int j, int tq, int kend, int causal,
+                                           float& slope) {
+    slope = 1.0f;
     if (i >= tq || j >= kend || (causal && j > i)) return neg_inf();
-    float s = acc * scale;
+    float s = attn_softcap(acc * scale, cap, slope);
     if (mb) s += to_f32(mb[(long long)i * ms.sq + (long long)j * ms.sk]);
     return s;
 }
@@ -151,7 +154,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 // head h / (H / Hkv)); mask: broadcast to (B, H, Tq, Tk) or null. As attention.cu's forward.
 template <typename T, int D>
 __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, float scale,
-                                      int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks,
+                                      float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks,
                                       AttnStrides vs, AttnStrides os, MaskStrides ms) {
     constexpr int P = D + 8, BN = MMA_BN_FWD, KD = D / 16, NS = BN / 8, NO = D / 8;
     DYN_SHARED(T, sm);
@@ -200,7 +203,8 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int i = c < 2 ? i0 : i1, j = k0 + 8 * n + 2 * t + (c & 1);
-                s[n].c[c] = mma_score(s[n].c[c], scale, mb, ms, i, j, tq, kend, causal);
+                float slope;
+                s[n].c[c] = mma_score(s[n].c[c], scale, cap, mb, ms, i, j, tq, kend, causal, slope);
                 mx[c >> 1] = fmaxf(mx[c >> 1], s[n].c[c]);
             }
         float alpha[2];
@@ -252,19 +256,21 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
 // ---------------------------------------------------------------- backward
 
 // P and dS of one accumulator element for query i, key j (attention.cu's `attn_ds_tile`):
-// P = exp(s − lse), Pd = dropout(P), dS = P ⊙ (dPd·dropout − delta)·scale. `acc` is q·k,
+// P = exp(s − lse), Pd = dropout(P), dS = P ⊙ (dPd·dropout − delta)·scale [· the soft-cap's
+// slope]. `acc` is q·k,
 // `dpd` is dO·v; masked elements give P = dS = 0 (s = −∞; a row with no key has lse = +∞).
 template <typename T>
-__device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, float del_i, float scale, const T* mb, const MaskStrides& ms, int i, int j,
+__device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, float del_i, float scale, float cap, const T* mb, const MaskStrides& ms, int i, int j,
                                          int tq, int kend, int causal, bool drop, const DropMask& dm, unsigned long long row_ctr, float& pd, float& ds) {
-    const float p = expf(mma_score(acc, scale, mb, ms, i, j, tq, kend, causal) - lse_i);
+    float slope;
+    const float p = expf(mma_score(acc, scale, cap, mb, ms, i, j, tq, kend, causal, slope) - lse_i);
     pd = p;
     if (drop) {
         const bool keep = p != 0.0f && drop_keep(dm, row_ctr + (unsigned long long)j);
         pd = keep ? p * dm.scale : 0.0f;
         dpd = keep ? dpd * dm.scale : 0.0f;
     }
-    ds = p * (dpd - del_i) * scale;
+    ds = p * (dpd - del_i) * scale * slope;
 }
 
 // Shared memory: 2·32·(D + 8) elements of T (Q, then dO, staged in their place first), then
@@ -273,7 +279,7 @@ __device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, floa
 // dout, out: (B, H, Tq, D) strided (gs, os); the rest as the forward. As attention.cu's dq.
 template <typename T, int D>
 __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,
-                                          const float* lse, int h, int hkv, int tq, int tk, float scale, int causal, float dropout_p,
+                                          const float* lse, int h, int hkv, int tq, int tk, float scale, float cap, int causal, float dropout_p,
                                           unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                           AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms) {
     constexpr int P = D + 8, BN = MMA_BN_BWD, KD = D / 16, NS = BN / 8, NO = D / 8;
@@ -344,7 +350,7 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
             for (int c = 0; c < 4; ++c) {
                 const int r = c >> 1, i = r ? i1 : i0, j = k0 + 8 * n + 2 * t + (c & 1);
                 float pd, ds;
-                mma_p_ds(s[n].c[c], dp[n].c[c], lse_r[r], del_r[r], scale, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
+                mma_p_ds(s[n].c[c], dp[n].c[c], lse_r[r], del_r[r], scale, cap, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
                 s[n].c[c] = ds;
             }
         // dQ += dS·K: dS's accumulators are the A fragments, 16 keys at a time.
@@ -370,7 +376,7 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
 // its K/V head in head order, so grouped-query attention needs no atomics either.
 template <typename T, int D>
 __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,
-                                            const float* delta, int h, int hkv, int tq, int tk, float scale, int causal, float dropout_p,
+                                            const float* delta, int h, int hkv, int tq, int tk, float scale, float cap, int causal, float dropout_p,
                                             unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                             AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms) {
     constexpr int P = D + 8, BQ = MMA_BN_BWD, KD = D / 16, NQ = BQ / 8, NO = D / 8;
@@ -429,7 +435,7 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
                     const int j = c < 2 ? j0 : j1, r = 8 * n + 2 * t + (c & 1), i = q0 + r;
                     const unsigned long long row_ctr = offset + ((unsigned long long)bh * tq + (unsigned long long)i) * (unsigned long long)tk;
                     float pd, ds;
-                    mma_p_ds(st[n].c[c], dpt[n].c[c], lse_s[r], del_s[r], scale, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
+                    mma_p_ds(st[n].c[c], dpt[n].c[c], lse_s[r], del_s[r], scale, cap, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
                     st[n].c[c] = pd;
                     dpt[n].c[c] = ds;
                 }
@@ -459,27 +465,27 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
 }
 
 // ---------------------------------------------------------------- kernels
-// Scalars as attention.cu's, without d, dv (the name's D) and the tiles (fixed here).
+// Scalars as attention.cu's (scale, cap, causal, …), without d, dv (the name's D) and the tiles (fixed here).
 #define ATTENTION_MMA(S, T, D)                                                                                                                    \
     ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
-                                                 int tk, float scale, int causal, float dropout_p, unsigned long long seed,                      \
+                                                 int tk, float scale, float cap, int causal, float dropout_p, unsigned long long seed,                      \
                                                  unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st, long long k_sb,      \
                                                  long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st, long long o_sb, \
                                                  long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq, long long m_sk) { \
-        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
+        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
                                     AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                   \
                                     MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                        \
     }                                                                                                                                             \
     ORT_REGISTER(attention_mma_forward_##S##_d##D)                                                                                           \
     ORT_KERNEL(attention_mma_backward_dq_##S##_d##D)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,      \
-                                                     const T* mask, const float* lse, int h, int hkv, int tq, int tk, float scale, int causal,    \
+                                                     const T* mask, const float* lse, int h, int hkv, int tq, int tk, float scale, float cap, int causal,    \
                                                      float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,         \
                                                      long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st,             \
                                                      long long v_sb, long long v_sh, long long v_st, long long g_sb, long long g_sh,             \
                                                      long long g_st, long long o_sb, long long o_sh, long long o_st, long long dq_sb,            \
                                                      long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,           \
                                                      long long m_sk) {                                                                          \
-        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset,          \
+        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
                                         AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},              \
                                         AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},           \
                                         MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                    \
@@ -487,13 +493,13 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
     ORT_REGISTER(attention_mma_backward_dq_##S##_d##D)                                                                                            \
     ORT_KERNEL(attention_mma_backward_dkdv_##S##_d##D)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask,         \
                                                        const float* lse, const float* delta, int h, int hkv, int tq, int tk, float scale,        \
-                                                       int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step,          \
+                                                       float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step,          \
                                                        long long q_sb, long long q_sh, long long q_st, long long k_sb, long long k_sh,           \
                                                        long long k_st, long long v_sb, long long v_sh, long long v_st, long long g_sb,           \
                                                        long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,        \
                                                        long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh,        \
                                                        long long m_sq, long long m_sk) {                                                        \
-        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, causal, dropout_p, step ? step->seed : seed, offset,         \
+        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,         \
                                           AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},            \
                                           AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},      \
                                           MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                  \

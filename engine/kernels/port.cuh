@@ -186,6 +186,19 @@ __device__ __forceinline__ bool drop_keep(const DropMask& m, unsigned long long 
     return (drop_mix(m.key ^ (counter * 0x9E3779B97F4A7C15ull)) >> 40) >= m.threshold;
 }
 
+// Attention scores' tanh soft-cap (Gemma 2's attn_logit_softcapping), shared by attention.cu and
+// attention_mma.cu: u = scale·q·k becomes cap·tanh(u), with slope ds/du = cap·(1 − tanh²u) for
+// the backward; cap 0 means none (u, slope 1). CPU: attention.rs `probs_rows` / `ds_body`.
+__device__ __forceinline__ float attn_softcap(float u, float cap, float& slope) {
+    if (cap == 0.0f) {
+        slope = 1.0f;
+        return u;
+    }
+    const float t = tanhf(u);
+    slope = cap * (1.0f - t * t);
+    return cap * t;
+}
+
 // What changes from one training step to the next, in device memory (exec/gpu/step_block.rs
 // `StepBlock`, the same layout). A captured step (a CUDA graph) replays its launches with the
 // arguments they were captured with, so the kernels of a step read these from the block the

@@ -99,7 +99,13 @@ fn gpt(fused_head: bool) -> Graph {
                 hs[0],
                 hs[1],
                 hs[2],
-                AttentionOpts { causal: true, scale: None, dropout_p: 0.1, mask: None },
+                AttentionOpts {
+                    causal: true,
+                    scale: None,
+                    dropout_p: 0.1,
+                    mask: None,
+                    softcap: None,
+                },
             )
             .unwrap();
         let a = g.permute(a, &[0, 2, 1, 3]).unwrap();

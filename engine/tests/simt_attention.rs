@@ -8,7 +8,8 @@
 //! need, so the launcher's own choice picks them —, Tq ≠ Tk both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
 //! / a (1, H, Tq, Tk) mask / left padding under the causal mask (the first keys of batch 1 −∞,
 //! so its first queries see no key: zeros out, LSE +∞, zero gradients, as torch's sdpa), dropout
-//! 0 and 0.1 (nonzero offset), operands in the (B, T, H·D)
+//! 0 and 0.1 (nonzero offset), scores soft-capped (Gemma 2: cap·tanh(scale·q·k), caps of 1.5
+//! and 2 where scale·q·k spans a few units, so tanh bends) or not, operands in the (B, T, H·D)
 //! "heads inside the rows" layout and in (B, H, T, D), so every stride is exercised.
 //!
 //! Tolerances, per element: f32_rel plus one unit roundoff u of a half dtype relative to the
@@ -79,6 +80,8 @@ struct Case {
     p: f32,
     /// The tiles (bq, bk) the launcher picks at this case's shared memory ([`Prob::device`]).
     tiles: (usize, usize),
+    /// The scores' tanh soft-cap.
+    softcap: Option<f32>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -94,10 +97,15 @@ const fn case(
     p: f32,
     tiles: (usize, usize),
 ) -> Case {
-    Case { b, h, hkv, tq, tk, d, dv, causal, mask, p, tiles }
+    Case { b, h, hkv, tq, tk, d, dv, causal, mask, p, tiles, softcap: None }
 }
 
-const CASES: [Case; 9] = [
+/// `c` with its scores soft-capped at `cap`.
+const fn capped(c: Case, cap: f32) -> Case {
+    Case { softcap: Some(cap), ..c }
+}
+
+const CASES: [Case; 11] = [
     case(2, (3, 3), 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, (16, 16)),
     case(2, (3, 3), 37, 37, 24, 24, true, Mask::None, 0.1, (32, 32)),
     // bq > bk: one partial query tile over two key tiles, causal.
@@ -112,6 +120,9 @@ const CASES: [Case; 9] = [
     // (every query head on one K/V head) with a per-head mask.
     case(2, (4, 2), 37, 37, 16, 16, true, Mask::KeyPad(-1e4), 0.1, (16, 16)),
     case(1, (3, 1), 29, 45, 20, 12, false, Mask::Full, 0.0, (16, 16)),
+    // Soft-capped: grouped-query with padding and dropout; Tq < Tk, Dv ≠ D, left padding.
+    capped(case(2, (4, 2), 37, 37, 16, 16, true, Mask::KeyPad(-1e4), 0.1, (16, 16)), 1.5),
+    capped(case(2, (2, 2), 29, 45, 20, 12, true, Mask::LeftPad(21), 0.0, (32, 32)), 2.0),
 ];
 
 /// (b, h, t) strides of a (B, H, T, X) operand of `h` heads stored as (B, T, H·X): heads inside
@@ -258,6 +269,7 @@ impl Prob {
             causal: c.causal,
             dropout_p: c.p,
             offset: OFFSET,
+            softcap: c.softcap,
             q: self.qs,
             k: self.ks,
             v: self.vs,
@@ -313,7 +325,12 @@ impl Prob {
                             let dot: f64 = (0..c.d)
                                 .map(|e| self.q[qo + e] as f64 * self.k[ko + e] as f64)
                                 .sum();
-                            dot * self.scale as f64 + self.mask_at(b, h, i, j) as f64
+                            let u = dot * self.scale as f64;
+                            let s = match c.softcap {
+                                Some(cap) => cap as f64 * u.tanh(),
+                                None => u,
+                            };
+                            s + self.mask_at(b, h, i, j) as f64
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -338,6 +355,7 @@ impl Prob {
         let c = &self.c;
         Scores {
             scale: self.scale,
+            softcap: c.softcap,
             causal: c.causal,
             dropout_p: c.p,
             seed: Seed::Value(SEED),
@@ -397,8 +415,21 @@ impl Prob {
     fn name(&self, dt: Dtype) -> String {
         let c = &self.c;
         format!(
-            "attention {dt:?} B{} H{} Hkv{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} tiles {}x{}",
-            c.b, c.h, c.hkv, c.tq, c.tk, c.d, c.dv, c.causal, c.mask, c.p, c.tiles.0, c.tiles.1
+            "attention {dt:?} B{} H{} Hkv{} Tq{} Tk{} D{} Dv{} causal={} mask={:?} p={} cap={:?} \
+             tiles {}x{}",
+            c.b,
+            c.h,
+            c.hkv,
+            c.tq,
+            c.tk,
+            c.d,
+            c.dv,
+            c.causal,
+            c.mask,
+            c.p,
+            c.softcap,
+            c.tiles.0,
+            c.tiles.1
         )
     }
 }
@@ -528,7 +559,7 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
 /// The tensor-core kernels' cases (attention_mma.cu): every head size they are built for, T of
 /// 77 and 200 (not multiples of their 64-row or 32-row tiles; Tq ≠ Tk both ways), grouped- and
 /// multi-query heads, a sliding window, padding masks, dropout.
-const MMA_CASES: [Case; 7] = [
+const MMA_CASES: [Case; 8] = [
     case(2, (4, 2), 77, 77, 64, 64, true, Mask::KeyPad(-1e4), 0.1, (0, 0)),
     case(1, (2, 2), 200, 200, 16, 16, false, Mask::Full, 0.0, (0, 0)),
     case(1, (4, 1), 200, 200, 80, 80, true, Mask::Window(37), 0.0, (0, 0)),
@@ -536,6 +567,8 @@ const MMA_CASES: [Case; 7] = [
     case(1, (2, 2), 45, 77, 128, 128, false, Mask::KeyPad(f32::NEG_INFINITY), 0.0, (0, 0)),
     case(1, (2, 1), 77, 45, 96, 96, true, Mask::None, 0.0, (0, 0)),
     case(1, (3, 3), 200, 77, 64, 64, true, Mask::Window(50), 0.1, (0, 0)),
+    // Gemma 2's attention: soft-capped scores, a sliding window, grouped-query, dropout.
+    capped(case(1, (4, 2), 77, 77, 64, 64, true, Mask::Window(37), 0.1, (0, 0)), 2.0),
 ];
 
 const HALVES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];

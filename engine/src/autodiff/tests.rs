@@ -207,7 +207,8 @@ fn attention_with_causal_mask_and_dropout() {
         floats: vec![("mask", vec![0.0, 0.0, -1.5, 0.0, -0.5, 0.0, 0.0, 0.0])],
         ..Default::default()
     };
-    for (causal, p) in [(false, 0.0), (true, 0.25)] {
+    // The last case soft-capped at 0.5 (Gemma 2's scores: 0.5·tanh(0.7·q·k)).
+    for (causal, p, softcap) in [(false, 0.0, None), (true, 0.25, None), (true, 0.25, Some(0.5))] {
         let feeds = Feeds { floats: feeds.floats.clone(), ..Default::default() };
         check(10, feeds, |g| {
             let q = g.param("q", &[2, 2, 4, 3])?;
@@ -218,7 +219,7 @@ fn attention_with_causal_mask_and_dropout() {
                 q,
                 k,
                 v,
-                AttentionOpts { causal, scale: Some(0.7), dropout_p: p, mask: Some(mask) },
+                AttentionOpts { causal, scale: Some(0.7), dropout_p: p, mask: Some(mask), softcap },
             )
         });
     }
@@ -388,7 +389,13 @@ fn grouped_and_multi_query_attention() {
                 q,
                 k,
                 v,
-                AttentionOpts { causal, scale: Some(0.7), dropout_p: p, mask: Some(mask) },
+                AttentionOpts {
+                    causal,
+                    scale: Some(0.7),
+                    dropout_p: p,
+                    mask: Some(mask),
+                    softcap: None,
+                },
             )
         });
     }

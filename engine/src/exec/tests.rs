@@ -49,7 +49,13 @@ fn tiny_model(dropout: f32) -> Result<(Graph, TensorId), GraphError> {
         let r = g.reshape(part, &[B, T, H, C / H])?;
         heads.push(g.permute(r, &[0, 2, 1, 3])?);
     }
-    let opts = AttentionOpts { causal: true, scale: None, dropout_p: dropout, mask: Some(mask) };
+    let opts = AttentionOpts {
+        causal: true,
+        scale: None,
+        dropout_p: dropout,
+        mask: Some(mask),
+        softcap: None,
+    };
     let a = g.attention(heads[0], heads[1], heads[2], opts)?;
     let a = g.transpose(a, 1, 2)?;
     let a = g.reshape(a, &[B, T, C])?;

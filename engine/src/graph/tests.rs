@@ -59,7 +59,13 @@ fn infers_shapes() {
     assert_eq!(g.shape(loss), [] as [usize; 0]);
     // Attention's default scale is 1/√D.
     assert!(g.nodes().iter().any(|n| n.op
-        == Op::Attention(Attention { scale: 0.5, causal: true, dropout_p: 0.0, offset: 0 })));
+        == Op::Attention(Attention {
+            scale: 0.5,
+            causal: true,
+            dropout_p: 0.0,
+            offset: 0,
+            softcap: None
+        })));
 }
 
 #[test]

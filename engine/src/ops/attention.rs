@@ -26,11 +26,14 @@ pub struct AttentionOpts {
     pub dropout_p: f32,
     /// Additive mask broadcastable to (B, H, Tq, Tk), e.g. BERT's (B, 1, 1, T) padding mask.
     pub mask: Option<TensorId>,
+    /// Tanh soft-cap `cap` of the scores before the mask: cap·tanh(scale·q·kᵀ) (Gemma 2's
+    /// `attn_logit_softcapping`; HF's cap·tanh(scaling·q·kᵀ / cap) is scale = scaling / cap).
+    pub softcap: Option<f32>,
 }
 
 impl Default for AttentionOpts {
     fn default() -> Self {
-        AttentionOpts { causal: false, scale: None, dropout_p: 0.0, mask: None }
+        AttentionOpts { causal: false, scale: None, dropout_p: 0.0, mask: None, softcap: None }
     }
 }
 
@@ -61,20 +64,22 @@ pub mod backward_slot {
 /// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
 /// pre-dropout softmax, saved for the backward, not differentiable. Hkv divides H
 /// (grouped-query / multi-query attention): query head h reads kv head h / (H/Hkv), HF's
-/// `repeat_kv` order, without the repeated K/V being materialised.
+/// `repeat_kv` order, without the repeated K/V being materialised. With `softcap` the scores
+/// are cap·tanh(scale·q·kᵀ) before the mask ([`AttentionOpts::softcap`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attention {
     pub scale: f32,
     pub causal: bool,
     pub dropout_p: f32,
     pub offset: u64,
+    pub softcap: Option<f32>,
 }
 
 impl Reference for Attention {
     fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
         let dims = AttnDims::of(a.shape(slot::Q), a.shape(slot::K), a.shape(slot::V));
-        let Attention { scale, causal, dropout_p, offset } = *self;
-        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset };
+        let Attention { scale, causal, dropout_p, offset, softcap } = *self;
+        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset, softcap };
         let m = a.mask(slot::MASK, a.out_shape(1));
         let [out, probs] = outs else { unreachable!("attention has 2 outputs") };
         let (q, k, v) = (a.f(slot::Q), a.f(slot::K), a.f(slot::V));
@@ -94,10 +99,7 @@ impl OpDef for Attention {
     }
 
     fn attrs(&self) -> String {
-        format!(
-            "scale={} causal={} p={} offset={}",
-            self.scale, self.causal, self.dropout_p, self.offset
-        )
+        attrs(self.scale, self.causal, self.dropout_p, self.offset, self.softcap)
     }
 
     fn read_req(&self, slot: usize) -> Req {
@@ -121,8 +123,9 @@ impl OpDef for Attention {
     fn grad(&self, cx: &mut GradCtx<'_>) -> Result<Grads, GraphError> {
         cx.no_mask_grad(slot::MASK)?;
         let (ins, outs, dy) = (cx.ins(), cx.outs(), cx.gy()?);
-        let Attention { scale, causal, dropout_p, offset } = *self;
-        let attrs = Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset });
+        let Attention { scale, causal, dropout_p, offset, softcap } = *self;
+        let attrs =
+            Op::AttentionBackward(AttentionBackward { scale, causal, dropout_p, offset, softcap });
         let d = cx.g.attention_backward(
             attrs,
             dy,
@@ -138,21 +141,40 @@ impl OpDef for Attention {
 }
 
 /// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
-/// mask, the CPU kernels the probabilities.
+/// mask, the CPU kernels the probabilities (and, with a soft-cap, q·kᵀ again for its slope).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionBackward {
     pub scale: f32,
     pub causal: bool,
     pub dropout_p: f32,
     pub offset: u64,
+    pub softcap: Option<f32>,
+}
+
+impl AttentionBackward {
+    /// The forward node's attributes (the same fields).
+    pub fn forward(&self) -> Attention {
+        let AttentionBackward { scale, causal, dropout_p, offset, softcap } = *self;
+        Attention { scale, causal, dropout_p, offset, softcap }
+    }
+}
+
+/// Both directions' attributes as the plan dump shows them (the soft-cap only where there is
+/// one, so that uncapped nodes read as before).
+fn attrs(scale: f32, causal: bool, p: f32, offset: u64, softcap: Option<f32>) -> String {
+    let mut s = format!("scale={scale} causal={causal} p={p} offset={offset}");
+    if let Some(cap) = softcap {
+        s += &format!(" softcap={cap}");
+    }
+    s
 }
 
 impl Reference for AttentionBackward {
     fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
         use backward_slot as s;
         let dims = AttnDims::of(a.shape(s::Q), a.shape(s::K), a.shape(s::V));
-        let AttentionBackward { scale, causal, dropout_p, offset } = *self;
-        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset };
+        let AttentionBackward { scale, causal, dropout_p, offset, softcap } = *self;
+        let cfg = AttnCfg { scale, causal, dropout_p, seed: a.seed, offset, softcap };
         let [dq, dk, dv] = outs else { unreachable!("attention_backward has 3 outputs") };
         let (dout, q, k, v, probs) = (a.f(s::DOUT), a.f(s::Q), a.f(s::K), a.f(s::V), a.f(s::PROBS));
         attention_backward(dq, dk, dv, dout, q, k, v, probs, &dims, &cfg);
@@ -166,10 +188,7 @@ impl OpDef for AttentionBackward {
     }
 
     fn attrs(&self) -> String {
-        format!(
-            "scale={} causal={} p={} offset={}",
-            self.scale, self.causal, self.dropout_p, self.offset
-        )
+        attrs(self.scale, self.causal, self.dropout_p, self.offset, self.softcap)
     }
 
     fn read_req(&self, slot: usize) -> Req {
@@ -204,7 +223,8 @@ pub struct AttnDims {
 }
 
 /// Attributes: `causal` masks keys j > i (top-left aligned, as `torch.tril`); dropout applies to
-/// the probabilities, counter = offset + flat index into probs.
+/// the probabilities, counter = offset + flat index into probs; `softcap` caps the scores to
+/// cap·tanh(scale·q·k) before the mask.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnCfg {
     pub scale: f32,
@@ -212,6 +232,7 @@ pub struct AttnCfg {
     pub dropout_p: f32,
     pub seed: u64,
     pub offset: u64,
+    pub softcap: Option<f32>,
 }
 
 impl AttnDims {
@@ -222,6 +243,18 @@ impl AttnDims {
 }
 
 impl AttnCfg {
+    /// The score of u = scale·q·k, before the mask: u, or cap·tanh(u) with a soft-cap; and its
+    /// slope ds/du: 1, or cap·(1 − tanh²u).
+    fn score<T: Real>(&self, u: T) -> (T, T) {
+        match self.softcap {
+            None => (u, T::ONE),
+            Some(cap) => {
+                let (c, t) = (T::from_f64(cap as f64), u.tanh());
+                (c * t, c * (T::ONE - t * t))
+            }
+        }
+    }
+
     /// The factor dropout multiplies probability (bh, i, j) by: 0 or 1/(1-p).
     fn drop_factor<T: Real>(&self, counter: u64) -> T {
         if self.dropout_p == 0.0 {
@@ -274,7 +307,7 @@ pub fn attention_forward<T: Real>(
                 for e in 0..d {
                     s += qi[e] * kj[e];
                 }
-                p[j] = s * scale;
+                p[j] = cfg.score(s * scale).0;
                 if let (Some(m), Some(off)) = (mask, moff) {
                     p[j] += m.at(off, j);
                 }
@@ -294,8 +327,9 @@ pub fn attention_forward<T: Real>(
 }
 
 /// With P = probs and Pd = dropout(P): dV = Pdᵀ·dO; dP = dropout(dO·Vᵀ);
-/// dS = P ⊙ (dP - rowsum(dP ⊙ P)); dQ = scale·dS·K; dK = scale·dSᵀ·Q. A kv head's dK and dV
-/// sum over the `rep` query heads that read it.
+/// dS = P ⊙ (dP - rowsum(dP ⊙ P)) ⊙ slope; dQ = scale·dS·K; dK = scale·dSᵀ·Q, the slope the
+/// soft-cap's cap·(1 − tanh²(scale·q·k)) (1 without one). A kv head's dK and dV sum over the
+/// `rep` query heads that read it.
 // dq: (BH, Tq, D)
 // dk: (BH/rep, Tk, D)
 // dv: (BH/rep, Tk, Dv)
@@ -345,8 +379,18 @@ pub fn attention_backward<T: Real>(
                 sum += dp[j] * p[j];
             }
             for j in 0..tk {
-                let ds = p[j] * (dp[j] - sum) * scale;
                 let kj = (b * tk + j) * d;
+                let slope = match cfg.softcap {
+                    None => T::ONE,
+                    Some(_) => {
+                        let mut u = T::ZERO;
+                        for e in 0..d {
+                            u += q[row * d + e] * k[kj + e];
+                        }
+                        cfg.score(u * scale).1
+                    }
+                };
+                let ds = p[j] * (dp[j] - sum) * scale * slope;
                 for e in 0..d {
                     dq[row * d + e] += ds * k[kj + e];
                     dk[kj + e] += ds * q[row * d + e];
@@ -402,6 +446,12 @@ impl Graph {
             ));
         }
         check_p(op, opts.dropout_p)?;
+        if let Some(cap) = opts.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                let msg = format!("the soft-cap must be finite and positive, got {cap}");
+                return Err(GraphError::Attr { op, msg });
+            }
+        }
         let probs_shape = vec![sq[0], sq[1], sq[2], sk[2]];
         let mut inputs = vec![q, k, v];
         if let Some(m) = opts.mask {
@@ -432,6 +482,7 @@ impl Graph {
             causal: opts.causal,
             dropout_p: opts.dropout_p,
             offset,
+            softcap: opts.softcap,
         });
         Ok(self.push(
             attrs,
@@ -502,8 +553,16 @@ mod tests {
         let mask_data = rng.vec(b * t);
         let dout = rng.vec(b * h * t * d);
         let full = [b, h, t, t];
-        for (causal, p) in [(false, 0.0), (true, 0.0), (true, 0.3), (false, 0.5)] {
-            let cfg = AttnCfg { scale: 0.6, causal, dropout_p: p, seed: 3, offset: 100 };
+        // Soft-caps of 0.8 and 1.5 against scores of up to ~2: tanh bends.
+        for (causal, p, softcap) in [
+            (false, 0.0, None),
+            (true, 0.0, None),
+            (true, 0.3, None),
+            (false, 0.5, None),
+            (true, 0.3, Some(0.8)),
+            (false, 0.0, Some(1.5)),
+        ] {
+            let cfg = AttnCfg { scale: 0.6, causal, dropout_p: p, seed: 3, offset: 100, softcap };
             let mask = MaskView::new(&mask_data, &[b, 1, 1, t], &full);
             let fwd = |q: &[f64], k: &[f64], v: &[f64]| {
                 let (mut o, mut pr) = (vec![0.0; b * h * t * d], vec![0.0; b * h * t * t]);
@@ -514,7 +573,7 @@ mod tests {
             let n = b * h * t * d;
             let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
             attention_backward(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &probs, &dims, &cfg);
-            let what = format!("causal={causal} p={p}");
+            let what = format!("causal={causal} p={p} softcap={softcap:?}");
             let fq = fd_grad(&q, FD_STEP, |q| dot(&fwd(q, &k, &v).0, &dout));
             let fk = fd_grad(&k, FD_STEP, |k| dot(&fwd(&q, k, &v).0, &dout));
             let fv = fd_grad(&v, FD_STEP, |v| dot(&fwd(&q, &k, v).0, &dout));
@@ -524,22 +583,31 @@ mod tests {
         }
     }
 
+    /// One head, no mask, no dropout: against the definition written out, the scores as they
+    /// are and soft-capped (HF's Gemma 2: cap·tanh(scaling·q·k / cap), here scale = 0.5 / cap).
     #[test]
     fn equals_softmax_of_scores_times_v() {
-        // One head, no mask, no dropout: compare with the two-step definition.
         let dims = AttnDims { bh: 1, rep: 1, tq: 2, tk: 3, d: 2, dv: 2 };
-        let cfg = AttnCfg { scale: 0.5, causal: false, dropout_p: 0.0, seed: 0, offset: 0 };
         let mut rng = Rng::new(14);
         let (q, k, v) = (rng.vec(4), rng.vec(6), rng.vec(6));
-        let (mut o, mut p) = (vec![0.0; 4], vec![0.0; 6]);
-        attention_forward(&mut o, &mut p, &q, &k, &v, &dims, &cfg, None);
-        for i in 0..2 {
-            let mut s: Vec<f64> =
-                (0..3).map(|j| 0.5 * (q[i * 2] * k[j * 2] + q[i * 2 + 1] * k[j * 2 + 1])).collect();
-            softmax_in_place(&mut s);
-            for e in 0..2 {
-                let want: f64 = (0..3).map(|j| s[j] * v[j * 2 + e]).sum();
-                assert!((o[i * 2 + e] - want).abs() < 1e-14);
+        for softcap in [None, Some(0.3)] {
+            let cap = softcap.map_or(1.0, f64::from);
+            let (scale, seed, offset) = ((0.5 / cap) as f32, 0, 0);
+            let cfg = AttnCfg { scale, causal: false, dropout_p: 0.0, seed, offset, softcap };
+            let (mut o, mut p) = (vec![0.0; 4], vec![0.0; 6]);
+            attention_forward(&mut o, &mut p, &q, &k, &v, &dims, &cfg, None);
+            for i in 0..2 {
+                let mut s: Vec<f64> = (0..3)
+                    .map(|j| 0.5 * (q[i * 2] * k[j * 2] + q[i * 2 + 1] * k[j * 2 + 1]))
+                    .map(|x| if softcap.is_some() { cap * (x / cap).tanh() } else { x })
+                    .collect();
+                softmax_in_place(&mut s);
+                for e in 0..2 {
+                    let want: f64 = (0..3).map(|j| s[j] * v[j * 2 + e]).sum();
+                    // The capped scale is rounded to f32 (the attribute's type).
+                    let tol = if softcap.is_some() { 1e-7 } else { 1e-14 };
+                    assert!((o[i * 2 + e] - want).abs() < tol, "softcap={softcap:?}");
+                }
             }
         }
     }

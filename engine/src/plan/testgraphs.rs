@@ -128,7 +128,13 @@ pub fn gpt_like_dtype(d: &Dims, dtype: crate::DType) -> R<Graph> {
             q,
             k,
             v,
-            AttentionOpts { causal: true, scale: None, dropout_p: d.dropout, mask: Some(mask) },
+            AttentionOpts {
+                causal: true,
+                scale: None,
+                dropout_p: d.dropout,
+                mask: Some(mask),
+                softcap: None,
+            },
         )?;
         let a = merge(&mut g, a, d)?;
         let a = linear(&mut g, a, &format!("h{l}.c_proj"), d.c, d.c)?;
@@ -175,7 +181,13 @@ pub fn bert_like(d: &Dims, classify: bool) -> R<Graph> {
             q,
             k,
             v,
-            AttentionOpts { causal: false, scale: None, dropout_p: d.dropout, mask: Some(mask) },
+            AttentionOpts {
+                causal: false,
+                scale: None,
+                dropout_p: d.dropout,
+                mask: Some(mask),
+                softcap: None,
+            },
         )?;
         let a = merge(&mut g, a, d)?;
         let a = linear(&mut g, a, &format!("l{l}.o"), d.c, d.c)?;
@@ -308,6 +320,7 @@ pub fn random_graph(seed: u64, steps: usize) -> R<(Graph, Dims)> {
                     scale: None,
                     dropout_p: d.dropout,
                     mask: if rng.below(2) == 0 { Some(mask) } else { None },
+                    softcap: None,
                 };
                 let a = g.attention(q, k, v, opts)?;
                 let a = merge(&mut g, a, &dh)?;

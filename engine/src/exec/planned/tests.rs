@@ -359,7 +359,8 @@ fn llama_like_ops_match_the_reference_executor() {
         let vv = heads(&mut g, wv, hkv);
         let q = g.rotary(q, cos_t, sin_t).unwrap();
         let k = g.rotary(k, cos_t, sin_t).unwrap();
-        let opts = AttentionOpts { causal: true, scale: None, dropout_p: p, mask: None };
+        let opts =
+            AttentionOpts { causal: true, scale: None, dropout_p: p, mask: None, softcap: None };
         let a = g.attention(q, k, vv, opts).unwrap();
         let a = g.permute(a, &[0, 2, 1, 3]).unwrap();
         let a = g.reshape(a, &[b, t, c]).unwrap();

@@ -2,11 +2,13 @@
 //! its T×T scores stay in cache (128×128 f32 = 64 KiB) between the GEMMs and the row softmax.
 //!
 //! Forward per (b, h): S = scale·Q·Kᵀ written straight into the saved probabilities, row
-//! softmax in place (mask, causal), P·dropout → scratch, O = Pd·V. Backward: dPd = dO·Vᵀ,
-//! dV = Pdᵀ·dO, dP = dPd·dropout, dS = P ⊙ (dP − rowsum(dP ⊙ P))·scale, dQ = dS·K,
+//! softmax in place ([soft-cap,] mask, causal), P·dropout → scratch, O = Pd·V. Backward:
+//! dPd = dO·Vᵀ, dV = Pdᵀ·dO, dP = dPd·dropout, dS = P ⊙ (dP − rowsum(dP ⊙ P))·scale, dQ = dS·K,
 //! dK = dSᵀ·Q — five single-threaded GEMMs on strided Q/K/V (head split/merge permutes folded
 //! into leading dimensions) and two row passes. The dropout mask is regenerated from the
-//! counter-based RNG, element for element the reference's.
+//! counter-based RNG, element for element the reference's. A soft-cap (Gemma 2: S ←
+//! cap·tanh(S) before the mask) costs the backward a sixth GEMM, S again, for dS's factor
+//! cap·(1 − tanh²): the saved probabilities cannot give it back where the mask is −∞.
 //!
 //! Grouped-query / multi-query attention (Hkv kv heads, each read by H/Hkv query heads in HF's
 //! `repeat_kv` order) reads a query head's kv head through its strides, never a repeated copy;
@@ -48,6 +50,8 @@ pub struct AttnPlan {
     pub causal: bool,
     pub dropout_p: f32,
     pub offset: u64,
+    /// The scores' tanh soft-cap, if any: cap·tanh(scale·q·k) before the mask.
+    pub softcap: Option<f32>,
     /// Strides of q, k, v, and of out (forward) or dout (backward).
     pub q: [usize; 3],
     pub k: [usize; 3],
@@ -71,8 +75,10 @@ impl AttnPlan {
         }
     }
 
+    /// f32 scratch the backward needs: dP and dropout(P) blocks, and the recomputed scores
+    /// with a soft-cap.
     pub fn backward_workspace(&self, threads: usize) -> usize {
-        2 * threads * self.tq * self.tk
+        backward_blocks(self.softcap) * threads * self.tq * self.tk
     }
 
     /// Offset of query problem `bh` = (b, h) in a (B, H, T, ·) operand.
@@ -87,27 +93,40 @@ impl AttnPlan {
     }
 }
 
+/// The backward's (Tq, Tk) scratch blocks per thread: dP, dropout(P), and S again with a
+/// soft-cap.
+fn backward_blocks(softcap: Option<f32>) -> usize {
+    2 + usize::from(softcap.is_some())
+}
+
+/// Rows of scale·q·k (`tk` apart, row `row0` of the problem first) into probabilities in
+/// place: [cap·tanh,] + mask, the causal cut, softmax.
 #[inline(always)]
 fn probs_rows(
     p: &mut [f32],
     tk: usize,
     row0: usize,
-    causal: bool,
-    tq: usize,
+    (causal, tq): (bool, usize),
+    softcap: Option<f32>,
     mask: Option<(&[f32], &MaskMap)>,
 ) {
     for (i, row) in p.chunks_exact_mut(tk).enumerate() {
+        let valid = if causal { ((row0 + i) % tq + 1).min(tk) } else { tk };
+        if let Some(cap) = softcap {
+            for x in &mut row[..valid] {
+                *x = cap * simd::tanh(*x);
+            }
+        }
         if let Some((data, mm)) = mask {
             let off = mm.row_offset(row0 + i);
             for (j, x) in row.iter_mut().enumerate() {
                 *x += data[off + j * mm.last_stride];
             }
         }
-        let valid = if causal { ((row0 + i) % tq + 1).min(tk) } else { tk };
         softmax_row_in_place(row, valid);
     }
 }
-multiversion!(fn probs_chunk<>(p: &mut [f32], tk: usize, row0: usize, causal: bool, tq: usize, mask: Option<(&[f32], &MaskMap)>) => probs_rows);
+multiversion!(fn probs_chunk<>(p: &mut [f32], tk: usize, row0: usize, cut: (bool, usize), softcap: Option<f32>, mask: Option<(&[f32], &MaskMap)>) => probs_rows);
 
 /// dst = src ⊙ dropout factor, counters `first + flat index`.
 #[inline(always)]
@@ -119,7 +138,8 @@ fn drop_body(dst: &mut [f32], src: &[f32], m: DropMask, first: u64) {
 multiversion!(fn drop_chunk<>(dst: &mut [f32], src: &[f32], m: DropMask, first: u64) => drop_body);
 
 /// In place over `rows` rows of `width` entries, `ld` apart: dp = dp·factor (when dropout),
-/// then ds = p ⊙ (dp − Σ dp ⊙ p)·scale per row.
+/// then ds = p ⊙ (dp − Σ dp ⊙ p)·scale per row, times the soft-cap's slope
+/// cap·(1 − tanh²u) where `capped` gives u = scale·q·k (same layout) and the cap.
 #[inline(always)]
 #[allow(
     clippy::too_many_arguments,
@@ -134,6 +154,7 @@ fn ds_body(
     scale: f32,
     m: Option<DropMask>,
     first: u64,
+    capped: Option<(&[f32], f32)>,
 ) {
     for r in 0..rows {
         let dr = &mut dp[r * ld..r * ld + width];
@@ -145,12 +166,23 @@ fn ds_body(
             }
         }
         let s = simd::dot(dr, pr);
-        for j in 0..width {
-            dr[j] = pr[j] * (dr[j] - s) * scale;
+        match capped {
+            None => {
+                for j in 0..width {
+                    dr[j] = pr[j] * (dr[j] - s) * scale;
+                }
+            }
+            Some((u, cap)) => {
+                let ur = &u[r * ld..r * ld + width];
+                for j in 0..width {
+                    let t = simd::tanh(ur[j]);
+                    dr[j] = pr[j] * (dr[j] - s) * scale * (cap * (1.0 - t * t));
+                }
+            }
         }
     }
 }
-multiversion!(fn ds_chunk<>(dp: &mut [f32], p: &[f32], rows: usize, width: usize, ld: usize, scale: f32, m: Option<DropMask>, first: u64) => ds_body);
+multiversion!(fn ds_chunk<>(dp: &mut [f32], p: &[f32], rows: usize, width: usize, ld: usize, scale: f32, m: Option<DropMask>, first: u64, capped: Option<(&[f32], f32)>) => ds_body);
 
 /// Query rows per block of causal attention: block [r0, r1) needs keys [0, r1) only, so the
 /// GEMMs skip most of the masked upper triangle (62% of the work at T = 128).
@@ -168,12 +200,14 @@ fn blocks(p: &AttnPlan) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
 impl AttnPlan {
     /// Multiply-add FLOPs (2 per multiply-add) the kernels really compute, with causal
     /// attention's skipped key blocks left out: forward Q·Kᵀ and P·V; backward dO·Vᵀ, Pᵀ·dO,
-    /// dS·K and dSᵀ·Q. What the harness's HFU counts for attention. Per query head: with
-    /// grouped kv heads every query head still multiplies against its kv head's K and V.
+    /// dS·K and dSᵀ·Q, and with a soft-cap Q·Kᵀ again. What the harness's HFU counts for
+    /// attention. Per query head: with grouped kv heads every query head still multiplies
+    /// against its kv head's K and V.
     pub fn executed_flops(&self, backward: bool) -> f64 {
         let per_pair: usize = blocks(self).map(|(r0, r1, kn)| (r1 - r0) * kn).sum();
         let (d, dv) = (self.d as f64, self.dv as f64);
-        let products = if backward { 2.0 * dv + 2.0 * d } else { d + dv };
+        let again = if self.softcap.is_some() { d } else { 0.0 };
+        let products = if backward { 2.0 * dv + 2.0 * d + again } else { d + dv };
         2.0 * (self.b * self.h) as f64 * per_pair as f64 * products
     }
 }
@@ -240,7 +274,7 @@ pub unsafe fn attention_forward(
                     pb.as_mut_ptr(),
                     tk,
                 );
-                probs_chunk(pb, tk, i * tq + r0, p.causal, tq, mask);
+                probs_chunk(pb, tk, i * tq + r0, (p.causal, tq), p.softcap, mask);
                 let pd: &[f32] = match (dm, scratch.as_deref_mut()) {
                     (Some(m), Some(s)) => {
                         let sb = &mut s[r0 * tk..r1 * tk];
@@ -308,10 +342,12 @@ pub unsafe fn attention_backward(
         SyncPtr(k as *mut f32),
         SyncPtr(v as *mut f32),
     );
+    let nb = backward_blocks(p.softcap);
     pool.run(t, &|task| {
-        // SAFETY: scratch blocks 2·task and 2·task+1 are this task's.
-        let s1 = wp.slice(2 * task * tq * tk..(2 * task + 1) * tq * tk);
-        let s2 = wp.slice((2 * task + 1) * tq * tk..(2 * task + 2) * tq * tk);
+        // SAFETY: scratch blocks nb·task .. nb·task + nb are this task's.
+        let block = |b: usize| wp.slice((nb * task + b) * tq * tk..(nb * task + b + 1) * tq * tk);
+        let (s1, s2) = (block(0), block(1));
+        let mut s3 = p.softcap.map(|_| block(2));
         for kvi in task * per..((task + 1) * per).min(bkv) {
             // The kv head's first query problem: (b, g·rep).
             let i0 = (kvi / p.hkv) * p.h + (kvi % p.hkv) * rep;
@@ -388,8 +424,31 @@ pub unsafe fn attention_backward(
                         dvi,
                         p.dvs[2],
                     );
+                    // With a soft-cap, u = scale·Q·Kᵀ again for dS's slope.
+                    let capped = match (p.softcap, s3.as_deref_mut()) {
+                        (Some(cap), Some(s3)) => {
+                            let ub = &mut s3[r0 * tk..r1 * tk];
+                            sgemm_st(
+                                false,
+                                true,
+                                rows,
+                                kn,
+                                p.d,
+                                p.scale,
+                                qr,
+                                p.q[2],
+                                ki,
+                                p.k[2],
+                                0.0,
+                                ub.as_mut_ptr(),
+                                tk,
+                            );
+                            Some((&*ub, cap))
+                        }
+                        _ => None,
+                    };
                     // dS (in s1)
-                    ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first);
+                    ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first, capped);
                     // dQ = dS·K, dK = dSᵀ·Q
                     sgemm_st(
                         false,
@@ -443,8 +502,7 @@ impl CpuKernel for Attention {
     }
 
     fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
-        let Attention { scale, causal, dropout_p, offset } = *self;
-        Ok(attn_plan(cx, true, scale, causal, dropout_p, offset))
+        Ok(attn_plan(cx, true, *self))
     }
 
     fn flops(&self, _x: &PlannedExecutor, r: &Resolved) -> f64 {
@@ -490,12 +548,11 @@ impl CpuKernel for AttentionBackward {
 
     fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
         let p = g.shape(g.nodes()[node].inputs[backward_slot::PROBS]);
-        2 * cpu.threads * p[2] * p[3]
+        backward_blocks(self.softcap) * cpu.threads * p[2] * p[3]
     }
 
     fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
-        let AttentionBackward { scale, causal, dropout_p, offset } = *self;
-        Ok(attn_plan(cx, false, scale, causal, dropout_p, offset))
+        Ok(attn_plan(cx, false, self.forward()))
     }
 
     fn flops(&self, _x: &PlannedExecutor, r: &Resolved) -> f64 {
@@ -539,15 +596,10 @@ fn strides3(shape: &[usize], p: &Place) -> [usize; 3] {
     [p.strides[0], p.strides[1], p.strides[2].max(shape[3]).max(1)]
 }
 
-/// The attention kernels' plan: sizes, attributes and the operands' strides.
-fn attn_plan(
-    cx: &ResolveCx<'_>,
-    fwd: bool,
-    scale: f32,
-    causal: bool,
-    dropout_p: f32,
-    offset: u64,
-) -> Aux {
+/// The attention kernels' plan: sizes, the forward node's attributes and the operands'
+/// strides.
+fn attn_plan(cx: &ResolveCx<'_>, fwd: bool, attrs: Attention) -> Aux {
+    let Attention { scale, causal, dropout_p, offset, softcap } = attrs;
     use backward_slot as bs;
     let (g, node, pl) = (cx.g, cx.node, |t: TensorId| cx.pl(t));
     let i = &node.inputs;
@@ -580,6 +632,7 @@ fn attn_plan(
         causal,
         dropout_p,
         offset,
+        softcap,
         q: strides3(sq, pl(q)),
         k: strides3(sk, pl(k)),
         v: strides3(sv, pl(v)),
@@ -603,8 +656,9 @@ mod tests {
     }
 
     /// Against the reference on (B=2, H=3, T=33, D=16) with a padding mask, causal or not, with
-    /// and without dropout: the dropout mask is the reference's; values differ by summation
-    /// order only: |Δ| ≤ 2e-5·max|ref| per tensor.
+    /// and without dropout, soft-capped or not (caps of 0.7 and 2 over scores scale·q·k of a
+    /// few units: tanh bends): the dropout mask is the reference's; values differ by summation
+    /// order (and the Cephes tanh) only: |Δ| ≤ 2e-5·max|ref| per tensor.
     #[test]
     fn forward_and_backward_match_the_reference() {
         let pool = Pool::new(2);
@@ -614,10 +668,17 @@ mod tests {
         let (q, k, v, dout) = (rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n));
         let mask: Vec<f32> =
             rng.vec_f32(b * t).iter().map(|x| if *x > 0.8 { -1e4 } else { *x }).collect();
-        for (causal, dp, with_mask) in
-            [(false, 0.0f32, true), (true, 0.0, false), (true, 0.3, false), (false, 0.5, true)]
-        {
-            let cfg = ra::AttnCfg { scale: 0.25, causal, dropout_p: dp, seed: 77, offset: 1000 };
+        for (causal, dp, with_mask, softcap) in [
+            (false, 0.0f32, true, None),
+            (true, 0.0, false, None),
+            (true, 0.3, false, None),
+            (false, 0.5, true, None),
+            (true, 0.3, true, Some(0.7f32)),
+            (false, 0.0, true, Some(2.0)),
+        ] {
+            let scale = if softcap.is_some() { 1.5 } else { 0.25 };
+            let (seed, offset) = (77, 1000);
+            let cfg = ra::AttnCfg { scale, causal, dropout_p: dp, seed, offset, softcap };
             let dims = ra::AttnDims { bh: b * h, rep: 1, tq: t, tk: t, d, dv: d };
             let full = [b, h, t, t];
             let mv = MaskView::new(&mask, &[b, 1, 1, t], &full);
@@ -641,10 +702,11 @@ mod tests {
                 tk: t,
                 d,
                 dv: d,
-                scale: 0.25,
+                scale,
                 causal,
                 dropout_p: dp,
                 offset: 1000,
+                softcap,
                 q: c,
                 k: c,
                 v: c,
@@ -675,7 +737,7 @@ mod tests {
                 for (i, (x, y)) in a.iter().zip(r).enumerate() {
                     assert!(
                         (x - y).abs() <= 2e-5 * scale,
-                        "{what} causal={causal} p={dp} [{i}]: {x} vs {y}"
+                        "{what} causal={causal} p={dp} cap={softcap:?} [{i}]: {x} vs {y}"
                     );
                 }
             };
@@ -718,7 +780,14 @@ mod tests {
     fn grouped_query_forward_and_backward_match_the_reference() {
         let pool = Pool::new(3);
         let (b, h, t, d) = (2usize, 6usize, 37usize, 5usize);
-        for (hkv, causal, dp) in [(2usize, true, 0.2f32), (2, false, 0.0), (1, true, 0.0)] {
+        // The last case soft-capped (scale 2 puts scale·q·k where tanh bends).
+        for (hkv, causal, dp, softcap) in [
+            (2usize, true, 0.2f32, None),
+            (2, false, 0.0, None),
+            (1, true, 0.0, None),
+            (2, true, 0.2, Some(0.9f32)),
+        ] {
+            let scale = if softcap.is_some() { 2.0 } else { 0.4 };
             let (nq, nk) = (b * h * t * d, b * hkv * t * d);
             let mut rng = Rng::new(40 + hkv as u64);
             let (q, k, v, dout) =
@@ -739,7 +808,7 @@ mod tests {
                 y
             };
             let strided = |heads: usize| [t * heads * d, d, heads * d];
-            let cfg = ra::AttnCfg { scale: 0.4, causal, dropout_p: dp, seed: 5, offset: 7 };
+            let cfg = ra::AttnCfg { scale, causal, dropout_p: dp, seed: 5, offset: 7, softcap };
             let dims = ra::AttnDims { bh: b * h, rep: h / hkv, tq: t, tk: t, d, dv: d };
             let (mut o0, mut p0) = (vec![0.0; nq], vec![0.0; b * h * t * t]);
             ra::attention_forward(&mut o0, &mut p0, &q, &k, &v, &dims, &cfg, None);
@@ -756,10 +825,11 @@ mod tests {
                 tk: t,
                 d,
                 dv: d,
-                scale: 0.4,
+                scale,
                 causal,
                 dropout_p: dp,
                 offset: 7,
+                softcap,
                 q: sq,
                 k: sk,
                 v: sk,
@@ -807,7 +877,7 @@ mod tests {
                 for (i, (x, y)) in a.iter().zip(r).enumerate() {
                     assert!(
                         (x - y).abs() <= 2e-5 * scale,
-                        "{what} hkv={hkv} causal={causal} p={dp} [{i}]: {x} vs {y}"
+                        "{what} hkv={hkv} causal={causal} p={dp} cap={softcap:?} [{i}]: {x} vs {y}"
                     );
                 }
             };

@@ -46,12 +46,14 @@ pub struct Dims {
     pub dv: usize,
 }
 
-/// What the three kernels apply to the scores alike: s = scale·q·k + mask, the causal cut
-/// (key j > query i masked, top-left aligned), dropout of the probabilities with the engine's
-/// counter-based mask at `offset`.
+/// What the three kernels apply to the scores alike: s = scale·q·k, or cap·tanh(scale·q·k)
+/// with a `softcap` (the kernels' `cap`, 0 for none), + mask, the causal cut (key j > query i
+/// masked, top-left aligned), dropout of the probabilities with the engine's counter-based
+/// mask at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scores<P> {
     pub scale: f32,
+    pub softcap: Option<f32>,
     pub causal: bool,
     pub dropout_p: f32,
     pub seed: Seed<P>,
@@ -115,7 +117,7 @@ fn mma_name(kernel: &str, dtype: DType, d: usize) -> String {
     format!("{}_d{d}", kernel_name(&format!("attention_mma_{kernel}"), dtype))
 }
 
-/// The arguments between the operands and the strides: h, hkv, tq, tk, [d, dv,] scale,
+/// The arguments between the operands and the strides: h, hkv, tq, tk, [d, dv,] scale, cap,
 /// causal, dropout_p, seed, offset, the step block (the tensor-core kernels have the head size
 /// in their name).
 fn scalars<P>(dims: Dims, s: Scores<P>, head_sizes: bool) -> Vec<Arg<P>> {
@@ -131,6 +133,7 @@ fn scalars<P>(dims: Dims, s: Scores<P>, head_sizes: bool) -> Vec<Arg<P>> {
     let (seed, step) = s.seed.split();
     a.extend([
         Arg::F32(s.scale),
+        Arg::F32(s.softcap.unwrap_or(0.0)),
         Arg::I32(i32::from(s.causal)),
         Arg::F32(s.dropout_p),
         Arg::U64(seed),
@@ -336,7 +339,7 @@ impl GpuKernel for Attention {
     }
 
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let Attention { scale, causal, dropout_p, offset } = self;
+        let Attention { scale, causal, dropout_p, offset, softcap } = *self;
         let g = cx.g;
         let ins = &cx.node.inputs;
         let outs = &cx.node.outputs;
@@ -364,9 +367,8 @@ impl GpuKernel for Attention {
                 mask: r.at(m),
                 strides: broadcast_strides4(g.shape(m), [b, h, tq, tk]),
             });
-            let (scale, causal, dropout_p, offset) = (*scale, *causal, *dropout_p, *offset);
             let seed = launch::Seed::Block(r.step_block());
-            let scores = Scores { scale, causal, dropout_p, seed, offset };
+            let scores = Scores { scale, softcap, causal, dropout_p, seed, offset };
             // The forward's products; the backward's are twice those, plus the recomputed
             // scores.
             let mm = 2.0 * (b * h * tq * tk) as f64 * (d + dv) as f64;
@@ -460,7 +462,6 @@ impl GpuKernel for AttentionBackward {
 
     // One binding for both directions: it reads which from the node.
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
-        let AttentionBackward { scale, causal, dropout_p, offset } = *self;
-        Attention { scale, causal, dropout_p, offset }.launches(r, cx)
+        self.forward().launches(r, cx)
     }
 }
