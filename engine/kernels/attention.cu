@@ -9,7 +9,10 @@
 // row a running max m, a running sum l (both f32) and an f32 output accumulator, rescaled by
 // exp(m_old − m_new) when the max grows (online softmax). Memory is O(bq·(d + dv) + bk·(d + dv)),
 // not O(Tq·Tk), and Q·Kᵀ never leaves the chip. The block writes o and, for the backward, the
-// per-row log-sum-exp lse = m + log l (f32, (B, H, Tq)) instead of the probabilities.
+// per-row softmax statistics (m, log l) (f32, (B, H, Tq, 2)) instead of the probabilities: the
+// log-sum-exp m + log l, kept as its two terms, because under a finite mask that dwarfs the
+// scores (HF's eager finfo.min) a row with no visible key has m ≈ −3.4e38, which absorbs
+// log l — exp(s − (m + log l)) would be 1 where the softmax gave 1/l.
 // Backward (two kernels, no floating-point atomics, so every run gives the same bits), launched
 // in this order: `attention_backward_dq` is one block per (batch·head, query tile) walking the
 // key tiles for dQ; it first computes its rows' delta_i = Σ_c dO_ic·O_ic (= rowsum(dP ⊙ P),
@@ -17,7 +20,7 @@
 // `attention_backward_dkdv` is one block per (batch·K/V head, key tile) walking the query tiles
 // (of every query head of its group, under grouped-query attention) and
 // accumulating dK, dV of its keys in shared memory, reading delta. Both recompute
-// P = exp(s − lse) and dS with the same device function (same bits).
+// P = exp((s − m) − log l) and dS with the same device function (same bits).
 // Causal blocks skip the key tiles (forward, dq) or query tiles (dkdv) that are entirely masked.
 //
 // The tile sizes bq, bk are launch arguments (the launcher fits them to the shared memory of
@@ -77,13 +80,13 @@ __device__ __forceinline__ float attn_score(const float* qr, const float* kr, in
 
 // Shared memory (floats): bq·d + bk·(d + 1) + bk·dv + bq·bk + bq·dv + 3·bq.
 // Grid: B·H·ceil(Tq / bq) blocks; any block size that is a multiple of the warp size.
-// Matches attention.rs `attention_forward` (o) and adds lse, which the CPU does not have (it
+// Matches attention.rs `attention_forward` (o) and adds stats, which the CPU does not have (it
 // keeps the probabilities instead).
-// out: (B, H, Tq, Dv) strided (os); lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) strided;
+// out: (B, H, Tq, Dv) strided (os); stats: (B, H, Tq, 2) f32 contiguous, (m, log l) per row; q: (B, H, Tq, D) strided;
 // k: (B, Hkv, Tk, D) strided; v: (B, Hkv, Tk, Dv) strided (query head h reads K/V head
 // h / (H / Hkv), HF's repeat_kv); mask: broadcast to (B, H, Tq, Tk) or null.
 template <typename T>
-__device__ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, float scale,
+__device__ void attention_forward(T* out, float* stats, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, float scale,
                                   float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                   AttnStrides os, MaskStrides ms, int bq, int bk) {
     DYN_SHARED(float, sm);
@@ -172,18 +175,22 @@ __device__ void attention_forward(T* out, float* lse, const T* q, const T* k, co
     }
     for (int r = tid; r < rows; r += nt) {
         const float m = m_s[r];
-        lse[(long long)bh * tq + q0 + r] = m == neg_inf() ? -neg_inf() : m + logf(l_s[r]);
+        // No visible key: (+∞, 0), so that the backward's P is 0 there too.
+        const long long row = (long long)bh * tq + q0 + r;
+        stats[2 * row] = m == neg_inf() ? -neg_inf() : m;
+        stats[2 * row + 1] = m == neg_inf() ? 0.0f : logf(l_s[r]);
     }
 }
 
 // ---------------------------------------------------------------- backward
 
 // The (bq, bk) tile of Pd = dropout(P) (when pd_s is not null) and dS = P ⊙ (dPd·dropout − delta)·scale
-// [⊙ the soft-cap's slope], P = exp(s − lse), dPd = dO·Vᵀ, for queries [q0, q0 + rows) and keys [k0, k0 + kn); 0 outside
+// [⊙ the soft-cap's slope], P = exp((s − m) − log l), dPd = dO·Vᵀ, for queries [q0, q0 + rows) and keys [k0, k0 + kn); 0 outside
 // those or past the causal limit. attention.rs: `drop_chunk` (Pd), `ds_body` (dS).
-// q_s: (bq, d); do_s: (bq, dv); k_s: (bk, d + 1); v_s: (bk, dv + 1); lse_s, del_s: (bq).
+// q_s: (bq, d); do_s: (bq, dv); k_s: (bk, d + 1); v_s: (bk, dv + 1); stat_s: (bq, 2) the rows'
+// (m, log l); del_s: (bq).
 template <typename T>
-__device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const float* q_s, const float* do_s, const float* k_s, const float* v_s, const float* lse_s,
+__device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const float* q_s, const float* do_s, const float* k_s, const float* v_s, const float* stat_s,
                                              const float* del_s, int d, int dv, int bq, int bk, int q0, int rows, int k0, int kn, int bh, int tq, int tk,
                                              float scale, float cap, int causal, bool drop, const DropMask& dm, unsigned long long offset, const T* mb,
                                              const MaskStrides& ms) {
@@ -193,7 +200,8 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
         float pd = 0.0f, ds = 0.0f;
         if (r < rows && j < kn && !(causal && kj > i)) {
             float slope;
-            const float p = expf(attn_score(q_s + r * d, k_s + j * (d + 1), d, scale, cap, mb, ms, i, kj, slope) - lse_s[r]);
+            const float s = attn_score(q_s + r * d, k_s + j * (d + 1), d, scale, cap, mb, ms, i, kj, slope);
+            const float p = expf((s - stat_s[2 * r]) - stat_s[2 * r + 1]);
             const float* gr = do_s + r * dv;
             const float* vr = v_s + j * (dv + 1);
             float dpd = 0.0f;
@@ -211,14 +219,14 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
     }
 }
 
-// Shared memory (floats): bk·(d + 1) + bk·(dv + 1) + bk·d + bk·dv + bq·d + bq·dv + 2·bq·bk + 2·bq.
+// Shared memory (floats): bk·(d + 1) + bk·(dv + 1) + bk·d + bk·dv + bq·d + bq·dv + 2·bq·bk + 3·bq.
 // Grid: B·Hkv·ceil(Tk / bk) blocks. Matches attention.rs `attention_backward` (dk, dv): dV = Pdᵀ·dO,
 // dK = dSᵀ·Q, each summed over the query heads of the K/V head.
 // dk: (B, Hkv, Tk, D) strided; dv: (B, Hkv, Tk, Dv) strided; dout: (B, H, Tq, Dv) strided (gs);
-// q, k, v, mask: as the forward; lse: (B, H, Tq) f32 from the forward; delta: (B, H, Tq) f32
+// q, k, v, mask: as the forward; stats: (B, H, Tq, 2) f32 from the forward; delta: (B, H, Tq) f32
 // written by attention_backward_dq (launched first).
 template <typename T>
-__device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse, const float* delta, int h,
+__device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* stats, const float* delta, int h,
                                         int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, unsigned long long seed,
                                         unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms, int bq,
                                         int bk) {
@@ -231,8 +239,8 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
     float* do_s = q_s + bq * d;          // (bq, dv)
     float* pd_s = do_s + bq * dvd;       // (bq, bk)
     float* ds_s = pd_s + bq * bk;        // (bq, bk)
-    float* lse_s = ds_s + bq * bk;       // (bq)
-    float* del_s = lse_s + bq;           // (bq)
+    float* stat_s = ds_s + bq * bk;      // (bq, 2)
+    float* del_s = stat_s + 2 * bq;      // (bq)
 
     // One block per (batch·K/V head, key tile): the group's h / hkv query heads (HF's repeat_kv
     // maps query head hi to K/V head hi / (h / hkv)) all add into this block's dK, dV, in head
@@ -262,11 +270,13 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
             attn_load_tile(q_s, d, qb + (long long)q0 * qs.st, qs.st, rows, bq, d);
             attn_load_tile(do_s, dvd, gb + (long long)q0 * gs.st, gs.st, rows, bq, dvd);
             for (int r = tid; r < bq; r += nt) {
-                lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : 0.0f;
+                const long long row = (long long)bh * tq + q0 + r;
+                stat_s[2 * r] = r < rows ? stats[2 * row] : 0.0f;
+                stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
                 del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
             }
             __syncthreads();
-            attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
+            attn_ds_tile(pd_s, ds_s, q_s, do_s, k_s, v_s, stat_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
             __syncthreads();
             // Each thread owns the same accumulator elements on every tile: no barrier needed
             // between these updates and the next tile's.
@@ -291,7 +301,7 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
     for (int idx = tid; idx < kn * d; idx += nt) dkb[(long long)(idx / d) * dks.st + idx % d] = from_f32<T>(dk_s[idx]);
 }
 
-// Shared memory (floats): 2·bq·d + bq·dv + bk·(d + 1) + bk·(dv + 1) + bq·bk + 2·bq.
+// Shared memory (floats): 2·bq·d + bq·dv + bk·(d + 1) + bk·(dv + 1) + bq·bk + 3·bq.
 // Grid: B·H·ceil(Tq / bq) blocks. Matches attention.rs `attention_backward` (dq): dQ = dS·K;
 // delta_i = Σ_c dO_ic·O_ic is rowsum(dP ⊙ P) of attention.rs `ds_body` (with dropout,
 // Σ_j dPd_ij·Pd_ij = dO_i·Σ_j Pd_ij·V_j = dO_i·O_i), from O as the forward stored it.
@@ -299,7 +309,7 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
 // out: (B, H, Tq, Dv) strided (os), the forward's output; the other operands as in
 // attention_backward_dkdv.
 template <typename T>
-__device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask, const float* lse, int h,
+__device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask, const float* stats, int h,
                                       int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, unsigned long long seed,
                                       unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs, AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms, int bq,
                                       int bk) {
@@ -310,8 +320,8 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
     float* k_s = dq_s + bq * d;         // (bk, d + 1)
     float* v_s = k_s + bk * (d + 1);    // (bk, dv + 1)
     float* ds_s = v_s + bk * (dvd + 1); // (bq, bk)
-    float* lse_s = ds_s + bq * bk;      // (bq)
-    float* del_s = lse_s + bq;          // (bq)
+    float* stat_s = ds_s + bq * bk;     // (bq, 2)
+    float* del_s = stat_s + 2 * bq;     // (bq)
 
     const int nqt = (tq + bq - 1) / bq;
     const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * bq;
@@ -336,7 +346,9 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
             for (int c = 0; c < dvd; ++c) s = fmaf(to_f32(gb[(long long)r * gs.st + c]), to_f32(ob[(long long)r * os.st + c]), s);
             delta[(long long)bh * tq + q0 + r] = s;
         }
-        lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : 0.0f;
+        const long long row = (long long)bh * tq + q0 + r;
+        stat_s[2 * r] = r < rows ? stats[2 * row] : 0.0f;
+        stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
         del_s[r] = s;
     }
     const int kend = causal ? attn_min(q0 + rows, tk) : tk;
@@ -346,7 +358,7 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
         attn_load_tile(k_s, d + 1, kb + (long long)k0 * ks.st, ks.st, kn, bk, d);
         attn_load_tile(v_s, dvd + 1, vb + (long long)k0 * vs.st, vs.st, kn, bk, dvd);
         __syncthreads();
-        attn_ds_tile<T>(nullptr, ds_s, q_s, do_s, k_s, v_s, lse_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
+        attn_ds_tile<T>(nullptr, ds_s, q_s, do_s, k_s, v_s, stat_s, del_s, d, dvd, bq, bk, q0, rows, k0, kn, bh, tq, tk, scale, cap, causal, drop, dm, offset, mb, ms);
         __syncthreads();
         for (int idx = tid; idx < bq * d; idx += nt) {
             const int r = idx / d, c = idx % d;
@@ -368,37 +380,37 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
 // `seed`: a captured step); then the (b, h, t) strides of each operand, the mask's
 // 4 strides, and the tile sizes bq, bk.
 #define ATTENTION(S, T)                                                                                                                        \
-    ORT_KERNEL(attention_forward_##S)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, \
+    ORT_KERNEL(attention_forward_##S)(T * out, float* stats, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, int d, int dv, \
                                       float scale, float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,  \
                                       long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, \
                                       long long v_st, long long o_sb, long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq,  \
                                       long long m_sk, int bq, int bk) {                                                                         \
-        attention_forward<T>(out, lse, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
+        attention_forward<T>(out, stats, q, k, v, mask, h, hkv, tq, tk, d, dv, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},      \
                              AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                          \
                              MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                      \
     }                                                                                                                                          \
     ORT_REGISTER(attention_forward_##S)                                                                                                        \
-    ORT_KERNEL(attention_backward_dkdv_##S)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,      \
+    ORT_KERNEL(attention_backward_dkdv_##S)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* stats,      \
                                             const float* delta, int h, int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, \
                                             unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,    \
                                             long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,        \
                                             long long g_sb, long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,     \
                                             long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh, long long m_sq,     \
                                             long long m_sk, int bq, int bk) {                                                                   \
-        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
+        attention_backward_dkdv<T>(dk, dv, dout, q, k, v, mask, stats, delta, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
                                    AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                 \
                                    AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},           \
                                    MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                \
     }                                                                                                                                          \
     ORT_REGISTER(attention_backward_dkdv_##S)                                                                                                  \
     ORT_KERNEL(attention_backward_dq_##S)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,     \
-                                          const float* lse, int h, int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, \
+                                          const float* stats, int h, int hkv, int tq, int tk, int d, int dvd, float scale, float cap, int causal, float dropout_p, \
                                           unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st,      \
                                           long long k_sb, long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st,          \
                                           long long g_sb, long long g_sh, long long g_st, long long o_sb, long long o_sh, long long o_st,          \
                                           long long dq_sb, long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,       \
                                           long long m_sk, int bq, int bk) {                                                                     \
-        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,           \
+        attention_backward_dq<T>(dq, delta, dout, out, q, k, v, mask, stats, h, hkv, tq, tk, d, dvd, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,           \
                                  AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},                   \
                                  AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},                \
                                  MaskStrides{m_sb, m_sh, m_sq, m_sk}, bq, bk);                                                                  \

@@ -17,9 +17,10 @@
 //   registers; K/V tiles of 64 keys stream through shared memory; S = Q·Kᵀ (16 × 64 per warp),
 //   scale, mask, the online softmax per row on the accumulators (row max and sum over the 4
 //   lanes that share a row: two shuffles), then P (rounded to T, as FlashAttention does) goes
-//   from accumulator to A fragment in registers and O += P·V. Writes O and the rows' LSE.
+//   from accumulator to A fragment in registers and O += P·V. Writes O and the rows' softmax
+//   statistics (m, log l) (attention.cu: why not their sum, the LSE).
 // - Backward: `attention_mma_backward_dq` (one block per 64 queries, key tiles of 32: recomputes
-//   P from the LSE, dP = dO·Vᵀ, dS = P ⊙ (dP − delta), dQ += dS·K; writes delta = rowsum(dO ⊙ O)
+//   P = exp((s − m) − log l), dP = dO·Vᵀ, dS = P ⊙ (dP − delta), dQ += dS·K; writes delta = rowsum(dO ⊙ O)
 //   first), then `attention_mma_backward_dkdv` (one block per (batch·K/V head, 64 keys), query
 //   tiles of 32 of every query head of the group: Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ,
 //   dK += dSᵀ·Q). No atomics: every run gives the same bits.
@@ -149,11 +150,11 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---------------------------------------------------------------- forward
 
 // Shared memory: 2·64·(D + 8) elements of T (Q is staged in the K tile's place first).
-// Grid: B·H·ceil(Tq / 64) blocks of 128 threads. out: (B, H, Tq, D) strided (os); lse: (B, H,
-// Tq) f32 contiguous; q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D) strided (query head h reads K/V
+// Grid: B·H·ceil(Tq / 64) blocks of 128 threads. out: (B, H, Tq, D) strided (os); stats: (B, H,
+// Tq, 2) f32 contiguous, (m, log l) per row; q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D) strided (query head h reads K/V
 // head h / (H / Hkv)); mask: broadcast to (B, H, Tq, Tk) or null. As attention.cu's forward.
 template <typename T, int D>
-__device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, float scale,
+__device__ void attention_mma_forward(T* out, float* stats, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq, int tk, float scale,
                                       float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks,
                                       AttnStrides vs, AttnStrides os, MaskStrides ms) {
     constexpr int P = D + 8, BN = MMA_BN_FWD, KD = D / 16, NS = BN / 8, NO = D / 8;
@@ -249,21 +250,25 @@ __device__ void attention_mma_forward(T* out, float* lse, const T* q, const T* k
             ob[(long long)i * os.st + c] = from_f32<T>(o[n].c[2 * r] * inv);
             ob[(long long)i * os.st + c + 1] = from_f32<T>(o[n].c[2 * r + 1] * inv);
         }
-        if (t == 0) lse[(long long)bh * tq + i] = m[r] == neg_inf() ? -neg_inf() : m[r] + logf(sum);
+        if (t == 0) {  // no visible key: (+∞, 0), so that the backward's P is 0 there too
+            const long long row = (long long)bh * tq + i;
+            stats[2 * row] = m[r] == neg_inf() ? -neg_inf() : m[r];
+            stats[2 * row + 1] = m[r] == neg_inf() ? 0.0f : logf(sum);
+        }
     }
 }
 
 // ---------------------------------------------------------------- backward
 
 // P and dS of one accumulator element for query i, key j (attention.cu's `attn_ds_tile`):
-// P = exp(s − lse), Pd = dropout(P), dS = P ⊙ (dPd·dropout − delta)·scale [· the soft-cap's
+// P = exp((s − m) − log l), Pd = dropout(P), dS = P ⊙ (dPd·dropout − delta)·scale [· the soft-cap's
 // slope]. `acc` is q·k,
-// `dpd` is dO·v; masked elements give P = dS = 0 (s = −∞; a row with no key has lse = +∞).
+// `dpd` is dO·v; masked elements give P = dS = 0 (s = −∞; a row with no key has m = +∞).
 template <typename T>
-__device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, float del_i, float scale, float cap, const T* mb, const MaskStrides& ms, int i, int j,
+__device__ __forceinline__ void mma_p_ds(float acc, float dpd, float m_i, float logl_i, float del_i, float scale, float cap, const T* mb, const MaskStrides& ms, int i, int j,
                                          int tq, int kend, int causal, bool drop, const DropMask& dm, unsigned long long row_ctr, float& pd, float& ds) {
     float slope;
-    const float p = expf(mma_score(acc, scale, cap, mb, ms, i, j, tq, kend, causal, slope) - lse_i);
+    const float p = expf((mma_score(acc, scale, cap, mb, ms, i, j, tq, kend, causal, slope) - m_i) - logl_i);
     pd = p;
     if (drop) {
         const bool keep = p != 0.0f && drop_keep(dm, row_ctr + (unsigned long long)j);
@@ -279,7 +284,7 @@ __device__ __forceinline__ void mma_p_ds(float acc, float dpd, float lse_i, floa
 // dout, out: (B, H, Tq, D) strided (gs, os); the rest as the forward. As attention.cu's dq.
 template <typename T, int D>
 __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v, const T* mask,
-                                          const float* lse, int h, int hkv, int tq, int tk, float scale, float cap, int causal, float dropout_p,
+                                          const float* stats, int h, int hkv, int tq, int tk, float scale, float cap, int causal, float dropout_p,
                                           unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                           AttnStrides gs, AttnStrides os, AttnStrides dqs, MaskStrides ms) {
     constexpr int P = D + 8, BN = MMA_BN_BWD, KD = D / 16, NS = BN / 8, NO = D / 8;
@@ -321,7 +326,10 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) gf[kk] = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk);
     const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
-    const float lse_r[2] = {i0 < tq ? lse[(long long)bh * tq + i0] : -neg_inf(), i1 < tq ? lse[(long long)bh * tq + i1] : -neg_inf()};
+    // This lane's rows' (m, log l); rows past Tq as rows with no key.
+    const long long row0 = (long long)bh * tq + i0, row1 = row0 + 8;
+    const float m_r[2] = {i0 < tq ? stats[2 * row0] : -neg_inf(), i1 < tq ? stats[2 * row1] : -neg_inf()};
+    const float logl_r[2] = {i0 < tq ? stats[2 * row0 + 1] : 0.0f, i1 < tq ? stats[2 * row1 + 1] : 0.0f};
     const float del_r[2] = {del_s[16 * w + g], del_s[16 * w + g + 8]};  // after the barriers above
     const unsigned long long ctr[2] = {offset + ((unsigned long long)bh * tq + (unsigned long long)i0) * (unsigned long long)tk,
                                        offset + ((unsigned long long)bh * tq + (unsigned long long)i1) * (unsigned long long)tk};
@@ -350,7 +358,7 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
             for (int c = 0; c < 4; ++c) {
                 const int r = c >> 1, i = r ? i1 : i0, j = k0 + 8 * n + 2 * t + (c & 1);
                 float pd, ds;
-                mma_p_ds(s[n].c[c], dp[n].c[c], lse_r[r], del_r[r], scale, cap, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
+                mma_p_ds(s[n].c[c], dp[n].c[c], m_r[r], logl_r[r], del_r[r], scale, cap, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
                 s[n].c[c] = ds;
             }
         // dQ += dS·K: dS's accumulators are the A fragments, 16 keys at a time.
@@ -370,12 +378,12 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
     }
 }
 
-// Shared memory: (2·64 + 2·32)·(D + 8) elements of T, then 2·32 floats (LSE, delta).
+// Shared memory: (2·64 + 2·32)·(D + 8) elements of T, then 3·32 floats (the rows' (m, log l), delta).
 // Grid: B·Hkv·ceil(Tk / 64) blocks of 128 threads. dk, dv: (B, Hkv, Tk, D) strided; the rest
 // as the dq kernel's; delta from it. As attention.cu's dkdv: each block sums the query heads of
 // its K/V head in head order, so grouped-query attention needs no atomics either.
 template <typename T, int D>
-__device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* lse,
+__device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* mask, const float* stats,
                                             const float* delta, int h, int hkv, int tq, int tk, float scale, float cap, int causal, float dropout_p,
                                             unsigned long long seed, unsigned long long offset, AttnStrides qs, AttnStrides ks, AttnStrides vs,
                                             AttnStrides gs, AttnStrides dks, AttnStrides dvs, MaskStrides ms) {
@@ -385,8 +393,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
     T* v_s = k_s + MMA_ROWS * P;                              // (64, P)
     T* q_s = v_s + MMA_ROWS * P;                              // (BQ, P)
     T* g_s = q_s + BQ * P;                                    // (BQ, P): dO
-    float* lse_s = reinterpret_cast<float*>(g_s + BQ * P);   // (BQ)
-    float* del_s = lse_s + BQ;                                // (BQ)
+    float* stat_s = reinterpret_cast<float*>(g_s + BQ * P);  // (BQ, 2): (m, log l)
+    float* del_s = stat_s + 2 * BQ;                           // (BQ)
 
     const int nkt = (tk + MMA_ROWS - 1) / MMA_ROWS;
     const int bkv = blockIdx.x / nkt, k0 = (blockIdx.x % nkt) * MMA_ROWS;
@@ -415,7 +423,9 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
             mma_load_tile<T, D>(q_s, qb + (long long)q0 * qs.st, qs.st, rows, BQ);
             mma_load_tile<T, D>(g_s, gb + (long long)q0 * gs.st, gs.st, rows, BQ);
             for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-                lse_s[r] = r < rows ? lse[(long long)bh * tq + q0 + r] : -neg_inf();
+                const long long row = (long long)bh * tq + q0 + r;
+                stat_s[2 * r] = r < rows ? stats[2 * row] : -neg_inf();
+                stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
                 del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
             }
             __syncthreads();
@@ -435,7 +445,7 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
                     const int j = c < 2 ? j0 : j1, r = 8 * n + 2 * t + (c & 1), i = q0 + r;
                     const unsigned long long row_ctr = offset + ((unsigned long long)bh * tq + (unsigned long long)i) * (unsigned long long)tk;
                     float pd, ds;
-                    mma_p_ds(st[n].c[c], dpt[n].c[c], lse_s[r], del_s[r], scale, cap, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
+                    mma_p_ds(st[n].c[c], dpt[n].c[c], stat_s[2 * r], stat_s[2 * r + 1], del_s[r], scale, cap, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
                     st[n].c[c] = pd;
                     dpt[n].c[c] = ds;
                 }
@@ -467,39 +477,39 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
 // ---------------------------------------------------------------- kernels
 // Scalars as attention.cu's (scale, cap, causal, …), without d, dv (the name's D) and the tiles (fixed here).
 #define ATTENTION_MMA(S, T, D)                                                                                                                    \
-    ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* lse, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
+    ORT_KERNEL(attention_mma_forward_##S##_d##D)(T * out, float* stats, const T* q, const T* k, const T* v, const T* mask, int h, int hkv, int tq,   \
                                                  int tk, float scale, float cap, int causal, float dropout_p, unsigned long long seed,                      \
                                                  unsigned long long offset, const StepBlock* step, long long q_sb, long long q_sh, long long q_st, long long k_sb,      \
                                                  long long k_sh, long long k_st, long long v_sb, long long v_sh, long long v_st, long long o_sb, \
                                                  long long o_sh, long long o_st, long long m_sb, long long m_sh, long long m_sq, long long m_sk) { \
-        attention_mma_forward<T, D>(out, lse, q, k, v, mask, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
+        attention_mma_forward<T, D>(out, stats, q, k, v, mask, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset, AttnStrides{q_sb, q_sh, q_st},  \
                                     AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st}, AttnStrides{o_sb, o_sh, o_st},                   \
                                     MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                        \
     }                                                                                                                                             \
     ORT_REGISTER(attention_mma_forward_##S##_d##D)                                                                                           \
     ORT_KERNEL(attention_mma_backward_dq_##S##_d##D)(T * dq, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,      \
-                                                     const T* mask, const float* lse, int h, int hkv, int tq, int tk, float scale, float cap, int causal,    \
+                                                     const T* mask, const float* stats, int h, int hkv, int tq, int tk, float scale, float cap, int causal,    \
                                                      float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step, long long q_sb,         \
                                                      long long q_sh, long long q_st, long long k_sb, long long k_sh, long long k_st,             \
                                                      long long v_sb, long long v_sh, long long v_st, long long g_sb, long long g_sh,             \
                                                      long long g_st, long long o_sb, long long o_sh, long long o_st, long long dq_sb,            \
                                                      long long dq_sh, long long dq_st, long long m_sb, long long m_sh, long long m_sq,           \
                                                      long long m_sk) {                                                                          \
-        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, lse, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
+        attention_mma_backward_dq<T, D>(dq, delta, dout, out, q, k, v, mask, stats, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,          \
                                         AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},              \
                                         AttnStrides{g_sb, g_sh, g_st}, AttnStrides{o_sb, o_sh, o_st}, AttnStrides{dq_sb, dq_sh, dq_st},           \
                                         MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                    \
     }                                                                                                                                             \
     ORT_REGISTER(attention_mma_backward_dq_##S##_d##D)                                                                                            \
     ORT_KERNEL(attention_mma_backward_dkdv_##S##_d##D)(T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* mask,         \
-                                                       const float* lse, const float* delta, int h, int hkv, int tq, int tk, float scale,        \
+                                                       const float* stats, const float* delta, int h, int hkv, int tq, int tk, float scale,        \
                                                        float cap, int causal, float dropout_p, unsigned long long seed, unsigned long long offset, const StepBlock* step,          \
                                                        long long q_sb, long long q_sh, long long q_st, long long k_sb, long long k_sh,           \
                                                        long long k_st, long long v_sb, long long v_sh, long long v_st, long long g_sb,           \
                                                        long long g_sh, long long g_st, long long dk_sb, long long dk_sh, long long dk_st,        \
                                                        long long dv_sb, long long dv_sh, long long dv_st, long long m_sb, long long m_sh,        \
                                                        long long m_sq, long long m_sk) {                                                        \
-        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, lse, delta, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,         \
+        attention_mma_backward_dkdv<T, D>(dk, dv, dout, q, k, v, mask, stats, delta, h, hkv, tq, tk, scale, cap, causal, dropout_p, step ? step->seed : seed, offset,         \
                                           AttnStrides{q_sb, q_sh, q_st}, AttnStrides{k_sb, k_sh, k_st}, AttnStrides{v_sb, v_sh, v_st},            \
                                           AttnStrides{g_sb, g_sh, g_st}, AttnStrides{dk_sb, dk_sh, dk_st}, AttnStrides{dv_sb, dv_sh, dv_st},      \
                                           MaskStrides{m_sb, m_sh, m_sq, m_sk});                                                                  \

@@ -8,7 +8,9 @@
 //! need, so the launcher's own choice picks them —, Tq ≠ Tk both ways, Dv ≠ D), causal and not, no mask / a (B, 1, 1, Tk) key-padding mask (−1e4 or −∞)
 //! / a (1, H, Tq, Tk) mask / left padding under the causal mask (the first keys of batch 1 −∞,
 //! so its first queries see no key: zeros out, LSE +∞, zero gradients, as torch's sdpa), dropout
-//! 0 and 0.1 (nonzero offset), scores soft-capped (Gemma 2: cap·tanh(scale·q·k), caps of 1.5
+//! 0 and 0.1 (nonzero offset), HF's eager left padding (the padded keys at bfloat16's finfo.min,
+//! finite: its queries with no key attend to their keys alike, a max that absorbs log l — what
+//! the kernels keep (m, log l) apart for; −∞ in f16, which cannot hold it), scores soft-capped (Gemma 2: cap·tanh(scale·q·k), caps of 1.5
 //! and 2 where scale·q·k spans a few units, so tanh bends) or not, operands in the (B, T, H·D)
 //! "heads inside the rows" layout and in (B, H, T, D), so every stride is exercised.
 //!
@@ -60,6 +62,9 @@ enum Mask {
     Full,
     /// (B, 1, 1, Tk): keys 0..n of batch 1 are −∞ (left padding), the rest a random bias.
     LeftPad(usize),
+    /// (B, 1, 1, Tk): keys 0..n of batch 1 at HF's eager minimum (bfloat16's finfo.min,
+    /// rounded to the dtype: −∞ in f16), the rest a random bias.
+    EagerLeftPad(usize),
     /// (1, 1, Tq, Tk): a sliding window of w keys (Mistral's, Qwen2/3's per layer): key j
     /// visible to query i iff i − j < w (0), else −∞; the causal flag cuts the future.
     Window(usize),
@@ -105,7 +110,7 @@ const fn capped(c: Case, cap: f32) -> Case {
     Case { softcap: Some(cap), ..c }
 }
 
-const CASES: [Case; 11] = [
+const CASES: [Case; 12] = [
     case(2, (3, 3), 37, 37, 24, 24, false, Mask::KeyPad(-1e4), 0.0, (16, 16)),
     case(2, (3, 3), 37, 37, 24, 24, true, Mask::None, 0.1, (32, 32)),
     // bq > bk: one partial query tile over two key tiles, causal.
@@ -123,6 +128,8 @@ const CASES: [Case; 11] = [
     // Soft-capped: grouped-query with padding and dropout; Tq < Tk, Dv ≠ D, left padding.
     capped(case(2, (4, 2), 37, 37, 16, 16, true, Mask::KeyPad(-1e4), 0.1, (16, 16)), 1.5),
     capped(case(2, (2, 2), 29, 45, 20, 12, true, Mask::LeftPad(21), 0.0, (32, 32)), 2.0),
+    // Gemma 2 padded as HF runs it: eager left padding, soft-capped.
+    capped(case(2, (2, 2), 37, 37, 16, 16, true, Mask::EagerLeftPad(21), 0.1, (16, 16)), 1.5),
 ];
 
 /// (b, h, t) strides of a (B, H, T, X) operand of `h` heads stored as (B, T, H·X): heads inside
@@ -162,7 +169,9 @@ struct Prob {
     mask: Option<Vec<f32>>,
     out: Vec<f32>,
     probs: Vec<f32>,
+    /// Per query row, log Σ_j exp(s_ij), and (m, log l) as the kernels keep it (f64, rounded).
     lse: Vec<f32>,
+    stats: Vec<f32>,
 }
 
 impl Prob {
@@ -193,6 +202,11 @@ impl Prob {
             Mask::LeftPad(n) => {
                 let mut m = rng.vec(c.b * c.tk, -1.0, 1.0, dt);
                 m[c.tk..c.tk + n].fill(f32::NEG_INFINITY);
+                ([c.b, 1, 1, c.tk], Some(m))
+            }
+            Mask::EagerLeftPad(n) => {
+                let mut m = rng.vec(c.b * c.tk, -1.0, 1.0, dt);
+                m[c.tk..c.tk + n].fill(dt.round(-3.389_531_4e38));
                 ([c.b, 1, 1, c.tk], Some(m))
             }
             Mask::Window(w) => {
@@ -231,6 +245,7 @@ impl Prob {
             out: vec![f32::NAN; no],
             probs: vec![f32::NAN; c.b * c.h * c.tq * c.tk],
             lse: Vec::new(),
+            stats: Vec::new(),
         };
         let plan = p.plan();
         let pool = Pool::new(2);
@@ -251,7 +266,7 @@ impl Prob {
                 &mut ws,
             )
         };
-        p.lse = p.lse_f64();
+        (p.lse, p.stats) = p.stats_f64();
         p
     }
 
@@ -303,17 +318,20 @@ impl Prob {
 
     fn mask_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
         match (&self.mask, self.c.mask) {
-            (Some(m), Mask::KeyPad(_) | Mask::LeftPad(_)) => m[b * self.c.tk + j],
+            (Some(m), Mask::KeyPad(_) | Mask::LeftPad(_) | Mask::EagerLeftPad(_)) => {
+                m[b * self.c.tk + j]
+            }
             (Some(m), Mask::Full) => m[(h * self.c.tq + i) * self.c.tk + j],
             (Some(m), Mask::Window(_)) => m[i * self.c.tk + j],
             _ => 0.0,
         }
     }
 
-    /// log Σ_j exp(s_ij) per query row, in f64 (the CPU kernel does not produce it).
-    fn lse_f64(&self) -> Vec<f32> {
+    /// Per query row, in f64 (the CPU kernel does not produce them): log Σ_j exp(s_ij), and the
+    /// (max m, log Σ_j exp(s_ij − m)) pairs the GPU kernels keep, flattened.
+    fn stats_f64(&self) -> (Vec<f32>, Vec<f32>) {
         let c = &self.c;
-        let mut out = Vec::with_capacity(c.b * c.h * c.tq);
+        let (mut out, mut stats) = (Vec::new(), Vec::new());
         for b in 0..c.b {
             for h in 0..c.h {
                 for i in 0..c.tq {
@@ -334,16 +352,24 @@ impl Prob {
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    // No visible key: +∞, so that the backward's exp(s − LSE) is 0.
-                    out.push(if m == f64::NEG_INFINITY {
-                        f32::INFINITY
+                    // No visible key: +∞ (and (+∞, 0)), so that the backward's P is 0.
+                    if m == f64::NEG_INFINITY {
+                        out.push(f32::INFINITY);
+                        stats.extend([f32::INFINITY, 0.0]);
                     } else {
-                        (m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) as f32
-                    });
+                        let logl = s.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+                        out.push((m + logl) as f32);
+                        stats.extend([m as f32, logl as f32]);
+                    }
                 }
             }
         }
-        out
+        (out, stats)
+    }
+
+    /// The log-sum-exp of each row from the kernels' (m, log l) pairs, in f64.
+    fn lse_of(stats: &[f32]) -> Vec<f32> {
+        stats.chunks(2).map(|p| (p[0] as f64 + p[1] as f64) as f32).collect()
     }
 
     fn dims(&self) -> Dims {
@@ -386,19 +412,19 @@ impl Prob {
         })
     }
 
-    /// The forward on `dev` at geometry `geo` from the case's inputs in `dt`: out, lse and the
-    /// kernel the launcher chose.
-    fn forward_on(&self, dev: &Dev, geo: Device, dt: Dtype) -> (Buf, Buf, String) {
+    /// The forward on `dev` at geometry `geo` from the case's inputs in `dt`: out, the rows'
+    /// log-sum-exp (from the kernel's (m, log l)) and the kernel the launcher chose.
+    fn forward_on(&self, dev: &Dev, geo: Device, dt: Dtype) -> (Buf, Vec<f32>, String) {
         let c = &self.c;
-        let (mut out, mut lse) =
-            (Buf::poisoned(self.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq, D::F32));
+        let (mut out, mut stats) =
+            (Buf::poisoned(self.out.len(), dt), Buf::poisoned(c.b * c.h * c.tq * 2, D::F32));
         let (mut q, mut k, mut v) =
             (Buf::from_f32(&self.q, dt), Buf::from_f32(&self.k, dt), Buf::from_f32(&self.v, dt));
         let mut mask = self.mask.as_ref().map(|m| Buf::from_f32(m, dt));
         let l = launch::AttentionForward {
             dtype: dtype(dt),
             out: st(&mut out, self.os),
-            lse: &mut lse,
+            stats: &mut stats,
             q: st(&mut q, self.qs),
             k: st(&mut k, self.ks),
             v: st(&mut v, self.vs),
@@ -409,7 +435,7 @@ impl Prob {
         let l = l.launch(geo).unwrap();
         let kernel = l.name.clone();
         dev.run(l).unwrap();
-        (out, lse, kernel)
+        (out, Prob::lse_of(&stats.to_f32()), kernel)
     }
 
     fn name(&self, dt: Dtype) -> String {
@@ -447,7 +473,7 @@ fn forward_matches_the_cpu_kernel_and_lse() {
                 let (t, tl) = (tol(dt, 1e-5), tol(D::F32, 1e-5));
                 let (t, tl) = (Tol { of_largest: 1e-5, ..t }, Tol { of_largest: 1e-5, ..tl });
                 check(&format!("{what}: out"), &out.to_f32(), &p.out, dt, t);
-                check(&format!("{what}: lse"), &lse.to_f32(), &p.lse, D::F32, tl);
+                check(&format!("{what}: lse"), &lse, &p.lse, D::F32, tl);
             }
         }
     }
@@ -501,11 +527,12 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
                 let what = format!("{} backward on {dev}", p.name(dt));
                 let (mut q, mut k, mut v) =
                     (Buf::from_f32(&p.q, dt), Buf::from_f32(&p.k, dt), Buf::from_f32(&p.v, dt));
-                // The forward's outputs as the engine keeps them: o in the dtype, lse in f32.
-                let (mut out, mut g, mut lse) = (
+                // The forward's outputs as the engine keeps them: o in the dtype, (m, log l) in
+                // f32.
+                let (mut out, mut g, mut stats) = (
                     Buf::from_f32(&p.out, dt),
                     Buf::from_f32(&p.dout, dt),
-                    Buf::from_f32(&p.lse, D::F32),
+                    Buf::from_f32(&p.stats, D::F32),
                 );
                 let mut mask = p.mask.as_ref().map(|m| Buf::from_f32(m, dt));
                 // dq first: it writes delta, which dkdv reads.
@@ -522,7 +549,7 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
                     k: st(&mut k, p.ks),
                     v: st(&mut v, p.vs),
                     mask: p.mask_arg(&mut mask),
-                    lse: &mut lse,
+                    stats: &mut stats,
                     dims: p.dims(),
                     scores: p.scores(),
                 };
@@ -541,7 +568,7 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
                     k: st(&mut k, p.ks),
                     v: st(&mut v, p.vs),
                     mask: p.mask_arg(&mut mask),
-                    lse: &mut lse,
+                    stats: &mut stats,
                     delta: &mut delta,
                     dims: p.dims(),
                     scores: p.scores(),
@@ -559,7 +586,7 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
 /// The tensor-core kernels' cases (attention_mma.cu): every head size they are built for, T of
 /// 77 and 200 (not multiples of their 64-row or 32-row tiles; Tq ≠ Tk both ways), grouped- and
 /// multi-query heads, a sliding window, padding masks, dropout.
-const MMA_CASES: [Case; 8] = [
+const MMA_CASES: [Case; 9] = [
     case(2, (4, 2), 77, 77, 64, 64, true, Mask::KeyPad(-1e4), 0.1, (0, 0)),
     case(1, (2, 2), 200, 200, 16, 16, false, Mask::Full, 0.0, (0, 0)),
     case(1, (4, 1), 200, 200, 80, 80, true, Mask::Window(37), 0.0, (0, 0)),
@@ -569,6 +596,7 @@ const MMA_CASES: [Case; 8] = [
     case(1, (3, 3), 200, 77, 64, 64, true, Mask::Window(50), 0.1, (0, 0)),
     // Gemma 2's attention: soft-capped scores, a sliding window, grouped-query, dropout.
     capped(case(1, (4, 2), 77, 77, 64, 64, true, Mask::Window(37), 0.1, (0, 0)), 2.0),
+    capped(case(2, (2, 2), 77, 77, 32, 32, true, Mask::EagerLeftPad(21), 0.0, (0, 0)), 2.0),
 ];
 
 const HALVES: [Dtype; 2] = [Dtype::F16, Dtype::BF16];
@@ -591,7 +619,7 @@ fn mma_forward_matches_the_cpu_kernel_and_lse() {
                 let t = Tol { of_largest: 1e-5 + unit_roundoff(dt), ..t };
                 let tl = Tol { of_largest: 1e-5, ..tol(D::F32, 1e-5) };
                 check(&format!("{what}: out"), &out.to_f32(), &p.out, dt, t);
-                check(&format!("{what}: lse"), &lse.to_f32(), &p.lse, D::F32, tl);
+                check(&format!("{what}: lse"), &lse, &p.lse, D::F32, tl);
             }
         }
     }

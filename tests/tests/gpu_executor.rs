@@ -175,17 +175,25 @@ fn one_step_of(
     t: usize,
     dtype: DType,
     simt: &[(u32, Order)],
-    (loss_rel, grad_rel): (f32, f32),
+    rel: (f32, f32),
     padded: bool,
 ) {
-    let cfg = cfg.clone();
-    let model = build_training_graph(
-        &cfg,
-        &GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(padded),
-    )
-    .unwrap();
-    let params = model.flatten(&Weights::init(&cfg, 3)).unwrap();
-    let feed = model.feed(&batch_of(&cfg, b, t, padded)).unwrap();
+    let opts = GraphOptions::new(b, t).with_dtype(dtype).with_attention_mask(padded);
+    one_step_opts(name, cfg, &opts, simt, rel)
+}
+
+/// [`one_step_of`] with the graph's options as given (its passes, say).
+fn one_step_opts(
+    name: &str,
+    cfg: &ortbench_models::ModelConfig,
+    opts: &GraphOptions,
+    simt: &[(u32, Order)],
+    (loss_rel, grad_rel): (f32, f32),
+) {
+    let (b, t, dtype, padded) = (opts.batch_size, opts.seq_len, opts.dtype, opts.attention_mask);
+    let model = build_training_graph(cfg, opts).unwrap();
+    let params = model.flatten(&Weights::init(cfg, 3)).unwrap();
+    let feed = model.feed(&batch_of(cfg, b, t, padded)).unwrap();
     let inputs = feed.inputs();
     let mut g_cpu = vec![f32::NAN; params.len()];
     let compute: Vec<f32> = params.iter().map(|&x| dtype.round(x)).collect();
@@ -325,11 +333,12 @@ fn roberta_and_distilbert_steps_match_the_cpu_engine() {
 /// Gemma, Gemma 2 and Gemma 3 on the GPU executor against the CPU engine, padded, fp32 at both
 /// warp sizes (and Gemma, Gemma 2 in bf16): GeGLU's GELU on the bias-free gate
 /// (`gelu_forward`), the (1 + w) norms, the sandwich norms, query_pre_attn_scalar; Gemma 2's
-/// eager attention — the score products over (B, H) split into one strided batched GEMM per
-/// row of the batch (`strided_runs`), its soft-caps at 0.05 (scores) and 0.2 (logits), where
-/// tanh bends, and HF's eager float masks — and Gemma 3's q/k norms and its sliding layer's own
-/// rope (windows of 5). Gemma 3 in bf16 against the fp32 gradients instead
-/// ([`bf16_step_as_close_to_f32_as_the_cpu`]).
+/// soft-caps at 0.05 (scores, in the fused attention) and 0.2 (logits, in the fused LM head),
+/// where tanh bends, and HF's eager float masks — and Gemma 3's q/k norms and its sliding
+/// layer's own rope (windows of 5). Gemma 3 in bf16 against the fp32 gradients instead
+/// ([`bf16_step_as_close_to_f32_as_the_cpu`]). Then Gemma 2 with `fuse_attention` off, fp32 at
+/// warp 32: its eager attention's score products over (B, H) split into one strided batched
+/// GEMM per row of the batch (`strided_runs`).
 #[test]
 fn gemma_steps_match_the_cpu_engine() {
     let cases: [(&str, ConfigEdit); 3] = [
@@ -349,6 +358,12 @@ fn gemma_steps_match_the_cpu_engine() {
             one_step_of(&label, &cfg, 2, 40, DType::BF16, &BOTH[..1], (2e-4, 2e-2), true);
         } else {
             bf16_step_as_close_to_f32_as_the_cpu(&label, &cfg, 2, 40);
+        }
+        if name == "tiny-gemma2" {
+            let eager = PassConfig::all().with("fuse_attention", false);
+            let opts = GraphOptions::new(2, 40).with_attention_mask(true).with_passes(eager);
+            let label = format!("{label}, eager attention");
+            one_step_opts(&label, &cfg, &opts, &BOTH[..1], (1e-5, 1e-5));
         }
     }
 }

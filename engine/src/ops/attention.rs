@@ -493,7 +493,8 @@ impl Graph {
 
     /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward
     /// node. The CPU kernels read the saved probabilities; the GPU kernels save the rows'
-    /// log-sum-exp in `probs`' place instead and recompute the probabilities, for which they
+    /// softmax statistics (max, log-sum) in `probs`' place instead and recompute the
+    /// probabilities, for which they
     /// need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
     #[allow(
         clippy::too_many_arguments,

@@ -24,7 +24,7 @@
 //! Precision: fp32, or f16/bf16 storage with f32 arithmetic in every kernel, fp32 master
 //! parameters with a compute-dtype copy the graph reads (written by the optimizer's step), f32
 //! parameter gradients (half GEMM operands into an f32 C for dW), f32 loss, seed, layer_norm
-//! statistics and attention log-sum-exp ([`support::storage_dtypes`]) — the same rounding
+//! statistics and attention's softmax statistics ([`support::storage_dtypes`]) — the same rounding
 //! points as the CPU executor's f16/bf16 mode, so the two are compared in tests. The plan sizes
 //! buffers by each tensor's element bytes, so half activations take half the arena.
 

@@ -2,8 +2,8 @@
 //! launch geometry the executor gives them.
 //!
 //! Differences from the CPU kernels that the plan must know:
-//! - attention's second output holds the rows' log-sum-exp (B, H, Tq) f32 instead of the
-//!   probabilities, and its buffer is sized for that ([`KernelSupport::stored_elems`]); its backward
+//! - attention's second output holds the rows' softmax statistics (m, log l), (B, H, Tq, 2) f32,
+//!   instead of the probabilities, and its buffer is sized for that ([`KernelSupport::stored_elems`]); its backward
 //!   reads the forward's output and mask (`ops::attention::backward_slot` OUT, MASK);
 //! - reductions without atomics need scratch: column partials for bias and layer-norm weight
 //!   gradients, per-row losses for the cross-entropy, the rows' D = rowsum(dO ∘ O) for the
@@ -53,16 +53,16 @@ pub fn attention_tiles(d: usize, dv: usize, max_shared: u32) -> Option<(usize, u
 /// bytes (attention.cu).
 pub fn attention_smem(bq: usize, bk: usize, d: usize, dv: usize) -> [u32; 3] {
     let fwd = bq * d + bk * (d + 1) + bk * dv + bq * bk + bq * dv + 3 * bq;
-    let dq = 2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 2 * bq;
+    let dq = 2 * bq * d + bq * dv + bk * (d + 1) + bk * (dv + 1) + bq * bk + 3 * bq;
     let dkdv =
-        bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 2 * bq;
+        bk * (d + 1) + bk * (dv + 1) + bk * d + bk * dv + bq * d + bq * dv + 2 * bq * bk + 3 * bq;
     [fwd, dq, dkdv].map(|f| (4 * f) as u32)
 }
 
 /// The dtype each tensor is stored in on the GPU (indexed by tensor id): the graph's, except
 /// parameters' gradients — f32 in the flat gradient buffer, as the CPU executor keeps them —,
 /// and the outputs an op's kernels store otherwise ([`GpuKernel::stored_dtype`]: autodiff's
-/// seed and attention's log-sum-exp, f32). Id tensors read as f32 here (they are never
+/// seed and attention's softmax statistics, f32). Id tensors read as f32 here (they are never
 /// addressed by dtype). The plan sizes arena buffers by these ([`KernelSupport::elem_bytes`]):
 /// a half tensor takes 2 bytes an element.
 pub fn storage_dtypes(g: &Graph) -> Vec<DType> {

@@ -96,10 +96,10 @@ const MMA_ROWS: usize = 64;
 /// Dynamic shared memory of the tensor-core forward, dq and dkdv kernels at head size `d`,
 /// bytes: tiles of rows of d + 8 half elements (attention_mma.cu) — forward K and V tiles of
 /// 64 keys; dq K and V tiles of 32 keys and its 64 rows' delta; dkdv K and V of 64 keys, Q
-/// and dO tiles of 32 queries and their 32 LSE and delta values.
+/// and dO tiles of 32 queries and their 32 (m, log l) pairs and delta values.
 pub fn mma_smem(d: usize) -> [u32; 3] {
     let row = (d + 8) * 2;
-    [2 * 64 * row, 2 * 32 * row + 64 * 4, (2 * 64 + 2 * 32) * row + 2 * 32 * 4].map(|b| b as u32)
+    [2 * 64 * row, 2 * 32 * row + 64 * 4, (2 * 64 + 2 * 32) * row + 3 * 32 * 4].map(|b| b as u32)
 }
 
 /// The head size whose tensor-core kernels run these sizes on `dev`, if any: f16/bf16
@@ -214,13 +214,14 @@ fn finish<P>(
 }
 
 /// `attention_forward_<T>`: out = dropout(softmax(scale·q·kᵀ + mask))·v, and each query row's
-/// log-sum-exp for the backward (instead of the probabilities).
-// out: (B, H, Tq, Dv) T; lse: (B, H, Tq) f32 contiguous; q: (B, H, Tq, D) T;
+/// softmax statistics (m, log l) for the backward (instead of the probabilities; attention.cu
+/// says why not their sum, the log-sum-exp).
+// out: (B, H, Tq, Dv) T; stats: (B, H, Tq, 2) f32 contiguous; q: (B, H, Tq, D) T;
 // k: (B, Hkv, Tk, D) T; v: (B, Hkv, Tk, Dv) T; mask: broadcast to (B, H, Tq, Tk) T, or none
 pub struct AttentionForward<P> {
     pub dtype: DType,
     pub out: Strided<P>,
-    pub lse: P,
+    pub stats: P,
     pub q: Strided<P>,
     pub k: Strided<P>,
     pub v: Strided<P>,
@@ -231,10 +232,10 @@ pub struct AttentionForward<P> {
 
 impl<P> AttentionForward<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
-        let Self { dtype, out, lse, q, k, v, mask, dims, scores } = self;
+        let Self { dtype, out, stats, q, k, v, mask, dims, scores } = self;
         let (mask, ms) = mask_args(mask);
         let mut args =
-            vec![Arg::Ptr(out.at), Arg::Ptr(lse), Arg::Ptr(q.at), Arg::Ptr(k.at), Arg::Ptr(v.at)];
+            vec![Arg::Ptr(out.at), Arg::Ptr(stats), Arg::Ptr(q.at), Arg::Ptr(k.at), Arg::Ptr(v.at)];
         args.push(mask);
         let strides = [q.strides, k.strides, v.strides, out.strides];
         finish(Kernel::Forward, dtype, dims, scores, (&strides, ms), args, dev)
@@ -242,8 +243,8 @@ impl<P> AttentionForward<P> {
 }
 
 /// `attention_backward_dq_<T>`: dq, and delta = rowsum(dout ⊙ out) per query row for
-/// [`AttentionBackwardDkdv`], which runs after it. `out` and `lse` are the forward's.
-// dq: (B, H, Tq, D) T; delta, lse: (B, H, Tq) f32 contiguous; dout, out: (B, H, Tq, Dv) T;
+/// [`AttentionBackwardDkdv`], which runs after it. `out` and `stats` are the forward's.
+// dq: (B, H, Tq, D) T; delta: (B, H, Tq) f32, stats: (B, H, Tq, 2) f32, contiguous; dout, out: (B, H, Tq, Dv) T;
 // q, k, v, mask as the forward's
 pub struct AttentionBackwardDq<P> {
     pub dtype: DType,
@@ -255,14 +256,14 @@ pub struct AttentionBackwardDq<P> {
     pub k: Strided<P>,
     pub v: Strided<P>,
     pub mask: Option<Mask<P>>,
-    pub lse: P,
+    pub stats: P,
     pub dims: Dims,
     pub scores: Scores<P>,
 }
 
 impl<P> AttentionBackwardDq<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
-        let Self { dtype, dq, delta, dout, out, q, k, v, mask, lse, dims, scores } = self;
+        let Self { dtype, dq, delta, dout, out, q, k, v, mask, stats, dims, scores } = self;
         let (mask, ms) = mask_args(mask);
         let args = vec![
             Arg::Ptr(dq.at),
@@ -273,7 +274,7 @@ impl<P> AttentionBackwardDq<P> {
             Arg::Ptr(k.at),
             Arg::Ptr(v.at),
             mask,
-            Arg::Ptr(lse),
+            Arg::Ptr(stats),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, out.strides, dq.strides];
         finish(Kernel::Dq, dtype, dims, scores, (&strides, ms), args, dev)
@@ -292,7 +293,7 @@ pub struct AttentionBackwardDkdv<P> {
     pub k: Strided<P>,
     pub v: Strided<P>,
     pub mask: Option<Mask<P>>,
-    pub lse: P,
+    pub stats: P,
     pub delta: P,
     pub dims: Dims,
     pub scores: Scores<P>,
@@ -300,7 +301,7 @@ pub struct AttentionBackwardDkdv<P> {
 
 impl<P> AttentionBackwardDkdv<P> {
     pub fn launch(self, dev: Device) -> Result<Launch<P>, NoTiles> {
-        let Self { dtype, dk, dv, dout, q, k, v, mask, lse, delta, dims, scores } = self;
+        let Self { dtype, dk, dv, dout, q, k, v, mask, stats, delta, dims, scores } = self;
         let (mask, ms) = mask_args(mask);
         let args = vec![
             Arg::Ptr(dk.at),
@@ -310,7 +311,7 @@ impl<P> AttentionBackwardDkdv<P> {
             Arg::Ptr(k.at),
             Arg::Ptr(v.at),
             mask,
-            Arg::Ptr(lse),
+            Arg::Ptr(stats),
             Arg::Ptr(delta),
         ];
         let strides = [q.strides, k.strides, v.strides, dout.strides, dk.strides, dv.strides];
@@ -319,14 +320,15 @@ impl<P> AttentionBackwardDkdv<P> {
 }
 
 impl GpuKernel for Attention {
-    // The second output is the rows' log-sum-exp (B, H, Tq) in f32, not the probabilities.
+    // The second output is the rows' softmax statistics (m, log l), (B, H, Tq, 2) in f32, not
+    // the probabilities.
     fn stored_dtype(&self, _g: &Graph, _node: &Node, slot: usize) -> Option<DType> {
         (slot == 1).then_some(DType::F32)
     }
 
     fn stored_elems(&self, g: &Graph, node: &Node, slot: usize) -> Option<usize> {
         let q = g.shape(node.inputs[slot::Q]);
-        (slot == 1).then(|| q[0] * q[1] * q[2])
+        (slot == 1).then(|| q[0] * q[1] * q[2] * 2)
     }
 
     fn check(&self, _sup: &GpuSupport, g: &Graph, n: &Node) -> Result<(), String> {
@@ -381,7 +383,7 @@ impl GpuKernel for Attention {
                 let l = AttentionForward {
                     dtype,
                     out: st(outs[0], cx.out(0)),
-                    lse: cx.out(1),
+                    stats: cx.out(1),
                     q: st(q, cx.inp(fs::Q)),
                     k: st(k, cx.inp(fs::K)),
                     v: st(v, cx.inp(fs::V)),
@@ -400,8 +402,8 @@ impl GpuKernel for Attention {
                     st(v, cx.inp(bs::V)),
                     st(dout, cx.inp(bs::DOUT)),
                 );
-                // The CPU's probabilities slot holds the rows' log-sum-exp on the GPU.
-                let lse = cx.inp(bs::PROBS);
+                // The CPU's probabilities slot holds the rows' (m, log l) on the GPU.
+                let stats = cx.inp(bs::PROBS);
                 let dq = AttentionBackwardDq {
                     dtype,
                     dq: st(outs[0], cx.out(0)),
@@ -412,7 +414,7 @@ impl GpuKernel for Attention {
                     k,
                     v,
                     mask,
-                    lse,
+                    stats,
                     dims,
                     scores,
                 };
@@ -425,7 +427,7 @@ impl GpuKernel for Attention {
                     k,
                     v,
                     mask,
-                    lse,
+                    stats,
                     delta,
                     dims,
                     scores,
