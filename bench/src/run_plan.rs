@@ -306,8 +306,16 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
             a.source
         )
     });
+    // The engine configs' passes when ORTBENCH_PASSES narrows them: the results depend on it.
+    // (Checked here too, so that a bad value stops the run before any worker starts.)
+    use ortbench_engine::passes::{PassConfig, ENV_VAR};
+    PassConfig::from_env()?;
+    let passes_note = match std::env::var(ENV_VAR) {
+        Ok(v) => format!(", engine passes {ENV_VAR}={v}"),
+        Err(_) => String::new(),
+    };
     let settings = format!(
-        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{passes_note}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         precisions.join("/"),
         args.seed

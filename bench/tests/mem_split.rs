@@ -100,4 +100,9 @@ fn the_fused_head_takes_the_logits_out_of_the_engines_arena() {
     for p in ["mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"] {
         assert_eq!(bytes(&h, &fused, "ort", p), bytes(&h, &unfused, "ort", p), "{p}");
     }
+    // run.json's settings say which passes a run narrowed, and only then.
+    let run_json = |d: &str| std::fs::read_to_string(dir.path().join(d).join("run.json")).unwrap();
+    let note = "engine passes ORTBENCH_PASSES=-fuse_linear_cross_entropy";
+    assert!(run_json("unfused").contains(note));
+    assert!(!run_json("fused").contains("engine passes"));
 }
