@@ -14,7 +14,7 @@
 //! | `eliminate_identity` | forward | reshape to the same shape, identity permute ⇒ x (the IR has no cast op, so there are no identity casts to remove) |
 //! | `fold_transpose` | forward | permute swapping the last two dims feeding a matmul ⇒ the matmul's `ta`/`tb` flag |
 //! | `fuse_softmax` | forward | scale → (mask add) → softmax ⇒ softmax with the scale and additive mask folded in |
-//! | `fuse_attention` | forward | matmul(q, kᵀ) → [scale] → softmax(+mask, causal) → [dropout] → matmul(·, v) ⇒ [`Op::Attention`] |
+//! | `fuse_attention` | forward | matmul(q, kᵀ) → [scale] → [tanh → scale: a soft-cap] → softmax(+mask, causal) → [dropout] → matmul(·, v) ⇒ [`Op::Attention`] |
 //! | `fuse_linear_cross_entropy` | forward | matmul(x, wᵀ) → [bias add] → cross-entropy ⇒ [`Op::LinearCrossEntropy`]: the logits are never stored |
 //! | `fuse_matmul_bias` | forward | matmul → bias add (→ GELU) ⇒ [`Op::Linear`] |
 //! | `fuse_add_layernorm` | forward | add → LayerNorm ⇒ [`Op::AddLayerNorm`] |

@@ -746,8 +746,8 @@ impl Builder {
     /// [`eager_attention`](Self::eager_attention) with the scores' `scale` (HF's `scaling`), an
     /// optional tanh soft-cap on them (Gemma 2's `softcap`, before the mask) and the additive
     /// `mask` (broadcast to (B, H, T, T)) in place of 1/√D and the graph's padding mask: a
-    /// sliding-window layer's mask, Gemma's query_pre_attn_scalar^-½. A soft-capped chain is
-    /// not fused (the attention op has no soft-cap).
+    /// sliding-window layer's mask, Gemma's query_pre_attn_scalar^-½. `fuse_attention` makes a
+    /// soft-capped chain one attention op too (its `softcap`).
     // q, k, v: (B, H, T, D) -> (B, H, T, D)
     #[allow(clippy::too_many_arguments)]
     pub fn eager_attention_scaled(

@@ -4,8 +4,8 @@
 //! repeat_kv ops. The rotary cos/sin tables are fed graph inputs ([`ROPE_COS`], [`ROPE_SIN`])
 //! computed on the host in f32 as HF computes them (Gemma 3's sliding layers' own: [`ROPE_COS_LOCAL`],
 //! [`ROPE_SIN_LOCAL`]); a sliding window that bites is the fed additive mask
-//! [`SLIDING_WINDOW_MASK`]. Gemma 2's soft-capped attention stays eager (the fused attention
-//! op has no soft-capping); padded, it reads HF's eager float masks ([`EAGER_MASK`]).
+//! [`SLIDING_WINDOW_MASK`]. Gemma 2's soft-capped attention is written eager too (the passes
+//! fuse it, soft-cap and all); padded, it reads HF's eager float masks ([`EAGER_MASK`]).
 
 use ortbench_engine::graph::{GeluApprox, TensorId};
 use ortbench_engine::ops::pointwise::{BinaryFn, UnaryFn};

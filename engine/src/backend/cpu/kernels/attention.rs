@@ -7,8 +7,9 @@
 //! dK = dSᵀ·Q — five single-threaded GEMMs on strided Q/K/V (head split/merge permutes folded
 //! into leading dimensions) and two row passes. The dropout mask is regenerated from the
 //! counter-based RNG, element for element the reference's. A soft-cap (Gemma 2: S ←
-//! cap·tanh(S) before the mask) costs the backward a sixth GEMM, S again, for dS's factor
-//! cap·(1 − tanh²): the saved probabilities cannot give it back where the mask is −∞.
+//! cap·tanh(S) before the mask) costs the backward one more GEMM, S again, for dS's factor
+//! cap·(1 − tanh²): the saved probabilities would give tanh back only through log P, the mask
+//! and the row's log-sum-exp, none of which the backward has, and imprecisely where P is small.
 //!
 //! Grouped-query / multi-query attention (Hkv kv heads, each read by H/Hkv query heads in HF's
 //! `repeat_kv` order) reads a query head's kv head through its strides, never a repeated copy;
