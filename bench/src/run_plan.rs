@@ -306,14 +306,7 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
             a.source
         )
     });
-    // The engine configs' passes when ORTBENCH_PASSES narrows them: the results depend on it.
-    // (Checked here too, so that a bad value stops the run before any worker starts.)
-    use ortbench_engine::passes::{PassConfig, ENV_VAR};
-    PassConfig::from_env()?;
-    let passes_note = match std::env::var(ENV_VAR) {
-        Ok(v) => format!(", engine passes {ENV_VAR}={v}"),
-        Err(_) => String::new(),
-    };
+    let passes_note = passes_note()?;
     let settings = format!(
         "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{passes_note}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
@@ -321,6 +314,17 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         args.seed
     );
     Ok(RunPlan { runs, jobs, train_flops_per_sample, settings, auto_batch })
+}
+
+/// The settings' note of the engine configs' passes when ORTBENCH_PASSES narrows them (the
+/// results depend on it), else empty; a bad value stops the run before any worker starts.
+fn passes_note() -> Result<String> {
+    use ortbench_engine::passes::{PassConfig, ENV_VAR};
+    PassConfig::from_env()?;
+    Ok(match std::env::var(ENV_VAR) {
+        Ok(v) => format!(", engine passes {ENV_VAR}={v}"),
+        Err(_) => String::new(),
+    })
 }
 
 /// The training and harness flags that are numbers: finite, in range, and (time limits) short

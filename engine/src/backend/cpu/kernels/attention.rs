@@ -213,6 +213,46 @@ impl AttnPlan {
     }
 }
 
+/// S = scale·Q·Kᵀ of `rows` queries at `q` against the first `kn` keys at `k` (the plan's
+/// strides), into `out`'s rows, `tk` apart: the forward's probabilities block, or the
+/// backward's scratch for a soft-cap's slope.
+///
+/// # Safety
+/// q and k point at `rows` and `kn` rows of D elements at the plan's t strides; out holds
+/// `rows` rows of `tk`.
+// out: (rows, Tk) of which (rows, kn) written; q: (rows, D) strided; k: (kn, D) strided
+unsafe fn scores_gemm(
+    p: &AttnPlan,
+    (rows, kn): (usize, usize),
+    q: *const f32,
+    k: *const f32,
+    out: &mut [f32],
+) {
+    debug_assert!(out.len() >= rows * p.tk && kn <= p.tk);
+    let (q_ld, k_ld) = (p.q[2], p.k[2]);
+    sgemm_st(false, true, rows, kn, p.d, p.scale, q, q_ld, k, k_ld, 0.0, out.as_mut_ptr(), p.tk);
+}
+
+/// dQ = dS·K (written) and dK += dSᵀ·Q (`beta` 0 writes it) for one block of `rows` queries
+/// and `kn` keys, dS in `ds`'s rows `tk` apart.
+///
+/// # Safety
+/// k, q point at `kn` and `rows` rows at the plan's t strides; dq, dk at `rows` and `kn` rows
+/// of dq and dk that no other thread writes.
+// ds: (rows, Tk); k: (kn, D); q: (rows, D); dq: (rows, D); dk: (kn, D); all strided
+unsafe fn dq_dk_of_ds(
+    p: &AttnPlan,
+    (rows, kn): (usize, usize),
+    ds: &[f32],
+    (k, q): (*const f32, *const f32),
+    (dq, dk): (*mut f32, *mut f32),
+    beta: f32,
+) {
+    let (ds, tk, d) = (ds.as_ptr(), p.tk, p.d);
+    sgemm_st(false, false, rows, d, kn, 1.0, ds, tk, k, p.k[2], 0.0, dq, p.dq[2]);
+    sgemm_st(true, false, kn, d, rows, 1.0, ds, tk, q, p.q[2], beta, dk, p.dk[2]);
+}
+
 /// out = dropout(softmax(Q·Kᵀ·scale + mask))·V; probs = the softmax before dropout.
 ///
 /// # Safety
@@ -258,23 +298,9 @@ pub unsafe fn attention_forward(
             for (r0, r1, kn) in blocks(p) {
                 let rows = r1 - r0;
                 let pb = &mut pr[r0 * tk..r1 * tk];
-                // S = scale·Q·Kᵀ for these rows and the keys they see; the rest of each row is
-                // written by the softmax (0 past the causal limit).
-                sgemm_st(
-                    false,
-                    true,
-                    rows,
-                    kn,
-                    p.d,
-                    p.scale,
-                    qi.add(r0 * p.q[2]),
-                    p.q[2],
-                    ki,
-                    p.k[2],
-                    0.0,
-                    pb.as_mut_ptr(),
-                    tk,
-                );
+                // S for these rows and the keys they see; the rest of each row is written by
+                // the softmax (0 past the causal limit).
+                scores_gemm(p, (rows, kn), qi.add(r0 * p.q[2]), ki, pb);
                 probs_chunk(pb, tk, i * tq + r0, (p.causal, tq), p.softcap, mask);
                 let pd: &[f32] = match (dm, scratch.as_deref_mut()) {
                     (Some(m), Some(s)) => {
@@ -429,58 +455,14 @@ pub unsafe fn attention_backward(
                     let capped = match (p.softcap, s3.as_deref_mut()) {
                         (Some(cap), Some(s3)) => {
                             let ub = &mut s3[r0 * tk..r1 * tk];
-                            sgemm_st(
-                                false,
-                                true,
-                                rows,
-                                kn,
-                                p.d,
-                                p.scale,
-                                qr,
-                                p.q[2],
-                                ki,
-                                p.k[2],
-                                0.0,
-                                ub.as_mut_ptr(),
-                                tk,
-                            );
+                            scores_gemm(p, (rows, kn), qr, ki, ub);
                             Some((&*ub, cap))
                         }
                         _ => None,
                     };
                     // dS (in s1)
                     ds_chunk(sb1, pb, rows, kn, tk, p.scale, dm, first, capped);
-                    // dQ = dS·K, dK = dSᵀ·Q
-                    sgemm_st(
-                        false,
-                        false,
-                        rows,
-                        p.d,
-                        kn,
-                        1.0,
-                        sb1.as_ptr(),
-                        tk,
-                        ki,
-                        p.k[2],
-                        0.0,
-                        dqi.add(r0 * p.dq[2]),
-                        p.dq[2],
-                    );
-                    sgemm_st(
-                        true,
-                        false,
-                        kn,
-                        p.d,
-                        rows,
-                        1.0,
-                        sb1.as_ptr(),
-                        tk,
-                        qr,
-                        p.q[2],
-                        beta,
-                        dki,
-                        p.dk[2],
-                    );
+                    dq_dk_of_ds(p, (rows, kn), sb1, (ki, qr), (dqi.add(r0 * p.dq[2]), dki), beta);
                 }
             }
         }
