@@ -176,9 +176,7 @@ __device__ void attention_forward(T* out, float* stats, const T* q, const T* k, 
     for (int r = tid; r < rows; r += nt) {
         const float m = m_s[r];
         // No visible key: (+∞, 0), so that the backward's P is 0 there too.
-        const long long row = (long long)bh * tq + q0 + r;
-        stats[2 * row] = m == neg_inf() ? -neg_inf() : m;
-        stats[2 * row + 1] = m == neg_inf() ? 0.0f : logf(l_s[r]);
+        reinterpret_cast<RowStats*>(stats)[(long long)bh * tq + q0 + r] = m == neg_inf() ? RowStats{-neg_inf(), 0.0f} : RowStats{m, logf(l_s[r])};
     }
 }
 
@@ -187,10 +185,10 @@ __device__ void attention_forward(T* out, float* stats, const T* q, const T* k, 
 // The (bq, bk) tile of Pd = dropout(P) (when pd_s is not null) and dS = P ⊙ (dPd·dropout − delta)·scale
 // [⊙ the soft-cap's slope], P = exp((s − m) − log l), dPd = dO·Vᵀ, for queries [q0, q0 + rows) and keys [k0, k0 + kn); 0 outside
 // those or past the causal limit. attention.rs: `drop_chunk` (Pd), `ds_body` (dS).
-// q_s: (bq, d); do_s: (bq, dv); k_s: (bk, d + 1); v_s: (bk, dv + 1); stat_s: (bq, 2) the rows'
+// q_s: (bq, d); do_s: (bq, dv); k_s: (bk, d + 1); v_s: (bk, dv + 1); stat_s: (bq) the rows'
 // (m, log l); del_s: (bq).
 template <typename T>
-__device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const float* q_s, const float* do_s, const float* k_s, const float* v_s, const float* stat_s,
+__device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const float* q_s, const float* do_s, const float* k_s, const float* v_s, const RowStats* stat_s,
                                              const float* del_s, int d, int dv, int bq, int bk, int q0, int rows, int k0, int kn, int bh, int tq, int tk,
                                              float scale, float cap, int causal, bool drop, const DropMask& dm, unsigned long long offset, const T* mb,
                                              const MaskStrides& ms) {
@@ -201,7 +199,7 @@ __device__ __forceinline__ void attn_ds_tile(float* pd_s, float* ds_s, const flo
         if (r < rows && j < kn && !(causal && kj > i)) {
             float slope;
             const float s = attn_score(q_s + r * d, k_s + j * (d + 1), d, scale, cap, mb, ms, i, kj, slope);
-            const float p = expf((s - stat_s[2 * r]) - stat_s[2 * r + 1]);
+            const float p = expf((s - stat_s[r].m) - stat_s[r].logl);
             const float* gr = do_s + r * dv;
             const float* vr = v_s + j * (dv + 1);
             float dpd = 0.0f;
@@ -239,8 +237,8 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
     float* do_s = q_s + bq * d;          // (bq, dv)
     float* pd_s = do_s + bq * dvd;       // (bq, bk)
     float* ds_s = pd_s + bq * bk;        // (bq, bk)
-    float* stat_s = ds_s + bq * bk;      // (bq, 2)
-    float* del_s = stat_s + 2 * bq;      // (bq)
+    RowStats* stat_s = reinterpret_cast<RowStats*>(ds_s + bq * bk);  // (bq)
+    float* del_s = reinterpret_cast<float*>(stat_s + bq);             // (bq)
 
     // One block per (batch·K/V head, key tile): the group's h / hkv query heads (HF's repeat_kv
     // maps query head hi to K/V head hi / (h / hkv)) all add into this block's dK, dV, in head
@@ -269,10 +267,9 @@ __device__ void attention_backward_dkdv(T* dk, T* dv, const T* dout, const T* q,
             __syncthreads();  // the previous tile's readers of q_s, do_s, pd_s, ds_s are done
             attn_load_tile(q_s, d, qb + (long long)q0 * qs.st, qs.st, rows, bq, d);
             attn_load_tile(do_s, dvd, gb + (long long)q0 * gs.st, gs.st, rows, bq, dvd);
+            const RowStats* rs = reinterpret_cast<const RowStats*>(stats) + (long long)bh * tq + q0;
             for (int r = tid; r < bq; r += nt) {
-                const long long row = (long long)bh * tq + q0 + r;
-                stat_s[2 * r] = r < rows ? stats[2 * row] : 0.0f;
-                stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
+                stat_s[r] = r < rows ? rs[r] : RowStats{0.0f, 0.0f};
                 del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
             }
             __syncthreads();
@@ -320,8 +317,8 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
     float* k_s = dq_s + bq * d;         // (bk, d + 1)
     float* v_s = k_s + bk * (d + 1);    // (bk, dv + 1)
     float* ds_s = v_s + bk * (dvd + 1); // (bq, bk)
-    float* stat_s = ds_s + bq * bk;     // (bq, 2)
-    float* del_s = stat_s + 2 * bq;     // (bq)
+    RowStats* stat_s = reinterpret_cast<RowStats*>(ds_s + bq * bk);  // (bq)
+    float* del_s = reinterpret_cast<float*>(stat_s + bq);             // (bq)
 
     const int nqt = (tq + bq - 1) / bq;
     const int bh = blockIdx.x / nqt, q0 = (blockIdx.x % nqt) * bq;
@@ -346,9 +343,7 @@ __device__ void attention_backward_dq(T* dq, float* delta, const T* dout, const 
             for (int c = 0; c < dvd; ++c) s = fmaf(to_f32(gb[(long long)r * gs.st + c]), to_f32(ob[(long long)r * os.st + c]), s);
             delta[(long long)bh * tq + q0 + r] = s;
         }
-        const long long row = (long long)bh * tq + q0 + r;
-        stat_s[2 * r] = r < rows ? stats[2 * row] : 0.0f;
-        stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
+        stat_s[r] = r < rows ? reinterpret_cast<const RowStats*>(stats)[(long long)bh * tq + q0 + r] : RowStats{0.0f, 0.0f};
         del_s[r] = s;
     }
     const int kend = causal ? attn_min(q0 + rows, tk) : tk;

@@ -250,11 +250,9 @@ __device__ void attention_mma_forward(T* out, float* stats, const T* q, const T*
             ob[(long long)i * os.st + c] = from_f32<T>(o[n].c[2 * r] * inv);
             ob[(long long)i * os.st + c + 1] = from_f32<T>(o[n].c[2 * r + 1] * inv);
         }
-        if (t == 0) {  // no visible key: (+∞, 0), so that the backward's P is 0 there too
-            const long long row = (long long)bh * tq + i;
-            stats[2 * row] = m[r] == neg_inf() ? -neg_inf() : m[r];
-            stats[2 * row + 1] = m[r] == neg_inf() ? 0.0f : logf(sum);
-        }
+        // No visible key: (+∞, 0), so that the backward's P is 0 there too.
+        if (t == 0)
+            reinterpret_cast<RowStats*>(stats)[(long long)bh * tq + i] = m[r] == neg_inf() ? RowStats{-neg_inf(), 0.0f} : RowStats{m[r], logf(sum)};
     }
 }
 
@@ -327,9 +325,8 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
     for (int kk = 0; kk < KD; ++kk) gf[kk] = mma_frag_a<T, P>(k_s, 16 * w, 16 * kk);
     const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
     // This lane's rows' (m, log l); rows past Tq as rows with no key.
-    const long long row0 = (long long)bh * tq + i0, row1 = row0 + 8;
-    const float m_r[2] = {i0 < tq ? stats[2 * row0] : -neg_inf(), i1 < tq ? stats[2 * row1] : -neg_inf()};
-    const float logl_r[2] = {i0 < tq ? stats[2 * row0 + 1] : 0.0f, i1 < tq ? stats[2 * row1 + 1] : 0.0f};
+    const RowStats* rs = reinterpret_cast<const RowStats*>(stats) + (long long)bh * tq;
+    const RowStats st_r[2] = {i0 < tq ? rs[i0] : RowStats{-neg_inf(), 0.0f}, i1 < tq ? rs[i1] : RowStats{-neg_inf(), 0.0f}};
     const float del_r[2] = {del_s[16 * w + g], del_s[16 * w + g + 8]};  // after the barriers above
     const unsigned long long ctr[2] = {offset + ((unsigned long long)bh * tq + (unsigned long long)i0) * (unsigned long long)tk,
                                        offset + ((unsigned long long)bh * tq + (unsigned long long)i1) * (unsigned long long)tk};
@@ -358,7 +355,7 @@ __device__ void attention_mma_backward_dq(T* dq, float* delta, const T* dout, co
             for (int c = 0; c < 4; ++c) {
                 const int r = c >> 1, i = r ? i1 : i0, j = k0 + 8 * n + 2 * t + (c & 1);
                 float pd, ds;
-                mma_p_ds(s[n].c[c], dp[n].c[c], m_r[r], logl_r[r], del_r[r], scale, cap, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
+                mma_p_ds(s[n].c[c], dp[n].c[c], st_r[r].m, st_r[r].logl, del_r[r], scale, cap, mb, ms, i, j, tq, kend, causal, drop, dm, ctr[r], pd, ds);
                 s[n].c[c] = ds;
             }
         // dQ += dS·K: dS's accumulators are the A fragments, 16 keys at a time.
@@ -393,8 +390,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
     T* v_s = k_s + MMA_ROWS * P;                              // (64, P)
     T* q_s = v_s + MMA_ROWS * P;                              // (BQ, P)
     T* g_s = q_s + BQ * P;                                    // (BQ, P): dO
-    float* stat_s = reinterpret_cast<float*>(g_s + BQ * P);  // (BQ, 2): (m, log l)
-    float* del_s = stat_s + 2 * BQ;                           // (BQ)
+    RowStats* stat_s = reinterpret_cast<RowStats*>(g_s + BQ * P);  // (BQ)
+    float* del_s = reinterpret_cast<float*>(stat_s + BQ);           // (BQ)
 
     const int nkt = (tk + MMA_ROWS - 1) / MMA_ROWS;
     const int bkv = blockIdx.x / nkt, k0 = (blockIdx.x % nkt) * MMA_ROWS;
@@ -423,9 +420,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
             mma_load_tile<T, D>(q_s, qb + (long long)q0 * qs.st, qs.st, rows, BQ);
             mma_load_tile<T, D>(g_s, gb + (long long)q0 * gs.st, gs.st, rows, BQ);
             for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-                const long long row = (long long)bh * tq + q0 + r;
-                stat_s[2 * r] = r < rows ? stats[2 * row] : -neg_inf();
-                stat_s[2 * r + 1] = r < rows ? stats[2 * row + 1] : 0.0f;
+                const RowStats* rs = reinterpret_cast<const RowStats*>(stats) + (long long)bh * tq + q0;
+                stat_s[r] = r < rows ? rs[r] : RowStats{-neg_inf(), 0.0f};
                 del_s[r] = r < rows ? delta[(long long)bh * tq + q0 + r] : 0.0f;
             }
             __syncthreads();
@@ -445,7 +441,8 @@ __device__ void attention_mma_backward_dkdv(T* dk, T* dv, const T* dout, const T
                     const int j = c < 2 ? j0 : j1, r = 8 * n + 2 * t + (c & 1), i = q0 + r;
                     const unsigned long long row_ctr = offset + ((unsigned long long)bh * tq + (unsigned long long)i) * (unsigned long long)tk;
                     float pd, ds;
-                    mma_p_ds(st[n].c[c], dpt[n].c[c], stat_s[2 * r], stat_s[2 * r + 1], del_s[r], scale, cap, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
+                    const RowStats rs = stat_s[r];
+                    mma_p_ds(st[n].c[c], dpt[n].c[c], rs.m, rs.logl, del_s[r], scale, cap, mb, ms, i, j, tq, tk, causal, drop, dm, row_ctr, pd, ds);
                     st[n].c[c] = pd;
                     dpt[n].c[c] = ds;
                 }

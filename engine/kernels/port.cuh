@@ -186,6 +186,12 @@ __device__ __forceinline__ bool drop_keep(const DropMask& m, unsigned long long 
     return (drop_mix(m.key ^ (counter * 0x9E3779B97F4A7C15ull)) >> 40) >= m.threshold;
 }
 
+// A query row's softmax statistics, as attention.cu and attention_mma.cu keep them for the
+// backward: the row's max m and log l, l = Σ_j exp(s_j − m) (attention.cu says why not m + log l).
+struct RowStats {
+    float m, logl;
+};
+
 // Attention scores' tanh soft-cap (Gemma 2's attn_logit_softcapping), shared by attention.cu and
 // attention_mma.cu: u = scale·q·k becomes cap·tanh(u), with slope ds/du = cap·(1 − tanh²u) for
 // the backward; cap 0 means none (u, slope 1). CPU: attention.rs `probs_rows` / `ds_body`.
