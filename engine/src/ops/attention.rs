@@ -99,7 +99,13 @@ impl OpDef for Attention {
     }
 
     fn attrs(&self) -> String {
-        attrs(self.scale, self.causal, self.dropout_p, self.offset, self.softcap)
+        // The soft-cap only where there is one, so that uncapped nodes read as before.
+        let Attention { scale, causal, dropout_p, offset, softcap } = *self;
+        let mut s = format!("scale={scale} causal={causal} p={dropout_p} offset={offset}");
+        if let Some(cap) = softcap {
+            s += &format!(" softcap={cap}");
+        }
+        s
     }
 
     fn read_req(&self, slot: usize) -> Req {
@@ -159,16 +165,6 @@ impl AttentionBackward {
     }
 }
 
-/// Both directions' attributes as the plan dump shows them (the soft-cap only where there is
-/// one, so that uncapped nodes read as before).
-fn attrs(scale: f32, causal: bool, p: f32, offset: u64, softcap: Option<f32>) -> String {
-    let mut s = format!("scale={scale} causal={causal} p={p} offset={offset}");
-    if let Some(cap) = softcap {
-        s += &format!(" softcap={cap}");
-    }
-    s
-}
-
 impl Reference for AttentionBackward {
     fn eval<T: Real>(&self, a: &EvalArgs<'_, T>, outs: &mut [Vec<T>]) -> Result<(), OpError> {
         use backward_slot as s;
@@ -188,7 +184,7 @@ impl OpDef for AttentionBackward {
     }
 
     fn attrs(&self) -> String {
-        attrs(self.scale, self.causal, self.dropout_p, self.offset, self.softcap)
+        self.forward().attrs()
     }
 
     fn read_req(&self, slot: usize) -> Req {
