@@ -84,6 +84,13 @@ impl KernelSupport for CpuSupport {
     fn workspace(&self, g: &Graph, node: usize) -> usize {
         CpuKernel::workspace(g.nodes()[node].op.def(), self, g, node)
     }
+
+    fn stored_elems(&self, g: &Graph, t: TensorId) -> Option<usize> {
+        g.nodes().iter().find_map(|n| {
+            let slot = n.outputs.iter().position(|&o| o == t)?;
+            CpuKernel::stored_elems(n.op.def(), g, n, slot)
+        })
+    }
 }
 
 /// Kernel data resolved at build time, per step.
@@ -278,7 +285,8 @@ impl PlannedExecutor {
                     .map(|&o| {
                         let p = &plan.places[o.index()];
                         let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
-                        (o, crate::plan::layout::extent(graph.shape(o), &strides) as usize)
+                        let n = plan.stored_elems[o.index()];
+                        (o, n.unwrap_or_else(|| plan::layout::extent(graph.shape(o), &strides) as usize))
                     })
                     .collect()
             };

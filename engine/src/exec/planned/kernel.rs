@@ -33,6 +33,13 @@ pub trait CpuKernel {
         0
     }
 
+    /// Elements the kernel stores for output `slot` when it stores fewer than the shape holds
+    /// ([`crate::plan::KernelSupport::stored_elems`]; the attention's probabilities: 0, the
+    /// backward recomputes them). None: the whole shape.
+    fn stored_elems(&self, _g: &Graph, _node: &Node, _slot: usize) -> Option<usize> {
+        None
+    }
+
     /// The kernel's build-time data: GEMM plans, attention strides, mask maps.
     fn resolve(&self, _cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
         Ok(Aux::None)
