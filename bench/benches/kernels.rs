@@ -163,7 +163,8 @@ fn softmax(c: &mut Criterion) {
 fn attention(c: &mut Criterion) {
     // One layer's attention, attention dropout 0.1 (BERT's): the fused kernel (GEMMs + row
     // softmax per (b, h), dropout mask regenerated) against the reference op (scores, softmax,
-    // dropout and the two products as plain loops), then the same causal (GPT-2's). Lines:
+    // dropout and the two products as plain loops), then the same causal (GPT-2's); the
+    // kernel's backward recomputes the probabilities, the reference's reads them. Lines:
     // `kernel` with q/k/v, the output and their gradients contiguous (B, H, T, D), as the
     // reference reads them; `kernel (B,T,C) rows` with each of them inside the (B, T, C) rows
     // of the projection that makes or reads it (head h at columns h·D..(h + 1)·D), as the
@@ -217,14 +218,13 @@ fn attention(c: &mut Criterion) {
         flat(&mut g);
         for (line, pl) in [("kernel", &plan), ("kernel (B,T,C) rows", &rows)] {
             g.bench_function(line, |b| {
-                // SAFETY: every buffer holds B·H·T·D = B·T·C elements (probs (B·H, T, T)), which
-                // both layouts' strides stay within, and the outputs overlap nothing.
+                // SAFETY: every buffer holds B·H·T·D = B·T·C elements, which both layouts'
+                // strides stay within, and the outputs overlap nothing.
                 b.iter(|| unsafe {
                     attention::attention_forward(
                         pool,
                         pl,
                         out.as_mut_ptr(),
-                        &mut probs,
                         q.as_ptr(),
                         k.as_ptr(),
                         v.as_ptr(),
@@ -253,14 +253,12 @@ fn attention(c: &mut Criterion) {
                     attention::attention_backward(
                         pool,
                         pl,
-                        dq.as_mut_ptr(),
-                        dk.as_mut_ptr(),
-                        dv.as_mut_ptr(),
+                        (dq.as_mut_ptr(), dk.as_mut_ptr(), dv.as_mut_ptr()),
                         dout.as_ptr(),
                         q.as_ptr(),
                         k.as_ptr(),
                         v.as_ptr(),
-                        &probs,
+                        None,
                         seed,
                         &mut ws,
                     )

@@ -168,7 +168,6 @@ struct Prob {
     mask_shape: [usize; 4],
     mask: Option<Vec<f32>>,
     out: Vec<f32>,
-    probs: Vec<f32>,
     /// Per query row, log Σ_j exp(s_ij), and (m, log l) as the kernels keep it (f64, rounded).
     lse: Vec<f32>,
     stats: Vec<f32>,
@@ -243,7 +242,6 @@ impl Prob {
             mask_shape,
             mask,
             out: vec![f32::NAN; no],
-            probs: vec![f32::NAN; c.b * c.h * c.tq * c.tk],
             lse: Vec::new(),
             stats: Vec::new(),
         };
@@ -257,7 +255,6 @@ impl Prob {
                 &pool,
                 &plan,
                 p.out.as_mut_ptr(),
-                &mut p.probs,
                 p.q.as_ptr(),
                 p.k.as_ptr(),
                 p.v.as_ptr(),
@@ -503,14 +500,12 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
                 cpu::attention_backward(
                     &pool,
                     &plan,
-                    dq0.as_mut_ptr(),
-                    dk0.as_mut_ptr(),
-                    dv0.as_mut_ptr(),
+                    (dq0.as_mut_ptr(), dk0.as_mut_ptr(), dv0.as_mut_ptr()),
                     p.dout.as_ptr(),
                     p.q.as_ptr(),
                     p.k.as_ptr(),
                     p.v.as_ptr(),
-                    &p.probs,
+                    p.mask.as_deref(),
                     SEED,
                     &mut ws,
                 )

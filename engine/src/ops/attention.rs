@@ -52,7 +52,8 @@ pub mod backward_slot {
     pub const Q: usize = 1;
     pub const K: usize = 2;
     pub const V: usize = 3;
-    /// The forward's saved probabilities (read by the CPU kernels).
+    /// The forward's second output: the probabilities in the reference, the rows' softmax
+    /// statistics on a GPU, nothing on the CPU (its kernels recompute the probabilities).
     pub const PROBS: usize = 4;
     /// The forward's output (read by the GPU kernels, with the mask).
     pub const OUT: usize = 5;
@@ -62,7 +63,8 @@ pub mod backward_slot {
 
 /// (q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) [, mask broadcastable to
 /// (B, H, Tq, Tk)]) → (out (B, H, Tq, Dv), probs (B, H, Tq, Tk)); probs are the
-/// pre-dropout softmax, saved for the backward, not differentiable. Hkv divides H
+/// pre-dropout softmax, for the backward, not differentiable (what a backend stores of them:
+/// [`backward_slot::PROBS`]). Hkv divides H
 /// (grouped-query / multi-query attention): query head h reads kv head h / (H/Hkv), HF's
 /// `repeat_kv` order, without the repeated K/V being materialised. With `softcap` the scores
 /// are cap·tanh(scale·q·kᵀ) before the mask ([`AttentionOpts::softcap`]).
@@ -93,7 +95,7 @@ impl OpDef for Attention {
         "attention"
     }
 
-    // (out, probs): the probabilities are saved for the backward.
+    // (out, probs): the probabilities are for the backward.
     fn differentiable_outputs(&self, _outputs: usize) -> usize {
         1
     }
@@ -146,8 +148,9 @@ impl OpDef for Attention {
     }
 }
 
-/// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out` and the
-/// mask, the CPU kernels the probabilities (and, with a soft-cap, q·kᵀ again for its slope).
+/// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out`, the mask
+/// and the rows' statistics in `probs`' place, the CPU kernels the mask (they recompute the
+/// probabilities), the reference the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionBackward {
     pub scale: f32,
@@ -488,10 +491,10 @@ impl Graph {
     }
 
     /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward
-    /// node. The CPU kernels read the saved probabilities; the GPU kernels save the rows'
-    /// softmax statistics (max, log-sum) in `probs`' place instead and recompute the
-    /// probabilities, for which they
-    /// need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
+    /// node. The reference reads the saved probabilities; the CPU kernels recompute them from
+    /// q, k and the mask; the GPU kernels save the rows' softmax statistics (max, log-sum) in
+    /// `probs`' place and recompute the probabilities, for which they need the forward's
+    /// output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
     #[allow(
         clippy::too_many_arguments,
         reason = "the attention node's inputs and attributes, as ops/attention.rs defines them"

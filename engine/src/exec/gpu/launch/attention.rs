@@ -402,7 +402,7 @@ impl GpuKernel for Attention {
                     st(v, cx.inp(bs::V)),
                     st(dout, cx.inp(bs::DOUT)),
                 );
-                // The CPU's probabilities slot holds the rows' (m, log l) on the GPU.
+                // The probabilities slot holds the rows' (m, log l) on the GPU.
                 let stats = cx.inp(bs::PROBS);
                 let dq = AttentionBackwardDq {
                     dtype,
