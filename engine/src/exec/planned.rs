@@ -286,7 +286,12 @@ impl PlannedExecutor {
                         let p = &plan.places[o.index()];
                         let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
                         let n = plan.stored_elems[o.index()];
-                        (o, n.unwrap_or_else(|| plan::layout::extent(graph.shape(o), &strides) as usize))
+                        (
+                            o,
+                            n.unwrap_or_else(|| {
+                                plan::layout::extent(graph.shape(o), &strides) as usize
+                            }),
+                        )
                     })
                     .collect()
             };

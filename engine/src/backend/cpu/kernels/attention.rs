@@ -112,7 +112,12 @@ fn scratch_blocks(a: &Attention, backward: bool) -> usize {
 
 /// f32 elements of scratch a kernel of attention `a` with Tq × Tk scores needs on `threads`
 /// threads: [`scratch_blocks`] blocks of [`block_rows`] × Tk each.
-pub fn workspace_elems(a: &Attention, (tq, tk): (usize, usize), threads: usize, bwd: bool) -> usize {
+pub fn workspace_elems(
+    a: &Attention,
+    (tq, tk): (usize, usize),
+    threads: usize,
+    bwd: bool,
+) -> usize {
     scratch_blocks(a, bwd) * threads * block_rows(a.causal, tq) * tk
 }
 
@@ -441,8 +446,9 @@ pub unsafe fn attention_backward(
                 );
                 // SAFETY: (b, h) pair i's rows of dq are this task's.
                 let dqi = dqp.ptr().add(p.at(&p.dq, i));
+                let ops =
+                    BlockOperands { i, q: qi, k: ki, v: vi, dout: gi, dq: dqi, dk: dki, dv: dvi };
                 for blk in blocks(p) {
-                    let ops = BlockOperands { i, q: qi, k: ki, v: vi, dout: gi, dq: dqi, dk: dki, dv: dvi };
                     backward_block(p, blk, &ops, mask, dm, &mut sc);
                 }
             }
@@ -678,8 +684,7 @@ mod tests {
             let (b, h, d) = (2usize, 3usize, 16usize);
             let n = b * h * t * d;
             let mut rng = Rng::new(21 + t as u64);
-            let (q, k, v, dout) =
-                (rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n));
+            let (q, k, v, dout) = (rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n), rng.vec_f32(n));
             let mask: Vec<f32> =
                 rng.vec_f32(b * t).iter().map(|x| if *x > 0.8 { -1e4 } else { *x }).collect();
             let scale = if softcap.is_some() { 1.5 } else { 0.25 };
