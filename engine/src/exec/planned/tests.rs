@@ -415,3 +415,49 @@ fn repeated_concat_and_split_of_a_transposed_gradient_match_the_reference() {
         compare_inputs(&g, &Inputs::new().ids("labels", &l), 9, &what);
     }
 }
+
+/// The attention's (B, H, T, T) probabilities take no arena memory on the CPU (its backward
+/// recomputes them): each attention's second output spans 0 bytes, and the arena is smaller,
+/// by at least one layer's probabilities, than the same graph's plan with every tensor stored
+/// whole. That the recomputed ones are right: `gpt_like_matches_the_reference_executor`.
+#[test]
+fn attention_probabilities_take_no_arena_memory() {
+    /// The CPU's kernels, with every tensor stored whole.
+    struct Whole(CpuSupport);
+    impl KernelSupport for Whole {
+        fn name(&self) -> &'static str {
+            "cpu, every tensor whole"
+        }
+        fn check(&self, g: &Graph, node: usize) -> Result<(), PlanError> {
+            self.0.check(g, node)
+        }
+        fn reads(&self, g: &Graph, node: usize, slot: usize) -> bool {
+            self.0.reads(g, node, slot)
+        }
+        fn workspace(&self, g: &Graph, node: usize) -> usize {
+            self.0.workspace(g, node)
+        }
+    }
+    let d = Dims { b: 2, t: 64, c: 24, h: 3, v: 37, layers: 2, dropout: 0.0 };
+    let g = gpt_like(&d).unwrap();
+    let ours = plan::build(&g, &CpuSupport::new(2)).unwrap();
+    let whole = plan::build(&g, &Whole(CpuSupport::new(2))).unwrap();
+    let probs: Vec<TensorId> = g
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Attention(_)))
+        .map(|n| n.outputs[1])
+        .collect();
+    assert_eq!(probs.len(), d.layers);
+    for &p in &probs {
+        let (first, end) = ours.arena_byte_span(&g, p);
+        assert_eq!(first, end, "probabilities {p:?} take {} bytes", end - first);
+    }
+    let layer = d.b * d.h * d.t * d.t * 4;
+    assert!(
+        whole.peak_bytes() >= ours.peak_bytes() + layer,
+        "arena {} bytes, {} with the probabilities stored (one layer's: {layer})",
+        ours.peak_bytes(),
+        whole.peak_bytes()
+    );
+}
