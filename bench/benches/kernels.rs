@@ -164,7 +164,8 @@ fn attention(c: &mut Criterion) {
     // One layer's attention, attention dropout 0.1 (BERT's): the fused kernel (GEMMs + row
     // softmax per (b, h), dropout mask regenerated) against the reference op (scores, softmax,
     // dropout and the two products as plain loops), then the same causal (GPT-2's); the
-    // kernel's backward recomputes the probabilities, the reference's reads them. Lines:
+    // kernel's backward recomputes the probabilities from the forward's row statistics, the
+    // reference's reads them. Lines:
     // `kernel` with q/k/v, the output and their gradients contiguous (B, H, T, D), as the
     // reference reads them; `kernel (B,T,C) rows` with each of them inside the (B, T, C) rows
     // of the projection that makes or reads it (head h at columns h·D..(h + 1)·D), as the
@@ -177,6 +178,7 @@ fn attention(c: &mut Criterion) {
     let s = [H * T * D, T * D, D];
     let r = [T * C, D, C];
     let (mut out, mut probs) = (vec![0f32; n], vec![0f32; B * H * T * T]);
+    let mut stats = vec![0f32; B * H * T * 2];
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     for causal in [false, true] {
         let plan = attention::AttnPlan {
@@ -225,6 +227,7 @@ fn attention(c: &mut Criterion) {
                         pool,
                         pl,
                         out.as_mut_ptr(),
+                        &mut stats,
                         q.as_ptr(),
                         k.as_ptr(),
                         v.as_ptr(),
@@ -259,6 +262,7 @@ fn attention(c: &mut Criterion) {
                         k.as_ptr(),
                         v.as_ptr(),
                         None,
+                        &stats,
                         seed,
                         &mut ws,
                     )

@@ -171,6 +171,8 @@ struct Prob {
     /// Per query row, log Σ_j exp(s_ij), and (m, log l) as the kernels keep it (f64, rounded).
     lse: Vec<f32>,
     stats: Vec<f32>,
+    /// The CPU kernel's statistics for its backward: (max, 1/sum) per query row.
+    cpu_stats: Vec<f32>,
 }
 
 impl Prob {
@@ -244,6 +246,7 @@ impl Prob {
             out: vec![f32::NAN; no],
             lse: Vec::new(),
             stats: Vec::new(),
+            cpu_stats: vec![f32::NAN; c.b * c.h * c.tq * 2],
         };
         let plan = p.plan();
         let pool = Pool::new(2);
@@ -255,6 +258,7 @@ impl Prob {
                 &pool,
                 &plan,
                 p.out.as_mut_ptr(),
+                &mut p.cpu_stats,
                 p.q.as_ptr(),
                 p.k.as_ptr(),
                 p.v.as_ptr(),
@@ -506,6 +510,7 @@ fn backward_cases(cases: &[Case], dts: &[Dtype], seed: u64, mma: bool) {
                     p.k.as_ptr(),
                     p.v.as_ptr(),
                     p.mask.as_deref(),
+                    &p.cpu_stats,
                     SEED,
                     &mut ws,
                 )

@@ -278,20 +278,17 @@ impl PlannedExecutor {
             } else {
                 node.outputs
                     .iter()
+                    // Not an output the kernel stores in a form of its own (the attention's
+                    // row statistics, in the probabilities' place): f32, kept as written.
                     .filter(|&&o| {
                         matches!(graph.tensor(o).elem, ElemType::Float(d) if d != DType::F32)
                             && !param_grads.contains(&o)
+                            && plan.stored_elems[o.index()].is_none()
                     })
                     .map(|&o| {
                         let p = &plan.places[o.index()];
                         let strides: Vec<isize> = p.strides.iter().map(|&x| x as isize).collect();
-                        let n = plan.stored_elems[o.index()];
-                        (
-                            o,
-                            n.unwrap_or_else(|| {
-                                plan::layout::extent(graph.shape(o), &strides) as usize
-                            }),
-                        )
+                        (o, crate::plan::layout::extent(graph.shape(o), &strides) as usize)
                     })
                     .collect()
             };

@@ -33,9 +33,10 @@ pub trait CpuKernel {
         0
     }
 
-    /// Elements the kernel stores for output `slot` when it stores fewer than the shape holds
-    /// ([`crate::plan::KernelSupport::stored_elems`]; the attention's probabilities: 0, the
-    /// backward recomputes them). None: the whole shape.
+    /// Elements the kernel stores for output `slot` when it stores something else than the
+    /// shape holds, fewer and in f32 ([`crate::plan::KernelSupport::stored_elems`]; in the
+    /// attention's probabilities' place, two floats per query row from which the backward
+    /// rebuilds them). None: the whole shape, in the graph's dtype.
     fn stored_elems(&self, _g: &Graph, _node: &Node, _slot: usize) -> Option<usize> {
         None
     }

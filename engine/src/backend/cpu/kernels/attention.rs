@@ -3,11 +3,12 @@
 //! 128 × 512 = 256 KiB otherwise) stay in cache between the GEMMs and the row softmax.
 //!
 //! Forward per (b, h) and row block: S = scale·Q·Kᵀ into scratch, row softmax in place
-//! ([soft-cap,] mask, causal), P·dropout → scratch, O = Pd·V. Nothing is saved for the backward
-//! (the node's second output, (B, H, Tq, Tk) in the graph, is stored as 0 elements): the
-//! backward recomputes each block's P with the same GEMM and the same row pass, bit for bit
-//! the forward's, FlashAttention's recompute on the CPU — one more GEMM (2·Tq·Tk·D FLOPs per
-//! head, counted in [`AttnPlan::executed_flops`]) for B·H·Tq·Tk floats of activation memory.
+//! ([soft-cap,] mask, causal), P·dropout → scratch, O = Pd·V. The backward gets each query
+//! row's softmax (max, 1/sum) instead of the probabilities (the node's second output, (B, H,
+//! Tq, Tk) in the graph, is stored as (B, H, Tq, 2) f32) and recomputes each block's P with the
+//! same GEMM and one pass, exp(x − max)·(1/sum), bit for bit the forward's: FlashAttention's
+//! recompute on the CPU — one more GEMM (2·Tq·Tk·D FLOPs per head, counted in
+//! [`AttnPlan::executed_flops`]) for B·H·Tq·Tk floats of activation memory.
 //! Then dPd = dO·Vᵀ, dV += Pdᵀ·dO, dP = dPd·dropout, dS = P ⊙ (dP − rowsum(dP ⊙ P))·scale,
 //! dQ = dS·K, dK += dSᵀ·Q — six single-threaded GEMMs on strided Q/K/V (head split/merge
 //! permutes folded into leading dimensions) and two row passes. The dropout mask is
@@ -26,7 +27,7 @@
 use super::attention;
 use super::elementwise::DropMask;
 use super::simd::{self, multiversion};
-use super::softmax::{softmax_row_in_place, MaskMap};
+use super::softmax::{softmax_row_again, softmax_row_in_place, MaskMap};
 use crate::backend::cpu::blas::sgemm_st;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::ResolveCx;
@@ -122,7 +123,9 @@ pub fn workspace_elems(
 }
 
 /// Rows of scale·q·k (`tk` apart, row `row0` of the problem first) into probabilities in
-/// place: [cap·tanh,] + mask, the causal cut, softmax.
+/// place: [cap·tanh,] + mask, the causal cut, softmax. The softmax saves each row's (max,
+/// 1/sum) into `stats` (two floats a row), or, rebuilding the rows in the backward, reads them:
+/// one pass instead of three, the same bits ([`softmax_row_again`]).
 #[inline(always)]
 fn probs_rows(
     p: &mut [f32],
@@ -131,6 +134,7 @@ fn probs_rows(
     (causal, tq): (bool, usize),
     softcap: Option<f32>,
     mask: Option<(&[f32], &MaskMap)>,
+    mut stats: RowStats<'_>,
 ) {
     for (i, row) in p.chunks_exact_mut(tk).enumerate() {
         let valid = if causal { ((row0 + i) % tq + 1).min(tk) } else { tk };
@@ -145,10 +149,23 @@ fn probs_rows(
                 *x += data[off + j * mm.last_stride];
             }
         }
-        softmax_row_in_place(row, valid);
+        match &mut stats {
+            RowStats::Save(st) => {
+                let (m, inv) = softmax_row_in_place(row, valid);
+                (st[2 * i], st[2 * i + 1]) = (m, inv);
+            }
+            RowStats::Load(st) => softmax_row_again(row, valid, (st[2 * i], st[2 * i + 1])),
+        }
     }
 }
-multiversion!(fn probs_chunk<>(p: &mut [f32], tk: usize, row0: usize, cut: (bool, usize), softcap: Option<f32>, mask: Option<(&[f32], &MaskMap)>) => probs_rows);
+multiversion!(fn probs_chunk<>(p: &mut [f32], tk: usize, row0: usize, cut: (bool, usize), softcap: Option<f32>, mask: Option<(&[f32], &MaskMap)>, stats: RowStats<'_>) => probs_rows);
+
+/// A row block's softmax statistics, (max, 1/sum) per query row: written by the forward, read
+/// by the backward.
+enum RowStats<'a> {
+    Save(&'a mut [f32]),
+    Load(&'a [f32]),
+}
 
 /// dst = src ⊙ dropout factor, counters `first + flat index`.
 #[inline(always)]
@@ -262,9 +279,10 @@ unsafe fn scores_gemm(
 
 /// P of the row block [r0, r1) of query problem `i` (against its `kn` keys) into `pb`'s rows,
 /// `tk` apart: S = scale·Q·Kᵀ, then in place [cap·tanh,] + mask, the causal cut and the
-/// softmax. The forward's probabilities, and bit for bit the backward's recomputed ones (the
-/// same GEMM and row pass on the same operands). With `scores`, S is written there first and
-/// kept (a soft-cap's slope needs it).
+/// softmax, whose rows' statistics the forward saves and the backward reads ([`RowStats`]:
+/// the block's rows of the (B·H·Tq, 2) statistics). The forward's probabilities, and bit for
+/// bit the backward's recomputed ones (the same GEMM and row pass on the same operands). With
+/// `scores`, S is written there first and kept (a soft-cap's slope needs it).
 ///
 /// # Safety
 /// As [`scores_gemm`], with q and k at problem `i`'s first query row and its kv head's first
@@ -281,6 +299,7 @@ unsafe fn block_probs(
     mask: Option<(&[f32], &MaskMap)>,
     pb: &mut [f32],
     scores: Option<&mut [f32]>,
+    stats: RowStats<'_>,
 ) {
     let (rows, q) = (r1 - r0, q.add(r0 * p.q[2]));
     match scores {
@@ -290,7 +309,7 @@ unsafe fn block_probs(
         }
         None => scores_gemm(p, (rows, kn), q, k, pb),
     }
-    probs_chunk(pb, p.tk, i * p.tq + r0, (p.causal, p.tq), p.softcap, mask);
+    probs_chunk(pb, p.tk, i * p.tq + r0, (p.causal, p.tq), p.softcap, mask, stats);
 }
 
 /// dQ = dS·K (written) and dK += dSᵀ·Q for one block of `rows` queries
@@ -313,13 +332,14 @@ unsafe fn dq_dk_of_ds(
 }
 
 /// out = dropout(softmax(Q·Kᵀ·scale + mask))·V. The probabilities live in scratch, a row
-/// block at a time; nothing is kept for [`attention_backward`].
+/// block at a time; what [`attention_backward`] rebuilds them from is each query row's softmax
+/// (max, 1/sum), saved in `stats`.
 ///
 /// # Safety
-/// q, k, v, out point at the operands' starts with the plan's strides; ws has
-/// [`AttnPlan::forward_workspace`] elements; out overlaps nothing else.
-// out: (B, H, Tq, Dv) strided; q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv);
-// mask: broadcastable to (B, H, Tq, Tk)
+/// q, k, v, out point at the operands' starts with the plan's strides; stats has B·H·Tq·2
+/// elements; ws has [`AttnPlan::forward_workspace`] elements; out overlaps nothing else.
+// out: (B, H, Tq, Dv) strided; stats: (B, H, Tq, 2); q: (B, H, Tq, D); k: (B, Hkv, Tk, D);
+// v: (B, Hkv, Tk, Dv); mask: broadcastable to (B, H, Tq, Tk)
 #[allow(
     clippy::too_many_arguments,
     reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
@@ -328,6 +348,7 @@ pub unsafe fn attention_forward(
     pool: &Pool,
     p: &AttnPlan,
     out: *mut f32,
+    stats: &mut [f32],
     q: *const f32,
     k: *const f32,
     v: *const f32,
@@ -336,12 +357,13 @@ pub unsafe fn attention_forward(
     ws: &mut [f32],
 ) {
     let (bh, tq, tk) = (p.b * p.h, p.tq, p.tk);
+    assert_eq!(stats.len(), bh * tq * 2, "attention statistics: two floats per query row");
     let t = pool.threads().min(bh).max(1);
     let per = bh.div_ceil(t);
     let dm = (p.dropout_p > 0.0).then(|| DropMask::new(p.dropout_p, seed));
     let (nb, be) = (scratch_blocks(&p.attrs(), false), block_rows(p.causal, tq) * tk);
     debug_assert!(ws.len() >= p.forward_workspace(t));
-    let (op, wp) = (SyncPtr(out), SyncPtr(ws.as_mut_ptr()));
+    let (op, wp, sp) = (SyncPtr(out), SyncPtr(ws.as_mut_ptr()), SyncPtr(stats.as_mut_ptr()));
     let (qp, kp, vp) = (SyncPtr(q as *mut f32), SyncPtr(k as *mut f32), SyncPtr(v as *mut f32));
     let mask = mask.zip(p.mask.as_ref());
     pool.run(t, &|task| {
@@ -350,7 +372,7 @@ pub unsafe fn attention_forward(
         let probs = block(0);
         let mut dropped = dm.map(|_| block(1));
         for i in task * per..((task + 1) * per).min(bh) {
-            // SAFETY: (b, h) pair i's rows of out are this task's.
+            // SAFETY: (b, h) pair i's rows of out and of the statistics are this task's.
             let (qi, ki, vi, oi) = (
                 qp.ptr().add(p.at(&p.q, i)),
                 kp.ptr().add(p.at_kv(&p.k, i)),
@@ -360,7 +382,8 @@ pub unsafe fn attention_forward(
             for (r0, r1, kn) in blocks(p) {
                 let rows = r1 - r0;
                 let pb = &mut probs[..rows * tk];
-                block_probs(p, i, (r0, r1, kn), (qi, ki), mask, pb, None);
+                let st = RowStats::Save(sp.slice(2 * (i * tq + r0)..2 * (i * tq + r1)));
+                block_probs(p, i, (r0, r1, kn), (qi, ki), mask, pb, None, st);
                 let pd: &[f32] = match (dm, dropped.as_deref_mut()) {
                     (Some(m), Some(s)) => {
                         let sb = &mut s[..rows * tk];
@@ -377,13 +400,13 @@ pub unsafe fn attention_forward(
 }
 
 /// dq, dk, dv of [`attention_forward`] from dout, each row block's probabilities recomputed
-/// ([`block_probs`]).
+/// ([`block_probs`]) from the forward's statistics.
 ///
 /// # Safety
 /// As [`attention_forward`]; dq, dk, dv overlap nothing else; ws has
 /// [`AttnPlan::backward_workspace`] elements.
 // dq: (B, H, Tq, D); dk: (B, Hkv, Tk, D); dv: (B, Hkv, Tk, Dv); dout: (B, H, Tq, Dv);
-// q, k, v, mask: as in the forward
+// q, k, v, mask, stats: as in the forward
 #[allow(
     clippy::too_many_arguments,
     reason = "a kernel's operands and dimensions, as its reference in ops/attention.rs"
@@ -397,9 +420,11 @@ pub unsafe fn attention_backward(
     k: *const f32,
     v: *const f32,
     mask: Option<&[f32]>,
+    stats: &[f32],
     seed: u64,
     ws: &mut [f32],
 ) {
+    assert_eq!(stats.len(), p.b * p.h * p.tq * 2, "attention statistics: two floats per query row");
     // One task per (batch, kv head): the rep = H/Hkv query heads reading it add into its dK
     // and dV, which no other task writes.
     let (bkv, rep, tk) = (p.b * p.hkv, p.h / p.hkv, p.tk);
@@ -449,7 +474,7 @@ pub unsafe fn attention_backward(
                 let ops =
                     BlockOperands { i, q: qi, k: ki, v: vi, dout: gi, dq: dqi, dk: dki, dv: dvi };
                 for blk in blocks(p) {
-                    backward_block(p, blk, &ops, mask, dm, &mut sc);
+                    backward_block(p, blk, &ops, (mask, stats), dm, &mut sc);
                 }
             }
         }
@@ -485,7 +510,7 @@ unsafe fn backward_block(
     p: &AttnPlan,
     (r0, r1, kn): (usize, usize, usize),
     o: &BlockOperands,
-    mask: Option<(&[f32], &MaskMap)>,
+    (mask, stats): (Option<(&[f32], &MaskMap)>, &[f32]),
     dm: Option<DropMask>,
     sc: &mut Scratch<'_>,
 ) {
@@ -493,7 +518,8 @@ unsafe fn backward_block(
     let first = p.offset + ((o.i * p.tq + r0) * tk) as u64;
     let pb = &mut sc.probs[..rows * tk];
     let mut scores = sc.scores.as_deref_mut().map(|u| &mut u[..rows * tk]);
-    block_probs(p, o.i, (r0, r1, kn), (o.q, o.k), mask, pb, scores.as_deref_mut());
+    let st = RowStats::Load(&stats[2 * (o.i * p.tq + r0)..2 * (o.i * p.tq + r1)]);
+    block_probs(p, o.i, (r0, r1, kn), (o.q, o.k), mask, pb, scores.as_deref_mut(), st);
     let db = &mut sc.dp[..rows * tk];
     let (gr, qr) = (o.dout.add(r0 * p.o[2]), o.q.add(r0 * p.q[2]));
     // dPd = dO·Vᵀ
@@ -525,9 +551,11 @@ impl CpuKernel for Attention {
         workspace_elems(self, (p[2], p[3]), cpu.threads, false)
     }
 
-    // The probabilities are recomputed by the backward, never stored.
-    fn stored_elems(&self, _g: &Graph, _node: &Node, slot: usize) -> Option<usize> {
-        (slot == 1).then_some(0)
+    // In the probabilities' place, each query row's softmax (max, 1/sum): (B, H, Tq, 2) f32,
+    // from which the backward rebuilds them.
+    fn stored_elems(&self, g: &Graph, node: &Node, slot: usize) -> Option<usize> {
+        let q = g.shape(node.inputs[slot::Q]);
+        (slot == 1).then(|| q[0] * q[1] * q[2] * 2)
     }
 
     fn resolve(&self, cx: &ResolveCx<'_>) -> Result<Aux, PlanError> {
@@ -546,7 +574,8 @@ impl CpuKernel for Attention {
         let m = i.get(s::MASK).map(|_| k.rd(s::MASK));
         let (q, kk, v) = (k.ptr(i[s::Q]), k.ptr(i[s::K]), k.ptr(i[s::V]));
         let out = k.ptr(k.node.outputs[0]);
-        attention::attention_forward(k.pool, a, out, q, kk, v, m, k.seed, k.ws());
+        let stats = std::slice::from_raw_parts_mut(k.ptr(k.node.outputs[1]), stats_len(a));
+        attention::attention_forward(k.pool, a, out, stats, q, kk, v, m, k.seed, k.ws());
         Ok(())
     }
 }
@@ -556,10 +585,10 @@ impl CpuKernel for AttentionBackward {
         four_d(g, node.inputs[backward_slot::Q])
     }
 
-    // (dout, q, k, v) and the mask: the probabilities are recomputed, and the forward's
-    // output is read by the GPU kernels only.
+    // (dout, q, k, v), the rows' statistics in the probabilities' place, and the mask; the
+    // forward's output is read by the GPU kernels only.
     fn reads(&self, slot: usize) -> bool {
-        slot < backward_slot::PROBS || slot == backward_slot::MASK
+        slot < backward_slot::OUT || slot == backward_slot::MASK
     }
 
     fn workspace(&self, cpu: &CpuSupport, g: &Graph, node: usize) -> usize {
@@ -584,9 +613,15 @@ impl CpuKernel for AttentionBackward {
         let grads = (k.ptr(o[0]), k.ptr(o[1]), k.ptr(o[2]));
         let (q, kk, v) = (k.ptr(i[s::Q]), k.ptr(i[s::K]), k.ptr(i[s::V]));
         let dout = k.ptr(i[s::DOUT]);
-        attention::attention_backward(k.pool, a, grads, dout, q, kk, v, m, k.seed, k.ws());
+        let stats = std::slice::from_raw_parts(k.ptr(i[s::PROBS]), stats_len(a));
+        attention::attention_backward(k.pool, a, grads, dout, q, kk, v, m, stats, k.seed, k.ws());
         Ok(())
     }
+}
+
+/// Elements of the rows' statistics: (B, H, Tq, 2).
+fn stats_len(a: &AttnPlan) -> usize {
+    a.b * a.h * a.tq * 2
 }
 
 fn four_d(g: &Graph, q: TensorId) -> Result<(), String> {
@@ -727,7 +762,7 @@ mod tests {
                 dvs: c,
                 mask: with_mask.then(|| MaskMap::new(&[b, 1, 1, t], &full)),
             };
-            let mut o1 = vec![f32::NAN; n];
+            let (mut o1, mut st) = (vec![f32::NAN; n], vec![f32::NAN; b * h * t * 2]);
             // NaN scratch: every element a kernel reads, it wrote first.
             let mut ws = vec![f32::NAN; plan.backward_workspace(2)];
             unsafe {
@@ -735,6 +770,7 @@ mod tests {
                     &pool,
                     &plan,
                     o1.as_mut_ptr(),
+                    &mut st,
                     q.as_ptr(),
                     k.as_ptr(),
                     v.as_ptr(),
@@ -769,6 +805,7 @@ mod tests {
                     k.as_ptr(),
                     v.as_ptr(),
                     with_mask.then_some(&mask[..]),
+                    &st,
                     77,
                     &mut ws,
                 );
@@ -776,6 +813,86 @@ mod tests {
             check(&dq1, &dq0, "dq");
             check(&dk1, &dk0, "dk");
             check(&dv1, &dv0, "dv");
+        }
+    }
+
+    /// The backward's probabilities, rebuilt from the forward's row statistics in one pass, are
+    /// the forward's bit for bit: every row block of (B=2, H=2, T=45, D=8), causal or not,
+    /// soft-capped or not, under a mask with a row of −∞ (a query that sees no key: zeros) and
+    /// HF's finite eager mask (f32::MIN on padded keys, one query row all padded).
+    #[test]
+    fn recomputed_probabilities_are_the_forwards_bits() {
+        let (b, h, t, d) = (2usize, 2usize, 45usize, 8usize);
+        let n = b * h * t * d;
+        let mut rng = Rng::new(5);
+        let (q, k) = (rng.vec_f32(n), rng.vec_f32(n));
+        // (B, 1, T, T): batch 0 blocks query row 3 entirely, batch 1 pads keys ≥ 40 and row 7.
+        let mut mask = vec![0f32; b * t * t];
+        mask[3 * t..4 * t].fill(f32::NEG_INFINITY);
+        for r in 0..t {
+            for c in 0..t {
+                if c >= 40 || r == 7 {
+                    mask[t * t + r * t + c] = f32::MIN;
+                }
+            }
+        }
+        let full = [b, h, t, t];
+        for (causal, softcap) in [(false, None), (true, None), (true, Some(0.8f32))] {
+            let c = contig(t, d, h);
+            let plan = AttnPlan {
+                b,
+                h,
+                hkv: h,
+                tq: t,
+                tk: t,
+                d,
+                dv: d,
+                scale: 0.5,
+                causal,
+                dropout_p: 0.0,
+                offset: 0,
+                softcap,
+                q: c,
+                k: c,
+                v: c,
+                o: c,
+                dq: c,
+                dk: c,
+                dvs: c,
+                mask: Some(MaskMap::new(&[b, 1, t, t], &full)),
+            };
+            let m = Some((&mask[..], plan.mask.as_ref().unwrap()));
+            let mut stats = vec![f32::NAN; b * h * t * 2];
+            let (mut fwd, mut again) = (vec![f32::NAN; t * t], vec![f32::NAN; t * t]);
+            let mut u = vec![f32::NAN; t * t];
+            for i in 0..b * h {
+                let (qi, ki) = (q[plan.at(&plan.q, i)..].as_ptr(), k[plan.at(&plan.k, i)..].as_ptr());
+                for blk @ (r0, r1, _) in blocks(&plan) {
+                    let (rows, st) = (r1 - r0, 2 * (i * t + r0)..2 * (i * t + r1));
+                    let (pf, pa) = (&mut fwd[..rows * t], &mut again[..rows * t]);
+                    let scores = softcap.map(|_| &mut u[..rows * t]);
+                    // SAFETY: q, k hold problem i's rows at the plan's strides.
+                    unsafe {
+                        let save = RowStats::Save(&mut stats[st.clone()]);
+                        block_probs(&plan, i, blk, (qi, ki), m, pf, None, save);
+                        let load = RowStats::Load(&stats[st]);
+                        block_probs(&plan, i, blk, (qi, ki), m, pa, scores, load);
+                    }
+                    for (j, (x, y)) in pf.iter().zip(&*pa).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "causal={causal} cap={softcap:?} problem {i} row {} key {}: {x} vs {y}",
+                            r0 + j / t,
+                            j % t
+                        );
+                    }
+                    if i == 0 && r0 <= 3 && 3 < r1 {
+                        let row = &pf[(3 - r0) * t..(4 - r0) * t];
+                        assert!(row.iter().all(|&x| x == 0.0), "a row that sees no key is 0");
+                    }
+                }
+            }
         }
     }
 
@@ -848,7 +965,7 @@ mod tests {
                 mask: None,
             };
             let (qr, kr, vr, gr) = (rows(&q, h), rows(&k, hkv), rows(&v, hkv), rows(&dout, h));
-            let mut o1 = vec![f32::NAN; nq];
+            let (mut o1, mut st) = (vec![f32::NAN; nq], vec![f32::NAN; b * h * t * 2]);
             let (mut dq1, mut dk1, mut dv1) =
                 (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
             let mut ws = vec![f32::NAN; plan.backward_workspace(3)];
@@ -857,6 +974,7 @@ mod tests {
                     &pool,
                     &plan,
                     o1.as_mut_ptr(),
+                    &mut st,
                     qr.as_ptr(),
                     kr.as_ptr(),
                     vr.as_ptr(),
@@ -873,6 +991,7 @@ mod tests {
                     kr.as_ptr(),
                     vr.as_ptr(),
                     None,
+                    &st,
                     5,
                     &mut ws,
                 );

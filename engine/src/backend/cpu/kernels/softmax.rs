@@ -61,16 +61,18 @@ impl MaskMap {
     }
 }
 
-/// y = softmax(y) over the first `valid` entries, 0 after them (causal tail).
+/// y = softmax(y) over the first `valid` entries, 0 after them (causal tail). Returns the row's
+/// max m and inv = 1/Σ exp(y − m): each entry is exp(y − m)·inv, bit for bit (−∞ and 0 for a
+/// row masked everywhere, whose entries are 0).
 #[inline(always)]
-pub fn softmax_row_in_place(y: &mut [f32], valid: usize) {
+pub fn softmax_row_in_place(y: &mut [f32], valid: usize) -> (f32, f32) {
     let (head, tail) = y.split_at_mut(valid);
     tail.fill(0.0);
     let m = simd::max(head);
     if m == f32::NEG_INFINITY {
         // Every entry masked: zeros, as torch's sdpa (`_safe_softmax`) and the reference.
         head.fill(0.0);
-        return;
+        return (m, 0.0);
     }
     let mut acc = [0f32; simd::LANES];
     let mut chunks = head.chunks_exact_mut(simd::LANES);
@@ -89,6 +91,22 @@ pub fn softmax_row_in_place(y: &mut [f32], valid: usize) {
     let inv = 1.0 / simd::sum(&acc);
     for v in head.iter_mut() {
         *v *= inv;
+    }
+    (m, inv)
+}
+
+/// The row of [`softmax_row_in_place`] again from the same input and its (m, inv): one pass,
+/// the same bits.
+#[inline(always)]
+pub fn softmax_row_again(y: &mut [f32], valid: usize, (m, inv): (f32, f32)) {
+    let (head, tail) = y.split_at_mut(valid);
+    tail.fill(0.0);
+    if m == f32::NEG_INFINITY {
+        head.fill(0.0);
+        return;
+    }
+    for v in head.iter_mut() {
+        *v = simd::exp(*v - m) * inv;
     }
 }
 
