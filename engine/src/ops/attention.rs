@@ -52,8 +52,8 @@ pub mod backward_slot {
     pub const Q: usize = 1;
     pub const K: usize = 2;
     pub const V: usize = 3;
-    /// The forward's second output: the probabilities in the reference, the rows' softmax
-    /// statistics on a GPU, nothing on the CPU (its kernels recompute the probabilities).
+    /// The forward's second output: the probabilities in the reference, each query row's
+    /// softmax statistics in the CPU and GPU kernels (which recompute the probabilities).
     pub const PROBS: usize = 4;
     /// The forward's output (read by the GPU kernels, with the mask).
     pub const OUT: usize = 5;
@@ -148,9 +148,9 @@ impl OpDef for Attention {
     }
 }
 
-/// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the GPU kernels read `out`, the mask
-/// and the rows' statistics in `probs`' place, the CPU kernels the mask (they recompute the
-/// probabilities), the reference the probabilities.
+/// (dout, q, k, v, probs, out[, mask]) → (dq, dk, dv); the CPU and GPU kernels read the rows'
+/// softmax statistics in `probs`' place and the mask (they recompute the probabilities; the GPU
+/// kernels read `out` too), the reference the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionBackward {
     pub scale: f32,
@@ -491,10 +491,10 @@ impl Graph {
     }
 
     /// (dout, q, k, v, probs, out[, mask]) → [dq, dk, dv], attributes copied from the forward
-    /// node. The reference reads the saved probabilities; the CPU kernels recompute them from
-    /// q, k and the mask; the GPU kernels save the rows' softmax statistics (max, log-sum) in
-    /// `probs`' place and recompute the probabilities, for which they need the forward's
-    /// output (FlashAttention-2's D = rowsum(dO ∘ O)) and its mask.
+    /// node. The reference reads the saved probabilities; the CPU and GPU kernels save each
+    /// query row's softmax statistics in `probs`' place (max and 1/sum on the CPU, max and
+    /// log-sum on a GPU) and recompute the probabilities from q, k and the mask; the GPU's
+    /// also need the forward's output (FlashAttention-2's D = rowsum(dO ∘ O)).
     #[allow(
         clippy::too_many_arguments,
         reason = "the attention node's inputs and attributes, as ops/attention.rs defines them"

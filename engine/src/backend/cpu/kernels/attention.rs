@@ -866,7 +866,8 @@ mod tests {
             let (mut fwd, mut again) = (vec![f32::NAN; t * t], vec![f32::NAN; t * t]);
             let mut u = vec![f32::NAN; t * t];
             for i in 0..b * h {
-                let (qi, ki) = (q[plan.at(&plan.q, i)..].as_ptr(), k[plan.at(&plan.k, i)..].as_ptr());
+                let (qi, ki) =
+                    (q[plan.at(&plan.q, i)..].as_ptr(), k[plan.at(&plan.k, i)..].as_ptr());
                 for blk @ (r0, r1, _) in blocks(&plan) {
                     let (rows, st) = (r1 - r0, 2 * (i * t + r0)..2 * (i * t + r1));
                     let (pf, pa) = (&mut fwd[..rows * t], &mut again[..rows * t]);
