@@ -693,8 +693,32 @@ mod tests {
     use crate::ops::testutil::Rng;
     use crate::ops::MaskView;
 
-    fn contig(t: usize, d: usize, h: usize) -> [usize; 3] {
-        [h * t * d, t * d, d]
+    /// Self-attention of (B, H, T, D) contiguous operands, multi-head, scale 1, no causal cut,
+    /// dropout, soft-cap or mask: the tests set what they vary.
+    fn contig_plan(b: usize, h: usize, t: usize, d: usize) -> AttnPlan {
+        let c = [h * t * d, t * d, d];
+        AttnPlan {
+            b,
+            h,
+            hkv: h,
+            tq: t,
+            tk: t,
+            d,
+            dv: d,
+            scale: 1.0,
+            causal: false,
+            dropout_p: 0.0,
+            offset: 0,
+            softcap: None,
+            q: c,
+            k: c,
+            v: c,
+            o: c,
+            dq: c,
+            dk: c,
+            dvs: c,
+            mask: None,
+        }
     }
 
     /// Against the reference on (B=2, H=3, T, D=16) with a padding mask, causal or not, with
@@ -739,28 +763,14 @@ mod tests {
                 &cfg,
                 with_mask.then_some(&mv),
             );
-            let c = contig(t, d, h);
             let plan = AttnPlan {
-                b,
-                h,
-                hkv: h,
-                tq: t,
-                tk: t,
-                d,
-                dv: d,
                 scale,
                 causal,
                 dropout_p: dp,
                 offset: 1000,
                 softcap,
-                q: c,
-                k: c,
-                v: c,
-                o: c,
-                dq: c,
-                dk: c,
-                dvs: c,
                 mask: with_mask.then(|| MaskMap::new(&[b, 1, 1, t], &full)),
+                ..contig_plan(b, h, t, d)
             };
             let (mut o1, mut st) = (vec![f32::NAN; n], vec![f32::NAN; b * h * t * 2]);
             // NaN scratch: every element a kernel reads, it wrote first.
@@ -838,28 +848,12 @@ mod tests {
         }
         let full = [b, h, t, t];
         for (causal, softcap) in [(false, None), (true, None), (true, Some(0.8f32))] {
-            let c = contig(t, d, h);
             let plan = AttnPlan {
-                b,
-                h,
-                hkv: h,
-                tq: t,
-                tk: t,
-                d,
-                dv: d,
                 scale: 0.5,
                 causal,
-                dropout_p: 0.0,
-                offset: 0,
                 softcap,
-                q: c,
-                k: c,
-                v: c,
-                o: c,
-                dq: c,
-                dk: c,
-                dvs: c,
                 mask: Some(MaskMap::new(&[b, 1, t, t], &full)),
+                ..contig_plan(b, h, t, d)
             };
             let m = Some((&mask[..], plan.mask.as_ref().unwrap()));
             let mut stats = vec![f32::NAN; b * h * t * 2];
