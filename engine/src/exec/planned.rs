@@ -86,10 +86,8 @@ impl KernelSupport for CpuSupport {
     }
 
     fn stored_elems(&self, g: &Graph, t: TensorId) -> Option<usize> {
-        g.nodes().iter().find_map(|n| {
-            let slot = n.outputs.iter().position(|&o| o == t)?;
-            CpuKernel::stored_elems(n.op.def(), g, n, slot)
-        })
+        let (n, slot) = g.output_slot(t)?;
+        CpuKernel::stored_elems(n.op.def(), g, n, slot)
     }
 }
 

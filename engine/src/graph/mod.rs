@@ -292,6 +292,12 @@ impl Graph {
         p
     }
 
+    /// The node that writes tensor `t` and `t`'s slot among its outputs (None for an input or
+    /// a parameter). A walk over the nodes: for a question asked once per tensor at build time.
+    pub fn output_slot(&self, t: TensorId) -> Option<(&Node, usize)> {
+        self.nodes.iter().find_map(|n| Some((n, n.outputs.iter().position(|&o| o == t)?)))
+    }
+
     /// Appends a node without checks; builder methods check shapes before calling it.
     pub(crate) fn push(
         &mut self,

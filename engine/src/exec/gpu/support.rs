@@ -244,10 +244,8 @@ impl KernelSupport for GpuSupport {
     }
 
     fn stored_elems(&self, g: &Graph, t: crate::graph::TensorId) -> Option<usize> {
-        g.nodes().iter().find_map(|n| {
-            let slot = n.outputs.iter().position(|&o| o == t)?;
-            GpuKernel::stored_elems(n.op.def(), g, n, slot)
-        })
+        let (n, slot) = g.output_slot(t)?;
+        GpuKernel::stored_elems(n.op.def(), g, n, slot)
     }
 
     fn workspace(&self, g: &Graph, node: usize) -> usize {

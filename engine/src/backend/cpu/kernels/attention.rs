@@ -113,12 +113,7 @@ fn scratch_blocks(a: &Attention, backward: bool) -> usize {
 
 /// f32 elements of scratch a kernel of attention `a` with Tq × Tk scores needs on `threads`
 /// threads: [`scratch_blocks`] blocks of [`block_rows`] × Tk each.
-pub fn workspace_elems(
-    a: &Attention,
-    (tq, tk): (usize, usize),
-    threads: usize,
-    bwd: bool,
-) -> usize {
+fn workspace_elems(a: &Attention, (tq, tk): (usize, usize), threads: usize, bwd: bool) -> usize {
     scratch_blocks(a, bwd) * threads * block_rows(a.causal, tq) * tk
 }
 
