@@ -1,0 +1,413 @@
+//! bf16 GEMM on AVX-512 BF16: `C = alpha·op(A)·op(B) + beta·C` where A and B hold bf16 values
+//! in f32 slots (the CPU engine's storage of bf16 tensors) and C is f32.
+//!
+//! Why: a bf16 graph's matmuls multiply bf16 values, and the f32 GEMM spends a full f32 FMA on
+//! each product. `vdpbf16ps` (Cooper Lake, Sapphire Rapids and later, AMD Zen 4 and later) does
+//! two bf16 products per f32 lane and adds them to an f32 accumulator: twice the f32 FMA's work
+//! per instruction. The products of two bf16 values are exact in f32, so the result is the f32
+//! GEMM's on the same values up to the order of the f32 additions (pairs of k summed first) —
+//! what autocast's bf16 GEMMs (oneDNN, cuBLAS) compute too. One difference from the
+//! instruction's f32 sibling: `vdpbf16ps` flushes subnormal inputs and outputs to zero (below
+//! 1.2e-38, where bf16 and f32 share their exponent range).
+//!
+//! Shape of the algorithm: BLIS/GotoBLAS's five loops, as llm.c and the `gemm` crate lay them
+//! out. Blocks of B (KC × NC) and A (MC × KC) are packed as bf16 *pair words* — a u32 holding
+//! bf16(x[2p]) in its low and bf16(x[2p + 1]) in its high half, the operand `vdpbf16ps` takes —
+//! rounded to nearest even (values already bf16 pass unchanged). B's panel is NR = 32 columns (two
+//! zmm), A's MR = 12 rows (one broadcast pair word each), so a 12 × 32 tile of C lives in 24 zmm
+//! accumulators across the block's k. An odd k pads its last pair with a zero.
+//!
+//! Packing buffers are per thread, sized once at first use (no allocation after the first call
+//! on a thread: the planned executor's no-allocation claim).
+//!
+//! Reference: Intel SDM, VDPBF16PS; Goto & van de Geijn, "Anatomy of high-performance matrix
+//! multiplication" (2008); tested against `gemm::sgemm_reference` on bf16-rounded inputs.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// Rows of the register tile (one broadcast pair word each).
+const MR: usize = 12;
+/// Columns of the register tile: two zmm of 16 f32.
+const NR: usize = 32;
+/// k per packed block (even, so only a matrix's last block has an odd k).
+const KC: usize = 256;
+/// Rows per packed A block (a multiple of MR).
+const MC: usize = 144;
+/// Columns per packed B block (a multiple of NR).
+const NC: usize = 1024;
+
+/// Whether this CPU runs the kernel (AVX-512 F/BW and BF16), checked once.
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// One thread's packed blocks: A (MC × KC/2 words), B (NC × KC/2) and a row of pair words.
+struct Packs {
+    a: Vec<u32>,
+    b: Vec<u32>,
+    row: Vec<u32>,
+}
+
+thread_local! {
+    static PACKS: RefCell<Packs> = RefCell::new(Packs {
+        a: vec![0; MC * KC / 2],
+        b: vec![0; NC * KC / 2],
+        row: vec![0; KC / 2 + 16],
+    });
+}
+
+/// Single-threaded `C = alpha·op(A)·op(B) + beta·C`, row-major, as `blas::sgemm_st` (`ta`: A
+/// stored (K, M); `tb`: B stored (N, K); `beta = 0` does not read C). A and B are read as bf16
+/// (rounded to nearest even).
+///
+/// # Safety
+/// As `blas::sgemm_st`; [`available`] is true; `m, n, k > 0`.
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
+pub unsafe fn gemm_st(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    debug_assert!(available() && m > 0 && n > 0 && k > 0);
+    #[cfg(target_arch = "x86_64")]
+    PACKS.with_borrow_mut(|p| {
+        let a_op = Operand { ptr: a, ld: lda, trans: ta };
+        let b_op = Operand { ptr: b, ld: ldb, trans: tb };
+        for j0 in (0..n).step_by(NC) {
+            let nc = NC.min(n - j0);
+            for p0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - p0);
+                let kc2 = kc.div_ceil(2);
+                pack_b(&b_op, p0, kc, j0, nc, &mut p.b, &mut p.row);
+                // The first k block scales C by beta; the later ones add to it.
+                let beta = if p0 == 0 { beta } else { 1.0 };
+                for i0 in (0..m).step_by(MC) {
+                    let mc = MC.min(m - i0);
+                    pack_a(&a_op, i0, mc, p0, kc, &mut p.a, &mut p.row);
+                    for q in 0..nc.div_ceil(NR) {
+                        let bp = p.b.as_ptr().add(q * kc2 * NR);
+                        let cols = NR.min(nc - q * NR);
+                        for r in 0..mc.div_ceil(MR) {
+                            let rows = MR.min(mc - r * MR);
+                            let cp = c.add((i0 + r * MR) * ldc + j0 + q * NR);
+                            let ap = p.a.as_ptr().add(r * kc2 * MR);
+                            tile(kc2, ap, bp, cp, ldc, rows, cols, alpha, beta);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A matrix operand as stored: `op(X)[i, p]` is `ptr[i·ld + p]`, or `ptr[p·ld + i]` when
+/// `trans`.
+#[derive(Clone, Copy)]
+struct Operand {
+    ptr: *const f32,
+    ld: usize,
+    trans: bool,
+}
+
+/// Packs B's rows p0..p0 + kc and columns j0..j0 + nc as NR-column panels: word
+/// `(q·kc2 + kp)·NR + c` pairs op(B)[p0 + 2kp, j] and op(B)[p0 + 2kp + 1, j], j = j0 + q·NR + c;
+/// columns past nc are zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32], row: &mut [u32]) {
+    let kc2 = kc.div_ceil(2);
+    let panels = nc.div_ceil(NR);
+    let out = out.as_mut_ptr();
+    if !b.trans {
+        // B (K, N): rows 2kp and 2kp + 1 give a panel's 32 words side by side.
+        for kp in 0..kc2 {
+            let r0 = b.ptr.add((p0 + 2 * kp) * b.ld + j0);
+            let r1 = (2 * kp + 1 < kc).then(|| r0.add(b.ld));
+            for q in 0..panels {
+                let w = NR.min(nc - q * NR);
+                let dst = out.add((q * kc2 + kp) * NR);
+                pair_rows(r0.add(q * NR), r1.map(|r| r.add(q * NR)), w, dst);
+                pair_rows(r0.add(q * NR + 16), r1.map(|r| r.add(q * NR + 16)), w.saturating_sub(16), dst.add(16));
+            }
+        }
+    } else {
+        // B stored (N, K): column j of op(B) is a contiguous row; its words go NR apart.
+        if nc % NR != 0 {
+            let q = panels - 1;
+            for kp in 0..kc2 {
+                let dst = out.add((q * kc2 + kp) * NR);
+                std::slice::from_raw_parts_mut(dst, NR).fill(0);
+            }
+        }
+        for j in 0..nc {
+            pair_contiguous(b.ptr.add((j0 + j) * b.ld + p0), kc, row.as_mut_ptr());
+            let (q, c) = (j / NR, j % NR);
+            let dst = out.add(q * kc2 * NR + c);
+            for (kp, &w) in row[..kc2].iter().enumerate() {
+                *dst.add(kp * NR) = w;
+            }
+        }
+    }
+}
+
+/// Packs A's rows i0..i0 + mc and k p0..p0 + kc as MR-row panels: word `(r·kc2 + kp)·MR + i`
+/// pairs op(A)[i0 + r·MR + i, p0 + 2kp] and its k + 1 neighbour; rows past mc are zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_a(a: &Operand, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [u32], row: &mut [u32]) {
+    let kc2 = kc.div_ceil(2);
+    let panels = mc.div_ceil(MR);
+    let out = out.as_mut_ptr();
+    if mc % MR != 0 {
+        let r = panels - 1;
+        std::slice::from_raw_parts_mut(out.add(r * kc2 * MR), kc2 * MR).fill(0);
+    }
+    if !a.trans {
+        // A (M, K): row i is contiguous in k; its words go MR apart.
+        for i in 0..mc {
+            pair_contiguous(a.ptr.add((i0 + i) * a.ld + p0), kc, row.as_mut_ptr());
+            let (r, ii) = (i / MR, i % MR);
+            let dst = out.add(r * kc2 * MR + ii);
+            for (kp, &w) in row[..kc2].iter().enumerate() {
+                *dst.add(kp * MR) = w;
+            }
+        }
+    } else {
+        // A stored (K, M): rows 2kp and 2kp + 1 give all mc words of a k pair side by side.
+        let tmp = row.as_mut_ptr();
+        for kp in 0..kc2 {
+            let r0 = a.ptr.add((p0 + 2 * kp) * a.ld + i0);
+            let r1 = (2 * kp + 1 < kc).then(|| r0.add(a.ld));
+            for r in 0..panels {
+                let w = MR.min(mc - r * MR);
+                pair_rows(r0.add(r * MR), r1.map(|x| x.add(r * MR)), w, tmp);
+                std::ptr::copy_nonoverlapping(tmp, out.add((r * kc2 + kp) * MR), w);
+            }
+        }
+    }
+}
+
+/// dst[0..16] = pair words of (r0[j], r1[j]) for j < w (w ≤ 16; r1 None reads zeros), zero for
+/// j ≥ w.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut u32) {
+    let mask: __mmask16 = if w >= 16 { 0xffff } else { (1u16 << w) - 1 };
+    let lo = _mm512_maskz_loadu_ps(mask, r0);
+    let hi = match r1 {
+        Some(r) => _mm512_maskz_loadu_ps(mask, r),
+        None => _mm512_setzero_ps(),
+    };
+    let lo = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(lo)));
+    let hi = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(hi)));
+    _mm512_storeu_si512(dst.cast(), _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)));
+}
+
+/// dst[0..ceil(kc/2)] = pair words of x[0..kc] (an odd kc's last word pairs with zero): the bf16
+/// values in order, which little-endian u32s read as pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn pair_contiguous(x: *const f32, kc: usize, dst: *mut u32) {
+    let mut p = 0;
+    while p < kc {
+        let left = kc - p;
+        let m0: __mmask16 = if left >= 16 { 0xffff } else { (1u16 << left) - 1 };
+        let m1: __mmask16 = if left >= 32 { 0xffff } else if left > 16 { (1u16 << (left - 16)) - 1 } else { 0 };
+        let lo = _mm512_maskz_loadu_ps(m0, x.add(p));
+        let hi = _mm512_maskz_loadu_ps(m1, x.add(p + 16));
+        // Lanes 0..16 of the result from `lo`, 16..32 from `hi`.
+        let v = _mm512_cvtne2ps_pbh(hi, lo);
+        let words = left.min(32).div_ceil(2);
+        let wm: __mmask16 = if words >= 16 { 0xffff } else { (1u16 << words) - 1 };
+        _mm512_mask_storeu_epi32(dst.add(p / 2).cast(), wm, std::mem::transmute::<__m512bh, __m512i>(v));
+        p += 32;
+    }
+}
+
+/// The register tile: C[0..rows, 0..cols] = alpha·Σ_kp a·b + beta·C over kc2 pair words (`beta =
+/// 0` does not read C). `ap`: MR words per kp; `bp`: NR words per kp.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments, reason = "a tile's operands, extent and scaling")]
+unsafe fn tile(
+    kc2: usize,
+    ap: *const u32,
+    bp: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    alpha: f32,
+    beta: f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for kp in 0..kc2 {
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(kp * NR).cast()));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(kp * NR + 16).cast()));
+        let a = ap.add(kp * MR);
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
+            acc[0] = _mm512_dpbf16_ps(acc[0], ai, b0);
+            acc[1] = _mm512_dpbf16_ps(acc[1], ai, b1);
+        }
+    }
+    let m0: __mmask16 = if cols >= 16 { 0xffff } else { (1u16 << cols) - 1 };
+    let m1: __mmask16 = if cols >= 32 { 0xffff } else if cols > 16 { (1u16 << (cols - 16)) - 1 } else { 0 };
+    let (va, vb) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        let row = c.add(i * ldc);
+        for (h, mask) in [(0usize, m0), (1, m1)] {
+            let mut v = _mm512_mul_ps(va, acc[h]);
+            if beta != 0.0 {
+                v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, row.add(16 * h)), v);
+            }
+            _mm512_mask_storeu_ps(row.add(16 * h), mask, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::gemm::{sgemm_reference, Transpose};
+
+    fn bf16_round(x: f32) -> f32 {
+        half::bf16::from_f32(x).to_f32()
+    }
+
+    /// Random values in (-1, 1), not bf16-exact (the kernel rounds them).
+    fn fill(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 200_001) as f32 / 100_000.0 - 1.0 + 1e-6
+            })
+            .collect()
+    }
+
+    /// Every flag pair, shapes off the tile and block sizes (m not a multiple of MR or MC, n of NR
+    /// or NC, odd k across KC blocks), beta 0 and not, against the f64 reference on the
+    /// bf16-rounded inputs: |Δ| ≤ 4·(k + 2)·ε (f32 additions, terms ≤ 1).
+    #[test]
+    fn bf16_gemm_matches_the_reference_on_rounded_inputs() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return;
+        }
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 3), (150, 40, 517), (7, 1030, 64), (300, 70, 255)] {
+            for ta in [false, true] {
+                for tb in [false, true] {
+                    let (lda, ldb, ldc) =
+                        (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
+                    let a = fill(if ta { k } else { m } * lda, 1);
+                    let b = fill(if tb { n } else { k } * ldb, 2);
+                    for beta in [0.0f32, 0.5] {
+                        let c0 = fill(m * ldc, 3);
+                        let mut want = c0.clone();
+                        let ar: Vec<f32> = a.iter().map(|&x| bf16_round(x)).collect();
+                        let br: Vec<f32> = b.iter().map(|&x| bf16_round(x)).collect();
+                        let t = |x: bool| if x { Transpose::Yes } else { Transpose::No };
+                        sgemm_reference(
+                            t(ta), t(tb), m, n, k, 0.7, &ar, lda, &br, ldb, beta, &mut want, ldc,
+                        )
+                        .unwrap();
+                        // C's padding columns keep their values; with beta 0 C is not read.
+                        let mut got = c0.clone();
+                        if beta == 0.0 {
+                            for i in 0..m {
+                                got[i * ldc..i * ldc + n].fill(f32::NAN);
+                            }
+                        }
+                        unsafe {
+                            gemm_st(
+                                ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, beta,
+                                got.as_mut_ptr(), ldc,
+                            )
+                        };
+                        let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
+                        for i in 0..m * ldc {
+                            assert!(
+                                (got[i] - want[i]).abs() <= tol,
+                                "{m}x{n}x{k} ta={ta} tb={tb} beta={beta} @{i}: {} vs {}",
+                                got[i],
+                                want[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// Development probe (not a target): single-thread GFLOP/s of this kernel and the f32 GEMM
+    /// on GPT-2 shapes. `cargo test --release -p ortbench-engine --lib bf16_gemm::speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn probe() {
+        if !available() {
+            return;
+        }
+        for &(ta, tb, m, n, k) in &[
+            (false, false, 512, 2304, 768),
+            (false, true, 512, 768, 3072),
+            (true, false, 768, 3072, 512),
+            (false, false, 512, 768, 768),
+        ] {
+            let a = vec![0.37f32; m * k];
+            let b = vec![-0.61f32; k * n];
+            let mut c = vec![0f32; m * n];
+            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+            let flop = 2.0 * (m * n * k) as f64;
+            for which in ["f32", "bf16", "f32", "bf16"] {
+                let t = std::time::Instant::now();
+                let reps = 10;
+                for _ in 0..reps {
+                    unsafe {
+                        if which == "bf16" {
+                            gemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                        } else {
+                            crate::backend::cpu::blas::sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                        }
+                    }
+                }
+                let s = t.elapsed().as_secs_f64() / reps as f64;
+                eprintln!("{m}x{n}x{k} ta={ta} tb={tb} {which}: {:.1} GFLOP/s", flop / s / 1e9);
+            }
+        }
+    }
+}
