@@ -456,6 +456,7 @@ fn lm_head(c: &mut Criterion) {
         softcap: None,
         chunk,
         skip_ignored: true,
+        kind: ortbench_engine::backend::cpu::blas::GemmKind::F32,
     };
     let mut g = c.benchmark_group(format!(
         "lm_head loss and gradients ({r}x{C} x vocab {v}, chunk {chunk} rows)"

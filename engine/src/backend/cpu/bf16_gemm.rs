@@ -139,7 +139,15 @@ struct Operand {
 /// columns past nc are zero.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32], row: &mut [u32]) {
+unsafe fn pack_b(
+    b: &Operand,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nc: usize,
+    out: &mut [u32],
+    row: &mut [u32],
+) {
     let kc2 = kc.div_ceil(2);
     let panels = nc.div_ceil(NR);
     let out = out.as_mut_ptr();
@@ -152,7 +160,12 @@ unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &
                 let w = NR.min(nc - q * NR);
                 let dst = out.add((q * kc2 + kp) * NR);
                 pair_rows(r0.add(q * NR), r1.map(|r| r.add(q * NR)), w, dst);
-                pair_rows(r0.add(q * NR + 16), r1.map(|r| r.add(q * NR + 16)), w.saturating_sub(16), dst.add(16));
+                pair_rows(
+                    r0.add(q * NR + 16),
+                    r1.map(|r| r.add(q * NR + 16)),
+                    w.saturating_sub(16),
+                    dst.add(16),
+                );
             }
         }
     } else {
@@ -179,7 +192,15 @@ unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &
 /// pairs op(A)[i0 + r·MR + i, p0 + 2kp] and its k + 1 neighbour; rows past mc are zero.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_a(a: &Operand, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [u32], row: &mut [u32]) {
+unsafe fn pack_a(
+    a: &Operand,
+    i0: usize,
+    mc: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [u32],
+    row: &mut [u32],
+) {
     let kc2 = kc.div_ceil(2);
     let panels = mc.div_ceil(MR);
     let out = out.as_mut_ptr();
@@ -224,8 +245,10 @@ unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut 
         Some(r) => _mm512_maskz_loadu_ps(mask, r),
         None => _mm512_setzero_ps(),
     };
-    let lo = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(lo)));
-    let hi = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(hi)));
+    let lo =
+        _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(lo)));
+    let hi =
+        _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(hi)));
     _mm512_storeu_si512(dst.cast(), _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)));
 }
 
@@ -239,14 +262,24 @@ unsafe fn pair_contiguous(x: *const f32, kc: usize, dst: *mut u32) {
     while p < kc {
         let left = kc - p;
         let m0: __mmask16 = if left >= 16 { 0xffff } else { (1u16 << left) - 1 };
-        let m1: __mmask16 = if left >= 32 { 0xffff } else if left > 16 { (1u16 << (left - 16)) - 1 } else { 0 };
+        let m1: __mmask16 = if left >= 32 {
+            0xffff
+        } else if left > 16 {
+            (1u16 << (left - 16)) - 1
+        } else {
+            0
+        };
         let lo = _mm512_maskz_loadu_ps(m0, x.add(p));
         let hi = _mm512_maskz_loadu_ps(m1, x.add(p + 16));
         // Lanes 0..16 of the result from `lo`, 16..32 from `hi`.
         let v = _mm512_cvtne2ps_pbh(hi, lo);
         let words = left.min(32).div_ceil(2);
         let wm: __mmask16 = if words >= 16 { 0xffff } else { (1u16 << words) - 1 };
-        _mm512_mask_storeu_epi32(dst.add(p / 2).cast(), wm, std::mem::transmute::<__m512bh, __m512i>(v));
+        _mm512_mask_storeu_epi32(
+            dst.add(p / 2).cast(),
+            wm,
+            std::mem::transmute::<__m512bh, __m512i>(v),
+        );
         p += 32;
     }
 }
@@ -279,7 +312,13 @@ unsafe fn tile(
         }
     }
     let m0: __mmask16 = if cols >= 16 { 0xffff } else { (1u16 << cols) - 1 };
-    let m1: __mmask16 = if cols >= 32 { 0xffff } else if cols > 16 { (1u16 << (cols - 16)) - 1 } else { 0 };
+    let m1: __mmask16 = if cols >= 32 {
+        0xffff
+    } else if cols > 16 {
+        (1u16 << (cols - 16)) - 1
+    } else {
+        0
+    };
     let (va, vb) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
     for (i, acc) in acc.iter().enumerate().take(rows) {
         let row = c.add(i * ldc);
@@ -338,7 +377,19 @@ mod tests {
                         let br: Vec<f32> = b.iter().map(|&x| bf16_round(x)).collect();
                         let t = |x: bool| if x { Transpose::Yes } else { Transpose::No };
                         sgemm_reference(
-                            t(ta), t(tb), m, n, k, 0.7, &ar, lda, &br, ldb, beta, &mut want, ldc,
+                            t(ta),
+                            t(tb),
+                            m,
+                            n,
+                            k,
+                            0.7,
+                            &ar,
+                            lda,
+                            &br,
+                            ldb,
+                            beta,
+                            &mut want,
+                            ldc,
                         )
                         .unwrap();
                         // C's padding columns keep their values; with beta 0 C is not read.
@@ -350,8 +401,19 @@ mod tests {
                         }
                         unsafe {
                             gemm_st(
-                                ta, tb, m, n, k, 0.7, a.as_ptr(), lda, b.as_ptr(), ldb, beta,
-                                got.as_mut_ptr(), ldc,
+                                ta,
+                                tb,
+                                m,
+                                n,
+                                k,
+                                0.7,
+                                a.as_ptr(),
+                                lda,
+                                b.as_ptr(),
+                                ldb,
+                                beta,
+                                got.as_mut_ptr(),
+                                ldc,
                             )
                         };
                         let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
@@ -399,9 +461,37 @@ mod speed {
                 for _ in 0..reps {
                     unsafe {
                         if which == "bf16" {
-                            gemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                            gemm_st(
+                                ta,
+                                tb,
+                                m,
+                                n,
+                                k,
+                                1.0,
+                                a.as_ptr(),
+                                lda,
+                                b.as_ptr(),
+                                ldb,
+                                0.0,
+                                c.as_mut_ptr(),
+                                n,
+                            )
                         } else {
-                            crate::backend::cpu::blas::sgemm_st(ta, tb, m, n, k, 1.0, a.as_ptr(), lda, b.as_ptr(), ldb, 0.0, c.as_mut_ptr(), n)
+                            crate::backend::cpu::blas::sgemm_st(
+                                ta,
+                                tb,
+                                m,
+                                n,
+                                k,
+                                1.0,
+                                a.as_ptr(),
+                                lda,
+                                b.as_ptr(),
+                                ldb,
+                                0.0,
+                                c.as_mut_ptr(),
+                                n,
+                            )
                         }
                     }
                 }

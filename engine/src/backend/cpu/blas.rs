@@ -63,6 +63,79 @@ pub fn check() -> Result<(), GemmError> {
     st().map(|_| ())
 }
 
+/// What a GEMM's operands A and B hold: f32 values, or bf16 values in f32 slots (a bf16 graph's
+/// tensors, whose producers rounded them), which [`super::bf16_gemm`] multiplies two products
+/// per f32 lane where the CPU has AVX-512 BF16. C is f32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GemmKind {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl GemmKind {
+    /// `Bf16` when both operands are bf16 tensors and [`bf16_gemm_enabled`]; `F32` otherwise.
+    pub fn of(a: crate::graph::ElemType, b: crate::graph::ElemType) -> GemmKind {
+        use crate::{graph::ElemType, DType};
+        let bf16 = |e| e == ElemType::Float(DType::BF16);
+        if bf16(a) && bf16(b) && bf16_gemm_enabled() {
+            GemmKind::Bf16
+        } else {
+            GemmKind::F32
+        }
+    }
+}
+
+/// Whether bf16 operands run on the bf16 kernel: the CPU has AVX-512 BF16 and
+/// `ORTBENCH_CPU_BF16_GEMM` is not `0` (which keeps the f32 GEMM, for comparisons). Where it
+/// is false, bf16 values are multiplied by the f32 GEMM: the same products, each on an f32 FMA.
+pub fn bf16_gemm_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        super::bf16_gemm::available()
+            && std::env::var("ORTBENCH_CPU_BF16_GEMM").map_or(true, |v| v != "0")
+    })
+}
+
+/// What multiplies a bf16 graph's matmuls on this machine, in words (for run records).
+pub fn bf16_gemm_description() -> String {
+    if bf16_gemm_enabled() {
+        "AVX-512 BF16 kernel (vdpbf16ps, f32 accumulation)".into()
+    } else if super::bf16_gemm::available() {
+        "f32 GEMM on bf16 values (ORTBENCH_CPU_BF16_GEMM=0)".into()
+    } else {
+        "f32 GEMM on bf16 values (this CPU has no AVX-512 BF16)".into()
+    }
+}
+
+/// [`sgemm_st`], or the bf16 kernel for `GemmKind::Bf16`.
+///
+/// # Safety
+/// As [`sgemm_st`].
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
+pub unsafe fn gemm_st(
+    kind: GemmKind,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 {
+        super::bf16_gemm::gemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    } else {
+        sgemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    }
+}
+
 /// Pool workers run MKL on one thread each (a thread-local MKL setting).
 pub(crate) fn init_worker_thread() {
     if let Ok(St::Mkl { set_local, .. }) = st() {
@@ -210,12 +283,37 @@ pub unsafe fn sgemm_par(
     c: *mut f32,
     ldc: usize,
 ) {
+    gemm_par(pool, GemmKind::F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+/// [`gemm_st`] split over the pool, as [`sgemm_par`].
+///
+/// # Safety
+/// As [`sgemm_st`].
+#[allow(clippy::too_many_arguments, reason = "BLAS-shaped on purpose: it mirrors cblas_sgemm")]
+pub unsafe fn gemm_par(
+    pool: &Pool,
+    kind: GemmKind,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     let t = pool.threads();
     let flops = 2 * m * n * k;
     if t <= 1 || flops < (1 << 20) {
-        return sgemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return gemm_st(kind, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
-    if library_threads() {
+    if library_threads() && kind == GemmKind::F32 {
         if let Ok(St::Mkl { sgemm, set_local, .. }) = st() {
             // MKL's own threads (its global count), from the calling thread.
             let i = |x: usize| c_int::try_from(x).expect("GEMM dimension beyond MKL's 32-bit ints");
@@ -249,7 +347,8 @@ pub unsafe fn sgemm_par(
             if r0 < r1 {
                 let a_i = if ta { ap.ptr().add(r0) } else { ap.ptr().add(r0 * lda) };
                 // SAFETY: row block [r0, r1) of C is this task's alone.
-                sgemm_st(
+                gemm_st(
+                    kind,
                     ta,
                     tb,
                     r1 - r0,
@@ -273,7 +372,8 @@ pub unsafe fn sgemm_par(
             if c0 < c1 {
                 let b_i = if tb { bp.ptr().add(c0 * ldb) } else { bp.ptr().add(c0) };
                 // SAFETY: column block [c0, c1) of C is this task's alone.
-                sgemm_st(
+                gemm_st(
+                    kind,
                     ta,
                     tb,
                     m,

@@ -743,7 +743,18 @@ impl Resolver<'_> {
         (a, b, c): (u64, u64, u64),
         accumulate: bool,
     ) -> Call {
-        let plan = MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs: vec![(0, 0, 0)] };
+        let plan = MatMulPlan {
+            m,
+            n,
+            k,
+            ta,
+            tb,
+            lda,
+            ldb,
+            ldc,
+            offs: vec![(0, 0, 0)],
+            kind: Default::default(),
+        };
         // One matrix is evenly strided, and (ab, ab) into f32 is a supported mix.
         let no = |why: &str| -> PlanError { unreachable!("a dense {ab:?} GEMM into f32{why}") };
         match self.gemm_at(&plan, (ab, ab, DType::F32), (a, b, c), &no) {

@@ -23,7 +23,7 @@
 use super::cross_entropy::{check_labels, lse};
 use super::linear_cross_entropy as lce;
 use super::simd::{self, multiversion};
-use crate::backend::cpu::blas::sgemm_par;
+use crate::backend::cpu::blas::{gemm_par, GemmKind};
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
 use crate::exec::planned::CpuSupport;
@@ -76,6 +76,10 @@ pub struct Lce<'a> {
     /// `plan::rows`); when not, they are computed and their loss and gradient zeroed — the
     /// same results, the unskipped work (`ORTBENCH_ROW_SKIP=0`).
     pub skip_ignored: bool,
+    /// `Bf16` when x and w are bf16: the logits GEMM runs on the bf16 kernel, and the two
+    /// gradient GEMMs read the logits' gradient rounded to bf16, as autocast's bf16 head
+    /// backward does (HF's `logits.float()` hands a bf16 gradient to the bf16 matmul).
+    pub kind: GemmKind,
 }
 
 /// Where the gradients go.
@@ -201,8 +205,9 @@ pub fn linear_cross_entropy(
         // logits (n, V) = xs (n, C) · wᵀ
         // SAFETY: xs (n, C), w (V, C) and logits (n, V) are valid and disjoint.
         unsafe {
-            sgemm_par(
+            gemm_par(
                 pool,
+                p.kind,
                 false,
                 true,
                 n,
@@ -240,8 +245,9 @@ pub fn linear_cross_entropy(
         // dw (V, C) += gᵀ (V, n) · xs (n, C).
         // SAFETY: all operands valid at these sizes; outputs disjoint from inputs.
         unsafe {
-            sgemm_par(
+            gemm_par(
                 pool,
+                p.kind,
                 false,
                 false,
                 n,
@@ -256,8 +262,9 @@ pub fn linear_cross_entropy(
                 dxs.as_mut_ptr(),
                 c,
             );
-            sgemm_par(
+            gemm_par(
                 pool,
+                p.kind,
                 true,
                 false,
                 v,
@@ -311,6 +318,10 @@ impl CpuKernel for LinearCrossEntropy {
             softcap: *softcap,
             chunk: lce::chunk_rows(v, k.pool.threads()),
             skip_ignored: k.x.row_skip,
+            kind: GemmKind::of(
+                k.g.tensor(k.node.inputs[at]).elem,
+                k.g.tensor(k.node.inputs[at + 1]).elem,
+            ),
         };
         let grads = (at == 1).then(|| lce::LceGrads {
             dloss: k.rd(0)[0],
@@ -418,6 +429,7 @@ mod tests {
                     softcap,
                     chunk,
                     skip_ignored,
+                    kind: GemmKind::F32,
                 };
                 let mut ws = vec![f32::NAN; workspace(r, c, v, chunk)];
                 let (mut dx, mut dw, mut db) =
@@ -465,6 +477,7 @@ mod tests {
             softcap: None,
             chunk: 8,
             skip_ignored: true,
+            kind: GemmKind::F32,
         };
         let mut ws = vec![0.0; workspace(2, 3, 4, 8)];
         let e = linear_cross_entropy(&pool, &p, &mut ws, None).unwrap_err();

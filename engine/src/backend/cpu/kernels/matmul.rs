@@ -9,7 +9,7 @@
 //! References: `ops::matmul` (tested against), cuBLAS/BLAS `gemm` semantics, llm.c
 //! `matmul_forward`.
 
-use super::super::blas::{sgemm_par, sgemm_st};
+use super::super::blas::{gemm_par, gemm_st, GemmKind};
 use super::elementwise as ew;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::ResolveCx;
@@ -99,6 +99,8 @@ pub struct MatMulPlan {
     pub ldc: usize,
     /// Element offsets of each matrix of A, B, C from the operands' starts.
     pub offs: Vec<(usize, usize, usize)>,
+    /// f32 operands, or bf16 values on the bf16 kernel (set from the operands' dtypes).
+    pub kind: GemmKind,
 }
 
 /// A matrix (rows, cols) with strides (sr, sc): Some((stored transposed, ld)).
@@ -184,6 +186,7 @@ impl MatMulPlan {
                     ldb,
                     ldc,
                     offs: vec![(0, 0, 0)],
+                    kind: GemmKind::F32,
                 });
             }
         }
@@ -192,7 +195,7 @@ impl MatMulPlan {
             if b_shared { vec![0; batch] } else { batch_offsets(&b.0[..rb - 2], &b.1[..rb - 2]) };
         let co = batch_offsets(&c.0[..rc - 2], &c.1[..rc - 2]);
         let offs = (0..batch).map(|i| (ao[i], bo[i], co[i])).collect();
-        Some(MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs })
+        Some(MatMulPlan { m, n, k, ta, tb, lda, ldb, ldc, offs, kind: GemmKind::F32 })
     }
 
     fn small(&self) -> bool {
@@ -214,14 +217,14 @@ impl MatMulPlan {
             if self.small() {
                 naive(self, a, b, c);
             } else if par {
-                sgemm_par(
-                    pool, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb,
-                    0.0, c, self.ldc,
+                gemm_par(
+                    pool, self.kind, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b,
+                    self.ldb, 0.0, c, self.ldc,
                 );
             } else {
-                sgemm_st(
-                    self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b, self.ldb, 0.0,
-                    c, self.ldc,
+                gemm_st(
+                    self.kind, self.ta, self.tb, self.m, self.n, self.k, 1.0, a, self.lda, b,
+                    self.ldb, 0.0, c, self.ldc,
                 );
             }
         };
@@ -297,8 +300,9 @@ impl MatMulPlan {
                 let (wa, wc) = (w, w.add(ROW_CHUNK * k));
                 for chunk in sel.chunks(ROW_CHUNK) {
                     gather(pool, wa, a, self.lda, chunk, 0, k);
-                    sgemm_par(
+                    gemm_par(
                         pool,
+                        self.kind,
                         false,
                         self.tb,
                         chunk.len(),
@@ -333,8 +337,9 @@ impl MatMulPlan {
                     while m0 < m {
                         let mc = SPARSE_K_COLS.min(m - m0);
                         gather(pool, wa, a, self.lda, sel, m0, mc);
-                        sgemm_par(
+                        gemm_par(
                             pool,
+                            self.kind,
                             true,
                             false,
                             mc,
@@ -358,8 +363,9 @@ impl MatMulPlan {
                     while n0 < n {
                         let nc = SPARSE_K_COLS.min(n - n0);
                         gather(pool, wb, b, self.ldb, sel, n0, nc);
-                        sgemm_par(
+                        gemm_par(
                             pool,
+                            self.kind,
                             true,
                             false,
                             m,
@@ -472,6 +478,7 @@ fn gemm_plan(
 ) -> Result<Aux, PlanError> {
     let (g, pl) = (cx.g, |t: TensorId| &cx.pl(t).strides);
     MatMulPlan::new(ta, tb, (g.shape(a), pl(a)), (g.shape(b), pl(b)), (g.shape(c), pl(c)))
+        .map(|m| MatMulPlan { kind: GemmKind::of(g.tensor(a).elem, g.tensor(b).elem), ..m })
         .map(|m| Aux::MatMul(m, None))
         .ok_or_else(|| cx.no(" for these operand layouts"))
 }
