@@ -43,6 +43,8 @@ pub fn collect() -> Value {
         "tch_version": "0.24",
         "rustc_version": env!("ORTBENCH_RUSTC_VERSION"),
         "cpu_gemm_provider": ortbench_engine::backend::cpu::gemm::provider().ok().map(|p| p.kind().name()),
+        // What multiplies bf16 matmuls on the CPU: the AVX-512 BF16 kernel, or the f32 GEMM.
+        "cpu_bf16_gemm": ortbench_engine::backend::cpu::blas::bf16_gemm_description(),
     })
 }
 

@@ -307,8 +307,9 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         )
     });
     let passes_note = passes_note()?;
+    let bf16_note = bf16_gemm_note()?;
     let settings = format!(
-        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{passes_note}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{passes_note}{bf16_note}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         precisions.join("/"),
         args.seed
@@ -324,6 +325,16 @@ fn passes_note() -> Result<String> {
     Ok(match std::env::var(ENV_VAR) {
         Ok(v) => format!(", engine passes {ENV_VAR}={v}"),
         Err(_) => String::new(),
+    })
+}
+
+/// The settings' note when ORTBENCH_CPU_BF16_GEMM chooses what multiplies the CPU engine's bf16
+/// matmuls (the step time depends on it), else empty; a bad value stops the run.
+fn bf16_gemm_note() -> Result<String> {
+    use ortbench_engine::backend::cpu::blas::{bf16_gemm_setting, BF16_GEMM_VAR};
+    Ok(match bf16_gemm_setting().map_err(|e| anyhow::anyhow!(e))? {
+        Some(on) => format!(", {BF16_GEMM_VAR}={}", u8::from(on)),
+        None => String::new(),
     })
 }
 

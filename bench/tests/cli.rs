@@ -112,12 +112,17 @@ fn a_failing_run_is_recorded_and_the_others_go_on() {
 
 /// Bad input: non-zero exit, one clear line on stderr, and no output directory.
 fn rejects(args: &[&str], expect: &str) {
+    rejects_with_env(args, &[], expect)
+}
+
+/// [`rejects`] with environment variables set.
+fn rejects_with_env(args: &[&str], envs: &[(&str, &str)], expect: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let mut full: Vec<&str> = args.to_vec();
     let out_s = out.to_str().unwrap().to_string();
     full.extend(["--out", &out_s]);
-    let o = ortbench(&full);
+    let o = common::ortbench(&full, envs, false);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{args:?} succeeded");
     assert!(err.contains(expect), "{args:?}: stderr {err:?} lacks {expect:?}");
@@ -504,6 +509,12 @@ fn bad_harness_options_are_rejected_before_anything_is_written() {
     {
         rejects(&[&tiny[..], &[flag, "1e300"]].concat(), &format!("{flag} 1e300 is too long"));
     }
+    // The CPU's bf16 GEMM switch takes 0 or 1, nothing else.
+    rejects_with_env(
+        &tiny,
+        &[("ORTBENCH_CPU_BF16_GEMM", "fast")],
+        "ORTBENCH_CPU_BF16_GEMM must be 0 or 1, got \"fast\"",
+    );
     // Thread ranks have no collective timeout: the flag is refused, not ignored.
     rejects(
         &[&tiny[..], &["--ranks", "2", "--launch", "threads", "--collective-timeout-s", "5"]]
@@ -644,4 +655,47 @@ fn quick_sets_the_first_look_defaults_and_given_flags_win() {
         .filter(|r| r[col(&h, "phase")] == "timed" && r[col(&h, "config")] == "ort")
         .count();
     assert_eq!(timed, 3 * 6, "3 repeats of 6 steps");
+}
+
+/// ORTBENCH_CPU_BF16_GEMM=0 keeps the f32 GEMM for bf16 matmuls: run.json's settings name it
+/// and its environment says what multiplied them; unset, neither note appears.
+#[test]
+fn the_bf16_gemm_switch_is_recorded_in_run_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, envs: &[(&str, &str)]| {
+        let out = dir.path().join(name);
+        let args = [
+            "run",
+            "--models",
+            "tiny-gpt2",
+            "--configs",
+            "ort",
+            "--precision",
+            "bf16",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--repeat",
+            "1",
+            "--parity-steps",
+            "0",
+            "--out",
+        ];
+        let o = common::ortbench(&[&args[..], &[out.to_str().unwrap()]].concat(), envs, false);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+        json
+    };
+    let off = run("off", &[("ORTBENCH_CPU_BF16_GEMM", "0")]);
+    assert!(off["settings"].as_str().unwrap().contains(", ORTBENCH_CPU_BF16_GEMM=0"), "{off:#}");
+    let what = off["environment"]["cpu_bf16_gemm"].as_str().unwrap();
+    assert!(what.starts_with("f32 GEMM on bf16 values"), "{what}");
+    let default = run("default", &[]);
+    assert!(!default["settings"].as_str().unwrap().contains("BF16_GEMM"), "{default:#}");
+    let what = default["environment"]["cpu_bf16_gemm"].as_str().unwrap();
+    let has_kernel =
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("avx512_bf16"));
+    assert_eq!(what.starts_with("AVX-512 BF16 kernel"), has_kernel, "{what}");
 }

@@ -154,6 +154,7 @@ fn check_run_dir(out: &Path, models: &[&str], ranks: usize, steps: usize, peak_m
         "libtorch_path",
         "rustc_version",
         "cpu_gemm_provider",
+        "cpu_bf16_gemm",
     ] {
         assert!(
             !env["environment"][key].is_null(),

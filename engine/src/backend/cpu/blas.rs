@@ -86,14 +86,29 @@ impl GemmKind {
     }
 }
 
-/// Whether bf16 operands run on the bf16 kernel: the CPU has AVX-512 BF16 and
-/// `ORTBENCH_CPU_BF16_GEMM` is not `0` (which keeps the f32 GEMM, for comparisons). Where it
-/// is false, bf16 values are multiplied by the f32 GEMM: the same products, each on an f32 FMA.
+/// The variable that chooses what multiplies bf16 operands: `0` the f32 GEMM (for
+/// comparisons), `1` the bf16 kernel (an error where the CPU lacks AVX-512 BF16); unset, the
+/// kernel where the CPU has it.
+pub const BF16_GEMM_VAR: &str = "ORTBENCH_CPU_BF16_GEMM";
+
+/// [`BF16_GEMM_VAR`] read: Ok(Some(on)) when set to `0`/`1`, an error for another value or for
+/// `1` on a CPU without AVX-512 BF16.
+pub fn bf16_gemm_setting() -> Result<Option<bool>, String> {
+    match std::env::var(BF16_GEMM_VAR).as_deref() {
+        Err(_) => Ok(None),
+        Ok("0") => Ok(Some(false)),
+        Ok("1") if super::bf16_gemm::available() => Ok(Some(true)),
+        Ok("1") => Err(format!("{BF16_GEMM_VAR}=1: this CPU has no AVX-512 BF16")),
+        Ok(v) => Err(format!("{BF16_GEMM_VAR} must be 0 or 1, got {v:?}")),
+    }
+}
+
+/// Whether bf16 operands run on the bf16 kernel (see [`BF16_GEMM_VAR`]). Where it is false,
+/// bf16 values are multiplied by the f32 GEMM: the same products, each on an f32 FMA.
 pub fn bf16_gemm_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        super::bf16_gemm::available()
-            && std::env::var("ORTBENCH_CPU_BF16_GEMM").map_or(true, |v| v != "0")
+        super::bf16_gemm::available() && bf16_gemm_setting().ok().flatten() != Some(false)
     })
 }
 
@@ -102,7 +117,7 @@ pub fn bf16_gemm_description() -> String {
     if bf16_gemm_enabled() {
         "AVX-512 BF16 kernel (vdpbf16ps, f32 accumulation)".into()
     } else if super::bf16_gemm::available() {
-        "f32 GEMM on bf16 values (ORTBENCH_CPU_BF16_GEMM=0)".into()
+        format!("f32 GEMM on bf16 values ({BF16_GEMM_VAR}=0)")
     } else {
         "f32 GEMM on bf16 values (this CPU has no AVX-512 BF16)".into()
     }

@@ -317,6 +317,55 @@ fn half_precision_graphs_store_rounded_values_and_scale_the_seed() {
     }
 }
 
+/// A bf16 graph's matmuls resolve to the bf16 GEMM where the CPU has it (f32 graphs' never),
+/// and a step on it gives the f32 GEMM's results on the same bf16 values: the loss within
+/// 1e-5 relative, every parameter gradient within 1e-3 of the largest (the pairwise f32
+/// additions of `vdpbf16ps`, then bf16 roundings of activations that land on the other side).
+#[test]
+fn bf16_matmuls_run_on_the_bf16_gemm_with_the_f32_gemms_results() {
+    use crate::backend::cpu::blas::{bf16_gemm_enabled, GemmKind};
+    let d = tiny(2, 0.0);
+    let kinds = |ex: &PlannedExecutor| -> Vec<GemmKind> {
+        ex.steps
+            .iter()
+            .filter_map(|s| match &s.aux {
+                Aux::MatMul(m, _) => Some(m.kind),
+                _ => None,
+            })
+            .collect()
+    };
+    let f32_ex = PlannedExecutor::new(&gpt_like(&d).unwrap()).unwrap();
+    assert!(kinds(&f32_ex).iter().all(|&k| k == GemmKind::F32));
+    let g = gpt_like_dtype(&d, crate::DType::BF16).unwrap();
+    let mut ex = PlannedExecutor::new(&g).unwrap();
+    let found = kinds(&ex);
+    assert!(found.len() >= 6, "{found:?}");
+    if !bf16_gemm_enabled() {
+        eprintln!("skipped the comparison: the bf16 GEMM is off on this machine");
+        assert!(found.iter().all(|&k| k == GemmKind::F32));
+        return;
+    }
+    assert!(found.iter().all(|&k| k == GemmKind::Bf16), "{found:?}");
+    let n = g.num_param_elems();
+    let p: Vec<f32> = (0..n)
+        .map(|i| crate::DType::BF16.round(((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2 + 1e-3))
+        .collect();
+    let feed = Feed::new(&d, 3);
+    let mut g_bf16 = vec![0.0; n];
+    let l_bf16 = ex.train_step(&p, &feed.inputs(&g), 0, &mut g_bf16).unwrap();
+    for s in &mut ex.steps {
+        if let Aux::MatMul(m, _) = &mut s.aux {
+            m.kind = GemmKind::F32;
+        }
+    }
+    let mut g_f32 = vec![0.0; n];
+    let l_f32 = ex.train_step(&p, &feed.inputs(&g), 0, &mut g_f32).unwrap();
+    assert!(((l_bf16 - l_f32) / l_f32).abs() < 1e-5, "loss {l_bf16} vs {l_f32}");
+    let gmax = g_f32.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = g_bf16.iter().zip(&g_f32).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-3 * gmax, "max |Δgrad| {worst} vs max |g| {gmax}");
+}
+
 use crate::graph::GeluApprox;
 
 /// A Llama-like block as the family writes it, fused: embedding → RMSNorm → q, k, v
