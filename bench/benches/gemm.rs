@@ -12,6 +12,10 @@
 //! (`concurrent`) against the same two one after the other (`sequential`), per transpose
 //! combination — whether a second core speeds each up.
 //!
+//! Then `bf16`: the same shapes with bf16 values (a bf16 graph's matmuls), split over the pool,
+//! on the f32 GEMM (`f32 gemm`, what runs with ORTBENCH_CPU_BF16_GEMM=0) against the AVX-512
+//! BF16 kernel (`bf16 kernel`); skipped, with a note, where the CPU has no AVX-512 BF16.
+//!
 //! Throughput is in FLOP, so criterion's "elem/s" reads as FLOP/s.
 //!
 //! `cargo bench -p ortbench --bench gemm`
@@ -175,9 +179,56 @@ fn gemm_concurrency(c: &mut Criterion) {
     }
 }
 
+fn gemm_bf16(c: &mut Criterion) {
+    use blas::GemmKind;
+    if !ortbench_engine::backend::cpu::bf16_gemm::available() {
+        eprintln!("bf16: skipped, this CPU has no AVX-512 BF16");
+        return;
+    }
+    let pool = Pool::global();
+    let bf16 = |v: Vec<f32>| -> Vec<f32> {
+        v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect()
+    };
+    for &(name, m, n, k, ta, tb) in SHAPES {
+        let (a, b) = (bf16(random(m * k, 1)), bf16(random(n * k, 2)));
+        let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+        let mut y = vec![0f32; m * n];
+        let mut g = c.benchmark_group(format!("bf16 {name} {m}x{n}x{k}"));
+        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        if m * n * k > 1 << 30 {
+            flat(&mut g);
+        }
+        for (label, kind) in [("f32 gemm", GemmKind::F32), ("bf16 kernel", GemmKind::Bf16)] {
+            g.bench_function(label, |bench| {
+                // SAFETY: as in `gemm_shapes`.
+                bench.iter(|| unsafe {
+                    blas::gemm_par(
+                        pool,
+                        kind,
+                        ta,
+                        tb,
+                        m,
+                        n,
+                        k,
+                        1.0,
+                        a.as_ptr(),
+                        lda,
+                        b.as_ptr(),
+                        ldb,
+                        0.0,
+                        y.as_mut_ptr(),
+                        n,
+                    )
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = criterion();
-    targets = gemm_shapes, gemm_concurrency
+    targets = gemm_shapes, gemm_concurrency, gemm_bf16
 }
 criterion_main!(benches);

@@ -36,8 +36,9 @@ const NR: usize = 32;
 const KC: usize = 256;
 /// Rows per packed A block (a multiple of MR).
 const MC: usize = 144;
-/// Columns per packed B block (a multiple of NR).
-const NC: usize = 1024;
+/// Columns per packed B block (a multiple of NR): B's block lives in L3 (4 MiB), each A block
+/// is packed once per B block, so a wide block packs A fewer times.
+const NC: usize = 8192;
 
 /// Whether this CPU runs the kernel (AVX-512 F/BW and BF16), checked once.
 pub fn available() -> bool {
@@ -103,7 +104,7 @@ pub unsafe fn gemm_st(
             for p0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - p0);
                 let kc2 = kc.div_ceil(2);
-                pack_b(&b_op, p0, kc, j0, nc, &mut p.b, &mut p.row);
+                pack_b(&b_op, p0, kc, j0, nc, &mut p.b);
                 // The first k block scales C by beta; the later ones add to it.
                 let beta = if p0 == 0 { beta } else { 1.0 };
                 for i0 in (0..m).step_by(MC) {
@@ -139,15 +140,7 @@ struct Operand {
 /// columns past nc are zero.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_b(
-    b: &Operand,
-    p0: usize,
-    kc: usize,
-    j0: usize,
-    nc: usize,
-    out: &mut [u32],
-    row: &mut [u32],
-) {
+unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32]) {
     let kc2 = kc.div_ceil(2);
     let panels = nc.div_ceil(NR);
     let out = out.as_mut_ptr();
@@ -169,20 +162,14 @@ unsafe fn pack_b(
             }
         }
     } else {
-        // B stored (N, K): column j of op(B) is a contiguous row; its words go NR apart.
-        if nc % NR != 0 {
-            let q = panels - 1;
-            for kp in 0..kc2 {
-                let dst = out.add((q * kc2 + kp) * NR);
-                std::slice::from_raw_parts_mut(dst, NR).fill(0);
-            }
-        }
-        for j in 0..nc {
-            pair_contiguous(b.ptr.add((j0 + j) * b.ld + p0), kc, row.as_mut_ptr());
-            let (q, c) = (j / NR, j % NR);
-            let dst = out.add(q * kc2 * NR + c);
-            for (kp, &w) in row[..kc2].iter().enumerate() {
-                *dst.add(kp * NR) = w;
+        // B stored (N, K): column j of op(B) is a contiguous row of k; 16 columns at a time
+        // are transposed into the panel's rows (one half of each).
+        for q in 0..panels {
+            for h in 0..NR / 16 {
+                let first = q * NR + h * 16;
+                let cols = 16.min(nc.saturating_sub(first));
+                let src = b.ptr.add((j0 + first) * b.ld + p0);
+                transpose_in(src, b.ld, cols, kc, out.add(q * kc2 * NR + h * 16), NR, 0xffff);
             }
         }
     }
@@ -209,14 +196,11 @@ unsafe fn pack_a(
         std::slice::from_raw_parts_mut(out.add(r * kc2 * MR), kc2 * MR).fill(0);
     }
     if !a.trans {
-        // A (M, K): row i is contiguous in k; its words go MR apart.
-        for i in 0..mc {
-            pair_contiguous(a.ptr.add((i0 + i) * a.ld + p0), kc, row.as_mut_ptr());
-            let (r, ii) = (i / MR, i % MR);
-            let dst = out.add(r * kc2 * MR + ii);
-            for (kp, &w) in row[..kc2].iter().enumerate() {
-                *dst.add(kp * MR) = w;
-            }
+        // A (M, K): row i is contiguous in k; a panel's MR rows are transposed into its words.
+        for r in 0..panels {
+            let rows = MR.min(mc - r * MR);
+            let src = a.ptr.add((i0 + r * MR) * a.ld + p0);
+            transpose_in(src, a.ld, rows, kc, out.add(r * kc2 * MR), MR, (1 << MR) - 1);
         }
     } else {
         // A stored (K, M): rows 2kp and 2kp + 1 give all mc words of a k pair side by side.
@@ -252,35 +236,84 @@ unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut 
     _mm512_storeu_si512(dst.cast(), _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)));
 }
 
-/// dst[0..ceil(kc/2)] = pair words of x[0..kc] (an odd kc's last word pairs with zero): the bf16
+/// The pair words of x[0..left.min(32)] (16 words; floats past `left` read as zero): the bf16
 /// values in order, which little-endian u32s read as pairs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn pair_contiguous(x: *const f32, kc: usize, dst: *mut u32) {
-    let mut p = 0;
-    while p < kc {
-        let left = kc - p;
-        let m0: __mmask16 = if left >= 16 { 0xffff } else { (1u16 << left) - 1 };
-        let m1: __mmask16 = if left >= 32 {
+unsafe fn words_of_32(x: *const f32, left: usize) -> __m512i {
+    let mask = |n: usize| -> __mmask16 {
+        if n >= 16 {
             0xffff
-        } else if left > 16 {
-            (1u16 << (left - 16)) - 1
         } else {
-            0
-        };
-        let lo = _mm512_maskz_loadu_ps(m0, x.add(p));
-        let hi = _mm512_maskz_loadu_ps(m1, x.add(p + 16));
-        // Lanes 0..16 of the result from `lo`, 16..32 from `hi`.
-        let v = _mm512_cvtne2ps_pbh(hi, lo);
-        let words = left.min(32).div_ceil(2);
-        let wm: __mmask16 = if words >= 16 { 0xffff } else { (1u16 << words) - 1 };
-        _mm512_mask_storeu_epi32(
-            dst.add(p / 2).cast(),
-            wm,
-            std::mem::transmute::<__m512bh, __m512i>(v),
-        );
-        p += 32;
+            (1u16 << n) - 1
+        }
+    };
+    let lo = _mm512_maskz_loadu_ps(mask(left), x);
+    let hi = _mm512_maskz_loadu_ps(mask(left.saturating_sub(16)), x.add(16));
+    // Lanes 0..16 of the result from `lo`, 16..32 from `hi`.
+    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+}
+
+/// Packs `rows` (≤ 16) rows of k (`kc` floats each, rows `ld` apart from `src`) transposed:
+/// word `kp·stride + i` of `dst` is row i's pair kp, for the lanes in `keep` (rows past `rows`
+/// are zero). 16 × 16 words at a time, transposed in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn transpose_in(
+    src: *const f32,
+    ld: usize,
+    rows: usize,
+    kc: usize,
+    dst: *mut u32,
+    stride: usize,
+    keep: __mmask16,
+) {
+    let kc2 = kc.div_ceil(2);
+    let mut r = [_mm512_setzero_si512(); 16];
+    for kp0 in (0..kc2).step_by(16) {
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = if i < rows {
+                words_of_32(src.add(i * ld + 2 * kp0), kc - 2 * kp0)
+            } else {
+                _mm512_setzero_si512()
+            };
+        }
+        transpose16(&mut r);
+        for (kp, v) in r.iter().enumerate().take(kc2 - kp0) {
+            _mm512_mask_storeu_epi32(dst.add((kp0 + kp) * stride).cast(), keep, *v);
+        }
+    }
+}
+
+/// Transposes 16 × 16 u32s held as 16 rows: afterwards r[j] holds what was column j.
+/// Four rounds of unpack/shuffle (32-bit, 64-bit, 128-bit lanes, 256-bit halves).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: &mut [__m512i; 16]) {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for i in 0..4 {
+        let (a, b) = (4 * i, 4 * i + 2);
+        r[4 * i] = _mm512_unpacklo_epi64(t[a], t[b]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[a], t[b]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[a + 1], t[b + 1]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[a + 1], t[b + 1]);
+    }
+    for h in 0..2 {
+        for i in 0..4 {
+            let (a, b) = (8 * h + i, 8 * h + i + 4);
+            t[8 * h + i] = _mm512_shuffle_i32x4::<0x88>(r[a], r[b]);
+            t[8 * h + i + 4] = _mm512_shuffle_i32x4::<0xdd>(r[a], r[b]);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_i32x4::<0x88>(t[i], t[i + 8]);
+        r[i + 8] = _mm512_shuffle_i32x4::<0xdd>(t[i], t[i + 8]);
     }
 }
 
@@ -357,6 +390,27 @@ mod tests {
     /// Every flag pair, shapes off the tile and block sizes (m not a multiple of MR or MC, n of NR
     /// or NC, odd k across KC blocks), beta 0 and not, against the f64 reference on the
     /// bf16-rounded inputs: |Δ| ≤ 4·(k + 2)·ε (f32 additions, terms ≤ 1).
+    /// The in-register transpose moves element (i, j) to (j, i) for all 256 (distinct) words.
+    #[test]
+    fn transpose16_transposes() {
+        if !available() {
+            return;
+        }
+        let m: Vec<u32> = (0..256).map(|x| x * 7 + 3).collect();
+        let mut r: [__m512i; 16] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_si512(m[16 * i..].as_ptr().cast()) });
+        unsafe { transpose16(&mut r) };
+        let mut got = vec![0u32; 256];
+        for (i, v) in r.iter().enumerate() {
+            unsafe { _mm512_storeu_si512(got[16 * i..].as_mut_ptr().cast(), *v) };
+        }
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(got[16 * j + i], m[16 * i + j], "({i}, {j})");
+            }
+        }
+    }
+
     #[test]
     fn bf16_gemm_matches_the_reference_on_rounded_inputs() {
         if !available() {

@@ -355,7 +355,13 @@ pub unsafe fn gemm_par(
         }
     }
     let (ap, bp, cp) = (SyncPtr(a as *mut f32), SyncPtr(b as *mut f32), SyncPtr(c));
-    if m >= 16 * t {
+    // The bf16 kernel packs (converts) its operands: each task packs its share of the split
+    // dimension's operand and all of the other's, so it splits the larger of M and N.
+    let by_rows = match kind {
+        GemmKind::F32 => m >= 16 * t,
+        GemmKind::Bf16 => m >= 16 * t && m >= n,
+    };
+    if by_rows {
         let per = m.div_ceil(t).next_multiple_of(8);
         pool.run(t, &|i| {
             let (r0, r1) = ((i * per).min(m), ((i + 1) * per).min(m));
