@@ -57,7 +57,9 @@ pub fn available() -> bool {
     })
 }
 
-/// One thread's packed blocks: A (MC × KC/2 words), B (NC × KC/2) and a row of pair words.
+/// One thread's packed blocks: A (MC × KC/2 words), B (up to NC × KC/2: grown to the widest
+/// block this thread has packed, so a thread that only sees narrow matrices keeps less than
+/// NC's 4 MiB) and a row of pair words.
 struct Packs {
     a: Vec<u32>,
     b: Vec<u32>,
@@ -67,7 +69,7 @@ struct Packs {
 thread_local! {
     static PACKS: RefCell<Packs> = RefCell::new(Packs {
         a: vec![0; MC * KC / 2],
-        b: vec![0; NC * KC / 2],
+        b: Vec::new(),
         row: vec![0; KC / 2 + 16],
     });
 }
@@ -99,6 +101,10 @@ pub unsafe fn gemm_st(
     PACKS.with_borrow_mut(|p| {
         let a_op = Operand { ptr: a, ld: lda, trans: ta };
         let b_op = Operand { ptr: b, ld: ldb, trans: tb };
+        let b_len = NC.min(n).next_multiple_of(NR) * KC.min(k).div_ceil(2);
+        if p.b.len() < b_len {
+            p.b.resize(b_len, 0);
+        }
         for j0 in (0..n).step_by(NC) {
             let nc = NC.min(n - j0);
             for p0 in (0..k).step_by(KC) {
@@ -143,6 +149,7 @@ struct Operand {
 unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32]) {
     let kc2 = kc.div_ceil(2);
     let panels = nc.div_ceil(NR);
+    assert!(out.len() >= panels * kc2 * NR, "B's pack holds {} words", out.len());
     let out = out.as_mut_ptr();
     if !b.trans {
         // B (K, N): rows 2kp and 2kp + 1 give a panel's 32 words side by side.
@@ -190,6 +197,7 @@ unsafe fn pack_a(
 ) {
     let kc2 = kc.div_ceil(2);
     let panels = mc.div_ceil(MR);
+    assert!(out.len() >= panels * kc2 * MR, "A's pack holds {} words", out.len());
     let out = out.as_mut_ptr();
     if mc % MR != 0 {
         let r = panels - 1;
