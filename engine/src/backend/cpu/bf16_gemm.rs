@@ -199,7 +199,7 @@ unsafe fn pack_a(
     let panels = mc.div_ceil(MR);
     assert!(out.len() >= panels * kc2 * MR, "A's pack holds {} words", out.len());
     let out = out.as_mut_ptr();
-    if mc % MR != 0 {
+    if !mc.is_multiple_of(MR) {
         let r = panels - 1;
         std::slice::from_raw_parts_mut(out.add(r * kc2 * MR), kc2 * MR).fill(0);
     }
