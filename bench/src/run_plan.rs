@@ -306,10 +306,9 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
             a.source
         )
     });
-    let passes_note = passes_note()?;
-    let bf16_note = bf16_gemm_note()?;
+    let engine_notes = passes_note()? + &bf16_gemm_note()?;
     let settings = format!(
-        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{passes_note}{bf16_note}",
+        "device {device}, batch {batch_size} × {ranks} rank(s), seq {}, steps {steps} (warm-up {warmup}) × {repeat} interleaved run(s), {probe}, precision {}, seed {}{auto_note}{engine_notes}",
         seq_used.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("/"),
         precisions.join("/"),
         args.seed

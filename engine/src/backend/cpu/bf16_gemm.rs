@@ -377,27 +377,12 @@ unsafe fn tile(
 mod tests {
     use super::*;
     use crate::backend::cpu::gemm::{sgemm_reference, Transpose};
+    use crate::ops::testutil::Rng;
 
     fn bf16_round(x: f32) -> f32 {
         half::bf16::from_f32(x).to_f32()
     }
 
-    /// Random values in (-1, 1), not bf16-exact (the kernel rounds them).
-    fn fill(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 200_001) as f32 / 100_000.0 - 1.0 + 1e-6
-            })
-            .collect()
-    }
-
-    /// Every flag pair, shapes off the tile and block sizes (m not a multiple of MR or MC, n of NR
-    /// or NC, odd k across KC blocks), beta 0 and not, against the f64 reference on the
-    /// bf16-rounded inputs: |Δ| ≤ 4·(k + 2)·ε (f32 additions, terms ≤ 1).
     /// The in-register transpose moves element (i, j) to (j, i) for all 256 (distinct) words.
     #[test]
     fn transpose16_transposes() {
@@ -419,6 +404,9 @@ mod tests {
         }
     }
 
+    /// Every flag pair, shapes off the tile and block sizes (m not a multiple of MR or MC, n of NR
+    /// or NC, odd k across KC blocks), beta 0 and not, against the f64 reference on the
+    /// bf16-rounded inputs: |Δ| ≤ 4·(k + 2)·ε (f32 additions, terms ≤ 1).
     #[test]
     fn bf16_gemm_matches_the_reference_on_rounded_inputs() {
         if !available() {
@@ -430,10 +418,12 @@ mod tests {
                 for tb in [false, true] {
                     let (lda, ldb, ldc) =
                         (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
-                    let a = fill(if ta { k } else { m } * lda, 1);
-                    let b = fill(if tb { n } else { k } * ldb, 2);
+                    let mut rng = Rng::new((m * n + k) as u64);
+                    // Random values in ±[0.1, 1), not bf16-exact (the kernel rounds them).
+                    let a = rng.vec_f32(if ta { k } else { m } * lda);
+                    let b = rng.vec_f32(if tb { n } else { k } * ldb);
                     for beta in [0.0f32, 0.5] {
-                        let c0 = fill(m * ldc, 3);
+                        let c0 = rng.vec_f32(m * ldc);
                         let mut want = c0.clone();
                         let ar: Vec<f32> = a.iter().map(|&x| bf16_round(x)).collect();
                         let br: Vec<f32> = b.iter().map(|&x| bf16_round(x)).collect();
@@ -489,76 +479,6 @@ mod tests {
                         }
                     }
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-
-    /// Development probe (not a target): single-thread GFLOP/s of this kernel and the f32 GEMM
-    /// on GPT-2 shapes. `cargo test --release -p ortbench-engine --lib bf16_gemm::speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn probe() {
-        if !available() {
-            return;
-        }
-        for &(ta, tb, m, n, k) in &[
-            (false, false, 512, 2304, 768),
-            (false, true, 512, 768, 3072),
-            (true, false, 768, 3072, 512),
-            (false, false, 512, 768, 768),
-        ] {
-            let a = vec![0.37f32; m * k];
-            let b = vec![-0.61f32; k * n];
-            let mut c = vec![0f32; m * n];
-            let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
-            let flop = 2.0 * (m * n * k) as f64;
-            for which in ["f32", "bf16", "f32", "bf16"] {
-                let t = std::time::Instant::now();
-                let reps = 10;
-                for _ in 0..reps {
-                    unsafe {
-                        if which == "bf16" {
-                            gemm_st(
-                                ta,
-                                tb,
-                                m,
-                                n,
-                                k,
-                                1.0,
-                                a.as_ptr(),
-                                lda,
-                                b.as_ptr(),
-                                ldb,
-                                0.0,
-                                c.as_mut_ptr(),
-                                n,
-                            )
-                        } else {
-                            crate::backend::cpu::blas::sgemm_st(
-                                ta,
-                                tb,
-                                m,
-                                n,
-                                k,
-                                1.0,
-                                a.as_ptr(),
-                                lda,
-                                b.as_ptr(),
-                                ldb,
-                                0.0,
-                                c.as_mut_ptr(),
-                                n,
-                            )
-                        }
-                    }
-                }
-                let s = t.elapsed().as_secs_f64() / reps as f64;
-                eprintln!("{m}x{n}x{k} ta={ta} tb={tb} {which}: {:.1} GFLOP/s", flop / s / 1e9);
             }
         }
     }
