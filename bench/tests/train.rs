@@ -607,3 +607,29 @@ fn train_on_cuda_without_a_gpu_is_one_line() {
     );
     assert!(e.contains("train --device cuda: "), "{e}");
 }
+
+/// A bad `ORTBENCH_CPU_BF16_GEMM` stops `train` too (the engine's build-time check), not only
+/// `run`: an error naming it, exit non-zero.
+#[test]
+fn train_refuses_a_bad_bf16_gemm_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
+        .args([
+            "train",
+            "--model",
+            fixture("tiny-bert-sentiment").to_str().unwrap(),
+            "--dataset",
+            fixture("text/train.csv").to_str().unwrap(),
+            "--precision",
+            "bf16",
+            "--output-dir",
+            tmp.path().join("o").to_str().unwrap(),
+        ])
+        .env("ORTBENCH_CACHE_DIR", tmp.path())
+        .env("ORTBENCH_CPU_BF16_GEMM", "fast")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(stderr.contains("ORTBENCH_CPU_BF16_GEMM must be 0 or 1, got \"fast\""), "{stderr}");
+}

@@ -59,18 +59,16 @@ pub fn available() -> bool {
 
 /// One thread's packed blocks: A (MC × KC/2 words), B (up to NC × KC/2: grown to the widest
 /// block this thread has packed, so a thread that only sees narrow matrices keeps less than
-/// NC's 4 MiB) and a row of pair words.
+/// NC's 4 MiB).
 struct Packs {
     a: Vec<u32>,
     b: Vec<u32>,
-    row: Vec<u32>,
 }
 
 thread_local! {
     static PACKS: RefCell<Packs> = RefCell::new(Packs {
         a: vec![0; MC * KC / 2],
         b: Vec::new(),
-        row: vec![0; KC / 2 + 16],
     });
 }
 
@@ -115,7 +113,7 @@ pub unsafe fn gemm_st(
                 let beta = if p0 == 0 { beta } else { 1.0 };
                 for i0 in (0..m).step_by(MC) {
                     let mc = MC.min(m - i0);
-                    pack_a(&a_op, i0, mc, p0, kc, &mut p.a, &mut p.row);
+                    pack_a(&a_op, i0, mc, p0, kc, &mut p.a);
                     for q in 0..nc.div_ceil(NR) {
                         let bp = p.b.as_ptr().add(q * kc2 * NR);
                         let cols = NR.min(nc - q * NR);
@@ -186,15 +184,7 @@ unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &
 /// pairs op(A)[i0 + r·MR + i, p0 + 2kp] and its k + 1 neighbour; rows past mc are zero.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_a(
-    a: &Operand,
-    i0: usize,
-    mc: usize,
-    p0: usize,
-    kc: usize,
-    out: &mut [u32],
-    row: &mut [u32],
-) {
+unsafe fn pack_a(a: &Operand, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [u32]) {
     let kc2 = kc.div_ceil(2);
     let panels = mc.div_ceil(MR);
     assert!(out.len() >= panels * kc2 * MR, "A's pack holds {} words", out.len());
@@ -212,7 +202,8 @@ unsafe fn pack_a(
         }
     } else {
         // A stored (K, M): rows 2kp and 2kp + 1 give all mc words of a k pair side by side.
-        let tmp = row.as_mut_ptr();
+        let mut words = [0u32; 16];
+        let tmp = words.as_mut_ptr();
         for kp in 0..kc2 {
             let r0 = a.ptr.add((p0 + 2 * kp) * a.ld + i0);
             let r1 = (2 * kp + 1 < kc).then(|| r0.add(a.ld));

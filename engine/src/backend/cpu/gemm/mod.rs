@@ -77,6 +77,9 @@ pub enum GemmError {
          (or unset it to use MKL when available and the gemm crate otherwise)"
     )]
     UnknownProvider(String),
+    /// `ORTBENCH_CPU_BF16_GEMM` set to a value it does not take (`blas::bf16_gemm_setting`).
+    #[error("{0}")]
+    Bf16Setting(String),
     #[error(
         "Intel MKL (libmkl_rt) could not be loaded. Searched:\n{searched}\nInstall it with \
          `.venv/bin/pip install mkl`, point ORTBENCH_MKL_LIB at libmkl_rt.so.N, or set \
