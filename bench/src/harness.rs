@@ -32,7 +32,7 @@ use crate::metrics::{compare_with_baseline, fill_throughput, gpu_peak, DevicePea
 use crate::output::{write_text, ResultRow, StepRow};
 use crate::progress::Progress;
 use crate::results::{write_tables, RUN_JSON};
-use crate::run_plan::{make_plan, parity_spec, Phase};
+use crate::run_plan::{make_plan, parity_spec, Job, Phase, RunPlan};
 use crate::run_spec::RunSpec;
 use crate::worker::{is_oom_message, Event};
 use ortbench_report::output::MemSplit;
@@ -54,7 +54,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let started = unix_now();
     eprintln!("ortbench: {} run(s): {}", plan.runs.len(), plan.settings);
     if args.quick {
-        eprintln!("ortbench: --quick: a first look — two short repeats give wide intervals and a small batch weighs per-step costs more; drop --quick for the full measurement");
+        eprintln!("ortbench: --quick: a first look — three short repeats give wide intervals and a small batch weighs per-step costs more; drop --quick for the full measurement");
     }
     eprintln!("ortbench: writing {}", out.display());
     let device = plan.runs.first().map(|r| r.device.clone()).unwrap_or_else(|| "cpu".into());
@@ -103,68 +103,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     )?;
     write_tables(&out, &results, &steps)?;
 
-    // Per spec: its finished runs (repeat, per-run row) and its parity probe.
-    let mut timed: Vec<Vec<ResultRow>> = vec![Vec::new(); plan.runs.len()];
-    let mut probes: Vec<Option<ResultRow>> = vec![None; plan.runs.len()];
-    let progress = Progress::new(plan.jobs.len());
-    let mut interrupted = false;
-    for (i, job) in plan.jobs.iter().enumerate() {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            interrupted = true;
-            break;
-        }
-        let base = &plan.runs[job.spec];
-        let spec = match job.phase {
-            Phase::Timed => base.clone(),
-            Phase::Parity => parity_spec(base, args.parity_steps(), args.parity_lr),
-        };
-        let what = match job.phase {
-            Phase::Parity => " · parity probe".to_string(),
-            Phase::Timed if args.repeat.unwrap_or(3) > 1 => format!(" · run {}", job.repeat + 1),
-            Phase::Timed => String::new(),
-        };
-        let label = format!(
-            "{} · {} · {}{}{what}",
-            spec.model,
-            spec.config,
-            spec.precision,
-            if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() }
-        );
-        progress.start_run(i, &label, spec.steps);
-        let timeout = args.timeout_s.map(Duration::from_secs_f64);
-        let (mut run_steps, row) =
-            execute(&spec, timeout, hang_limits(args), &progress, &label, None)?;
-        for s in run_steps.iter_mut() {
-            s.repeat = job.repeat;
-            s.phase = job.phase.name().into();
-        }
-        progress.end_run(&row.status, &row.error);
-        interrupted |= row.status == "interrupted";
-        steps.extend(run_steps);
-        match job.phase {
-            Phase::Timed => timed[job.spec].push(row),
-            Phase::Parity => probes[job.spec] = Some(row),
-        }
-        results = (0..plan.runs.len())
-            .filter(|&k| !timed[k].is_empty() || probes[k].is_some())
-            .map(|k| {
-                aggregate(
-                    &plan.runs[k],
-                    &timed[k],
-                    probes[k].as_ref(),
-                    &steps,
-                    plan.train_flops_per_sample.get(k).copied(),
-                    &peak,
-                )
-            })
-            .collect();
-        compare_with_baseline(&mut results, &steps, args.diverge_tol);
-        write_tables(&out, &results, &steps)?;
-        if interrupted {
-            break;
-        }
-    }
-    progress.finish();
+    let mut interrupted = run_jobs(args, &plan, &out, &peak, &mut steps, &mut results)?;
     // --batch-size auto: each config's largest batch, after the fixed-batch comparison.
     let mut batch_search = Vec::new();
     let mut search_failed = false;
@@ -202,6 +141,86 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     } else {
         1
     })
+}
+
+/// The plan's jobs in order, each worker's steps and the results (aggregated per spec,
+/// compared with the baseline) written after every job; true when interrupted.
+fn run_jobs(
+    args: &RunArgs,
+    plan: &RunPlan,
+    out: &Path,
+    peak: &DevicePeak,
+    steps: &mut Vec<StepRow>,
+    results: &mut Vec<ResultRow>,
+) -> Result<bool> {
+    let mut interrupted = false;
+    // Per spec: its finished runs (repeat, per-run row) and its parity probe.
+    let mut timed: Vec<Vec<ResultRow>> = vec![Vec::new(); plan.runs.len()];
+    let mut probes: Vec<Option<ResultRow>> = vec![None; plan.runs.len()];
+    let progress = Progress::new(plan.jobs.len());
+    for (i, job) in plan.jobs.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
+        }
+        let base = &plan.runs[job.spec];
+        let spec = match job.phase {
+            Phase::Timed => base.clone(),
+            Phase::Parity => parity_spec(base, args.parity_steps(), args.parity_lr),
+        };
+        let label = job_label(args, job, &spec);
+        progress.start_run(i, &label, spec.steps);
+        let timeout = args.timeout_s.map(Duration::from_secs_f64);
+        let (mut run_steps, row) =
+            execute(&spec, timeout, hang_limits(args), &progress, &label, None)?;
+        for s in run_steps.iter_mut() {
+            s.repeat = job.repeat;
+            s.phase = job.phase.name().into();
+        }
+        progress.end_run(&row.status, &row.error);
+        interrupted |= row.status == "interrupted";
+        steps.extend(run_steps);
+        match job.phase {
+            Phase::Timed => timed[job.spec].push(row),
+            Phase::Parity => probes[job.spec] = Some(row),
+        }
+        *results = (0..plan.runs.len())
+            .filter(|&k| !timed[k].is_empty() || probes[k].is_some())
+            .map(|k| {
+                aggregate(
+                    &plan.runs[k],
+                    &timed[k],
+                    probes[k].as_ref(),
+                    steps,
+                    plan.train_flops_per_sample.get(k).copied(),
+                    peak,
+                )
+            })
+            .collect();
+        compare_with_baseline(results, steps, args.diverge_tol);
+        write_tables(out, results, steps)?;
+        if interrupted {
+            break;
+        }
+    }
+    progress.finish();
+    Ok(interrupted)
+}
+
+/// The progress line's name of a job: model · config · precision (· ranks) (· run or probe).
+fn job_label(args: &RunArgs, job: &Job, spec: &RunSpec) -> String {
+    let what = match job.phase {
+        Phase::Parity => " · parity probe".to_string(),
+        Phase::Timed if args.repeat.unwrap_or(3) > 1 => format!(" · run {}", job.repeat + 1),
+        Phase::Timed => String::new(),
+    };
+    format!(
+        "{} · {} · {}{}{what}",
+        spec.model,
+        spec.config,
+        spec.precision,
+        if spec.ranks > 1 { format!(" · {} ranks", spec.ranks) } else { String::new() }
+    )
 }
 
 /// One row of results.csv from a spec's runs: the first failure's status and message (a

@@ -125,21 +125,43 @@ pub fn load_libtorch_cuda(device: &str) -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!("--device {device}: {e}"))
 }
 
-pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
-    let device = args.device.trim().to_string();
+/// `--device`, checked against what this process can reach (a ROCm device is always refused,
+/// a CUDA index must exist); true for a GPU.
+fn check_device(device: &str) -> Result<bool> {
     if device == "rocm" || device.starts_with("rocm:") {
-        rocm_refusal(&device)?;
+        rocm_refusal(device)?;
     }
-    let dev = parse_device(&device)?;
-    if let tch::Device::Cuda(i) = dev {
+    if let tch::Device::Cuda(i) = parse_device(device)? {
         // libtorch sees CUDA only once libtorch_cuda is loaded (the linker drops it).
-        load_libtorch_cuda(&device)?;
+        load_libtorch_cuda(device)?;
         let n = tch::Cuda::device_count() as usize;
         if i >= n {
             bail!("--device {device}: {n} CUDA device(s) available");
         }
     }
-    let cuda = device != "cpu";
+    Ok(device != "cpu")
+}
+
+/// GPU ranks: one process per GPU, cuda:0 .. cuda:N-1 (LOCAL_RANK), joined by NCCL.
+fn check_gpu_ranks(args: &RunArgs, device: &str, ranks: usize) -> Result<()> {
+    if args.launch == "threads" {
+        bail!("--launch threads with --device {device}: GPU ranks are processes, one per GPU (NCCL refuses two ranks on one GPU)");
+    }
+    if device != "cuda" {
+        bail!("--ranks {ranks} with --device {device}: ranks take cuda:0 .. cuda:{} by LOCAL_RANK; use --device cuda", ranks - 1);
+    }
+    let n = tch::Cuda::device_count() as usize;
+    if ranks > n {
+        bail!(
+            "--ranks {ranks} on --device cuda: {n} CUDA device(s) available, one per rank needed"
+        );
+    }
+    Ok(())
+}
+
+pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
+    let device = args.device.trim().to_string();
+    let cuda = check_device(&device)?;
     let steps = positive("--steps", args.steps, if cuda { 50 } else { 8 })?;
     let warmup = match args.warmup {
         None => (if cuda { 10 } else { 2 }).min(steps - 1),
@@ -172,18 +194,8 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
     let processes = if args.launch == "processes" { ranks } else { 1 };
     let auto_batch =
         crate::batch_search::plan_budget(auto, args.memory_budget, &device, processes)?;
-    // GPU ranks: one process per GPU, cuda:0 .. cuda:N-1 (LOCAL_RANK), joined by NCCL.
     if ranks > 1 && cuda {
-        if args.launch == "threads" {
-            bail!("--launch threads with --device {device}: GPU ranks are processes, one per GPU (NCCL refuses two ranks on one GPU)");
-        }
-        if device != "cuda" {
-            bail!("--ranks {ranks} with --device {device}: ranks take cuda:0 .. cuda:{} by LOCAL_RANK; use --device cuda", ranks - 1);
-        }
-        let n = tch::Cuda::device_count() as usize;
-        if ranks > n {
-            bail!("--ranks {ranks} on --device cuda: {n} CUDA device(s) available, one per rank needed");
-        }
+        check_gpu_ranks(args, &device, ranks)?;
     }
     let seq_arg = match args.seq_len {
         None => None,
@@ -216,42 +228,8 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         if let WeightsSource::File(path) = &weights {
             check_weights_file(model, &resolved, path, args.seed)?;
         }
-        // --dataset: tokenised (or found in the cache) once here; the workers read the file.
-        let data = match &args.dataset {
-            Some(ds) => {
-                let cols = ortbench_models::text::Columns {
-                    text: args.text_column.clone(),
-                    label: args.label_column.clone(),
-                };
-                let max = seq_arg
-                    .unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
-                Some(crate::dataset::prepare(&resolved, &resolved.config, ds, &cols, max)?)
-            }
-            None => args.data.clone(),
-        };
-        // A tokenised dataset sets its own length (its longest row); --seq-len was its cap.
-        let seq_for_file = if args.dataset.is_some() { None } else { seq_arg };
-        let seq_len = match &data {
-            Some(path) => {
-                DataSource::from_file(
-                    &resolved.config,
-                    path,
-                    batch_size * ranks,
-                    seq_for_file,
-                    args.seed,
-                )
-                .with_context(|| format!("model '{model}'"))?
-                .seq_len
-            }
-            None => {
-                // Default 128 (512 on a GPU), or the model's positions when it has fewer.
-                let s = seq_arg
-                    .unwrap_or((if cuda { 512 } else { 128 }).min(resolved.config.max_positions()));
-                DataSource::synthetic(&resolved.config, batch_size, s, args.seed)
-                    .with_context(|| format!("model '{model}'"))?;
-                s
-            }
-        };
+        let (data, seq_len) =
+            model_data(args, model, &resolved, seq_arg, cuda, batch_size * ranks, batch_size)?;
         if !seq_used.contains(&seq_len) {
             seq_used.push(seq_len);
         }
@@ -314,6 +292,49 @@ pub fn make_plan(args: &RunArgs) -> Result<RunPlan> {
         args.seed
     );
     Ok(RunPlan { runs, jobs, train_flops_per_sample, settings, auto_batch })
+}
+
+/// The data file a model's runs read (a tokenised `--dataset`, `--data`, or none for synthetic
+/// batches of `batch`) and their sequence length; `rows` is the batch across ranks.
+fn model_data(
+    args: &RunArgs,
+    model: &str,
+    resolved: &ResolvedModel,
+    seq_arg: Option<usize>,
+    cuda: bool,
+    rows: usize,
+    batch: usize,
+) -> Result<(Option<PathBuf>, usize)> {
+    // Default 128 (512 on a GPU), or the model's positions when it has fewer.
+    let default_seq = (if cuda { 512 } else { 128 }).min(resolved.config.max_positions());
+    // --dataset: tokenised (or found in the cache) once here; the workers read the file.
+    let data = match &args.dataset {
+        Some(ds) => {
+            let cols = ortbench_models::text::Columns {
+                text: args.text_column.clone(),
+                label: args.label_column.clone(),
+            };
+            let max = seq_arg.unwrap_or(default_seq);
+            Some(crate::dataset::prepare(resolved, &resolved.config, ds, &cols, max)?)
+        }
+        None => args.data.clone(),
+    };
+    // A tokenised dataset sets its own length (its longest row); --seq-len was its cap.
+    let seq_for_file = if args.dataset.is_some() { None } else { seq_arg };
+    let seq_len = match &data {
+        Some(path) => {
+            DataSource::from_file(&resolved.config, path, rows, seq_for_file, args.seed)
+                .with_context(|| format!("model '{model}'"))?
+                .seq_len
+        }
+        None => {
+            let s = seq_arg.unwrap_or(default_seq);
+            DataSource::synthetic(&resolved.config, batch, s, args.seed)
+                .with_context(|| format!("model '{model}'"))?;
+            s
+        }
+    };
+    Ok((data, seq_len))
 }
 
 /// The settings' note of the engine configs' passes when ORTBENCH_PASSES narrows them (the

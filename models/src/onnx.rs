@@ -937,28 +937,7 @@ impl<'a> Exporter<'a> {
             Op::Gelu(Gelu { approx }) => self.gelu(&nm, &x[0], &y[0], *approx),
             // (…) → tanh (https://onnx.ai/onnx/operators/onnx__Tanh.html).
             Op::Tanh => self.out.node("Tanh", &nm, &[&x[0]], &[&y[0]], vec![]),
-            Op::LayerNorm(LayerNorm { eps }) => {
-                let [y_t, mean_t, rstd_t] = node.outputs[..] else { unreachable!("layernorm has 3 outputs") };
-                if live[rstd_t.index()] {
-                    return Err("the rstd output of a LayerNorm is read: only y and the size-1 mean have an export".into());
-                }
-                if live[y_t.index()] {
-                    // x (…, C), w (C), b (C) → y (…, C) over the last axis
-                    // (https://onnx.ai/onnx/operators/onnx__LayerNormalization.html, opset 17).
-                    let attrs = vec![attr_i("axis", -1), attr_f("epsilon", *eps)];
-                    self.out.node("LayerNormalization", &nm, &[&x[0], &x[1], &x[2]], &[&y[0]], attrs);
-                }
-                if live[mean_t.index()] {
-                    // Builder::stop_gradient: the row mean of x (…, 1) is x itself, exactly
-                    // (one term): Squeeze the size-1 axis → (…)
-                    // (https://onnx.ai/onnx/operators/onnx__Squeeze.html).
-                    if self.probes.dims(node.inputs[0])?.last().and_then(|d| d.as_const()) != Some(1) {
-                        return Err("the mean output of a LayerNorm over more than one value is read: only the size-1 row mean (stop_gradient) has an export".into());
-                    }
-                    let axes = self.out.i64s(&[-1], false);
-                    self.out.node("Squeeze", &format!("{nm}_mean"), &[&x[0], &axes], &[&y[1]], vec![]);
-                }
-            }
+            Op::LayerNorm(LayerNorm { eps }) => self.layer_norm(&nm, i, &x, &y, *eps, live)?,
             Op::Softmax(Softmax { scale, causal }) => {
                 let dims = self.probes.dims(node.inputs[0])?;
                 let mask = x.get(1).map(|s| s.as_str());
@@ -1020,42 +999,8 @@ impl<'a> Exporter<'a> {
             Op::Binary(Binary { f }) => match f {
                 BinaryFn::Mul => self.out.node("Mul", &nm, &[&x[0], &x[1]], &[&y[0]], vec![]),
             },
-            // HF's LlamaRMSNorm: x (…, C), w (C) → w·(x·1/√(mean(x²) + eps)) over the last
-            // axis, in f32 (opset 17 has no RMSNormalization: it arrives in 23)
-            // (https://onnx.ai/onnx/operators/onnx__ReduceMean.html, axes an attribute in 13).
-            Op::RmsNorm(RmsNorm { eps }) => {
-                let [_, rstd_t] = node.outputs[..] else { unreachable!("rms_norm has 2 outputs") };
-                if live[rstd_t.index()] {
-                    return Err("the rstd output of an RMSNorm is read: only y has an export".into());
-                }
-                let o = &mut self.out;
-                let sq = o.op("Mul", &format!("{nm}_sq"), &[&x[0], &x[0]], vec![]);
-                let attrs = vec![attr_ints("axes", &[-1]), attr_i("keepdims", 1)];
-                let ms = o.op("ReduceMean", &format!("{nm}_ms"), &[&sq], attrs); // (…, 1)
-                let eps = o.f32(*eps);
-                let v = o.op("Add", &format!("{nm}_var"), &[&ms, &eps], vec![]);
-                let sd = o.op("Sqrt", &format!("{nm}_sqrt"), &[&v], vec![]);
-                let rstd = o.op("Reciprocal", &format!("{nm}_rstd"), &[&sd], vec![]);
-                let xh = o.op("Mul", &format!("{nm}_xhat"), &[&x[0], &rstd], vec![]);
-                o.node("Mul", &nm, &[&x[1], &xh], &[&y[0]], vec![]);
-            }
-            // HF's apply_rotary_pos_emb: x (…, T, D), cos, sin (T, D) → x·cos +
-            // rotate_half(x)·sin, rotate_half(x) = cat(−x[D/2:], x[:D/2]); `inverse` negates
-            // sin (the backward's rotation, not expected in an inference graph but exact).
-            Op::Rotary(Rotary { inverse }) => {
-                let dims = self.probes.dims(node.inputs[0])?;
-                let d = dims.last().and_then(|d| d.as_const()).ok_or("rotary's head size must be fixed")?;
-                let halves = self.out.i64s(&[d / 2, d / 2], false);
-                let (x1, x2) = (format!("{nm}_x1"), format!("{nm}_x2"));
-                let o = &mut self.out;
-                o.node("Split", &format!("{nm}_split"), &[&x[0], &halves], &[&x1, &x2], vec![attr_i("axis", -1)]);
-                let neg = o.op("Neg", &format!("{nm}_neg"), &[&x2], vec![]);
-                let rot = o.op("Concat", &format!("{nm}_rot"), &[&neg, &x1], vec![attr_i("axis", -1)]);
-                let sin = if *inverse { o.op("Neg", &format!("{nm}_nsin"), &[&x[2]], vec![]) } else { x[2].clone() };
-                let a = o.op("Mul", &format!("{nm}_cos"), &[&x[0], &x[1]], vec![]);
-                let b = o.op("Mul", &format!("{nm}_sin"), &[&rot, &sin], vec![]);
-                o.node("Add", &nm, &[&a, &b], &[&y[0]], vec![]);
-            }
+            Op::RmsNorm(RmsNorm { eps }) => self.rms_norm(&nm, i, &x, &y, *eps, live)?,
+            Op::Rotary(Rotary { inverse }) => self.rotary(&nm, i, &x, &y, *inverse)?,
             other => {
                 return Err(format!(
                     "the engine op '{}' has no ONNX export (the export takes the unoptimized inference graph; fused and backward ops are not expected there)",
@@ -1063,6 +1008,113 @@ impl<'a> Exporter<'a> {
                 ))
             }
         }
+        Ok(())
+    }
+
+    /// LayerNorm's y and, when read, its size-1 row mean; its rstd has no export.
+    fn layer_norm(
+        &mut self,
+        nm: &str,
+        i: usize,
+        x: &[String],
+        y: &[String],
+        eps: f32,
+        live: &[bool],
+    ) -> Result<(), String> {
+        let node = &self.probes.graph().nodes()[i];
+        let [y_t, mean_t, rstd_t] = node.outputs[..] else {
+            unreachable!("layernorm has 3 outputs")
+        };
+        let x0 = node.inputs[0];
+        if live[rstd_t.index()] {
+            return Err(
+                "the rstd output of a LayerNorm is read: only y and the size-1 mean have an export"
+                    .into(),
+            );
+        }
+        if live[y_t.index()] {
+            // x (…, C), w (C), b (C) → y (…, C) over the last axis
+            // (https://onnx.ai/onnx/operators/onnx__LayerNormalization.html, opset 17).
+            let attrs = vec![attr_i("axis", -1), attr_f("epsilon", eps)];
+            self.out.node("LayerNormalization", nm, &[&x[0], &x[1], &x[2]], &[&y[0]], attrs);
+        }
+        if live[mean_t.index()] {
+            // Builder::stop_gradient: the row mean of x (…, 1) is x itself, exactly
+            // (one term): Squeeze the size-1 axis → (…)
+            // (https://onnx.ai/onnx/operators/onnx__Squeeze.html).
+            if self.probes.dims(x0)?.last().and_then(|d| d.as_const()) != Some(1) {
+                return Err("the mean output of a LayerNorm over more than one value is read: only the size-1 row mean (stop_gradient) has an export".into());
+            }
+            let axes = self.out.i64s(&[-1], false);
+            self.out.node("Squeeze", &format!("{nm}_mean"), &[&x[0], &axes], &[&y[1]], vec![]);
+        }
+        Ok(())
+    }
+
+    /// HF's LlamaRMSNorm: x (…, C), w (C) → w·(x·1/√(mean(x²) + eps)) over the last
+    /// axis, in f32 (opset 17 has no RMSNormalization: it arrives in 23)
+    /// (https://onnx.ai/onnx/operators/onnx__ReduceMean.html, axes an attribute in 13).
+    fn rms_norm(
+        &mut self,
+        nm: &str,
+        i: usize,
+        x: &[String],
+        y: &[String],
+        eps: f32,
+        live: &[bool],
+    ) -> Result<(), String> {
+        let node = &self.probes.graph().nodes()[i];
+        let [_, rstd_t] = node.outputs[..] else { unreachable!("rms_norm has 2 outputs") };
+        if live[rstd_t.index()] {
+            return Err("the rstd output of an RMSNorm is read: only y has an export".into());
+        }
+        let o = &mut self.out;
+        let sq = o.op("Mul", &format!("{nm}_sq"), &[&x[0], &x[0]], vec![]);
+        let attrs = vec![attr_ints("axes", &[-1]), attr_i("keepdims", 1)];
+        let ms = o.op("ReduceMean", &format!("{nm}_ms"), &[&sq], attrs); // (…, 1)
+        let eps = o.f32(eps);
+        let v = o.op("Add", &format!("{nm}_var"), &[&ms, &eps], vec![]);
+        let sd = o.op("Sqrt", &format!("{nm}_sqrt"), &[&v], vec![]);
+        let rstd = o.op("Reciprocal", &format!("{nm}_rstd"), &[&sd], vec![]);
+        let xh = o.op("Mul", &format!("{nm}_xhat"), &[&x[0], &rstd], vec![]);
+        o.node("Mul", nm, &[&x[1], &xh], &[&y[0]], vec![]);
+        Ok(())
+    }
+
+    /// HF's apply_rotary_pos_emb: x (…, T, D), cos, sin (T, D) → x·cos +
+    /// rotate_half(x)·sin, rotate_half(x) = cat(−x[D/2:], x[:D/2]); `inverse` negates
+    /// sin (the backward's rotation, not expected in an inference graph but exact).
+    fn rotary(
+        &mut self,
+        nm: &str,
+        i: usize,
+        x: &[String],
+        y: &[String],
+        inverse: bool,
+    ) -> Result<(), String> {
+        let x0 = self.probes.graph().nodes()[i].inputs[0];
+        let dims = self.probes.dims(x0)?;
+        let d = dims.last().and_then(|d| d.as_const()).ok_or("rotary's head size must be fixed")?;
+        let halves = self.out.i64s(&[d / 2, d / 2], false);
+        let (x1, x2) = (format!("{nm}_x1"), format!("{nm}_x2"));
+        let o = &mut self.out;
+        o.node(
+            "Split",
+            &format!("{nm}_split"),
+            &[&x[0], &halves],
+            &[&x1, &x2],
+            vec![attr_i("axis", -1)],
+        );
+        let neg = o.op("Neg", &format!("{nm}_neg"), &[&x2], vec![]);
+        let rot = o.op("Concat", &format!("{nm}_rot"), &[&neg, &x1], vec![attr_i("axis", -1)]);
+        let sin = if inverse {
+            o.op("Neg", &format!("{nm}_nsin"), &[&x[2]], vec![])
+        } else {
+            x[2].clone()
+        };
+        let a = o.op("Mul", &format!("{nm}_cos"), &[&x[0], &x[1]], vec![]);
+        let b = o.op("Mul", &format!("{nm}_sin"), &[&rot, &sin], vec![]);
+        o.node("Add", nm, &[&a, &b], &[&y[0]], vec![]);
         Ok(())
     }
 

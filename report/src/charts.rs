@@ -495,54 +495,7 @@ fn memory_split_chart(
             .map_err(err)?
             .label("not attributed (runtime, libraries, data; unknown parts)")
             .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], UNATTRIBUTED.filled()));
-        // The measured peak: a tick over the bar and its value; unknown parts named above it.
-        let above =
-            TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
-        for &(x0, x1, r) in &bars {
-            let split = r.mem_split();
-            let known = mib(split.known_bytes());
-            let top_of_bar = r.peak_mem_bytes.map(mib).unwrap_or(known).max(known);
-            if let Some(peak) = r.peak_mem_bytes.map(mib) {
-                chart
-                    .draw_series(std::iter::once(PathElement::new(
-                        vec![(x0 - 0.04 * width, peak), (x1 + 0.04 * width, peak)],
-                        BLACK.stroke_width(2),
-                    )))
-                    .map_err(err)?;
-            }
-            let unknown: Vec<&str> =
-                split.parts().iter().filter(|p| p.1.is_none()).map(|p| p.0).collect();
-            let mut label = match r.peak_mem_bytes {
-                Some(b) => format!("{:.0}", mib(b)),
-                None => "peak n/a".to_string(),
-            };
-            if split.known_bytes() > r.peak_mem_bytes.unwrap_or(u64::MAX) {
-                label.push_str(" < parts!");
-            }
-            let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), top_of_bar));
-            root.draw(&Text::new(label, (x, y - 2), above.clone())).map_err(err)?;
-            if !unknown.is_empty() {
-                let text = if unknown.len() == 5 {
-                    "split unknown".to_string()
-                } else {
-                    format!("unknown: {}", unknown.join(", "))
-                };
-                let small = TextStyle::from((FONT, 10).into_font())
-                    .pos(Pos::new(HPos::Center, VPos::Bottom));
-                root.draw(&Text::new(text, (x, y - 16), small)).map_err(err)?;
-            }
-        }
-        // Under each bar its config, under each group its label.
-        let under = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
-        for &(x0, x1, r) in &bars {
-            let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), 0.0));
-            root.draw(&Text::new(r.config.clone(), (x, y + 6), under.clone())).map_err(err)?;
-        }
-        let group = TextStyle::from((FONT, 15).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
-        for (i, g) in groups.iter().enumerate() {
-            let (x, y) = chart.backend_coord(&(i as f64, 0.0));
-            root.draw(&Text::new(g.label.clone(), (x, y + 26), group.clone())).map_err(err)?;
-        }
+        bar_labels(&mut chart, &root, &bars, groups, width)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -554,6 +507,73 @@ fn memory_split_chart(
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// The memory chart's coordinates: a float x (groups at integers) and MiB.
+type MemChart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Over each bar (x0, x1, row) of the memory chart its measured peak, as a tick and a value,
+/// and the parts not known; under it its config, under each group its label.
+fn bar_labels(
+    chart: &mut MemChart<'_, '_>,
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    bars: &[(f64, f64, &ResultRow)],
+    groups: &[Group],
+    width: f64,
+) -> Result<()> {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    // The measured peak: a tick over the bar and its value; unknown parts named above it.
+    let above = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+    for &(x0, x1, r) in bars {
+        let split = r.mem_split();
+        let known = mib(split.known_bytes());
+        let top_of_bar = r.peak_mem_bytes.map(mib).unwrap_or(known).max(known);
+        if let Some(peak) = r.peak_mem_bytes.map(mib) {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(x0 - 0.04 * width, peak), (x1 + 0.04 * width, peak)],
+                    BLACK.stroke_width(2),
+                )))
+                .map_err(err)?;
+        }
+        let unknown: Vec<&str> =
+            split.parts().iter().filter(|p| p.1.is_none()).map(|p| p.0).collect();
+        let mut label = match r.peak_mem_bytes {
+            Some(b) => format!("{:.0}", mib(b)),
+            None => "peak n/a".to_string(),
+        };
+        if split.known_bytes() > r.peak_mem_bytes.unwrap_or(u64::MAX) {
+            label.push_str(" < parts!");
+        }
+        let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), top_of_bar));
+        root.draw(&Text::new(label, (x, y - 2), above.clone())).map_err(err)?;
+        if !unknown.is_empty() {
+            let text = if unknown.len() == 5 {
+                "split unknown".to_string()
+            } else {
+                format!("unknown: {}", unknown.join(", "))
+            };
+            let small =
+                TextStyle::from((FONT, 10).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+            root.draw(&Text::new(text, (x, y - 16), small)).map_err(err)?;
+        }
+    }
+    // Under each bar its config, under each group its label.
+    let under = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    for &(x0, x1, r) in bars {
+        let (x, y) = chart.backend_coord(&(0.5 * (x0 + x1), 0.0));
+        root.draw(&Text::new(r.config.clone(), (x, y + 6), under.clone())).map_err(err)?;
+    }
+    let group = TextStyle::from((FONT, 15).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    for (i, g) in groups.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(i as f64, 0.0));
+        root.draw(&Text::new(g.label.clone(), (x, y + 26), group.clone())).map_err(err)?;
+    }
+    Ok(())
 }
 
 /// One line per config over the steps; `vline`: a dashed vertical marker (end of warm-up).

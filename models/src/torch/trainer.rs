@@ -305,110 +305,7 @@ impl TorchTrainer {
         let grads: Vec<Tensor> =
             self.ordered.iter().map(|(_, t)| t.grad()).filter(|g| g.defined()).collect();
         if let Some((reducer, weight)) = ddp {
-            let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
-            let local = loss.double_value(&[]) as f32;
-            // An empty rank (no labelled token) has a NaN mean loss: it contributes nothing.
-            let mut l = [if weight == 0.0 { 0.0 } else { local * weight }];
-            match reducer {
-                Reducer::Host(g) => g.all_reduce(&mut l, ReduceOp::Sum),
-                Reducer::Nccl(g) => g.all_reduce(&mut l, ReduceOp::Sum),
-            }
-            .map_err(err)?;
-            loss = Tensor::from(f64::from(l[0]));
-            // As torch DDP: the gradients in buckets of at most 25 MiB, last parameters first (the
-            // order the backward produces them), each bucket all-reduced on its own — no
-            // full-size copy of the gradients. The reduction is element-wise, so the result is
-            // the same bits as one flat all-reduce.
-            let cap = (self.bucket_bytes / 4).max(1);
-            let mut bucket = std::mem::take(&mut self.bucket);
-            let device = self.device;
-            let res = tch::no_grad(|| -> Result<(), ModelError> {
-                let mut end = grads.len();
-                while end > 0 {
-                    // grads[start..end]: as many as fit the cap (at least one).
-                    let mut start = end - 1;
-                    let mut n = grads[start].numel();
-                    while start > 0 && n + grads[start - 1].numel() <= cap {
-                        start -= 1;
-                        n += grads[start].numel();
-                    }
-                    let part = &grads[start..end];
-                    match &reducer {
-                        Reducer::Host(group) => {
-                            // A reused host buffer.
-                            bucket.clear();
-                            for g in part {
-                                let flat = g
-                                    .flatten(0, -1)
-                                    .to_kind(Kind::Float)
-                                    .to_device(Device::Cpu)
-                                    .contiguous();
-                                let v = Vec::<f32>::try_from(&flat)
-                                    .map_err(|e| ModelError::Training(e.to_string()))?;
-                                bucket.extend_from_slice(&v);
-                            }
-                            if weight == 0.0 {
-                                bucket.fill(0.0);
-                            } else {
-                                bucket.iter_mut().for_each(|g| *g *= weight);
-                            }
-                            group.all_reduce(&mut bucket, ReduceOp::Sum).map_err(err)?;
-                            let mut at = 0;
-                            for g in part {
-                                let k = g.numel();
-                                let mut g = g.shallow_clone();
-                                let r = Tensor::from_slice(&bucket[at..at + k])
-                                    .to_device(device)
-                                    .to_kind(g.kind());
-                                g.copy_(&r.view_as(&g));
-                                at += k;
-                            }
-                        }
-                        Reducer::Nccl(group) => {
-                            // A device tensor: the bucket's gradients, flat, f32, weighted.
-                            let flats: Vec<Tensor> = part
-                                .iter()
-                                .map(|g| g.flatten(0, -1).to_kind(Kind::Float))
-                                .collect();
-                            let mut b = Tensor::cat(&flats, 0);
-                            if weight == 0.0 {
-                                let _ = b.zero_();
-                            } else {
-                                let _ = b.g_mul_scalar_(f64::from(weight));
-                            }
-                            // SAFETY: `b` is a live contiguous f32 device tensor of b.numel()
-                            // elements, kept alive until the copies below (queued after the
-                            // collective on the same stream) have read it.
-                            unsafe {
-                                group.queue_all_reduce(
-                                    b.data_ptr() as u64,
-                                    b.numel(),
-                                    ElementKind::F32,
-                                    ReduceOp::Sum,
-                                    std::ptr::null_mut(),
-                                )
-                            }
-                            .map_err(err)?;
-                            // Under the watchdog: a peer that stopped fails the step after the
-                            // collective timeout instead of blocking the step's synchronise.
-                            group
-                                .watch(Some(std::ptr::null_mut()), "ncclAllReduce")
-                                .map_err(err)?;
-                            let mut at = 0i64;
-                            for g in part {
-                                let k = g.numel() as i64;
-                                let mut g = g.shallow_clone();
-                                g.copy_(&b.narrow(0, at, k).view_as(&g).to_kind(g.kind()));
-                                at += k;
-                            }
-                        }
-                    }
-                    end = start;
-                }
-                Ok(())
-            });
-            self.bucket = bucket;
-            res?;
+            loss = self.ddp_all_reduce(&loss, &grads, reducer, weight)?;
         }
         // GradScaler with a fused optimizer, as HF Trainer drives it. With clipping (HF's
         // default max_grad_norm=1.0) Accelerate's clip_grad_norm_ first calls
@@ -469,6 +366,56 @@ impl TorchTrainer {
         Ok(StepStats { loss: loss.double_value(&[]), grad_norm, loss_scale: scale, skipped })
     }
 
+    /// DDP: the loss and every gradient summed over ranks, each rank's weighted by `weight`
+    /// (its share of the labelled tokens); returns the summed loss.
+    fn ddp_all_reduce<G: Collective>(
+        &mut self,
+        loss: &Tensor,
+        grads: &[Tensor],
+        reducer: Reducer<'_, G>,
+        weight: f32,
+    ) -> Result<Tensor, ModelError> {
+        let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
+        let local = loss.double_value(&[]) as f32;
+        // An empty rank (no labelled token) has a NaN mean loss: it contributes nothing.
+        let mut l = [if weight == 0.0 { 0.0 } else { local * weight }];
+        match reducer {
+            Reducer::Host(g) => g.all_reduce(&mut l, ReduceOp::Sum),
+            Reducer::Nccl(g) => g.all_reduce(&mut l, ReduceOp::Sum),
+        }
+        .map_err(err)?;
+        let loss = Tensor::from(f64::from(l[0]));
+        // As torch DDP: the gradients in buckets of at most 25 MiB, last parameters first (the
+        // order the backward produces them), each bucket all-reduced on its own — no
+        // full-size copy of the gradients. The reduction is element-wise, so the result is
+        // the same bits as one flat all-reduce.
+        let cap = (self.bucket_bytes / 4).max(1);
+        let mut bucket = std::mem::take(&mut self.bucket);
+        let device = self.device;
+        let res = tch::no_grad(|| -> Result<(), ModelError> {
+            let mut end = grads.len();
+            while end > 0 {
+                // grads[start..end]: as many as fit the cap (at least one).
+                let mut start = end - 1;
+                let mut n = grads[start].numel();
+                while start > 0 && n + grads[start - 1].numel() <= cap {
+                    start -= 1;
+                    n += grads[start].numel();
+                }
+                let part = &grads[start..end];
+                match &reducer {
+                    Reducer::Host(group) => host_bucket(*group, part, &mut bucket, weight, device)?,
+                    Reducer::Nccl(group) => nccl_bucket(group, part, weight)?,
+                }
+                end = start;
+            }
+            Ok(())
+        });
+        self.bucket = bucket;
+        res?;
+        Ok(loss)
+    }
+
     /// The current parameters under their HF names.
     pub fn weights(&self) -> Weights {
         export(&self.ordered)
@@ -492,6 +439,76 @@ impl TorchTrainer {
     pub fn optimizer_implementation(&self) -> &'static str {
         self.opt.implementation()
     }
+}
+
+/// One DDP bucket through the host group: the gradients of `part`, flat, f32 and weighted, in
+/// a reused host buffer, all-reduced, copied back in their kinds.
+fn host_bucket<G: Collective>(
+    group: &G,
+    part: &[Tensor],
+    bucket: &mut Vec<f32>,
+    weight: f32,
+    device: Device,
+) -> Result<(), ModelError> {
+    let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
+    bucket.clear();
+    for g in part {
+        let flat = g.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
+        let v = Vec::<f32>::try_from(&flat).map_err(|e| ModelError::Training(e.to_string()))?;
+        bucket.extend_from_slice(&v);
+    }
+    if weight == 0.0 {
+        bucket.fill(0.0);
+    } else {
+        bucket.iter_mut().for_each(|g| *g *= weight);
+    }
+    group.all_reduce(bucket, ReduceOp::Sum).map_err(err)?;
+    let mut at = 0;
+    for g in part {
+        let k = g.numel();
+        let mut g = g.shallow_clone();
+        let r = Tensor::from_slice(&bucket[at..at + k]).to_device(device).to_kind(g.kind());
+        g.copy_(&r.view_as(&g));
+        at += k;
+    }
+    Ok(())
+}
+
+/// One DDP bucket through NCCL: a device tensor of the bucket's gradients, flat, f32 and
+/// weighted, all-reduced on the group's stream under its watchdog, copied back.
+fn nccl_bucket(group: &DeviceGroup, part: &[Tensor], weight: f32) -> Result<(), ModelError> {
+    let err = |e: CollectiveError| ModelError::Training(format!("DDP all-reduce: {e}"));
+    let flats: Vec<Tensor> = part.iter().map(|g| g.flatten(0, -1).to_kind(Kind::Float)).collect();
+    let mut b = Tensor::cat(&flats, 0);
+    if weight == 0.0 {
+        let _ = b.zero_();
+    } else {
+        let _ = b.g_mul_scalar_(f64::from(weight));
+    }
+    // SAFETY: `b` is a live contiguous f32 device tensor of b.numel()
+    // elements, kept alive until the copies below (queued after the
+    // collective on the same stream) have read it.
+    unsafe {
+        group.queue_all_reduce(
+            b.data_ptr() as u64,
+            b.numel(),
+            ElementKind::F32,
+            ReduceOp::Sum,
+            std::ptr::null_mut(),
+        )
+    }
+    .map_err(err)?;
+    // Under the watchdog: a peer that stopped fails the step after the
+    // collective timeout instead of blocking the step's synchronise.
+    group.watch(Some(std::ptr::null_mut()), "ncclAllReduce").map_err(err)?;
+    let mut at = 0i64;
+    for g in part {
+        let k = g.numel() as i64;
+        let mut g = g.shallow_clone();
+        g.copy_(&b.narrow(0, at, k).view_as(&g).to_kind(g.kind()));
+        at += k;
+    }
+    Ok(())
 }
 
 /// Where DDP's buckets are reduced: in host memory by a host transport, or in device memory by
