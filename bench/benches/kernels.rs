@@ -4,7 +4,8 @@
 //! GELU erf and tanh, attention and causal attention, cross-entropy on bert's masked labels and
 //! on every row), two lines: `kernel` and `reference` (attention has a third, the kernel on the
 //! executor's strided layout); and the passes' fused kernels against the unfused kernels they
-//! replace (`fused` vs `unfused`), the LM head (`lm_head`, at gpt2's b8 × s512 head) last.
+//! replace (`fused` vs `unfused`), rotary on strided rows against a permute copy and the dense
+//! kernel (`rotary`), the LM head (`lm_head`, at gpt2's b8 × s512 head) last.
 //!
 //! `cargo bench -p ortbench --bench kernels`; one group: `cargo bench -p ortbench --bench
 //! kernels -- lm_head`
@@ -542,10 +543,61 @@ fn lm_head(c: &mut Criterion) {
     g.finish();
 }
 
+/// Rotary on q as a Llama step runs it (smollm2-135m's 9 heads of 64 at b8 × s128): `strided`
+/// reads q where its projection wrote it, (B, T, H, D) seen as (B, H, T, D), and writes y
+/// dense (what the plan runs since the head permute folds into the kernel's rows);
+/// `permute then dense` is what ran before: the permute's strided copy, then the dense kernel.
+fn rotary(c: &mut Criterion) {
+    use ortbench_engine::backend::cpu::kernels::{copy, rotary::*};
+    use ortbench_engine::backend::cpu::pool::SyncPtr;
+    let pool = Pool::global();
+    let (h, n) = (9usize, ROWS * 9 * D);
+    let q = random(n, 61); // (B, T, H, D)
+    let (cos, sin) = (random(T * D, 62), random(T * D, 63));
+    let (mut tmp, mut y) = (vec![0f32; n], vec![0f32; n]);
+    let lead = [B, h, T];
+    let (qs, ys) = ([T * h * D, D, h * D], [h * T * D, T * D, D]);
+    let mut g = c.benchmark_group(format!("rotary (B {B}, H {h}, T {T}, D {D})"));
+    g.bench_function("strided", |b| {
+        b.iter(|| {
+            let at = |p: *mut f32, strides| RowsAt { ptr: SyncPtr(p), lead: &lead, strides };
+            let x = at(q.as_ptr() as *mut f32, &qs[..]);
+            // SAFETY: both layouts address B·H·T rows of D inside their vectors; y is apart.
+            unsafe { rotary_rows(pool, at(y.as_mut_ptr(), &ys[..]), Some(x), &cos, &sin, D, false) }
+        })
+    });
+    g.bench_function("permute then dense", |b| {
+        b.iter(|| {
+            // SAFETY: q (B, T, H, D) read as (B, H, T, D) into the dense tmp of the same size.
+            unsafe {
+                copy::copy_strided(
+                    pool,
+                    q.as_ptr(),
+                    &[B, h, T, D],
+                    &[T * h * D, D, h * D, 1],
+                    tmp.as_mut_ptr(),
+                    &[B, h, T, D],
+                    &[h * T * D, T * D, D, 1],
+                )
+            };
+            ortbench_engine::backend::cpu::kernels::rotary::rotary(
+                pool,
+                &mut y,
+                Some(&tmp),
+                &cos,
+                &sin,
+                D,
+                false,
+            )
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = criterion();
     targets = gelu, add_dropout, reduce_sum_leading, layernorm, softmax, attention, cross_entropy,
-        embedding, fused, lm_head
+        embedding, fused, rotary, lm_head
 }
 criterion_main!(benches);

@@ -15,6 +15,7 @@ use super::Real;
 use crate::graph::builder::shape_err;
 use crate::graph::GraphError;
 use crate::graph::{ElemType, Graph, Op, TensorId};
+use crate::plan::Req;
 
 /// (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D) = x·cos + rotate_half(x)·sin with
 /// rotate_half(x) = cat(−x[D/2:], x[:D/2]) (HF's `apply_rotary_pos_emb`); `inverse` negates
@@ -39,6 +40,21 @@ impl OpDef for Rotary {
 
     fn attrs(&self) -> String {
         format!("inverse={}", self.inverse)
+    }
+
+    fn read_req(&self, slot: usize) -> Req {
+        // x: rows of D at any strides (q or k inside their projection's (B, T, H·D) rows, the
+        // head permute folded); cos and sin dense.
+        if slot == 0 {
+            Req::Rows
+        } else {
+            Req::Contig
+        }
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        // y: rows of D at any strides (the backward's dq, dk into the projection's gradient).
+        Req::Rows
     }
 
     // Rotary reads the pair (x[i], x[i + D/2]) before it writes (y[i], y[i + D/2]); its

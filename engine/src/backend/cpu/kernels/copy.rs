@@ -12,15 +12,20 @@ use crate::ops::OpError;
 
 /// A strided tensor walk: element offsets in row-major order of `shape`, from flat index
 /// `start` on.
-struct Walk<'a> {
+pub(super) struct Walk<'a> {
     shape: &'a [usize],
     strides: &'a [usize],
     idx: [usize; 8],
-    off: usize,
+    pub(super) off: usize,
 }
 
 impl<'a> Walk<'a> {
-    fn new(shape: &'a [usize], strides: &'a [usize], base: usize, mut start: usize) -> Self {
+    pub(super) fn new(
+        shape: &'a [usize],
+        strides: &'a [usize],
+        base: usize,
+        mut start: usize,
+    ) -> Self {
         assert!(shape.len() <= 8, "strided copies support up to 8 dims");
         let mut idx = [0usize; 8];
         let mut off = base;
@@ -33,7 +38,7 @@ impl<'a> Walk<'a> {
     }
 
     #[inline]
-    fn advance(&mut self) {
+    pub(super) fn advance(&mut self) {
         for d in (0..self.shape.len()).rev() {
             self.idx[d] += 1;
             self.off += self.strides[d];

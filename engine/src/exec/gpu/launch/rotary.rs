@@ -45,6 +45,11 @@ impl<P> RotaryLaunch<P> {
 }
 
 impl GpuKernel for Rotary {
+    // The kernel addresses rows as r·D: dense x and y (the CPU kernel takes strided rows).
+    fn dense_rows(&self) -> bool {
+        true
+    }
+
     // (x (…, T, D), cos (T, D), sin (T, D)) → y (…, T, D)
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let (ins, outs) = (&cx.node.inputs, &cx.node.outputs);
