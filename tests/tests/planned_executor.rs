@@ -9,6 +9,7 @@
 //! parameters (a floor for gradients that are exactly zero in exact arithmetic, e.g. attention
 //! key biases, where both executors return rounding noise).
 
+use ortbench_engine::exec::gpu::support::GpuSupport;
 use ortbench_engine::exec::planned::{CpuSupport, PlannedExecutor};
 use ortbench_engine::passes::PassConfig;
 use ortbench_engine::plan;
@@ -89,8 +90,9 @@ fn tiny_bert_classifier_planned_matches_reference_with_dropout() {
 }
 
 /// The benchmark-size plans: checked invariants, no view copied, no gradient copied, and the
-/// arena at most a third of the naive sum. smollm2-135m (Llama): the head permutes around
-/// rotary fold into the kernel's strided rows (120 copies per step before).
+/// arena at most a third of the naive sum; the GPU plan copies no view either. smollm2-135m
+/// (Llama): the head permutes around rotary fold into the kernels' strided rows (120 copies
+/// per step before, on the CPU and on a GPU).
 #[test]
 fn bert_base_gpt2_and_smollm2_plans_at_b8_s128() {
     for name in ["bert-base-uncased", "gpt2", "smollm2-135m"] {
@@ -102,6 +104,9 @@ fn bert_base_gpt2_and_smollm2_plans_at_b8_s128() {
         p.check(g).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (_, copied) = p.view_counts(g);
         assert_eq!(copied, 0, "{name}: views copied");
+        // The GPU kernels take the same layouts (attention and rotary on strided rows).
+        let gpu = plan::build(g, &GpuSupport::for_graph(g)).unwrap();
+        assert_eq!(gpu.view_counts(g).1, 0, "{name}: views copied in the GPU plan");
         assert!(p.grad_copies.is_empty(), "{name}: gradients copied");
         assert!(3 * p.peak_bytes() < p.naive_bytes, "{name}: {}", p.summary(g));
     }

@@ -29,12 +29,6 @@ pub trait GpuKernel {
         None
     }
 
-    /// Whether the kernels read and write dense operands where the op accepts rows at any
-    /// strides (`Req::Rows`): the GPU plan then makes them `Req::Contig`.
-    fn dense_rows(&self) -> bool {
-        false
-    }
-
     /// Elements (4-byte units) of scratch the kernels need (0 for none).
     fn workspace(&self, _sup: &GpuSupport, _g: &Graph, _node: usize) -> usize {
         0

@@ -16,7 +16,7 @@
 
 use super::kernel::GpuKernel;
 use crate::graph::{ElemType, Graph, Op};
-use crate::plan::{KernelSupport, PlanError, Req};
+use crate::plan::{KernelSupport, PlanError};
 use crate::DType;
 
 /// Rows of a column reduction one block walks (reduce.cu `column_sum_partial`, layernorm.cu
@@ -218,22 +218,6 @@ impl KernelSupport for GpuSupport {
             return Err(err(" for tensors of more than 8 dims"));
         }
         Ok(())
-    }
-
-    fn read_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
-        let op = g.nodes()[node].op.def();
-        match op.read_req(slot) {
-            Req::Rows if GpuKernel::dense_rows(op) => Req::Contig,
-            req => req,
-        }
-    }
-
-    fn write_req(&self, g: &Graph, node: usize, slot: usize) -> Req {
-        let op = g.nodes()[node].op.def();
-        match op.write_req(slot) {
-            Req::Rows if GpuKernel::dense_rows(op) => Req::Contig,
-            req => req,
-        }
     }
 
     fn inplace(&self, g: &Graph, node: usize) -> Vec<usize> {
