@@ -573,6 +573,15 @@ struct Exporter<'a> {
     positions: usize,
 }
 
+/// One engine node being exported: its ONNX name, its index and its operands' names.
+#[derive(Clone, Copy)]
+struct NodeAt<'a> {
+    nm: &'a str,
+    i: usize,
+    x: &'a [String],
+    y: &'a [String],
+}
+
 impl<'a> Exporter<'a> {
     fn new(probes: &'a Probes, fixed: Vec<(&'static str, Vec<f32>)>, positions: usize) -> Self {
         let g = probes.graph();
@@ -887,6 +896,7 @@ impl<'a> Exporter<'a> {
         let x: Vec<String> = node.inputs.iter().map(|&t| self.name(t).to_string()).collect();
         let y: Vec<String> = node.outputs.iter().map(|&t| self.name(t).to_string()).collect();
         let nm = format!("n{i}_{}", node.op.name());
+        let at = NodeAt { nm: &nm, i, x: &x, y: &y };
         let rank = |t: TensorId| g.shape(t).len() as i64;
         match &node.op {
             // Constant (…) of the output's shape: an initializer when the shape is fixed,
@@ -937,7 +947,7 @@ impl<'a> Exporter<'a> {
             Op::Gelu(Gelu { approx }) => self.gelu(&nm, &x[0], &y[0], *approx),
             // (…) → tanh (https://onnx.ai/onnx/operators/onnx__Tanh.html).
             Op::Tanh => self.out.node("Tanh", &nm, &[&x[0]], &[&y[0]], vec![]),
-            Op::LayerNorm(LayerNorm { eps }) => self.layer_norm(&nm, i, &x, &y, *eps, live)?,
+            Op::LayerNorm(LayerNorm { eps }) => self.layer_norm(at, *eps, live)?,
             Op::Softmax(Softmax { scale, causal }) => {
                 let dims = self.probes.dims(node.inputs[0])?;
                 let mask = x.get(1).map(|s| s.as_str());
@@ -999,8 +1009,8 @@ impl<'a> Exporter<'a> {
             Op::Binary(Binary { f }) => match f {
                 BinaryFn::Mul => self.out.node("Mul", &nm, &[&x[0], &x[1]], &[&y[0]], vec![]),
             },
-            Op::RmsNorm(RmsNorm { eps }) => self.rms_norm(&nm, i, &x, &y, *eps, live)?,
-            Op::Rotary(Rotary { inverse }) => self.rotary(&nm, i, &x, &y, *inverse)?,
+            Op::RmsNorm(RmsNorm { eps }) => self.rms_norm(at, *eps, live)?,
+            Op::Rotary(Rotary { inverse }) => self.rotary(at, *inverse)?,
             other => {
                 return Err(format!(
                     "the engine op '{}' has no ONNX export (the export takes the unoptimized inference graph; fused and backward ops are not expected there)",
@@ -1012,15 +1022,8 @@ impl<'a> Exporter<'a> {
     }
 
     /// LayerNorm's y and, when read, its size-1 row mean; its rstd has no export.
-    fn layer_norm(
-        &mut self,
-        nm: &str,
-        i: usize,
-        x: &[String],
-        y: &[String],
-        eps: f32,
-        live: &[bool],
-    ) -> Result<(), String> {
+    fn layer_norm(&mut self, at: NodeAt<'_>, eps: f32, live: &[bool]) -> Result<(), String> {
+        let NodeAt { nm, i, x, y } = at;
         let node = &self.probes.graph().nodes()[i];
         let [y_t, mean_t, rstd_t] = node.outputs[..] else {
             unreachable!("layernorm has 3 outputs")
@@ -1054,15 +1057,8 @@ impl<'a> Exporter<'a> {
     /// HF's LlamaRMSNorm: x (…, C), w (C) → w·(x·1/√(mean(x²) + eps)) over the last
     /// axis, in f32 (opset 17 has no RMSNormalization: it arrives in 23)
     /// (https://onnx.ai/onnx/operators/onnx__ReduceMean.html, axes an attribute in 13).
-    fn rms_norm(
-        &mut self,
-        nm: &str,
-        i: usize,
-        x: &[String],
-        y: &[String],
-        eps: f32,
-        live: &[bool],
-    ) -> Result<(), String> {
+    fn rms_norm(&mut self, at: NodeAt<'_>, eps: f32, live: &[bool]) -> Result<(), String> {
+        let NodeAt { nm, i, x, y } = at;
         let node = &self.probes.graph().nodes()[i];
         let [_, rstd_t] = node.outputs[..] else { unreachable!("rms_norm has 2 outputs") };
         if live[rstd_t.index()] {
@@ -1084,14 +1080,8 @@ impl<'a> Exporter<'a> {
     /// HF's apply_rotary_pos_emb: x (…, T, D), cos, sin (T, D) → x·cos +
     /// rotate_half(x)·sin, rotate_half(x) = cat(−x[D/2:], x[:D/2]); `inverse` negates
     /// sin (the backward's rotation, not expected in an inference graph but exact).
-    fn rotary(
-        &mut self,
-        nm: &str,
-        i: usize,
-        x: &[String],
-        y: &[String],
-        inverse: bool,
-    ) -> Result<(), String> {
+    fn rotary(&mut self, at: NodeAt<'_>, inverse: bool) -> Result<(), String> {
+        let NodeAt { nm, i, x, y } = at;
         let x0 = self.probes.graph().nodes()[i].inputs[0];
         let dims = self.probes.dims(x0)?;
         let d = dims.last().and_then(|d| d.as_const()).ok_or("rotary's head size must be fixed")?;
