@@ -548,7 +548,7 @@ fn lm_head(c: &mut Criterion) {
 /// dense (what the plan runs since the head permute folds into the kernel's rows);
 /// `permute then dense` is what ran before: the permute's strided copy, then the dense kernel.
 fn rotary(c: &mut Criterion) {
-    use ortbench_engine::backend::cpu::kernels::{copy, rotary::*};
+    use ortbench_engine::backend::cpu::kernels::{copy, rotary::*, rows::RowsAt};
     use ortbench_engine::backend::cpu::pool::SyncPtr;
     let pool = Pool::global();
     let (h, n) = (9usize, ROWS * 9 * D);

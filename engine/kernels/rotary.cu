@@ -22,7 +22,14 @@ __device__ void rotary(T* y, const T* x, const T* cos, const T* sin, long long r
     GRID_STRIDE(p, rows * h) {
         const long long r = p / h;
         const int i = (int)(p - r * h);
-        const long long i2 = r % n2, q = r / n2, i1 = q % n1, i0 = q / n1;
+        // One row dim (dense rows, or leading dims that merged) takes no division for the row.
+        long long i0 = 0, i1 = 0, i2 = r;
+        if (n1 != 1 || n2 != rows) {
+            const long long q = r / n2;
+            i2 = r - q * n2;
+            i1 = q % n1;
+            i0 = q / n1;
+        }
         const long long xo = i0 * xs0 + i1 * xs1 + i2 * xs2, yo = i0 * ys0 + i1 * ys1 + i2 * ys2;
         const long long ct = (r % t) * d;
         const float a = to_f32(x[xo + i]), b = to_f32(x[xo + h + i]);

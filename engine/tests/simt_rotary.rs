@@ -9,6 +9,7 @@ mod kernel_harness;
 
 use kernel_harness::*;
 use ortbench_engine::backend::cpu::kernels::rotary as cpu;
+use ortbench_engine::backend::cpu::kernels::rows::RowsAt;
 use ortbench_engine::backend::cpu::pool::Pool;
 use ortbench_engine::exec::gpu::launch::rotary::RotaryLaunch;
 use ortbench_simt::Buf;
@@ -71,7 +72,7 @@ fn rotary_on_strided_rows_matches_the_cpu_kernel() {
             let sin = rng.vec(t * d, -1.0, 1.0, dt);
             for inverse in [false, true] {
                 let (mut want_y, mut want_x) = (vec![f32::NAN; ny], x.clone());
-                let at = |p: *mut f32, strides| cpu::RowsAt {
+                let at = |p: *mut f32, strides| RowsAt {
                     ptr: ortbench_engine::backend::cpu::pool::SyncPtr(p),
                     lead: &lead,
                     strides,

@@ -39,7 +39,7 @@ fn forward_and_backward_match_the_cpu_kernels_in_and_out_of_place() {
             for h in 0..3 {
                 let mut bufs =
                     [Buf::poisoned(N, dt), Buf::from_f32(&gate, dt), Buf::from_f32(&up, dt)];
-                let l = gpu::Forward { dtype, h, gate: 1, up: 2, n: N };
+                let l = gpu::Forward { dtype, h, gate: 1, up: 2, rows: gpu::one_row(), w: N };
                 let [b0, b1, b2] = &mut bufs;
                 dev.run_on(l.launch(dev.geometry()), &mut [b0, b1, b2]).unwrap();
                 check(&what(&format!("forward, h at {h}")), &bufs[h].to_f32(), &h_want, dt, t);
@@ -53,12 +53,104 @@ fn forward_and_backward_match_the_cpu_kernels_in_and_out_of_place() {
                     Buf::from_f32(&gate, dt),
                     Buf::from_f32(&up, dt),
                 ];
-                let l = gpu::Backward { dtype, dgate, dup: 1, dh: 2, gate: 3, up: 4, n: N };
+                let rows = gpu::one_row();
+                let l = gpu::Backward { dtype, dgate, dup: 1, dh: 2, gate: 3, up: 4, rows, w: N };
                 let [b0, b1, b2, b3, b4] = &mut bufs;
                 dev.run_on(l.launch(dev.geometry()), &mut [b0, b1, b2, b3, b4]).unwrap();
                 let s = format!("backward, dgate at {dgate}");
                 check(&what(&format!("{s}: dgate")), &bufs[dgate].to_f32(), &dg_want, dt, t);
                 check(&what(&format!("{s}: dup")), &bufs[1].to_f32(), &du_want, dt, t);
+            }
+        }
+    }
+}
+
+/// Rows of W = 37 at the plan's strides, as Phi-3 runs them: gate and up (and dgate, dup) the
+/// halves of a (B, T, 2W) tensor — row stride 2W, the other half's place poisoned and never
+/// written —, h and dh dense; then h over gate and dgate over dh at gate's strides. B, T = 3, 11:
+/// the two leading dims merge into one row dim (`rows3`), so this is the launch the executor
+/// makes. Against the CPU kernels on the dense values.
+#[test]
+fn forward_and_backward_on_strided_rows_match_the_cpu_kernels() {
+    let pool = Pool::new(2);
+    let (b, t, w) = (3usize, 11usize, 37usize);
+    let (rows, n) = (b * t, b * t * w);
+    // Dense values at row stride `st`, the gaps NaN; and back.
+    let place = |v: &[f32], st: usize| {
+        let mut o = vec![f32::NAN; rows * st];
+        (0..rows).for_each(|r| o[r * st..r * st + w].copy_from_slice(&v[r * w..(r + 1) * w]));
+        o
+    };
+    let take = |v: &[f32], st: usize| {
+        (0..rows).flat_map(|r| v[r * st..r * st + w].to_vec()).collect::<Vec<f32>>()
+    };
+    let gaps_poisoned = |v: &[f32], st: usize| {
+        (0..rows).all(|r| v[r * st + w..(r + 1) * st].iter().all(|x| x.is_nan()))
+    };
+    let strides = |st: usize| [0i64, (t * st) as i64, st as i64];
+    let (half, full) = (2 * w, w);
+    for dt in FLOATS {
+        let mut rng = Rng::new(37);
+        let gate = rng.vec(n, -12.0, 12.0, dt);
+        let up = rng.vec(n, -3.0, 3.0, dt);
+        let dh = rng.vec(n, -2.0, 2.0, dt);
+        let mut h_want = vec![0f32; n];
+        cpu::forward(&pool, &mut h_want, &gate, &up);
+        let (mut dg_want, mut du_want) = (vec![0f32; n], vec![0f32; n]);
+        cpu::backward(&pool, &mut dg_want, &mut du_want, &dh, &gate, &up);
+        let tl = tol(dt, 2e-6);
+        for dev in devices() {
+            let what = |s: &str| format!("strided swiglu {s} {dt:?} on {dev}");
+            let dtype = dtype(dt);
+            // Forward: h dense apart (0), or over gate (1) at gate's strides.
+            for h in [0, 1] {
+                let hst = if h == 0 { full } else { half };
+                let mut bufs = [
+                    Buf::poisoned(n, dt),
+                    Buf::from_f32(&place(&gate, half), dt),
+                    Buf::from_f32(&place(&up, half), dt),
+                ];
+                let lead = [1, b, t];
+                let rows3 = (lead, [strides(hst), strides(half), strides(half)]);
+                let l = gpu::Forward { dtype, h, gate: 1, up: 2, rows: rows3, w };
+                let [b0, b1, b2] = &mut bufs;
+                dev.run_on(l.launch(dev.geometry()), &mut [b0, b1, b2]).unwrap();
+                let got = bufs[h].to_f32();
+                check(&what(&format!("forward, h at {h}")), &take(&got, hst), &h_want, dt, tl);
+                assert!(h == 0 || gaps_poisoned(&got, half), "{}", what("forward: a gap written"));
+            }
+            // Backward: dgate apart (0) at stride 2W, or over dh (2), dh then at 2W too.
+            for dgate in [0, 2] {
+                let mut bufs = [
+                    Buf::poisoned(rows * half, dt),
+                    Buf::poisoned(rows * half, dt),
+                    Buf::from_f32(&if dgate == 2 { place(&dh, half) } else { dh.clone() }, dt),
+                    Buf::from_f32(&place(&gate, half), dt),
+                    Buf::from_f32(&place(&up, half), dt),
+                ];
+                let dhst = if dgate == 2 { half } else { full };
+                let s = [strides(half), strides(half), strides(dhst), strides(half), strides(half)];
+                let l = gpu::Backward {
+                    dtype,
+                    dgate,
+                    dup: 1,
+                    dh: 2,
+                    gate: 3,
+                    up: 4,
+                    rows: ([1, b, t], s),
+                    w,
+                };
+                let [b0, b1, b2, b3, b4] = &mut bufs;
+                dev.run_on(l.launch(dev.geometry()), &mut [b0, b1, b2, b3, b4]).unwrap();
+                let (dg, du) = (bufs[dgate].to_f32(), bufs[1].to_f32());
+                let s = format!("backward, dgate at {dgate}");
+                check(&what(&format!("{s}: dgate")), &take(&dg, half), &dg_want, dt, tl);
+                check(&what(&format!("{s}: dup")), &take(&du, half), &du_want, dt, tl);
+                assert!(
+                    gaps_poisoned(&dg, half) && gaps_poisoned(&du, half),
+                    "{}",
+                    what("backward: a gap written")
+                );
             }
         }
     }

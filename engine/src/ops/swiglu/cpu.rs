@@ -1,5 +1,5 @@
-//! SwiGLU's CPU kernels: one pass over the elements each way, split over the pool as the
-//! elementwise kernels are. The formulas are the pointwise SiLU's own (`kernels::pointwise`'s
+//! SwiGLU's CPU kernels: one pass over the elements each way; in a step, a row of I at a time
+//! at the plan's strides, rows split over the pool. The formulas are the pointwise SiLU's own (`kernels::pointwise`'s
 //! `Silu`, `SiluBackward`), applied in the unfused graph's order, so in f32 the fused op gives
 //! the same bits as `silu` then `mul` and their backwards.
 //!
@@ -8,6 +8,7 @@
 use super::{backward_slot as bs, slot, SwiGlu, SwiGluBackward};
 use crate::backend::cpu::kernels::elementwise::{self as ew, Map1, Map2, MIN_CHUNK};
 use crate::backend::cpu::kernels::pointwise::{Silu, SiluBackward};
+use crate::backend::cpu::kernels::rows::{for_rows, RowsAt};
 use crate::backend::cpu::kernels::simd::multiversion;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
@@ -95,24 +96,68 @@ pub fn backward_over_dh(pool: &Pool, dho: &mut [f32], dup: &mut [f32], gate: &[f
     });
 }
 
+/// A row of `w` elements at `p`, to read.
+///
+/// # Safety
+/// `p` starts `w` valid elements no one writes while the slice lives.
+unsafe fn row<'a>(p: *mut f32, w: usize) -> &'a [f32] {
+    std::slice::from_raw_parts(p, w)
+}
+
+/// A row of `w` elements at `p`, to write.
+///
+/// # Safety
+/// `p` starts `w` valid elements no one else reads or writes while the slice lives.
+unsafe fn row_mut<'a>(p: *mut f32, w: usize) -> &'a mut [f32] {
+    std::slice::from_raw_parts_mut(p, w)
+}
+
+// Every operand a row at a time at the plan's strides (the op's Req::Rows): Phi-3's gate and up
+// are the halves of one (…, 2I) projection, and their gradients the halves of its gradient.
 impl CpuKernel for SwiGlu {
+    // (gate, up) → h, rows of I
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        let (g, u) = (slot::GATE, slot::UP);
+        let (ins, w) = (&k.node.inputs, k.last(k.node.outputs[0]));
+        let (g, u) = (RowsAt::of(k, ins[slot::GATE]), RowsAt::of(k, ins[slot::UP]));
+        // SAFETY (each arm): rows of distinct r are disjoint; h is written only where planned
+        // (over gate or up, read element by element before the write, or its own buffer).
         match k.r.inplace {
-            Some(s) if s == g => forward_over_gate(k.pool, k.rw(g), k.rd(u)),
-            Some(_) => forward_over_up(k.pool, k.rd(g), k.rw(u)),
-            None => forward(k.pool, k.wr(0), k.rd(g), k.rd(u)),
+            Some(s) if s == slot::GATE => for_rows(k.pool, [g, u], w, &|[g, u]| unsafe {
+                ew::map2_a_chunk(row_mut(g, w), row(u, w), Forward)
+            }),
+            Some(_) => for_rows(k.pool, [g, u], w, &|[g, u]| unsafe {
+                ew::map2_b_chunk(row(g, w), row_mut(u, w), Forward)
+            }),
+            None => {
+                let h = RowsAt::of(k, k.node.outputs[0]);
+                for_rows(k.pool, [h, g, u], w, &|[h, g, u]| unsafe {
+                    ew::map2_chunk(row_mut(h, w), row(g, w), row(u, w), Forward)
+                })
+            }
         }
         Ok(())
     }
 }
 
 impl CpuKernel for SwiGluBackward {
+    // (dh, gate, up) → (dgate, dup), rows of I
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
-        let (gate, up) = (k.rd(bs::GATE), k.rd(bs::UP));
+        let (ins, outs) = (&k.node.inputs, &k.node.outputs);
+        let w = k.last(outs[0]);
+        let at = |t| unsafe { RowsAt::of(k, t) };
+        let (dh, g, u, du) = (at(ins[bs::DH]), at(ins[bs::GATE]), at(ins[bs::UP]), at(outs[1]));
+        // SAFETY (each arm): rows of distinct r are disjoint; dgate is written over dh only where
+        // planned (each dh read before its dgate is written), dup into its own rows.
         match k.r.inplace {
-            Some(_) => backward_over_dh(k.pool, k.rw(bs::DH), k.wr(1), gate, up),
-            None => backward(k.pool, k.wr(0), k.wr(1), k.rd(bs::DH), gate, up),
+            Some(_) => for_rows(k.pool, [dh, du, g, u], w, &|[dh, du, g, u]| unsafe {
+                backward_over_dh_chunk(row_mut(dh, w), row_mut(du, w), row(g, w), row(u, w))
+            }),
+            None => {
+                let dg = at(outs[0]);
+                for_rows(k.pool, [dg, du, dh, g, u], w, &|[dg, du, dh, g, u]| unsafe {
+                    backward_chunk(row_mut(dg, w), row_mut(du, w), row(dh, w), row(g, w), row(u, w))
+                })
+            }
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ use super::pointwise::UnaryFn;
 use super::{OpError, Real};
 use crate::graph::builder::shape_err;
 use crate::graph::{ElemType, Graph, GraphError, Op, TensorId};
+use crate::plan::Req;
 
 /// (gate (…, I), up (…, I)) → h (…, I) = silu(gate)·up.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,6 +57,15 @@ impl OpDef for SwiGlu {
         "swiglu"
     }
 
+    // gate, up and h: rows of I at any strides (Phi-3's halves of one gate_up projection).
+    fn read_req(&self, _slot: usize) -> Req {
+        Req::Rows
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Rows
+    }
+
     // h[i] depends on gate[i] and up[i] only.
     fn inplace_inputs(&self) -> &'static [usize] {
         &[slot::GATE, slot::UP]
@@ -80,6 +90,16 @@ impl Reference for SwiGluBackward {
 impl OpDef for SwiGluBackward {
     fn name(&self) -> &'static str {
         "swiglu_backward"
+    }
+
+    // dh, gate, up, dgate and dup: rows of I at any strides (Phi-3's dgate and dup are the
+    // halves of its gate_up projection's gradient).
+    fn read_req(&self, _slot: usize) -> Req {
+        Req::Rows
+    }
+
+    fn write_req(&self, _slot: usize) -> Req {
+        Req::Rows
     }
 
     // dgate over dh: each element of dh is read before its dgate is written.

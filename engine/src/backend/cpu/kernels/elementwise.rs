@@ -60,9 +60,9 @@ fn map2_b_body<F: Map2>(a: &[f32], bo: &mut [f32], f: F) {
 }
 multiversion!(fn map1_chunk<F: Map1>(out: &mut [f32], x: &[f32], f: F) => map1_body);
 multiversion!(fn map1_inplace_chunk<F: Map1>(xo: &mut [f32], f: F) => map1_inplace_body);
-multiversion!(fn map2_chunk<F: Map2>(out: &mut [f32], a: &[f32], b: &[f32], f: F) => map2_body);
-multiversion!(fn map2_a_chunk<F: Map2>(ao: &mut [f32], b: &[f32], f: F) => map2_a_body);
-multiversion!(fn map2_b_chunk<F: Map2>(a: &[f32], bo: &mut [f32], f: F) => map2_b_body);
+multiversion!(pub(crate) fn map2_chunk<F: Map2>(out: &mut [f32], a: &[f32], b: &[f32], f: F) => map2_body);
+multiversion!(pub(crate) fn map2_a_chunk<F: Map2>(ao: &mut [f32], b: &[f32], f: F) => map2_a_body);
+multiversion!(pub(crate) fn map2_b_chunk<F: Map2>(a: &[f32], bo: &mut [f32], f: F) => map2_b_body);
 
 /// out = f(x)
 // out, x: (N)

@@ -19,5 +19,6 @@ pub mod pointwise;
 pub mod reduce;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod rows;
 pub mod simd;
 pub mod softmax;

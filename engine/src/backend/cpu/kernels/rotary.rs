@@ -11,6 +11,7 @@
 
 use super::copy::Walk;
 use super::rotary;
+use super::rows::RowsAt;
 use super::simd::multiversion;
 use crate::backend::cpu::pool::{Pool, SyncPtr};
 use crate::exec::planned::kernel::{CpuKernel, Kernel};
@@ -20,15 +21,6 @@ use crate::ops::OpError;
 /// Rows of `d` per task below which the kernel stays on one thread (16 Ki elements).
 fn min_rows(d: usize) -> usize {
     ((1 << 14) / d.max(1)).max(1)
-}
-
-/// One operand's rows: row r (row-major over `lead`, the dims before the last) starts at
-/// `ptr` + Σ index·stride over `lead`; its D elements are contiguous.
-#[derive(Clone, Copy, Debug)]
-pub struct RowsAt<'a> {
-    pub ptr: SyncPtr<f32>,
-    pub lead: &'a [usize],
-    pub strides: &'a [usize],
 }
 
 /// Rows `rows` of y from x (or y itself when `x` is None): per pair i < D/2,
@@ -139,13 +131,14 @@ impl CpuKernel for Rotary {
     unsafe fn exec(&self, k: &Kernel<'_>) -> Result<(), OpError> {
         let Rotary { inverse } = self;
         let (x, y) = (k.node.inputs[0], k.node.outputs[0]);
-        let shape = k.g.shape(x);
-        let (lead, d) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
-        let at =
-            |t| RowsAt { ptr: SyncPtr(k.ptr(t)), lead, strides: &k.pl(t).strides[..lead.len()] };
+        let d = k.last(x);
+        let (cos, sin) = (k.rd(1), k.rd(2));
         match k.r.inplace {
-            Some(_) => rotary::rotary_rows(k.pool, at(x), None, k.rd(1), k.rd(2), d, *inverse),
-            None => rotary::rotary_rows(k.pool, at(y), Some(at(x)), k.rd(1), k.rd(2), d, *inverse),
+            Some(_) => rotary::rotary_rows(k.pool, RowsAt::of(k, x), None, cos, sin, d, *inverse),
+            None => {
+                let (ya, xa) = (RowsAt::of(k, y), RowsAt::of(k, x));
+                rotary::rotary_rows(k.pool, ya, Some(xa), cos, sin, d, *inverse)
+            }
         }
         Ok(())
     }

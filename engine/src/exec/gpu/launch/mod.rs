@@ -21,6 +21,7 @@ pub mod pointwise;
 pub mod reduce;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod rows;
 pub mod softmax;
 
 use super::support::{chunks, suffix, COLUMN_BLOCK, EW_BLOCK, ONE_BLOCK, ROW_BLOCK, ROW_WARPS};
