@@ -25,9 +25,15 @@ fn fixture(p: &str) -> PathBuf {
 }
 
 fn ortbench(args: &[&str], cache: &Path) -> (bool, String, String) {
+    ortbench_env(args, cache, &[])
+}
+
+/// [`ortbench`] with extra environment variables.
+fn ortbench_env(args: &[&str], cache: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
         .args(args)
         .env("ORTBENCH_CACHE_DIR", cache)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -613,23 +619,20 @@ fn train_on_cuda_without_a_gpu_is_one_line() {
 #[test]
 fn train_refuses_a_bad_bf16_gemm_switch() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_ortbench"))
-        .args([
-            "train",
-            "--model",
-            fixture("tiny-bert-sentiment").to_str().unwrap(),
-            "--dataset",
-            fixture("text/train.csv").to_str().unwrap(),
-            "--precision",
-            "bf16",
-            "--output-dir",
-            tmp.path().join("o").to_str().unwrap(),
-        ])
-        .env("ORTBENCH_CACHE_DIR", tmp.path())
-        .env("ORTBENCH_CPU_BF16_GEMM", "fast")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{stderr}");
+    let (model, data, out) =
+        (fixture("tiny-bert-sentiment"), fixture("text/train.csv"), tmp.path().join("o"));
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--dataset",
+        data.to_str().unwrap(),
+        "--precision",
+        "bf16",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ];
+    let (ok, _, stderr) = ortbench_env(&args, tmp.path(), &[("ORTBENCH_CPU_BF16_GEMM", "fast")]);
+    assert!(!ok, "{stderr}");
     assert!(stderr.contains("ORTBENCH_CPU_BF16_GEMM must be 0 or 1, got \"fast\""), "{stderr}");
 }

@@ -57,8 +57,8 @@ fn st() -> Result<&'static St, GemmError> {
     .map_err(Clone::clone)
 }
 
-/// Checks that the GEMM provider loads and the bf16 switch is valid (the planned executor calls it at build time, so that a
-/// missing MKL is an error there and not a panic inside a step).
+/// Checks that the GEMM provider loads and the bf16 switch is valid (the planned executor calls
+/// it at build time, so that a missing MKL is an error there and not a panic inside a step).
 pub fn check() -> Result<(), GemmError> {
     // A bad bf16 switch stops every engine user (`run`, `train`), not only `ortbench run`.
     bf16_gemm_setting().map_err(GemmError::Bf16Setting)?;

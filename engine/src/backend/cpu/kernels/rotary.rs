@@ -26,6 +26,10 @@ fn min_rows(d: usize) -> usize {
 /// Rows `rows` of y from x (or y itself when `x` is None): per pair i < D/2,
 /// y[i] = x[i]·cos[i] − x[i+h]·sin[i]·σ, y[i+h] = x[i+h]·cos[i+h] + x[i]·sin[i+h]·σ, the row at
 /// position t = row mod T. The rows' addresses are valid ([`rotary_rows`]' contract).
+///
+/// (The walk over the rows is here, inside the multiversioned body, not `rows::for_rows`: a
+/// head's row is 64 to 128 elements, and a call through the SIMD-level dispatch per row is
+/// measurably slower — docs/measurements.md, "Rotary and SwiGLU on strided rows".)
 #[inline(always)]
 #[allow(
     clippy::too_many_arguments,

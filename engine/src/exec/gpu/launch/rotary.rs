@@ -68,8 +68,10 @@ impl GpuKernel for Rotary {
     fn launches(&self, r: &mut Resolver<'_>, cx: &NodeCx<'_>) -> Result<Vec<Call>, PlanError> {
         let (ins, outs) = (&cx.node.inputs, &cx.node.outputs);
         cx.same(&[outs[0], ins[0], ins[1], ins[2]])?;
-        let yt = if cx.inplace.is_some() { ins[0] } else { outs[0] };
-        let y = if cx.inplace.is_some() { cx.inp(0) } else { cx.out(0) };
+        let (y, yt) = match cx.inplace {
+            Some(_) => (cx.inp(0), ins[0]),
+            None => (cx.out(0), outs[0]),
+        };
         let (lead, [xs, ys]) = rows_of(r, cx, [ins[0], yt])?;
         let d = cx.last(ins[0]);
         let l = RotaryLaunch {
