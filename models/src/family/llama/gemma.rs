@@ -4,7 +4,9 @@
 
 use serde_json::{Map, Value};
 
-use super::{parse, parse_rope, unsupported, Family, Raw, Variant};
+use super::config::{parse, unsupported, Raw};
+use super::rope::parse_rope;
+use super::{Family, Variant};
 use crate::config::hf_fields;
 use crate::ModelError;
 
