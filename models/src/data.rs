@@ -192,8 +192,8 @@ impl DataSource {
     }
 
     /// Rows of `path`: `input_ids` (int64, [N, T]), optionally `labels` (int64 [N, T] for
-    /// language models; a classifier's: int64 [N] single-label, 0/1 [N, num_labels] int64 or
-    /// float multi-label, float [N] regression) and `attention_mask` (int64 0/1, [N, T]: HF's padding
+    /// language models; a classifier's: int64 \[N\] single-label, 0/1 \[N, num_labels\] int64 or
+    /// float multi-label, float \[N\] regression) and `attention_mask` (int64 0/1, \[N, T\]: HF's padding
     /// mask; every row needs a token). Batches take rows in order, cycling to row 0. `T` must
     /// equal `seq_len` when given; otherwise it sets it. Any other tensor is an error: what a
     /// user puts in the file is used or refused, never silently dropped.

@@ -3,7 +3,7 @@
 //! The exported model takes HF's inputs — `input_ids` and the 0/1 `attention_mask`, both
 //! int64 `[batch, sequence]` with those two axes dynamic — and returns `logits`
 //! (`[batch, sequence, vocab]` for the LM heads, `[batch, num_labels]` for the classifiers).
-//! The graph is the engine's unoptimized inference graph ([`InferenceModel`], HF's eager
+//! The graph is the engine's unoptimized inference graph ([`InferenceModel`](crate::graph::InferenceModel), HF's eager
 //! forward with dropout off, as `model.eval()`), translated node by node; the inputs the engine
 //! is fed ([`FeedInfo::feed`](crate::graph)) are computed inside the ONNX graph from the two
 //! user inputs, and the parameters become initializers under their HF names.

@@ -2,7 +2,7 @@
 //! is read by the harness (it has Polars) into the same [`TextRows`] — tokenised with the
 //! model's `tokenizer.json` through HF's `tokenizers` crate, and laid out as the tensors a
 //! `--data` file holds (`input_ids`, `attention_mask`, `labels`, `special_tokens_mask`), so
-//! that batching, masking and padding are the tested path of [`DataSource::from_file`].
+//! that batching, masking and padding are the tested path of [`DataSource::from_file`](crate::DataSource::from_file).
 //!
 //! What each task makes of the rows, as HF's example scripts and collators do:
 //! - masked-lm (`run_mlm.py --line_by_line`): one row per line, `[CLS] … [SEP]`, truncated to
@@ -196,7 +196,7 @@ pub struct Tokenized {
     pub input_ids: Vec<i64>,
     /// None when no row is padded (causal-lm blocks).
     pub attention_mask: Option<Vec<i64>>,
-    /// masked-lm only: 1 at [CLS], [SEP], padding — what the collator never selects.
+    /// masked-lm only: 1 at `[CLS]`, `[SEP]`, padding — what the collator never selects.
     pub special_tokens_mask: Option<Vec<i64>>,
     /// Int labels: (N,) single-label, (N, L) multi-hot multi-label; causal-lm and masked-lm
     /// have none (made at batch time).
@@ -207,7 +207,7 @@ pub struct Tokenized {
 
 impl Tokenized {
     /// Writes the tensors as a `--data` safetensors file; `mask_token_id` (masked-lm: the
-    /// tokenizer's [MASK]) goes into its metadata.
+    /// tokenizer's `[MASK]`) goes into its metadata.
     pub fn save(
         &self,
         path: &Path,
@@ -356,7 +356,7 @@ pub fn tokenize(
     })
 }
 
-/// The tokenizer's mask token ([MASK] or <mask>), for the MLM collator.
+/// The tokenizer's mask token (`[MASK]` or `<mask>`), for the MLM collator.
 pub fn mask_token_id(tok: &tokenizers::Tokenizer) -> Option<u32> {
     tok.token_to_id("[MASK]").or_else(|| tok.token_to_id("<mask>"))
 }

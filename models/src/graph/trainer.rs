@@ -441,7 +441,7 @@ impl<D: ortbench_engine::backend::gpu::GpuDevice> GpuEngineTrainer<D> {
     }
 
     /// How the steps reach the device, as results.csv's `step_launches` says it: "captured"
-    /// (the step captured once as a CUDA graph, replayed) or "direct: <why>".
+    /// (the step captured once as a CUDA graph, replayed) or `"direct: <why>"`.
     pub fn step_launches(&self) -> String {
         use ortbench_engine::exec::gpu::session::Launching;
         match self.session.launching() {

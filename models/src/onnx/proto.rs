@@ -1,7 +1,7 @@
 //! The subset of ONNX's protobuf schema the exporter writes, as prost messages.
 //!
 //! Field numbers, labels and types mirror `onnx/onnx.proto` of the `onnx` 1.23.2 wheel on PyPI
-//! (https://github.com/onnx/onnx/blob/main/onnx/onnx.proto, `syntax = "proto2"`): fields not
+//! (<https://github.com/onnx/onnx/blob/main/onnx/onnx.proto>, `syntax = "proto2"`): fields not
 //! listed here are simply never written. proto2 repeated scalars are unpacked unless the schema
 //! says `[packed = true]`, so `dims` and `ints` are written unpacked as the schema declares them
 //! (readers accept both; this keeps the bytes what onnx's own serializer writes). Every tensor's

@@ -3,7 +3,7 @@
 //! BERT's layout under other names with three differences, all in this module: positions
 //! counted from `padding_idx + 1` over the non-pad tokens, its LM head (`lm_head`, GELU always)
 //! and its classification head (`classifier.dense` → tanh → `classifier.out_proj` on `<s>`).
-//! The post-LN encoder layer is shared with DistilBERT ([`EncoderLayerNames`]).
+//! The post-LN encoder layer is shared with DistilBERT (`EncoderLayerNames`).
 
 mod graph;
 #[cfg(feature = "torch")]
@@ -118,7 +118,7 @@ fn default_abs() -> String {
 }
 
 /// `BertConfig` (transformers/models/bert/configuration_bert.py) or `RobertaConfig` (the same
-/// fields; other defaults, filled in by [`parse_roberta`]): a field missing from config.json
+/// fields; other defaults, filled in by `parse_roberta`): a field missing from config.json
 /// takes HF 5.23's default.
 #[derive(Clone, Debug, Deserialize)]
 pub struct BertConfig {
