@@ -11,6 +11,6 @@ if [ -f "$VIRTUAL_ENV/.libtorch-path" ]; then
   LIBTORCH="$(cat "$VIRTUAL_ENV/.libtorch-path")"
   export LIBTORCH
 fi
-# oneDNN's AMX path can kill bf16 matmuls with SIGILL on these CPUs; cap the ISA.
-export ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX512_CORE_BF16}"
+# ONEDNN_MAX_CPU_ISA is left as the user has it: by default libtorch's oneDNN runs bf16 on AMX
+# where the CPU has it, as HF users run it (docs/measurements.md "AMX and the bf16 baseline").
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"

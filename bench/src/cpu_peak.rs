@@ -21,9 +21,12 @@
 //!   0x19 (Zen 4 executes 512-bit FMAs as two 256-bit halves), 2 × 8 with AVX2 + FMA, 2 × 4
 //!   otherwise. Two pipes is the most any of these cores has (some Xeon Silver/Bronze parts
 //!   have one 512-bit pipe: their peak is then overstated, never understated).
-//! - **bf16 / fp16**: the CPU paths compute them in fp32, except libtorch's bf16 GEMMs on a CPU
-//!   with AVX512_BF16 (`vdpbf16ps`: twice the fp32 rate) and fp16 GEMMs with AVX512_FP16;
-//!   AMX is disabled by the project's `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` (scripts/env.sh).
+//! - **bf16 / fp16** ([`half_peaks`]): the fp32 peak, twice it with AVX512_BF16 (`vdpbf16ps`)
+//!   or AVX512_FP16, and AMX's tile multiply where the CPU has AMX-BF16 / AMX-FP16 and the
+//!   kernel grants the process its tile state: `tdpbf16ps` multiplies a 16 × 32 by a 32 × 16
+//!   tile (8192 FMAs) and issues once every 16 cycles on Sapphire Rapids — 1024 FLOP per cycle
+//!   per core (Intel's optimization reference manual, ch. "Intel AMX"; uops.info), 16× the
+//!   AVX-512 fp32 rate. libtorch's oneDNN multiplies bf16 on AMX by default, as HF users run it.
 
 use serde::Serialize;
 
@@ -45,6 +48,8 @@ pub struct CpuPeak {
     pub fp32: f64,
     pub bf16: f64,
     pub fp16: f64,
+    /// AMX as the bf16 / fp16 peaks count it, or why they do not (None: no AMX on this CPU).
+    pub amx: Option<String>,
     pub formula: String,
 }
 
@@ -70,6 +75,62 @@ pub fn fma_lanes(vendor: &str, family: u32, flags: &[&str]) -> (usize, String) {
 /// Peak TFLOP/s from its inputs.
 pub fn peak_tflops(cores: usize, ghz: f64, lanes: usize) -> f64 {
     cores as f64 * ghz * lanes as f64 * 2.0 / 1e3
+}
+
+/// FLOP per cycle per core of AMX's tile multiply in bf16 or fp16 (module comment).
+pub const AMX_FLOP_PER_CYCLE: f64 = 1024.0;
+
+/// The bf16 and fp16 peaks (TFLOP/s) from the fp32 peak, the CPU's flags and whether the
+/// kernel grants AMX's tile state; with the formula's words for them and the AMX note.
+pub fn half_peaks(
+    fp32: f64,
+    cores: usize,
+    ghz: f64,
+    flags: &[&str],
+    amx_granted: bool,
+) -> (f64, f64, String, Option<String>) {
+    let has = |f: &str| flags.contains(&f);
+    let amx = cores as f64 * ghz * AMX_FLOP_PER_CYCLE / 1e3;
+    let amx_words =
+        format!("AMX: {cores} cores × {ghz:.2} GHz × {AMX_FLOP_PER_CYCLE} FLOP/cycle = {amx:.2}");
+    let peak = |amx_flag: &str, avx_flag: &str, avx_words: &str| {
+        if has(amx_flag) && amx_granted {
+            (amx, amx_words.clone())
+        } else if has(avx_flag) {
+            (2.0 * fp32, format!("2 × fp32 ({avx_words})"))
+        } else {
+            (fp32, "as fp32".into())
+        }
+    };
+    let (bf16, bf16_words) = peak("amx_bf16", "avx512_bf16", "AVX512_BF16");
+    let (fp16, fp16_words) = peak("amx_fp16", "avx512_fp16", "AVX512_FP16");
+    let note = (has("amx_bf16") || has("amx_fp16")).then(|| {
+        if amx_granted {
+            format!("counted: {amx_words} TFLOP/s (amx_bf16: {}, amx_fp16: {})", has("amx_bf16"), has("amx_fp16"))
+        } else {
+            "not counted: the kernel does not grant AMX's tile data (arch_prctl ARCH_GET_XCOMP_SUPP), so nothing can run it".into()
+        }
+    });
+    (bf16, fp16, format!("bf16 {bf16:.2} ({bf16_words}), fp16 {fp16:.2} ({fp16_words})"), note)
+}
+
+/// Whether the kernel supports AMX's tile data for this process's requests
+/// (`ARCH_GET_XCOMP_SUPP` includes `XFEATURE_XTILEDATA`, Linux 5.16 and later): oneDNN asks
+/// for it (`ARCH_REQ_XCOMP_PERM`) before its first AMX instruction.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub fn amx_granted() -> bool {
+    const ARCH_GET_XCOMP_SUPP: libc::c_long = 0x1021; // asm/prctl.h (0x1022 is the permission held)
+    const XFEATURE_XTILEDATA: u32 = 18;
+    let mut mask: u64 = 0;
+    // SAFETY: the syscall writes one u64 through the pointer it is given.
+    let rc =
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_XCOMP_SUPP, &mut mask as *mut u64) };
+    rc == 0 && mask & (1 << XFEATURE_XTILEDATA) != 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+pub fn amx_granted() -> bool {
+    false
 }
 
 /// The nominal clock in GHz from /proc/cpuinfo: "cpu MHz", else the model name's "@ 2.10GHz".
@@ -186,11 +247,10 @@ pub fn cpu_peak(cores: usize) -> CpuPeak {
     let measured = measure_ghz();
     let (ghz, clock_rejected) = choose_clock(nominal, cpufreq_max, measured);
     let fp32 = peak_tflops(cores, ghz, lanes);
-    let bf16 = if flags.contains(&"avx512_bf16") { 2.0 * fp32 } else { fp32 };
-    let fp16 = if flags.contains(&"avx512_fp16") { 2.0 * fp32 } else { fp32 };
+    let (bf16, fp16, half_words, amx) = half_peaks(fp32, cores, ghz, &flags, amx_granted());
     let g = |v: Option<f64>| v.map_or("?".into(), |g| format!("{g:.2}"));
     let formula = format!(
-        "{cores} cores × {ghz:.2} GHz (max of nominal {}, cpufreq max {} and measured {}{}) × {lanes} fp32 FMA lanes/cycle ({isa}) × 2 FLOP = {:.3} TFLOP/s fp32",
+        "{cores} cores × {ghz:.2} GHz (max of nominal {}, cpufreq max {} and measured {}{}) × {lanes} fp32 FMA lanes/cycle ({isa}) × 2 FLOP = {:.3} TFLOP/s fp32; {half_words}",
         g(nominal),
         g(cpufreq_max),
         g(measured),
@@ -209,6 +269,7 @@ pub fn cpu_peak(cores: usize) -> CpuPeak {
         fp32,
         bf16,
         fp16,
+        amx,
         formula,
     }
 }
@@ -351,6 +412,49 @@ mod tests {
         assert!(
             gemm >= 0.05 * peak.fp32,
             "GEMM {gemm:.3} vs peak {}: the peak is implausibly high",
+            peak.formula
+        );
+    }
+
+    /// bf16 and fp16 peaks follow the flags: AMX's tile rate only where the kernel grants it.
+    #[test]
+    fn half_peaks_count_amx_only_where_the_kernel_grants_it() {
+        let fp32 = peak_tflops(2, 3.0, 32); // 0.384
+        let spr = ["avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"];
+        let (bf16, fp16, words, note) = half_peaks(fp32, 2, 3.0, &spr, true);
+        assert!((bf16 - 2.0 * 3.0 * 1024.0 / 1e3).abs() < 1e-12, "{words}");
+        assert!((fp16 - 2.0 * fp32).abs() < 1e-12, "no amx_fp16 before Granite Rapids: {words}");
+        assert!(note.unwrap().starts_with("counted"));
+        let (bf16, _, _, note) = half_peaks(fp32, 2, 3.0, &spr, false);
+        assert!((bf16 - 2.0 * fp32).abs() < 1e-12);
+        assert!(note.unwrap().starts_with("not counted"));
+        let (bf16, fp16, _, note) = half_peaks(fp32, 2, 3.0, &["avx512f"], true);
+        assert_eq!((bf16, fp16, note), (fp32, fp32, None));
+    }
+
+    /// The bf16 peak bounds libtorch's bf16 GEMM as `pytorch` runs it (oneDNN: AMX where the
+    /// CPU and the kernel allow, else AVX512_BF16 or f32): the denominator of its bf16 MFU.
+    #[test]
+    fn the_bf16_peak_bounds_libtorchs_bf16_gemm() {
+        use tch::{Device, Kind, Tensor};
+        tch::set_num_threads(1);
+        let peak = cpu_peak(1);
+        let (m, k, n) = (1024, 768, 3072);
+        let a = Tensor::randn([m, k], (Kind::BFloat16, Device::Cpu));
+        let b = Tensor::randn([k, n], (Kind::BFloat16, Device::Cpu));
+        let mut best = f64::MAX;
+        for _ in 0..12 {
+            let t0 = Instant::now();
+            let c = a.matmul(&b);
+            best = best.min(t0.elapsed().as_secs_f64());
+            drop(std::hint::black_box(c));
+        }
+        let tflops = 2.0 * (m * k * n) as f64 / best / 1e12;
+        println!("libtorch bf16 GEMM {tflops:.3} TFLOP/s on 1 thread; {}", peak.formula);
+        assert!(
+            tflops <= peak.bf16 * 1.02,
+            "libtorch's bf16 GEMM {tflops:.3} TFLOP/s above the bf16 peak {:.3} ({})",
+            peak.bf16,
             peak.formula
         );
     }

@@ -45,6 +45,8 @@ pub fn collect() -> Value {
         "cpu_gemm_provider": ortbench_engine::backend::cpu::gemm::provider().ok().map(|p| p.kind().name()),
         // What multiplies bf16 matmuls on the CPU: the AVX-512 BF16 kernel, or the f32 GEMM.
         "cpu_bf16_gemm": ortbench_engine::backend::cpu::blas::bf16_gemm_description(),
+        // libtorch's oneDNN ISA cap, if the user set one (unset: AMX where the CPU has it).
+        "onednn_max_cpu_isa": std::env::var("ONEDNN_MAX_CPU_ISA").ok(),
     })
 }
 
