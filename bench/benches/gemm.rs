@@ -14,7 +14,9 @@
 //!
 //! Then `bf16`: the same shapes with bf16 values (a bf16 graph's matmuls), split over the pool,
 //! on the f32 GEMM (`f32 gemm`, what runs with ORTBENCH_CPU_BF16_GEMM=0) against the AVX-512
-//! BF16 kernel (`bf16 kernel`); skipped, with a note, where the CPU has no AVX-512 BF16.
+//! BF16 kernel (`bf16 kernel`, on AMX tiles where the CPU has AMX-BF16 and ORTBENCH_CPU_AMX is not
+//! 0); skipped, with a note, where the CPU has no AVX-512 BF16. Where it has AMX, two more lines
+//! compare the two bf16 kernels on one thread: `vdpbf16ps one thread` and `amx one thread`.
 //!
 //! Throughput is in FLOP, so criterion's "elem/s" reads as FLOP/s.
 //!
@@ -222,9 +224,55 @@ fn gemm_bf16(c: &mut Criterion) {
                 })
             });
         }
+        if ortbench_engine::backend::cpu::amx_gemm::available() {
+            use ortbench_engine::backend::cpu::{amx_gemm, bf16_gemm};
+            let kernels: [(&str, Bf16GemmSt); 2] = [
+                ("vdpbf16ps one thread", bf16_gemm::gemm_st),
+                ("amx one thread", amx_gemm::gemm_st),
+            ];
+            for (label, f) in kernels {
+                g.bench_function(label, |bench| {
+                    // SAFETY: as in `gemm_shapes`; both kernels are available.
+                    bench.iter(|| unsafe {
+                        f(
+                            ta,
+                            tb,
+                            m,
+                            n,
+                            k,
+                            1.0,
+                            a.as_ptr(),
+                            lda,
+                            b.as_ptr(),
+                            ldb,
+                            0.0,
+                            y.as_mut_ptr(),
+                            n,
+                        )
+                    })
+                });
+            }
+        }
         g.finish();
     }
 }
+
+/// The bf16 kernels' single-threaded entry points (`bf16_gemm::gemm_st`, `amx_gemm::gemm_st`).
+type Bf16GemmSt = unsafe fn(
+    bool,
+    bool,
+    usize,
+    usize,
+    usize,
+    f32,
+    *const f32,
+    usize,
+    *const f32,
+    usize,
+    f32,
+    *mut f32,
+    usize,
+);
 
 criterion_group! {
     name = benches;

@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 /// Rows of the register tile (one broadcast pair word each).
 const MR: usize = 12;
 /// Columns of the register tile: two zmm of 16 f32.
-const NR: usize = 32;
+pub(super) const NR: usize = 32;
 /// k per packed block (even, so only a matrix's last block has an odd k).
 const KC: usize = 256;
 /// Rows per packed A block (a multiple of MR).
@@ -108,7 +108,7 @@ pub unsafe fn gemm_st(
             for p0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - p0);
                 let kc2 = kc.div_ceil(2);
-                pack_b(&b_op, p0, kc, j0, nc, &mut p.b);
+                pack_b(&b_op, p0, kc, j0, nc, kc2, &mut p.b);
                 // The first k block scales C by beta; the later ones add to it.
                 let beta = if p0 == 0 { beta } else { 1.0 };
                 for i0 in (0..m).step_by(MC) {
@@ -133,21 +133,31 @@ pub unsafe fn gemm_st(
 /// A matrix operand as stored: `op(X)[i, p]` is `ptr[i·ld + p]`, or `ptr[p·ld + i]` when
 /// `trans`.
 #[derive(Clone, Copy)]
-struct Operand {
-    ptr: *const f32,
-    ld: usize,
-    trans: bool,
+pub(super) struct Operand {
+    pub(super) ptr: *const f32,
+    pub(super) ld: usize,
+    pub(super) trans: bool,
 }
 
-/// Packs B's rows p0..p0 + kc and columns j0..j0 + nc as NR-column panels: word
-/// `(q·kc2 + kp)·NR + c` pairs op(B)[p0 + 2kp, j] and op(B)[p0 + 2kp + 1, j], j = j0 + q·NR + c;
+/// Packs B's rows p0..p0 + kc and columns j0..j0 + nc as NR-column panels of `rows` ≥ kc2 pair
+/// rows (the AMX kernel pads k to whole tiles; rows past kc2 are left as they are): word
+/// `(q·rows + kp)·NR + c` pairs op(B)[p0 + 2kp, j] and op(B)[p0 + 2kp + 1, j], j = j0 + q·NR + c;
 /// columns past nc are zero.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32]) {
+pub(super) unsafe fn pack_b(
+    b: &Operand,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nc: usize,
+    rows: usize,
+    out: &mut [u32],
+) {
     let kc2 = kc.div_ceil(2);
+    debug_assert!(rows >= kc2);
     let panels = nc.div_ceil(NR);
-    assert!(out.len() >= panels * kc2 * NR, "B's pack holds {} words", out.len());
+    assert!(out.len() >= panels * rows * NR, "B's pack holds {} words", out.len());
     let out = out.as_mut_ptr();
     if !b.trans {
         // B (K, N): rows 2kp and 2kp + 1 give a panel's 32 words side by side.
@@ -156,7 +166,7 @@ unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &
             let r1 = (2 * kp + 1 < kc).then(|| r0.add(b.ld));
             for q in 0..panels {
                 let w = NR.min(nc - q * NR);
-                let dst = out.add((q * kc2 + kp) * NR);
+                let dst = out.add((q * rows + kp) * NR);
                 pair_rows(r0.add(q * NR), r1.map(|r| r.add(q * NR)), w, dst);
                 pair_rows(
                     r0.add(q * NR + 16),
@@ -174,7 +184,7 @@ unsafe fn pack_b(b: &Operand, p0: usize, kc: usize, j0: usize, nc: usize, out: &
                 let first = q * NR + h * 16;
                 let cols = 16.min(nc.saturating_sub(first));
                 let src = b.ptr.add((j0 + first) * b.ld + p0);
-                transpose_in(src, b.ld, cols, kc, out.add(q * kc2 * NR + h * 16), NR, 0xffff);
+                transpose_in(src, b.ld, cols, kc, out.add(q * rows * NR + h * 16), NR, 0xffff);
             }
         }
     }
@@ -221,7 +231,7 @@ unsafe fn pack_a(a: &Operand, i0: usize, mc: usize, p0: usize, kc: usize, out: &
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut u32) {
+pub(super) unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut u32) {
     let mask: __mmask16 = if w >= 16 { 0xffff } else { (1u16 << w) - 1 };
     let lo = _mm512_maskz_loadu_ps(mask, r0);
     let hi = match r1 {
@@ -240,7 +250,7 @@ unsafe fn pair_rows(r0: *const f32, r1: Option<*const f32>, w: usize, dst: *mut 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn words_of_32(x: *const f32, left: usize) -> __m512i {
+pub(super) unsafe fn words_of_32(x: *const f32, left: usize) -> __m512i {
     let mask = |n: usize| -> __mmask16 {
         if n >= 16 {
             0xffff

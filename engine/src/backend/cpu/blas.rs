@@ -62,6 +62,7 @@ fn st() -> Result<&'static St, GemmError> {
 pub fn check() -> Result<(), GemmError> {
     // A bad bf16 switch stops every engine user (`run`, `train`), not only `ortbench run`.
     bf16_gemm_setting().map_err(GemmError::Bf16Setting)?;
+    amx_setting().map_err(GemmError::Bf16Setting)?;
     st().map(|_| ())
 }
 
@@ -114,9 +115,39 @@ pub fn bf16_gemm_enabled() -> bool {
     })
 }
 
+/// The variable that keeps the bf16 kernel off AMX where the CPU has it: `0` the AVX-512 BF16
+/// kernel (for comparisons), `1` AMX (an error where the CPU or kernel lacks it); unset, AMX
+/// where available.
+pub const AMX_VAR: &str = "ORTBENCH_CPU_AMX";
+
+/// [`AMX_VAR`] read, as [`bf16_gemm_setting`].
+pub fn amx_setting() -> Result<Option<bool>, String> {
+    match std::env::var(AMX_VAR).as_deref() {
+        Err(_) => Ok(None),
+        Ok("0") => Ok(Some(false)),
+        Ok("1") if super::amx_gemm::available() => Ok(Some(true)),
+        Ok("1") => Err(format!("{AMX_VAR}=1: this CPU or kernel has no AMX-BF16")),
+        Ok(v) => Err(format!("{AMX_VAR} must be 0 or 1, got {v:?}")),
+    }
+}
+
+/// Whether the bf16 kernel runs on AMX tiles (see [`AMX_VAR`]).
+pub fn amx_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        bf16_gemm_enabled()
+            && super::amx_gemm::available()
+            && amx_setting().ok().flatten() != Some(false)
+    })
+}
+
 /// What multiplies a bf16 graph's matmuls on this machine, in words (for run records).
 pub fn bf16_gemm_description() -> String {
-    if bf16_gemm_enabled() {
+    if amx_enabled() {
+        "AMX kernel (tdpbf16ps, f32 accumulation)".into()
+    } else if bf16_gemm_enabled() && super::amx_gemm::available() {
+        format!("AVX-512 BF16 kernel (vdpbf16ps, f32 accumulation; {AMX_VAR}=0)")
+    } else if bf16_gemm_enabled() {
         "AVX-512 BF16 kernel (vdpbf16ps, f32 accumulation)".into()
     } else if super::bf16_gemm::available() {
         format!("f32 GEMM on bf16 values ({BF16_GEMM_VAR}=0)")
@@ -125,7 +156,7 @@ pub fn bf16_gemm_description() -> String {
     }
 }
 
-/// [`sgemm_st`], or the bf16 kernel for `GemmKind::Bf16`.
+/// [`sgemm_st`], or the bf16 kernel (on AMX where [`amx_enabled`]) for `GemmKind::Bf16`.
 ///
 /// # Safety
 /// As [`sgemm_st`].
@@ -146,7 +177,9 @@ pub unsafe fn gemm_st(
     c: *mut f32,
     ldc: usize,
 ) {
-    if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 {
+    if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 && amx_enabled() {
+        super::amx_gemm::gemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    } else if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 {
         super::bf16_gemm::gemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     } else {
         sgemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)

@@ -6,6 +6,7 @@
 //! pool) and `kernels` (fast f32 kernels) are the fast path the planned executor
 //! (`exec::planned`) runs.
 
+pub mod amx_gemm;
 pub mod bf16_gemm;
 pub mod blas;
 pub mod gemm;
