@@ -25,7 +25,7 @@
 //! manual, "Intel AMX"; tested against `gemm::sgemm_reference` on bf16-rounded inputs.
 
 #[cfg(target_arch = "x86_64")]
-use super::bf16_gemm::{pack_b, pair_rows, words_of_32, Operand, NR};
+use super::bf16_gemm::{pack_b, pair_rows, transpose16, words_of_32, Operand, NR};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -207,18 +207,28 @@ unsafe fn pack_a_rows(
             }
         }
     } else {
-        // A stored (K, M): rows 2kp and 2kp + 1 pair 16 rows of op(A) at a time, written down
-        // the packed rows' column kp.
-        out[..mc * kc2p].fill(0);
-        let mut words = [0u32; 16];
-        for kp in 0..kc.div_ceil(2) {
-            let r0 = a.ptr.add((p0 + 2 * kp) * a.ld + i0);
-            let r1 = (2 * kp + 1 < kc).then(|| r0.add(a.ld));
+        // A stored (K, M): rows 2kp and 2kp + 1 give the pair words of 16 rows of op(A) at one
+        // kp; 16 such kp are transposed in registers into 16 words of each of the 16 rows.
+        let kc2 = kc.div_ceil(2);
+        let mut words = [[0u32; 16]; 16];
+        for kp0 in (0..kc2p).step_by(16) {
             for i in (0..mc).step_by(16) {
                 let w = 16.min(mc - i);
-                pair_rows(r0.add(i), r1.map(|x| x.add(i)), w, words.as_mut_ptr());
-                for (t, &word) in words[..w].iter().enumerate() {
-                    out[(i + t) * kc2p + kp] = word;
+                for (t, row) in words.iter_mut().enumerate() {
+                    let kp = kp0 + t;
+                    if kp < kc2 {
+                        let r0 = a.ptr.add((p0 + 2 * kp) * a.ld + i0 + i);
+                        let r1 = (2 * kp + 1 < kc).then(|| r0.add(a.ld));
+                        pair_rows(r0, r1, w, row.as_mut_ptr());
+                    } else {
+                        *row = [0; 16];
+                    }
+                }
+                let mut r: [__m512i; 16] =
+                    std::array::from_fn(|t| _mm512_loadu_si512(words[t].as_ptr().cast()));
+                transpose16(&mut r);
+                for (j, v) in r.iter().enumerate().take(w) {
+                    _mm512_storeu_si512(out.as_mut_ptr().add((i + j) * kc2p + kp0).cast(), *v);
                 }
             }
         }

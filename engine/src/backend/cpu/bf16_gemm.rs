@@ -300,7 +300,7 @@ unsafe fn transpose_in(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn transpose16(r: &mut [__m512i; 16]) {
+pub(super) unsafe fn transpose16(r: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
