@@ -348,14 +348,20 @@ fn passes_note() -> Result<String> {
     })
 }
 
-/// The settings' note when ORTBENCH_CPU_BF16_GEMM chooses what multiplies the CPU engine's bf16
-/// matmuls (the step time depends on it), else empty; a bad value stops the run.
+/// The settings' note when ORTBENCH_CPU_BF16_GEMM or ORTBENCH_CPU_AMX chooses what multiplies
+/// the CPU engine's bf16 matmuls (the step time depends on it), else empty; a bad value stops
+/// the run.
 fn bf16_gemm_note() -> Result<String> {
-    use ortbench_engine::backend::cpu::blas::{bf16_gemm_setting, BF16_GEMM_VAR};
-    Ok(match bf16_gemm_setting().map_err(|e| anyhow::anyhow!(e))? {
-        Some(on) => format!(", {BF16_GEMM_VAR}={}", u8::from(on)),
-        None => String::new(),
-    })
+    use ortbench_engine::backend::cpu::blas::{
+        amx_setting, bf16_gemm_setting, AMX_VAR, BF16_GEMM_VAR,
+    };
+    let mut note = String::new();
+    for (var, setting) in [(BF16_GEMM_VAR, bf16_gemm_setting()), (AMX_VAR, amx_setting())] {
+        if let Some(on) = setting.map_err(|e| anyhow::anyhow!(e))? {
+            note += &format!(", {var}={}", u8::from(on));
+        }
+    }
+    Ok(note)
 }
 
 /// The training and harness flags that are numbers: finite, in range, and (time limits) short

@@ -515,6 +515,12 @@ fn bad_harness_options_are_rejected_before_anything_is_written() {
         &[("ORTBENCH_CPU_BF16_GEMM", "fast")],
         "ORTBENCH_CPU_BF16_GEMM must be 0 or 1, got \"fast\"",
     );
+    // So does the AMX switch.
+    rejects_with_env(
+        &tiny,
+        &[("ORTBENCH_CPU_AMX", "yes")],
+        "ORTBENCH_CPU_AMX must be 0 or 1, got \"yes\"",
+    );
     // Thread ranks have no collective timeout: the flag is refused, not ignored.
     rejects(
         &[&tiny[..], &["--ranks", "2", "--launch", "threads", "--collective-timeout-s", "5"]]
@@ -657,8 +663,9 @@ fn quick_sets_the_first_look_defaults_and_given_flags_win() {
     assert_eq!(timed, 3 * 6, "3 repeats of 6 steps");
 }
 
-/// ORTBENCH_CPU_BF16_GEMM=0 keeps the f32 GEMM for bf16 matmuls: run.json's settings name it
-/// and its environment says what multiplied them; unset, neither note appears.
+/// ORTBENCH_CPU_BF16_GEMM=0 keeps the f32 GEMM for bf16 matmuls, ORTBENCH_CPU_AMX=0 the AVX-512
+/// BF16 kernel: run.json's settings name them and its environment says what multiplied them;
+/// unset, no note appears.
 #[test]
 fn the_bf16_gemm_switch_is_recorded_in_run_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -693,9 +700,16 @@ fn the_bf16_gemm_switch_is_recorded_in_run_json() {
     let what = off["environment"]["cpu_bf16_gemm"].as_str().unwrap();
     assert!(what.starts_with("f32 GEMM on bf16 values"), "{what}");
     let default = run("default", &[]);
-    assert!(!default["settings"].as_str().unwrap().contains("BF16_GEMM"), "{default:#}");
+    let settings = default["settings"].as_str().unwrap();
+    assert!(!settings.contains("BF16_GEMM") && !settings.contains("CPU_AMX"), "{default:#}");
     let what = default["environment"]["cpu_bf16_gemm"].as_str().unwrap();
-    let has_kernel =
-        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("avx512_bf16"));
-    assert_eq!(what.starts_with("AVX-512 BF16 kernel"), has_kernel, "{what}");
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let (bf16, amx) = (flags.contains("avx512_bf16"), flags.contains("amx_bf16"));
+    let want = if bf16 && amx { "AMX kernel" } else { "AVX-512 BF16 kernel" };
+    assert_eq!(what.starts_with(want), bf16, "{what}");
+    // ORTBENCH_CPU_AMX=0 keeps the AVX-512 BF16 kernel where the CPU has AMX too.
+    let no_amx = run("no-amx", &[("ORTBENCH_CPU_AMX", "0")]);
+    assert!(no_amx["settings"].as_str().unwrap().contains(", ORTBENCH_CPU_AMX=0"), "{no_amx:#}");
+    let what = no_amx["environment"]["cpu_bf16_gemm"].as_str().unwrap();
+    assert_eq!(what.starts_with("AVX-512 BF16 kernel"), bf16, "{what}");
 }
