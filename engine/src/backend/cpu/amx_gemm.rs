@@ -35,13 +35,16 @@ use std::sync::OnceLock;
 const MR: usize = 32;
 /// Pair words per k tile.
 const KT: usize = 16;
-/// k per packed block: 16 tiles, so the 32 × 32 block's loads are 4 × 1 KiB per 4 multiplies of
-/// 16 cycles and its scratch round trip is amortised over 16 steps.
-const KC: usize = 512;
-/// Rows per packed A block (a multiple of MR): 128 × 256 words = 128 KiB, in L2.
+/// k per packed block: 32 tiles, so a 32 × 32 block's scratch round trip is amortised over 32
+/// steps and k up to 1024 (every hidden size but the MLP's) is one block: C is written once.
+/// Against 512 (with NC 2048): +5–19 % on one thread at mlp up / mlp down / gpt2's LM head
+/// (docs/measurements.md, "AMX and the bf16 baseline").
+const KC: usize = 1024;
+/// Rows per packed A block (a multiple of MR): 128 × 512 words = 256 KiB, in L2.
 const MC: usize = 128;
-/// Columns per packed B block (a multiple of NR): 2048 × 256 words = 2 MiB, in L2/L3.
-const NC: usize = 2048;
+/// Columns per packed B block (a multiple of NR): 1024 × 512 words = 2 MiB, the L2 of one
+/// Sapphire Rapids core.
+const NC: usize = 1024;
 
 /// Whether this CPU and kernel run the kernel: AVX-512 BF16 (packing, epilogue), AMX-TILE and
 /// AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and Linux's grant of the tile data. Checked once.
