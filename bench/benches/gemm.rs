@@ -226,7 +226,7 @@ fn gemm_bf16(c: &mut Criterion) {
         }
         if ortbench_engine::backend::cpu::amx_gemm::available() {
             use ortbench_engine::backend::cpu::{amx_gemm, bf16_gemm};
-            let kernels: [(&str, Bf16GemmSt); 2] = [
+            let kernels: [(&str, bf16_gemm::GemmSt); 2] = [
                 ("vdpbf16ps one thread", bf16_gemm::gemm_st),
                 ("amx one thread", amx_gemm::gemm_st),
             ];
@@ -256,23 +256,6 @@ fn gemm_bf16(c: &mut Criterion) {
         g.finish();
     }
 }
-
-/// The bf16 kernels' single-threaded entry points (`bf16_gemm::gemm_st`, `amx_gemm::gemm_st`).
-type Bf16GemmSt = unsafe fn(
-    bool,
-    bool,
-    usize,
-    usize,
-    usize,
-    f32,
-    *const f32,
-    usize,
-    *const f32,
-    usize,
-    f32,
-    *mut f32,
-    usize,
-);
 
 criterion_group! {
     name = benches;

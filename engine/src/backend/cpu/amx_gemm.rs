@@ -323,12 +323,7 @@ unsafe fn add_into_c(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::gemm::{sgemm_reference, Transpose};
-    use crate::ops::testutil::Rng;
-
-    fn bf16_round(x: f32) -> f32 {
-        half::bf16::from_f32(x).to_f32()
-    }
+    use crate::backend::cpu::bf16_gemm::check_against_the_reference;
 
     /// Every flag pair, shapes off the tile and block sizes (m not a multiple of 16, MR or MC, n
     /// of NR or NC, odd k across KC blocks and not a whole k tile), beta 0 and not, against the
@@ -340,73 +335,6 @@ mod tests {
             return;
         }
         let shapes = [(1, 1, 1), (13, 33, 3), (150, 40, 517), (7, 2085, 64), (300, 70, 1055)];
-        for &(m, n, k) in &shapes {
-            for ta in [false, true] {
-                for tb in [false, true] {
-                    let (lda, ldb, ldc) =
-                        (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
-                    let mut rng = Rng::new((m * n + k) as u64);
-                    // Random values in ±[0.1, 1), not bf16-exact (the kernel rounds them).
-                    let a = rng.vec_f32(if ta { k } else { m } * lda);
-                    let b = rng.vec_f32(if tb { n } else { k } * ldb);
-                    let ar: Vec<f32> = a.iter().map(|&x| bf16_round(x)).collect();
-                    let br: Vec<f32> = b.iter().map(|&x| bf16_round(x)).collect();
-                    for beta in [0.0f32, 0.5] {
-                        let c0 = rng.vec_f32(m * ldc);
-                        let mut want = c0.clone();
-                        let t = |x: bool| if x { Transpose::Yes } else { Transpose::No };
-                        sgemm_reference(
-                            t(ta),
-                            t(tb),
-                            m,
-                            n,
-                            k,
-                            0.7,
-                            &ar,
-                            lda,
-                            &br,
-                            ldb,
-                            beta,
-                            &mut want,
-                            ldc,
-                        )
-                        .unwrap();
-                        // C's padding columns keep their values; with beta 0 C is not read.
-                        let mut got = c0.clone();
-                        if beta == 0.0 {
-                            for i in 0..m {
-                                got[i * ldc..i * ldc + n].fill(f32::NAN);
-                            }
-                        }
-                        unsafe {
-                            gemm_st(
-                                ta,
-                                tb,
-                                m,
-                                n,
-                                k,
-                                0.7,
-                                a.as_ptr(),
-                                lda,
-                                b.as_ptr(),
-                                ldb,
-                                beta,
-                                got.as_mut_ptr(),
-                                ldc,
-                            )
-                        };
-                        let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
-                        for i in 0..m * ldc {
-                            assert!(
-                                (got[i] - want[i]).abs() <= tol,
-                                "{m}x{n}x{k} ta={ta} tb={tb} beta={beta} @{i}: {} vs {}",
-                                got[i],
-                                want[i]
-                            );
-                        }
-                    }
-                }
-            }
-        }
+        check_against_the_reference(gemm_st, &shapes);
     }
 }

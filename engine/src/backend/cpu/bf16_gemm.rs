@@ -374,15 +374,73 @@ unsafe fn tile(
     }
 }
 
+/// A bf16 kernel's single-threaded entry point, as [`gemm_st`] (and `amx_gemm::gemm_st`).
+pub type GemmSt = unsafe fn(
+    bool,
+    bool,
+    usize,
+    usize,
+    usize,
+    f32,
+    *const f32,
+    usize,
+    *const f32,
+    usize,
+    f32,
+    *mut f32,
+    usize,
+);
+
+/// Runs `gemm` at each (m, n, k) for every transpose pair, padded leading dimensions and beta 0
+/// (C's rows NaN: not read) and 0.5, with alpha 0.7, on random values in ±[0.1, 1) that are not
+/// bf16-exact, against the f64 reference on the bf16-rounded inputs: |Δ| ≤ 4·(k + 2)·ε over
+/// all of C, its padding columns included (kept).
+#[cfg(test)]
+pub(super) fn check_against_the_reference(gemm: GemmSt, shapes: &[(usize, usize, usize)]) {
+    use crate::backend::cpu::gemm::{sgemm_reference, Transpose};
+    use crate::ops::testutil::Rng;
+    let round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+    let t = |x: bool| if x { Transpose::Yes } else { Transpose::No };
+    for &(m, n, k) in shapes {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (lda, ldb, ldc) = (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
+            let mut rng = Rng::new((m * n + k) as u64);
+            let a = rng.vec_f32(if ta { k } else { m } * lda);
+            let b = rng.vec_f32(if tb { n } else { k } * ldb);
+            let (ar, br) = (round(&a), round(&b));
+            for beta in [0.0f32, 0.5] {
+                let c0 = rng.vec_f32(m * ldc);
+                let mut want = c0.clone();
+                let (ta_, tb_) = (t(ta), t(tb));
+                sgemm_reference(ta_, tb_, m, n, k, 0.7, &ar, lda, &br, ldb, beta, &mut want, ldc)
+                    .unwrap();
+                let mut got = c0.clone();
+                if beta == 0.0 {
+                    for i in 0..m {
+                        got[i * ldc..i * ldc + n].fill(f32::NAN);
+                    }
+                }
+                let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), got.as_mut_ptr());
+                // SAFETY: the buffers hold the shapes and leading dimensions given.
+                unsafe { gemm(ta, tb, m, n, k, 0.7, ap, lda, bp, ldb, beta, cp, ldc) };
+                let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
+                for i in 0..m * ldc {
+                    assert!(
+                        (got[i] - want[i]).abs() <= tol,
+                        "{m}x{n}x{k} ta={ta} tb={tb} beta={beta} @{i}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::gemm::{sgemm_reference, Transpose};
-    use crate::ops::testutil::Rng;
-
-    fn bf16_round(x: f32) -> f32 {
-        half::bf16::from_f32(x).to_f32()
-    }
 
     /// The in-register transpose moves element (i, j) to (j, i) for all 256 (distinct) words.
     #[test]
@@ -414,73 +472,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512 BF16");
             return;
         }
-        for &(m, n, k) in &[(1, 1, 1), (13, 33, 3), (150, 40, 517), (7, 1030, 64), (300, 70, 255)] {
-            for ta in [false, true] {
-                for tb in [false, true] {
-                    let (lda, ldb, ldc) =
-                        (if ta { m } else { k } + 3, if tb { k } else { n } + 1, n + 2);
-                    let mut rng = Rng::new((m * n + k) as u64);
-                    // Random values in ±[0.1, 1), not bf16-exact (the kernel rounds them).
-                    let a = rng.vec_f32(if ta { k } else { m } * lda);
-                    let b = rng.vec_f32(if tb { n } else { k } * ldb);
-                    for beta in [0.0f32, 0.5] {
-                        let c0 = rng.vec_f32(m * ldc);
-                        let mut want = c0.clone();
-                        let ar: Vec<f32> = a.iter().map(|&x| bf16_round(x)).collect();
-                        let br: Vec<f32> = b.iter().map(|&x| bf16_round(x)).collect();
-                        let t = |x: bool| if x { Transpose::Yes } else { Transpose::No };
-                        sgemm_reference(
-                            t(ta),
-                            t(tb),
-                            m,
-                            n,
-                            k,
-                            0.7,
-                            &ar,
-                            lda,
-                            &br,
-                            ldb,
-                            beta,
-                            &mut want,
-                            ldc,
-                        )
-                        .unwrap();
-                        // C's padding columns keep their values; with beta 0 C is not read.
-                        let mut got = c0.clone();
-                        if beta == 0.0 {
-                            for i in 0..m {
-                                got[i * ldc..i * ldc + n].fill(f32::NAN);
-                            }
-                        }
-                        unsafe {
-                            gemm_st(
-                                ta,
-                                tb,
-                                m,
-                                n,
-                                k,
-                                0.7,
-                                a.as_ptr(),
-                                lda,
-                                b.as_ptr(),
-                                ldb,
-                                beta,
-                                got.as_mut_ptr(),
-                                ldc,
-                            )
-                        };
-                        let tol = 4.0 * (k as f32 + 2.0) * f32::EPSILON;
-                        for i in 0..m * ldc {
-                            assert!(
-                                (got[i] - want[i]).abs() <= tol,
-                                "{m}x{n}x{k} ta={ta} tb={tb} beta={beta} @{i}: {} vs {}",
-                                got[i],
-                                want[i]
-                            );
-                        }
-                    }
-                }
-            }
-        }
+        let shapes = [(1, 1, 1), (13, 33, 3), (150, 40, 517), (7, 1030, 64), (300, 70, 255)];
+        check_against_the_reference(gemm_st, &shapes);
     }
 }

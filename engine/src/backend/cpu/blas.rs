@@ -97,12 +97,18 @@ pub const BF16_GEMM_VAR: &str = "ORTBENCH_CPU_BF16_GEMM";
 /// [`BF16_GEMM_VAR`] read: Ok(Some(on)) when set to `0`/`1`, an error for another value or for
 /// `1` on a CPU without AVX-512 BF16.
 pub fn bf16_gemm_setting() -> Result<Option<bool>, String> {
-    match std::env::var(BF16_GEMM_VAR).as_deref() {
+    switch(BF16_GEMM_VAR, super::bf16_gemm::available(), "this CPU has no AVX-512 BF16")
+}
+
+/// A 0/1 switch in `var`: None unset, Some(on), or an error for another value or for `1` where
+/// the kernel it asks for is not `available` (`missing` says why).
+fn switch(var: &str, available: bool, missing: &str) -> Result<Option<bool>, String> {
+    match std::env::var(var).as_deref() {
         Err(_) => Ok(None),
         Ok("0") => Ok(Some(false)),
-        Ok("1") if super::bf16_gemm::available() => Ok(Some(true)),
-        Ok("1") => Err(format!("{BF16_GEMM_VAR}=1: this CPU has no AVX-512 BF16")),
-        Ok(v) => Err(format!("{BF16_GEMM_VAR} must be 0 or 1, got {v:?}")),
+        Ok("1") if available => Ok(Some(true)),
+        Ok("1") => Err(format!("{var}=1: {missing}")),
+        Ok(v) => Err(format!("{var} must be 0 or 1, got {v:?}")),
     }
 }
 
@@ -122,13 +128,7 @@ pub const AMX_VAR: &str = "ORTBENCH_CPU_AMX";
 
 /// [`AMX_VAR`] read, as [`bf16_gemm_setting`].
 pub fn amx_setting() -> Result<Option<bool>, String> {
-    match std::env::var(AMX_VAR).as_deref() {
-        Err(_) => Ok(None),
-        Ok("0") => Ok(Some(false)),
-        Ok("1") if super::amx_gemm::available() => Ok(Some(true)),
-        Ok("1") => Err(format!("{AMX_VAR}=1: this CPU or kernel has no AMX-BF16")),
-        Ok(v) => Err(format!("{AMX_VAR} must be 0 or 1, got {v:?}")),
-    }
+    switch(AMX_VAR, super::amx_gemm::available(), "this CPU or kernel has no AMX-BF16")
 }
 
 /// Whether the bf16 kernel runs on AMX tiles (see [`AMX_VAR`]).
