@@ -97,16 +97,17 @@ pub const BF16_GEMM_VAR: &str = "ORTBENCH_CPU_BF16_GEMM";
 /// [`BF16_GEMM_VAR`] read: Ok(Some(on)) when set to `0`/`1`, an error for another value or for
 /// `1` on a CPU without AVX-512 BF16.
 pub fn bf16_gemm_setting() -> Result<Option<bool>, String> {
-    switch(BF16_GEMM_VAR, super::bf16_gemm::available(), "this CPU has no AVX-512 BF16")
+    switch(BF16_GEMM_VAR, super::bf16_gemm::available, "this CPU has no AVX-512 BF16")
 }
 
 /// A 0/1 switch in `var`: None unset, Some(on), or an error for another value or for `1` where
-/// the kernel it asks for is not `available` (`missing` says why).
-fn switch(var: &str, available: bool, missing: &str) -> Result<Option<bool>, String> {
+/// the kernel it asks for is not `available` (`missing` says why). `available` is asked only
+/// for `1`: AMX's check asks Linux for the tile state, which `0` or unset should not do here.
+fn switch(var: &str, available: fn() -> bool, missing: &str) -> Result<Option<bool>, String> {
     match std::env::var(var).as_deref() {
         Err(_) => Ok(None),
         Ok("0") => Ok(Some(false)),
-        Ok("1") if available => Ok(Some(true)),
+        Ok("1") if available() => Ok(Some(true)),
         Ok("1") => Err(format!("{var}=1: {missing}")),
         Ok(v) => Err(format!("{var} must be 0 or 1, got {v:?}")),
     }
@@ -128,7 +129,7 @@ pub const AMX_VAR: &str = "ORTBENCH_CPU_AMX";
 
 /// [`AMX_VAR`] read, as [`bf16_gemm_setting`].
 pub fn amx_setting() -> Result<Option<bool>, String> {
-    switch(AMX_VAR, super::amx_gemm::available(), "this CPU or kernel has no AMX-BF16")
+    switch(AMX_VAR, super::amx_gemm::available, "this CPU or kernel has no AMX-BF16")
 }
 
 /// Whether the bf16 kernel runs on AMX tiles (see [`AMX_VAR`]).
@@ -177,10 +178,10 @@ pub unsafe fn gemm_st(
     c: *mut f32,
     ldc: usize,
 ) {
-    if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 && amx_enabled() {
-        super::amx_gemm::gemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-    } else if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 {
-        super::bf16_gemm::gemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    if kind == GemmKind::Bf16 && m > 0 && n > 0 && k > 0 {
+        let bf16_st: super::bf16_gemm::GemmSt =
+            if amx_enabled() { super::amx_gemm::gemm_st } else { super::bf16_gemm::gemm_st };
+        bf16_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     } else {
         sgemm_st(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     }
